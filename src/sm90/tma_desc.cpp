@@ -1,0 +1,1 @@
+// PLACEHOLDER: TMA descriptor encoding
