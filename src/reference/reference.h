@@ -1,6 +1,7 @@
 // CPU reference attention with float64 accumulation (used by tests and `flashcore check`).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "flashcore/flashcore.h"
@@ -14,6 +15,7 @@ namespace flashcore::reference {
 // array and LSE in float64 as (batch, heads_q, seqlen_q). Rows not selected are left untouched.
 // `rows`: query positions to compute (for every batch and head); empty = all rows.
 // Fully masked rows give O = 0 and LSE = -inf. Uses up to `threads` host threads (0 = hardware).
+// Unselected rows of the outputs are 0. Throws std::invalid_argument on an invalid problem.
 struct Output {
   std::vector<double> o;    // batch * seqlen_q * heads_q * head_dim
   std::vector<double> lse;  // batch * heads_q * seqlen_q
@@ -32,5 +34,15 @@ uint16_t float_to_half(float f);
 float half_to_float(uint16_t h);
 uint16_t float_to_bf16(float f);
 float bf16_to_float(uint16_t b);
+
+// Element `index` of a host array of `dtype` (fp16, bf16 or fp32) as float (exact).
+float load_element(const void* base, flashcore_dtype dtype, int64_t index);
+// x rounded (RNE) to `dtype` and back to float; identity for fp32.
+float round_to_dtype(float x, flashcore_dtype dtype);
+// The softmax scale the problem means: softmax_scale, or 1/sqrt(head_dim) when it is 0.
+double resolved_softmax_scale(const flashcore_attention_params& problem);
+
+// Runs fn(0) .. fn(n-1) on up to `threads` host threads (0 = hardware), dynamically balanced.
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& fn);
 
 }  // namespace flashcore::reference

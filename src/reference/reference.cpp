@@ -1,0 +1,262 @@
+// CPU reference attention: float64 (attention) and GPU-like low precision (attention_lowp).
+#include "reference/reference.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace flashcore::reference {
+
+// ---------------------------------------------------------------------------------------------
+// dtype conversions (round-to-nearest-even; NaN stays a quiet NaN, overflow goes to +-inf)
+// ---------------------------------------------------------------------------------------------
+static uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+static float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t u = float_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7e00u;          // NaN -> quiet NaN
+  if (u >= (143u << 23)) return sign | 0x7c00u;        // >= 2^16 (or inf): inf
+  if (u < (113u << 23)) {                              // below 2^-14: half subnormal or zero
+    // Adding 0.5f puts the value's multiple of 2^-24 into the low mantissa bits, rounded (RNE)
+    // by the float adder itself.
+    const float r = bits_float(u) + 0.5f;
+    return sign | static_cast<uint16_t>(float_bits(r) - float_bits(0.5f));
+  }
+  const uint32_t mant_odd = (u >> 13) & 1u;
+  u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + mant_odd;  // rebias, round half to even
+  return sign | static_cast<uint16_t>(u >> 13);        // carries into the exponent (up to inf) are right
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
+    const float v = static_cast<float>(mant) * 5.9604644775390625e-08f;
+    return bits_float(float_bits(v) | sign);
+  }
+  if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));
+  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+float load_element(const void* base, flashcore_dtype dtype, int64_t index) {
+  switch (dtype) {
+    case FLASHCORE_DTYPE_FP16: return half_to_float(static_cast<const uint16_t*>(base)[index]);
+    case FLASHCORE_DTYPE_BF16: return bf16_to_float(static_cast<const uint16_t*>(base)[index]);
+    case FLASHCORE_DTYPE_FP32: return static_cast<const float*>(base)[index];
+    default: throw std::invalid_argument("reference: unsupported dtype " + std::to_string(dtype));
+  }
+}
+
+float round_to_dtype(float x, flashcore_dtype dtype) {
+  switch (dtype) {
+    case FLASHCORE_DTYPE_FP16: return half_to_float(float_to_half(x));
+    case FLASHCORE_DTYPE_BF16: return bf16_to_float(float_to_bf16(x));
+    default: return x;
+  }
+}
+
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& fn) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t workers = std::min<int64_t>(threads, n);
+  if (workers <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  auto body = [&] {
+    for (int64_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(workers - 1));
+  for (int64_t t = 1; t < workers; ++t) pool.emplace_back(body);
+  body();
+  for (auto& t : pool) t.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+void validate(const flashcore_attention_params& p) {
+  auto fail = [](const std::string& m) { throw std::invalid_argument("reference: " + m); };
+  if (!p.q || !p.k || !p.v) fail("q, k and v must be non-null host pointers");
+  if (p.batch <= 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.num_heads_q <= 0 || p.num_heads_kv <= 0 ||
+      p.head_dim <= 0)
+    fail("sizes must be positive");
+  if (p.num_heads_q % p.num_heads_kv != 0) fail("num_heads_q must be a multiple of num_heads_kv");
+  if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16 && p.dtype != FLASHCORE_DTYPE_FP32)
+    fail("dtype must be fp16, bf16 or fp32");
+  if (!(p.softmax_scale >= 0.0f) || std::isinf(p.softmax_scale)) fail("softmax_scale must be finite and >= 0");
+}
+
+int64_t element_index(const flashcore_tensor_strides& s, int64_t b, int64_t pos, int64_t h, int64_t d) {
+  return b * s.batch + pos * s.seq + h * s.head + d * s.dim;
+}
+
+// How many keys query row i sees (keys 0 .. n-1).
+int64_t visible_keys(const flashcore_attention_params& p, int64_t i) {
+  if (!p.causal) return p.seqlen_k;
+  return std::clamp<int64_t>(i + p.seqlen_k - p.seqlen_q + 1, 0, p.seqlen_k);
+}
+
+// Row kernels. q: head_dim values; K, V: dense (seqlen_k, head_dim); o: head_dim outputs.
+struct RowF64 {
+  using T = double;
+  double scale;
+  void operator()(const double* q, const double* K, const double* V, int64_t n, int64_t D, double* o,
+                  double* lse, std::vector<double>& s) const {
+    if (n <= 0) {
+      std::fill(o, o + D, 0.0);
+      *lse = -std::numeric_limits<double>::infinity();
+      return;
+    }
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      const double* k = K + j * D;
+      double dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+      s[j] = dot * scale;
+      m = std::max(m, s[j]);
+    }
+    std::fill(o, o + D, 0.0);
+    double l = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double pj = std::exp(s[j] - m);
+      l += pj;
+      const double* v = V + j * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
+    }
+    for (int64_t d = 0; d < D; ++d) o[d] /= l;
+    *lse = m + std::log(l);
+  }
+};
+
+struct RowLowp {
+  using T = float;
+  float scale;
+  flashcore_dtype dtype;
+  void operator()(const float* q, const float* K, const float* V, int64_t n, int64_t D, double* o, double* lse,
+                  std::vector<float>& s) const {
+    if (n <= 0) {
+      std::fill(o, o + D, 0.0);
+      *lse = -std::numeric_limits<double>::infinity();
+      return;
+    }
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      const float* k = K + j * D;
+      float dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+      s[j] = dot * scale;
+      m = std::max(m, s[j]);
+    }
+    std::vector<float> acc(static_cast<size_t>(D), 0.0f);
+    float l = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const float pj = std::exp(s[j] - m);
+      l += pj;
+      const float pr = round_to_dtype(pj, dtype);  // P enters the P*V product in the input dtype
+      const float* v = V + j * D;
+      for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += pr * v[d];
+    }
+    for (int64_t d = 0; d < D; ++d) o[d] = round_to_dtype(acc[static_cast<size_t>(d)] / l, dtype);
+    *lse = static_cast<double>(m + std::log(l));
+  }
+};
+
+template <typename Row>
+Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows_in, int threads, const Row& row) {
+  using T = typename Row::T;
+  validate(p);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.num_heads_q, Hkv = p.num_heads_kv,
+                D = p.head_dim, group = Hq / Hkv;
+
+  std::vector<int64_t> rows = rows_in;
+  if (rows.empty()) {
+    rows.resize(static_cast<size_t>(Sq));
+    for (int64_t i = 0; i < Sq; ++i) rows[static_cast<size_t>(i)] = i;
+  }
+  for (int64_t r : rows)
+    if (r < 0 || r >= Sq) throw std::invalid_argument("reference: row " + std::to_string(r) + " out of range");
+
+  Output out;
+  out.o.assign(static_cast<size_t>(B * Sq * Hq * D), 0.0);
+  out.lse.assign(static_cast<size_t>(B * Hq * Sq), 0.0);
+
+  const int64_t nrows = static_cast<int64_t>(rows.size());
+  const int64_t chunk = std::max<int64_t>(1, (nrows * group + 4 * threads - 1) / (4 * threads));
+  const int64_t chunks_per_head = (nrows + chunk - 1) / chunk;
+  std::vector<T> K(static_cast<size_t>(Sk * D)), V(static_cast<size_t>(Sk * D));
+
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+      // Densify this KV head once; the query heads of its group share it.
+      const int64_t key_chunk = 256;
+      parallel_for((Sk + key_chunk - 1) / key_chunk, threads, [&](int64_t c) {
+        for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j)
+          for (int64_t d = 0; d < D; ++d) {
+            K[static_cast<size_t>(j * D + d)] = load_element(p.k, p.dtype, element_index(p.k_strides, b, j, hkv, d));
+            V[static_cast<size_t>(j * D + d)] = load_element(p.v, p.dtype, element_index(p.v_strides, b, j, hkv, d));
+          }
+      });
+      parallel_for(group * chunks_per_head, threads, [&](int64_t task) {
+        const int64_t h = hkv * group + task / chunks_per_head;
+        const int64_t first = (task % chunks_per_head) * chunk, last = std::min(nrows, first + chunk);
+        std::vector<T> q(static_cast<size_t>(D)), s(static_cast<size_t>(Sk));
+        for (int64_t r = first; r < last; ++r) {
+          const int64_t i = rows[static_cast<size_t>(r)];
+          for (int64_t d = 0; d < D; ++d)
+            q[static_cast<size_t>(d)] = load_element(p.q, p.dtype, element_index(p.q_strides, b, i, h, d));
+          double* o = &out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D)];
+          double* lse = &out.lse[static_cast<size_t>((b * Hq + h) * Sq + i)];
+          row(q.data(), K.data(), V.data(), visible_keys(p, i), D, o, lse, s);
+        }
+      });
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+double resolved_softmax_scale(const flashcore_attention_params& p) {
+  return p.softmax_scale != 0.0f ? static_cast<double>(p.softmax_scale) : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+}
+
+Output attention(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows, int threads) {
+  return run(host_problem, rows, threads, RowF64{resolved_softmax_scale(host_problem)});
+}
+
+Output attention_lowp(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows,
+                      int threads) {
+  const float scale = static_cast<float>(resolved_softmax_scale(host_problem));
+  return run(host_problem, rows, threads, RowLowp{scale, host_problem.dtype});
+}
+
+}  // namespace flashcore::reference
