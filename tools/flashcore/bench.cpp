@@ -1,0 +1,813 @@
+// `flashcore bench`: CUDA-event timing of flashcore_attention_forward with buffer rotation, optional CUDA
+// graph mode, NVML power sampling, inline correctness check, table / JSON / CSV / repro output.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "commands.h"
+#include "common.h"
+#include "nvml_sampler.h"
+
+#ifdef FLASHCORE_CLI_HAVE_CHECK
+#include "check/check.h"
+#endif
+
+namespace fccli {
+namespace {
+
+struct RowSpec {
+  std::string tag;
+  int64_t batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 128, seqlen_k = 128, head_dim = 64;
+  flashcore_dtype dtype = FLASHCORE_DTYPE_BF16;
+  bool causal = false;
+};
+
+struct ShapeArg {
+  std::string text;
+  int64_t batch, heads_q, seqlen_q, head_dim, heads_kv, seqlen_k;
+};
+
+struct Options {
+  std::vector<std::string> presets;
+  std::vector<ShapeArg> shapes;
+  std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_BF16};
+  std::optional<std::vector<bool>> causal;
+  bool bhsd = false;
+  int iters = 30;
+  int warmup = 10;
+  bool graph = false;
+  int graph_calls = 20;
+  bool check = false;
+  std::string json_path, csv_path;
+  bool rotate = true;
+  bool repro = false;
+  bool lse = true;
+  int power_ms = 200;
+  int device = 0;
+  bool quiet = false;
+  uint64_t seed = 1234;
+};
+
+struct Stats {
+  double median = NAN, mean = NAN, p99 = NAN, min = NAN;
+};
+
+struct RowResult {
+  RowSpec spec;
+  std::string status = "ok";  // ok | error | skipped
+  std::string message;
+  Stats ms;
+  double flops = 0;
+  double tflops = NAN;
+  int rotate_sets = 0;
+  int64_t bytes_per_set = 0;
+  PowerStats power;
+  bool checked = false;
+  std::string check_status;  // pass | FAIL | skip
+  double check_o_err = NAN, check_o_tol = NAN, check_lse_err = NAN;
+  std::string check_message;
+  std::string repro;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Argument parsing
+
+ShapeArg parse_shape_arg(const std::string& text) {
+  std::vector<std::string> parts = split(text, ',');
+  if (parts.size() < 4 || parts.size() > 6)
+    usage_error("malformed shape '" + text + "' (expected B,H,S,D[,Hkv[,Sk]])");
+  const char* names[] = {"B", "H", "S", "D", "Hkv", "Sk"};
+  int64_t v[6];
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    bool digits = !p.empty() && p.size() <= 12 && std::all_of(p.begin(), p.end(), ::isdigit);
+    if (!digits) usage_error("malformed shape '" + text + "': " + names[i] + " = '" + p + "' is not a positive integer");
+    v[i] = std::stoll(p);
+    if (v[i] <= 0) usage_error("malformed shape '" + text + "': " + names[i] + " must be positive");
+  }
+  ShapeArg s{text, v[0], v[1], v[2], v[3], parts.size() > 4 ? v[4] : v[1], parts.size() > 5 ? v[5] : v[2]};
+  if (s.heads_q % s.heads_kv != 0)
+    usage_error("malformed shape '" + text + "': H = " + std::to_string(s.heads_q) + " is not a multiple of Hkv = " +
+                std::to_string(s.heads_kv));
+  return s;
+}
+
+Options parse_options(int argc, char** argv, int first) {
+  Options o;
+  Args a(argc, argv, first);
+  while (!a.done()) {
+    std::string f = a.next();
+    if (f == "-h" || f == "--help") {
+      print_bench_help();
+      throw CliError(kExitOk, "");
+    } else if (f == "seeds" || f == "grid") {
+      o.presets.push_back(f);
+    } else if (f == "--preset") {
+      std::string p = a.value(f);
+      if (p != "seeds" && p != "grid") usage_error("unknown preset '" + p + "' (expected seeds or grid)");
+      o.presets.push_back(p);
+    } else if (f == "--shape") {
+      o.shapes.push_back(parse_shape_arg(a.value(f)));
+    } else if (f == "--dtype") {
+      o.dtypes = parse_dtypes(a.value(f));
+    } else if (f == "--causal") {
+      o.causal = parse_causal(a.value(f));
+    } else if (f == "--layout") {
+      std::string l = a.value(f);
+      if (l == "bshd")
+        o.bhsd = false;
+      else if (l == "bhsd")
+        o.bhsd = true;
+      else
+        usage_error("--layout: '" + l + "' (expected bshd or bhsd)");
+    } else if (f == "--iters") {
+      o.iters = static_cast<int>(parse_int(f, a.value(f), 1, 1000000));
+    } else if (f == "--warmup") {
+      o.warmup = static_cast<int>(parse_int(f, a.value(f), 0, 1000000));
+    } else if (f == "--graph") {
+      a.no_value(f);
+      o.graph = true;
+    } else if (f == "--graph-calls") {
+      o.graph_calls = static_cast<int>(parse_int(f, a.value(f), 1, 10000));
+    } else if (f == "--check") {
+      a.no_value(f);
+      o.check = true;
+    } else if (f == "--json") {
+      o.json_path = a.value(f);
+    } else if (f == "--csv") {
+      o.csv_path = a.value(f);
+    } else if (f == "--no-rotate") {
+      a.no_value(f);
+      o.rotate = false;
+    } else if (f == "--repro") {
+      a.no_value(f);
+      o.repro = true;
+    } else if (f == "--no-lse") {
+      a.no_value(f);
+      o.lse = false;
+    } else if (f == "--power-ms") {
+      o.power_ms = static_cast<int>(parse_int(f, a.value(f), 0, 600000));
+    } else if (f == "--device") {
+      o.device = static_cast<int>(parse_int(f, a.value(f), 0, 1023));
+    } else if (f == "--seed") {
+      o.seed = static_cast<uint64_t>(parse_int(f, a.value(f), 0, INT64_MAX));
+    } else if (f == "--quiet" || f == "-q") {
+      a.no_value(f);
+      o.quiet = true;
+    } else if (!f.empty() && f[0] == '-') {
+      usage_error("bench: unknown option '" + f + "'");
+    } else {
+      usage_error("bench: unknown preset '" + f + "' (expected seeds or grid)");
+    }
+  }
+  if (o.json_path.empty() && o.csv_path.empty()) {
+    // nothing
+  }
+#ifndef FLASHCORE_CLI_HAVE_CHECK
+  if (o.check) usage_error("bench --check: this flashcore was built without the check library");
+#endif
+  if (o.presets.empty() && o.shapes.empty()) o.presets.push_back("seeds");
+  return o;
+}
+
+// Rows in order: for each shape, for each dtype, for each causal.
+std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& caps, int& skipped) {
+  for (flashcore_dtype dt : o.dtypes)
+    if (!caps_has_dtype(caps, dt))
+      usage_error(std::string("unsupported dtype ") + dtype_name(dt) + ": not compiled into this FlashCore");
+  for (const ShapeArg& s : o.shapes)
+    if (!caps_has_head_dim(caps, s.head_dim))
+      usage_error("unsupported head dim " + std::to_string(s.head_dim) + " in shape '" + s.text +
+                  "' (compiled: " + caps_head_dims_string(caps) + ")");
+
+  struct Shape {
+    std::string tag;
+    int64_t b, h, s, d, hkv, sk;
+    bool from_preset;
+  };
+  std::vector<Shape> shapes;
+  for (const std::string& p : o.presets) {
+    if (p == "seeds") {
+      const Shape seeds[] = {{"mission", 1, 8, 512, 64, 8, 512, true},   {"small", 2, 8, 512, 64, 8, 512, true},
+                             {"long", 2, 8, 2048, 64, 8, 2048, true},    {"tiny", 1, 1, 128, 64, 1, 128, true},
+                             {"medium", 4, 16, 1024, 64, 16, 1024, true}, {"hd128", 2, 8, 512, 128, 8, 512, true},
+                             {"large", 8, 16, 2048, 64, 16, 2048, true}};
+      shapes.insert(shapes.end(), std::begin(seeds), std::end(seeds));
+    } else {  // grid: the FlashAttention-3 paper's grid, as the anchors
+      for (int64_t d : {64, 128, 256})
+        for (int64_t s = 512; s <= 16384; s *= 2)
+          shapes.push_back({"grid", 16384 / s, 2048 / d, s, d, 2048 / d, s, true});
+    }
+  }
+  for (const ShapeArg& s : o.shapes)
+    shapes.push_back({"shape", s.batch, s.heads_q, s.seqlen_q, s.head_dim, s.heads_kv, s.seqlen_k, false});
+
+  std::vector<bool> default_causal = o.shapes.empty() ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  const std::vector<bool>& causal = o.causal ? *o.causal : default_causal;
+  std::vector<RowSpec> rows;
+  skipped = 0;
+  for (const Shape& s : shapes) {
+    if (!caps_has_head_dim(caps, s.d)) {
+      ++skipped;
+      continue;
+    }
+    for (flashcore_dtype dt : o.dtypes)
+      for (bool c : causal) rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c});
+  }
+  return rows;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Arithmetic
+
+// Number of (query, key) pairs that are computed: the TFLOPS rule of the anchors (S*S/2 for causal with
+// Sq == Sk), the exact visible count for causal with Sq != Sk (bottom-right aligned mask).
+double visible_pairs(const RowSpec& r) {
+  double sq = static_cast<double>(r.seqlen_q), sk = static_cast<double>(r.seqlen_k);
+  if (!r.causal) return sq * sk;
+  if (r.seqlen_q == r.seqlen_k) return sq * sk / 2.0;
+  double total = 0;
+  int64_t offset = r.seqlen_k - r.seqlen_q;
+  for (int64_t i = 0; i < r.seqlen_q; ++i) {
+    int64_t n = std::min<int64_t>(std::max<int64_t>(i + offset + 1, 0), r.seqlen_k);
+    total += static_cast<double>(n);
+  }
+  return total;
+}
+
+double row_flops(const RowSpec& r) {
+  return 4.0 * static_cast<double>(r.batch) * static_cast<double>(r.heads_q) * static_cast<double>(r.head_dim) *
+         visible_pairs(r);
+}
+
+Stats summarize(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  s.median = (n % 2) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / static_cast<double>(n);
+  size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n)));
+  s.p99 = v[std::min(n - 1, rank ? rank - 1 : 0)];
+  s.min = v.front();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Inputs: a device pool of random normal values per dtype; buffers are filled by device-to-device copies
+// from random offsets of the pool (fast for multi-GB rotations; the data is random normal, never zeros).
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mag = x & 0x7FFFFFFFu;
+  if (mag >= 0x47800000u) return static_cast<uint16_t>(sign | (mag > 0x7F800000u ? 0x7E00u : 0x7C00u));
+  if (mag < 0x38800000u) {  // subnormal or zero in fp16
+    float a;
+    std::memcpy(&a, &mag, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));  // a / 2^-24
+  }
+  uint32_t half = ((mag - 0x38000000u) >> 13);
+  uint32_t rem = mag & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+class RandomPool {
+ public:
+  static constexpr size_t kElems = (size_t{1} << 22) + 4099;  // not a power of two: no aligned repeats
+  explicit RandomPool(uint64_t seed) : seed_(seed) {}
+  ~RandomPool() {
+    for (void*& p : pools_)
+      if (p) cudaFree(p);
+  }
+  const void* get(flashcore_dtype dt) {
+    void*& p = pools_[dt == FLASHCORE_DTYPE_FP16 ? 0 : 1];
+    if (!p) {
+      std::mt19937_64 gen(seed_ + static_cast<uint64_t>(dt));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<uint16_t> host(kElems);
+      for (size_t i = 0; i < kElems; ++i) {
+        float x = normal(gen);
+        host[i] = dt == FLASHCORE_DTYPE_FP16 ? f32_to_f16(x) : f32_to_bf16(x);
+      }
+      FC_CUDA(cudaMalloc(&p, kElems * 2));
+      FC_CUDA(cudaMemcpy(p, host.data(), kElems * 2, cudaMemcpyHostToDevice));
+    }
+    return p;
+  }
+  // Fill `bytes` (even) at dst from random offsets of the pool.
+  void fill(void* dst, size_t bytes, flashcore_dtype dt, std::mt19937_64& rng, cudaStream_t stream) {
+    const char* src = static_cast<const char*>(get(dt));
+    char* out = static_cast<char*>(dst);
+    size_t done = 0;
+    while (done < bytes) {
+      size_t off = (rng() % (kElems / 2)) * 2;
+      size_t n = std::min(bytes - done, kElems * 2 - off);
+      FC_CUDA(cudaMemcpyAsync(out + done, src + off, n, cudaMemcpyDeviceToDevice, stream));
+      done += n;
+    }
+  }
+
+ private:
+  uint64_t seed_;
+  void* pools_[2] = {nullptr, nullptr};
+};
+
+struct DeviceArena {
+  void* ptr = nullptr;
+  ~DeviceArena() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+struct RowError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// One row
+
+size_t align256(size_t x) { return (x + 255) & ~size_t{255}; }
+
+class RowRunner {
+ public:
+  RowRunner(const Options& o, const DeviceInfo& dev, RandomPool& pool, cudaStream_t stream, PowerSampler* sampler)
+      : o_(o), dev_(dev), pool_(pool), stream_(stream), sampler_(sampler) {}
+
+  void run(RowResult& res) {
+    const RowSpec& r = res.spec;
+    res.flops = row_flops(r);
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.batch = r.batch;
+    p.seqlen_q = r.seqlen_q;
+    p.seqlen_k = r.seqlen_k;
+    p.num_heads_q = r.heads_q;
+    p.num_heads_kv = r.heads_kv;
+    p.head_dim = r.head_dim;
+    p.dtype = r.dtype;
+    p.causal = r.causal ? 1 : 0;
+    flashcore_status st = flashcore_attention_params_set_contiguous(&p, o_.bhsd ? 1 : 0);
+    if (st != FLASHCORE_SUCCESS) throw RowError(std::string("set_contiguous: ") + flashcore_last_error());
+
+    const size_t q_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * 2;
+    const size_t kv_bytes = static_cast<size_t>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) * 2;
+    const size_t lse_bytes = o_.lse ? static_cast<size_t>(r.batch * r.heads_q * r.seqlen_q) * 4 : 0;
+    // Layout of one set: Q K V O [LSE], each 256-byte aligned.
+    const size_t off_k = align256(q_bytes), off_v = off_k + align256(kv_bytes), off_o = off_v + align256(kv_bytes);
+    const size_t off_lse = off_o + align256(q_bytes);
+    const size_t set_bytes = off_lse + align256(lse_bytes);
+    const size_t touched = 2 * q_bytes + 2 * kv_bytes + lse_bytes;
+    res.bytes_per_set = static_cast<int64_t>(touched);
+
+    size_t sets = 1;
+    if (o_.rotate) sets = static_cast<size_t>(2 * dev_.l2_bytes) / touched + 1;  // sets * touched > 2 * L2
+    size_t free_b = 0, total_b = 0;
+    FC_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    size_t fit = static_cast<size_t>(0.8 * static_cast<double>(free_b)) / set_bytes;
+    if (fit == 0)
+      throw RowError("does not fit in device memory (" + std::to_string(set_bytes >> 20) + " MiB per buffer set, " +
+                     std::to_string(free_b >> 20) + " MiB free)");
+    sets = std::min(sets, fit);
+    res.rotate_sets = static_cast<int>(sets);
+
+    DeviceArena arena;
+    FC_CUDA(cudaMalloc(&arena.ptr, sets * set_bytes));
+    std::mt19937_64 rng(o_.seed * 1000003u + static_cast<uint64_t>(r.seqlen_q * 31 + r.head_dim));
+    char* base = static_cast<char*>(arena.ptr);
+    for (size_t i = 0; i < sets; ++i) {
+      char* s = base + i * set_bytes;
+      pool_.fill(s, q_bytes, r.dtype, rng, stream_);
+      pool_.fill(s + off_k, kv_bytes, r.dtype, rng, stream_);
+      pool_.fill(s + off_v, kv_bytes, r.dtype, rng, stream_);
+      FC_CUDA(cudaMemsetAsync(s + off_o, 0, q_bytes, stream_));
+    }
+    FC_CUDA(cudaStreamSynchronize(stream_));
+
+    params_.assign(sets, p);
+    for (size_t i = 0; i < sets; ++i) {
+      char* s = base + i * set_bytes;
+      params_[i].q = s;
+      params_[i].k = s + off_k;
+      params_[i].v = s + off_v;
+      params_[i].o = s + off_o;
+      params_[i].lse = o_.lse ? reinterpret_cast<float*>(s + off_lse) : nullptr;
+    }
+    st = flashcore_attention_validate(&params_[0]);
+    if (st != FLASHCORE_SUCCESS)
+      throw RowError(std::string("validate: ") + flashcore_status_string(st) + ": " + flashcore_last_error());
+
+    std::vector<double> times = o_.graph ? time_graph() : time_plain();
+    res.ms = summarize(times);
+    res.tflops = res.flops / (res.ms.median * 1e-3) / 1e12;
+  }
+
+  PowerStats power() const { return power_; }
+
+ private:
+  void call(size_t set) {
+    flashcore_status st = flashcore_attention_forward(&params_[set % params_.size()], stream_);
+    if (st != FLASHCORE_SUCCESS)
+      throw RowError(std::string("flashcore_attention_forward: ") + flashcore_status_string(st) + ": " +
+                     flashcore_last_error());
+  }
+
+  // Keeps the GPU busy with more calls (untimed) until the sampler has seen `power_ms` of steady load.
+  template <typename Launch>
+  void extend_for_power(Launch launch, double per_launch_ms, std::chrono::steady_clock::time_point t0) {
+    if (!sampler_ || !sampler_->available() || o_.power_ms <= 0) return;
+    for (;;) {
+      double elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      double left = o_.power_ms - elapsed;
+      if (left <= 0) break;
+      int n = static_cast<int>(std::min(10000.0, std::max(1.0, left / std::max(per_launch_ms, 1e-3))));
+      for (int i = 0; i < n; ++i) launch(i);
+      FC_CUDA(cudaStreamSynchronize(stream_));
+    }
+  }
+
+  std::vector<double> time_plain() {
+    size_t set = 0;
+    for (int i = 0; i < o_.warmup; ++i) call(set++);
+    FC_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(o_.iters));
+    for (auto& e : ev) FC_CUDA(cudaEventCreate(&e));
+    std::vector<double> times;
+    try {
+      if (sampler_) sampler_->start();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o_.iters; ++i) {
+        FC_CUDA(cudaEventRecord(ev[2 * i], stream_));
+        call(set++);
+        FC_CUDA(cudaEventRecord(ev[2 * i + 1], stream_));
+      }
+      FC_CUDA(cudaEventSynchronize(ev.back()));
+      for (int i = 0; i < o_.iters; ++i) {
+        float ms = 0;
+        FC_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+        times.push_back(ms);
+      }
+      double med = summarize(times).median;
+      extend_for_power([&](int) { call(set++); }, med, t0);
+      if (sampler_) power_ = sampler_->stop();
+    } catch (...) {
+      if (sampler_) sampler_->stop();
+      for (auto& e : ev) cudaEventDestroy(e);
+      throw;
+    }
+    for (auto& e : ev) FC_CUDA(cudaEventDestroy(e));
+    return times;
+  }
+
+  // CUDA-graph mode: each graph holds graph_calls consecutive calls; enough graphs are captured to cover
+  // every rotation set (at most 128). Per-call time = graph time / graph_calls: no launch overhead.
+  std::vector<double> time_graph() {
+    const size_t k = static_cast<size_t>(o_.graph_calls);
+    size_t ngraphs = std::min<size_t>(128, (params_.size() + k - 1) / k);
+    std::vector<cudaGraphExec_t> execs;
+    std::vector<cudaEvent_t> ev;
+    std::vector<double> times;
+    auto cleanup = [&]() {
+      for (auto& e : ev) cudaEventDestroy(e);
+      for (auto& g : execs) cudaGraphExecDestroy(g);
+    };
+    try {
+      for (size_t g = 0; g < ngraphs; ++g) {
+        cudaGraph_t graph = nullptr;
+        FC_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        try {
+          for (size_t i = 0; i < k; ++i) call(g * k + i);
+        } catch (...) {
+          cudaStreamEndCapture(stream_, &graph);
+          if (graph) cudaGraphDestroy(graph);
+          throw;
+        }
+        FC_CUDA(cudaStreamEndCapture(stream_, &graph));
+        cudaGraphExec_t exec = nullptr;
+        cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        FC_CUDA(err);
+        execs.push_back(exec);
+      }
+      size_t launch = 0;
+      int warm = std::max(1, (o_.warmup + static_cast<int>(k) - 1) / static_cast<int>(k));
+      for (int i = 0; i < warm; ++i) FC_CUDA(cudaGraphLaunch(execs[launch++ % ngraphs], stream_));
+      FC_CUDA(cudaStreamSynchronize(stream_));
+      ev.resize(2 * static_cast<size_t>(o_.iters));
+      for (auto& e : ev) FC_CUDA(cudaEventCreate(&e));
+      if (sampler_) sampler_->start();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o_.iters; ++i) {
+        FC_CUDA(cudaEventRecord(ev[2 * i], stream_));
+        FC_CUDA(cudaGraphLaunch(execs[launch++ % ngraphs], stream_));
+        FC_CUDA(cudaEventRecord(ev[2 * i + 1], stream_));
+      }
+      FC_CUDA(cudaEventSynchronize(ev.back()));
+      for (int i = 0; i < o_.iters; ++i) {
+        float ms = 0;
+        FC_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+        times.push_back(ms / static_cast<double>(k));
+      }
+      double med_graph = summarize(times).median * static_cast<double>(k);
+      extend_for_power([&](int) { FC_CUDA(cudaGraphLaunch(execs[launch++ % ngraphs], stream_)); }, med_graph, t0);
+      if (sampler_) power_ = sampler_->stop();
+    } catch (...) {
+      if (sampler_) sampler_->stop();
+      cleanup();
+      throw;
+    }
+    cleanup();
+    return times;
+  }
+
+  const Options& o_;
+  const DeviceInfo& dev_;
+  RandomPool& pool_;
+  cudaStream_t stream_;
+  PowerSampler* sampler_;
+  std::vector<flashcore_attention_params> params_;
+  PowerStats power_;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Output
+
+std::string shape_text(const RowSpec& r) {
+  std::string s = std::to_string(r.batch) + "," + std::to_string(r.heads_q) + "," + std::to_string(r.seqlen_q) + "," +
+                  std::to_string(r.head_dim);
+  if (r.heads_kv != r.heads_q || r.seqlen_k != r.seqlen_q) s += "," + std::to_string(r.heads_kv);
+  if (r.seqlen_k != r.seqlen_q) s += "," + std::to_string(r.seqlen_k);
+  return s;
+}
+
+std::string repro_command(const Options& o, const RowSpec& r) {
+  std::string c = "flashcore bench --shape " + shape_text(r) + " --dtype " + dtype_name(r.dtype) + " --causal " +
+                  (r.causal ? "1" : "0") + " --layout " + (o.bhsd ? "bhsd" : "bshd") + " --iters " +
+                  std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup);
+  if (o.graph) c += " --graph --graph-calls " + std::to_string(o.graph_calls);
+  if (!o.rotate) c += " --no-rotate";
+  if (!o.lse) c += " --no-lse";
+  if (o.device) c += " --device " + std::to_string(o.device);
+  return c;
+}
+
+std::string fmt(const char* f, double v) {
+  if (!std::isfinite(v)) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+std::string json_num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+double tflops_per_watt(const RowResult& r) {
+  if (!r.power.valid || r.power.power_mean_w <= 0 || !std::isfinite(r.tflops)) return NAN;
+  return r.tflops / r.power.power_mean_w;
+}
+
+const char* kTableFmt = "%-8s %-18s %-5s %-6s %10s %10s %10s %10s %8s %7s %7s %6s %5s %7s %s\n";
+
+void print_header(bool check) {
+  std::printf(kTableFmt, "tag", "B,H,S,D[,Hkv,Sk]", "dtype", "causal", "median_ms", "mean_ms", "p99_ms", "min_ms",
+              "TFLOPS", "W_mean", "W_peak", "SM_MHz", "temp", "TFLOP/W", check ? "check" : "");
+  std::fflush(stdout);
+}
+
+void print_row(const RowResult& r, bool check) {
+  std::string chk;
+  if (check && r.checked) chk = r.check_status + (std::isfinite(r.check_o_err) ? " " + fmt("%.2e", r.check_o_err) : "");
+  if (r.status != "ok") chk = r.status + ": " + r.message;
+  const PowerStats& p = r.power;
+  std::printf(kTableFmt, r.spec.tag.c_str(), shape_text(r.spec).c_str(), dtype_name(r.spec.dtype),
+              r.spec.causal ? "1" : "0", fmt("%.4f", r.ms.median).c_str(), fmt("%.4f", r.ms.mean).c_str(),
+              fmt("%.4f", r.ms.p99).c_str(), fmt("%.4f", r.ms.min).c_str(), fmt("%.1f", r.tflops).c_str(),
+              p.valid ? fmt("%.0f", p.power_mean_w).c_str() : "n/a", p.valid ? fmt("%.0f", p.power_peak_w).c_str() : "n/a",
+              p.valid ? fmt("%.0f", p.sm_clock_mean_mhz).c_str() : "n/a",
+              p.valid ? fmt("%.0f", static_cast<double>(p.temp_max_c)).c_str() : "n/a",
+              fmt("%.3f", tflops_per_watt(r)).c_str(), chk.c_str());
+  std::fflush(stdout);
+}
+
+void write_json(const std::string& path, const Options& o, const DeviceInfo& dev, bool nvml,
+                const std::vector<RowResult>& rows) {
+  std::ofstream f(path);
+  if (!f) throw CliError(kExitFailure, "cannot write " + path);
+  f << "{\n  \"tool\": \"flashcore bench\",\n  \"cli_version\": \"" FLASHCORE_CLI_VERSION "\",\n";
+  f << "  \"library_version\": \"" << json_escape(flashcore_version_string()) << "\",\n";
+  f << "  \"device\": {\"name\": \"" << json_escape(dev.name) << "\", \"sm\": " << dev.major << dev.minor
+    << ", \"sms\": " << dev.sms << ", \"l2_bytes\": " << dev.l2_bytes << ", \"max_sm_clock_mhz\": " << dev.clock_mhz
+    << ", \"nvml\": " << (nvml ? "true" : "false") << "},\n";
+  f << "  \"method\": {\"iters\": " << o.iters << ", \"warmup\": " << o.warmup
+    << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"graph_calls\": " << o.graph_calls
+    << ", \"rotate\": " << (o.rotate ? "true" : "false") << ", \"lse\": " << (o.lse ? "true" : "false")
+    << ", \"layout\": \"" << (o.bhsd ? "bhsd" : "bshd") << "\", \"statistic\": \"median\""
+    << ", \"tflops_rule\": \"4*B*H*D*visible_pairs; causal Sq==Sk: S*S/2\"},\n";
+  f << "  \"rows\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RowResult& r = rows[i];
+    const RowSpec& s = r.spec;
+    f << (i ? ",\n" : "\n") << "    {\"tag\": \"" << json_escape(s.tag) << "\", \"batch\": " << s.batch
+      << ", \"heads_q\": " << s.heads_q << ", \"heads_kv\": " << s.heads_kv << ", \"seqlen_q\": " << s.seqlen_q
+      << ", \"seqlen_k\": " << s.seqlen_k << ", \"head_dim\": " << s.head_dim << ", \"dtype\": \""
+      << dtype_name(s.dtype) << "\", \"causal\": " << (s.causal ? "true" : "false") << ", \"status\": \"" << r.status
+      << "\", \"message\": \"" << json_escape(r.message) << "\", \"median_ms\": " << json_num(r.ms.median)
+      << ", \"mean_ms\": " << json_num(r.ms.mean) << ", \"p99_ms\": " << json_num(r.ms.p99)
+      << ", \"min_ms\": " << json_num(r.ms.min) << ", \"flops\": " << json_num(r.flops)
+      << ", \"tflops\": " << json_num(r.tflops) << ", \"rotate_sets\": " << r.rotate_sets
+      << ", \"bytes_per_set\": " << r.bytes_per_set;
+    const PowerStats& p = r.power;
+    f << ", \"power_mean_w\": " << (p.valid ? json_num(p.power_mean_w) : "null")
+      << ", \"power_peak_w\": " << (p.valid ? json_num(p.power_peak_w) : "null")
+      << ", \"sm_clock_mean_mhz\": " << (p.valid ? json_num(p.sm_clock_mean_mhz) : "null")
+      << ", \"sm_clock_min_mhz\": " << (p.valid ? json_num(p.sm_clock_min_mhz) : "null")
+      << ", \"temp_max_c\": " << (p.valid ? json_num(p.temp_max_c) : "null")
+      << ", \"power_samples\": " << p.samples << ", \"tflops_per_w\": " << json_num(tflops_per_watt(r));
+    if (r.checked)
+      f << ", \"check\": {\"status\": \"" << r.check_status << "\", \"o_err\": " << json_num(r.check_o_err)
+        << ", \"o_tol\": " << json_num(r.check_o_tol) << ", \"lse_err\": " << json_num(r.check_lse_err)
+        << ", \"message\": \"" << json_escape(r.check_message) << "\"}";
+    else
+      f << ", \"check\": null";
+    f << ", \"repro\": \"" << json_escape(r.repro) << "\"}";
+  }
+  f << "\n  ]\n}\n";
+  if (!f) throw CliError(kExitFailure, "error writing " + path);
+}
+
+void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
+  std::ofstream f(path);
+  if (!f) throw CliError(kExitFailure, "cannot write " + path);
+  f << "tag,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,dtype,causal,status,median_ms,mean_ms,p99_ms,min_ms,"
+       "tflops,power_mean_w,power_peak_w,sm_clock_mean_mhz,temp_max_c,tflops_per_w,check,check_o_err,repro\n";
+  auto num = [](double v) { return std::isfinite(v) ? json_num(v) : std::string(); };
+  for (const RowResult& r : rows) {
+    const RowSpec& s = r.spec;
+    const PowerStats& p = r.power;
+    f << s.tag << "," << s.batch << "," << s.heads_q << "," << s.heads_kv << "," << s.seqlen_q << "," << s.seqlen_k
+      << "," << s.head_dim << "," << dtype_name(s.dtype) << "," << (s.causal ? 1 : 0) << "," << r.status << ","
+      << num(r.ms.median) << "," << num(r.ms.mean) << "," << num(r.ms.p99) << "," << num(r.ms.min) << ","
+      << num(r.tflops) << "," << (p.valid ? num(p.power_mean_w) : "") << "," << (p.valid ? num(p.power_peak_w) : "")
+      << "," << (p.valid ? num(p.sm_clock_mean_mhz) : "") << "," << (p.valid ? std::to_string(p.temp_max_c) : "")
+      << "," << num(tflops_per_watt(r)) << "," << (r.checked ? r.check_status : "") << ","
+      << num(r.check_o_err) << ",\"" << r.repro << "\"\n";
+  }
+  if (!f) throw CliError(kExitFailure, "error writing " + path);
+}
+
+#ifdef FLASHCORE_CLI_HAVE_CHECK
+void check_row(const Options& o, RowResult& r) {
+  namespace ck = flashcore::check;
+  ck::Case c;
+  c.name = "bench-" + r.spec.tag;
+  c.batch = r.spec.batch;
+  c.seqlen_q = r.spec.seqlen_q;
+  c.seqlen_k = r.spec.seqlen_k;
+  c.heads_q = r.spec.heads_q;
+  c.heads_kv = r.spec.heads_kv;
+  c.head_dim = r.spec.head_dim;
+  c.dtype = r.spec.dtype;
+  c.causal = r.spec.causal;
+  c.layout = o.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
+  c.with_lse = o.lse;
+  ck::Result res = ck::run_case(c, o.seed, 1);
+  r.checked = true;
+  r.check_status = res.skipped ? "skip" : (res.passed ? "pass" : "FAIL");
+  r.check_o_err = res.o_err;
+  r.check_o_tol = res.o_tol;
+  r.check_lse_err = res.lse_err;
+  r.check_message = res.message;
+}
+#endif
+
+}  // namespace
+
+void print_bench_help() {
+  std::printf(
+      "usage: flashcore bench [seeds|grid]... [--shape B,H,S,D[,Hkv[,Sk]]]... [options]\n"
+      "\n"
+      "Times flashcore_attention_forward with CUDA events (median of --iters calls after --warmup calls),\n"
+      "rotating among enough input buffer sets that each timed cycle touches more than 2x the L2 cache.\n"
+      "\n"
+      "presets (default: seeds):\n"
+      "  seeds            1,8,512,64 mission; 2,8,512,64 small; 2,8,2048,64 long; 1,1,128,64 tiny;\n"
+      "                   4,16,1024,64 medium; 2,8,512,128 hd128; 8,16,2048,64 large\n"
+      "  grid             head dim 64/128/256 x seqlen 512..16384, batch = 16384/S, heads = 2048/D\n"
+      "options:\n"
+      "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable)\n"
+      "  --dtype D        fp16 | bf16 | both (default bf16)\n"
+      "  --causal C       0 | 1 | both (default: both for presets, 0 for --shape only)\n"
+      "  --layout L       bshd | bhsd (default bshd)\n"
+      "  --iters N        timed calls (default 30)\n"
+      "  --warmup N       untimed calls first (default 10)\n"
+      "  --graph          CUDA-graph mode: --graph-calls K calls per graph (default 20); time per call\n"
+      "                   without launch overhead\n"
+      "  --check          check each row against the reference (flashcore::check::run_case)\n"
+      "  --no-rotate      reuse one buffer set (L2-warm numbers)\n"
+      "  --no-lse         do not write the log-sum-exp output\n"
+      "  --power-ms N     keep the GPU busy >= N ms per row while NVML samples power (default 200; 0 = off)\n"
+      "  --json FILE      write all rows (with repro commands) as JSON\n"
+      "  --csv FILE       write all rows as CSV\n"
+      "  --repro          print a command reproducing each row\n"
+      "  --device N       CUDA device (default 0)\n"
+      "  --seed N         input seed (default 1234)\n"
+      "  --quiet          no progress line on stderr\n"
+      "\n"
+      "TFLOPS = 4*B*H*Sq*Sk*D / median (halved for causal with Sq == Sk; visible pairs when Sq != Sk).\n");
+}
+
+int run_bench(int argc, char** argv, int first) {
+  Options o = parse_options(argc, argv, first);
+  flashcore_capabilities caps = capabilities();
+  int skipped = 0;
+  std::vector<RowSpec> specs = build_rows(o, caps, skipped);
+  DeviceInfo dev = require_hopper(o.device);
+  if (skipped && !o.quiet)
+    std::fprintf(stderr, "flashcore: note: %d preset shape(s) skipped: head dim not compiled (compiled: %s)\n",
+                 skipped, caps_head_dims_string(caps).c_str());
+
+  PowerSampler sampler(dev.pci_bus_id);
+  if (!sampler.available() && !o.quiet)
+    std::fprintf(stderr, "flashcore: note: power columns n/a (%s)\n", sampler.why_unavailable().c_str());
+
+  cudaStream_t stream = nullptr;
+  FC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::unique_ptr<RandomPool> pool(new RandomPool(o.seed));
+  std::vector<RowResult> results;
+  const bool tty = isatty(2);
+  const bool progress = !o.quiet && specs.size() > 1;
+  int failures = 0;
+
+  print_header(o.check);
+  try {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      RowResult r;
+      r.spec = specs[i];
+      r.repro = repro_command(o, r.spec);
+      if (progress) {
+        std::fprintf(stderr, "%s[%zu/%zu] %s %s causal=%d%s", tty ? "\r\033[K" : "", i + 1, specs.size(),
+                     dtype_name(r.spec.dtype), shape_text(r.spec).c_str(), r.spec.causal ? 1 : 0, tty ? "" : "\n");
+        std::fflush(stderr);
+      }
+      try {
+        RowRunner runner(o, dev, *pool, stream, &sampler);
+        runner.run(r);
+        r.power = runner.power();
+#ifdef FLASHCORE_CLI_HAVE_CHECK
+        if (o.check) {
+          check_row(o, r);
+          if (r.check_status == "FAIL") ++failures;
+        }
+#endif
+      } catch (const RowError& e) {
+        r.status = "error";
+        r.message = e.what();
+        ++failures;
+      }
+      if (progress && tty) std::fprintf(stderr, "\r\033[K");
+      print_row(r, o.check);
+      if (o.repro) std::printf("  repro: %s\n", r.repro.c_str());
+      results.push_back(r);
+    }
+  } catch (...) {
+    // A CUDA error (sticky) ends the run; keep what was measured.
+    if (!o.json_path.empty()) write_json(o.json_path, o, dev, sampler.available(), results);
+    if (!o.csv_path.empty()) write_csv(o.csv_path, results);
+    throw;
+  }
+  pool.reset();
+  FC_CUDA(cudaStreamDestroy(stream));
+  if (!o.json_path.empty()) write_json(o.json_path, o, dev, sampler.available(), results);
+  if (!o.csv_path.empty()) write_csv(o.csv_path, results);
+  if (failures) {
+    std::fprintf(stderr, "flashcore: %d of %zu row(s) failed\n", failures, results.size());
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+}  // namespace fccli

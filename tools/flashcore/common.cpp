@@ -1,0 +1,219 @@
+#include "common.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+namespace fccli {
+
+void usage_error(const std::string& msg) { throw CliError(kExitUsage, msg + " (see flashcore --help)"); }
+
+void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  std::ostringstream os;
+  os << "CUDA error " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ") in " << what << " at "
+     << file << ":" << line;
+  throw CliError(kExitFailure, os.str());
+}
+
+Args::Args(int argc, char** argv, int first) {
+  for (int i = first; i < argc; ++i) args_.emplace_back(argv[i]);
+}
+
+std::string Args::next() {
+  if (has_inline_) usage_error("unexpected value '" + inline_ + "'");
+  std::string a = args_[pos_++];
+  if (a.size() > 2 && a.compare(0, 2, "--") == 0) {
+    size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      has_inline_ = true;
+      inline_ = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+  }
+  return a;
+}
+
+std::string Args::value(const std::string& flag) {
+  if (has_inline_) {
+    has_inline_ = false;
+    return inline_;
+  }
+  if (pos_ >= args_.size()) usage_error("option " + flag + " needs a value");
+  return args_[pos_++];
+}
+
+void Args::no_value(const std::string& flag) {
+  if (has_inline_) usage_error("option " + flag + " takes no value");
+}
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min_value, int64_t max_value) {
+  if (text.empty()) usage_error(flag + ": empty number");
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0')
+    usage_error(flag + ": '" + text + "' is not an integer");
+  if (v < min_value || v > max_value)
+    usage_error(flag + ": " + text + " is out of range [" + std::to_string(min_value) + ", " +
+                std::to_string(max_value) + "]");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : text) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::vector<flashcore_dtype> parse_dtypes(const std::string& text) {
+  if (text == "fp16") return {FLASHCORE_DTYPE_FP16};
+  if (text == "bf16") return {FLASHCORE_DTYPE_BF16};
+  if (text == "both") return {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16};
+  usage_error("unsupported dtype '" + text + "' (expected fp16, bf16 or both)");
+}
+
+std::vector<bool> parse_causal(const std::string& text) {
+  if (text == "0") return {false};
+  if (text == "1") return {true};
+  if (text == "both") return {false, true};
+  usage_error("--causal: '" + text + "' (expected 0, 1 or both)");
+}
+
+const char* dtype_name(flashcore_dtype dt) {
+  switch (dt) {
+    case FLASHCORE_DTYPE_FP16: return "fp16";
+    case FLASHCORE_DTYPE_BF16: return "bf16";
+    case FLASHCORE_DTYPE_FP32: return "fp32";
+    case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
+  }
+  return "?";
+}
+
+flashcore_capabilities capabilities() {
+  flashcore_capabilities caps{};
+  caps.struct_size = sizeof(caps);
+  flashcore_status st = flashcore_get_capabilities(&caps);
+  if (st != FLASHCORE_SUCCESS)
+    throw CliError(kExitFailure, std::string("flashcore_get_capabilities failed: ") + flashcore_status_string(st) +
+                                     ": " + flashcore_last_error());
+  return caps;
+}
+
+bool caps_has_dtype(const flashcore_capabilities& caps, flashcore_dtype dt) {
+  for (int i = 0; i < caps.num_dtypes && i < FLASHCORE_MAX_CAPS; ++i)
+    if (caps.dtypes[i] == dt) return true;
+  return false;
+}
+
+bool caps_has_head_dim(const flashcore_capabilities& caps, int64_t d) {
+  for (int i = 0; i < caps.num_head_dims && i < FLASHCORE_MAX_CAPS; ++i)
+    if (caps.head_dims[i] == d) return true;
+  return false;
+}
+
+std::string caps_head_dims_string(const flashcore_capabilities& caps) {
+  std::string s;
+  for (int i = 0; i < caps.num_head_dims && i < FLASHCORE_MAX_CAPS; ++i)
+    s += (i ? "," : "") + std::to_string(caps.head_dims[i]);
+  return s.empty() ? "none" : s;
+}
+
+bool query_device(int index, DeviceInfo& info, std::string& reason) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    reason = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    (void)cudaGetLastError();  // clear the error state
+    return false;
+  }
+  if (count <= 0) {
+    reason = "no CUDA device visible";
+    return false;
+  }
+  if (index < 0 || index >= count) {
+    reason = "device " + std::to_string(index) + " out of range (" + std::to_string(count) + " visible)";
+    return false;
+  }
+  cudaDeviceProp prop{};
+  FC_CUDA(cudaGetDeviceProperties(&prop, index));
+  info.index = index;
+  info.name = prop.name;
+  info.major = prop.major;
+  info.minor = prop.minor;
+  info.sms = prop.multiProcessorCount;
+  info.l2_bytes = prop.l2CacheSize;
+  info.mem_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  int khz = 0;
+  FC_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, index));
+  info.clock_mhz = khz / 1000;
+  FC_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, index));
+  info.mem_clock_mhz = khz / 1000;
+  char bus[64] = {0};
+  FC_CUDA(cudaDeviceGetPCIBusId(bus, sizeof(bus), index));
+  info.pci_bus_id = bus;
+  return true;
+}
+
+DeviceInfo require_hopper(int index) {
+  DeviceInfo info;
+  std::string reason;
+  if (!query_device(index, info, reason)) throw CliError(kExitNoGpu, "no Hopper GPU found (" + reason + ")");
+  if (info.major != 9 || info.minor != 0)
+    throw CliError(kExitNoGpu, "no Hopper GPU found (device " + std::to_string(index) + " is " + info.name +
+                                   ", sm_" + std::to_string(info.major) + std::to_string(info.minor) +
+                                   "; FlashCore needs sm_90)");
+  FC_CUDA(cudaSetDevice(index));
+  return info;
+}
+
+std::string shell_quote(const std::string& s) {
+  bool plain = !s.empty();
+  for (char c : s)
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == ',' || c == '.' || c == '-' || c == '_' || c == '/' ||
+          c == '=' || c == ':'))
+      plain = false;
+  if (plain) return s;
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+}  // namespace fccli

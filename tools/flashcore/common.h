@@ -1,0 +1,94 @@
+// Shared pieces of the `flashcore` command-line program: errors and exit codes, CUDA checking,
+// argument helpers, device detection.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "flashcore/flashcore.h"
+
+namespace fccli {
+
+#define FLASHCORE_CLI_VERSION "0.1.0"
+
+// Exit codes of the program.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitFailure = 1,  // a run failed: CUDA error, kernel error, a check failed
+  kExitUsage = 2,    // bad command line: unknown flag/preset, malformed shape, unsupported dtype/head dim
+  kExitNoGpu = 3,    // no Hopper (sm_90) GPU
+};
+
+// Thrown anywhere; main() prints "flashcore: <message>" on one line and exits with `code`.
+struct CliError : std::runtime_error {
+  int code;
+  CliError(int c, const std::string& msg) : std::runtime_error(msg), code(c) {}
+};
+
+[[noreturn]] void usage_error(const std::string& msg);
+
+// Every CUDA runtime call goes through this: on failure throws CliError(kExitFailure) naming the call.
+void cuda_check(cudaError_t err, const char* what, const char* file, int line);
+#define FC_CUDA(call) ::fccli::cuda_check((call), #call, __FILE__, __LINE__)
+
+// Command-line cursor: argv after the subcommand.
+class Args {
+ public:
+  Args(int argc, char** argv, int first);
+  bool done() const { return pos_ >= args_.size() && !has_inline_; }
+  // Next argument; "--flag=value" returns "--flag" and keeps "value" for value().
+  std::string next();
+  // Value of the flag just returned by next(): the inline "=value" or the following argument.
+  std::string value(const std::string& flag);
+  // Call after handling a flag that takes no value: rejects "--flag=value".
+  void no_value(const std::string& flag);
+
+ private:
+  std::vector<std::string> args_;
+  size_t pos_ = 0;
+  bool has_inline_ = false;
+  std::string inline_;
+};
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min_value, int64_t max_value);
+std::vector<std::string> split(const std::string& text, char sep);
+
+// "fp16" / "bf16" / "both" -> list of dtypes; usage_error otherwise.
+std::vector<flashcore_dtype> parse_dtypes(const std::string& text);
+// "0" / "1" / "both" -> list.
+std::vector<bool> parse_causal(const std::string& text);
+const char* dtype_name(flashcore_dtype dt);
+
+// Library capabilities (never needs a GPU).
+flashcore_capabilities capabilities();
+bool caps_has_dtype(const flashcore_capabilities& caps, flashcore_dtype dt);
+bool caps_has_head_dim(const flashcore_capabilities& caps, int64_t d);
+std::string caps_head_dims_string(const flashcore_capabilities& caps);
+
+struct DeviceInfo {
+  int index = -1;
+  std::string name;
+  int major = 0, minor = 0;
+  int sms = 0;
+  int64_t l2_bytes = 0;
+  int clock_mhz = 0;      // max SM clock
+  int mem_clock_mhz = 0;
+  int64_t mem_bytes = 0;
+  std::string pci_bus_id;  // for NVML
+};
+
+// Fills `info` for device `index`. Returns false with a reason when there is no usable CUDA device
+// (no driver, no device, index out of range); never throws for that.
+bool query_device(int index, DeviceInfo& info, std::string& reason);
+
+// For `bench` and `check`: selects device `index` and requires compute capability 9.0. Otherwise throws
+// CliError(kExitNoGpu, "no Hopper GPU found (...)").
+DeviceInfo require_hopper(int index);
+
+std::string shell_quote(const std::string& s);
+std::string json_escape(const std::string& s);
+
+}  // namespace fccli

@@ -1,0 +1,66 @@
+// `flashcore`: benchmark, correctness check and info tool for the FlashCore attention library.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "commands.h"
+#include "common.h"
+
+namespace {
+
+void print_help(FILE* out) {
+  std::fprintf(out,
+      "usage: flashcore <command> [options]\n"
+      "\n"
+      "commands:\n"
+      "  bench    time the forward pass (presets seeds, grid; --shape B,H,S,D[,Hkv[,Sk]])\n"
+      "  check    correctness against the float64 reference (--quick, --shape, --determinism N)\n"
+      "  info     version, compiled capabilities, device\n"
+      "\n"
+      "  flashcore <command> --help   options of a command\n"
+      "  flashcore --version          version\n"
+      "\n"
+      "exit status: 0 success, 1 failure, 2 bad arguments, 3 no Hopper GPU\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace fccli;
+  try {
+    if (argc < 2) {
+      print_help(stderr);
+      return kExitUsage;
+    }
+    std::string cmd = argv[1];
+    if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+      if (cmd == "help" && argc > 2) {
+        std::string sub = argv[2];
+        if (sub == "bench") { print_bench_help(); return kExitOk; }
+        if (sub == "check") { print_check_help(); return kExitOk; }
+      }
+      print_help(stdout);
+      return kExitOk;
+    }
+    if (cmd == "--version" || cmd == "-V") {
+#ifdef FLASHCORE_CLI_HAVE_CHECK
+      const char* check = "yes";
+#else
+      const char* check = "no";
+#endif
+      std::printf("flashcore %s (library %s, check: %s)\n", FLASHCORE_CLI_VERSION, flashcore_version_string(), check);
+      return kExitOk;
+    }
+    if (cmd == "bench") return run_bench(argc, argv, 2);
+    if (cmd == "check") return run_check(argc, argv, 2);
+    if (cmd == "info") return run_info(argc, argv, 2);
+    usage_error("unknown command '" + cmd + "'");
+  } catch (const CliError& e) {
+    if (e.code == kExitOk) return kExitOk;  // e.g. --help inside a parser
+    std::fprintf(stderr, "flashcore: %s\n", e.what());
+    return e.code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashcore: internal error: %s\n", e.what());
+    return kExitFailure;
+  }
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# CPU-only test of the `flashcore` program: argument errors (exit 2, one line on stderr), the no-GPU path
+# of bench/check (exactly one line containing "no Hopper GPU found", exit 3; forced with
+# CUDA_VISIBLE_DEVICES= so it also runs on GPU machines), help/version/info (exit 0).
+# usage: tools/test_cli.sh path/to/flashcore
+set -u
+BIN=${1:?usage: test_cli.sh path/to/flashcore}
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect RC PATTERN(on stderr+stdout, or "") LINES(stderr line count, or -) -- args...
+expect() {
+  local want_rc=$1 pattern=$2 want_lines=$3
+  shift 4
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  local ok=1
+  [[ $rc -eq $want_rc ]] || ok=0
+  if [[ -n $pattern ]] && ! grep -q -- "$pattern" "$tmp/out" "$tmp/err"; then ok=0; fi
+  if [[ $want_lines != - && $lines -ne $want_lines ]]; then ok=0; fi
+  if [[ $ok -eq 1 ]]; then
+    echo "ok    rc=$rc  ${*:2}"
+  else
+    echo "FAIL  rc=$rc (want $want_rc), stderr lines=$lines (want $want_lines), pattern '$pattern': $*"
+    sed 's/^/      out: /' "$tmp/out" | head -5
+    sed 's/^/      err: /' "$tmp/err" | head -5
+    fails=$((fails + 1))
+  fi
+}
+
+have_check=0
+"$BIN" --version | grep -q "check: yes" && have_check=1
+
+# help, version, info
+expect 0 "usage: flashcore" 0 -- "$BIN" --help
+expect 0 "usage: flashcore bench" 0 -- "$BIN" bench --help
+expect 0 "usage: flashcore check" 0 -- "$BIN" check --help
+expect 0 "^flashcore [0-9]" 0 -- "$BIN" --version
+expect 0 "head dims" 0 -- "$BIN" info
+expect 0 "no CUDA device" 0 -- env CUDA_VISIBLE_DEVICES= "$BIN" info
+
+# usage errors: exit 2, exactly one line on stderr
+expect 2 "usage" - -- "$BIN"
+expect 2 "unknown command" 1 -- "$BIN" frobnicate
+expect 2 "unknown preset 'nosuch'" 1 -- "$BIN" bench nosuch
+expect 2 "unknown preset 'nosuch'" 1 -- "$BIN" bench --preset nosuch
+expect 2 "unknown option '--bogus'" 1 -- "$BIN" bench --bogus
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,2,3
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,x,64
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,-512,64
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 0,8,512,64
+expect 2 "not a multiple" 1 -- "$BIN" bench --shape 1,8,512,64,3
+expect 2 "unsupported head dim 96" 1 -- "$BIN" bench --shape 1,8,512,96
+expect 2 "unsupported head dim 100" 1 -- "$BIN" bench --shape 2,4,256,100
+expect 2 "unsupported dtype 'fp8'" 1 -- "$BIN" bench --dtype fp8
+expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape 1,8,512,64 --dtype fp32
+expect 2 "--causal" 1 -- "$BIN" bench --causal 2
+expect 2 "--layout" 1 -- "$BIN" bench --layout sbhd
+expect 2 "not an integer" 1 -- "$BIN" bench --iters abc
+expect 2 "out of range" 1 -- "$BIN" bench --iters 0
+expect 2 "needs a value" 1 -- "$BIN" bench --shape
+expect 2 "takes no value" 1 -- "$BIN" bench --graph=1
+expect 2 "unknown option" 1 -- "$BIN" info --bogus
+if [[ $have_check -eq 1 ]]; then
+  expect 2 "unknown option" 1 -- "$BIN" check --bogus
+  expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2
+  expect 2 "96" 1 -- "$BIN" check --shape 1,8,512,96
+  expect 2 "unsupported dtype" 1 -- "$BIN" check --shape 1,8,512,64 --dtype int8
+  expect 2 "not an integer" 1 -- "$BIN" check --determinism many
+else
+  expect 2 "without the check library" 1 -- "$BIN" check --quick
+  expect 2 "without the check library" 1 -- "$BIN" bench --check
+fi
+
+# no GPU: exactly one line containing "no Hopper GPU found", exit 3, nothing on stdout
+nogpu() {
+  expect 3 "no Hopper GPU found" 1 -- env CUDA_VISIBLE_DEVICES= "$BIN" "$@"
+  if [[ -s $tmp/out ]]; then
+    echo "FAIL  stdout not empty for no-GPU: $*"
+    fails=$((fails + 1))
+  fi
+}
+nogpu bench
+nogpu bench seeds
+nogpu bench grid --dtype both --causal both
+nogpu bench --shape 1,8,512,64 --graph --json "$tmp/x.json"
+if [[ $have_check -eq 1 ]]; then
+  nogpu check --quick
+  nogpu check --shape 1,8,512,64 --determinism 3
+  nogpu bench --shape 1,8,512,64 --check
+fi
+# a device index that does not exist is the same "no Hopper GPU found" path
+expect 3 "no Hopper GPU found" 1 -- "$BIN" bench --device 1023
+
+if [[ $fails -ne 0 ]]; then
+  echo "test_cli: $fails failure(s)"
+  exit 1
+fi
+echo "test_cli: all passed"
