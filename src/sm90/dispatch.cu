@@ -1,6 +1,58 @@
-// PLACEHOLDER (being written): host dispatch of the sm90 forward kernels.
+// Host dispatch of the sm90 forward kernels: encode the tensor maps, pick the instantiation for
+// (dtype, head dim, causal), launch.
+#include <cmath>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "sm90/fwd_launch.h"
+#include "sm90/fwd_launch_decl.h"
+#include "sm90/tile_config.h"
+#include "sm90/tma_desc.h"
+
 namespace flashcore::sm90 {
+namespace {
+
+template <class Element, int kHeadDim>
+cudaError_t launch_for_mask(bool causal, const FwdParams& fp, unsigned tiles, cudaStream_t stream) {
+  return causal ? launch_fwd<Element, kHeadDim, true>(fp, tiles, stream)
+                : launch_fwd<Element, kHeadDim, false>(fp, tiles, stream);
+}
+
+// Returns false when (dtype, head_dim) is not compiled in.
+bool launch_compiled(flashcore_dtype dtype, int head_dim, bool causal, const FwdParams& fp, unsigned tiles,
+                     cudaStream_t stream, cudaError_t& err) {
+#define FLASHCORE_CASE(DTYPE_ENUM, ELEMENT, HD)                               \
+  if (dtype == DTYPE_ENUM && head_dim == HD) {                                \
+    err = launch_for_mask<ELEMENT, HD>(causal, fp, tiles, stream);           \
+    return true;                                                              \
+  }
+#ifdef FLASHCORE_HAS_fp16_HD64
+  FLASHCORE_CASE(FLASHCORE_DTYPE_FP16, __half, 64)
+#endif
+#ifdef FLASHCORE_HAS_fp16_HD128
+  FLASHCORE_CASE(FLASHCORE_DTYPE_FP16, __half, 128)
+#endif
+#ifdef FLASHCORE_HAS_fp16_HD256
+  FLASHCORE_CASE(FLASHCORE_DTYPE_FP16, __half, 256)
+#endif
+#ifdef FLASHCORE_HAS_bf16_HD64
+  FLASHCORE_CASE(FLASHCORE_DTYPE_BF16, __nv_bfloat16, 64)
+#endif
+#ifdef FLASHCORE_HAS_bf16_HD128
+  FLASHCORE_CASE(FLASHCORE_DTYPE_BF16, __nv_bfloat16, 128)
+#endif
+#ifdef FLASHCORE_HAS_bf16_HD256
+  FLASHCORE_CASE(FLASHCORE_DTYPE_BF16, __nv_bfloat16, 256)
+#endif
+#undef FLASHCORE_CASE
+  (void)dtype; (void)head_dim; (void)causal; (void)fp; (void)tiles; (void)stream; (void)err;
+  return false;
+}
+
+}  // namespace
+
 bool is_compiled(flashcore_dtype dtype, int head_dim) {
   const bool fp16 = dtype == FLASHCORE_DTYPE_FP16, bf16 = dtype == FLASHCORE_DTYPE_BF16;
   (void)fp16; (void)bf16; (void)head_dim;
@@ -24,8 +76,54 @@ bool is_compiled(flashcore_dtype dtype, int head_dim) {
 #endif
   return false;
 }
-flashcore_status forward(const flashcore_attention_params&, float, cudaStream_t, std::string& error) {
-  error = "sm90 forward kernel not built yet";
-  return FLASHCORE_ERROR_INTERNAL;
+
+flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, cudaStream_t stream,
+                         std::string& error) {
+  if (!is_compiled(p.dtype, static_cast<int>(p.head_dim))) {
+    error = "head_dim = " + std::to_string(p.head_dim) + " is not compiled in for this dtype";
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  const TileShape shape = tile_shape_for(static_cast<int>(p.head_dim));
+
+  FwdParams fp{};
+  const TensorMapArgs maps[4] = {
+      {"q", p.q, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.q_strides, shape.block_m},
+      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, shape.block_n},
+      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, shape.block_n},
+      {"o", p.o, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.o_strides, 64},
+  };
+  CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
+  for (int i = 0; i < 4; ++i) {
+    const flashcore_status st = encode_tensor_map(targets[i], maps[i], error);
+    if (st != FLASHCORE_SUCCESS) return st;
+  }
+
+  const long long m_blocks = (p.seqlen_q + shape.block_m - 1) / shape.block_m;
+  const long long tiles = m_blocks * p.num_heads_q * p.batch;
+  if (tiles > 0x7fffffffLL) {
+    error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(shape.block_m) + ") = " +
+            std::to_string(tiles) + " exceeds the grid limit 2^31-1";
+    return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  fp.lse = p.lse;
+  fp.seqlen_q = static_cast<int>(p.seqlen_q);
+  fp.seqlen_k = static_cast<int>(p.seqlen_k);
+  fp.num_heads_q = static_cast<int>(p.num_heads_q);
+  fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
+  fp.num_m_blocks = static_cast<int>(m_blocks);
+  fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+
+  cudaError_t err = cudaSuccess;
+  if (!launch_compiled(p.dtype, static_cast<int>(p.head_dim), p.causal != 0, fp, static_cast<unsigned>(tiles),
+                       stream, err)) {
+    error = "no kernel compiled for this dtype and head_dim = " + std::to_string(p.head_dim);
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  if (err != cudaSuccess) {
+    error = std::string("kernel launch failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
 }
+
 }  // namespace flashcore::sm90

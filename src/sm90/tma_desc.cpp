@@ -1,1 +1,64 @@
-// PLACEHOLDER: TMA descriptor encoding
+#include "sm90/tma_desc.h"
+
+#include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
+
+#include <string>
+
+namespace flashcore::sm90 {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn(std::string& error) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static cudaError_t status = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                                       &query);
+    if (err == cudaSuccess && query != cudaDriverEntryPointSuccess) err = cudaErrorSymbolNotFound;
+    if (err == cudaSuccess) fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+    return err;
+  }();
+  if (fn == nullptr) {
+    error = std::string("cannot load cuTensorMapEncodeTiled from the CUDA driver: ") + cudaGetErrorString(status);
+  }
+  return fn;
+}
+
+// A dimension of extent 1 never advances its stride; give TMA a legal (non-zero, 16-byte multiple) one.
+cuuint64_t stride_bytes(int64_t stride_elems, int64_t extent, int64_t elem_bytes) {
+  const int64_t bytes = stride_elems * elem_bytes;
+  return static_cast<cuuint64_t>(extent == 1 && bytes == 0 ? 16 : bytes);
+}
+
+}  // namespace
+
+flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std::string& error) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn(error);
+  if (encode == nullptr) return FLASHCORE_ERROR_CUDA;
+
+  const CUtensorMapDataType type =
+      a.dtype == FLASHCORE_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int64_t elem = 2;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(a.head_dim), static_cast<cuuint64_t>(a.seqlen),
+                              static_cast<cuuint64_t>(a.heads), static_cast<cuuint64_t>(a.batch)};
+  const cuuint64_t strides[3] = {stride_bytes(a.strides.seq, a.seqlen, elem),
+                                 stride_bytes(a.strides.head, a.heads, elem),
+                                 stride_bytes(a.strides.batch, a.batch, elem)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / elem), static_cast<cuuint32_t>(a.box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult res = encode(map, type, 4, const_cast<void*>(a.base), dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS) {
+    error = std::string("cuTensorMapEncodeTiled rejected tensor '") + a.name + "' (CUresult " +
+            std::to_string(static_cast<int>(res)) + "): dims (" + std::to_string(a.head_dim) + ", " +
+            std::to_string(a.seqlen) + ", " + std::to_string(a.heads) + ", " + std::to_string(a.batch) +
+            "), byte strides (" + std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + ", " +
+            std::to_string(strides[2]) + ")";
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+}  // namespace flashcore::sm90

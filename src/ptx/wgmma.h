@@ -1,0 +1,52 @@
+// Thin wrappers for Hopper warpgroup MMA (wgmma), which CCCL's cuda::ptx does not cover.
+#pragma once
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace flashcore::ptx {
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA "Matrix Descriptor Format").
+//   bits  0-13: start address >> 4      bits 16-29: leading-dimension byte offset >> 4
+//   bits 32-45: stride-dimension byte offset >> 4      bits 62-63: swizzle mode (1 = 128B)
+// The tile must sit at a 1024-byte-aligned base (the swizzle pattern repeats every 8 rows of 128 B);
+// the start address may move inside it by multiples of 16 bytes to select k-slices.
+__device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr, uint32_t leading_byte_offset,
+                                                         uint32_t stride_byte_offset) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
+  desc |= static_cast<uint64_t>((leading_byte_offset >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>((stride_byte_offset >> 4) & 0x3FFF) << 32;
+  desc |= static_cast<uint64_t>(1) << 62;
+  return desc;
+}
+
+// wgmma.fence: order register accesses of earlier instructions before the next wgmma.mma_async.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving accumulator accesses across wgmma boundaries.
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <class T, int N>
+struct WgmmaSS;
+template <class T, int N>
+struct WgmmaRS;
+
+#include "ptx/wgmma_ops.inc"
+
+}  // namespace flashcore::ptx

@@ -1,0 +1,60 @@
+// One constexpr tile configuration per head dim, shared by host dispatch and device code.
+#pragma once
+#include <cstdint>
+
+namespace flashcore::sm90 {
+
+struct TileShape {
+  int block_m;  // query rows per CTA (kConsumerWarpgroups x 64)
+  int block_n;  // keys per K/V tile
+  int stages;   // depth of the K/V ring
+};
+
+constexpr TileShape tile_shape_for(int head_dim) {
+  return head_dim == 64    ? TileShape{128, 128, 3}
+         : head_dim == 128 ? TileShape{128, 128, 2}
+                           : TileShape{128, 64, 2};  // 256
+}
+
+template <int kHeadDim_, int kElemBytes_ = 2>
+struct TileConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kElemBytes = kElemBytes_;
+  static constexpr TileShape kShape = tile_shape_for(kHeadDim);
+  static constexpr int kBlockM = kShape.block_m;
+  static constexpr int kBlockN = kShape.block_n;
+  static constexpr int kStages = kShape.stages;
+
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kRowsPerWarpgroup = 64;
+  static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);  // + one producer warpgroup
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  // Shared-memory tiles are stored as chunks of 64 columns (128 bytes per row, the 128-byte swizzle
+  // width): chunk c holds columns [64c, 64c+64) of every row. Chunks are 1024-byte aligned.
+  static constexpr int kChunkCols = 128 / kElemBytes;
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kRowBytes = 128;
+  static constexpr int kQChunkBytes = kBlockM * kRowBytes;
+  static constexpr int kKVChunkBytes = kBlockN * kRowBytes;
+  static constexpr int kQBytes = kQChunkBytes * kChunks;
+  static constexpr int kKVTileBytes = kKVChunkBytes * kChunks;
+
+  static constexpr int kSmemQOffset = 0;
+  static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
+  static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
+  static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVTileBytes;
+  static constexpr int kNumBarriers = 1 + 4 * kStages;  // q_full, k_full/k_empty/v_full/v_empty per stage
+  // +1024 so the kernel can round the dynamic shared-memory base up to 1024 bytes.
+  static constexpr int kSmemBytes = kSmemBarrierOffset + kNumBarriers * 8 + 1024;
+
+  static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of 64 elements");
+  static_assert(kBlockM == kConsumerWarpgroups * kRowsPerWarpgroup, "one 64-row slice per consumer warpgroup");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % 16 == 0");
+  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
+};
+
+}  // namespace flashcore::sm90

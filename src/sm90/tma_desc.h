@@ -1,0 +1,27 @@
+// Host-side encoding of TMA tensor maps (cuTensorMapEncodeTiled, reached through
+// cudaGetDriverEntryPointByVersion so libflashcore has no link-time dependency on libcuda).
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+#include "flashcore/flashcore.h"
+
+namespace flashcore::sm90 {
+
+// A (batch, seq, heads, head_dim) tensor viewed as the 4-D map (head_dim, seq, heads, batch) with the
+// caller's strides, 128-byte swizzle, and a box of 64 columns x box_rows rows of one head and batch.
+// Out-of-range rows read as zero and are clipped on store.
+struct TensorMapArgs {
+  const char* name;  // "q", "k", "v", "o": for error messages
+  const void* base;
+  flashcore_dtype dtype;
+  int64_t head_dim, seqlen, heads, batch;
+  flashcore_tensor_strides strides;  // elements
+  int box_rows;
+};
+
+flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& args, std::string& error);
+
+}  // namespace flashcore::sm90
