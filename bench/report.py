@@ -1,0 +1,587 @@
+#!/usr/bin/env python3
+"""FlashCore vs cuDNN, FlashAttention-2 (both through PyTorch SDPA) and FlashAttention-3, on the anchor grid.
+
+Runs on the GPU machine (Python 3.12, PyTorch with CUDA, matplotlib). FlashCore is called through its C ABI
+with ctypes (bench/flashcore_ctypes.py; no Python package needed). FA3 is measured when
+`flash_attn_interface` imports; otherwise the report shows the FA3 numbers of the anchor file as
+"FA3 (anchor)" (it always shows them, as the level to beat).
+
+Method (the anchors'): forward pass; batch = 16384 // S, heads = 2048 // D; random normal inputs, the same
+tensors for every system in one process; median of --iters CUDA-event-timed calls after --warmup calls;
+inputs rotated among enough buffer sets that one cycle touches more than 2x the L2 cache;
+TFLOPS = 4*B*H*S*S*D / t, halved for causal.
+
+    python3 bench/report.py --out report            # grid, bf16 and fp16
+    python3 bench/report.py --quick --dtype bf16    # a few cells, a smoke run
+
+Writes OUT/performance_report.md, OUT/metrics.json and OUT/tflops_<dtype>_d<D>_<mask>.png.
+A system that fails on a cell records null there (with the error in metrics.json), never a crash.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from typing import Callable, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+SYSTEMS = ["flashcore", "cudnn", "fa2", "fa3"]
+LABELS = {"flashcore": "FlashCore", "cudnn": "cuDNN (SDPA)", "fa2": "FA2 (SDPA)", "fa3": "FA3",
+          "fa3_anchor": "FA3 (anchor)"}
+GRID_D = [64, 128, 256]
+GRID_S = [512, 1024, 2048, 4096, 8192, 16384]
+QUICK_S = [1024, 4096]
+# The small shapes of the anchor file (CUDA graph of 20 calls, microseconds per call).
+SMALL_SHAPES = [("mission", 1, 8, 512, 64), ("small", 2, 8, 512, 64), ("long", 2, 8, 2048, 64),
+                ("medium", 4, 16, 1024, 64), ("hd128", 2, 8, 512, 128), ("large", 8, 16, 2048, 64)]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def short_error(e: BaseException) -> str:
+    s = f"{type(e).__name__}: {e}"
+    s = s.replace("\n", " ")
+    return s if len(s) <= 300 else s[:297] + "..."
+
+
+# ------------------------------------------------------------------------------------------------------
+# Anchors
+
+def find_anchors(path: Optional[str]) -> Optional[str]:
+    candidates = [path] if path else []
+    candidates += [os.environ.get("FLASHCORE_ANCHORS", ""),
+                   os.path.join(ROOT, "..", "shared", "anchors", "h200-anchors.json"),
+                   os.path.join(ROOT, "shared", "anchors", "h200-anchors.json")]
+    for c in candidates:
+        if c and os.path.isfile(c):
+            return os.path.abspath(c)
+    return None
+
+
+def load_anchors(path: Optional[str]) -> dict:
+    """{"grid": {(dtype, D, S, causal): {"fa3":..,"cudnn":..,"fa2":..}}, "small": {(B,H,S,D,causal): {...}}}"""
+    out: dict = {"path": path, "grid": {}, "small": {}, "machine": None}
+    if not path:
+        return out
+    with open(path) as f:
+        data = json.load(f)
+    out["machine"] = data.get("machine")
+    for r in data.get("grid", []):
+        out["grid"][(r["dtype"], int(r["D"]), int(r["S"]), bool(r["causal"]))] = {
+            k: r.get(k) for k in ("fa3", "cudnn", "fa2")}
+    for r in data.get("small_shapes_us", []):
+        out["small"][(int(r["B"]), int(r["H"]), int(r["S"]), int(r["D"]), bool(r["causal"]))] = {
+            "fa3": r.get("fa3_us"), "cudnn": r.get("cudnn_us"), "fa2": r.get("flash2_us")}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Timing
+
+def tflops_of(B: int, H: int, S: int, D: int, causal: bool, ms: Optional[float]) -> Optional[float]:
+    if ms is None or ms <= 0:
+        return None
+    flops = 4.0 * B * H * S * S * D
+    if causal:
+        flops /= 2
+    return flops / (ms * 1e-3) / 1e12
+
+
+def time_calls(torch, fn: Callable[[int], None], nsets: int, iters: int, warmup: int) -> List[float]:
+    """fn(i) runs one call on buffer set i % nsets. Returns per-call milliseconds (CUDA events)."""
+    for i in range(warmup):
+        fn(i % nsets)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn((warmup + i) % nsets)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def time_graph(torch, fn: Callable[[int], None], nsets: int, iters: int, calls: int) -> List[float]:
+    """Kernel time per call: a CUDA graph of `calls` calls, replayed `iters` times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(i % nsets)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i % nsets)
+    g.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        g.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    del g
+    return [s.elapsed_time(e) / calls for s, e in zip(starts, ends)]
+
+
+class Runner:
+    """All systems on one problem, sharing the same input tensors."""
+
+    def __init__(self, args, torch, fc_lib, fa3_mod):
+        self.args = args
+        self.torch = torch
+        self.fc = fc_lib
+        self.fa3 = fa3_mod
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+        self.SDPBackend = SDPBackend
+        self.sdpa_kernel = sdpa_kernel
+        self.F = F
+        props = torch.cuda.get_device_properties(0)
+        self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+    def make_sets(self, B, H, S, D, dtype, seed):
+        torch = self.torch
+        elem = torch.tensor([], dtype=dtype).element_size()
+        touched = 4 * B * H * S * D * elem  # Q, K, V read + O written
+        nsets = 1 if self.args.no_rotate else (2 * self.l2) // touched + 1
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(seed)
+        sets = []
+        for _ in range(nsets):
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+            sets.append((q, k, v))
+        return sets
+
+    # Each system: fn(i) runs one forward on buffer set i and returns the output, indexed (B, H, S, D).
+    def build(self, name, sets, causal):
+        """(fn, sdpa_backend or None) for system `name`; raises when the system is unavailable."""
+        torch = self.torch
+        if name in ("cudnn", "fa2"):
+            F = self.F
+
+            def sdpa(i):
+                q, k, v = sets[i]
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            be = self.SDPBackend.CUDNN_ATTENTION if name == "cudnn" else self.SDPBackend.FLASH_ATTENTION
+            return sdpa, be
+        if name == "fa3":
+            if self.fa3 is None:
+                raise RuntimeError("flash_attn_interface not importable")
+            bshd = [tuple(t.transpose(1, 2).contiguous() for t in s) for s in sets]
+            fa3 = self.fa3
+
+            def fa3_call(i):
+                q, k, v = bshd[i]
+                out = fa3.flash_attn_func(q, k, v, causal=causal)
+                out = out[0] if isinstance(out, tuple) else out
+                return out.transpose(1, 2)
+            return fa3_call, None
+        if name == "flashcore":
+            if self.fc is None:
+                raise RuntimeError("libflashcore.so not loaded")
+            params, outs = [], []
+            for q, k, v in sets:
+                # Poisoned: an output the kernel does not write cannot pass the comparison by accident.
+                o = torch.full_like(q, float("nan"))
+                B, H, S, _ = q.shape
+                lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+                params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=True))
+                outs.append((o, lse))
+            fc = self.fc
+
+            def fc_call(i):
+                fc.forward(params[i], torch.cuda.current_stream().cuda_stream)
+                return outs[i][0]
+            return fc_call, None
+        raise ValueError(name)
+
+    def run_system(self, name, sets, causal, graph: bool):
+        """Returns (times_ms or None, float copy of the output of set 0 or None, error or None)."""
+        torch = self.torch
+        try:
+            fn, backend = self.build(name, sets, causal)
+            ctx = self.sdpa_kernel([backend]) if backend is not None else _nullcontext()
+            with ctx, torch.no_grad():
+                out0 = fn(0)
+                torch.cuda.synchronize()
+                ref = out0.float() if self.args.verify else None
+                del out0
+                if graph:
+                    calls = max(self.args.graph_calls, len(sets))  # every rotation set inside the graph
+                    times = time_graph(torch, fn, len(sets), self.args.iters, calls)
+                else:
+                    times = time_calls(torch, fn, len(sets), self.args.iters, self.args.warmup)
+            return times, ref, None
+        except Exception as e:  # noqa: BLE001 - a failing backend records null
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001
+                pass
+            return None, None, short_error(e)
+
+    def run_cell(self, B, H, S, D, dtype_name, causal, graph=False, seed=0):
+        torch = self.torch
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+        cell = {"B": B, "H": H, "S": S, "D": D, "dtype": dtype_name, "causal": causal, "systems": {}}
+        try:
+            sets = self.make_sets(B, H, S, D, dtype, seed)
+        except Exception as e:  # noqa: BLE001
+            cell["error"] = short_error(e)
+            return cell
+        cell["rotate_sets"] = len(sets)
+        refs: Dict[str, object] = {}
+        for name in ("cudnn", "fa2", "fa3", "flashcore"):
+            if name not in self.args.systems or (name == "fa3" and self.fa3 is None):
+                continue
+            times, out, err = self.run_system(name, sets, causal, graph)
+            rec: dict = {"error": err}
+            if times:
+                med = statistics.median(times)
+                rec.update({"median_ms": med, "mean_ms": statistics.fmean(times), "min_ms": min(times),
+                            "tflops": tflops_of(B, H, S, D, causal, med)})
+            else:
+                rec.update({"median_ms": None, "tflops": None})
+            cell["systems"][name] = rec
+            if out is not None:
+                refs[name] = out
+        # FlashCore against SDPA on set 0 (the first SDPA backend that ran).
+        if "flashcore" in refs:
+            for ref_name in ("fa2", "cudnn", "fa3"):
+                if ref_name in refs:
+                    diff = (refs["flashcore"] - refs[ref_name]).abs()
+                    finite = bool(torch.isfinite(refs["flashcore"]).all().item())
+                    cell["flashcore_finite"] = finite
+                    # NaN/Inf (e.g. the poison left in place) is reported as an infinite error.
+                    cell["flashcore_max_err"] = float(diff.max().item()) if finite else float("inf")
+                    cell["flashcore_mean_err"] = float(diff.mean().item()) if finite else float("inf")
+                    cell["flashcore_err_vs"] = ref_name
+                    break
+            if "flashcore_max_err" not in cell and self.args.verify:
+                cell["flashcore_err_vs"] = None
+        del refs, sets
+        torch.cuda.empty_cache()
+        return cell
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------------
+# Report
+
+def fmt(v: Optional[float], spec: str = "{:.0f}") -> str:
+    return "—" if v is None or (isinstance(v, float) and not math.isfinite(v)) else spec.format(v)
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def geomean(values: List[Optional[float]]) -> Optional[float]:
+    vs = [v for v in values if v is not None and v > 0]
+    if not vs:
+        return None
+    return math.exp(sum(math.log(v) for v in vs) / len(vs))
+
+
+def json_safe(x):
+    """NaN/Inf -> None (strict JSON), recursively."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def cell_tflops(cell: dict, system: str) -> Optional[float]:
+    return (cell["systems"].get(system) or {}).get("tflops")
+
+
+def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], anchors: dict,
+                   plots: List[str]) -> None:
+    have_fa3 = any(cell_tflops(c, "fa3") is not None for c in cells)
+    L = []
+    L.append("# FlashCore performance report\n")
+    L.append(f"- GPU: {meta['gpu']} ({meta['sms']} SMs, L2 {meta['l2_mib']:.0f} MiB)")
+    L.append(f"- PyTorch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; FlashCore {meta['flashcore']}")
+    L.append(f"- FA3: {'measured (flash_attn_interface)' if have_fa3 else 'not importable here; column FA3 (anchor) is from the anchor file'}")
+    L.append(f"- Anchors: {anchors.get('path') or 'not found'} ({anchors.get('machine') or ''})")
+    L.append(f"- Method: {meta['method']}")
+    L.append(f"- Run time: {meta['elapsed_s']:.0f} s; date {meta['date']}\n")
+
+    for dt in meta["dtypes"]:
+        rows = [c for c in cells if c["dtype"] == dt]
+        if not rows:
+            continue
+        L.append(f"## {dt}: TFLOPS per system\n")
+        hdr = ["D", "mask", "S", "B×H", "FlashCore", "cuDNN", "FA2"]
+        if have_fa3:
+            hdr.append("FA3")
+        hdr += ["FA3 (anchor)", "FC / FA3 (anchor)", "FC / cuDNN", "FC / FA2", "FC max err", "cuDNN / anchor cuDNN"]
+        L.append("| " + " | ".join(hdr) + " |")
+        L.append("|" + "---|" * len(hdr))
+        for c in rows:
+            fc = cell_tflops(c, "flashcore")
+            a = anchors["grid"].get((dt, c["D"], c["S"], c["causal"]), {})
+            vals = [str(c["D"]), "causal" if c["causal"] else "none", str(c["S"]), f"{c['B']}×{c['H']}",
+                    fmt(fc), fmt(cell_tflops(c, "cudnn")), fmt(cell_tflops(c, "fa2"))]
+            if have_fa3:
+                vals.append(fmt(cell_tflops(c, "fa3")))
+            vals += [fmt(a.get("fa3")), fmt(ratio(fc, a.get("fa3")), "{:.2f}"),
+                     fmt(ratio(fc, cell_tflops(c, "cudnn")), "{:.2f}"), fmt(ratio(fc, cell_tflops(c, "fa2")), "{:.2f}"),
+                     ("non-finite" if c.get("flashcore_finite") is False else fmt(c.get("flashcore_max_err"), "{:.1e}")),
+                     fmt(ratio(cell_tflops(c, "cudnn"), a.get("cudnn")), "{:.2f}")]
+            L.append("| " + " | ".join(vals) + " |")
+        L.append("")
+        gm = {
+            "FC / FA3 (anchor)": geomean([ratio(cell_tflops(c, "flashcore"),
+                                                anchors["grid"].get((dt, c["D"], c["S"], c["causal"]), {}).get("fa3"))
+                                          for c in rows]),
+            "FC / cuDNN": geomean([ratio(cell_tflops(c, "flashcore"), cell_tflops(c, "cudnn")) for c in rows]),
+            "FC / FA2": geomean([ratio(cell_tflops(c, "flashcore"), cell_tflops(c, "fa2")) for c in rows]),
+            "cuDNN here / cuDNN anchor (machine factor)": geomean(
+                [ratio(cell_tflops(c, "cudnn"), anchors["grid"].get((dt, c["D"], c["S"], c["causal"]), {}).get("cudnn"))
+                 for c in rows]),
+        }
+        L.append("Geometric means over the cells: " + "; ".join(f"{k} {fmt(v, '{:.2f}')}" for k, v in gm.items()) + "\n")
+        errs = sorted({f"{s}: {r['error']}" for c in rows for s, r in c["systems"].items() if r.get("error")})
+        if errs:
+            L.append("<details><summary>errors (null cells)</summary>\n")
+            for e in errs[:40]:
+                L.append(f"- {e}")
+            L.append("\n</details>\n")
+
+        # Compact matrix like the anchor README: FlashCore TFLOPS / FA3 anchor.
+        L.append(f"### {dt}: FlashCore / FA3 (anchor), TFLOPS by seqlen\n")
+        seqs = sorted({c["S"] for c in rows})
+        L.append("| head dim | mask | " + " | ".join(str(s) for s in seqs) + " |")
+        L.append("|---|---|" + "---|" * len(seqs))
+        for D in sorted({c["D"] for c in rows}):
+            for causal in (False, True):
+                line = [str(D), "causal" if causal else "none"]
+                for s in seqs:
+                    c = next((x for x in rows if x["D"] == D and x["S"] == s and x["causal"] == causal), None)
+                    a = anchors["grid"].get((dt, D, s, causal), {}).get("fa3")
+                    line.append(f"{fmt(cell_tflops(c, 'flashcore') if c else None)}/{fmt(a)}")
+                L.append("| " + " | ".join(line) + " |")
+        L.append("")
+
+    if small:
+        L.append("## Small shapes: kernel time per call (CUDA graph), microseconds\n")
+        L.append("| shape (B,H,S,D) | dtype | mask | FlashCore | cuDNN | FA2 | FA3 (anchor) | cuDNN (anchor) | FA2 (anchor) |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for c in small:
+            a = anchors["small"].get((c["B"], c["H"], c["S"], c["D"], c["causal"]), {})
+            us = {s: (r.get("median_ms") * 1e3 if r.get("median_ms") else None) for s, r in c["systems"].items()}
+            L.append(f"| {c['B']},{c['H']},{c['S']},{c['D']} | {c['dtype']} | {'causal' if c['causal'] else 'none'} | "
+                     f"{fmt(us.get('flashcore'), '{:.1f}')} | {fmt(us.get('cudnn'), '{:.1f}')} | "
+                     f"{fmt(us.get('fa2'), '{:.1f}')} | {fmt(a.get('fa3'), '{:.1f}')} | "
+                     f"{fmt(a.get('cudnn'), '{:.1f}')} | {fmt(a.get('fa2'), '{:.1f}')} |")
+        L.append("\n(anchor small shapes were measured in fp16.)\n")
+
+    if plots:
+        L.append("## Plots\n")
+        for p in plots:
+            L.append(f"![{p}]({p})")
+        L.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def make_plots(out_dir: str, cells: List[dict], anchors: dict, dtypes: List[str]) -> List[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        log(f"report: no plots ({short_error(e)})")
+        return []
+    files = []
+    styles = {"flashcore": ("tab:red", "o"), "cudnn": ("tab:blue", "s"), "fa2": ("tab:green", "^"),
+              "fa3": ("tab:purple", "D")}
+    for dt in dtypes:
+        for D in GRID_D:
+            for causal in (False, True):
+                rows = sorted([c for c in cells if c["dtype"] == dt and c["D"] == D and c["causal"] == causal],
+                              key=lambda c: c["S"])
+                if not rows:
+                    continue
+                fig, ax = plt.subplots(figsize=(6.4, 4.2))
+                xs = [c["S"] for c in rows]
+                for sysname, (color, marker) in styles.items():
+                    ys = [cell_tflops(c, sysname) for c in rows]
+                    if all(y is None for y in ys):
+                        continue
+                    ax.plot(xs, [y if y is not None else float("nan") for y in ys], color=color, marker=marker,
+                            label=LABELS[sysname], linewidth=2.2 if sysname == "flashcore" else 1.4)
+                ya = [anchors["grid"].get((dt, D, s, causal), {}).get("fa3") for s in xs]
+                if any(y is not None for y in ya):
+                    ax.plot(xs, [y if y is not None else float("nan") for y in ya], color="black", linestyle="--",
+                            label=LABELS["fa3_anchor"], linewidth=1.2)
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(xs)
+                ax.set_xticklabels([f"{s // 1024}k" if s >= 1024 else str(s) for s in xs])
+                ax.set_xlabel("sequence length (batch = 16384/S)")
+                ax.set_ylabel("TFLOPS")
+                ax.set_ylim(bottom=0)
+                ax.grid(True, alpha=0.3)
+                ax.set_title(f"{dt}, head dim {D}, {'causal' if causal else 'no mask'}")
+                ax.legend(loc="lower right", fontsize=8)
+                name = f"tflops_{dt}_d{D}_{'causal' if causal else 'none'}.png"
+                fig.tight_layout()
+                fig.savefig(os.path.join(out_dir, name), dpi=110)
+                plt.close(fig)
+                files.append(name)
+    return files
+
+
+# ------------------------------------------------------------------------------------------------------
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out"), help="output directory")
+    ap.add_argument("--quick", action="store_true", help=f"subset: seqlens {QUICK_S}, every head dim and mask")
+    ap.add_argument("--dtype", choices=["bf16", "fp16", "both"], default="both")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--lib", default=None, help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIB)")
+    ap.add_argument("--anchors", default=None, help="h200-anchors.json (default ../shared/anchors/)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of flashcore,cudnn,fa2,fa3")
+    ap.add_argument("--no-rotate", action="store_true", help="one buffer set (L2-warm)")
+    ap.add_argument("--no-lse", action="store_true", help="FlashCore without the LSE output")
+    ap.add_argument("--no-verify", dest="verify", action="store_false", help="skip the FlashCore error check")
+    ap.add_argument("--no-small", dest="small", action="store_false",
+                    help="skip the small-shape CUDA-graph table")
+    ap.add_argument("--graph-calls", type=int, default=20, help="calls per CUDA graph (small shapes)")
+    ap.add_argument("--no-plots", dest="plots", action="store_false")
+    args = ap.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in args.systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f"unknown system(s) {bad}; expected {SYSTEMS}")
+    if args.iters < 1 or args.warmup < 0:
+        ap.error("--iters >= 1 and --warmup >= 0")
+
+    t_start = time.time()
+    import torch
+    if not torch.cuda.is_available():
+        log("report: no CUDA device")
+        return 3
+    os.makedirs(args.out, exist_ok=True)
+
+    anchors = load_anchors(find_anchors(args.anchors))
+    if not anchors["path"]:
+        log("report: anchor file not found (use --anchors): the FA3 (anchor) column will be empty")
+
+    fc = None
+    fc_version = "not loaded"
+    if "flashcore" in args.systems:
+        try:
+            from flashcore_ctypes import FlashCoreLib
+            fc = FlashCoreLib(args.lib)
+            fc_version = f"{fc.version()} ({fc.path})"
+        except Exception as e:  # noqa: BLE001
+            log(f"report: FlashCore not loaded: {short_error(e)}")
+            fc_version = f"not loaded: {short_error(e)}"
+    fa3 = None
+    if "fa3" in args.systems:
+        try:
+            import flash_attn_interface as fa3  # type: ignore
+        except Exception as e:  # noqa: BLE001
+            log(f"report: FA3 not importable ({short_error(e)}); showing FA3 (anchor)")
+            fa3 = None
+
+    props = torch.cuda.get_device_properties(0)
+    runner = Runner(args, torch, fc, fa3)
+    dtypes = ["bf16", "fp16"] if args.dtype == "both" else [args.dtype]
+    seqs = QUICK_S if args.quick else GRID_S
+    todo = [(dt, D, S, causal) for dt in dtypes for D in GRID_D for S in seqs for causal in (False, True)]
+    meta = {
+        "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
+        "l2_mib": runner.l2 / 2**20, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "flashcore": fc_version, "python": platform.python_version(),
+        "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rotate": not args.no_rotate,
+        "method": (f"forward; batch = 16384/S, heads = 2048/D; torch.randn inputs (B,H,S,D), same tensors for all "
+                   f"systems; median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls; "
+                   f"{'one buffer set' if args.no_rotate else 'buffer sets rotated, > 2x L2 per cycle'}; "
+                   "TFLOPS = 4*B*H*S*S*D/t, halved for causal"),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+    cells: List[dict] = []
+    small: List[dict] = []
+    status = 0
+    try:
+        for n, (dt, D, S, causal) in enumerate(todo):
+            B, H = 16384 // S, 2048 // D
+            log(f"[{n + 1}/{len(todo)}] {dt} D={D} S={S} B={B} H={H} causal={int(causal)}")
+            cell = runner.run_cell(B, H, S, D, dt, causal, seed=n)
+            cells.append(cell)
+            parts = [f"{s}={fmt(r.get('tflops'))}" for s, r in cell["systems"].items()]
+            if "flashcore_max_err" in cell:
+                parts.append(f"fc_err={cell['flashcore_max_err']:.1e}")
+            log("    " + " ".join(parts))
+        if args.small:
+            for tag, B, H, S, D in SMALL_SHAPES:
+                for causal in (False, True):
+                    log(f"[small] {tag} {B},{H},{S},{D} causal={int(causal)} (graph of {args.graph_calls})")
+                    cell = runner.run_cell(B, H, S, D, "fp16", causal, graph=True, seed=1000 + len(small))
+                    cell["tag"] = tag
+                    small.append(cell)
+    except KeyboardInterrupt:
+        log("report: interrupted; writing what was measured")
+        status = 130
+    except Exception as e:  # noqa: BLE001 - e.g. a sticky CUDA error: keep what was measured
+        log(f"report: stopped early: {short_error(e)}")
+        traceback.print_exc()
+        status = 1
+    meta["elapsed_s"] = time.time() - t_start
+
+    plots = make_plots(args.out, cells, anchors, dtypes) if args.plots else []
+    metrics = {"meta": meta, "anchors_file": anchors["path"], "cells": [], "small_shapes": small}
+    for c in cells:
+        a = anchors["grid"].get((c["dtype"], c["D"], c["S"], c["causal"]), {})
+        fc_t = cell_tflops(c, "flashcore")
+        c = dict(c)
+        c["anchor"] = a
+        c["ratios"] = {"fc_over_fa3_anchor": ratio(fc_t, a.get("fa3")),
+                       "fc_over_cudnn": ratio(fc_t, cell_tflops(c, "cudnn")),
+                       "fc_over_fa2": ratio(fc_t, cell_tflops(c, "fa2")),
+                       "fc_over_fa3": ratio(fc_t, cell_tflops(c, "fa3"))}
+        metrics["cells"].append(c)
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump(json_safe(metrics), f, indent=1, allow_nan=False)
+    write_markdown(os.path.join(args.out, "performance_report.md"), meta, cells, small, anchors, plots)
+    log(f"report: wrote {args.out}/performance_report.md, metrics.json, {len(plots)} plot(s) "
+        f"in {meta['elapsed_s']:.0f} s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
