@@ -1,0 +1,619 @@
+// The C ABI's argument validation, exhaustively, without a GPU: every check of flashcore_attention_validate /
+// _forward, its status, its message (naming the argument and its value) and that O/LSE stay untouched.
+// Host buffers stand in for device pointers: every failing case fails before any device access.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "flashcore/flashcore.h"
+#include "sm90/fwd_launch.h"
+
+namespace {
+
+constexpr int kHeadDims[] = {64, 128, 256};
+
+bool gpu_visible() {
+  int count = 0;
+  const bool visible = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  (void)cudaGetLastError();
+  return visible;
+}
+
+// A 64-byte aligned host buffer filled with a pattern, standing in for device memory.
+class HostBuffer {
+ public:
+  explicit HostBuffer(size_t bytes) : bytes_(bytes + 64), data_(static_cast<unsigned char*>(std::aligned_alloc(64, bytes_ + 64 - bytes_ % 64))) {
+    std::memset(data_, 0xA5, bytes_);
+  }
+  ~HostBuffer() { std::free(data_); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  unsigned char* data() const { return data_; }
+  bool untouched() const {
+    for (size_t i = 0; i < bytes_; ++i) {
+      if (data_[i] != 0xA5) return false;
+    }
+    return true;
+  }
+
+ private:
+  size_t bytes_;
+  unsigned char* data_;
+};
+
+// A compiled (dtype, head_dim) so that the valid problem passes the "compiled in" checks in any build.
+struct Compiled {
+  flashcore_dtype dtype = FLASHCORE_DTYPE_BF16;
+  int head_dim = 0;
+};
+Compiled first_compiled() {
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
+    for (int hd : kHeadDims) {
+      if (flashcore::sm90::is_compiled(dt, hd)) return {dt, hd};
+    }
+  }
+  return {};
+}
+
+class Validation : public ::testing::Test {
+ protected:
+  static constexpr int64_t B = 2, SQ = 16, SK = 24, HQ = 4, HKV = 2;
+
+  void SetUp() override {
+    const Compiled c = first_compiled();
+    ASSERT_GT(c.head_dim, 0) << "this build compiled no kernel at all";
+    D = c.head_dim;
+    q_ = std::make_unique<HostBuffer>(B * SQ * HQ * D * 2);
+    k_ = std::make_unique<HostBuffer>(B * SK * HKV * D * 2);
+    v_ = std::make_unique<HostBuffer>(B * SK * HKV * D * 2);
+    o_ = std::make_unique<HostBuffer>(B * SQ * HQ * D * 2);
+    lse_ = std::make_unique<HostBuffer>(B * HQ * SQ * 4);
+    flashcore_attention_params_init(&p);
+    p.q = q_->data();
+    p.k = k_->data();
+    p.v = v_->data();
+    p.o = o_->data();
+    p.lse = reinterpret_cast<float*>(lse_->data());
+    p.batch = B;
+    p.seqlen_q = SQ;
+    p.seqlen_k = SK;
+    p.num_heads_q = HQ;
+    p.num_heads_kv = HKV;
+    p.head_dim = D;
+    p.dtype = c.dtype;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+    ASSERT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  }
+
+  // validate() and forward() both return `want` with a message holding every needle; O and LSE untouched.
+  void expect_error(flashcore_status want, const std::vector<std::string>& needles) {
+    expect_error(&p, want, needles);
+  }
+  void expect_error(const flashcore_attention_params* params, flashcore_status want,
+                    const std::vector<std::string>& needles) {
+    for (int forward = 0; forward < 2; ++forward) {
+      SCOPED_TRACE(forward ? "flashcore_attention_forward" : "flashcore_attention_validate");
+      const flashcore_status got =
+          forward ? flashcore_attention_forward(params, nullptr) : flashcore_attention_validate(params);
+      EXPECT_EQ(got, want) << "got " << flashcore_status_string(got) << ": " << flashcore_last_error();
+      const std::string message = flashcore_last_error();
+      for (const std::string& needle : needles) {
+        EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
+      }
+    }
+    EXPECT_TRUE(o_->untouched()) << "O was written by a failing call";
+    EXPECT_TRUE(lse_->untouched()) << "LSE was written by a failing call";
+  }
+
+  int64_t D = 0;
+  flashcore_attention_params p{};
+  std::unique_ptr<HostBuffer> q_, k_, v_, o_, lse_;
+};
+
+// ---- INVALID_ARGUMENT: params / struct_size ----
+TEST_F(Validation, NullParams) { expect_error(nullptr, FLASHCORE_ERROR_INVALID_ARGUMENT, {"params is NULL"}); }
+
+TEST_F(Validation, WrongStructSize) {
+  p.struct_size = 12;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"struct_size = 12"});
+  p.struct_size = 0;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"struct_size = 0"});
+}
+
+// ---- NULL_POINTER ----
+TEST_F(Validation, NullTensors) {
+  for (const char* name : {"q", "k", "v", "o"}) {
+    SCOPED_TRACE(name);
+    flashcore_attention_params bad = p;
+    const void** slot = name[0] == 'q' ? &bad.q : name[0] == 'k' ? &bad.k : name[0] == 'v' ? &bad.v : nullptr;
+    if (slot != nullptr) *slot = nullptr; else bad.o = nullptr;
+    expect_error(&bad, FLASHCORE_ERROR_NULL_POINTER, {std::string(name) + " is NULL"});
+  }
+}
+
+TEST_F(Validation, NullLseIsFine) {
+  p.lse = nullptr;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+}
+
+// ---- INVALID_SIZE ----
+TEST_F(Validation, NonPositiveSizes) {
+  int64_t flashcore_attention_params::*fields[] = {
+      &flashcore_attention_params::batch,       &flashcore_attention_params::seqlen_q,
+      &flashcore_attention_params::seqlen_k,    &flashcore_attention_params::num_heads_q,
+      &flashcore_attention_params::num_heads_kv, &flashcore_attention_params::head_dim};
+  const char* names[] = {"batch", "seqlen_q", "seqlen_k", "num_heads_q", "num_heads_kv", "head_dim"};
+  for (int i = 0; i < 6; ++i) {
+    for (int64_t value : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+      SCOPED_TRACE(names[i]);
+      flashcore_attention_params bad = p;
+      bad.*fields[i] = value;
+      expect_error(&bad, FLASHCORE_ERROR_INVALID_SIZE, {std::string(names[i]) + " = " + std::to_string(value)});
+    }
+  }
+}
+
+// ---- SIZE_OVERFLOW ----
+TEST_F(Validation, SizeAboveInt32Max) {
+  p.seqlen_k = int64_t{INT32_MAX} + 1;
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"seqlen_k = 2147483648", "INT32_MAX"});
+  p.seqlen_k = SK;
+  p.batch = std::numeric_limits<int64_t>::max();
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"batch = 9223372036854775807"});
+}
+
+TEST_F(Validation, ExtentOverflowsInt64) {
+  // (INT32_MAX - 1) * 2^36 > 2^63, while 2^36 elements (2^37 bytes) is below the TMA stride limit.
+  p.seqlen_q = INT32_MAX;
+  p.q_strides.seq = int64_t{1} << 36;
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"q's extent overflows int64", "seqlen_q", "68719476736"});
+}
+
+TEST_F(Validation, ByteExtentOverflowsInt64) {
+  // Element extent fits (just below 2^63) but times 2 bytes does not.
+  p.batch = 1 << 20;
+  p.k_strides.batch = (int64_t{1} << 38) - 8;
+  p.k_strides.seq = (int64_t{1} << 38) - 8;
+  p.seqlen_k = int64_t{1} << 20;
+  p.k_strides.head = (int64_t{1} << 38) - 8;
+  p.num_heads_kv = (int64_t{1} << 24);
+  p.num_heads_q = p.num_heads_kv;
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"k's"});
+}
+
+TEST_F(Validation, StrideAtTmaLimit) {
+  p.batch = 1;  // the limit applies to every stride, even of a size-1 dimension (TMA encodes them all)
+  p.v_strides.batch = int64_t{1} << 39;  // 2^40 bytes at 2 bytes per element
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"v_strides.batch = 549755813888", "2^40"});
+  p.v_strides.batch = (int64_t{1} << 39) - 8;  // just below: accepted
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+}
+
+TEST_F(Validation, LseExtentOverflow) {
+  p.lse = reinterpret_cast<float*>(uintptr_t{0} - 256);  // 512-byte extent wraps the address space
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"lse"});
+}
+
+TEST_F(Validation, PointerPlusExtentWraps) {
+  p.o = reinterpret_cast<void*>(uintptr_t{0} - 64);
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"o = 0xffffffffffffffc0", "wraps"});
+}
+
+// ---- INVALID_HEAD_RATIO ----
+TEST_F(Validation, HeadRatio) {
+  p.num_heads_q = 3;
+  p.num_heads_kv = 2;
+  expect_error(FLASHCORE_ERROR_INVALID_HEAD_RATIO, {"num_heads_q = 3", "num_heads_kv = 2"});
+}
+
+TEST_F(Validation, GqaAndMqaRatiosAreFine) {
+  for (int64_t hkv : {int64_t{1}, int64_t{2}}) {  // MQA, GQA (the K/V buffers hold HKV = 2 heads)
+    p.num_heads_kv = hkv;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+    EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  }
+}
+
+// ---- UNSUPPORTED_DTYPE ----
+TEST_F(Validation, DtypesWithoutGpuKernel) {
+  p.dtype = FLASHCORE_DTYPE_FP32;
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 2", "fp32"});
+  p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 3"});
+  p.dtype = static_cast<flashcore_dtype>(99);
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 99"});
+}
+
+TEST_F(Validation, DtypeNotCompiledIn) {
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+    bool any = false;
+    for (int hd : kHeadDims) any = any || flashcore::sm90::is_compiled(dt, hd);
+    if (any) continue;
+    p.dtype = dt;
+    expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = " + std::to_string(dt), "not compiled"});
+    return;
+  }
+  GTEST_SKIP() << "both fp16 and bf16 are compiled into this build";
+}
+
+// ---- UNSUPPORTED_HEAD_DIM ----
+TEST_F(Validation, HeadDimNotCompiled) {
+  for (int64_t hd : {int64_t{96}, int64_t{8}, int64_t{512}, int64_t{INT32_MAX}}) {
+    p.head_dim = hd;
+    flashcore_attention_params_set_contiguous(&p, 0);
+    if (hd == INT32_MAX) p.q_strides = p.k_strides = p.v_strides = p.o_strides = {0, 0, 0, 1};
+    expect_error(FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim = " + std::to_string(hd)});
+  }
+  for (int hd : kHeadDims) {
+    if (flashcore::sm90::is_compiled(p.dtype, hd)) continue;
+    p.head_dim = hd;
+    flashcore_attention_params_set_contiguous(&p, 0);
+    expect_error(FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim = " + std::to_string(hd), "not compiled"});
+  }
+}
+
+// ---- MISALIGNED_POINTER ----
+TEST_F(Validation, MisalignedPointers) {
+  auto shift = [](const void* ptr, int bytes) { return static_cast<const unsigned char*>(ptr) + bytes; };
+  for (int which = 0; which < 5; ++which) {
+    for (int bytes : {2, 8}) {
+      flashcore_attention_params bad = p;
+      const char* name = "q";
+      switch (which) {
+        case 0: bad.q = shift(p.q, bytes); break;
+        case 1: bad.k = shift(p.k, bytes); name = "k"; break;
+        case 2: bad.v = shift(p.v, bytes); name = "v"; break;
+        case 3: bad.o = const_cast<unsigned char*>(shift(p.o, bytes)); name = "o"; break;
+        default: bad.lse = reinterpret_cast<float*>(const_cast<unsigned char*>(shift(p.lse, bytes))); name = "lse";
+      }
+      SCOPED_TRACE(name);
+      expect_error(&bad, FLASHCORE_ERROR_MISALIGNED_POINTER, {std::string(name) + " = 0x", "16-byte aligned"});
+    }
+  }
+}
+
+// ---- INVALID_STRIDE ----
+struct StrideCase {
+  const char* tensor;  // "q", "k", "v", "o"
+  const char* dim;     // "batch", "seq", "head", "dim"
+  int64_t value;
+  const char* needle;
+};
+
+int64_t& stride_ref(flashcore_attention_params& p, const std::string& tensor, const std::string& dim) {
+  flashcore_tensor_strides& s =
+      tensor == "q" ? p.q_strides : tensor == "k" ? p.k_strides : tensor == "v" ? p.v_strides : p.o_strides;
+  return dim == "batch" ? s.batch : dim == "seq" ? s.seq : dim == "head" ? s.head : s.dim;
+}
+
+TEST_F(Validation, InvalidStrides) {
+  const StrideCase cases[] = {
+      {"q", "dim", 2, "must be 1"},           {"k", "dim", 0, "must be 1"},
+      {"v", "dim", -1, "must be 1"},          {"o", "dim", 8, "must be 1"},
+      {"q", "seq", 12, "is not a multiple of 8 elements (TMA needs 16-byte strides)"},
+      {"k", "batch", 4, "is not a multiple of 8"}, {"v", "head", 1, "is not a multiple of 8"},
+      {"o", "seq", 100, "is not a multiple of 8"}, {"q", "batch", -8, "is negative"},
+      {"k", "seq", -1024, "is negative"},     {"o", "head", -8, "is negative"},
+      {"q", "head", 0, "is 0 but num_heads_q = 4"}, {"k", "seq", 0, "is 0 but seqlen_k = 24"},
+      {"o", "batch", 0, "is 0 but batch = 2"},
+  };
+  for (const StrideCase& c : cases) {
+    flashcore_attention_params bad = p;
+    stride_ref(bad, c.tensor, c.dim) = c.value;
+    const std::string name = std::string(c.tensor) + "_strides." + c.dim + " = " + std::to_string(c.value);
+    SCOPED_TRACE(name);
+    expect_error(&bad, FLASHCORE_ERROR_INVALID_STRIDE, {name, c.needle});
+  }
+}
+
+TEST_F(Validation, SeqStrideMessageMatchesDocumentation) {
+  p.q_strides.seq = 12;
+  expect_error(FLASHCORE_ERROR_INVALID_STRIDE,
+               {"q_strides.seq = 12 is not a multiple of 8 elements (TMA needs 16-byte strides)"});
+}
+
+TEST_F(Validation, ZeroStrideAllowedForSizeOneDimension) {
+  p.batch = 1;
+  p.num_heads_q = p.num_heads_kv = 1;
+  p.q_strides.batch = p.k_strides.batch = p.v_strides.batch = p.o_strides.batch = 0;
+  p.q_strides.head = p.k_strides.head = p.v_strides.head = p.o_strides.head = 0;
+  p.q_strides.seq = p.o_strides.seq = D;
+  p.k_strides.seq = p.v_strides.seq = D;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+}
+
+TEST_F(Validation, PaddedAndPackedLayoutsAreFine) {
+  // Q, K, V packed in one (B, S, 3, H, D)-like buffer is legal for inputs; O may have padded strides.
+  p.num_heads_q = p.num_heads_kv = 2;
+  p.seqlen_k = p.seqlen_q = 8;
+  const int64_t row = 3 * 2 * D;
+  for (flashcore_tensor_strides* s : {&p.q_strides, &p.k_strides, &p.v_strides}) *s = {8 * row, row, D, 1};
+  p.k = static_cast<const unsigned char*>(p.q) + 2 * D * 2;
+  p.v = static_cast<const unsigned char*>(p.q) + 4 * D * 2;
+  p.o_strides = {8 * 2 * D + 64, 2 * D + 8, D, 1};  // padded rows
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+}
+
+// ---- INVALID_ARGUMENT: scalars ----
+TEST_F(Validation, BadSoftmaxScale) {
+  for (float scale : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity(), -0.5f}) {
+    p.softmax_scale = scale;
+    expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"softmax_scale = "});
+  }
+  p.softmax_scale = -0.5f;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"softmax_scale = -0.5"});
+  for (float scale : {0.0f, 0.125f, 1e-30f, 1e30f}) {
+    p.softmax_scale = scale;
+    EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  }
+}
+
+TEST_F(Validation, BadCausalFlag) {
+  p.causal = 2;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"causal = 2"});
+  p.causal = -1;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"causal = -1"});
+  p.causal = 1;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+}
+
+// ---- OVERLAPPING_OUTPUT ----
+TEST_F(Validation, OutputOverlapsInputs) {
+  p.o = const_cast<void*>(p.q);
+  expect_error(FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"o [0x", "overlaps q [0x"});
+  p.o = static_cast<unsigned char*>(const_cast<void*>(p.k)) + 64;  // partial overlap with k
+  p.o_strides = p.k_strides;
+  p.seqlen_q = p.seqlen_k;
+  p.num_heads_q = p.num_heads_kv;
+  p.q_strides = p.k_strides;
+  expect_error(FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"overlaps k"});
+  p.o = static_cast<unsigned char*>(const_cast<void*>(p.v)) + 16 * 1024 * 1024;  // far away: still no overlap
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  p.o = static_cast<unsigned char*>(const_cast<void*>(p.v)) + (B * SK * HKV * D * 2 - 16);  // last 16 B of v
+  expect_error(FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"overlaps v"});
+}
+
+TEST_F(Validation, AdjacentBuffersDoNotOverlap) {
+  // O placed right after Q's last element: spans are half-open.
+  const int64_t q_bytes = B * SQ * HQ * D * 2;
+  HostBuffer both(2 * q_bytes);
+  p.q = both.data();
+  p.o = both.data() + q_bytes;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  p.o = both.data() + q_bytes - 16;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_ERROR_OVERLAPPING_OUTPUT);
+}
+
+TEST_F(Validation, LseOverlaps) {
+  const char* names[] = {"q", "k", "v", "o"};
+  const void* bases[] = {p.q, p.k, p.v, p.o};
+  for (int i = 0; i < 4; ++i) {
+    flashcore_attention_params bad = p;
+    bad.lse = static_cast<float*>(const_cast<void*>(bases[i])) + 4 * (i + 1);
+    SCOPED_TRACE(names[i]);
+    expect_error(&bad, FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"lse [0x", std::string("overlaps ") + names[i] + " [0x"});
+  }
+}
+
+TEST_F(Validation, OutputOverlapsItself) {
+  p.o_strides.seq = 8;  // rows of HQ * D elements overlap each other
+  expect_error(FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"o_strides.", "share memory"});
+}
+
+// ---- ordering: the first failing check wins ----
+TEST_F(Validation, OrderOfChecks) {
+  p.q = nullptr;
+  p.batch = 0;
+  expect_error(FLASHCORE_ERROR_NULL_POINTER, {"q is NULL"});
+  p.q = q_->data();
+  p.num_heads_q = 3;  // head ratio and size error: size first
+  expect_error(FLASHCORE_ERROR_INVALID_SIZE, {"batch = 0"});
+  p.batch = B;
+  p.dtype = FLASHCORE_DTYPE_FP32;  // ratio before dtype
+  expect_error(FLASHCORE_ERROR_INVALID_HEAD_RATIO, {"num_heads_q = 3"});
+  p.num_heads_q = HQ;
+  p.head_dim = 96;  // dtype before head dim
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 2"});
+  p.dtype = first_compiled().dtype;
+  p.q = static_cast<const unsigned char*>(p.q) + 2;  // head dim before alignment
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim = 96"});
+  p.head_dim = D;
+  p.q_strides.seq = 12;  // alignment before strides
+  expect_error(FLASHCORE_ERROR_MISALIGNED_POINTER, {"q = 0x"});
+  p.q = q_->data();
+  p.softmax_scale = -1.0f;  // strides before scalars
+  expect_error(FLASHCORE_ERROR_INVALID_STRIDE, {"q_strides.seq = 12"});
+  p.q_strides.seq = HQ * D;
+  p.o = const_cast<void*>(p.q);  // scalars before overlap
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"softmax_scale = -1"});
+}
+
+// ---- device checks ----
+TEST_F(Validation, ValidParamsWithoutGpuGiveNoDevice) {
+  if (gpu_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
+  EXPECT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_ERROR_NO_DEVICE);
+  EXPECT_NE(std::string(flashcore_last_error()).find("no CUDA device visible"), std::string::npos)
+      << flashcore_last_error();
+  EXPECT_TRUE(o_->untouched());
+  EXPECT_TRUE(lse_->untouched());
+  // validate() does no device work: still fine.
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS);
+  EXPECT_STREQ(flashcore_last_error(), "");
+}
+
+// ---- last_error ----
+TEST_F(Validation, SuccessClearsLastError) {
+  p.causal = 7;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_STRNE(flashcore_last_error(), "");
+  p.causal = 0;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS);
+  EXPECT_STREQ(flashcore_last_error(), "");
+}
+
+TEST_F(Validation, LastErrorIsThreadLocal) {
+  p.q_strides.seq = 12;
+  ASSERT_EQ(flashcore_attention_validate(&p), FLASHCORE_ERROR_INVALID_STRIDE);
+  const std::string main_message = flashcore_last_error();
+  std::string other_before, other_after;
+  std::thread([&] {
+    other_before = flashcore_last_error();
+    flashcore_attention_params bad = p;
+    bad.q_strides.seq = HQ * D;
+    bad.num_heads_q = 3;
+    flashcore_attention_validate(&bad);
+    other_after = flashcore_last_error();
+  }).join();
+  EXPECT_EQ(other_before, "");
+  EXPECT_NE(other_after.find("num_heads_q = 3"), std::string::npos) << other_after;
+  EXPECT_EQ(std::string(flashcore_last_error()), main_message);
+}
+
+// ---- set_contiguous ----
+TEST(SetContiguous, Bshd) {
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.batch = 2, p.seqlen_q = 5, p.seqlen_k = 7, p.num_heads_q = 6, p.num_heads_kv = 3, p.head_dim = 64;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+  for (const flashcore_tensor_strides& s : {p.q_strides, p.o_strides}) {
+    EXPECT_EQ(s.batch, 5 * 6 * 64);
+    EXPECT_EQ(s.seq, 6 * 64);
+    EXPECT_EQ(s.head, 64);
+    EXPECT_EQ(s.dim, 1);
+  }
+  for (const flashcore_tensor_strides& s : {p.k_strides, p.v_strides}) {
+    EXPECT_EQ(s.batch, 7 * 3 * 64);
+    EXPECT_EQ(s.seq, 3 * 64);
+    EXPECT_EQ(s.head, 64);
+    EXPECT_EQ(s.dim, 1);
+  }
+}
+
+TEST(SetContiguous, Bhsd) {
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.batch = 2, p.seqlen_q = 5, p.seqlen_k = 7, p.num_heads_q = 6, p.num_heads_kv = 3, p.head_dim = 128;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 1), FLASHCORE_SUCCESS);
+  for (const flashcore_tensor_strides& s : {p.q_strides, p.o_strides}) {
+    EXPECT_EQ(s.batch, 6 * 5 * 128);
+    EXPECT_EQ(s.head, 5 * 128);
+    EXPECT_EQ(s.seq, 128);
+    EXPECT_EQ(s.dim, 1);
+  }
+  for (const flashcore_tensor_strides& s : {p.k_strides, p.v_strides}) {
+    EXPECT_EQ(s.batch, 3 * 7 * 128);
+    EXPECT_EQ(s.head, 7 * 128);
+    EXPECT_EQ(s.seq, 128);
+    EXPECT_EQ(s.dim, 1);
+  }
+}
+
+TEST(SetContiguous, BadInput) {
+  EXPECT_EQ(flashcore_attention_params_set_contiguous(nullptr, 0), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(flashcore_last_error()).find("params is NULL"), std::string::npos);
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.batch = 1, p.seqlen_q = 4, p.seqlen_k = 4, p.num_heads_q = 1, p.num_heads_kv = 1, p.head_dim = 64;
+  EXPECT_EQ(flashcore_attention_params_set_contiguous(&p, 2), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("bhsd_layout = 2"), std::string::npos);
+  p.seqlen_k = 0;
+  EXPECT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_ERROR_INVALID_SIZE);
+  EXPECT_NE(std::string(flashcore_last_error()).find("seqlen_k = 0"), std::string::npos);
+  p.seqlen_k = 4;
+  p.struct_size = 1;
+  EXPECT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(ParamsInit, Defaults) {
+  flashcore_attention_params p;
+  std::memset(&p, 0x7F, sizeof(p));
+  flashcore_attention_params_init(&p);
+  EXPECT_EQ(p.struct_size, sizeof(flashcore_attention_params));
+  EXPECT_EQ(p.q, nullptr);
+  EXPECT_EQ(p.lse, nullptr);
+  EXPECT_EQ(p.q_strides.dim, 1);
+  EXPECT_EQ(p.k_strides.dim, 1);
+  EXPECT_EQ(p.v_strides.dim, 1);
+  EXPECT_EQ(p.o_strides.dim, 1);
+  EXPECT_EQ(p.q_strides.seq, 0);
+  EXPECT_EQ(p.causal, 0);
+  EXPECT_EQ(p.softmax_scale, 0.0f);
+  flashcore_attention_params_init(nullptr);  // must not crash
+}
+
+// ---- status strings, version, capabilities ----
+TEST(StatusString, EveryCodeHasADistinctString) {
+  std::set<std::string> seen;
+  for (int s = FLASHCORE_SUCCESS; s <= FLASHCORE_ERROR_INTERNAL; ++s) {
+    const char* text = flashcore_status_string(static_cast<flashcore_status>(s));
+    ASSERT_NE(text, nullptr);
+    EXPECT_STRNE(text, "");
+    EXPECT_STRNE(text, "unknown status") << s;
+    EXPECT_TRUE(seen.insert(text).second) << "duplicate string for status " << s << ": " << text;
+  }
+  EXPECT_STREQ(flashcore_status_string(FLASHCORE_SUCCESS), "success");
+  EXPECT_STREQ(flashcore_status_string(FLASHCORE_ERROR_INVALID_STRIDE), "invalid stride");
+  EXPECT_STREQ(flashcore_status_string(static_cast<flashcore_status>(1234)), "unknown status");
+  EXPECT_STREQ(flashcore_status_string(static_cast<flashcore_status>(-1)), "unknown status");
+}
+
+TEST(Version, MatchesHeader) {
+  int major = -1, minor = -1, patch = -1;
+  flashcore_version(&major, &minor, &patch);
+  EXPECT_EQ(major, FLASHCORE_VERSION_MAJOR);
+  EXPECT_EQ(minor, FLASHCORE_VERSION_MINOR);
+  EXPECT_EQ(patch, FLASHCORE_VERSION_PATCH);
+  EXPECT_EQ(std::string(flashcore_version_string()), std::to_string(major) + "." + std::to_string(minor) + "." +
+                                                         std::to_string(patch));
+  flashcore_version(nullptr, nullptr, nullptr);  // must not crash
+}
+
+TEST(Capabilities, MatchCompiledKernels) {
+  flashcore_capabilities caps{};
+  caps.struct_size = sizeof(caps);
+  ASSERT_EQ(flashcore_get_capabilities(&caps), FLASHCORE_SUCCESS) << flashcore_last_error();
+  std::set<int> dtypes(caps.dtypes, caps.dtypes + caps.num_dtypes);
+  std::set<int> head_dims(caps.head_dims, caps.head_dims + caps.num_head_dims);
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+    for (int hd : kHeadDims) {
+      if (flashcore::sm90::is_compiled(dt, hd)) {
+        EXPECT_TRUE(dtypes.count(dt)) << dt;
+        EXPECT_TRUE(head_dims.count(hd)) << hd;
+      }
+    }
+  }
+  EXPECT_GE(caps.num_dtypes, 1);
+  EXPECT_GE(caps.num_head_dims, 1);
+  EXPECT_FALSE(dtypes.count(FLASHCORE_DTYPE_FP32));
+  ASSERT_EQ(caps.num_archs, 1);
+  EXPECT_EQ(caps.archs[0], 90);
+  if (!gpu_visible()) {
+    EXPECT_EQ(caps.device_arch, 0);
+    EXPECT_EQ(caps.device_supported, 0);
+  } else {
+    EXPECT_GT(caps.device_arch, 0);
+    EXPECT_EQ(caps.device_supported, caps.device_arch == 90 ? 1 : 0);
+  }
+}
+
+TEST(Capabilities, BadInput) {
+  EXPECT_EQ(flashcore_get_capabilities(nullptr), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(flashcore_last_error()).find("caps is NULL"), std::string::npos);
+  flashcore_capabilities caps{};
+  caps.struct_size = 4;
+  EXPECT_EQ(flashcore_get_capabilities(&caps), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("struct_size = 4"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,48 @@
+// FLASHCORE_REQUIRE_GPU(): skip the current test, with the reason, unless an sm_90 GPU is visible.
+// Use as the first statement of a GPU test body. The reason shows in the test output ("Skipped" + reason)
+// and tools/run_tests.sh lists it in its summary.
+#pragma once
+#include <string>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+namespace flashcore::testing {
+
+// "" when the current device is sm_90; otherwise why GPU tests cannot run here.
+inline std::string query_gpu_skip_reason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return std::string("no CUDA device visible (cudaGetDeviceCount: ") +
+           (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")";
+  }
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cannot query the current CUDA device";
+  }
+  if (prop.major != 9 || prop.minor != 0) {
+    return "device " + std::to_string(device) + " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
+           std::to_string(prop.minor) + ", not sm_90 (Hopper)";
+  }
+  return "";
+}
+
+// query_gpu_skip_reason(), asked once per process.
+inline const std::string& gpu_skip_reason() {
+  static const std::string reason = query_gpu_skip_reason();
+  return reason;
+}
+
+}  // namespace flashcore::testing
+
+#define FLASHCORE_REQUIRE_GPU()                                                          \
+  do {                                                                                   \
+    const std::string& flashcore_skip_reason_ = ::flashcore::testing::gpu_skip_reason();  \
+    if (!flashcore_skip_reason_.empty()) {                                               \
+      GTEST_SKIP() << "GPU test skipped: " << flashcore_skip_reason_;                    \
+    }                                                                                    \
+  } while (0)
