@@ -37,13 +37,28 @@ struct Result {
   bool nonfinite = false;    // NaN/Inf in output where the reference is finite
   bool unwritten = false;    // an output element kept its poison value
   bool deterministic = true; // bit-identical over the requested repeats
-  std::string message;       // why it failed / was skipped
+  std::string message;       // why it failed / was skipped (a summary line when it passed)
+  // Extensions (appended; older fields unchanged):
+  double lowp_lse_err = 0;   // the yardstick's own relative LSE error
+  int64_t rows_checked = 0;  // query rows compared against the reference per (batch, head)
+  uint64_t seed = 0;         // the seed the inputs came from (to reproduce a failure)
 };
 
 // Allocate device buffers, fill fresh random inputs (seed), poison O and LSE with NaN before every call,
 // run flashcore_attention_forward, compare against the float64 reference (on a sample of rows when the
 // problem is large), and, when repeats > 1, check bit-exact determinism over `repeats` runs.
+//
+// Tolerances (see check.cpp): o_err <= 2 * lowp_o_err + atol (atol 1e-3 fp16, 4e-3 bf16), where lowp_o_err
+// is the error of reference::attention_lowp(); lse_err (relative to max(1, |ref|)) <= 2 * lowp_lse_err + 1e-3.
+// Skipped (skipped = true, message = reason) without an sm_90 device, or when flashcore_attention_validate
+// reports the (dtype, head_dim) as not compiled in. Runs on a private non-blocking stream.
 Result run_case(const Case& c, uint64_t seed, int repeats = 1);
+
+// The same, enqueued on `stream` (nullptr = the legacy default stream), which the caller owns.
+Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_stream_t stream);
+
+// Why GPU cases cannot run here ("" when an sm_90 device is present), e.g. "no CUDA device (...)".
+std::string device_skip_reason();
 
 std::string describe(const Case& c);  // one line, e.g. "bf16 B=2 Hq=8 Hkv=2 Sq=113 Sk=4097 D=128 causal bshd"
 
