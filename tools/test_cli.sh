@@ -65,8 +65,9 @@ expect 2 "out of range" 1 -- "$BIN" bench --iters 0
 expect 2 "needs a value" 1 -- "$BIN" bench --shape
 expect 2 "takes no value" 1 -- "$BIN" bench --graph=1
 expect 2 "unknown option" 1 -- "$BIN" info --bogus
+expect 2 "unknown option" 1 -- "$BIN" check --bogus
+expect 2 "exclusive" 1 -- "$BIN" check --quick --shape 1,8,512,64
 if [[ $have_check -eq 1 ]]; then
-  expect 2 "unknown option" 1 -- "$BIN" check --bogus
   expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2
   expect 2 "96" 1 -- "$BIN" check --shape 1,8,512,96
   expect 2 "unsupported dtype" 1 -- "$BIN" check --shape 1,8,512,64 --dtype int8

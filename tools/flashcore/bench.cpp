@@ -122,13 +122,7 @@ Options parse_options(int argc, char** argv, int first) {
     } else if (f == "--causal") {
       o.causal = parse_causal(a.value(f));
     } else if (f == "--layout") {
-      std::string l = a.value(f);
-      if (l == "bshd")
-        o.bhsd = false;
-      else if (l == "bhsd")
-        o.bhsd = true;
-      else
-        usage_error("--layout: '" + l + "' (expected bshd or bhsd)");
+      o.bhsd = parse_layout_bhsd(a.value(f));
     } else if (f == "--iters") {
       o.iters = static_cast<int>(parse_int(f, a.value(f), 1, 1000000));
     } else if (f == "--warmup") {
@@ -168,9 +162,6 @@ Options parse_options(int argc, char** argv, int first) {
     } else {
       usage_error("bench: unknown preset '" + f + "' (expected seeds or grid)");
     }
-  }
-  if (o.json_path.empty() && o.csv_path.empty()) {
-    // nothing
   }
 #ifndef FLASHCORE_CLI_HAVE_CHECK
   if (o.check) usage_error("bench --check: this flashcore was built without the check library");

@@ -1,5 +1,4 @@
 // `flashcore check`: the correctness sweep (flashcore::check) from the command line.
-#include <cmath>
 #include <cstdio>
 
 #include "commands.h"
@@ -30,17 +29,62 @@ void print_check_help() {
       "Exit status: 0 all passed (or skipped), 1 a case failed, 2 bad arguments, 3 no Hopper GPU.\n");
 }
 
-#ifndef FLASHCORE_CLI_HAVE_CHECK
+namespace {
 
-int run_check(int argc, char** argv, int first) {
+struct CheckOptions {
+  bool quick = false;
+  std::vector<std::string> shapes;
+  std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_BF16};
+  std::vector<bool> causal{false, true};
+  bool bhsd = false;
+  std::string filter;
+  int repeats = 1;
+  int device = 0;
+  uint64_t seed = 1;
+};
+
+// Returns false when --help was printed.
+bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
   Args a(argc, argv, first);
   while (!a.done()) {
     std::string f = a.next();
     if (f == "-h" || f == "--help") {
       print_check_help();
-      return kExitOk;
+      return false;
+    } else if (f == "--quick") {
+      a.no_value(f);
+      o.quick = true;
+    } else if (f == "--shape") {
+      o.shapes.push_back(a.value(f));
+    } else if (f == "--dtype") {
+      o.dtypes = parse_dtypes(a.value(f));
+    } else if (f == "--causal") {
+      o.causal = parse_causal(a.value(f));
+    } else if (f == "--layout") {
+      o.bhsd = parse_layout_bhsd(a.value(f));
+    } else if (f == "--filter") {
+      o.filter = a.value(f);
+    } else if (f == "--determinism") {
+      o.repeats = static_cast<int>(parse_int(f, a.value(f), 1, 100000));
+    } else if (f == "--seed") {
+      o.seed = static_cast<uint64_t>(parse_int(f, a.value(f), 0, INT64_MAX));
+    } else if (f == "--device") {
+      o.device = static_cast<int>(parse_int(f, a.value(f), 0, 1023));
+    } else {
+      usage_error("check: unknown option '" + f + "'");
     }
   }
+  if (o.quick && !o.shapes.empty()) usage_error("check: --quick and --shape are exclusive");
+  return true;
+}
+
+}  // namespace
+
+#ifndef FLASHCORE_CLI_HAVE_CHECK
+
+int run_check(int argc, char** argv, int first) {
+  CheckOptions o;
+  if (!parse_check_options(argc, argv, first, o)) return kExitOk;
   usage_error("check: this flashcore was built without the check library");
 }
 
@@ -49,64 +93,23 @@ int run_check(int argc, char** argv, int first) {
 namespace ck = flashcore::check;
 
 int run_check(int argc, char** argv, int first) {
-  bool quick = false;
-  std::vector<std::string> shapes;
-  std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_BF16};
-  std::vector<bool> causal{false, true};
-  ck::Layout layout = ck::Layout::BSHD;
-  std::string filter;
-  int repeats = 1;
-  int device = 0;
-  uint64_t seed = 1;
-
-  Args a(argc, argv, first);
-  while (!a.done()) {
-    std::string f = a.next();
-    if (f == "-h" || f == "--help") {
-      print_check_help();
-      return kExitOk;
-    } else if (f == "--quick") {
-      a.no_value(f);
-      quick = true;
-    } else if (f == "--shape") {
-      shapes.push_back(a.value(f));
-    } else if (f == "--dtype") {
-      dtypes = parse_dtypes(a.value(f));
-    } else if (f == "--causal") {
-      causal = parse_causal(a.value(f));
-    } else if (f == "--layout") {
-      std::string l = a.value(f);
-      if (l == "bshd")
-        layout = ck::Layout::BSHD;
-      else if (l == "bhsd")
-        layout = ck::Layout::BHSD;
-      else
-        usage_error("--layout: '" + l + "' (expected bshd or bhsd)");
-    } else if (f == "--filter") {
-      filter = a.value(f);
-    } else if (f == "--determinism") {
-      repeats = static_cast<int>(parse_int(f, a.value(f), 1, 100000));
-    } else if (f == "--seed") {
-      seed = static_cast<uint64_t>(parse_int(f, a.value(f), 0, INT64_MAX));
-    } else if (f == "--device") {
-      device = static_cast<int>(parse_int(f, a.value(f), 0, 1023));
-    } else {
-      usage_error("check: unknown option '" + f + "'");
-    }
-  }
+  CheckOptions o;
+  if (!parse_check_options(argc, argv, first, o)) return kExitOk;
+  const std::vector<std::string>& shapes = o.shapes;
+  const std::string& filter = o.filter;
+  const int repeats = o.repeats;
 
   flashcore_capabilities caps = capabilities();
   std::vector<ck::Case> list;
   if (shapes.empty()) {
-    list = ck::cases(quick);
+    list = ck::cases(o.quick);
   } else {
-    if (quick) usage_error("check: --quick and --shape are exclusive");
-    for (flashcore_dtype dt : dtypes)
+    for (flashcore_dtype dt : o.dtypes)
       if (!caps_has_dtype(caps, dt))
         usage_error(std::string("unsupported dtype ") + dtype_name(dt) + ": not compiled into this FlashCore");
     for (const std::string& s : shapes) {
-      for (flashcore_dtype dt : dtypes) {
-        for (bool c : causal) {
+      for (flashcore_dtype dt : o.dtypes) {
+        for (bool c : o.causal) {
           ck::Case cs;
           std::string err;
           if (!ck::parse_shape(s, cs, err)) usage_error("malformed shape '" + s + "': " + err);
@@ -115,7 +118,7 @@ int run_check(int argc, char** argv, int first) {
                         "' (compiled: " + caps_head_dims_string(caps) + ")");
           cs.dtype = dt;
           cs.causal = c;
-          cs.layout = layout;
+          cs.layout = o.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
           cs.name = "shape " + s;
           list.push_back(cs);
         }
@@ -130,12 +133,12 @@ int run_check(int argc, char** argv, int first) {
     list.swap(kept);
   }
 
-  require_hopper(device);
+  require_hopper(o.device);
 
   int passed = 0, failed = 0, skipped = 0;
   for (size_t i = 0; i < list.size(); ++i) {
     const ck::Case& c = list[i];
-    ck::Result r = ck::run_case(c, seed + i, repeats);
+    ck::Result r = ck::run_case(c, o.seed + i, repeats);
     const char* verdict = r.skipped ? "SKIP" : (r.passed ? "PASS" : "FAIL");
     if (r.skipped)
       ++skipped;

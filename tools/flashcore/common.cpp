@@ -90,6 +90,12 @@ std::vector<bool> parse_causal(const std::string& text) {
   usage_error("--causal: '" + text + "' (expected 0, 1 or both)");
 }
 
+bool parse_layout_bhsd(const std::string& text) {
+  if (text == "bshd") return false;
+  if (text == "bhsd") return true;
+  usage_error("--layout: '" + text + "' (expected bshd or bhsd)");
+}
+
 const char* dtype_name(flashcore_dtype dt) {
   switch (dt) {
     case FLASHCORE_DTYPE_FP16: return "fp16";

@@ -60,6 +60,8 @@ std::vector<std::string> split(const std::string& text, char sep);
 std::vector<flashcore_dtype> parse_dtypes(const std::string& text);
 // "0" / "1" / "both" -> list.
 std::vector<bool> parse_causal(const std::string& text);
+// "bshd" -> false, "bhsd" -> true.
+bool parse_layout_bhsd(const std::string& text);
 const char* dtype_name(flashcore_dtype dt);
 
 // Library capabilities (never needs a GPU).
