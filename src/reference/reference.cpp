@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 namespace flashcore::reference {
 
@@ -124,74 +125,49 @@ int64_t visible_keys(const flashcore_attention_params& p, int64_t i) {
   return std::clamp<int64_t>(i + p.seqlen_k - p.seqlen_q + 1, 0, p.seqlen_k);
 }
 
-// Row kernels. q: head_dim values; K, V: dense (seqlen_k, head_dim); o: head_dim outputs.
-struct RowF64 {
-  using T = double;
-  double scale;
-  void operator()(const double* q, const double* K, const double* V, int64_t n, int64_t D, double* o,
-                  double* lse, std::vector<double>& s) const {
-    if (n <= 0) {
-      std::fill(o, o + D, 0.0);
-      *lse = -std::numeric_limits<double>::infinity();
-      return;
-    }
-    double m = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < n; ++j) {
-      const double* k = K + j * D;
-      double dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-      s[j] = dot * scale;
-      m = std::max(m, s[j]);
-    }
-    std::fill(o, o + D, 0.0);
-    double l = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const double pj = std::exp(s[j] - m);
-      l += pj;
-      const double* v = V + j * D;
-      for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
-    }
-    for (int64_t d = 0; d < D; ++d) o[d] /= l;
-    *lse = m + std::log(l);
-  }
-};
-
-struct RowLowp {
-  using T = float;
-  float scale;
+// One query row. q: head_dim values; K, V: dense (seqlen_k, head_dim); n: visible keys; o: head_dim outputs.
+// T = double: the exact reference (no rounding). T = float: the low-precision model, where P is rounded to
+// `dtype` before the P*V product and O to `dtype` at the end (l sums the unrounded P, as kernels do).
+template <typename T>
+struct Row {
+  T scale;
   flashcore_dtype dtype;
-  void operator()(const float* q, const float* K, const float* V, int64_t n, int64_t D, double* o, double* lse,
-                  std::vector<float>& s) const {
+
+  T round(T x) const {
+    if constexpr (std::is_same_v<T, double>) return x;
+    else return round_to_dtype(x, dtype);
+  }
+  void operator()(const T* q, const T* K, const T* V, int64_t n, int64_t D, double* o, double* lse,
+                  std::vector<T>& s) const {
     if (n <= 0) {
       std::fill(o, o + D, 0.0);
       *lse = -std::numeric_limits<double>::infinity();
       return;
     }
-    float m = -std::numeric_limits<float>::infinity();
+    T m = -std::numeric_limits<T>::infinity();
     for (int64_t j = 0; j < n; ++j) {
-      const float* k = K + j * D;
-      float dot = 0;
+      const T* k = K + j * D;
+      T dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-      s[j] = dot * scale;
-      m = std::max(m, s[j]);
+      s[static_cast<size_t>(j)] = dot * scale;
+      m = std::max(m, s[static_cast<size_t>(j)]);
     }
-    std::vector<float> acc(static_cast<size_t>(D), 0.0f);
-    float l = 0;
+    std::vector<T> acc(static_cast<size_t>(D), T(0));
+    T l = 0;
     for (int64_t j = 0; j < n; ++j) {
-      const float pj = std::exp(s[j] - m);
+      const T pj = std::exp(s[static_cast<size_t>(j)] - m);
       l += pj;
-      const float pr = round_to_dtype(pj, dtype);  // P enters the P*V product in the input dtype
-      const float* v = V + j * D;
+      const T pr = round(pj);
+      const T* v = V + j * D;
       for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += pr * v[d];
     }
-    for (int64_t d = 0; d < D; ++d) o[d] = round_to_dtype(acc[static_cast<size_t>(d)] / l, dtype);
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<double>(round(acc[static_cast<size_t>(d)] / l));
     *lse = static_cast<double>(m + std::log(l));
   }
 };
 
-template <typename Row>
-Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows_in, int threads, const Row& row) {
-  using T = typename Row::T;
+template <typename T>
+Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows_in, int threads, const Row<T>& row) {
   validate(p);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.num_heads_q, Hkv = p.num_heads_kv,
@@ -250,13 +226,13 @@ double resolved_softmax_scale(const flashcore_attention_params& p) {
 }
 
 Output attention(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows, int threads) {
-  return run(host_problem, rows, threads, RowF64{resolved_softmax_scale(host_problem)});
+  return run(host_problem, rows, threads, Row<double>{resolved_softmax_scale(host_problem), host_problem.dtype});
 }
 
 Output attention_lowp(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows,
                       int threads) {
   const float scale = static_cast<float>(resolved_softmax_scale(host_problem));
-  return run(host_problem, rows, threads, RowLowp{scale, host_problem.dtype});
+  return run(host_problem, rows, threads, Row<float>{scale, host_problem.dtype});
 }
 
 }  // namespace flashcore::reference
