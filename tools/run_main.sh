@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# FlashCore's main command: dependencies, Release build, then the benchmark of the seed shapes with a
+# correctness check (`flashcore bench --preset seeds --check`). Needs a Hopper (sm_90) GPU; without one the
+# CLI says "no Hopper GPU found" and this script exits with its non-zero code.
+#
+# Usage: bash tools/run_main.sh [extra flashcore bench arguments]
+# Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS, FLASHCORE_JOBS (default 2).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD_DIR="${FLASHCORE_BUILD_DIR:-build}"
+
+bash tools/setup_deps.sh "$BUILD_DIR"
+# shellcheck disable=SC1091
+source "$BUILD_DIR/.tools/env.sh"
+# shellcheck disable=SC2086
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHCORE_CMAKE_ARGS:-}
+cmake --build "$BUILD_DIR" -j"${FLASHCORE_JOBS:-2}" 2>&1 | tee "$BUILD_DIR/build.log"
+
+CLI="$BUILD_DIR/bin/flashcore"
+if [[ ! -x "$CLI" ]]; then
+  echo "run_main: $CLI was not built (tools/CMakeLists.txt absent or FLASHCORE_BUILD_TOOLS=OFF)" >&2
+  exit 1
+fi
+echo "==> $CLI bench --preset seeds --check $*"
+set +e
+"$CLI" bench --preset seeds --check "$@"
+rc=$?
+set -e
+if [[ $rc -ne 0 ]]; then echo "run_main: flashcore bench exited with status $rc" >&2; fi
+exit $rc

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# FlashCore's test command (what CI runs): dependencies, configure, build everything, CTest (cpu + gpu
+# labels; GPU tests skip visibly without an sm_90 GPU), the SASS check, the Python tests. Exits non-zero on
+# any failure and prints a summary.
+#
+# Usage: bash tools/run_tests.sh
+# Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS (extra configure arguments, e.g.
+#   "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=bf16"), FLASHCORE_JOBS (default 2), CI=true (-Werror).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD_DIR="${FLASHCORE_BUILD_DIR:-build}"
+JOBS="${FLASHCORE_JOBS:-2}"
+WERROR=OFF
+if [[ "${CI:-}" == "true" ]]; then WERROR=ON; fi
+
+declare -a STEP_NAMES=() STEP_RESULTS=()
+FAILED=0
+record() {  # record <name> <exit code>
+  STEP_NAMES+=("$1")
+  if [[ "$2" -eq 0 ]]; then STEP_RESULTS+=("ok"); else STEP_RESULTS+=("FAILED (exit $2)"); FAILED=1; fi
+}
+summary() {
+  echo
+  echo "==================== FlashCore test summary ===================="
+  for i in "${!STEP_NAMES[@]}"; do printf '  %-28s %s\n' "${STEP_NAMES[$i]}" "${STEP_RESULTS[$i]}"; done
+  if [[ -n "${SKIPS:-}" ]]; then
+    echo "  skipped tests and why:"
+    echo "$SKIPS" | sed 's/^/    /'
+  fi
+  if [[ $FAILED -eq 0 ]]; then echo "  RESULT: PASS"; else echo "  RESULT: FAIL"; fi
+  echo "================================================================"
+}
+section() { echo; echo "==> $*"; }
+
+section "dependencies"
+bash tools/setup_deps.sh "$BUILD_DIR"
+rc=$?
+record "dependencies" $rc
+if [[ $rc -ne 0 ]]; then summary; exit 1; fi
+# shellcheck disable=SC1091
+source "$BUILD_DIR/.tools/env.sh"
+
+section "configure (Release, FLASHCORE_WERROR=$WERROR)"
+# shellcheck disable=SC2086
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCORE_WERROR="$WERROR" \
+  -DFLASHCORE_BUILD_TESTS=ON -DFLASHCORE_BUILD_TOOLS=ON ${FLASHCORE_CMAKE_ARGS:-}
+rc=$?
+record "configure" $rc
+if [[ $rc -ne 0 ]]; then summary; exit 1; fi
+
+section "build (-j$JOBS; log: $BUILD_DIR/build.log)"
+stamp="$BUILD_DIR/.build-start"
+touch "$stamp"
+cmake --build "$BUILD_DIR" -j"$JOBS" 2>&1 | tee "$BUILD_DIR/build.log"
+rc=$?
+# Objects not recompiled in this run keep their ptxas -v report in <object>.log (cmake/nvcc_log.sh): fold
+# those into build.log so it always holds the report of every kernel.
+find "$BUILD_DIR" -name '*.cu.o.log' ! -newer "$stamp" -print 2>/dev/null | sort | while read -r f; do
+  echo "# ptxas report kept from an earlier build: ${f#"$BUILD_DIR"/}"
+  cat "$f"
+done >>"$BUILD_DIR/build.log"
+record "build" $rc
+if [[ $rc -ne 0 ]]; then summary; exit 1; fi
+
+section "ctest (all labels)"
+ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error
+record "ctest" $?
+# gtest prints "<file>:<line>: Skipped" and then the reason: list them, grouped by reason, so that a skip is
+# never silent.
+SKIPS="$(awk '
+  /^\[ RUN      \]/ { test = $4 }
+  /: Skipped$/ {
+    if ((getline reason) <= 0) reason = "(no reason given)"
+    key = reason; if (!(key in count)) order[n++] = key
+    if (!seen[test]++) { count[key]++; if (count[key] <= 3) names[key] = names[key] (count[key] > 1 ? ", " : "") test }
+  }
+  END { for (i = 0; i < n; i++) { k = order[i]; printf "%d test(s): %s\n      e.g. %s%s\n", count[k], k, names[k], (count[k] > 3 ? ", ..." : "") } }
+' "$BUILD_DIR/Testing/Temporary/LastTest.log" 2>/dev/null)"
+
+if [[ -f tools/check_sass.sh ]]; then
+  section "SASS check (tools/check_sass.sh)"
+  bash tools/check_sass.sh "$BUILD_DIR"
+  record "check_sass" $?
+else
+  record "check_sass (absent)" 0
+fi
+
+if [[ -d python/tests ]] && compgen -G "python/tests/test_*.py" >/dev/null; then
+  section "python tests"
+  python3 -m pytest python/tests -q -rs
+  record "pytest" $?
+else
+  record "pytest (no python tests)" 0
+fi
+
+summary
+exit $FAILED
