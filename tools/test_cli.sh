@@ -33,6 +33,14 @@ expect() {
 
 have_check=0
 "$BIN" --version | grep -q "check: yes" && have_check=1
+# A dtype and a head dim compiled into this build (builds may select subsets).
+DT=$("$BIN" info | awk '/^dtypes:/ {split($2, a, ","); print a[1]}')
+HD=$("$BIN" info | awk '/^head dims:/ {split($3, a, ","); print a[1]}')
+if [[ -z $DT || -z $HD || $DT == none || $HD == none ]]; then
+  echo "test_cli: cannot read compiled dtypes / head dims from '$BIN info'"
+  exit 1
+fi
+S1="1,8,512,$HD"
 
 # help, version, info
 expect 0 "usage: flashcore" 0 -- "$BIN" --help
@@ -53,11 +61,11 @@ expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,x,64
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,-512,64
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 0,8,512,64
-expect 2 "not a multiple" 1 -- "$BIN" bench --shape 1,8,512,64,3
+expect 2 "not a multiple" 1 -- "$BIN" bench --shape $S1,3
 expect 2 "unsupported head dim 96" 1 -- "$BIN" bench --shape 1,8,512,96
 expect 2 "unsupported head dim 100" 1 -- "$BIN" bench --shape 2,4,256,100
 expect 2 "unsupported dtype 'fp8'" 1 -- "$BIN" bench --dtype fp8
-expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape 1,8,512,64 --dtype fp32
+expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape $S1 --dtype fp32
 expect 2 "--causal" 1 -- "$BIN" bench --causal 2
 expect 2 "--layout" 1 -- "$BIN" bench --layout sbhd
 expect 2 "not an integer" 1 -- "$BIN" bench --iters abc
@@ -66,11 +74,11 @@ expect 2 "needs a value" 1 -- "$BIN" bench --shape
 expect 2 "takes no value" 1 -- "$BIN" bench --graph=1
 expect 2 "unknown option" 1 -- "$BIN" info --bogus
 expect 2 "unknown option" 1 -- "$BIN" check --bogus
-expect 2 "exclusive" 1 -- "$BIN" check --quick --shape 1,8,512,64
+expect 2 "exclusive" 1 -- "$BIN" check --quick --shape $S1
 if [[ $have_check -eq 1 ]]; then
   expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2
   expect 2 "96" 1 -- "$BIN" check --shape 1,8,512,96
-  expect 2 "unsupported dtype" 1 -- "$BIN" check --shape 1,8,512,64 --dtype int8
+  expect 2 "unsupported dtype" 1 -- "$BIN" check --shape $S1 --dtype int8
   expect 2 "not an integer" 1 -- "$BIN" check --determinism many
 else
   expect 2 "without the check library" 1 -- "$BIN" check --quick
@@ -85,17 +93,17 @@ nogpu() {
     fails=$((fails + 1))
   fi
 }
-nogpu bench
-nogpu bench seeds
-nogpu bench grid --dtype both --causal both
-nogpu bench --shape 1,8,512,64 --graph --json "$tmp/x.json"
+nogpu bench --dtype "$DT"
+nogpu bench seeds --dtype "$DT"
+nogpu bench grid --dtype "$DT" --causal both
+nogpu bench --shape "$S1" --dtype "$DT" --graph --json "$tmp/x.json"
 if [[ $have_check -eq 1 ]]; then
   nogpu check --quick
-  nogpu check --shape 1,8,512,64 --determinism 3
-  nogpu bench --shape 1,8,512,64 --check
+  nogpu check --shape "$S1" --dtype "$DT" --determinism 3
+  nogpu bench --shape "$S1" --dtype "$DT" --check
 fi
 # a device index that does not exist is the same "no Hopper GPU found" path
-expect 3 "no Hopper GPU found" 1 -- "$BIN" bench --device 1023
+expect 3 "no Hopper GPU found" 1 -- "$BIN" bench --dtype "$DT" --device 1023
 
 if [[ $fails -ne 0 ]]; then
   echo "test_cli: $fails failure(s)"
