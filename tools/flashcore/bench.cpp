@@ -483,6 +483,9 @@ class RowRunner {
       for (auto& g : execs) cudaGraphExecDestroy(g);
     };
     try {
+      // Plain calls first: one-time work (module loading, attribute setup) must not land in a capture.
+      for (int i = 0; i < std::max(1, o_.warmup); ++i) call(static_cast<size_t>(i));
+      FC_CUDA(cudaStreamSynchronize(stream_));
       for (size_t g = 0; g < ngraphs; ++g) {
         cudaGraph_t graph = nullptr;
         FC_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
