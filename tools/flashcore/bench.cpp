@@ -9,7 +9,6 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <random>
 #include <sstream>
 
@@ -39,9 +38,7 @@ struct ShapeArg {
 struct Options {
   std::vector<std::string> presets;
   std::vector<ShapeArg> shapes;
-  std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_BF16};
-  std::optional<std::vector<bool>> causal;
-  bool bhsd = false;
+  ProblemFlags problem;  // dtypes, causal (empty: default), layout
   int iters = 30;
   int warmup = 10;
   bool graph = false;
@@ -117,12 +114,7 @@ Options parse_options(int argc, char** argv, int first) {
       o.presets.push_back(p);
     } else if (f == "--shape") {
       o.shapes.push_back(parse_shape_arg(a.value(f)));
-    } else if (f == "--dtype") {
-      o.dtypes = parse_dtypes(a.value(f));
-    } else if (f == "--causal") {
-      o.causal = parse_causal(a.value(f));
-    } else if (f == "--layout") {
-      o.bhsd = parse_layout_bhsd(a.value(f));
+    } else if (parse_problem_flag(f, a, o.problem)) {
     } else if (f == "--iters") {
       o.iters = static_cast<int>(parse_int(f, a.value(f), 1, 1000000));
     } else if (f == "--warmup") {
@@ -172,7 +164,7 @@ Options parse_options(int argc, char** argv, int first) {
 
 // Rows in order: for each shape, for each dtype, for each causal.
 std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& caps, int& skipped) {
-  for (flashcore_dtype dt : o.dtypes)
+  for (flashcore_dtype dt : o.problem.dtypes)
     if (!caps_has_dtype(caps, dt))
       usage_error(std::string("unsupported dtype ") + dtype_name(dt) + ": not compiled into this FlashCore");
   for (const ShapeArg& s : o.shapes)
@@ -203,7 +195,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
     shapes.push_back({"shape", s.batch, s.heads_q, s.seqlen_q, s.head_dim, s.heads_kv, s.seqlen_k, false});
 
   std::vector<bool> default_causal = o.shapes.empty() ? std::vector<bool>{false, true} : std::vector<bool>{false};
-  const std::vector<bool>& causal = o.causal ? *o.causal : default_causal;
+  const std::vector<bool>& causal = o.problem.causal.empty() ? default_causal : o.problem.causal;
   std::vector<RowSpec> rows;
   skipped = 0;
   for (const Shape& s : shapes) {
@@ -211,7 +203,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
       ++skipped;
       continue;
     }
-    for (flashcore_dtype dt : o.dtypes)
+    for (flashcore_dtype dt : o.problem.dtypes)
       for (bool c : causal) rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c});
   }
   return rows;
@@ -358,7 +350,7 @@ class RowRunner {
     p.head_dim = r.head_dim;
     p.dtype = r.dtype;
     p.causal = r.causal ? 1 : 0;
-    flashcore_status st = flashcore_attention_params_set_contiguous(&p, o_.bhsd ? 1 : 0);
+    flashcore_status st = flashcore_attention_params_set_contiguous(&p, o_.problem.bhsd ? 1 : 0);
     if (st != FLASHCORE_SUCCESS) throw RowError(std::string("set_contiguous: ") + flashcore_last_error());
 
     const size_t q_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * 2;
@@ -556,7 +548,7 @@ std::string shape_text(const RowSpec& r) {
 
 std::string repro_command(const Options& o, const RowSpec& r) {
   std::string c = "flashcore bench --shape " + shape_text(r) + " --dtype " + dtype_name(r.dtype) + " --causal " +
-                  (r.causal ? "1" : "0") + " --layout " + (o.bhsd ? "bhsd" : "bshd") + " --iters " +
+                  (r.causal ? "1" : "0") + " --layout " + (o.problem.bhsd ? "bhsd" : "bshd") + " --iters " +
                   std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup);
   if (o.graph) c += " --graph --graph-calls " + std::to_string(o.graph_calls);
   if (!o.rotate) c += " --no-rotate";
@@ -619,7 +611,7 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
   f << "  \"method\": {\"iters\": " << o.iters << ", \"warmup\": " << o.warmup
     << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"graph_calls\": " << o.graph_calls
     << ", \"rotate\": " << (o.rotate ? "true" : "false") << ", \"lse\": " << (o.lse ? "true" : "false")
-    << ", \"layout\": \"" << (o.bhsd ? "bhsd" : "bshd") << "\", \"statistic\": \"median\""
+    << ", \"layout\": \"" << (o.problem.bhsd ? "bhsd" : "bshd") << "\", \"statistic\": \"median\""
     << ", \"tflops_rule\": \"4*B*H*D*visible_pairs; causal Sq==Sk: S*S/2\"},\n";
   f << "  \"rows\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -686,7 +678,7 @@ void check_row(const Options& o, RowResult& r) {
   c.head_dim = r.spec.head_dim;
   c.dtype = r.spec.dtype;
   c.causal = r.spec.causal;
-  c.layout = o.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
+  c.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
   c.with_lse = o.lse;
   ck::Result res = ck::run_case(c, o.seed, 1);
   r.checked = true;

@@ -34,9 +34,7 @@ namespace {
 struct CheckOptions {
   bool quick = false;
   std::vector<std::string> shapes;
-  std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_BF16};
-  std::vector<bool> causal{false, true};
-  bool bhsd = false;
+  ProblemFlags problem;  // dtypes, causal (default both), layout
   std::string filter;
   int repeats = 1;
   int device = 0;
@@ -56,12 +54,7 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
       o.quick = true;
     } else if (f == "--shape") {
       o.shapes.push_back(a.value(f));
-    } else if (f == "--dtype") {
-      o.dtypes = parse_dtypes(a.value(f));
-    } else if (f == "--causal") {
-      o.causal = parse_causal(a.value(f));
-    } else if (f == "--layout") {
-      o.bhsd = parse_layout_bhsd(a.value(f));
+    } else if (parse_problem_flag(f, a, o.problem)) {
     } else if (f == "--filter") {
       o.filter = a.value(f);
     } else if (f == "--determinism") {
@@ -75,6 +68,7 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
     }
   }
   if (o.quick && !o.shapes.empty()) usage_error("check: --quick and --shape are exclusive");
+  if (o.problem.causal.empty()) o.problem.causal = {false, true};
   return true;
 }
 
@@ -104,12 +98,12 @@ int run_check(int argc, char** argv, int first) {
   if (shapes.empty()) {
     list = ck::cases(o.quick);
   } else {
-    for (flashcore_dtype dt : o.dtypes)
+    for (flashcore_dtype dt : o.problem.dtypes)
       if (!caps_has_dtype(caps, dt))
         usage_error(std::string("unsupported dtype ") + dtype_name(dt) + ": not compiled into this FlashCore");
     for (const std::string& s : shapes) {
-      for (flashcore_dtype dt : o.dtypes) {
-        for (bool c : o.causal) {
+      for (flashcore_dtype dt : o.problem.dtypes) {
+        for (bool c : o.problem.causal) {
           ck::Case cs;
           std::string err;
           if (!ck::parse_shape(s, cs, err)) usage_error("malformed shape '" + s + "': " + err);
@@ -118,7 +112,7 @@ int run_check(int argc, char** argv, int first) {
                         "' (compiled: " + caps_head_dims_string(caps) + ")");
           cs.dtype = dt;
           cs.causal = c;
-          cs.layout = o.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
+          cs.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
           cs.name = "shape " + s;
           list.push_back(cs);
         }

@@ -96,6 +96,18 @@ bool parse_layout_bhsd(const std::string& text) {
   usage_error("--layout: '" + text + "' (expected bshd or bhsd)");
 }
 
+bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
+  if (flag == "--dtype")
+    p.dtypes = parse_dtypes(a.value(flag));
+  else if (flag == "--causal")
+    p.causal = parse_causal(a.value(flag));
+  else if (flag == "--layout")
+    p.bhsd = parse_layout_bhsd(a.value(flag));
+  else
+    return false;
+  return true;
+}
+
 const char* dtype_name(flashcore_dtype dt) {
   switch (dt) {
     case FLASHCORE_DTYPE_FP16: return "fp16";

@@ -64,6 +64,15 @@ std::vector<bool> parse_causal(const std::string& text);
 bool parse_layout_bhsd(const std::string& text);
 const char* dtype_name(flashcore_dtype dt);
 
+// The problem flags shared by bench and check: --dtype, --causal, --layout.
+struct ProblemFlags {
+  std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_BF16};
+  std::vector<bool> causal;  // empty: not given (each command has its default)
+  bool bhsd = false;
+};
+// Consumes the value of `flag` when it is one of them and returns true; false for any other flag.
+bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p);
+
 // Library capabilities (never needs a GPU).
 flashcore_capabilities capabilities();
 bool caps_has_dtype(const flashcore_capabilities& caps, flashcore_dtype dt);
