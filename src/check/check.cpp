@@ -272,9 +272,9 @@ size_t element_size(flashcore_dtype dt) {
   }
 }
 
-// Query rows to compare against the reference: all of them for small problems; otherwise up to ~64
-// per (batch, head): first/last rows, rows at 64-row tile edges, the causal boundary, and random rows.
-std::vector<int64_t> select_rows(const Case& c, uint64_t seed) {
+}  // namespace
+
+std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
   const int64_t Sq = c.seqlen_q, Sk = c.seqlen_k;
   std::vector<int64_t> all;
   if (Sq * Sk <= 256 * 256 || Sq <= 64) return all;  // empty = every row
@@ -292,6 +292,8 @@ std::vector<int64_t> select_rows(const Case& c, uint64_t seed) {
   while (static_cast<int64_t>(rows.size()) < std::min<int64_t>(64, Sq)) rows.insert(pick(rng));
   return {rows.begin(), rows.end()};
 }
+
+namespace {
 
 struct DeviceBuffer {
   void* ptr = nullptr;
@@ -487,7 +489,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   // Reference comparison on the selected rows.
   flashcore_attention_params host = p;
   host.q = hq.data(), host.k = hk.data(), host.v = hv.data(), host.o = nullptr, host.lse = nullptr;
-  std::vector<int64_t> rows = select_rows(c, seed);
+  std::vector<int64_t> rows = checked_rows(c, seed);
   const ref::Output exact = ref::attention(host, rows), lowp = ref::attention_lowp(host, rows);
   if (rows.empty()) {
     rows.resize(static_cast<size_t>(Sq));

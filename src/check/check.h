@@ -57,6 +57,12 @@ Result run_case(const Case& c, uint64_t seed, int repeats = 1);
 // The same, enqueued on `stream` (nullptr = the legacy default stream), which the caller owns.
 Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_stream_t stream);
 
+// The query rows run_case compares against the reference (for every batch and head): empty = all rows,
+// used when Sq * Sk <= 256 * 256 or Sq <= 64; otherwise 64 rows: 0, 1, Sq-2, Sq-1, the 64-row tile edges
+// 63/64, 127/128, 191/192, 255/256, the edges of the last tile, the first rows that see a key (causal,
+// Sq > Sk), and random rows drawn from `seed`.
+std::vector<int64_t> checked_rows(const Case& c, uint64_t seed);
+
 // Why GPU cases cannot run here ("" when an sm_90 device is present), e.g. "no CUDA device (...)".
 std::string device_skip_reason();
 
