@@ -1,0 +1,70 @@
+"""FlashCore: fused attention for NVIDIA Hopper (sm_90a), bound to PyTorch through the C ABI with ctypes.
+
+Importing this package needs neither PyTorch, a GPU nor the native library. The torch ops (``attention``,
+``sdpa``, ``attention_fwd``) are imported on first access; the library is loaded on first call.
+
+    import flashcore
+    out = flashcore.attention(q, k, v, causal=True)          # (B, S, H, D), like flash_attn_func
+    out = flashcore.sdpa(q, k, v, is_causal=True)            # (B, H, S, D), like F.scaled_dot_product_attention
+"""
+
+from __future__ import annotations
+
+from ._lib import LIBRARY_ENV, Capabilities, is_available
+
+__version__ = "0.1.0"
+
+_TORCH_EXPORTS = ("attention", "sdpa", "attention_fwd")
+
+__all__ = [
+    "__version__",
+    "LIBRARY_ENV",
+    "Capabilities",
+    "attention",
+    "sdpa",
+    "attention_fwd",
+    "capabilities",
+    "is_available",
+    "library_path",
+    "library_version",
+]
+
+
+def capabilities() -> Capabilities:
+    """Dtypes / head dims / archs compiled into the library and whether the current device is supported.
+
+    Raises RuntimeError when the library cannot be loaded."""
+    from . import _lib
+
+    return _lib.load().capabilities()
+
+
+def library_path() -> str:
+    """Path (or soname) of the loaded native library; loads it if needed (RuntimeError when missing)."""
+    from . import _lib
+
+    return _lib.load().path
+
+
+def library_version() -> str:
+    """Version string reported by the loaded native library."""
+    from . import _lib
+
+    return _lib.load().version_string()
+
+
+def __getattr__(name: str):
+    # PEP 562: the torch-facing ops are imported (and the custom op registered) on first access only.
+    if name in _TORCH_EXPORTS:
+        try:
+            from . import _ops
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            raise ImportError(f"flashcore.{name} needs PyTorch, which is not installed") from exc
+        return getattr(_ops, name)
+    raise AttributeError(f"module 'flashcore' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_TORCH_EXPORTS))

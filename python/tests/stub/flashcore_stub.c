@@ -1,0 +1,95 @@
+/* A host-only stand-in for libflashcore.so, built by the tests with the system C compiler, so the ctypes
+ * binding (loading, struct layout seen from C, status -> exception mapping) can be tested without CUDA.
+ *
+ * flashcore_attention_forward records the params it was given (see stub_last_params) and returns SUCCESS,
+ * unless params->head_dim >= 1000, in which case it fails with status head_dim - 1000.
+ * Compiled with -DSTUB_BAD_STRUCT_SIZE, flashcore_attention_params_init reports a wrong struct_size. */
+#include <stdio.h>
+#include <string.h>
+
+#include "flashcore/flashcore.h"
+
+static flashcore_attention_params g_last;
+static void* g_last_stream;
+static char g_error[256];
+
+FLASHCORE_API void flashcore_attention_params_init(flashcore_attention_params* params) {
+  if (!params) return;
+  memset(params, 0, sizeof(*params));
+#ifdef STUB_BAD_STRUCT_SIZE
+  params->struct_size = (uint32_t)sizeof(*params) + 8u;
+#else
+  params->struct_size = (uint32_t)sizeof(*params);
+#endif
+  params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
+}
+
+FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params,
+                                                                         int bhsd_layout) {
+  (void)bhsd_layout;
+  return params ? FLASHCORE_SUCCESS : FLASHCORE_ERROR_NULL_POINTER;
+}
+
+FLASHCORE_API flashcore_status flashcore_attention_validate(const flashcore_attention_params* params) {
+  if (!params) return FLASHCORE_ERROR_NULL_POINTER;
+  if (params->struct_size != sizeof(*params)) {
+    snprintf(g_error, sizeof(g_error), "struct_size = %u, expected %u", params->struct_size,
+             (unsigned)sizeof(*params));
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_attention_params* params,
+                                                           flashcore_stream_t stream) {
+  flashcore_status status = flashcore_attention_validate(params);
+  if (status != FLASHCORE_SUCCESS) return status;
+  if (params->head_dim >= 1000) {
+    status = (flashcore_status)(params->head_dim - 1000);
+    snprintf(g_error, sizeof(g_error), "stub failure with status %d", (int)status);
+    return status;
+  }
+  g_last = *params;
+  g_last_stream = (void*)stream;
+  g_error[0] = '\0';
+  return FLASHCORE_SUCCESS;
+}
+
+FLASHCORE_API const char* flashcore_status_string(flashcore_status status) {
+  switch (status) {
+    case FLASHCORE_SUCCESS: return "success";
+    case FLASHCORE_ERROR_INVALID_STRIDE: return "invalid stride";
+    default: return "stub status";
+  }
+}
+
+FLASHCORE_API const char* flashcore_last_error(void) { return g_error; }
+
+FLASHCORE_API void flashcore_version(int* major, int* minor, int* patch) {
+  if (major) *major = FLASHCORE_VERSION_MAJOR;
+  if (minor) *minor = FLASHCORE_VERSION_MINOR;
+  if (patch) *patch = FLASHCORE_VERSION_PATCH;
+}
+
+FLASHCORE_API const char* flashcore_version_string(void) { return "0.1.0-stub"; }
+
+FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps) {
+  if (!caps) return FLASHCORE_ERROR_NULL_POINTER;
+  if (caps->struct_size != sizeof(*caps)) return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  caps->num_dtypes = 2;
+  caps->dtypes[0] = FLASHCORE_DTYPE_FP16;
+  caps->dtypes[1] = FLASHCORE_DTYPE_BF16;
+  caps->num_head_dims = 3;
+  caps->head_dims[0] = 64;
+  caps->head_dims[1] = 128;
+  caps->head_dims[2] = 256;
+  caps->num_archs = 1;
+  caps->archs[0] = 90;
+  caps->device_arch = 0;
+  caps->device_supported = 0;
+  return FLASHCORE_SUCCESS;
+}
+
+/* Test hooks (not part of the ABI). */
+FLASHCORE_API void stub_last_params(flashcore_attention_params* out) { *out = g_last; }
+FLASHCORE_API void* stub_last_stream(void) { return g_last_stream; }

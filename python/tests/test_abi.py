@@ -1,0 +1,257 @@
+"""The ctypes mirror of the C ABI against include/flashcore/flashcore.h (no torch, no GPU needed)."""
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PYTHON_DIR, REPO_ROOT
+from flashcore import _lib
+
+STRUCTS = {
+    "flashcore_tensor_strides": _lib.TensorStridesStruct,
+    "flashcore_attention_params": _lib.AttentionParamsStruct,
+    "flashcore_capabilities": _lib.CapabilitiesStruct,
+}
+
+C_TYPES = {
+    "uint32_t": ctypes.c_uint32,
+    "int32_t": ctypes.c_int32,
+    "int64_t": ctypes.c_int64,
+    "float": ctypes.c_float,
+    "flashcore_dtype": ctypes.c_int,  # a C enum
+    "flashcore_tensor_strides": _lib.TensorStridesStruct,
+}
+
+
+def _strip_comments(text):
+    return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", text, flags=re.S))
+
+
+def parse_struct(header, name):
+    """[(field name, C type, is_pointer, array length or None)] of `typedef struct name {...} name;`."""
+    match = re.search(r"typedef\s+struct\s+%s\s*\{(.*?)\}\s*%s\s*;" % (name, name), _strip_comments(header), re.S)
+    assert match, f"struct {name} not found in the header"
+    fields = []
+    for decl in match.group(1).split(";"):
+        decl = " ".join(decl.split())
+        if not decl:
+            continue
+        m = re.fullmatch(r"(?:const )?(\w+)\s*(\*?)\s*(\w+)(?:\[(\w+)\])?", decl)
+        assert m, f"cannot parse declaration {decl!r} in {name}"
+        ctype, pointer, field, length = m.groups()
+        fields.append((field, ctype, bool(pointer), length))
+    return fields
+
+
+def parse_enum(header, name):
+    match = re.search(r"typedef\s+enum\s+%s\s*\{(.*?)\}\s*%s\s*;" % (name, name), _strip_comments(header), re.S)
+    assert match, f"enum {name} not found in the header"
+    return {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", match.group(1))}
+
+
+def parse_define(header, name):
+    return int(re.search(r"#define\s+%s\s+(\d+)" % name, header).group(1))
+
+
+@pytest.mark.parametrize("struct_name", sorted(STRUCTS))
+def test_struct_fields_match_header(header_text, struct_name):
+    struct = STRUCTS[struct_name]
+    parsed = parse_struct(header_text, struct_name)
+    assert [f[0] for f in parsed] == [f[0] for f in struct._fields_], "field names/order differ from the header"
+    for (field, ctype, pointer, length), (_, py_type) in zip(parsed, struct._fields_):
+        if pointer:
+            expected = ctypes.c_void_p
+        else:
+            expected = C_TYPES[ctype]
+        if length is not None:
+            assert issubclass(py_type, ctypes.Array), field
+            assert py_type._length_ == parse_define(header_text, length) if not length.isdigit() else int(length)
+            assert py_type._type_ is expected, field
+        else:
+            assert py_type is expected, f"{struct_name}.{field}: {py_type} vs C {ctype}{'*' if pointer else ''}"
+
+
+def test_enums_match_header(header_text):
+    statuses = parse_enum(header_text, "flashcore_status")
+    assert statuses == {name: code for code, name in _lib.STATUS_NAMES.items()}
+    for name, code in statuses.items():
+        assert getattr(_lib, name.replace("FLASHCORE_", "")) == code
+    dtypes = parse_enum(header_text, "flashcore_dtype")
+    assert {getattr(_lib, n.replace("FLASHCORE_", "")): v for n, v in dtypes.items()} == {v: v for v in dtypes.values()}
+    assert set(_lib.DTYPE_NAMES) == set(dtypes.values())
+    assert _lib.MAX_CAPS == parse_define(header_text, "FLASHCORE_MAX_CAPS")
+    version = tuple(parse_define(header_text, f"FLASHCORE_VERSION_{p}") for p in ("MAJOR", "MINOR", "PATCH"))
+    assert _lib.ABI_VERSION == version
+
+
+def test_every_status_maps_to_an_exception():
+    for code in _lib.STATUS_NAMES:
+        if code == _lib.SUCCESS:
+            continue
+        exc = _lib.exception_for_status(code, "boom")
+        assert "boom" in str(exc) and _lib.STATUS_NAMES[code] in str(exc)
+        if code == _lib.ERROR_UNSUPPORTED_DTYPE:
+            assert type(exc) is TypeError
+        elif code in (_lib.ERROR_NO_DEVICE, _lib.ERROR_UNSUPPORTED_ARCH, _lib.ERROR_CUDA, _lib.ERROR_INTERNAL):
+            assert type(exc) is RuntimeError
+        else:
+            assert type(exc) is ValueError
+    assert type(_lib.exception_for_status(99, "x")) is RuntimeError
+
+
+def test_layout_matches_c_compiler(header_text, c_compiler, tmp_path):
+    """sizeof / offsetof of every field, from C, equal ctypes' sizes and offsets."""
+    lines = []
+    for struct_name, struct in STRUCTS.items():
+        lines.append(f'printf("{struct_name} sizeof %zu\\n", sizeof({struct_name}));')
+        for field, _ in struct._fields_:
+            lines.append(f'printf("{struct_name} {field} %zu\\n", offsetof({struct_name}, {field}));')
+    source = tmp_path / "layout.c"
+    source.write_text(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"flashcore/flashcore.h\"\n"
+        "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n"
+    )
+    exe = tmp_path / "layout"
+    subprocess.run([c_compiler, f"-I{REPO_ROOT / 'include'}", str(source), "-o", str(exe)], check=True)
+    output = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    from_c = {tuple(line.split()[:2]): int(line.split()[2]) for line in output if line}
+    for struct_name, struct in STRUCTS.items():
+        assert from_c[(struct_name, "sizeof")] == ctypes.sizeof(struct), struct_name
+        for field, _ in struct._fields_:
+            assert from_c[(struct_name, field)] == getattr(struct, field).offset, f"{struct_name}.{field}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Import and lookup (no library needed).
+
+
+def test_import_needs_neither_torch_nor_library(tmp_path):
+    code = (
+        "import sys; import flashcore; import flashcore._lib; import flashcore.integrations; "
+        "assert 'torch' not in sys.modules, 'importing flashcore imported torch'; "
+        "print(flashcore.__version__)"
+    )
+    env = {"PYTHONPATH": str(PYTHON_DIR), "FLASHCORE_LIBRARY": str(tmp_path / "missing.so"), "PATH": ""}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0.1.0"
+
+
+def test_missing_library_error_names_where_it_looked(use_library, tmp_path):
+    missing = tmp_path / "nowhere" / "libflashcore.so"
+    use_library(missing)
+    assert not _lib.is_available()
+    with pytest.raises(RuntimeError) as info:
+        _lib.load()
+    assert str(missing) in str(info.value) and "FLASHCORE_LIBRARY" in str(info.value)
+
+
+def test_explicit_library_is_the_only_candidate(monkeypatch):
+    monkeypatch.setenv(_lib.LIBRARY_ENV, "relative/libflashcore.so")
+    expected = os.path.join(os.getcwd(), "relative", "libflashcore.so")
+    assert _lib.candidates() == [("$FLASHCORE_LIBRARY", expected)]
+
+
+def test_default_lookup_order(monkeypatch):
+    monkeypatch.delenv(_lib.LIBRARY_ENV, raising=False)
+    found = _lib.candidates()
+    assert [d for d, _ in found] == ["package copy", "repository build", "dynamic loader search"]
+    assert found[0][1] == str(PYTHON_DIR / "flashcore" / "lib" / "libflashcore.so")
+    assert found[1][1] == str(REPO_ROOT / "build" / "lib" / "libflashcore.so")
+
+
+def test_load_failure_lists_every_candidate(monkeypatch, tmp_path):
+    monkeypatch.delenv(_lib.LIBRARY_ENV, raising=False)
+    monkeypatch.setattr(_lib, "_package_dir", lambda: tmp_path / "pkg" / "flashcore")
+    monkeypatch.setattr(_lib.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    _lib.reset()
+    try:
+        with pytest.raises(RuntimeError) as info:
+            _lib.load()
+    finally:
+        _lib.reset()
+    message = str(info.value)
+    assert str(tmp_path / "pkg" / "flashcore" / "lib" / "libflashcore.so") in message
+    assert "dynamic loader search" in message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Through a host-only stub library built from tests/stub/flashcore_stub.c.
+
+
+def test_stub_loads_and_reports(use_library, stub_library):
+    use_library(stub_library)
+    import flashcore
+
+    assert flashcore.is_available()
+    assert flashcore.library_path() == stub_library
+    assert flashcore.library_version() == "0.1.0-stub"
+    caps = flashcore.capabilities()
+    assert caps == _lib.Capabilities(("float16", "bfloat16"), (64, 128, 256), (90,), 0, False)
+    assert _lib.load().compiled() == (("float16", "bfloat16"), (64, 128, 256))
+
+
+def test_params_reach_c_intact(use_library, stub_library):
+    use_library(stub_library)
+    lib = _lib.load()
+    params = _lib.fill_params(
+        lib.new_params(),
+        pointers=(0x1000, 0x2000, 0x3000, 0x4000, 0),
+        strides=((8192, 512, 64, 1), (4096, 64, 1024, 1), (1 << 40, 128, 16, 1), (24, 32, 40, 1)),
+        sizes=(2, 3, 5, 7, 1, 64),
+        dtype=_lib.DTYPE_BF16,
+        causal=True,
+        softmax_scale=0.125,
+    )
+    lib.forward(params, 0xABC0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    lib._cdll.stub_last_stream.restype = ctypes.c_void_p
+    assert lib._cdll.stub_last_stream() == 0xABC0
+    assert ctypes.string_at(ctypes.addressof(seen), ctypes.sizeof(seen)) == ctypes.string_at(
+        ctypes.addressof(params), ctypes.sizeof(params)
+    )
+    assert (seen.q, seen.k, seen.v, seen.o, seen.lse) == (0x1000, 0x2000, 0x3000, 0x4000, None)
+    assert (seen.v_strides.batch, seen.o_strides.head, seen.k_strides.head) == (1 << 40, 40, 1024)
+    assert (seen.batch, seen.seqlen_q, seen.seqlen_k, seen.num_heads_q, seen.num_heads_kv, seen.head_dim) == (
+        2, 3, 5, 7, 1, 64)
+    assert (seen.dtype, seen.causal, seen.softmax_scale) == (_lib.DTYPE_BF16, 1, 0.125)
+    assert seen.struct_size == ctypes.sizeof(_lib.AttentionParamsStruct)
+
+
+@pytest.mark.parametrize(
+    "status, exc_type",
+    [
+        (_lib.ERROR_INVALID_STRIDE, ValueError),
+        (_lib.ERROR_INVALID_HEAD_RATIO, ValueError),
+        (_lib.ERROR_UNSUPPORTED_HEAD_DIM, ValueError),
+        (_lib.ERROR_UNSUPPORTED_DTYPE, TypeError),
+        (_lib.ERROR_NO_DEVICE, RuntimeError),
+        (_lib.ERROR_CUDA, RuntimeError),
+        (_lib.ERROR_INTERNAL, RuntimeError),
+    ],
+)
+def test_failing_status_raises_with_last_error(use_library, stub_library, status, exc_type):
+    use_library(stub_library)
+    lib = _lib.load()
+    params = lib.new_params()
+    params.head_dim = 1000 + status
+    with pytest.raises(exc_type) as info:
+        lib.forward(params, 0)
+    assert type(info.value) is exc_type
+    assert f"stub failure with status {status}" in str(info.value)
+    assert _lib.STATUS_NAMES[status] in str(info.value)
+
+
+def test_abi_mismatch_is_refused(use_library, c_compiler, header_text, tmp_path):
+    from conftest import build_stub
+
+    bad = build_stub(c_compiler, tmp_path, "libflashcore_bad.so", "-DSTUB_BAD_STRUCT_SIZE")
+    use_library(bad)
+    with pytest.raises(RuntimeError, match="ABI mismatch"):
+        _lib.load()
