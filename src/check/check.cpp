@@ -529,11 +529,6 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   if (!o_ok) append(r.message, "O error " + format_float(r.o_err) + " > tolerance " + format_float(r.o_tol) + " (worst at " + worst + ")");
   if (!lse_ok) append(r.message, "LSE relative error " + format_float(r.lse_err) + " > tolerance " + format_float(r.lse_tol));
   r.passed = o_ok && lse_ok && !r.unwritten && !r.nonfinite && n_masked_bad == 0 && r.deterministic;
-  if (r.passed) {
-    r.message = "ok: O err " + format_float(r.o_err) + " (tol " + format_float(r.o_tol) + "), LSE err " +
-                format_float(r.lse_err) + " (tol " + format_float(r.lse_tol) + "), " + std::to_string(r.rows_checked) +
-                " rows checked per head" + (repeats > 1 ? ", bit-identical over " + std::to_string(repeats) + " runs" : "");
-  }
   return r;
 }
 

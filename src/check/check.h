@@ -37,7 +37,7 @@ struct Result {
   bool nonfinite = false;    // NaN/Inf in output where the reference is finite
   bool unwritten = false;    // an output element kept its poison value
   bool deterministic = true; // bit-identical over the requested repeats
-  std::string message;       // why it failed / was skipped (a summary line when it passed)
+  std::string message;       // why it failed / was skipped ("" when it passed)
   // Extensions (appended; older fields unchanged):
   double lowp_lse_err = 0;   // the yardstick's own relative LSE error
   int64_t rows_checked = 0;  // query rows compared against the reference per (batch, head)
