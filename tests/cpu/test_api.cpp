@@ -5,17 +5,21 @@
 #include <string>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
 #include "flashcore/flashcore.hpp"
+#include "gpu/gpu_skip.h"
 
 namespace {
 
-bool gpu_visible() {
-  int count = 0;
-  const bool visible = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  (void)cudaGetLastError();
-  return visible;
+// Runs `call`, which must throw flashcore::Error with `status` and a message containing `needle`.
+template <typename Call>
+void expect_error(Call&& call, flashcore_status status, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no flashcore::Error thrown (expected '" << needle << "')";
+  } catch (const flashcore::Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 // Views over host vectors (stand-ins for device memory) for a compiled (dtype, head dim).
@@ -47,24 +51,24 @@ struct Problem {
   }
 };
 
+void expect_strides(const flashcore::TensorView& t, int64_t batch, int64_t seq, int64_t head) {
+  const flashcore_tensor_strides want{batch, seq, head, 1};
+  EXPECT_EQ(std::vector<int64_t>({t.strides.batch, t.strides.seq, t.strides.head, t.strides.dim}),
+            std::vector<int64_t>({want.batch, want.seq, want.head, want.dim}));
+  EXPECT_EQ(t.numel(), t.batch * t.seq * t.heads * t.head_dim);
+  EXPECT_EQ(t.offset(t.batch - 1, t.seq - 1, t.heads - 1, t.head_dim - 1), t.numel() - 1);  // dense
+}
+
 TEST(TensorView, BshdStrides) {
   const auto t = flashcore::TensorView::bshd(nullptr, FLASHCORE_DTYPE_FP16, 2, 5, 3, 64);
-  EXPECT_EQ(t.strides.batch, 5 * 3 * 64);
-  EXPECT_EQ(t.strides.seq, 3 * 64);
-  EXPECT_EQ(t.strides.head, 64);
-  EXPECT_EQ(t.strides.dim, 1);
-  EXPECT_EQ(t.numel(), 2 * 5 * 3 * 64);
+  expect_strides(t, 5 * 3 * 64, 3 * 64, 64);
   EXPECT_EQ(t.offset(1, 2, 1, 7), 1 * 960 + 2 * 192 + 64 + 7);
-  EXPECT_EQ(t.offset(1, 4, 2, 63), t.numel() - 1);
 }
 
 TEST(TensorView, BhsdStrides) {
   const auto t = flashcore::TensorView::bhsd(nullptr, FLASHCORE_DTYPE_BF16, 2, 5, 3, 128);
-  EXPECT_EQ(t.strides.batch, 3 * 5 * 128);
-  EXPECT_EQ(t.strides.head, 5 * 128);
-  EXPECT_EQ(t.strides.seq, 128);
-  EXPECT_EQ(t.strides.dim, 1);
-  EXPECT_EQ(t.offset(1, 4, 2, 127), t.numel() - 1);
+  expect_strides(t, 3 * 5 * 128, 128, 5 * 128);
+  EXPECT_EQ(t.offset(1, 2, 1, 7), 1 * 1920 + 2 * 128 + 640 + 7);
 }
 
 TEST(TensorView, MatchesSetContiguous) {
@@ -108,13 +112,7 @@ TEST(MakeParams, MismatchedViewsThrow) {
   Problem pr;
   auto expect_invalid = [&](const flashcore::TensorView& q, const flashcore::TensorView& k,
                             const flashcore::TensorView& v, const flashcore::TensorView& o, const char* needle) {
-    try {
-      flashcore::make_params(q, k, v, o);
-      ADD_FAILURE() << "no exception for " << needle;
-    } catch (const flashcore::Error& e) {
-      EXPECT_EQ(e.status(), FLASHCORE_ERROR_INVALID_ARGUMENT);
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    expect_error([&] { flashcore::make_params(q, k, v, o); }, FLASHCORE_ERROR_INVALID_ARGUMENT, needle);
   };
   auto k2 = pr.kv;
   k2.batch = 3;
@@ -145,38 +143,23 @@ TEST(Validate, ThrowsWithTheCMessage) {
   Problem pr;
   EXPECT_NO_THROW(flashcore::validate(pr.qv, pr.kv, pr.vv, pr.ov));
   pr.qv.strides.seq = 12;
-  try {
-    flashcore::validate(pr.qv, pr.kv, pr.vv, pr.ov);
-    FAIL() << "expected flashcore::Error";
-  } catch (const flashcore::Error& e) {
-    EXPECT_EQ(e.status(), FLASHCORE_ERROR_INVALID_STRIDE);
-    EXPECT_NE(std::string(e.what()).find("q_strides.seq = 12 is not a multiple of 8"), std::string::npos) << e.what();
-  }
+  expect_error([&] { flashcore::validate(pr.qv, pr.kv, pr.vv, pr.ov); }, FLASHCORE_ERROR_INVALID_STRIDE,
+               "q_strides.seq = 12 is not a multiple of 8");
 }
 
 TEST(AttentionForward, ArgumentErrorsThrowBeforeDeviceAccess) {
   Problem pr;
   pr.kv.heads = pr.vv.heads = 3;  // 4 % 3 != 0
-  try {
-    flashcore::attention_forward(pr.qv, pr.kv, pr.vv, pr.ov, {true});
-    FAIL() << "expected flashcore::Error";
-  } catch (const flashcore::Error& e) {
-    EXPECT_EQ(e.status(), FLASHCORE_ERROR_INVALID_HEAD_RATIO);
-    EXPECT_NE(std::string(e.what()).find("num_heads_q = 4"), std::string::npos) << e.what();
-  }
+  expect_error([&] { flashcore::attention_forward(pr.qv, pr.kv, pr.vv, pr.ov, {true}); },
+               FLASHCORE_ERROR_INVALID_HEAD_RATIO, "num_heads_q = 4");
   EXPECT_TRUE(pr.o_untouched());
 }
 
 TEST(AttentionForward, NoDeviceThrowsNoDevice) {
-  if (gpu_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
+  if (flashcore::testing::cuda_device_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
   Problem pr;
-  try {
-    flashcore::attention_forward(pr.qv, pr.kv, pr.vv, pr.ov);
-    FAIL() << "expected flashcore::Error";
-  } catch (const flashcore::Error& e) {
-    EXPECT_EQ(e.status(), FLASHCORE_ERROR_NO_DEVICE);
-    EXPECT_NE(std::string(e.what()).find("no CUDA device visible"), std::string::npos) << e.what();
-  }
+  expect_error([&] { flashcore::attention_forward(pr.qv, pr.kv, pr.vv, pr.ov); }, FLASHCORE_ERROR_NO_DEVICE,
+               "no CUDA device visible");
   EXPECT_TRUE(pr.o_untouched());
 }
 

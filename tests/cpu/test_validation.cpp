@@ -13,21 +13,13 @@
 #include <thread>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
 #include "flashcore/flashcore.h"
+#include "gpu/gpu_skip.h"
 #include "sm90/fwd_launch.h"
 
 namespace {
 
 constexpr int kHeadDims[] = {64, 128, 256};
-
-bool gpu_visible() {
-  int count = 0;
-  const bool visible = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  (void)cudaGetLastError();
-  return visible;
-}
 
 // A 64-byte aligned host buffer filled with a pattern, standing in for device memory.
 class HostBuffer {
@@ -441,7 +433,7 @@ TEST_F(Validation, OrderOfChecks) {
 
 // ---- device checks ----
 TEST_F(Validation, ValidParamsWithoutGpuGiveNoDevice) {
-  if (gpu_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
+  if (flashcore::testing::cuda_device_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
   EXPECT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_ERROR_NO_DEVICE);
   EXPECT_NE(std::string(flashcore_last_error()).find("no CUDA device visible"), std::string::npos)
       << flashcore_last_error();
@@ -481,43 +473,27 @@ TEST_F(Validation, LastErrorIsThreadLocal) {
 }
 
 // ---- set_contiguous ----
-TEST(SetContiguous, Bshd) {
+// Sets sizes (B=2, Sq=5, Sk=7, Hq=6, Hkv=3, D=64) and checks the strides of Q/O and K/V for `bhsd_layout`.
+void expect_contiguous(int bhsd_layout) {
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
   p.batch = 2, p.seqlen_q = 5, p.seqlen_k = 7, p.num_heads_q = 6, p.num_heads_kv = 3, p.head_dim = 64;
-  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
-  for (const flashcore_tensor_strides& s : {p.q_strides, p.o_strides}) {
-    EXPECT_EQ(s.batch, 5 * 6 * 64);
-    EXPECT_EQ(s.seq, 6 * 64);
-    EXPECT_EQ(s.head, 64);
-    EXPECT_EQ(s.dim, 1);
-  }
-  for (const flashcore_tensor_strides& s : {p.k_strides, p.v_strides}) {
-    EXPECT_EQ(s.batch, 7 * 3 * 64);
-    EXPECT_EQ(s.seq, 3 * 64);
-    EXPECT_EQ(s.head, 64);
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, bhsd_layout), FLASHCORE_SUCCESS);
+  const struct {
+    const flashcore_tensor_strides* strides;
+    int64_t seq, heads;
+  } tensors[] = {{&p.q_strides, 5, 6}, {&p.o_strides, 5, 6}, {&p.k_strides, 7, 3}, {&p.v_strides, 7, 3}};
+  for (const auto& t : tensors) {
+    const flashcore_tensor_strides& s = *t.strides;
+    EXPECT_EQ(s.batch, t.seq * t.heads * 64);
+    EXPECT_EQ(s.seq, bhsd_layout ? 64 : t.heads * 64);
+    EXPECT_EQ(s.head, bhsd_layout ? t.seq * 64 : 64);
     EXPECT_EQ(s.dim, 1);
   }
 }
 
-TEST(SetContiguous, Bhsd) {
-  flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  p.batch = 2, p.seqlen_q = 5, p.seqlen_k = 7, p.num_heads_q = 6, p.num_heads_kv = 3, p.head_dim = 128;
-  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 1), FLASHCORE_SUCCESS);
-  for (const flashcore_tensor_strides& s : {p.q_strides, p.o_strides}) {
-    EXPECT_EQ(s.batch, 6 * 5 * 128);
-    EXPECT_EQ(s.head, 5 * 128);
-    EXPECT_EQ(s.seq, 128);
-    EXPECT_EQ(s.dim, 1);
-  }
-  for (const flashcore_tensor_strides& s : {p.k_strides, p.v_strides}) {
-    EXPECT_EQ(s.batch, 3 * 7 * 128);
-    EXPECT_EQ(s.head, 7 * 128);
-    EXPECT_EQ(s.seq, 128);
-    EXPECT_EQ(s.dim, 1);
-  }
-}
+TEST(SetContiguous, Bshd) { expect_contiguous(0); }
+TEST(SetContiguous, Bhsd) { expect_contiguous(1); }
 
 TEST(SetContiguous, BadInput) {
   EXPECT_EQ(flashcore_attention_params_set_contiguous(nullptr, 0), FLASHCORE_ERROR_NULL_POINTER);
@@ -598,7 +574,7 @@ TEST(Capabilities, MatchCompiledKernels) {
   EXPECT_FALSE(dtypes.count(FLASHCORE_DTYPE_FP32));
   ASSERT_EQ(caps.num_archs, 1);
   EXPECT_EQ(caps.archs[0], 90);
-  if (!gpu_visible()) {
+  if (!flashcore::testing::cuda_device_visible()) {
     EXPECT_EQ(caps.device_arch, 0);
     EXPECT_EQ(caps.device_supported, 0);
   } else {

@@ -9,6 +9,14 @@
 
 namespace flashcore::testing {
 
+// True when cudaGetDeviceCount succeeds with at least one device (for tests of the GPU-less paths).
+inline bool cuda_device_visible() {
+  int count = 0;
+  const bool visible = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  (void)cudaGetLastError();
+  return visible;
+}
+
 // "" when the current device is sm_90; otherwise why GPU tests cannot run here.
 inline std::string query_gpu_skip_reason() {
   int count = 0;
@@ -39,10 +47,10 @@ inline const std::string& gpu_skip_reason() {
 
 }  // namespace flashcore::testing
 
-#define FLASHCORE_REQUIRE_GPU()                                                          \
-  do {                                                                                   \
-    const std::string& flashcore_skip_reason_ = ::flashcore::testing::gpu_skip_reason();  \
-    if (!flashcore_skip_reason_.empty()) {                                               \
-      GTEST_SKIP() << "GPU test skipped: " << flashcore_skip_reason_;                    \
-    }                                                                                    \
+#define FLASHCORE_REQUIRE_GPU()                                                         \
+  do {                                                                                  \
+    const std::string& flashcore_skip_reason_ = ::flashcore::testing::gpu_skip_reason(); \
+    if (!flashcore_skip_reason_.empty()) {                                              \
+      GTEST_SKIP() << "GPU test skipped: " << flashcore_skip_reason_;                   \
+    }                                                                                   \
   } while (0)
