@@ -133,34 +133,32 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
     return out, None
 
 
-def attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    dropout: float = 0.0,
-    scaling: Optional[float] = None,
-    is_causal: Optional[bool] = None,
-    **kwargs,
-):
-    """transformers attention function: (B, H, S, D) inputs -> ((B, S, H, D) output, None); SDPA fallback."""
-    return _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, True, kwargs)
+def _attention_function(fallback: bool):
+    def attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        dropout: float = 0.0,
+        scaling: Optional[float] = None,
+        is_causal: Optional[bool] = None,
+        **kwargs,
+    ):
+        return _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs)
+
+    return attention
 
 
-def strict_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    dropout: float = 0.0,
-    scaling: Optional[float] = None,
-    is_causal: Optional[bool] = None,
-    **kwargs,
-):
-    """As attention_forward, but raises ValueError where attention_forward would fall back to SDPA."""
-    return _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, False, kwargs)
+attention_forward = _attention_function(fallback=True)
+attention_forward.__name__ = attention_forward.__qualname__ = "attention_forward"
+attention_forward.__doc__ = (
+    "transformers attention function: (B, H, S, D) inputs -> ((B, S, H, D) output, None); SDPA fallback."
+)
+
+strict_attention_forward = _attention_function(fallback=False)
+strict_attention_forward.__name__ = strict_attention_forward.__qualname__ = "strict_attention_forward"
+strict_attention_forward.__doc__ = "As attention_forward, but raises ValueError where it would fall back to SDPA."
 
 
 # ---------------------------------------------------------------------------------------------------------------
