@@ -56,7 +56,10 @@ rc=$?
 # Objects not recompiled in this run keep their ptxas -v report in <object>.log (cmake/nvcc_log.sh): fold
 # those into build.log so it always holds the report of every kernel.
 find "$BUILD_DIR" -name '*.cu.o.log' ! -newer "$stamp" -print 2>/dev/null | sort | while read -r f; do
-  echo "# ptxas report kept from an earlier build: ${f#"$BUILD_DIR"/}"
+  obj="${f#"$BUILD_DIR"/}"
+  obj="${obj%.log}"
+  grep -qF "build $obj:" "$BUILD_DIR/build.ninja" || continue  # an instantiation no longer configured
+  echo "# ptxas report kept from an earlier build: $obj"
   cat "$f"
 done >>"$BUILD_DIR/build.log"
 record "build" $rc
