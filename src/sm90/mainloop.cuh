@@ -80,6 +80,30 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
   ptx::wgmma_commit_group();
 }
 
+// Round-robin turns between the consumer warpgroups (named barrier kBarrierBase + wg, 256 threads:
+// the waiting warpgroup and its predecessor): a warpgroup waits for its turn before issuing its GEMMs
+// and hands the turn on right after, so the tensor cores run one warpgroup's GEMMs while the others
+// do their softmax.
+template <class Cfg>
+struct PingPong {
+  static constexpr uint32_t kBarrierBase = 1 + Cfg::kConsumerWarpgroups;  // below: epilogue barriers
+  static constexpr int kLast = Cfg::kConsumerWarpgroups - 1;
+  int warpgroup;
+  __device__ __forceinline__ void wait_turn() const {
+    if (Cfg::kPingPong) ptx::named_barrier_sync(kBarrierBase + warpgroup, 2 * 128);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if (Cfg::kPingPong) {
+      ptx::named_barrier_arrive(kBarrierBase + (warpgroup == kLast ? 0 : warpgroup + 1), 2 * 128);
+    }
+  }
+};
+
+// The main loop, software-pipelined inside the warpgroup: while P_{j-1} V_{j-1} runs on the tensor
+// cores, the softmax of S_j runs on the ALUs.
+//   prologue : S_last = Q K_last^T; softmax -> P
+//   each step: issue S_j = Q K_j^T; issue O += P V_{j+1}; wait S_j; softmax(S_j); wait PV; rescale O
+//   tail     : O += P V_0
 template <class Cfg, class Element, bool kCausal>
 __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
                                                   Barriers<Cfg::kStages>& bars, int warpgroup,
@@ -92,24 +116,58 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   const int warp_in_wg = (threadIdx.x / 32) % 4;
   const int row0 = tile.m_block * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup + warp_in_wg * 16 + lane / 4;
   const uint8_t* q_slice = smem + Cfg::kSmemQOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kRowBytes;
-
-  mbar_wait(&bars.q_full, 0);
-  RingState<Cfg::kStages> ring;
-  for (int n_block = tile.n_blocks - 1; n_block >= 0; --n_block) {
-    const uint8_t* k_tile = smem + Cfg::kSmemKOffset + ring.stage * Cfg::kKVTileBytes;
-    const uint8_t* v_tile = smem + Cfg::kSmemVOffset + ring.stage * Cfg::kKVTileBytes;
-
-    float s[Cfg::kBlockN / 2];
-    mbar_wait(&bars.k_full[ring.stage], ring.phase);
-    gemm_qk<Cfg, Element>(s, q_slice, k_tile);
-    ptx::wgmma_wait_group<0>();
-    mbar_arrive(&bars.k_empty[ring.stage]);
-
+  auto k_tile = [&](int stage) { return smem + Cfg::kSmemKOffset + stage * Cfg::kKVTileBytes; };
+  auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kKVTileBytes; };
+  auto softmax_step = [&](float (&s)[Cfg::kBlockN / 2], int n_block, float (&rescale)[2]) {
     if (block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, kCausal>(n_block, tile.m_block, p.seqlen_q, p.seqlen_k)) {
       apply_mask<Cfg::kBlockN, kCausal>(s, row0, n_block * Cfg::kBlockN + 2 * (lane % 4), p.seqlen_q, p.seqlen_k);
     }
-    float rescale[2];
     st.softmax.update(s, p.scale_log2, rescale);
+  };
+
+  const PingPong<Cfg> turn{warpgroup};
+  // The last warpgroup lets the first one go first; its last hand-over is skipped so that every
+  // barrier sees as many arrivals as waits.
+  constexpr int kLast = PingPong<Cfg>::kLast;
+  if (warpgroup == kLast) turn.pass_turn();
+
+  RingState<Cfg::kStages> k_ring, v_ring;
+  float s[Cfg::kBlockN / 2];
+  uint32_t p_frag[Cfg::kBlockN / 16][4];
+  float rescale[2];
+
+  mbar_wait(&bars.q_full, 0);
+  int n_block = tile.n_blocks - 1;
+  mbar_wait(&bars.k_full[k_ring.stage], k_ring.phase);
+  turn.wait_turn();
+  gemm_qk<Cfg, Element>(s, q_slice, k_tile(k_ring.stage));
+  if (warpgroup != kLast || n_block > 0) turn.pass_turn();
+  ptx::wgmma_wait_group<0>();
+  ptx::fence_regs(s);
+  mbar_arrive(&bars.k_empty[k_ring.stage]);
+  k_ring.advance();
+  softmax_step(s, n_block, rescale);
+  convert_p<Cfg, Element>(s, p_frag);
+
+  for (--n_block; n_block >= 0; --n_block) {
+    mbar_wait(&bars.k_full[k_ring.stage], k_ring.phase);
+    mbar_wait(&bars.v_full[v_ring.stage], v_ring.phase);
+    turn.wait_turn();
+    gemm_qk<Cfg, Element>(s, q_slice, k_tile(k_ring.stage));
+    ptx::fence_regs(st.o);
+    gemm_pv<Cfg, Element>(st.o, p_frag, v_tile(v_ring.stage));
+    if (warpgroup != kLast || n_block > 0) turn.pass_turn();
+
+    ptx::wgmma_wait_group<1>();  // S_j is done; P V may still run
+    ptx::fence_regs(s);
+    mbar_arrive(&bars.k_empty[k_ring.stage]);
+    k_ring.advance();
+    softmax_step(s, n_block, rescale);
+
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_regs(st.o);
+    mbar_arrive(&bars.v_empty[v_ring.stage]);
+    v_ring.advance();
 #pragma unroll
     for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
 #pragma unroll
@@ -118,15 +176,15 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
         st.o[acc_index(j, i, 1)] *= rescale[i];
       }
     }
-
-    uint32_t p_frag[Cfg::kBlockN / 16][4];
     convert_p<Cfg, Element>(s, p_frag);
-    mbar_wait(&bars.v_full[ring.stage], ring.phase);
-    gemm_pv<Cfg, Element>(st.o, p_frag, v_tile);
-    ptx::wgmma_wait_group<0>();
-    mbar_arrive(&bars.v_empty[ring.stage]);
-    ring.advance();
   }
+
+  mbar_wait(&bars.v_full[v_ring.stage], v_ring.phase);
+  ptx::fence_regs(st.o);
+  gemm_pv<Cfg, Element>(st.o, p_frag, v_tile(v_ring.stage));
+  ptx::wgmma_wait_group<0>();
+  ptx::fence_regs(st.o);
+  mbar_arrive(&bars.v_empty[v_ring.stage]);
 }
 
 }  // namespace flashcore::sm90

@@ -5,15 +5,27 @@
 namespace flashcore::sm90 {
 
 struct TileShape {
-  int block_m;  // query rows per CTA (kConsumerWarpgroups x 64)
-  int block_n;  // keys per K/V tile
-  int stages;   // depth of the K/V ring
+  int block_m;    // query rows per CTA: 64 per consumer warpgroup
+  int block_n;    // keys per K/V tile
+  int stages;     // depth of the K/V ring
+  bool pingpong;  // consumer warpgroups take turns issuing GEMMs (PingPong in mainloop.cuh)
 };
 
+// Measured choices (docs/perf-notes.md). FLASHCORE_SM90_TILE_<D> overrides one for experiments.
+#ifndef FLASHCORE_SM90_TILE_64
+#define FLASHCORE_SM90_TILE_64 192, 128, 3, true
+#endif
+#ifndef FLASHCORE_SM90_TILE_128
+#define FLASHCORE_SM90_TILE_128 128, 176, 2, false
+#endif
+#ifndef FLASHCORE_SM90_TILE_256
+#define FLASHCORE_SM90_TILE_256 128, 80, 2, true
+#endif
+
 constexpr TileShape tile_shape_for(int head_dim) {
-  return head_dim == 64    ? TileShape{128, 128, 3}
-         : head_dim == 128 ? TileShape{128, 128, 2}
-                           : TileShape{128, 64, 2};  // 256
+  return head_dim == 64    ? TileShape{FLASHCORE_SM90_TILE_64}
+         : head_dim == 128 ? TileShape{FLASHCORE_SM90_TILE_128}
+                           : TileShape{FLASHCORE_SM90_TILE_256};
 }
 
 template <int kHeadDim_, int kElemBytes_ = 2>
@@ -25,12 +37,13 @@ struct TileConfig {
   static constexpr int kBlockN = kShape.block_n;
   static constexpr int kStages = kShape.stages;
 
-  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr bool kPingPong = kShape.pingpong;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);  // + one producer warpgroup
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
 
   // Shared-memory tiles are stored as chunks of 64 columns (128 bytes per row, the 128-byte swizzle
   // width): chunk c holds columns [64c, 64c+64) of every row. Chunks are 1024-byte aligned.
@@ -51,9 +64,11 @@ struct TileConfig {
   static constexpr int kSmemBytes = kSmemBarrierOffset + kNumBarriers * 8 + 1024;
 
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of 64 elements");
-  static_assert(kBlockM == kConsumerWarpgroups * kRowsPerWarpgroup, "one 64-row slice per consumer warpgroup");
+  static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
+                "one 64-row slice per consumer warpgroup, at most 3");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % 16 == 0");
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
+  static_assert(!kPingPong || kConsumerWarpgroups >= 2, "ping-pong needs two or more consumer warpgroups");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
 };
 
