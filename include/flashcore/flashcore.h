@@ -109,7 +109,8 @@ FLASHCORE_API void flashcore_attention_params_init(flashcore_attention_params* p
 
 /* Fill contiguous strides for Q, K, V and O in (B, S, H, D) layout ("bshd", FlashAttention's) or
  * (B, H, S, D) layout ("bhsd", PyTorch SDPA's) from the sizes already set in params.
- * Returns FLASHCORE_ERROR_NULL_POINTER / _INVALID_ARGUMENT on bad input. */
+ * Returns FLASHCORE_ERROR_NULL_POINTER (params NULL), _INVALID_ARGUMENT (struct_size, bhsd_layout not 0/1),
+ * _INVALID_SIZE (a size <= 0) or _SIZE_OVERFLOW (a size > INT32_MAX). batch is not needed. */
 FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params,
                                                                          int bhsd_layout);
 
