@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Checks that every compiled forward kernel is what its name says (CI runs this; no GPU needed):
+#   - its SASS contains HGMMA (wgmma) and UTMALDG (TMA loads), and UTMASTG (TMA stores);
+#   - its SASS has no LDL/STL (local memory);
+#   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
+#   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510) anywhere.
+# Usage: bash tools/check_sass.sh [build-dir]      (default: build)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD_DIR="${1:-build}"
+[[ -f "$BUILD_DIR/.tools/env.sh" ]] && source "$BUILD_DIR/.tools/env.sh"
+
+fail=0
+err() { echo "check_sass: FAIL: $*"; fail=1; }
+
+lib=""
+for cand in "$BUILD_DIR/lib/libflashcore.so" "$BUILD_DIR/lib/libflashcore.a"; do
+  [[ -f "$cand" ]] && { lib="$cand"; break; }
+done
+[[ -n "$lib" ]] || { echo "check_sass: FAIL: no libflashcore in $BUILD_DIR/lib"; exit 1; }
+command -v cuobjdump >/dev/null || { echo "check_sass: FAIL: cuobjdump not found (run tools/setup_deps.sh)"; exit 1; }
+
+expected=$(find "$BUILD_DIR/generated/sm90" -name 'fwd_*.cu' 2>/dev/null | wc -l)
+sass="$BUILD_DIR/flashcore.sass"
+cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
+
+# One summary line per kernel: name, HGMMA count, UTMALDG count, UTMASTG count, LDL/STL count.
+report=$(awk '
+  /Function : / { if (name != "") print name, h, l, s, loc; name = $NF; h = l = s = loc = 0; next }
+  name != "" && /HGMMA/   { h++ }
+  name != "" && /UTMALDG/ { l++ }
+  name != "" && /UTMASTG/ { s++ }
+  name != "" && /[^A-Z](LDL|STL)[. ]/ { loc++ }
+  END { if (name != "") print name, h, l, s, loc }
+' "$sass" | grep flashcore_fwd_sm90_kernel | sort -u)
+
+found=$(printf '%s\n' "$report" | grep -c . || true)
+echo "check_sass: $found forward kernel(s) in $lib (expected $expected from the generated instantiations)"
+[[ "$found" -eq "$expected" && "$found" -gt 0 ]] || err "found $found forward kernels, expected $expected"
+
+while read -r name h l s loc; do
+  [[ -z "${name:-}" ]] && continue
+  demangled=$(echo "$name" | c++filt 2>/dev/null || echo "$name")
+  status="ok"
+  [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA"; status="FAIL"; }
+  [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
+  [[ "$s" -gt 0 ]] || { err "$demangled: no UTMASTG"; status="FAIL"; }
+  [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
+  printf 'check_sass: %-4s HGMMA=%-4s UTMALDG=%-3s UTMASTG=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$l" "$s" "$loc" "$demangled"
+done <<<"$report"
+
+# ptxas -v report: "Function properties for NAME" followed by "N bytes stack frame, N bytes spill stores, ...".
+log="$BUILD_DIR/build.log"
+if [[ ! -f "$log" ]]; then
+  err "no build log at $log (the ptxas -v report is read from it)"
+else
+  spills=$(awk '
+    /Function properties for / { name = $NF; next }
+    name != "" && /bytes stack frame/ { print name, $1, $5, $9; name = "" }
+  ' "$log" | grep flashcore_fwd_sm90_kernel | sort -u)
+  nspill=$(printf '%s\n' "$spills" | grep -c . || true)
+  [[ "$nspill" -ge "$expected" ]] || err "ptxas -v report covers $nspill forward kernels, expected $expected"
+  while read -r name stack st ld; do
+    [[ -z "${name:-}" ]] && continue
+    if [[ "$stack" != 0 || "$st" != 0 || "$ld" != 0 ]]; then
+      err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): stack $stack B, spill stores $st B, spill loads $ld B"
+    fi
+  done <<<"$spills"
+  echo "check_sass: ptxas reports for $nspill forward kernel(s): stack frame and spills checked"
+  if grep -E "C7508|C7510" "$log" >/dev/null; then
+    grep -E "C7508|C7510" "$log" | head -5
+    err "ptxas ignored setmaxnreg (C7508) or serialized wgmma (C7510)"
+  fi
+fi
+
+if [[ $fail -eq 0 ]]; then echo "check_sass: PASS"; else echo "check_sass: FAILED"; fi
+exit $fail
