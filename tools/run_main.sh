@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FlashCore's main command: dependencies, Release build, then the benchmark of the seed shapes with a
-# correctness check (`flashcore bench --preset seeds --check`). Needs a Hopper (sm_90) GPU; without one the
+# correctness check (`flashcore bench seeds --check`). Needs a Hopper (sm_90) GPU; without one the
 # CLI says "no Hopper GPU found" and this script exits with its non-zero code.
 #
 # Usage: bash tools/run_main.sh [extra flashcore bench arguments]
@@ -21,9 +21,9 @@ if [[ ! -x "$CLI" ]]; then
   echo "run_main: $CLI was not built (tools/CMakeLists.txt absent or FLASHCORE_BUILD_TOOLS=OFF)" >&2
   exit 1
 fi
-echo "==> $CLI bench --preset seeds --check $*"
+echo "==> $CLI bench seeds --check $*"
 set +e
-"$CLI" bench --preset seeds --check "$@"
+"$CLI" bench seeds --check "$@"
 rc=$?
 set -e
 if [[ $rc -ne 0 ]]; then echo "run_main: flashcore bench exited with status $rc" >&2; fi

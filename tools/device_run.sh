@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on a Hopper machine: GPU test suite, determinism, sanitizers, Python tests, benchmarks and the
+# side-by-side report, each logged under OUT. Binaries come prebuilt (build/bin, build/lib); nothing is
+# compiled here.
+#
+#   tools/device_run.sh [--out DIR] [--anchors FILE] STAGE...
+#   stages: info tests check sanitize python seeds grid report report-quick profile
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-device_out}"
+anchors=""
+stages=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --anchors) anchors=$2; shift 2 ;;
+    *) stages+=("$1"); shift ;;
+  esac
+done
+mkdir -p "$out"
+bin=build/bin
+summary=()
+run() {  # run NAME CMD...: log to OUT/NAME.log, remember the last line
+  local name=$1; shift
+  echo "==> $name: $*"
+  local t0=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -v '^\s*$' "$out/$name.log" | tail -1 | cut -c1-110)")")
+  return $rc
+}
+anchor_args=()
+[[ -n "$anchors" ]] && anchor_args=(--anchors "$anchors")
+export PYTHONUNBUFFERED=1 FLASHCORE_LIBRARY=$PWD/build/lib/libflashcore.so
+
+for stage in "${stages[@]}"; do
+  case $stage in
+    info) run info "$bin/flashcore" info; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv >>"$out/info.log" ;;
+    tests)
+      run cpu_tests "$bin/flashcore_cpu_tests" --gtest_brief=1
+      run gpu_tests "$bin/flashcore_gpu_tests" --gtest_brief=1 ;;
+    check) run check_det "$bin/flashcore" check --quick --determinism 20 ;;
+    sanitize) run sanitize bash tools/sanitize.sh --out "$out/sanitize" ;;
+    python) run pytest env PYTHONPATH=python python3 -m pytest python/tests -q -rs -x -p no:cacheprovider ;;
+    seeds) run seeds "$bin/flashcore" bench seeds --dtype both --causal both --graph --check --json "$out/seeds.json" ;;
+    grid) run grid "$bin/flashcore" bench grid --dtype bf16 --causal both --json "$out/grid.json" ;;
+    report) run report python3 bench/report.py --dtype both --out "$out/report" "${anchor_args[@]}" ;;
+    report-quick) run report python3 bench/report.py --quick --dtype bf16 --out "$out/report" "${anchor_args[@]}" ;;
+    profile) run profile bash tools/profile.sh --out "$out/profile" -- --shape 2,16,8192,128 --dtype bf16 ;;
+    *) echo "unknown stage '$stage'"; exit 2 ;;
+  esac
+done
+echo
+echo "==================== device run summary ===================="
+printf '%s\n' "${summary[@]}"
