@@ -33,8 +33,11 @@ expect() {
 
 have_check=0
 "$BIN" --version | grep -q "check: yes" && have_check=1
-# A dtype and a head dim compiled into this build (builds may select subsets).
-DT=$("$BIN" info | awk '/^dtypes:/ {split($2, a, ","); print a[1]}')
+# A dtype and a head dim compiled into this build (builds may select subsets). The CLI's default dtype is
+# bf16, which an fp16-only build rejects before it looks at the shape: every call that tests something
+# other than the dtype passes --dtype "$DT".
+DTYPES=$("$BIN" info | awk '/^dtypes:/ {print $2}')
+DT=${DTYPES%%,*}
 HD=$("$BIN" info | awk '/^head dims:/ {split($3, a, ","); print a[1]}')
 if [[ -z $DT || -z $HD || $DT == none || $HD == none ]]; then
   echo "test_cli: cannot read compiled dtypes / head dims from '$BIN info'"
@@ -56,16 +59,22 @@ expect 2 "unknown command" 1 -- "$BIN" frobnicate
 expect 2 "unknown preset 'nosuch'" 1 -- "$BIN" bench nosuch
 expect 2 "unknown preset 'nosuch'" 1 -- "$BIN" bench --preset nosuch
 expect 2 "unknown option '--bogus'" 1 -- "$BIN" bench --bogus
-expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,2,3
-expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,x,64
-expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9
-expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,-512,64
-expect 2 "malformed shape" 1 -- "$BIN" bench --shape 0,8,512,64
-expect 2 "not a multiple" 1 -- "$BIN" bench --shape $S1,3
-expect 2 "unsupported head dim 96" 1 -- "$BIN" bench --shape 1,8,512,96
-expect 2 "unsupported head dim 100" 1 -- "$BIN" bench --shape 2,4,256,100
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,2,3 --dtype "$DT"
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,x,64 --dtype "$DT"
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9 --dtype "$DT"
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,-512,64 --dtype "$DT"
+expect 2 "malformed shape" 1 -- "$BIN" bench --shape 0,8,512,64 --dtype "$DT"
+expect 2 "not a multiple" 1 -- "$BIN" bench --shape $S1,3 --dtype "$DT"
+expect 2 "unsupported head dim 96" 1 -- "$BIN" bench --shape 1,8,512,96 --dtype "$DT"
+expect 2 "unsupported head dim 100" 1 -- "$BIN" bench --shape 2,4,256,100 --dtype "$DT"
 expect 2 "unsupported dtype 'fp8'" 1 -- "$BIN" bench --dtype fp8
 expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape $S1 --dtype fp32
+# a known dtype that this build left out (e.g. -DFLASHCORE_DTYPES=fp16) is rejected by name
+for d in fp16 bf16; do
+  if [[ ",$DTYPES," != *",$d,"* ]]; then
+    expect 2 "unsupported dtype $d: not compiled" 1 -- "$BIN" bench --shape $S1 --dtype $d
+  fi
+done
 expect 2 "--causal" 1 -- "$BIN" bench --causal 2
 expect 2 "--layout" 1 -- "$BIN" bench --layout sbhd
 expect 2 "not an integer" 1 -- "$BIN" bench --iters abc
@@ -74,15 +83,15 @@ expect 2 "needs a value" 1 -- "$BIN" bench --shape
 expect 2 "takes no value" 1 -- "$BIN" bench --graph=1
 expect 2 "unknown option" 1 -- "$BIN" info --bogus
 expect 2 "unknown option" 1 -- "$BIN" check --bogus
-expect 2 "exclusive" 1 -- "$BIN" check --quick --shape $S1
+expect 2 "exclusive" 1 -- "$BIN" check --quick --shape $S1 --dtype "$DT"
 if [[ $have_check -eq 1 ]]; then
-  expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2
-  expect 2 "96" 1 -- "$BIN" check --shape 1,8,512,96
+  expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2 --dtype "$DT"
+  expect 2 "unsupported head dim 96" 1 -- "$BIN" check --shape 1,8,512,96 --dtype "$DT"
   expect 2 "unsupported dtype" 1 -- "$BIN" check --shape $S1 --dtype int8
-  expect 2 "not an integer" 1 -- "$BIN" check --determinism many
+  expect 2 "not an integer" 1 -- "$BIN" check --shape $S1 --dtype "$DT" --determinism many
 else
   expect 2 "without the check library" 1 -- "$BIN" check --quick
-  expect 2 "without the check library" 1 -- "$BIN" bench --check
+  expect 2 "without the check library" 1 -- "$BIN" bench --dtype "$DT" --check
 fi
 
 # no GPU: exactly one line containing "no Hopper GPU found", exit 3, nothing on stdout

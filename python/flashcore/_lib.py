@@ -374,8 +374,8 @@ def _load_first() -> Library:
     raise RuntimeError(
         "FlashCore: the native library libflashcore.so could not be loaded. Looked in:\n  - "
         + "\n  - ".join(tried)
-        + f"\nBuild it with CMake (target `flashcore`, output build/lib/libflashcore.so) or set {LIBRARY_ENV} "
-        "to its path."
+        + "\nBuild it with CMake (target `flashcore_shared`, output build/lib/libflashcore.so) or set "
+        + f"{LIBRARY_ENV} to its path."
     )
 
 
