@@ -44,7 +44,7 @@ for stage in "${stages[@]}"; do
     python) run pytest env PYTHONPATH=python python3 -m pytest python/tests -q -rs -x -p no:cacheprovider ;;
     seeds) run seeds "$bin/flashcore" bench seeds --dtype both --causal both --graph --check --json "$out/seeds.json" ;;
     grid) run grid "$bin/flashcore" bench grid --dtype bf16 --causal both --json "$out/grid.json" ;;
-    report) run report python3 bench/report.py --dtype both --out "$out/report" "${anchor_args[@]}" ;;
+    report) run report python3 bench/report.py --dtype both --out "$out/report" "${anchor_args[@]}"; tar -C "$out" -czf "$out/report.tgz" report ;;
     report-quick) run report python3 bench/report.py --quick --dtype bf16 --out "$out/report" "${anchor_args[@]}" ;;
     profile) run profile bash tools/profile.sh --out "$out/profile" -- --shape 2,16,8192,128 --dtype bf16 ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;

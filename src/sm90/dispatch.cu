@@ -14,18 +14,31 @@
 namespace flashcore::sm90 {
 namespace {
 
+// Multiprocessor count of the current device (cached for devices 0..63).
+cudaError_t sm_count(int& sms) {
+  static int cache[64];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const bool cached = device >= 0 && device < 64;
+  if (cached && (sms = __atomic_load_n(&cache[device], __ATOMIC_ACQUIRE)) > 0) return cudaSuccess;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && cached) __atomic_store_n(&cache[device], sms, __ATOMIC_RELEASE);
+  return err;
+}
+
 template <class Element, int kHeadDim>
-cudaError_t launch_for_mask(bool causal, const FwdParams& fp, unsigned tiles, cudaStream_t stream) {
-  return causal ? launch_fwd<Element, kHeadDim, true>(fp, tiles, stream)
-                : launch_fwd<Element, kHeadDim, false>(fp, tiles, stream);
+cudaError_t launch_for_mask(bool causal, const FwdParams& fp, unsigned ctas, cudaStream_t stream) {
+  return causal ? launch_fwd<Element, kHeadDim, true>(fp, ctas, stream)
+                : launch_fwd<Element, kHeadDim, false>(fp, ctas, stream);
 }
 
 // Returns false when (dtype, head_dim) is not compiled in.
-bool launch_compiled(flashcore_dtype dtype, int head_dim, bool causal, const FwdParams& fp, unsigned tiles,
+bool launch_compiled(flashcore_dtype dtype, int head_dim, bool causal, const FwdParams& fp, unsigned ctas,
                      cudaStream_t stream, cudaError_t& err) {
 #define FLASHCORE_CASE(DTYPE_ENUM, ELEMENT, HD)                               \
   if (dtype == DTYPE_ENUM && head_dim == HD) {                                \
-    err = launch_for_mask<ELEMENT, HD>(causal, fp, tiles, stream);           \
+    err = launch_for_mask<ELEMENT, HD>(causal, fp, ctas, stream);           \
     return true;                                                              \
   }
 #ifdef FLASHCORE_HAS_fp16_HD64
@@ -47,7 +60,7 @@ bool launch_compiled(flashcore_dtype dtype, int head_dim, bool causal, const Fwd
   FLASHCORE_CASE(FLASHCORE_DTYPE_BF16, __nv_bfloat16, 256)
 #endif
 #undef FLASHCORE_CASE
-  (void)dtype; (void)head_dim; (void)causal; (void)fp; (void)tiles; (void)stream; (void)err;
+  (void)dtype; (void)head_dim; (void)causal; (void)fp; (void)ctas; (void)stream; (void)err;
   return false;
 }
 
@@ -100,9 +113,9 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
 
   const long long m_blocks = (p.seqlen_q + shape.block_m - 1) / shape.block_m;
   const long long tiles = m_blocks * p.num_heads_q * p.batch;
-  if (tiles > 0x7fffffffLL) {
+  if (tiles > 0x7fffffffLL - 4096) {
     error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(shape.block_m) + ") = " +
-            std::to_string(tiles) + " exceeds the grid limit 2^31-1";
+            std::to_string(tiles) + " exceeds the tile limit 2^31-4097";
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
   }
   fp.lse = p.lse;
@@ -111,11 +124,19 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
   fp.num_heads_q = static_cast<int>(p.num_heads_q);
   fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   fp.num_m_blocks = static_cast<int>(m_blocks);
+  fp.num_tiles = static_cast<int>(tiles);
   fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
 
-  cudaError_t err = cudaSuccess;
-  if (!launch_compiled(p.dtype, static_cast<int>(p.head_dim), p.causal != 0, fp, static_cast<unsigned>(tiles),
-                       stream, err)) {
+  int sms = 0;
+  cudaError_t err = sm_count(sms);
+  if (err != cudaSuccess) {
+    error = std::string("cannot query the device: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  const bool persistent = persistent_grid(static_cast<int>(p.head_dim), p.causal != 0);
+  const unsigned ctas = static_cast<unsigned>(!persistent || tiles < sms ? tiles : sms);
+
+  if (!launch_compiled(p.dtype, static_cast<int>(p.head_dim), p.causal != 0, fp, ctas, stream, err)) {
     error = "no kernel compiled for this dtype and head_dim = " + std::to_string(p.head_dim);
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }

@@ -11,7 +11,8 @@ namespace flashcore::sm90 {
 
 template <class Cfg, class Element>
 __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile& tile, uint8_t* smem,
-                                                  int warpgroup, ConsumerState<Cfg>& st) {
+                                                  Barriers<Cfg::kStages>& bars, int warpgroup,
+                                                  ConsumerState<Cfg>& st) {
   const int lane = threadIdx.x % 32;
   const int warp_in_wg = (threadIdx.x / 32) % 4;
   const int wg_thread = threadIdx.x % 128;
@@ -59,8 +60,11 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
     }
   }
 
-  // Shared memory must stay valid until the bulk store has read it.
-  if (wg_thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+  // The staging buffer (the Q tile) is handed back to the producer once the bulk store has read it.
+  if (wg_thread == 0) {
+    cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    mbar_arrive(&bars.q_empty);
+  }
 }
 
 }  // namespace flashcore::sm90

@@ -15,6 +15,15 @@
 
 namespace flashcore::sm90 {
 
+template <class Cfg, class Element, bool kCausal>
+__device__ __forceinline__ void consumer_tile(const FwdParams& p, int tile_idx, uint8_t* smem,
+                                              Barriers<Cfg::kStages>& bars, int warpgroup, ConsumerPipe<Cfg>& pipe) {
+  const Tile tile = schedule_tile<Cfg::kBlockM, Cfg::kBlockN, kCausal>(p, tile_idx);
+  ConsumerState<Cfg> st;
+  consumer_mainloop<Cfg, Element, kCausal>(p, tile, smem, bars, warpgroup, st, pipe);
+  consumer_epilogue<Cfg, Element>(p, tile, smem, bars, warpgroup, st);
+}
+
 template <class Element, int kHeadDim, bool kCausal>
 __global__ void __launch_bounds__(TileConfig<kHeadDim>::kThreads, 1)
     flashcore_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
@@ -26,26 +35,45 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim>::kThreads, 1)
   uint8_t* smem = smem_raw + ((1024u - (base & 1023u)) & 1023u);
   auto& bars = *reinterpret_cast<Barriers<Cfg::kStages>*>(smem + Cfg::kSmemBarrierOffset);
 
-  const Tile tile = schedule_tile<Cfg::kBlockM, Cfg::kBlockN, kCausal>(p, blockIdx.x);
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-
-  if (threadIdx.x == 0) bars.init(Cfg::kConsumerThreads);
+  if (threadIdx.x == 0) bars.init(Cfg::kConsumerThreads, Cfg::kConsumerWarpgroups);
   __syncthreads();
 
+  // Persistent: each CTA walks the tile list with stride gridDim.x; the producer runs ahead into the next
+  // tile's K/V (and Q, once the epilogue has released its buffer) while the consumers finish this one.
+  // Other grids have one CTA per tile (scheduler.cuh) and run the body once, as straight-line code.
+  constexpr bool kPersistent = persistent_grid(kHeadDim, kCausal);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0 && tile.n_blocks > 0) producer_run<Cfg>(p, tile, smem, bars);
+    if (threadIdx.x == 0) {
+      RingState<Cfg::kStages> ring;
+      uint32_t tiles_done = 0;
+      if constexpr (kPersistent) {
+        for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+          producer_tile<Cfg>(p, schedule_tile<Cfg::kBlockM, Cfg::kBlockN, kCausal>(p, t), smem, bars, ring,
+                             tiles_done);
+        }
+      } else {
+        producer_tile<Cfg>(p, schedule_tile<Cfg::kBlockM, Cfg::kBlockN, kCausal>(p, blockIdx.x), smem, bars,
+                           ring, tiles_done);
+      }
+    }
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    ConsumerState<Cfg> st;
-    consumer_mainloop<Cfg, Element, kCausal>(p, tile, smem, bars, warpgroup - 1, st);
-    consumer_epilogue<Cfg, Element>(p, tile, smem, warpgroup - 1, st);
+    ConsumerPipe<Cfg> pipe;
+    if constexpr (kPersistent) {
+      for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+        consumer_tile<Cfg, Element, kCausal>(p, t, smem, bars, warpgroup - 1, pipe);
+      }
+    } else {
+      consumer_tile<Cfg, Element, kCausal>(p, blockIdx.x, smem, bars, warpgroup - 1, pipe);
+    }
   }
 #endif
 }
 
 template <class Element, int kHeadDim, bool kCausal>
-cudaError_t launch_fwd(const FwdParams& params, unsigned num_tiles, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdParams& params, unsigned num_ctas, cudaStream_t stream) {
   using Cfg = TileConfig<kHeadDim>;
   auto kernel = flashcore_fwd_sm90_kernel<Element, kHeadDim, kCausal>;
   // The dynamic shared-memory limit is a per-device attribute of the function.
@@ -59,7 +87,7 @@ cudaError_t launch_fwd(const FwdParams& params, unsigned num_tiles, cudaStream_t
     if (err != cudaSuccess) return err;
     __atomic_fetch_or(&configured_devices, bit, __ATOMIC_ACQ_REL);
   }
-  kernel<<<num_tiles, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  kernel<<<num_ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
   return cudaGetLastError();
 }
 

@@ -18,6 +18,7 @@ struct FwdParams {
   int num_heads_q;
   int head_ratio;     // num_heads_q / num_heads_kv
   int num_m_blocks;   // ceil(seqlen_q / kBlockM)
+  int num_tiles;      // num_m_blocks * num_heads_q * batch; CTAs loop over them (scheduler.cuh)
   float scale_log2;   // softmax_scale * log2(e)
 };
 

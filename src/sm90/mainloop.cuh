@@ -104,10 +104,17 @@ struct PingPong {
 //   prologue : S_last = Q K_last^T; softmax -> P
 //   each step: issue S_j = Q K_j^T; issue O += P V_{j+1}; wait S_j; softmax(S_j); wait PV; rescale O
 //   tail     : O += P V_0
+// Ring positions and the count of Q tiles received persist across the tiles of a persistent CTA.
+template <class Cfg>
+struct ConsumerPipe {
+  RingState<Cfg::kStages> k_ring, v_ring;
+  uint32_t q_loads = 0;
+};
+
 template <class Cfg, class Element, bool kCausal>
 __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
                                                   Barriers<Cfg::kStages>& bars, int warpgroup,
-                                                  ConsumerState<Cfg>& st) {
+                                                  ConsumerState<Cfg>& st, ConsumerPipe<Cfg>& pipe) {
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) st.o[i] = 0.f;
   if (tile.n_blocks == 0) return;  // every row of the tile is fully masked
@@ -131,12 +138,14 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   constexpr int kLast = PingPong<Cfg>::kLast;
   if (warpgroup == kLast) turn.pass_turn();
 
-  RingState<Cfg::kStages> k_ring, v_ring;
+  RingState<Cfg::kStages>& k_ring = pipe.k_ring;
+  RingState<Cfg::kStages>& v_ring = pipe.v_ring;
   float s[Cfg::kBlockN / 2];
   uint32_t p_frag[Cfg::kBlockN / 16][4];
   float rescale[2];
 
-  mbar_wait(&bars.q_full, 0);
+  mbar_wait(&bars.q_full, pipe.q_loads & 1u);
+  ++pipe.q_loads;
   int n_block = tile.n_blocks - 1;
   mbar_wait(&bars.k_full[k_ring.stage], k_ring.phase);
   turn.wait_turn();
@@ -185,6 +194,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   ptx::wgmma_wait_group<0>();
   ptx::fence_regs(st.o);
   mbar_arrive(&bars.v_empty[v_ring.stage]);
+  v_ring.advance();
 }
 
 }  // namespace flashcore::sm90

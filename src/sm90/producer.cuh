@@ -21,16 +21,21 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* s
   }
 }
 
+// One tile's loads: Q once (after the consumers released the previous tile's Q/staging buffer), then
+// K and V for every visible key block, last block first, through the ring.
 template <class Cfg>
-__device__ __forceinline__ void producer_run(const FwdParams& p, const Tile& tile, uint8_t* smem,
-                                             Barriers<Cfg::kStages>& bars) {
+__device__ __forceinline__ void producer_tile(const FwdParams& p, const Tile& tile, uint8_t* smem,
+                                              Barriers<Cfg::kStages>& bars, RingState<Cfg::kStages>& ring,
+                                              uint32_t& tiles_done) {
   const int kv_head = tile.head / p.head_ratio;
+  mbar_wait(&bars.q_empty, (tiles_done & 1u) ^ 1u);
+  ++tiles_done;
+  if (tile.n_blocks == 0) return;
 
   mbar_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
   tma_load_tile<Cfg::kChunks, Cfg::kChunkCols, Cfg::kQChunkBytes>(
       &p.tma_q, smem + Cfg::kSmemQOffset, &bars.q_full, tile.m_block * Cfg::kBlockM, tile.head, tile.batch);
 
-  RingState<Cfg::kStages> ring;
   for (int n_block = tile.n_blocks - 1; n_block >= 0; --n_block) {
     const int row = n_block * Cfg::kBlockN;
     uint8_t* k_dst = smem + Cfg::kSmemKOffset + ring.stage * Cfg::kKVTileBytes;

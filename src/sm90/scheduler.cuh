@@ -11,14 +11,18 @@ struct Tile {
   int n_blocks;  // key blocks [0, n_blocks) are visited, from the last to the first
 };
 
+// Tile order: query blocks fastest, so the CTAs running at once share one head's K/V in L2. Causal tiles
+// go heaviest first within a head (the bottom query blocks see the most keys).
+// Persistent grids (non-causal, where tile_config.h says so) hand CTA c the tiles c, c + gridDim.x, ...;
+// causal grids launch one CTA per tile, since the hardware block scheduler balances unequal tiles better
+// than a static round robin (docs/perf-notes.md).
 template <int kBlockM, int kBlockN, bool kCausal>
-__device__ __forceinline__ Tile schedule_tile(const FwdParams& p, unsigned linear_block) {
+__device__ __forceinline__ Tile schedule_tile(const FwdParams& p, int tile_idx) {
   Tile t;
-  const int m_idx = static_cast<int>(linear_block % static_cast<unsigned>(p.num_m_blocks));
-  const unsigned hb = linear_block / static_cast<unsigned>(p.num_m_blocks);
-  t.head = static_cast<int>(hb % static_cast<unsigned>(p.num_heads_q));
-  t.batch = static_cast<int>(hb / static_cast<unsigned>(p.num_heads_q));
-  // Causal tiles near the bottom see the most keys: launch them first so the tail of the grid is short.
+  const int hb = tile_idx / p.num_m_blocks;
+  const int m_idx = tile_idx - hb * p.num_m_blocks;
+  t.head = hb % p.num_heads_q;
+  t.batch = hb / p.num_heads_q;
   t.m_block = kCausal ? p.num_m_blocks - 1 - m_idx : m_idx;
   int n_end = p.seqlen_k;
   if (kCausal) {

@@ -8,18 +8,19 @@ struct TileShape {
   int block_m;    // query rows per CTA: 64 per consumer warpgroup
   int block_n;    // keys per K/V tile
   int stages;     // depth of the K/V ring
-  bool pingpong;  // consumer warpgroups take turns issuing GEMMs (PingPong in mainloop.cuh)
+  bool pingpong;    // consumer warpgroups take turns issuing GEMMs (PingPong in mainloop.cuh)
+  bool persistent;  // non-causal grids: one CTA per SM looping over tiles (fwd_kernel.cuh)
 };
 
 // Measured choices (docs/perf-notes.md). FLASHCORE_SM90_TILE_<D> overrides one for experiments.
 #ifndef FLASHCORE_SM90_TILE_64
-#define FLASHCORE_SM90_TILE_64 192, 128, 3, true
+#define FLASHCORE_SM90_TILE_64 192, 128, 3, true, true
 #endif
 #ifndef FLASHCORE_SM90_TILE_128
-#define FLASHCORE_SM90_TILE_128 128, 176, 2, false
+#define FLASHCORE_SM90_TILE_128 128, 176, 2, false, false
 #endif
 #ifndef FLASHCORE_SM90_TILE_256
-#define FLASHCORE_SM90_TILE_256 128, 80, 2, true
+#define FLASHCORE_SM90_TILE_256 128, 80, 2, true, false
 #endif
 
 constexpr TileShape tile_shape_for(int head_dim) {
@@ -27,6 +28,10 @@ constexpr TileShape tile_shape_for(int head_dim) {
          : head_dim == 128 ? TileShape{FLASHCORE_SM90_TILE_128}
                            : TileShape{FLASHCORE_SM90_TILE_256};
 }
+
+// Whether the grid is persistent: only for equal-work (non-causal) tiles, and only where it measured
+// faster (docs/perf-notes.md, v4). Shared by the kernel and the host's grid size.
+constexpr bool persistent_grid(int head_dim, bool causal) { return tile_shape_for(head_dim).persistent && !causal; }
 
 template <int kHeadDim_, int kElemBytes_ = 2>
 struct TileConfig {
@@ -59,7 +64,7 @@ struct TileConfig {
   static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
   static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
   static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVTileBytes;
-  static constexpr int kNumBarriers = 1 + 4 * kStages;  // q_full, k_full/k_empty/v_full/v_empty per stage
+  static constexpr int kNumBarriers = 2 + 4 * kStages;  // q_full, q_empty, k/v full/empty per stage
   // +1024 so the kernel can round the dynamic shared-memory base up to 1024 bytes.
   static constexpr int kSmemBytes = kSmemBarrierOffset + kNumBarriers * 8 + 1024;
 

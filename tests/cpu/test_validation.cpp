@@ -372,7 +372,13 @@ TEST_F(Validation, OutputOverlapsInputs) {
   expect_error(FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"overlaps k"});
   p.o = static_cast<unsigned char*>(const_cast<void*>(p.v)) + 16 * 1024 * 1024;  // far away: still no overlap
   EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
-  p.o = static_cast<unsigned char*>(const_cast<void*>(p.v)) + (B * SK * HKV * D * 2 - 16);  // last 16 B of v
+  // O over the last 16 B of V. V and O share one allocation, so O can overlap nothing else whatever the
+  // heap layout (with separate allocations, O's span past V's end could reach Q or K first).
+  const int64_t v_bytes = B * SK * HKV * D * 2;
+  HostBuffer v_and_o(v_bytes + B * SK * HKV * D * 2);
+  std::memcpy(v_and_o.data(), p.v, v_bytes);
+  p.v = v_and_o.data();
+  p.o = v_and_o.data() + v_bytes - 16;
   expect_error(FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"overlaps v"});
 }
 
