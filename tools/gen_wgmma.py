@@ -6,7 +6,7 @@ rather than written by hand. Run: python3 tools/gen_wgmma.py > src/ptx/wgmma_ops
 """
 import sys
 
-SS_N = [64, 80, 96, 128, 176, 192]        # S = Q K^T: N = kBlockN
+SS_N = [64, 80, 96, 112, 128, 144, 176, 192]        # S = Q K^T: N = kBlockN
 RS_N = [64, 128, 256]   # O += P V: N = head_dim
 TYPES = [("bf16", "__nv_bfloat16"), ("f16", "__half")]
 

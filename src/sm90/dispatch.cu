@@ -96,7 +96,7 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
     error = "head_dim = " + std::to_string(p.head_dim) + " is not compiled in for this dtype";
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
-  const TileShape shape = tile_shape_for(static_cast<int>(p.head_dim));
+  const TileShape shape = tile_shape_for(static_cast<int>(p.head_dim), p.causal != 0);
 
   FwdParams fp{};
   const TensorMapArgs maps[4] = {

@@ -25,10 +25,10 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, int tile_idx, 
 }
 
 template <class Element, int kHeadDim, bool kCausal>
-__global__ void __launch_bounds__(TileConfig<kHeadDim>::kThreads, 1)
+__global__ void __launch_bounds__(TileConfig<kHeadDim, kCausal>::kThreads, 1)
     flashcore_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = TileConfig<kHeadDim>;
+  using Cfg = TileConfig<kHeadDim, kCausal>;
   extern __shared__ uint8_t smem_raw[];
   // 128B swizzling repeats every 1024 bytes: tiles must start 1024-byte aligned.
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim>::kThreads, 1)
 
 template <class Element, int kHeadDim, bool kCausal>
 cudaError_t launch_fwd(const FwdParams& params, unsigned num_ctas, cudaStream_t stream) {
-  using Cfg = TileConfig<kHeadDim>;
+  using Cfg = TileConfig<kHeadDim, kCausal>;
   auto kernel = flashcore_fwd_sm90_kernel<Element, kHeadDim, kCausal>;
   // The dynamic shared-memory limit is a per-device attribute of the function.
   int device = 0;

@@ -22,22 +22,32 @@ struct TileShape {
 #ifndef FLASHCORE_SM90_TILE_256
 #define FLASHCORE_SM90_TILE_256 128, 80, 2, true, false
 #endif
+#ifndef FLASHCORE_SM90_TILE_64_CAUSAL
+#define FLASHCORE_SM90_TILE_64_CAUSAL FLASHCORE_SM90_TILE_64
+#endif
+#ifndef FLASHCORE_SM90_TILE_128_CAUSAL
+#define FLASHCORE_SM90_TILE_128_CAUSAL FLASHCORE_SM90_TILE_128
+#endif
+#ifndef FLASHCORE_SM90_TILE_256_CAUSAL
+#define FLASHCORE_SM90_TILE_256_CAUSAL FLASHCORE_SM90_TILE_256
+#endif
 
-constexpr TileShape tile_shape_for(int head_dim) {
-  return head_dim == 64    ? TileShape{FLASHCORE_SM90_TILE_64}
-         : head_dim == 128 ? TileShape{FLASHCORE_SM90_TILE_128}
-                           : TileShape{FLASHCORE_SM90_TILE_256};
+// Causal tiles may differ: a smaller block_n wastes less work on the diagonal.
+constexpr TileShape tile_shape_for(int head_dim, bool causal) {
+  return head_dim == 64    ? (causal ? TileShape{FLASHCORE_SM90_TILE_64_CAUSAL} : TileShape{FLASHCORE_SM90_TILE_64})
+         : head_dim == 128 ? (causal ? TileShape{FLASHCORE_SM90_TILE_128_CAUSAL} : TileShape{FLASHCORE_SM90_TILE_128})
+                           : (causal ? TileShape{FLASHCORE_SM90_TILE_256_CAUSAL} : TileShape{FLASHCORE_SM90_TILE_256});
 }
 
 // Whether the grid is persistent: only for equal-work (non-causal) tiles, and only where it measured
 // faster (docs/perf-notes.md, v4). Shared by the kernel and the host's grid size.
-constexpr bool persistent_grid(int head_dim, bool causal) { return tile_shape_for(head_dim).persistent && !causal; }
+constexpr bool persistent_grid(int head_dim, bool causal) { return tile_shape_for(head_dim, causal).persistent && !causal; }
 
-template <int kHeadDim_, int kElemBytes_ = 2>
+template <int kHeadDim_, bool kCausal_, int kElemBytes_ = 2>
 struct TileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kElemBytes = kElemBytes_;
-  static constexpr TileShape kShape = tile_shape_for(kHeadDim);
+  static constexpr TileShape kShape = tile_shape_for(kHeadDim, kCausal_);
   static constexpr int kBlockM = kShape.block_m;
   static constexpr int kBlockN = kShape.block_n;
   static constexpr int kStages = kShape.stages;
