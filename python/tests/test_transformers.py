@@ -42,18 +42,61 @@ def count_calls(monkeypatch):
     return calls
 
 
-def test_register_refuses_names_with_flash():
-    with pytest.raises(ValueError, match="flash"):
-        fc_hf.register("flashcore")
+NAMES = [fc_hf.DEFAULT_NAME, fc_hf.FLASH_NAME]  # "fcore", "flashcore"
 
 
-def test_register():
-    name = fc_hf.register()
-    assert name == fc_hf.DEFAULT_NAME
+def test_register_refuses_other_names_with_flash():
+    for name in ("flash_core", "FlashCore", "my-flash"):
+        with pytest.raises(ValueError, match="flash"):
+            fc_hf.register(name)
+
+
+def test_register_flashcore_needs_transformers_5(monkeypatch):
+    """The "flashcore" workaround wraps a transformers 5.x internal: other versions are refused, pointing to "fcore"."""
+    import transformers.modeling_flash_attention_utils as mfau
+
+    monkeypatch.setattr(mfau, "_lazy_imports", getattr(mfau._lazy_imports, "_flashcore_original", mfau._lazy_imports))
+    monkeypatch.setattr(transformers, "__version__", "4.57.0")
+    with pytest.raises(RuntimeError, match="fcore"):
+        fc_hf.register(fc_hf.FLASH_NAME)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_register(name):
+    assert fc_hf.register(name) == name
     assert transformers.AttentionInterface._global_mapping[name] is fc_hf.attention_forward
     from transformers.masking_utils import AttentionMaskInterface
 
     assert AttentionMaskInterface._global_mapping[name] is fc_hf.mask_function
+    assert fc_hf.register() == fc_hf.DEFAULT_NAME
+
+
+def test_flashcore_lazy_import_is_scoped_to_flashcore(monkeypatch):
+    """transformers' FlashAttention import for "flashcore" loads nothing (no hub kernel); other names are untouched,
+    and so is "flashcore" once it is registered to something else."""
+    import transformers.modeling_flash_attention_utils as mfau
+    from transformers.modeling_flash_attention_utils import lazy_import_flash_attention
+    from transformers.utils.generic import is_flash_attention_requested
+
+    fc_hf.register(fc_hf.FLASH_NAME)
+    assert is_flash_attention_requested(requested_attention_implementation=fc_hf.FLASH_NAME)  # why this is needed
+    (fn, varlen_fn, kvcache_fn, _, _), _ = lazy_import_flash_attention(fc_hf.FLASH_NAME)
+    assert kvcache_fn is None
+    with pytest.raises(NotImplementedError, match="not a FlashAttention kernel"):
+        varlen_fn(None, None, None, None, None, 0, 0)
+    with pytest.raises(Exception, match="flash_other|kernels"):
+        lazy_import_flash_attention("flash_other")
+    # lazy_import_flash_attention caches the last requested name (even when loading it failed): forget it.
+    monkeypatch.setattr(mfau, "_loaded_implementation", None)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    transformers.AttentionInterface.register(fc_hf.FLASH_NAME, sdpa_attention_forward)
+    try:
+        monkeypatch.setattr(mfau, "_loaded_implementation", None)
+        with pytest.raises(Exception, match="flashcore|kernels"):
+            lazy_import_flash_attention(fc_hf.FLASH_NAME)
+    finally:
+        fc_hf.register(fc_hf.FLASH_NAME)
 
 
 def compare_logits(device, dtype, name, input_ids, attention_mask=None, atol=1e-2):
@@ -75,12 +118,12 @@ def compare_logits(device, dtype, name, input_ids, attention_mask=None, atol=1e-
 # CPU: the adapter's wiring, with the kernel emulated (no GPU needed).
 
 
-@pytest.fixture
-def emulated_adapter(monkeypatch):
+@pytest.fixture(params=NAMES)
+def emulated_adapter(request, monkeypatch):
     emulate_on_cpu(monkeypatch)
     monkeypatch.setattr(fc_hf, "_is_cuda", lambda t: True)
     monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 128, 256))
-    return fc_hf.register()
+    return fc_hf.register(request.param)
 
 
 def test_cpu_emulated_prefill_uses_flashcore(emulated_adapter, count_calls):
@@ -120,6 +163,55 @@ def test_cpu_emulated_generate_matches_sdpa(emulated_adapter, count_calls):
     check_generate(emulated_adapter, "cpu", count_calls)
 
 
+def test_cpu_emulated_set_attn_implementation(emulated_adapter, count_calls):
+    """Switching an existing SDPA model to FlashCore (the other way transformers validates a name)."""
+    model = tiny_llama("sdpa", torch.bfloat16, "cpu")
+    model.set_attn_implementation(emulated_adapter)
+    assert model.config._attn_implementation == emulated_adapter
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, 1000, (1, 9)))
+    assert len(count_calls) == 2
+
+
+def test_cpu_emulated_padded_generate_falls_back(emulated_adapter, count_calls):
+    """Left-padded batched generation: every call carries a padding mask, so all of it runs on SDPA, same tokens."""
+    ids = torch.randint(1, 1000, (2, 10))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    ids[0, :4] = 0
+    fc = tiny_llama(emulated_adapter, torch.float32, "cpu")
+    sdpa = tiny_llama("sdpa", torch.float32, "cpu")
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        got = fc.generate(ids, attention_mask=mask, **kwargs)
+        want = sdpa.generate(ids, attention_mask=mask, **kwargs)
+    assert torch.equal(got, want)
+    assert count_calls == []
+
+
+def test_cpu_emulated_packed_sequences(emulated_adapter, count_calls):
+    """cu_seq_lens_q / cu_seq_lens_k (what model code passes to "flash" implementations, e.g. VL vision towers):
+    one FlashCore call per segment, equal to attention over each segment on its own."""
+    from reference import reference
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 20, 64, dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    module = torch.nn.Module()
+    for causal in (False, True):
+        count_calls.clear()
+        out, _ = fc_hf.attention_forward(
+            module, q, k, v, None, is_causal=causal, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=8, max_length_k=8
+        )
+        assert out.shape == (1, 20, 4, 64) and len(count_calls) == 3
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            want, _ = reference(*(t[:, :, a:b].transpose(1, 2) for t in (q, k, v)), causal=causal)
+            torch.testing.assert_close(out[:, a:b].float(), want.float(), atol=2e-2, rtol=2e-2)
+    q2, k2, v2 = (t.expand(2, -1, -1, -1) for t in (q, k, v))
+    with pytest.raises(ValueError, match="batch size 2"):
+        fc_hf.attention_forward(module, q2, k2, v2, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+
+
 def test_strict_mode_raises(emulated_adapter):
     fc_hf.register(emulated_adapter, fallback=False)
     try:
@@ -137,8 +229,8 @@ def test_strict_mode_raises(emulated_adapter):
 # GPU: the real kernel.
 
 
-@pytest.fixture(scope="module")
-def gpu_name():
+@pytest.fixture(scope="module", params=NAMES)
+def gpu_name(request):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU visible to PyTorch")
     try:
@@ -147,7 +239,7 @@ def gpu_name():
         pytest.skip(f"libflashcore.so not loadable: {exc}")
     if not caps.device_supported or "bfloat16" not in caps.dtypes or 64 not in caps.head_dims:
         pytest.skip(f"the library cannot run bf16 / head_dim 64 here ({caps})")
-    return fc_hf.register()
+    return fc_hf.register(request.param)
 
 
 def test_gpu_llama_logits_match_sdpa(gpu_name, count_calls):

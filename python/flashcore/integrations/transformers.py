@@ -1,12 +1,26 @@
 """FlashCore as a Hugging Face transformers attention implementation.
 
     import flashcore.integrations.transformers as fc_hf
-    name = fc_hf.register()                      # "fcore"
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=name, dtype=torch.bfloat16)
+    fc_hf.register("flashcore")                  # or fc_hf.register() -> "fcore"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="flashcore", dtype=torch.bfloat16)
 
-Why not the name "flashcore": transformers (5.x) treats every attn_implementation containing "flash" as a
-FlashAttention flavour and tries to load FlashAttention kernels for it at model init, which fails. The default
-name is therefore "fcore"; register() refuses names containing "flash".
+Two names, one implementation:
+
+- "fcore" (DEFAULT_NAME): a plain AttentionInterface registration; transformers treats it like any custom name.
+- "flashcore" (FLASH_NAME): transformers (5.x) treats every attn_implementation containing "flash" as a
+  FlashAttention flavour (transformers.utils.generic.is_flash_attention_requested is `"flash" in name`).
+  PreTrainedModel._check_and_adjust_attn_implementation (model init, set_attn_implementation) then calls
+  modeling_flash_attention_utils.lazy_import_flash_attention(name), whose _lazy_imports treats a name that is not
+  flash_attention_{2,3,4} as a hub kernel (integrations.hub_kernels.load_and_register_attn_kernel) and raises
+  "Could not find the currently requested flash attention implementation". transformers has no public hook for
+  a local FlashAttention-like implementation, so register("flashcore") wraps
+  modeling_flash_attention_utils._lazy_imports (transformers 5.x only, checked) so that, for exactly the name
+  "flashcore" while it is registered to this module's function, it loads nothing. Every other name goes to the
+  original. The attention function and mask builder are the same as for "fcore" ((B, H, S, D) inputs, SDPA-style
+  masks from our own mask builder, not flash_attention_mask). What else a "flash" name changes: model code that
+  branches on is_flash_attention_requested (vision towers of Qwen2/2.5/3-VL, GLM-4V, ...) passes packed
+  sequences with cu_seq_lens_q / cu_seq_lens_k and no mask; FlashCore runs those segment by segment (eager only,
+  it reads the lengths). See docs/python.md for the rest.
 
 What runs on FlashCore: fp16/bf16 CUDA inputs with a compiled head dim, no dropout, and either no mask or a pure
 causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv).
@@ -24,6 +38,8 @@ compiling or capturing a CUDA graph, where the SDPA fallback is taken).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from typing import Optional
 
@@ -31,28 +47,41 @@ import torch
 
 from .. import _lib, _ops
 
-__all__ = ["DEFAULT_NAME", "register", "attention_forward", "strict_attention_forward", "mask_function"]
+__all__ = [
+    "DEFAULT_NAME",
+    "FLASH_NAME",
+    "register",
+    "attention_forward",
+    "strict_attention_forward",
+    "mask_function",
+]
 
 DEFAULT_NAME = "fcore"
+FLASH_NAME = "flashcore"  # the only name containing "flash" that register() accepts (see the module docstring)
 
 logger = logging.getLogger(__name__)
 _logged_reasons = set()
 
 # Keyword arguments some models pass that change the attention math FlashCore does not implement.
 _UNSUPPORTED_KWARGS = ("position_bias", "softcap", "s_aux", "sinks")
+# FlashAttention-style packed-sequence arguments (passed by model code for names containing "flash").
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def register(name: str = DEFAULT_NAME, *, fallback: bool = True) -> str:
     """Register FlashCore with transformers' AttentionInterface (and AttentionMaskInterface) under `name`.
 
-    Use the returned name as `attn_implementation`. fallback=False raises ValueError for unsupported calls
-    instead of falling back to SDPA."""
+    Use the returned name as `attn_implementation`. Names containing "flash" are refused, except FLASH_NAME
+    ("flashcore"), which needs transformers 5.x (see the module docstring). fallback=False raises ValueError for
+    unsupported calls instead of falling back to SDPA."""
     if "flash" in name.lower():
-        raise ValueError(
-            f"FlashCore: cannot register the attention implementation as {name!r}: transformers treats every name "
-            "containing 'flash' as a FlashAttention variant and tries to load FlashAttention kernels for it. "
-            f"Use a name without 'flash' (default {DEFAULT_NAME!r})."
-        )
+        if name != FLASH_NAME:
+            raise ValueError(
+                f"FlashCore: cannot register the attention implementation as {name!r}: transformers treats every "
+                "name containing 'flash' as a FlashAttention variant and tries to load FlashAttention kernels for it. "
+                f"Use {FLASH_NAME!r} (handled specially) or a name without 'flash' (default {DEFAULT_NAME!r})."
+            )
+        _allow_flash_name()
     from transformers import AttentionInterface
 
     AttentionInterface.register(name, attention_forward if fallback else strict_attention_forward)
@@ -63,6 +92,90 @@ def register(name: str = DEFAULT_NAME, *, fallback: bool = True) -> str:
     if AttentionMaskInterface is not None:
         AttentionMaskInterface.register(name, mask_function)
     return name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The name "flashcore": keep transformers from loading FlashAttention kernels for it.
+
+
+def _flash_unavailable(*args, **kwargs):
+    raise NotImplementedError(
+        f"FlashCore: {FLASH_NAME!r} is a transformers AttentionInterface function, not a FlashAttention kernel; "
+        "transformers' FlashAttention wrappers (flash_attention_forward, paged attention, continuous batching) "
+        "cannot use it."
+    )
+
+
+# Signature-compatible stand-ins for what _lazy_imports returns (transformers inspects the varlen function's
+# parameters to decide which kwargs it supports); they are only called if something routes "flashcore" through
+# transformers' own FlashAttention wrappers, which never happens for the function register() installs.
+def _flash_attn_func_unavailable(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **kwargs):
+    _flash_unavailable()
+
+
+def _flash_attn_varlen_func_unavailable(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None, **kwargs
+):
+    _flash_unavailable()
+
+
+def _flash_name_is_ours() -> bool:
+    from transformers import AttentionInterface
+
+    return AttentionInterface._global_mapping.get(FLASH_NAME) in (attention_forward, strict_attention_forward)
+
+
+def _allow_flash_name() -> None:
+    """Wrap transformers.modeling_flash_attention_utils._lazy_imports so that it loads nothing for exactly
+    FLASH_NAME while FLASH_NAME is registered to this module. Idempotent; transformers 5.x only."""
+    import transformers
+
+    version = getattr(transformers, "__version__", "0")
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        major = 0
+    why = None
+    mfau = None
+    if major != 5:
+        why = f"transformers {version} (supported: 5.x; tested with 5.17)"
+    else:
+        try:
+            from transformers import modeling_flash_attention_utils as mfau
+        except ImportError as exc:
+            why = f"transformers.modeling_flash_attention_utils is not importable ({exc})"
+        else:
+            original = getattr(mfau, "_lazy_imports", None)
+            if getattr(original, "_flashcore_original", None) is not None:
+                return  # already wrapped
+            if (
+                original is None
+                or not hasattr(mfau, "lazy_import_flash_attention")
+                or list(inspect.signature(original).parameters)[:1] != ["implementation"]
+            ):
+                why = "transformers.modeling_flash_attention_utils._lazy_imports(implementation, ...) is missing"
+    if why is not None:
+        raise RuntimeError(
+            f"FlashCore: cannot register {FLASH_NAME!r} with {why}; transformers would try to load FlashAttention "
+            f"kernels for a name containing 'flash'. Use register() (name {DEFAULT_NAME!r}) instead."
+        )
+
+    @functools.wraps(original)
+    def _lazy_imports(implementation, *args, **kwargs):
+        if implementation == FLASH_NAME and _flash_name_is_ours():
+            # (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, pad_input, unpad_input)
+            return (
+                _flash_attn_func_unavailable,
+                _flash_attn_varlen_func_unavailable,
+                None,
+                getattr(mfau, "_pad_input", None),
+                getattr(mfau, "_unpad_input", None),
+            )
+        return original(implementation, *args, **kwargs)
+
+    _lazy_imports._flashcore_original = original
+    mfau._lazy_imports = _lazy_imports
+    logger.debug("FlashCore: wrapped transformers.modeling_flash_attention_utils._lazy_imports for %r", FLASH_NAME)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -103,6 +216,8 @@ def _unsupported_reason(query, key, value, attention_mask, dropout, kwargs) -> O
 
 
 def _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs):
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        return _forward_packed(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs)
     reason = _unsupported_reason(query, key, value, attention_mask, dropout, kwargs)
     # As transformers' sdpa_attention_forward: a None mask means causal (for causal modules) unless decoding.
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -131,6 +246,36 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scaling
     )
     return out, None
+
+
+def _forward_packed(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs):
+    """Packed sequences as model code passes them to FlashAttention-named implementations: batch 1, no mask,
+    cu_seq_lens_q / cu_seq_lens_k boundaries. FlashCore has no varlen kernel: one call per segment (reads the
+    boundaries on the host, so eager only / a graph break under torch.compile)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    problem = None
+    if cu_q is None or cu_k is None:
+        problem = "only one of cu_seq_lens_q / cu_seq_lens_k"
+    elif attention_mask is not None:
+        problem = "cu_seq_lens_q / cu_seq_lens_k together with an attention mask"
+    elif query.shape[0] != 1:
+        problem = f"cu_seq_lens_q / cu_seq_lens_k with batch size {query.shape[0]} (packed sequences have batch 1)"
+    if problem is None:
+        lens_q, lens_k = torch.diff(cu_q).tolist(), torch.diff(cu_k).tolist()
+        if int(cu_q[0]) != 0 or int(cu_k[0]) != 0 or sum(lens_q) != query.shape[2] or sum(lens_k) != key.shape[2]:
+            problem = "cu_seq_lens_q / cu_seq_lens_k that do not cover the sequence from 0"
+        elif len(lens_q) != len(lens_k):
+            problem = "different segment counts in cu_seq_lens_q and cu_seq_lens_k"
+        elif lens_q != lens_k and (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
+            problem = "causal packed segments with different query and key lengths"
+    if problem is not None:
+        raise ValueError(f"FlashCore transformers adapter: unsupported packed-sequence call: {problem}")
+    rest = {k: v for k, v in kwargs.items() if k not in _VARLEN_KWARGS}
+    outs = [
+        _forward(module, q, k, v, None, dropout, scaling, is_causal, fallback, rest)[0]
+        for q, k, v in zip(query.split(lens_q, dim=2), key.split(lens_k, dim=2), value.split(lens_k, dim=2))
+    ]
+    return torch.cat(outs, dim=1), None
 
 
 def _attention_function(fallback: bool):
