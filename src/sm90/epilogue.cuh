@@ -20,9 +20,13 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
   float inv_sum[2], lse[2];
   st.softmax.finalize(p.scale_log2, inv_sum, lse);
 
-  // This warpgroup's 64 rows of the Q tile are no longer read (its last wgmma has completed), so they
-  // serve as the staging buffer.
-  uint8_t* stage = smem + Cfg::kSmemQOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kRowBytes;
+  // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma
+  // has completed). A separate O buffer may still be read by the previous tile's store: wait for it.
+  uint8_t* stage = smem + Cfg::kSmemOOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kRowBytes;
+  if (Cfg::kSeparateO) {
+    if (wg_thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    ptx::named_barrier_sync(1 + warpgroup, 128);
+  }
 #pragma unroll
   for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
     const int chunk = j / 8, unit = j % 8;
@@ -60,8 +64,8 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
     }
   }
 
-  // The staging buffer (the Q tile) is handed back to the producer once the bulk store has read it.
-  if (wg_thread == 0) {
+  // Staged in the Q tile: hand it back to the producer once the bulk store has read it.
+  if (!Cfg::kSeparateO && wg_thread == 0) {
     cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     mbar_arrive(&bars.q_empty);
   }

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kCausal>::kThreads, 1)
   auto& bars = *reinterpret_cast<Barriers<Cfg::kStages>*>(smem + Cfg::kSmemBarrierOffset);
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  if (threadIdx.x == 0) bars.init(Cfg::kConsumerThreads, Cfg::kConsumerWarpgroups);
+  if (threadIdx.x == 0) bars.init(Cfg::kConsumerThreads, Cfg::kQReleaseArrivals);
   __syncthreads();
 
   // Persistent: each CTA walks the tile list with stride gridDim.x; the producer runs ahead into the next
@@ -65,6 +65,8 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kCausal>::kThreads, 1)
       for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
         consumer_tile<Cfg, Element, kCausal>(p, t, smem, bars, warpgroup - 1, pipe);
       }
+      // The last TMA store must have read the staged O before the CTA's shared memory goes away.
+      if (Cfg::kSeparateO && threadIdx.x % 128 == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     } else {
       consumer_tile<Cfg, Element, kCausal>(p, blockIdx.x, smem, bars, warpgroup - 1, pipe);
     }

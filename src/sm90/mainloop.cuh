@@ -117,7 +117,10 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
                                                   ConsumerState<Cfg>& st, ConsumerPipe<Cfg>& pipe) {
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) st.o[i] = 0.f;
-  if (tile.n_blocks == 0) return;  // every row of the tile is fully masked
+  if (tile.n_blocks == 0) {  // every row of the tile is fully masked; Q was not loaded
+    if (Cfg::kSeparateO) mbar_arrive(&bars.q_empty);
+    return;
+  }
 
   const int lane = threadIdx.x % 32;
   const int warp_in_wg = (threadIdx.x / 32) % 4;
@@ -154,6 +157,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   ptx::wgmma_wait_group<0>();
   ptx::fence_regs(s);
   mbar_arrive(&bars.k_empty[k_ring.stage]);
+  if (Cfg::kSeparateO && n_block == 0) mbar_arrive(&bars.q_empty);  // last S GEMM of the tile
   k_ring.advance();
   softmax_step(s, n_block, rescale);
   convert_p<Cfg, Element>(s, p_frag);
@@ -170,6 +174,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     ptx::wgmma_wait_group<1>();  // S_j is done; P V may still run
     ptx::fence_regs(s);
     mbar_arrive(&bars.k_empty[k_ring.stage]);
+    if (Cfg::kSeparateO && n_block == 0) mbar_arrive(&bars.q_empty);  // last S GEMM of the tile
     k_ring.advance();
     softmax_step(s, n_block, rescale);
 

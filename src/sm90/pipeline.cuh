@@ -45,15 +45,15 @@ struct RingState {
 template <int kStages>
 struct Barriers {
   uint64_t q_full;
-  uint64_t q_empty;  // Q tile (also the epilogue's staging buffer) free again: one arrival per consumer warpgroup
+  uint64_t q_empty;  // Q tile free again for the next tile's load (TileConfig::kQReleaseArrivals arrivals)
   uint64_t k_full[kStages];
   uint64_t k_empty[kStages];
   uint64_t v_full[kStages];
   uint64_t v_empty[kStages];
 
-  __device__ __forceinline__ void init(uint32_t consumer_threads, uint32_t consumer_warpgroups) {
+  __device__ __forceinline__ void init(uint32_t consumer_threads, uint32_t q_release_arrivals) {
     mbar_init(&q_full, 1);
-    mbar_init(&q_empty, consumer_warpgroups);
+    mbar_init(&q_empty, q_release_arrivals);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&k_full[s], 1);

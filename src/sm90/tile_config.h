@@ -17,7 +17,7 @@ struct TileShape {
 #define FLASHCORE_SM90_TILE_64 192, 128, 3, true, true
 #endif
 #ifndef FLASHCORE_SM90_TILE_128
-#define FLASHCORE_SM90_TILE_128 128, 176, 2, false, false
+#define FLASHCORE_SM90_TILE_128 128, 128, 2, true, true
 #endif
 #ifndef FLASHCORE_SM90_TILE_256
 #define FLASHCORE_SM90_TILE_256 128, 80, 2, true, false
@@ -26,7 +26,7 @@ struct TileShape {
 #define FLASHCORE_SM90_TILE_64_CAUSAL FLASHCORE_SM90_TILE_64
 #endif
 #ifndef FLASHCORE_SM90_TILE_128_CAUSAL
-#define FLASHCORE_SM90_TILE_128_CAUSAL FLASHCORE_SM90_TILE_128
+#define FLASHCORE_SM90_TILE_128_CAUSAL 128, 176, 2, false, false
 #endif
 #ifndef FLASHCORE_SM90_TILE_256_CAUSAL
 #define FLASHCORE_SM90_TILE_256_CAUSAL FLASHCORE_SM90_TILE_256
@@ -73,10 +73,22 @@ struct TileConfig {
   static constexpr int kSmemQOffset = 0;
   static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
   static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
-  static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVTileBytes;
+  static constexpr int kSmemKVEnd = kSmemVOffset + kStages * kKVTileBytes;
   static constexpr int kNumBarriers = 2 + 4 * kStages;  // q_full, q_empty, k/v full/empty per stage
-  // +1024 so the kernel can round the dynamic shared-memory base up to 1024 bytes.
-  static constexpr int kSmemBytes = kSmemBarrierOffset + kNumBarriers * 8 + 1024;
+  static constexpr int kSmemSlack = kNumBarriers * 8 + 1024;  // +1024: the base is rounded up to 1024 B
+
+  // The epilogue stages O (kQBytes, chunked like Q) in shared memory for the TMA store. A persistent grid
+  // gives it a buffer of its own when that fits: the Q tile is then released as soon as the tile's last
+  // S GEMM has read it, and the next tile's Q loads while this tile finishes. Otherwise O is staged in
+  // the Q tile, released once the store has read it.
+  static constexpr bool kSeparateO =
+      persistent_grid(kHeadDim, kCausal_) && kSmemKVEnd + kQBytes + kSmemSlack <= 227 * 1024;
+  static constexpr int kSmemOOffset = kSeparateO ? kSmemKVEnd : kSmemQOffset;
+  static constexpr int kSmemBarrierOffset = kSmemKVEnd + (kSeparateO ? kQBytes : 0);
+  static constexpr int kSmemBytes = kSmemBarrierOffset + kSmemSlack;
+  // Arrivals that release the Q tile: every consumer thread after its last S GEMM, or one thread per
+  // consumer warpgroup after the store has read the staged O.
+  static constexpr int kQReleaseArrivals = kSeparateO ? kConsumerThreads : kConsumerWarpgroups;
 
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of 64 elements");
   static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
