@@ -36,57 +36,23 @@ cudaError_t launch_for_mask(bool causal, const FwdParams& fp, unsigned ctas, cud
 // Returns false when (dtype, head_dim) is not compiled in.
 bool launch_compiled(flashcore_dtype dtype, int head_dim, bool causal, const FwdParams& fp, unsigned ctas,
                      cudaStream_t stream, cudaError_t& err) {
-#define FLASHCORE_CASE(DTYPE_ENUM, ELEMENT, HD)                               \
-  if (dtype == DTYPE_ENUM && head_dim == HD) {                                \
-    err = launch_for_mask<ELEMENT, HD>(causal, fp, ctas, stream);           \
-    return true;                                                              \
+#define FLASHCORE_SM90_KERNEL(DTYPE_ENUM, ELEMENT, HD)                 \
+  if (dtype == DTYPE_ENUM && head_dim == HD) {                         \
+    err = launch_for_mask<ELEMENT, HD>(causal, fp, ctas, stream);     \
+    return true;                                                       \
   }
-#ifdef FLASHCORE_HAS_fp16_HD64
-  FLASHCORE_CASE(FLASHCORE_DTYPE_FP16, __half, 64)
-#endif
-#ifdef FLASHCORE_HAS_fp16_HD128
-  FLASHCORE_CASE(FLASHCORE_DTYPE_FP16, __half, 128)
-#endif
-#ifdef FLASHCORE_HAS_fp16_HD256
-  FLASHCORE_CASE(FLASHCORE_DTYPE_FP16, __half, 256)
-#endif
-#ifdef FLASHCORE_HAS_bf16_HD64
-  FLASHCORE_CASE(FLASHCORE_DTYPE_BF16, __nv_bfloat16, 64)
-#endif
-#ifdef FLASHCORE_HAS_bf16_HD128
-  FLASHCORE_CASE(FLASHCORE_DTYPE_BF16, __nv_bfloat16, 128)
-#endif
-#ifdef FLASHCORE_HAS_bf16_HD256
-  FLASHCORE_CASE(FLASHCORE_DTYPE_BF16, __nv_bfloat16, 256)
-#endif
-#undef FLASHCORE_CASE
-  (void)dtype; (void)head_dim; (void)causal; (void)fp; (void)ctas; (void)stream; (void)err;
+#include "sm90/compiled_kernels.inc"
+#undef FLASHCORE_SM90_KERNEL
   return false;
 }
 
 }  // namespace
 
 bool is_compiled(flashcore_dtype dtype, int head_dim) {
-  const bool fp16 = dtype == FLASHCORE_DTYPE_FP16, bf16 = dtype == FLASHCORE_DTYPE_BF16;
-  (void)fp16; (void)bf16; (void)head_dim;
-#ifdef FLASHCORE_HAS_fp16_HD64
-  if (fp16 && head_dim == 64) return true;
-#endif
-#ifdef FLASHCORE_HAS_fp16_HD128
-  if (fp16 && head_dim == 128) return true;
-#endif
-#ifdef FLASHCORE_HAS_fp16_HD256
-  if (fp16 && head_dim == 256) return true;
-#endif
-#ifdef FLASHCORE_HAS_bf16_HD64
-  if (bf16 && head_dim == 64) return true;
-#endif
-#ifdef FLASHCORE_HAS_bf16_HD128
-  if (bf16 && head_dim == 128) return true;
-#endif
-#ifdef FLASHCORE_HAS_bf16_HD256
-  if (bf16 && head_dim == 256) return true;
-#endif
+#define FLASHCORE_SM90_KERNEL(DTYPE_ENUM, ELEMENT, HD) \
+  if (dtype == DTYPE_ENUM && head_dim == HD) return true;
+#include "sm90/compiled_kernels.inc"
+#undef FLASHCORE_SM90_KERNEL
   return false;
 }
 
