@@ -99,11 +99,6 @@ struct PingPong {
   }
 };
 
-// The main loop, software-pipelined inside the warpgroup: while P_{j-1} V_{j-1} runs on the tensor
-// cores, the softmax of S_j runs on the ALUs.
-//   prologue : S_last = Q K_last^T; softmax -> P
-//   each step: issue S_j = Q K_j^T; issue O += P V_{j+1}; wait S_j; softmax(S_j); wait PV; rescale O
-//   tail     : O += P V_0
 // Ring positions and the count of Q tiles received persist across the tiles of a persistent CTA.
 template <class Cfg>
 struct ConsumerPipe {
@@ -111,6 +106,12 @@ struct ConsumerPipe {
   uint32_t q_loads = 0;
 };
 
+// The main loop, software-pipelined inside the warpgroup. Key blocks run from the last to the first, so
+// the previous block of block j is j+1: while P_{j+1} V_{j+1} runs on the tensor cores, the softmax of
+// S_j runs on the ALUs.
+//   prologue : S_last = Q K_last^T; softmax -> P
+//   each step: issue S_j = Q K_j^T; issue O += P V_{j+1}; wait S_j; softmax(S_j); wait PV; rescale O
+//   tail     : O += P V_0
 template <class Cfg, class Element, bool kCausal>
 __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
                                                   Barriers<Cfg::kStages>& bars, int warpgroup,
