@@ -53,6 +53,8 @@ struct TileConfig {
   static constexpr int kStages = kShape.stages;
 
   static constexpr bool kPingPong = kShape.pingpong;
+  // Skip the O rescale when no row max of a warp changed (mainloop.cuh): only where O >> S per thread.
+  static constexpr bool kSkipUnitRescale = kHeadDim >= 2 * kBlockN;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);  // + one producer warpgroup
