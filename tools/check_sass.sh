@@ -3,7 +3,8 @@
 #   - its SASS contains HGMMA (wgmma) and UTMALDG (TMA loads), and UTMASTG (TMA stores);
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
-#   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510) anywhere.
+#   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510) anywhere;
+#   - src/ptx/wgmma_ops.inc matches tools/gen_wgmma.py.
 # Usage: bash tools/check_sass.sh [build-dir]      (default: build)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,6 +13,11 @@ BUILD_DIR="${1:-build}"
 
 fail=0
 err() { echo "check_sass: FAIL: $*"; fail=1; }
+
+# The checked-in wgmma wrappers must be what the generator makes.
+if ! python3 tools/gen_wgmma.py | cmp -s - src/ptx/wgmma_ops.inc; then
+  err "src/ptx/wgmma_ops.inc is stale: run python3 tools/gen_wgmma.py > src/ptx/wgmma_ops.inc"
+fi
 
 lib=""
 for cand in "$BUILD_DIR/lib/libflashcore.so" "$BUILD_DIR/lib/libflashcore.a"; do

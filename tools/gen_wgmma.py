@@ -19,36 +19,29 @@ def acc_constraints(n_regs):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n_regs))
 
 
-def emit_ss(out, n, ptx_t, ctype):
+def emit(out, kind, n, ptx_t, ctype):
+    """One specialization. kind "SS": A and B from shared memory (K-major both); "RS": A from registers,
+    B from shared memory, N-major (imm-trans-b = 1)."""
     r = n // 2
-    out.append(f"template <> struct WgmmaSS<{ctype}, {n}> {{")
+    if kind == "SS":
+        args = f"float (&d)[{r}], uint64_t desc_a, uint64_t desc_b, int scale_d"
+        operands, scale_reg, imms = f"%{r}, %{r + 1}", r + 2, "1, 1, 0, 0"
+        inputs = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
+    else:
+        args = f"float (&d)[{r}], const uint32_t (&a)[4], uint64_t desc_b, int scale_d"
+        operands, scale_reg, imms = f"{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}", r + 5, "1, 1, 1"
+        inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
+    out.append(f"template <> struct Wgmma{kind}<{ctype}, {n}> {{")
     out.append(f"  static constexpr int kAccRegs = {r};")
-    out.append(f"  __device__ __forceinline__ static void mma(float (&d)[{r}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
+    out.append(f"  __device__ __forceinline__ static void mma({args}) {{")
     out.append("    asm volatile(")
     out.append('        "{\\n.reg .pred p;\\n"')
-    out.append(f'        "setp.ne.b32 p, %{r + 2}, 0;\\n"')
+    out.append(f'        "setp.ne.b32 p, %{scale_reg}, 0;\\n"')
     out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_t}.{ptx_t} "')
     out.append(f'        "{{{acc_list(r)}}}, "')
-    out.append(f'        "%{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"')
+    out.append(f'        "{operands}, p, {imms};\\n}}\\n"')
     out.append(f"        : {acc_constraints(r)}")
-    out.append('        : "l"(desc_a), "l"(desc_b), "r"(scale_d));')
-    out.append("  }")
-    out.append("};")
-
-
-def emit_rs(out, n, ptx_t, ctype):
-    r = n // 2
-    out.append(f"template <> struct WgmmaRS<{ctype}, {n}> {{")
-    out.append(f"  static constexpr int kAccRegs = {r};")
-    out.append(f"  __device__ __forceinline__ static void mma(float (&d)[{r}], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {{")
-    out.append("    asm volatile(")
-    out.append('        "{\\n.reg .pred p;\\n"')
-    out.append(f'        "setp.ne.b32 p, %{r + 5}, 0;\\n"')
-    out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_t}.{ptx_t} "')
-    out.append(f'        "{{{acc_list(r)}}}, "')
-    out.append(f'        "{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"')
-    out.append(f"        : {acc_constraints(r)}")
-    out.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));')
+    out.append(f"        : {inputs});")
     out.append("  }")
     out.append("};")
 
@@ -59,12 +52,10 @@ def main():
            "// WgmmaRS<T, N>: D(64xN, f32) (+)= A(64x16, registers)          * B(16xN, smem desc, N-major)",
            "// scale_d = 0 overwrites D, 1 accumulates.", ""]
     for ptx_t, ctype in TYPES:
-        for n in SS_N:
-            emit_ss(out, n, ptx_t, ctype)
-            out.append("")
-        for n in RS_N:
-            emit_rs(out, n, ptx_t, ctype)
-            out.append("")
+        for kind, shapes in (("SS", SS_N), ("RS", RS_N)):
+            for n in shapes:
+                emit(out, kind, n, ptx_t, ctype)
+                out.append("")
     sys.stdout.write("\n".join(out))
 
 
