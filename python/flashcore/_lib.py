@@ -238,9 +238,12 @@ class Library:
                 f"FlashCore: {path} has ABI version {self.version_string()}, these bindings were written for "
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
-        probe = AttentionParamsStruct()
-        self._cdll.flashcore_attention_params_init(ctypes.byref(probe))
+        # A newer library may have a larger struct than this mirror: let it write into a generously
+        # sized buffer, then read the mirror's view of it.
         expected = ctypes.sizeof(AttentionParamsStruct)
+        probe_buf = ctypes.create_string_buffer(4 * expected)
+        self._cdll.flashcore_attention_params_init(ctypes.cast(probe_buf, ctypes.POINTER(AttentionParamsStruct)))
+        probe = AttentionParamsStruct.from_buffer(probe_buf)
         strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
         if probe.struct_size != expected or any(s.dim != 1 for s in strides):
             raise RuntimeError(

@@ -328,7 +328,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   return FLASHCORE_SUCCESS;
 }
 
-flashcore_status validate_device(std::string& message) {
+flashcore_status validate_device(int& device, std::string& message) {
   int count = 0;
   const cudaError_t count_err = cudaGetDeviceCount(&count);
   if (count_err != cudaSuccess || count <= 0) {
@@ -337,7 +337,8 @@ flashcore_status validate_device(std::string& message) {
                   count_err != cudaSuccess ? cudaGetErrorString(count_err) : "0 devices", ")");
     return FLASHCORE_ERROR_NO_DEVICE;
   }
-  int device = 0, major = 0, minor = 0;
+  int major = 0, minor = 0;
+  device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);

@@ -22,8 +22,9 @@ inline constexpr int kHeadDims[] = {64, 128, 256};  // head dims a kernel may be
 flashcore_status validate_arguments(const flashcore_attention_params* params, std::string& message);
 
 // Device checks: a CUDA device is visible (NO_DEVICE) and the current one is compute capability 9.0
-// (UNSUPPORTED_ARCH). Call only after validate_arguments succeeded.
-flashcore_status validate_device(std::string& message);
+// (UNSUPPORTED_ARCH). Call only after validate_arguments succeeded. On success `device` is the current
+// device's ordinal (the launch uses it rather than asking again).
+flashcore_status validate_device(int& device, std::string& message);
 
 // softmax_scale, or 1/sqrt(head_dim) when it is 0.
 float resolve_softmax_scale(const flashcore_attention_params& params);

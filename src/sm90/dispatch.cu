@@ -14,31 +14,28 @@
 namespace flashcore::sm90 {
 namespace {
 
-// Multiprocessor count of the current device (cached for devices 0..63).
-cudaError_t sm_count(int& sms) {
+// Multiprocessor count of device `device` (cached for devices 0..63).
+cudaError_t sm_count(int device, int& sms) {
   static int cache[64];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
   const bool cached = device >= 0 && device < 64;
   if (cached && (sms = __atomic_load_n(&cache[device], __ATOMIC_ACQUIRE)) > 0) return cudaSuccess;
-  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess && cached) __atomic_store_n(&cache[device], sms, __ATOMIC_RELEASE);
   return err;
 }
 
 template <class Element, int kHeadDim>
-cudaError_t launch_for_mask(bool causal, const FwdParams& fp, unsigned ctas, cudaStream_t stream) {
-  return causal ? launch_fwd<Element, kHeadDim, true>(fp, ctas, stream)
-                : launch_fwd<Element, kHeadDim, false>(fp, ctas, stream);
+cudaError_t launch_for_mask(bool causal, const FwdParams& fp, unsigned ctas, int device, cudaStream_t stream) {
+  return causal ? launch_fwd<Element, kHeadDim, true>(fp, ctas, device, stream)
+                : launch_fwd<Element, kHeadDim, false>(fp, ctas, device, stream);
 }
 
 // Returns false when (dtype, head_dim) is not compiled in.
 bool launch_compiled(flashcore_dtype dtype, int head_dim, bool causal, const FwdParams& fp, unsigned ctas,
-                     cudaStream_t stream, cudaError_t& err) {
+                     int device, cudaStream_t stream, cudaError_t& err) {
 #define FLASHCORE_SM90_KERNEL(DTYPE_ENUM, ELEMENT, HD)                 \
   if (dtype == DTYPE_ENUM && head_dim == HD) {                         \
-    err = launch_for_mask<ELEMENT, HD>(causal, fp, ctas, stream);     \
+    err = launch_for_mask<ELEMENT, HD>(causal, fp, ctas, device, stream);     \
     return true;                                                       \
   }
 #include "sm90/compiled_kernels.inc"
@@ -56,7 +53,7 @@ bool is_compiled(flashcore_dtype dtype, int head_dim) {
   return false;
 }
 
-flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, cudaStream_t stream,
+flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, cudaStream_t stream,
                          std::string& error) {
   if (!is_compiled(p.dtype, static_cast<int>(p.head_dim))) {
     error = "head_dim = " + std::to_string(p.head_dim) + " is not compiled in for this dtype";
@@ -94,7 +91,7 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
   fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
 
   int sms = 0;
-  cudaError_t err = sm_count(sms);
+  cudaError_t err = sm_count(device, sms);
   if (err != cudaSuccess) {
     error = std::string("cannot query the device: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
     return FLASHCORE_ERROR_CUDA;
@@ -102,7 +99,7 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
   const bool persistent = persistent_grid(static_cast<int>(p.head_dim), p.causal != 0);
   const unsigned ctas = static_cast<unsigned>(!persistent || tiles < sms ? tiles : sms);
 
-  if (!launch_compiled(p.dtype, static_cast<int>(p.head_dim), p.causal != 0, fp, ctas, stream, err)) {
+  if (!launch_compiled(p.dtype, static_cast<int>(p.head_dim), p.causal != 0, fp, ctas, device, stream, err)) {
     error = "no kernel compiled for this dtype and head_dim = " + std::to_string(p.head_dim);
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }

@@ -75,13 +75,11 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kCausal>::kThreads, 1)
 }
 
 template <class Element, int kHeadDim, bool kCausal>
-cudaError_t launch_fwd(const FwdParams& params, unsigned num_ctas, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdParams& params, unsigned num_ctas, int device, cudaStream_t stream) {
   using Cfg = TileConfig<kHeadDim, kCausal>;
   auto kernel = flashcore_fwd_sm90_kernel<Element, kHeadDim, kCausal>;
   // The dynamic shared-memory limit is a per-device attribute of the function.
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
   static unsigned long long configured_devices = 0;  // bit d: attribute set on device d
   const unsigned long long bit = device < 64 ? (1ull << device) : 0ull;
   if (bit == 0 || !(__atomic_load_n(&configured_devices, __ATOMIC_ACQUIRE) & bit)) {
@@ -97,4 +95,4 @@ cudaError_t launch_fwd(const FwdParams& params, unsigned num_ctas, cudaStream_t 
 
 #define FLASHCORE_SM90_INSTANTIATE(Element, HeadDim, Causal)                                        \
   template cudaError_t flashcore::sm90::launch_fwd<Element, HeadDim, (Causal) != 0>(                \
-      const flashcore::sm90::FwdParams&, unsigned, cudaStream_t);
+      const flashcore::sm90::FwdParams&, unsigned, int, cudaStream_t);

@@ -11,9 +11,10 @@ namespace flashcore::sm90 {
 // True when a kernel for (dtype, head_dim) was compiled into this library.
 bool is_compiled(flashcore_dtype dtype, int head_dim);
 
-// Enqueue the forward pass. `p` has passed validation; `softmax_scale` is resolved (> 0).
-// On failure returns a status and writes a message naming the cause into `error`.
-flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, cudaStream_t stream,
+// Enqueue the forward pass on the current device (ordinal `device`). `p` has passed validation;
+// `softmax_scale` is resolved (> 0). On failure returns a status and writes a message naming the cause
+// into `error`.
+flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, cudaStream_t stream,
                          std::string& error);
 
 }  // namespace flashcore::sm90

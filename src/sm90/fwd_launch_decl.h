@@ -7,6 +7,6 @@
 namespace flashcore::sm90 {
 
 template <class Element, int kHeadDim, bool kCausal>
-cudaError_t launch_fwd(const FwdParams& params, unsigned num_ctas, cudaStream_t stream);
+cudaError_t launch_fwd(const FwdParams& params, unsigned num_ctas, int device, cudaStream_t stream);
 
 }  // namespace flashcore::sm90
