@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 1
+#define FLASHCORE_VERSION_MINOR 2
 #define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
@@ -64,10 +64,12 @@ typedef enum flashcore_status {
 } flashcore_status;
 
 typedef enum flashcore_dtype {
+  FLASHCORE_DTYPE_SAME = -1,    /* out_dtype only: O has the input dtype */
   FLASHCORE_DTYPE_FP16 = 0,
   FLASHCORE_DTYPE_BF16 = 1,
   FLASHCORE_DTYPE_FP32 = 2,     /* host reference only; no GPU kernel */
-  FLASHCORE_DTYPE_FP8_E4M3 = 3  /* reserved for the FP8 path */
+  FLASHCORE_DTYPE_FP8_E4M3 = 3, /* reserved for the 8-bit path */
+  FLASHCORE_DTYPE_FP8_E5M2 = 4  /* reserved for the 8-bit path */
 } flashcore_dtype;
 
 /* Strides are in elements of the tensor's dtype. */
@@ -102,7 +104,20 @@ typedef struct flashcore_attention_params {
   flashcore_dtype dtype;
   int32_t causal;      /* 0: no mask; 1: causal, bottom-right aligned (see above) */
   float softmax_scale; /* 0 means 1/sqrt(head_dim) */
+
+  /* ---- Since 0.2. A caller compiled against 0.1 passes the smaller struct_size of its struct; the library
+   * then uses the default in [brackets] for every field below (and for every field added later). ---- */
+  flashcore_dtype out_dtype; /* dtype of O [FLASHCORE_DTYPE_SAME: the input dtype] */
+  int32_t reserved;          /* must be 0 [0] */
+  int64_t lse_capacity;      /* floats the lse buffer holds; checked against what is written [0: not given] */
+  void* workspace;           /* device memory of at least flashcore_attention_workspace_size() bytes [NULL] */
+  uint64_t workspace_size;   /* bytes at workspace [0] */
+  const char* kernel_config; /* a name from flashcore_list_kernel_configs, for tuning and tests [NULL: the
+                                library's choice] */
 } flashcore_attention_params;
+
+/* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept. */
+#define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
 
 /* Zero the struct, set struct_size and dim strides to 1. */
 FLASHCORE_API void flashcore_attention_params_init(flashcore_attention_params* params);
@@ -122,6 +137,17 @@ FLASHCORE_API flashcore_status flashcore_attention_validate(const flashcore_atte
  * On any error nothing is written to O or LSE and the reason is in flashcore_last_error(). */
 FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_attention_params* params,
                                                            flashcore_stream_t stream);
+
+/* Bytes of device workspace flashcore_attention_forward needs for these params on the current device (0 for
+ * most calls). Validates params like forward. The workspace must be zero-filled before its first use;
+ * FlashCore leaves it zero-filled after every call, so one buffer serves every later call on its stream. */
+FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params,
+                                                                  uint64_t* bytes);
+
+/* Names of the kernel configs compiled for (dtype, head_dim, causal) on the current device, the default first.
+ * Writes at most `capacity` pointers (static strings) to `names` and the total count to `count`. */
+FLASHCORE_API flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t head_dim, int32_t causal,
+                                                             const char** names, int32_t capacity, int32_t* count);
 
 /* Static description of a status code, e.g. "invalid stride". Never NULL. */
 FLASHCORE_API const char* flashcore_status_string(flashcore_status status);
@@ -146,9 +172,21 @@ typedef struct flashcore_capabilities {
   int32_t archs[FLASHCORE_MAX_CAPS];           /* compute capabilities compiled in, e.g. 90 for sm_90a */
   int32_t device_arch;                   /* compute capability of the current device, 0 if none */
   int32_t device_supported;              /* 1 if the current device can run a compiled kernel */
+  /* ---- Since 0.2 (absent from a 0.1 caller's smaller struct, and then not written) ---- */
+  uint32_t params_struct_size;           /* sizeof(flashcore_attention_params) of the loaded library */
+  int32_t num_out_dtypes;
+  flashcore_dtype out_dtypes[FLASHCORE_MAX_CAPS]; /* output dtypes compiled in (besides FLASHCORE_DTYPE_SAME) */
+  char device_backend[16];               /* backend serving the current device ("sm90"), "" if none */
 } flashcore_capabilities;
 
-/* Fill caps (struct_size must be set). Never fails for lack of a GPU: device_arch is then 0. */
+/* struct_size of the 0.1 layout of flashcore_capabilities. */
+#define FLASHCORE_CAPABILITIES_V1_SIZE 216
+
+/* Zero caps and set struct_size (call before flashcore_get_capabilities). */
+FLASHCORE_API void flashcore_capabilities_init(flashcore_capabilities* caps);
+
+/* Fill caps (struct_size must be set, to sizeof of any released layout; flashcore_capabilities_init does it).
+ * Never fails for lack of a GPU: device_arch is then 0. */
 FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps);
 
 #ifdef __cplusplus

@@ -1,0 +1,36 @@
+// The backend table: every compiled kernel is a row keyed by (arch, dtype, out dtype, head dim, causal,
+// tile config). The API asks this table, never a backend directly; a new arch backend (sm80) or a new tile
+// config is a new set of rows (src/kernels/<arch>/...), not a new code path here.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "flashcore/flashcore.h"
+
+namespace flashcore::backend {
+
+// True when some backend compiled a kernel for (dtype, head_dim) (any arch).
+bool is_compiled(flashcore_dtype dtype, int head_dim);
+
+// Compute capabilities (major*10 + minor, e.g. 90) that some backend serves; writes at most `capacity`
+// of them to `out` and returns how many there are.
+int compiled_archs(int* out, int capacity);
+
+// Name of the backend that serves a device of compute capability `cc` ("sm90"), or nullptr when none does.
+const char* backend_for_arch(int cc);
+
+// Kernel-config names compiled for (dtype, head_dim, causal) on `cc`, default first.
+int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char** out, int capacity);
+
+// Bytes of device workspace the call needs (0 for most calls). `p` has passed validation.
+flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error);
+
+// Enqueue the forward pass on `device` (compute capability `cc`). `p` has passed validation (struct upgraded
+// to the current layout); `softmax_scale` is resolved. On failure returns a status and writes a message naming
+// the cause into `error`; nothing is enqueued then.
+flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
+                         cudaStream_t stream, std::string& error);
+
+}  // namespace flashcore::backend

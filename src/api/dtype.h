@@ -1,0 +1,43 @@
+// Dtype facts shared by the API, the backends, the check harness and the tools: one place for names and sizes.
+#pragma once
+#include <cstdint>
+
+#include "flashcore/flashcore.h"
+
+namespace flashcore {
+
+// "fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "same" (FLASHCORE_DTYPE_SAME) or "unknown".
+constexpr const char* dtype_name(flashcore_dtype dtype) {
+  switch (dtype) {
+    case FLASHCORE_DTYPE_SAME: return "same";
+    case FLASHCORE_DTYPE_FP16: return "fp16";
+    case FLASHCORE_DTYPE_BF16: return "bf16";
+    case FLASHCORE_DTYPE_FP32: return "fp32";
+    case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case FLASHCORE_DTYPE_FP8_E5M2: return "fp8_e5m2";
+  }
+  return "unknown";
+}
+
+// Bytes per element; 0 for FLASHCORE_DTYPE_SAME and unknown values (rejected by validation).
+constexpr int64_t dtype_size(flashcore_dtype dtype) {
+  switch (dtype) {
+    case FLASHCORE_DTYPE_FP16:
+    case FLASHCORE_DTYPE_BF16: return 2;
+    case FLASHCORE_DTYPE_FP32: return 4;
+    case FLASHCORE_DTYPE_FP8_E4M3:
+    case FLASHCORE_DTYPE_FP8_E5M2: return 1;
+    case FLASHCORE_DTYPE_SAME: return 0;
+  }
+  return 0;
+}
+
+// The dtype O is written in: out_dtype, or dtype when out_dtype is FLASHCORE_DTYPE_SAME.
+constexpr flashcore_dtype resolved_out_dtype(flashcore_dtype dtype, flashcore_dtype out_dtype) {
+  return out_dtype == FLASHCORE_DTYPE_SAME ? dtype : out_dtype;
+}
+
+// TMA needs 16-byte strides: the batch/seq/head strides must be multiples of this many elements.
+constexpr int64_t stride_multiple(flashcore_dtype dtype) { return dtype_size(dtype) > 0 ? 16 / dtype_size(dtype) : 1; }
+
+}  // namespace flashcore
