@@ -4,7 +4,7 @@
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
 #   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510) anywhere;
-#   - src/ptx/wgmma_ops.inc matches tools/gen_wgmma.py.
+#   - src/kernels/sm90/wgmma_ops.inc matches tools/gen_wgmma.py.
 # Usage: bash tools/check_sass.sh [build-dir]      (default: build)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,8 +15,8 @@ fail=0
 err() { echo "check_sass: FAIL: $*"; fail=1; }
 
 # The checked-in wgmma wrappers must be what the generator makes.
-if ! python3 tools/gen_wgmma.py | cmp -s - src/ptx/wgmma_ops.inc; then
-  err "src/ptx/wgmma_ops.inc is stale: run python3 tools/gen_wgmma.py > src/ptx/wgmma_ops.inc"
+if ! python3 tools/gen_wgmma.py | cmp -s - src/kernels/sm90/wgmma_ops.inc; then
+  err "src/kernels/sm90/wgmma_ops.inc is stale: run python3 tools/gen_wgmma.py > src/kernels/sm90/wgmma_ops.inc"
 fi
 
 lib=""
@@ -26,7 +26,7 @@ done
 [[ -n "$lib" ]] || { echo "check_sass: FAIL: no libflashcore in $BUILD_DIR/lib"; exit 1; }
 command -v cuobjdump >/dev/null || { echo "check_sass: FAIL: cuobjdump not found (run tools/setup_deps.sh)"; exit 1; }
 
-expected=$(find "$BUILD_DIR/generated/sm90" -name 'fwd_*.cu' 2>/dev/null | wc -l)
+expected=$(grep -c "^FLASHCORE_SM90_ROW" "$BUILD_DIR/generated/kernels/sm90/rows.inc" 2>/dev/null || echo 0)
 sass="$BUILD_DIR/flashcore.sass"
 cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Generate src/ptx/wgmma_ops.inc: inline-asm wrappers for the wgmma.mma_async shapes FlashCore uses.
+"""Generate src/kernels/sm90/wgmma_ops.inc: inline-asm wrappers for the wgmma.mma_async shapes FlashCore uses.
 
 The operand lists of wgmma are long (N/2 accumulator registers for m64nNk16), so they are generated
-rather than written by hand. Run: python3 tools/gen_wgmma.py > src/ptx/wgmma_ops.inc
+rather than written by hand. Run: python3 tools/gen_wgmma.py > src/kernels/sm90/wgmma_ops.inc
 """
 import sys
 

@@ -7,7 +7,7 @@
 #include "api/error.h"
 #include "api/validate.h"
 #include "flashcore/flashcore.h"
-#include "sm90/fwd_launch.h"
+#include "api/backend.h"
 
 extern "C" flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps) {
   using flashcore::api::set_error;
@@ -25,7 +25,7 @@ extern "C" flashcore_status flashcore_get_capabilities(flashcore_capabilities* c
     for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
       if (flashcore::api::dtype_compiled(dt)) caps->dtypes[caps->num_dtypes++] = dt;
       for (size_t i = 0; i < sizeof(head_dim_seen); ++i) {
-        head_dim_seen[i] = head_dim_seen[i] || flashcore::sm90::is_compiled(dt, flashcore::api::kHeadDims[i]);
+        head_dim_seen[i] = head_dim_seen[i] || flashcore::backend::is_compiled(dt, flashcore::api::kHeadDims[i]);
       }
     }
     for (size_t i = 0; i < sizeof(head_dim_seen); ++i) {

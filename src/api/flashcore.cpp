@@ -6,7 +6,7 @@
 
 #include "api/error.h"
 #include "api/validate.h"
-#include "sm90/fwd_launch.h"
+#include "api/backend.h"
 
 using flashcore::api::guarded;
 using flashcore::api::set_error;
@@ -104,7 +104,7 @@ flashcore_status flashcore_attention_forward(const flashcore_attention_params* p
     if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_device(device, message);
     if (status != FLASHCORE_SUCCESS) return set_error(status, message);
     const float scale = flashcore::api::resolve_softmax_scale(*params);
-    status = flashcore::sm90::forward(*params, scale, device, stream, message);
+    status = flashcore::backend::forward(*params, scale, device, 90, stream, message);
     return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
   });
 }

@@ -9,7 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "sm90/fwd_launch.h"
+#include "api/backend.h"
+#include "api/dtype.h"
 
 namespace flashcore::api {
 namespace {
@@ -166,35 +167,21 @@ std::string compiled_dtypes() {
 std::string compiled_head_dims(flashcore_dtype dtype) {
   std::string out;
   for (int hd : kHeadDims) {
-    if (sm90::is_compiled(dtype, hd)) out += cat(out.empty() ? "" : ", ", hd);
+    if (backend::is_compiled(dtype, hd)) out += cat(out.empty() ? "" : ", ", hd);
   }
   return out.empty() ? "none" : out;
 }
 
 }  // namespace
 
-const char* dtype_name(flashcore_dtype dtype) {
-  switch (dtype) {
-    case FLASHCORE_DTYPE_FP16: return "fp16";
-    case FLASHCORE_DTYPE_BF16: return "bf16";
-    case FLASHCORE_DTYPE_FP32: return "fp32";
-    case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
-  }
-  return "unknown";
-}
+const char* dtype_name(flashcore_dtype dtype) { return flashcore::dtype_name(dtype); }
 
-int64_t dtype_size(flashcore_dtype dtype) {
-  switch (dtype) {
-    case FLASHCORE_DTYPE_FP32: return 4;
-    case FLASHCORE_DTYPE_FP8_E4M3: return 1;
-    default: return 2;
-  }
-}
+int64_t dtype_size(flashcore_dtype dtype) { return flashcore::dtype_size(dtype); }
 
 bool dtype_compiled(flashcore_dtype dtype) {
   if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16) return false;
   return std::any_of(std::begin(kHeadDims), std::end(kHeadDims),
-                     [dtype](int hd) { return sm90::is_compiled(dtype, hd); });
+                     [dtype](int hd) { return backend::is_compiled(dtype, hd); });
 }
 
 float resolve_softmax_scale(const flashcore_attention_params& p) {
@@ -275,7 +262,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
                   "; compiled dtypes: ", compiled_dtypes());
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
   }
-  if (p.head_dim > INT_MAX || !sm90::is_compiled(p.dtype, static_cast<int>(p.head_dim))) {
+  if (p.head_dim > INT_MAX || !backend::is_compiled(p.dtype, static_cast<int>(p.head_dim))) {
     message = cat("head_dim = ", p.head_dim, " is not compiled for ", dtype_name(p.dtype),
                   "; compiled head dims: ", compiled_head_dims(p.dtype));
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;

@@ -19,6 +19,7 @@ struct Case {
   float input_scale = 1.0f;    // inputs ~ N(0, 1) * input_scale (30 for the large-magnitude cases)
   float softmax_scale = 0.0f;  // 0 = default 1/sqrt(head_dim)
   bool with_lse = true;
+  const char* kernel_config = nullptr;  // a name from flashcore_list_kernel_configs (nullptr: the default)
 };
 
 // The list. `quick` = a small subset for sanitizers/smoke runs (every dtype x head dim x causal, small

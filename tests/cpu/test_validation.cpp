@@ -15,7 +15,7 @@
 
 #include "flashcore/flashcore.h"
 #include "gpu/gpu_skip.h"
-#include "sm90/fwd_launch.h"
+#include "api/backend.h"
 
 namespace {
 
@@ -51,7 +51,7 @@ struct Compiled {
 Compiled first_compiled() {
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
     for (int hd : kHeadDims) {
-      if (flashcore::sm90::is_compiled(dt, hd)) return {dt, hd};
+      if (flashcore::backend::is_compiled(dt, hd)) return {dt, hd};
     }
   }
   return {};
@@ -229,7 +229,7 @@ TEST_F(Validation, DtypesWithoutGpuKernel) {
 TEST_F(Validation, DtypeNotCompiledIn) {
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
     bool any = false;
-    for (int hd : kHeadDims) any = any || flashcore::sm90::is_compiled(dt, hd);
+    for (int hd : kHeadDims) any = any || flashcore::backend::is_compiled(dt, hd);
     if (any) continue;
     p.dtype = dt;
     expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = " + std::to_string(dt), "not compiled"});
@@ -247,7 +247,7 @@ TEST_F(Validation, HeadDimNotCompiled) {
     expect_error(FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim = " + std::to_string(hd)});
   }
   for (int hd : kHeadDims) {
-    if (flashcore::sm90::is_compiled(p.dtype, hd)) continue;
+    if (flashcore::backend::is_compiled(p.dtype, hd)) continue;
     p.head_dim = hd;
     flashcore_attention_params_set_contiguous(&p, 0);
     expect_error(FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim = " + std::to_string(hd), "not compiled"});
@@ -569,7 +569,7 @@ TEST(Capabilities, MatchCompiledKernels) {
   std::set<int> head_dims(caps.head_dims, caps.head_dims + caps.num_head_dims);
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
     for (int hd : kHeadDims) {
-      if (flashcore::sm90::is_compiled(dt, hd)) {
+      if (flashcore::backend::is_compiled(dt, hd)) {
         EXPECT_TRUE(dtypes.count(dt)) << dt;
         EXPECT_TRUE(head_dims.count(hd)) << hd;
       }

@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include "api/dtype.h"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -108,15 +110,7 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
   return true;
 }
 
-const char* dtype_name(flashcore_dtype dt) {
-  switch (dt) {
-    case FLASHCORE_DTYPE_FP16: return "fp16";
-    case FLASHCORE_DTYPE_BF16: return "bf16";
-    case FLASHCORE_DTYPE_FP32: return "fp32";
-    case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
-  }
-  return "?";
-}
+const char* dtype_name(flashcore_dtype dt) { return flashcore::dtype_name(dt); }
 
 flashcore_capabilities capabilities() {
   flashcore_capabilities caps{};

@@ -1,44 +1,38 @@
-// Online softmax in registers. Each consumer thread owns two rows of its warpgroup's 64-row slice
-// (lane/4 and lane/4 + 8 of its warp's 16) and a quarter of each row's columns; row statistics are
-// combined across the 4 threads of a quad with shuffles. log2(e) is folded into the scale so that
-// every exponential is a single ex2.approx.
+// Online softmax in registers, over row-pair fragments (fragment.cuh): each thread owns two rows and a
+// quarter of each row's columns; row statistics are combined across the quad with shuffles. log2(e) is folded
+// into the scale so that every exponential is one ex2.approx.
+//
+// Non-finite scores: a NaN or +Inf score in a row's visible keys makes that row's O and LSE NaN (the max
+// propagates NaN; Inf - Inf is NaN). Masked keys are -Inf and contribute exactly 0. A row that sees no key
+// gets O = 0 and LSE = -Inf.
 #pragma once
 #include <cmath>
 
-#include "ptx/warp.h"
-#include "sm90/mask.cuh"
+#include "kernels/common/fragment.cuh"
+#include "kernels/common/warp.cuh"
 
-namespace flashcore::sm90 {
+namespace flashcore::kernels {
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-template <int kCols>  // columns of the score tile (kBlockN)
+template <int kCols>  // columns of the score tile (block_n)
 struct OnlineSoftmax {
   static constexpr int kRegs = kCols / 2;
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) running maxima
   float row_sum[2] = {0.f, 0.f};              // this thread's partial sums of exp
 
-  // Turns scores s into unnormalized probabilities in place; returns per-row factors by which the
-  // running output must be rescaled.
+  // Turns scores s into unnormalized probabilities in place; returns per-row factors by which the running
+  // output must be rescaled.
   __device__ __forceinline__ void update(float (&s)[kRegs], float scale_log2, float (&rescale)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float m = row_max[i];
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j) {
-        m = fmaxf(m, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
+        m = nan_max(m, nan_max(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
       }
       m = quad_max(m);
       // A row that has seen only masked keys keeps max -inf; use 0 so that exp2(-inf - 0) = 0.
       const float m_safe = (m == -INFINITY) ? 0.f : m;
-      rescale[i] = ptx::exp2_approx((row_max[i] - m_safe) * scale_log2);
+      rescale[i] = exp2_approx((row_max[i] - m_safe) * scale_log2);
       row_max[i] = m;
       const float offset = m_safe * scale_log2;
       float sum = 0.f;
@@ -47,7 +41,7 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[acc_index(j, i, e)];
-          x = ptx::exp2_approx(fmaf(x, scale_log2, -offset));
+          x = exp2_approx(fmaf(x, scale_log2, -offset));
           sum += x;
         }
       }
@@ -55,16 +49,17 @@ struct OnlineSoftmax {
     }
   }
 
-  // Final per-row normalizer (0 for rows that saw no key) and natural-log LSE (-inf for such rows).
+  // Final per-row normalizer (0 for rows that saw no key) and natural-log LSE (-inf for such rows; NaN when
+  // the row's scores held NaN or +Inf, matching O).
   __device__ __forceinline__ void finalize(float scale_log2, float (&inv_sum)[2], float (&lse)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float sum = quad_sum(row_sum[i]);
-      const bool empty = !(sum > 0.f);
+      const bool empty = sum == 0.f;
       inv_sum[i] = empty ? 0.f : 1.f / sum;
       lse[i] = empty ? -INFINITY : (row_max[i] * scale_log2 + log2f(sum)) * 0.69314718055994530942f;
     }
   }
 };
 
-}  // namespace flashcore::sm90
+}  // namespace flashcore::kernels

@@ -1,9 +1,11 @@
-#include "sm90/tma_desc.h"
+#include "kernels/sm90/tma_desc.h"
 
 #include <cuda_runtime_api.h>
 #include <cudaTypedefs.h>
 
 #include <string>
+
+#include "api/dtype.h"
 
 namespace flashcore::sm90 {
 namespace {
@@ -37,9 +39,14 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn(error);
   if (encode == nullptr) return FLASHCORE_ERROR_CUDA;
 
-  const CUtensorMapDataType type =
-      a.dtype == FLASHCORE_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const int64_t elem = 2;
+  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // 8-bit dtypes: TMA only moves bytes
+  if (a.dtype == FLASHCORE_DTYPE_BF16) type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  if (a.dtype == FLASHCORE_DTYPE_FP16) type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int64_t elem = dtype_size(a.dtype);
+  if (elem != 1 && elem != 2) {
+    error = std::string("tensor '") + a.name + "': no TMA element type for dtype " + dtype_name(a.dtype);
+    return FLASHCORE_ERROR_INTERNAL;
+  }
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(a.head_dim), static_cast<cuuint64_t>(a.seqlen),
                               static_cast<cuuint64_t>(a.heads), static_cast<cuuint64_t>(a.batch)};
   const cuuint64_t strides[3] = {stride_bytes(a.strides.seq, a.seqlen, elem),

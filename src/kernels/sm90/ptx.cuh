@@ -1,17 +1,29 @@
-// Thin wrappers for Hopper warpgroup MMA (wgmma), which CCCL's cuda::ptx does not cover.
+// Hopper-only instructions that CCCL's cuda::ptx does not wrap: warpgroup MMA (wgmma) and register
+// reallocation (setmaxnreg). mbarrier, TMA and fences come from cuda::ptx (pipeline.cuh, producer.cuh).
 #pragma once
 #include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-namespace flashcore::ptx {
+namespace flashcore::sm90 {
+
+// setmaxnreg: hand registers from the producer warpgroup to the consumer warpgroups. Effective only when the
+// kernel has a register cap at entry (__launch_bounds__(threads, 1)).
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 
 // Shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA "Matrix Descriptor Format").
 //   bits  0-13: start address >> 4      bits 16-29: leading-dimension byte offset >> 4
 //   bits 32-45: stride-dimension byte offset >> 4      bits 62-63: swizzle mode (1 = 128B)
-// The tile must sit at a 1024-byte-aligned base (the swizzle pattern repeats every 8 rows of 128 B);
-// the start address may move inside it by multiples of 16 bytes to select k-slices.
+// The tile must sit at a 1024-byte-aligned base (the swizzle pattern repeats every 8 rows of 128 B); the
+// start address may move inside it by multiples of 16 bytes to select k-slices.
 __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr, uint32_t leading_byte_offset,
                                                          uint32_t stride_byte_offset) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
@@ -25,11 +37,7 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr, u
 
 // wgmma.fence: order register accesses of earlier instructions before the next wgmma.mma_async.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-
-__device__ __forceinline__ void wgmma_commit_group() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
+__device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
@@ -42,11 +50,12 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// WgmmaSS<T, N>: both operands in shared memory (K-major); WgmmaRS<T, N>: A from registers, B N-major.
 template <class T, int N>
 struct WgmmaSS;
 template <class T, int N>
 struct WgmmaRS;
 
-#include "ptx/wgmma_ops.inc"
+#include "kernels/sm90/wgmma_ops.inc"
 
-}  // namespace flashcore::ptx
+}  // namespace flashcore::sm90

@@ -11,7 +11,7 @@
 namespace flashcore::sm90 {
 
 // A (batch, seq, heads, head_dim) tensor viewed as the 4-D map (head_dim, seq, heads, batch) with the
-// caller's strides, 128-byte swizzle, and a box of 64 columns x box_rows rows of one head and batch.
+// caller's strides, 128-byte swizzle, and a box of one 128-byte row chunk x box_rows rows of one head and batch.
 // Out-of-range rows read as zero and are clipped on store.
 struct TensorMapArgs {
   const char* name;  // "q", "k", "v", "o": for error messages

@@ -1,0 +1,37 @@
+// Warp-level helpers that every backend uses: named barriers, quad reductions, fast exp2.
+#pragma once
+#include <cstdint>
+
+namespace flashcore::kernels {
+
+// Named barriers (bar.sync / bar.arrive with an id and a thread count; id 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Max and sum over the 4 threads of a quad (the threads that share a fragment row).
+// The max propagates NaN (fmaxf would drop it): a row with a NaN score gets a NaN max, so O and LSE agree.
+__device__ __forceinline__ float nan_max(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(d) : "f"(a), "f"(b));  // one FMNMX.NAN (sm_80+)
+  return d;
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = nan_max(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return nan_max(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace flashcore::kernels

@@ -1,0 +1,204 @@
+// Host side of the sm90 backend: the generated kernel rows, their selection, the kernel parameters (tensor
+// maps, tile counts) and the launch.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "api/dtype.h"
+#include "kernels/common/tile_math.h"
+#include "kernels/sm90/kernel_params.h"
+#include "kernels/sm90/launch.h"
+#include "kernels/sm90/scheduler_grid.h"
+#include "kernels/sm90/tma_desc.h"
+
+namespace flashcore::sm90 {
+
+#define FLASHCORE_SM90_ROW(SYM) extern const KernelRow kRow_##SYM;
+#include "kernels/sm90/rows.inc"
+#undef FLASHCORE_SM90_ROW
+
+namespace {
+
+const KernelRow* const kRows[] = {
+#define FLASHCORE_SM90_ROW(SYM) &kRow_##SYM,
+#include "kernels/sm90/rows.inc"
+#undef FLASHCORE_SM90_ROW
+};
+
+std::string cuda_message(const char* what, cudaError_t err) {
+  return std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+}
+
+// Multiprocessor count of device `device` (cached for devices 0..63).
+cudaError_t sm_count(int device, int& sms) {
+  static std::atomic<int> cache[64];
+  const bool cached = device >= 0 && device < 64;
+  if (cached && (sms = cache[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && cached) cache[device].store(sms, std::memory_order_release);
+  return err;
+}
+
+// Identity of the current CUDA context (changes after cudaDeviceReset), through the driver's cuCtxGetId.
+unsigned long long current_context_id() {
+  static PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
+  static PFN_cuCtxGetId_v12000 get_id = nullptr;
+  static const bool loaded = [] {
+    cudaDriverEntryPointQueryResult q1{}, q2{};
+    void* f1 = nullptr;
+    void* f2 = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f1, 4000, cudaEnableDefault, &q1) != cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuCtxGetId", &f2, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
+        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
+      return false;
+    }
+    get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f1);
+    get_id = reinterpret_cast<PFN_cuCtxGetId_v12000>(f2);
+    return true;
+  }();
+  CUcontext ctx = nullptr;
+  unsigned long long id = 0;
+  if (!loaded || get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr || get_id(ctx, &id) != CUDA_SUCCESS) return 0;
+  return id;
+}
+
+// Once per (kernel, context): check that the loaded image is the real sm_90a kernel (not a body compiled for
+// another arch, which would trap) and raise its dynamic shared-memory limit. Both are per-context state, so a
+// cudaDeviceReset (a new context) re-runs them. Returns SUCCESS or a message.
+flashcore_status prepare(const KernelRow& row, int device, std::string& error) {
+  struct Prepared {
+    std::atomic<const void*> kernel{nullptr};
+    std::atomic<unsigned long long> context{0};
+  };
+  static Prepared cache[64][32];  // [device][row slot]: a small direct-mapped cache; a miss just re-prepares
+  const unsigned long long ctx = current_context_id();
+  Prepared* slot = nullptr;
+  if (device >= 0 && device < 64 && ctx != 0) {
+    slot = &cache[device][(reinterpret_cast<uintptr_t>(row.kernel) >> 4) % 32];
+    if (slot->kernel.load(std::memory_order_acquire) == row.kernel &&
+        slot->context.load(std::memory_order_acquire) == ctx) {
+      return FLASHCORE_SUCCESS;
+    }
+  }
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, row.kernel);
+  if (err != cudaSuccess) {
+    error = cuda_message("cannot load the sm90 kernel image", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  if (attr.binaryVersion != 90 || (attr.ptxVersion != 0 && attr.ptxVersion < 90)) {
+    error = "the loaded sm90 kernel image is for sm_" + std::to_string(attr.binaryVersion) + " (from PTX " +
+            std::to_string(attr.ptxVersion) + "), not the sm_90a build: rebuild FlashCore with FLASHCORE_CUDA_ARCHS=90a";
+    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  }
+  err = cudaFuncSetAttribute(row.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row.smem_bytes);
+  if (err != cudaSuccess) {
+    error = cuda_message("cannot raise the kernel's shared-memory limit", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  if (slot != nullptr) {
+    slot->context.store(0, std::memory_order_release);
+    slot->kernel.store(row.kernel, std::memory_order_release);
+    slot->context.store(ctx, std::memory_order_release);
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+}  // namespace
+
+const KernelRow* const* rows(int& count) {
+  count = static_cast<int>(sizeof(kRows) / sizeof(kRows[0]));
+  return kRows;
+}
+
+const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
+                        const char* config, std::string& error) {
+  std::string names;
+  for (const KernelRow* r : kRows) {
+    if (r->dtype != dtype || r->out_dtype != out_dtype || r->head_dim != head_dim || r->causal != causal) continue;
+    if (config == nullptr ? r->is_default : std::strcmp(config, r->name) == 0) return r;
+    names += (names.empty() ? "" : ", ") + std::string(r->name);
+  }
+  if (config != nullptr) {
+    error = std::string("kernel_config = \"") + config + "\" is not compiled for " + dtype_name(dtype) +
+            " head_dim = " + std::to_string(head_dim) + (causal ? " causal" : " non-causal") +
+            "; compiled: " + (names.empty() ? "none" : names);
+  } else {
+    error = std::string("no sm90 kernel is compiled for ") + dtype_name(dtype) + " -> " + dtype_name(out_dtype) +
+            " head_dim = " + std::to_string(head_dim);
+  }
+  return nullptr;
+}
+
+size_t workspace_bytes(const KernelRow& row) {
+  return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
+}
+
+flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
+                        cudaStream_t stream, std::string& error) {
+  const size_t ws = workspace_bytes(row);
+  if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws)) {
+    error = std::string("kernel config \"") + row.name + "\" needs " + std::to_string(ws) +
+            " bytes of zero-filled workspace (flashcore_attention_workspace_size); workspace_size = " +
+            std::to_string(p.workspace_size);
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  FwdParams fp{};
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  const TensorMapArgs maps[4] = {
+      {"q", p.q, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.q_strides, row.shape.block_m},
+      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, row.shape.block_n},
+      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, row.shape.block_n},
+      {"o", p.o, out_dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.o_strides, 64},
+  };
+  CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
+  for (int i = 0; i < 4; ++i) {
+    const flashcore_status st = encode_tensor_map(targets[i], maps[i], error);
+    if (st != FLASHCORE_SUCCESS) return st;
+  }
+
+  const long long m_blocks = kernels::ceil_div(p.seqlen_q, row.shape.block_m);
+  const long long tiles = m_blocks * p.num_heads_q * p.batch;
+  if (tiles > 0x7fffffffLL - 4096) {
+    error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(row.shape.block_m) + ") = " +
+            std::to_string(tiles) + " exceeds the tile limit 2^31-4097";
+    return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  fp.lse = p.lse;
+  fp.tile_counter = static_cast<int*>(p.workspace);
+  fp.seqlen_q = p.seqlen_q;
+  fp.seqlen_k = p.seqlen_k;
+  fp.num_heads_q = static_cast<int>(p.num_heads_q);
+  fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
+  fp.num_m_blocks = static_cast<int>(m_blocks);
+  fp.num_tiles = static_cast<int>(tiles);
+  fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+
+  int sms = 0;
+  cudaError_t err = sm_count(device, sms);
+  if (err != cudaSuccess) {
+    error = cuda_message("cannot query the device", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
+
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid_size(row.shape.schedule, tiles, sms));
+  config.blockDim = dim3(static_cast<unsigned>(row.threads));
+  config.dynamicSmemBytes = static_cast<size_t>(row.smem_bytes);
+  config.stream = stream;
+  void* args[] = {&fp};
+  // The launch's own status: unlike cudaGetLastError, it neither reports nor clears an earlier, unrelated error.
+  err = cudaLaunchKernelExC(&config, row.kernel, args);
+  if (err != cudaSuccess) {
+    error = cuda_message("kernel launch failed", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+}  // namespace flashcore::sm90

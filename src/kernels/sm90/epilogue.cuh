@@ -1,0 +1,79 @@
+// Epilogue: normalize O, convert it to the output element type, stage it in shared memory in the 128B-swizzled
+// layout of the O tensor map and write it with TMA stores; LSE (natural log, fp32) goes straight from registers
+// when requested. Rows past the end of the tensor are clipped by the TMA unit, which for dense batches is the
+// end of the sequence; a packed (varlen) batch needs a store clipped at its sequence's end instead
+// (docs/design.md).
+#pragma once
+#include <cuda/ptx>
+
+#include "kernels/common/element.cuh"
+#include "kernels/common/fragment.cuh"
+#include "kernels/common/warp.cuh"
+#include "kernels/sm90/mainloop.cuh"
+
+namespace flashcore::sm90 {
+
+template <class Cfg>
+__device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile& tile, uint8_t* smem,
+                                                  SharedBarriers<Cfg>& bars, int warpgroup, ConsumerState<Cfg>& st,
+                                                  const ConsumerPipes<Cfg>& pipes) {
+  using Out = kernels::ElemTraits<typename Cfg::OutElement>;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = (threadIdx.x / 32) % 4;
+  const int wg_thread = threadIdx.x % 128;
+
+  float inv_sum[2], lse[2];
+  st.softmax.finalize(p.scale_log2, inv_sum, lse);
+
+  // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma has
+  // completed). A separate O buffer may still be read by the previous tile's store: wait for it.
+  uint8_t* stage = smem + Cfg::kSmemOOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kRowBytes;
+  if (Cfg::kSeparateO) {
+    if (wg_thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    kernels::named_barrier_sync(1 + warpgroup, 128);
+  }
+#pragma unroll
+  for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+    const int chunk = j / 8, unit = j % 8;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp_in_wg * 16 + lane / 4 + 8 * i;  // row within the slice; r % 8 == lane / 4
+      const uint32_t packed = Out::pack2(st.o[acc_index(j, i, 0)] * inv_sum[i], st.o[acc_index(j, i, 1)] * inv_sum[i]);
+      uint8_t* dst = stage + chunk * Cfg::kOutChunkBytes + r * Cfg::kRowBytes + ((unit ^ (r % 8)) * 16) + 4 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dst) = packed;
+    }
+  }
+  // Generic-proxy writes must be visible to the TMA (async proxy) before the store is issued.
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+  kernels::named_barrier_sync(1 + warpgroup, 128);
+
+  const int64_t slice_row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup;
+  if (wg_thread == 0) {
+#pragma unroll
+    for (int c = 0; c < Cfg::kOutChunks; ++c) {
+      const int32_t coords[4] = {c * Cfg::kOutChunkCols, static_cast<int32_t>(tile.seq.q_row0 + slice_row), tile.head,
+                                 tile.batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &p.tma_o, coords,
+                                      stage + c * Cfg::kOutChunkBytes);
+    }
+    cuda::ptx::cp_async_bulk_commit_group();
+  }
+
+  if (p.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t row = slice_row + warp_in_wg * 16 + lane / 4 + 8 * i;
+      if (row < tile.seq.seqlen_q) {
+        p.lse[(static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * tile.seq.seqlen_q + row] = lse[i];
+      }
+    }
+  }
+
+  // Staged in the Q tile: hand it back to the producer once the bulk store has read it.
+  if (!Cfg::kSeparateO && wg_thread == 0) {
+    cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    bars.q.release(pipes.q);
+  }
+}
+
+}  // namespace flashcore::sm90

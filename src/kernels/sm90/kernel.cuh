@@ -1,0 +1,71 @@
+// The sm90 forward kernel: a producer warpgroup (TMA) and 1-3 consumer warpgroups (wgmma + online softmax) per
+// CTA, walking the tiles its scheduler hands it. Each role is one file: scheduler.cuh (which tiles),
+// producer.cuh (loads), mainloop.cuh (GEMMs + softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs).
+// Included by the generated instantiation units only (sources.cmake); host code sees kernel_row.h.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/sm90/config.h"
+#include "kernels/sm90/epilogue.cuh"
+#include "kernels/sm90/kernel_row.h"
+#include "kernels/sm90/mainloop.cuh"
+#include "kernels/sm90/pipeline.cuh"
+#include "kernels/sm90/producer.cuh"
+#include "kernels/sm90/ptx.cuh"
+#include "kernels/sm90/scheduler.cuh"
+
+namespace flashcore::sm90 {
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  // 128B swizzling repeats every 1024 bytes: tiles must start 1024-byte aligned.
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* smem = smem_raw + ((1024u - (base & 1023u)) & 1023u);
+  auto& bars = *reinterpret_cast<SharedBarriers<Cfg>*>(smem + Cfg::kSmemBarrierOffset);
+  static_assert(sizeof(SharedBarriers<Cfg>) <= Cfg::kSmemBarrierBytes, "barriers overflow their shared memory");
+
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (threadIdx.x == 0) bars.init();
+  __syncthreads();
+
+  TileScheduler<Cfg> sched{bars};
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      Producer<Cfg> producer;
+      for (int t = sched.first(); t < p.num_tiles; t = sched.producer_next(p, t)) {
+        producer.load_tile(p, decode_tile<Cfg>(p, t), smem, bars);
+      }
+    }
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    ConsumerPipes<Cfg> pipes;
+    for (int t = sched.first(); t < p.num_tiles; t = sched.consumer_next(p, t)) {
+      const Tile tile = decode_tile<Cfg>(p, t);
+      ConsumerState<Cfg> st;
+      consumer_mainloop<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
+      consumer_epilogue<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
+      pipes.q.advance();
+    }
+    // The last TMA store must have read the staged O before the CTA's shared memory goes away.
+    if (Cfg::kSeparateO && threadIdx.x % 128 == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+  }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#error "FlashCore's sm90 kernels need the sm_90a target (-gencode=arch=compute_90a,code=sm_90a), not sm_90"
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for another arch: never return as if O had been written (the host checks the image first)
+#endif
+}
+
+}  // namespace flashcore::sm90
+
+// One row of the kernel table: the generated unit defines the row struct ROW (config.h) and names it here.
+#define FLASHCORE_SM90_DEFINE_ROW(ROW, NAME, DTYPE, OUT_DTYPE, IS_DEFAULT)                                       \
+  namespace flashcore::sm90 {                                                                                   \
+  extern const KernelRow kRow_##ROW = {                                                                         \
+      NAME, DTYPE, OUT_DTYPE, ROW::kHeadDim, ROW::kCausal, IS_DEFAULT, ROW::kShape,                             \
+      KernelConfig<ROW>::kThreads, KernelConfig<ROW>::kSmemBytes, KernelConfig<ROW>::kSeparateO,                \
+      reinterpret_cast<const void*>(&flashcore_fwd_sm90_kernel<KernelConfig<ROW>>)};                           \
+  }

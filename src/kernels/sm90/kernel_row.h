@@ -1,0 +1,24 @@
+// What host code knows of one compiled sm90 kernel: its key (dtype, out dtype, head dim, causal, config name),
+// its launch shape and the address of its __global__ function. The generated units define one KernelRow each
+// (kernel.cuh, FLASHCORE_SM90_DEFINE_ROW); backend.cpp lists them (generated rows.inc) and launches them.
+#pragma once
+#include "flashcore/flashcore.h"
+#include "kernels/sm90/tile_shape.h"
+
+namespace flashcore::sm90 {
+
+struct KernelRow {
+  const char* name;  // the config's name, e.g. "128x128x2-pp-static" (unique per dtype/head dim/causal)
+  flashcore_dtype dtype;
+  flashcore_dtype out_dtype;
+  int head_dim;
+  bool causal;
+  bool is_default;  // the library's choice for its (dtype, out dtype, head dim, causal)
+  TileShape shape;
+  int threads;
+  int smem_bytes;
+  bool separate_o;
+  const void* kernel;  // flashcore_fwd_sm90_kernel<KernelConfig<Row>>
+};
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,199 @@
+// Consumer main loop: one warpgroup owns 64 query rows. Per key block: S = Q K^T by wgmma (both operands in
+// shared memory), mask where needed, online softmax in registers (kernels/common), then O += P V by wgmma
+// with P taken straight from registers.
+#pragma once
+#include "kernels/common/element.cuh"
+#include "kernels/common/fragment.cuh"
+#include "kernels/common/mask.cuh"
+#include "kernels/common/softmax.cuh"
+#include "kernels/common/warp.cuh"
+#include "kernels/sm90/pipeline.cuh"
+#include "kernels/sm90/ptx.cuh"
+#include "kernels/sm90/scheduler.cuh"
+
+namespace flashcore::sm90 {
+
+using kernels::acc_index;
+
+// Everything a consumer warpgroup carries from the main loop into the epilogue.
+template <class Cfg>
+struct ConsumerState {
+  float o[Cfg::kHeadDim / 2];  // m64 x head_dim fp32 accumulator fragment
+  kernels::OnlineSoftmax<Cfg::kBlockN> softmax;
+};
+
+// The consumers' positions in the Q, K and V pipelines; they persist across the tiles of a persistent CTA.
+template <class Cfg>
+struct ConsumerPipes {
+  PipelineState<1> q;
+  PipelineState<Cfg::kStages> k, v;
+};
+
+// S(64 x kBlockN) = Q_slice(64 x D) * K_tile(kBlockN x D)^T. Both K-major, 128B-swizzled chunks of one
+// 128-byte row; one MMA k-step is a 32-byte move of the start address inside a chunk.
+template <class Cfg>
+__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const uint8_t* q_slice, const uint8_t* k_tile) {
+  constexpr int kStepsPerChunk = Cfg::kChunkCols / Cfg::kMmaK;
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < Cfg::kHeadDim / Cfg::kMmaK; ++k) {
+    const int chunk = k / kStepsPerChunk, kk = k % kStepsPerChunk;
+    const uint64_t da = make_smem_desc_sw128(q_slice + chunk * Cfg::kQChunkBytes + kk * 32, 16, 1024);
+    const uint64_t db = make_smem_desc_sw128(k_tile + chunk * Cfg::kKVChunkBytes + kk * 32, 16, 1024);
+    WgmmaSS<typename Cfg::Element, Cfg::kBlockN>::mma(s, da, db, k > 0 ? 1 : 0);
+  }
+  wgmma_commit_group();
+}
+
+// P(64 x kBlockN) as wgmma A fragments (m64k16, 16-bit): for k-step t, this thread's accumulator columns
+// 16t..16t+15 repacked into 4 registers. Done for all k-steps before the first P*V wgmma so that no register is
+// written between the wgmma.fence and the MMAs.
+template <class Cfg>
+__device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], uint32_t (&a)[Cfg::kBlockN / 16][4]) {
+  using E = kernels::ElemTraits<typename Cfg::Element>;
+#pragma unroll
+  for (int t = 0; t < Cfg::kBlockN / 16; ++t) {
+    a[t][0] = E::pack2(p[acc_index(2 * t, 0, 0)], p[acc_index(2 * t, 0, 1)]);
+    a[t][1] = E::pack2(p[acc_index(2 * t, 1, 0)], p[acc_index(2 * t, 1, 1)]);
+    a[t][2] = E::pack2(p[acc_index(2 * t + 1, 0, 0)], p[acc_index(2 * t + 1, 0, 1)]);
+    a[t][3] = E::pack2(p[acc_index(2 * t + 1, 1, 0)], p[acc_index(2 * t + 1, 1, 1)]);
+  }
+}
+
+// O(64 x D) += P(64 x kBlockN, registers) * V_tile(kBlockN x D). V is key-major here (VLayout::kKeyMajor: its
+// rows are the k dimension, an N-major B operand): leading byte offset = distance between row chunks, stride
+// byte offset = distance between groups of 8 key rows.
+template <class Cfg>
+__device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uint32_t (&a)[Cfg::kBlockN / 16][4],
+                                        const uint8_t* v_tile) {
+  static_assert(Cfg::kVLayout == VLayout::kKeyMajor, "a dim-major V (8-bit) needs the K-major B form");
+  wgmma_fence();
+#pragma unroll
+  for (int t = 0; t < Cfg::kBlockN / 16; ++t) {
+    const uint64_t db = make_smem_desc_sw128(v_tile + t * 16 * Cfg::kRowBytes, Cfg::kKVChunkBytes, 1024);
+    WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>::mma(o, a[t], db, 1);
+  }
+  wgmma_commit_group();
+}
+
+// Round-robin turns between the consumer warpgroups (named barrier kBarrierBase + wg, 256 threads: the waiting
+// warpgroup and its predecessor): a warpgroup waits for its turn before issuing its GEMMs and hands the turn
+// on right after, so the tensor cores run one warpgroup's GEMMs while the others do their softmax.
+template <class Cfg>
+struct PingPong {
+  static constexpr uint32_t kBarrierBase = 1 + Cfg::kConsumerWarpgroups;  // below: epilogue barriers
+  static constexpr int kLast = Cfg::kConsumerWarpgroups - 1;
+  int warpgroup;
+  __device__ __forceinline__ void wait_turn() const {
+    if (Cfg::kPingPong) kernels::named_barrier_sync(kBarrierBase + warpgroup, 2 * 128);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if (Cfg::kPingPong) kernels::named_barrier_arrive(kBarrierBase + (warpgroup == kLast ? 0 : warpgroup + 1), 2 * 128);
+  }
+};
+
+// The main loop, software-pipelined inside the warpgroup. Key blocks run from the last to the first, so the
+// previous block of block j is j+1: while P_{j+1} V_{j+1} runs on the tensor cores, the softmax of S_j runs on
+// the ALUs.
+//   prologue : S_last = Q K_last^T; softmax -> P
+//   each step: issue S_j = Q K_j^T; issue O += P V_{j+1}; wait S_j; softmax(S_j); wait PV; rescale O
+//   tail     : O += P V_first
+template <class Cfg>
+__device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
+                                                  SharedBarriers<Cfg>& bars, int warpgroup, ConsumerState<Cfg>& st,
+                                                  ConsumerPipes<Cfg>& pipes) {
+#pragma unroll
+  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) st.o[i] = 0.f;
+  // Q: taken for every tile (producer.cuh); a tile with no key block has nothing to compute.
+  bars.q.wait(pipes.q);
+  if (tile.keys.count() == 0) {
+    if (Cfg::kSeparateO) bars.q.release(pipes.q);
+    return;
+  }
+
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = (threadIdx.x / 32) % 4;
+  const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
+                       warp_in_wg * 16 + lane / 4;
+  const uint8_t* q_slice = smem + Cfg::kSmemQOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kRowBytes;
+  auto k_tile = [&](int stage) { return smem + Cfg::kSmemKOffset + stage * Cfg::kKVTileBytes; };
+  auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kKVTileBytes; };
+  auto softmax_step = [&](float (&s)[Cfg::kBlockN / 2], int n_block, float (&rescale)[2]) {
+    if (kernels::block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(tile.seq, n_block, tile.m_block)) {
+      kernels::apply_mask<Cfg::kBlockN, Cfg::kCausal>(
+          s, tile.seq, row0, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
+    }
+    st.softmax.update(s, p.scale_log2, rescale);
+  };
+  // The Q tile may go as soon as the tile's last S GEMM has read it, when O has its own staging buffer.
+  auto after_s_gemm = [&](int n_block) {
+    bars.k.release(pipes.k);
+    pipes.k.advance();
+    if (Cfg::kSeparateO && n_block == tile.keys.begin) bars.q.release(pipes.q);
+  };
+
+  const PingPong<Cfg> turn{warpgroup};
+  // The last warpgroup lets the first one go first; its last hand-over is skipped so that every barrier sees as
+  // many arrivals as waits.
+  constexpr int kLast = PingPong<Cfg>::kLast;
+  if (warpgroup == kLast) turn.pass_turn();
+
+  float s[Cfg::kBlockN / 2];
+  uint32_t p_frag[Cfg::kBlockN / 16][4];
+  float rescale[2];
+
+  int n_block = tile.keys.end - 1;
+  bars.k.wait(pipes.k);
+  turn.wait_turn();
+  gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
+  if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
+  wgmma_wait_group<0>();
+  fence_regs(s);
+  after_s_gemm(n_block);
+  softmax_step(s, n_block, rescale);
+  convert_p<Cfg>(s, p_frag);
+
+  for (--n_block; n_block >= tile.keys.begin; --n_block) {
+    bars.k.wait(pipes.k);
+    bars.v.wait(pipes.v);
+    turn.wait_turn();
+    gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
+    fence_regs(st.o);
+    gemm_pv<Cfg>(st.o, p_frag, v_tile(pipes.v.stage));
+    if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
+
+    wgmma_wait_group<1>();  // S_j is done; P V may still run
+    fence_regs(s);
+    after_s_gemm(n_block);
+    softmax_step(s, n_block, rescale);
+
+    wgmma_wait_group<0>();
+    fence_regs(st.o);
+    bars.v.release(pipes.v);
+    pipes.v.advance();
+    // Once the running maxima settle, most blocks change no row max of a warp, and the rescale is a multiply by
+    // exactly 1. Skipping it pays where the O fragment dwarfs the S fragment (d256; docs/perf-notes.md, v8).
+    // The result is bit-identical either way.
+    if (!Cfg::kSkipUnitRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          st.o[acc_index(j, i, 0)] *= rescale[i];
+          st.o[acc_index(j, i, 1)] *= rescale[i];
+        }
+      }
+    }
+    convert_p<Cfg>(s, p_frag);
+  }
+
+  bars.v.wait(pipes.v);
+  fence_regs(st.o);
+  gemm_pv<Cfg>(st.o, p_frag, v_tile(pipes.v.stage));
+  wgmma_wait_group<0>();
+  fence_regs(st.o);
+  bars.v.release(pipes.v);
+  pipes.v.advance();
+}
+
+}  // namespace flashcore::sm90

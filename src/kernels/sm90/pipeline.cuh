@@ -1,0 +1,88 @@
+// Pipelines between the producer and the consumers: one object per operand (Q, the K ring, the V ring, the
+// tile ids of the dynamic scheduler), each a ring of full/empty mbarrier pairs with the same four verbs:
+//   producer: acquire (wait until the stage is empty), commit / commit_tx (mark it full; with TMA, announce
+//             the transaction bytes the copy engine will deliver)
+//   consumer: wait (until the stage is full), release (hand it back)
+// Each side walks the ring with its own PipelineState (stage + phase parity), so both sides agree on the phase
+// of every use as long as both skip or take the same uses: a tile with no key blocks takes no Q stage on
+// either side (which rules out the phase aliasing of a shared Q barrier, docs/perf-notes.md v7).
+// The number of producer arrivals is a parameter: 1 for a TMA producer thread, a warp or more for copy
+// engines that gather rows (cp.async, paged KV).
+#pragma once
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace flashcore::sm90 {
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar);
+}
+
+template <int kStages>
+struct PipelineState {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+template <int kStages>
+struct Pipeline {
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+  using State = PipelineState<kStages>;
+
+  __device__ __forceinline__ void init(uint32_t producer_arrivals, uint32_t consumer_arrivals) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], producer_arrivals);
+      cuda::ptx::mbarrier_init(&empty[s], consumer_arrivals);
+    }
+  }
+
+  // Producer side. A fresh empty barrier passes parity 1 at once, so the first lap does not wait.
+  __device__ __forceinline__ void acquire(const State& st) { mbar_wait(&empty[st.stage], st.phase ^ 1u); }
+  // Arrive on the full barrier and announce `bytes` of TMA transactions; returns the barrier the copies signal.
+  __device__ __forceinline__ uint64_t* commit_tx(const State& st, uint32_t bytes) {
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         &full[st.stage], bytes);
+    return &full[st.stage];
+  }
+  __device__ __forceinline__ void commit(const State& st) { mbar_arrive(&full[st.stage]); }
+
+  // Consumer side.
+  __device__ __forceinline__ void wait(const State& st) { mbar_wait(&full[st.stage], st.phase); }
+  __device__ __forceinline__ void release(const State& st) { mbar_arrive(&empty[st.stage]); }
+};
+
+// Every pipeline of the kernel, carved from shared memory at KernelConfig::kSmemBarrierOffset.
+template <class Cfg>
+struct SharedBarriers {
+  static constexpr int kTileStages = 2;  // tile ids published ahead by the dynamic scheduler
+  Pipeline<1> q;                         // the Q tile (released after its last read, see config.h)
+  Pipeline<Cfg::kStages> k;
+  Pipeline<Cfg::kStages> v;
+  Pipeline<kTileStages> tile;
+  int tile_id[kTileStages];
+
+  __device__ __forceinline__ void init() {
+    q.init(1, Cfg::kQReleaseArrivals);
+    k.init(1, Cfg::kConsumerThreads);
+    v.init(1, Cfg::kConsumerThreads);
+    tile.init(1, Cfg::kConsumerThreads);
+    // Make the initialized barriers visible to the async (TMA) proxy.
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+};
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,82 @@
+// Tile scheduling: which tiles a CTA runs, and what each tile is (query block, head, batch, its sequence and
+// the key blocks it visits). One interface over three policies (config.h, Schedule):
+//   first()          the CTA's first tile (blockIdx.x for every policy)
+//   producer_next(t) the tile after t, called by the producer thread as soon as it has issued t's loads; the
+//                    dynamic policy fetches it from a global counter and publishes it to the consumers
+//   consumer_next(t) the same tile as the producer's, for the consumer warpgroups
+//   grid_size()      the number of CTAs (host, scheduler_grid.h)
+// A tile index >= num_tiles ends the loop.
+#pragma once
+#include "kernels/common/tile_math.h"
+#include "kernels/sm90/config.h"
+#include "kernels/sm90/kernel_params.h"
+#include "kernels/sm90/pipeline.cuh"
+
+namespace flashcore::sm90 {
+
+struct Tile {
+  int m_block;
+  int head;
+  int batch;
+  kernels::SeqInfo seq;   // this tile's sequence (dense batches: the tensor's lengths, offset 0)
+  kernels::KeyRange keys; // key blocks visited, from keys.end - 1 down to keys.begin
+};
+
+// Tile order: query blocks fastest, so the CTAs running at once share one head's K/V in L2. Causal tiles go
+// heaviest first within a head (the bottom query blocks see the most keys).
+template <class Cfg>
+__device__ __forceinline__ Tile decode_tile(const FwdParams& p, int tile_idx) {
+  Tile t;
+  const int hb = tile_idx / p.num_m_blocks;
+  const int m_idx = tile_idx - hb * p.num_m_blocks;
+  t.head = hb % p.num_heads_q;
+  t.batch = hb / p.num_heads_q;
+  t.m_block = Cfg::kCausal ? p.num_m_blocks - 1 - m_idx : m_idx;
+  t.seq.seqlen_q = p.seqlen_q;
+  t.seq.seqlen_k = p.seqlen_k;
+  t.keys = kernels::key_range(t.seq, t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
+  return t;
+}
+
+template <class Cfg>
+struct TileScheduler {
+  static constexpr Schedule kPolicy = Cfg::kSchedule;
+  SharedBarriers<Cfg>& bars;
+  PipelineState<SharedBarriers<Cfg>::kTileStages> state{};  // dynamic policy: position in the tile-id ring
+
+  __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
+
+  __device__ __forceinline__ int producer_next(const FwdParams& p, int t) {
+    if constexpr (kPolicy == Schedule::kOneTilePerCta) {
+      return p.num_tiles;
+    } else if constexpr (kPolicy == Schedule::kStaticPersistent) {
+      return t + static_cast<int>(gridDim.x);
+    } else {
+      // Every processed tile is followed by exactly one fetch, so a launch makes num_tiles fetches: values
+      // 0 .. num_tiles-1 (those >= num_tiles - grid end their CTA's loop). The last one puts the counter back
+      // to 0 for the next launch on the stream (the workspace contract: left zero-filled).
+      const int fetched = atomicAdd(p.tile_counter, 1);
+      if (fetched == p.num_tiles - 1) *p.tile_counter = 0;
+      const int next = static_cast<int>(gridDim.x) + fetched;
+      bars.tile.acquire(state);
+      bars.tile_id[state.stage] = next;
+      bars.tile.commit(state);
+      state.advance();
+      return next;
+    }
+  }
+
+  __device__ __forceinline__ int consumer_next(const FwdParams& p, int t) {
+    if constexpr (kPolicy == Schedule::kDynamicPersistent) {
+      bars.tile.wait(state);
+      const int next = bars.tile_id[state.stage];
+      bars.tile.release(state);
+      state.advance();
+      return next;
+    } else {
+      return producer_next(p, t);
+    }
+  }
+};
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,25 @@
+// The host-visible part of a tile config (config.h): shape, schedule and V layout.
+#pragma once
+
+namespace flashcore::sm90 {
+
+// How CTAs get tiles (scheduler.cuh).
+enum class Schedule : int {
+  kOneTilePerCta = 0,     // grid = tiles; the hardware block scheduler balances unequal (causal) tiles
+  kStaticPersistent = 1,  // grid = min(tiles, SMs); CTA c takes c, c + grid, ...
+  kDynamicPersistent = 2  // grid = min(tiles, SMs); the next tile comes from a global counter (workspace)
+};
+
+// How V sits in shared memory for O += P V. 16-bit wgmma reads V as stored (rows = keys, an N-major B
+// operand); 8-bit wgmma needs a K-major B, i.e. V transposed (by the producer, or given transposed).
+enum class VLayout : int { kKeyMajor = 0, kDimMajor = 1 };
+
+struct TileShape {
+  int block_m;        // query rows per CTA: 64 per consumer warpgroup
+  int block_n;        // keys per K/V tile
+  int stages;         // depth of the K/V ring
+  bool pingpong;      // consumer warpgroups take turns issuing GEMMs (mainloop.cuh)
+  Schedule schedule;  // scheduler.cuh
+};
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,94 @@
+// Every compiled kernel config, not only the defaults: the tuning options of configs.txt (e.g. the dynamic
+// persistent scheduler) must pass the same correctness and determinism rules before a tuner may pick them.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "check/check.h"
+#include "flashcore/flashcore.h"
+#include "gpu/gpu_skip.h"
+
+namespace {
+
+struct ConfigCase {
+  flashcore_dtype dtype;
+  int head_dim;
+  bool causal;
+  std::string config;
+};
+
+std::vector<ConfigCase> non_default_configs() {
+  std::vector<ConfigCase> out;
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+    for (int hd : {64, 128, 256}) {
+      for (int causal : {0, 1}) {
+        const char* names[16];
+        int32_t count = 0;
+        if (flashcore_list_kernel_configs(dt, hd, causal, names, 16, &count) != FLASHCORE_SUCCESS) continue;
+        for (int i = 1; i < count && i < 16; ++i) out.push_back({dt, hd, causal != 0, names[i]});
+      }
+    }
+  }
+  return out;
+}
+
+TEST(KernelConfigs, ListHasTheDefaultFirstForEveryCompiledHeadDim) {
+  FLASHCORE_REQUIRE_GPU();  // the list is per device
+  const char* names[16];
+  int32_t count = 0;
+  ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, 1, names, 16, &count), FLASHCORE_SUCCESS);
+  flashcore_capabilities caps{};
+  caps.struct_size = sizeof(caps);
+  ASSERT_EQ(flashcore_get_capabilities(&caps), FLASHCORE_SUCCESS);
+  bool d128 = false;
+  for (int i = 0; i < caps.num_head_dims; ++i) d128 = d128 || caps.head_dims[i] == 128;
+  if (!d128) GTEST_SKIP() << "head dim 128 not compiled in";
+  ASSERT_GE(count, 2) << "configs.txt lists a dynamic-scheduler option for d128 causal";
+  EXPECT_STREQ(names[0], "128x176x2-onecta");
+}
+
+TEST(KernelConfigs, EveryNonDefaultConfigPassesTheSuiteRules) {
+  FLASHCORE_REQUIRE_GPU();
+  const std::vector<ConfigCase> configs = non_default_configs();
+  if (configs.empty()) GTEST_SKIP() << "no non-default kernel config compiled in";
+  // Odd lengths, Sq != Sk both ways (rows with no visible key under causal), GQA, both layouts, batch > 1.
+  const struct { int64_t b, hq, hkv, sq, sk; flashcore::check::Layout layout; } shapes[] = {
+      {1, 1, 1, 1, 1, flashcore::check::Layout::BSHD},     {2, 4, 2, 17, 113, flashcore::check::Layout::BSHD},
+      {1, 2, 1, 113, 17, flashcore::check::Layout::BHSD},  {3, 8, 1, 1000, 1000, flashcore::check::Layout::BSHD},
+      {1, 4, 4, 4097, 4097, flashcore::check::Layout::BHSD}, {2, 6, 2, 300, 2048, flashcore::check::Layout::BSHD},
+  };
+  int runs = 0;
+  for (const ConfigCase& cc : configs) {
+    for (const auto& s : shapes) {
+      flashcore::check::Case c;
+      c.batch = s.b, c.heads_q = s.hq, c.heads_kv = s.hkv, c.seqlen_q = s.sq, c.seqlen_k = s.sk;
+      c.head_dim = cc.head_dim, c.dtype = cc.dtype, c.causal = cc.causal, c.layout = s.layout;
+      c.kernel_config = cc.config.c_str();
+      const flashcore::check::Result r = flashcore::check::run_case(c, 1234 + runs, /*repeats=*/3);
+      EXPECT_TRUE(r.passed && r.deterministic)
+          << cc.config << ": " << flashcore::check::describe(c) << ": " << r.message;
+      ++runs;
+    }
+  }
+  std::printf("kernel configs: %zu non-default config(s), %d case(s) run\n", configs.size(), runs);
+}
+
+TEST(KernelConfigs, UnknownConfigNameIsAClearError) {
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  alignas(16) static uint16_t q[64 * 8], k[64 * 8], v[64 * 8], o[64 * 8];
+  p.q = q, p.k = k, p.v = v, p.o = o;
+  p.batch = 1, p.seqlen_q = 8, p.seqlen_k = 8, p.num_heads_q = 1, p.num_heads_kv = 1, p.head_dim = 64;
+  p.dtype = FLASHCORE_DTYPE_BF16;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+  p.kernel_config = "no-such-config";
+  FLASHCORE_REQUIRE_GPU();
+  uint64_t bytes = 0;
+  const flashcore_status st = flashcore_attention_workspace_size(&p, &bytes);
+  EXPECT_EQ(st, FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("no-such-config"), std::string::npos) << flashcore_last_error();
+}
+
+}  // namespace
