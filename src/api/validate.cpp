@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "api/dtype.h"
 #include "sm90/fwd_launch.h"
 
 namespace flashcore::api {
@@ -173,22 +174,13 @@ std::string compiled_head_dims(flashcore_dtype dtype) {
 
 }  // namespace
 
-const char* dtype_name(flashcore_dtype dtype) {
-  switch (dtype) {
-    case FLASHCORE_DTYPE_FP16: return "fp16";
-    case FLASHCORE_DTYPE_BF16: return "bf16";
-    case FLASHCORE_DTYPE_FP32: return "fp32";
-    case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
-  }
-  return "unknown";
-}
+// TEMPORARY (branch abi): forward to the shared src/api/dtype.h so this file builds against the 0.2 header;
+// the owner of validate.cpp removes these copies.
+const char* dtype_name(flashcore_dtype dtype) { return flashcore::dtype_name(dtype); }
 
 int64_t dtype_size(flashcore_dtype dtype) {
-  switch (dtype) {
-    case FLASHCORE_DTYPE_FP32: return 4;
-    case FLASHCORE_DTYPE_FP8_E4M3: return 1;
-    default: return 2;
-  }
+  const int64_t size = flashcore::dtype_size(dtype);
+  return size > 0 ? size : 2;  // unknown dtypes are rejected anyway (validate.h)
 }
 
 bool dtype_compiled(flashcore_dtype dtype) {
