@@ -26,6 +26,7 @@
 #include <set>
 #include <sstream>
 
+#include "api/dtype.h"
 #include "reference/reference.h"
 
 namespace flashcore::check {
@@ -37,15 +38,7 @@ namespace ref = flashcore::reference;
 // ------------------------------------------------------------------------------------------------
 namespace {
 
-const char* dtype_name(flashcore_dtype d) {
-  switch (d) {
-    case FLASHCORE_DTYPE_FP16: return "fp16";
-    case FLASHCORE_DTYPE_BF16: return "bf16";
-    case FLASHCORE_DTYPE_FP32: return "fp32";
-    case FLASHCORE_DTYPE_FP8_E4M3: return "fp8e4m3";
-  }
-  return "dtype?";
-}
+using flashcore::dtype_name;
 
 std::string format_float(double x) {
   char buf[32];
@@ -264,14 +257,6 @@ flashcore_tensor_strides layout_strides(Layout layout, int64_t S, int64_t H, int
   return {S * H * D, H * D, D, 1};
 }
 
-size_t element_size(flashcore_dtype dt) {
-  switch (dt) {
-    case FLASHCORE_DTYPE_FP32: return 4;
-    case FLASHCORE_DTYPE_FP8_E4M3: return 1;
-    default: return 2;
-  }
-}
-
 }  // namespace
 
 std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
@@ -370,7 +355,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     r.message = "invalid case: " + describe(c);
     return r;
   }
-  const size_t esize = element_size(c.dtype);
+  const size_t esize = static_cast<size_t>(flashcore::dtype_size(c.dtype));
   const int64_t nq = B * Sq * Hq * D, nkv = B * Sk * Hkv * D, nlse = B * Hq * Sq;
 
   DeviceBuffer dq, dk, dv, dout, dlse;

@@ -108,19 +108,9 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
   return true;
 }
 
-const char* dtype_name(flashcore_dtype dt) {
-  switch (dt) {
-    case FLASHCORE_DTYPE_FP16: return "fp16";
-    case FLASHCORE_DTYPE_BF16: return "bf16";
-    case FLASHCORE_DTYPE_FP32: return "fp32";
-    case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
-  }
-  return "?";
-}
-
 flashcore_capabilities capabilities() {
-  flashcore_capabilities caps{};
-  caps.struct_size = sizeof(caps);
+  flashcore_capabilities caps;
+  flashcore_capabilities_init(&caps);
   flashcore_status st = flashcore_get_capabilities(&caps);
   if (st != FLASHCORE_SUCCESS)
     throw CliError(kExitFailure, std::string("flashcore_get_capabilities failed: ") + flashcore_status_string(st) +
