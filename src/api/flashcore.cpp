@@ -68,16 +68,34 @@ flashcore_status checked_params(const flashcore_attention_params* params, bool w
 
 extern "C" {
 
-void flashcore_attention_params_init(flashcore_attention_params* params) {
+void flashcore_attention_params_init_sized(flashcore_attention_params* params, uint32_t struct_size) {
   flashcore::api::clear_error();
   if (params == nullptr) {
     set_error(FLASHCORE_ERROR_NULL_POINTER, "flashcore_attention_params_init: params is NULL");
     return;
   }
-  std::memset(params, 0, sizeof(*params));
-  params->struct_size = sizeof(flashcore_attention_params);
-  params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
-  flashcore::api::set_post_v1_defaults(*params);
+  if (!flashcore::api::accepted_params_size(struct_size)) {
+    set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "flashcore_attention_params_init_sized: struct_size = " +
+                                                    std::to_string(struct_size) + " is not an accepted size");
+    return;
+  }
+  // Build a current struct, then hand the caller the part its layout holds (a newer caller's tail: zeros).
+  flashcore_attention_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.q_strides.dim = p.k_strides.dim = p.v_strides.dim = p.o_strides.dim = 1;
+  flashcore::api::set_post_v1_defaults(p);
+  const size_t copied = struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE ? flashcore::api::kParamsV1FieldBytes
+                                                                          : sizeof(p);
+  auto* out = reinterpret_cast<unsigned char*>(params);
+  std::memset(out, 0, struct_size);
+  std::memcpy(out, &p, copied);
+  std::memcpy(out, &struct_size, sizeof(struct_size));
+}
+
+// The 0.1 entry point, called by binaries built against the 0.1 header: their struct is 0.1-sized. (Callers
+// built against this header reach flashcore_attention_params_init_sized through the header's macro.)
+void(flashcore_attention_params_init)(flashcore_attention_params* params) {
+  flashcore_attention_params_init_sized(params, FLASHCORE_ATTENTION_PARAMS_V1_SIZE);
 }
 
 flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params, int bhsd_layout) {

@@ -4,6 +4,11 @@
 
 namespace flashcore::api {
 
+bool accepted_params_size(uint32_t struct_size) {
+  return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE ||
+         (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
+}
+
 void set_post_v1_defaults(flashcore_attention_params& p) {
   p.out_dtype = FLASHCORE_DTYPE_SAME;
   p.reserved = 0;

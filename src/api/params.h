@@ -21,6 +21,9 @@ static_assert(sizeof(flashcore_attention_params) > FLASHCORE_ATTENTION_PARAMS_V1
 // would otherwise be read, up to 4 GiB of it).
 inline constexpr uint32_t kMaxParamsStructSize = 4096;
 
+// True for the struct_size values upgrade_params accepts (a newer caller's tail is checked there).
+bool accepted_params_size(uint32_t struct_size);
+
 // Sets the fields added since 0.1 to their defaults: out_dtype = FLASHCORE_DTYPE_SAME, everything else 0/NULL.
 void set_post_v1_defaults(flashcore_attention_params& p);
 
