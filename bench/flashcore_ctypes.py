@@ -33,8 +33,8 @@ DTYPE_NAMES = {DTYPE_FP16: "fp16", DTYPE_BF16: "bf16", _lib.DTYPE_FP32: "fp32", 
 
 
 def default_library_path() -> str:
-    """$FLASHCORE_LIB, else <repo>/build/lib/libflashcore.so."""
-    return os.environ.get("FLASHCORE_LIB") or os.path.join(ROOT, "build", "lib", _lib.LIBRARY_FILE)
+    """$FLASHCORE_LIBRARY (_lib.LIBRARY_ENV), else <repo>/build/lib/libflashcore.so."""
+    return os.environ.get(_lib.LIBRARY_ENV) or os.path.join(ROOT, "build", "lib", _lib.LIBRARY_FILE)
 
 
 class FlashCoreLib:

@@ -470,7 +470,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16", "both"], default="both")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--lib", default=None, help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIB)")
+    ap.add_argument("--lib", default=None, help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIBRARY)")
     ap.add_argument("--anchors", default=None, help="h200-anchors.json (default ../shared/anchors/)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of flashcore,cudnn,fa2,fa3")
     ap.add_argument("--no-rotate", action="store_true", help="one buffer set (L2-warm)")

@@ -116,16 +116,32 @@ typedef struct flashcore_attention_params {
                                 library's choice] */
 } flashcore_attention_params;
 
-/* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept. */
+/* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
+ * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
+ * defaults), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
+ * built against a newer header) provided every byte past the library's sizeof is zero, i.e. the caller left
+ * the fields this library does not know at their defaults. Anything else is FLASHCORE_ERROR_INVALID_ARGUMENT. */
 #define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
 
-/* Zero the struct, set struct_size and dim strides to 1. */
+/* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
+ * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept
+ * (see FLASHCORE_ATTENTION_PARAMS_V1_SIZE); otherwise nothing is written and flashcore_last_error() says why.
+ * Writes nothing past struct_size bytes. */
+FLASHCORE_API void flashcore_attention_params_init_sized(flashcore_attention_params* params, uint32_t struct_size);
+
+/* Zero the struct, set struct_size and dim strides to 1 and out_dtype to FLASHCORE_DTYPE_SAME.
+ * A macro over flashcore_attention_params_init_sized with the caller's sizeof, so that the library never writes
+ * more than the caller's struct holds. The exported function of this name is the 0.1 one: it initialises a 0.1
+ * struct (FLASHCORE_ATTENTION_PARAMS_V1_SIZE bytes), which is what a caller built against 0.1 passes it. */
 FLASHCORE_API void flashcore_attention_params_init(flashcore_attention_params* params);
+#define flashcore_attention_params_init(params) \
+  flashcore_attention_params_init_sized((params), (uint32_t)sizeof(flashcore_attention_params))
 
 /* Fill contiguous strides for Q, K, V and O in (B, S, H, D) layout ("bshd", FlashAttention's) or
  * (B, H, S, D) layout ("bhsd", PyTorch SDPA's) from the sizes already set in params.
  * Returns FLASHCORE_ERROR_NULL_POINTER (params NULL), _INVALID_ARGUMENT (struct_size, bhsd_layout not 0/1),
- * _INVALID_SIZE (a size <= 0) or _SIZE_OVERFLOW (a size > INT32_MAX). batch is not needed. */
+ * _INVALID_SIZE (a size <= 0) or _SIZE_OVERFLOW (a size > INT32_MAX). batch is not needed. Writes only the
+ * four stride fields, so a 0.1 struct (struct_size FLASHCORE_ATTENTION_PARAMS_V1_SIZE) is fine too. */
 FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params,
                                                                          int bhsd_layout);
 
@@ -145,7 +161,10 @@ FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcor
                                                                   uint64_t* bytes);
 
 /* Names of the kernel configs compiled for (dtype, head_dim, causal) on the current device, the default first.
- * Writes at most `capacity` pointers (static strings) to `names` and the total count to `count`. */
+ * Writes at most `capacity` pointers (static strings) to `names` and the total count to `count` (0 when nothing
+ * is compiled for that combination; names may be NULL when capacity is 0). Returns _NULL_POINTER (count NULL,
+ * or names NULL with capacity > 0), _INVALID_ARGUMENT (capacity < 0, causal not 0/1), _NO_DEVICE,
+ * _UNSUPPORTED_ARCH or _CUDA (the device checks of forward). */
 FLASHCORE_API flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t head_dim, int32_t causal,
                                                              const char** names, int32_t capacity, int32_t* count);
 
@@ -186,7 +205,9 @@ typedef struct flashcore_capabilities {
 FLASHCORE_API void flashcore_capabilities_init(flashcore_capabilities* caps);
 
 /* Fill caps (struct_size must be set, to sizeof of any released layout; flashcore_capabilities_init does it).
- * Never fails for lack of a GPU: device_arch is then 0. */
+ * struct_size may be anything from FLASHCORE_CAPABILITIES_V1_SIZE to sizeof(flashcore_capabilities): the
+ * first struct_size bytes are zeroed and every field that fits in them entirely is filled; nothing past them is
+ * written, and struct_size is left as given. Never fails for lack of a GPU: device_arch is then 0. */
 FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps);
 
 #ifdef __cplusplus

@@ -8,6 +8,7 @@
 #ifndef FLASHCORE_FLASHCORE_HPP_
 #define FLASHCORE_FLASHCORE_HPP_
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -68,6 +69,10 @@ struct ForwardOptions {
   bool causal = false;         // bottom-right aligned (see flashcore.h)
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   float* lse = nullptr;        // optional float32 (batch, heads_q, seqlen_q) output
+  int64_t lse_capacity = 0;    // floats at lse (0: not given; make_params fills batch * heads_q * seqlen_q)
+  void* workspace = nullptr;   // see workspace_size()
+  uint64_t workspace_size = 0;
+  const char* kernel_config = nullptr;  // a name from kernel_configs(); nullptr: the library's choice
 };
 
 // The C parameter struct for (q, k, v, o); throws Error(INVALID_ARGUMENT) when the views disagree.
@@ -83,8 +88,7 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   if (v.heads != k.heads) mismatch("head counts of k and v", k.heads, v.heads);
   if (o.seq != q.seq) mismatch("seqlens of q and o", q.seq, o.seq);
   if (o.heads != q.heads) mismatch("head counts of q and o", q.heads, o.heads);
-  if (k.dtype != q.dtype || v.dtype != q.dtype || o.dtype != q.dtype)
-    mismatch("dtypes of q/k/v/o", q.dtype, k.dtype != q.dtype ? k.dtype : v.dtype != q.dtype ? v.dtype : o.dtype);
+  if (k.dtype != q.dtype || v.dtype != q.dtype) mismatch("dtypes of q/k/v", q.dtype, k.dtype != q.dtype ? k.dtype : v.dtype);
 
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
@@ -106,6 +110,14 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.dtype = q.dtype;
   p.causal = options.causal ? 1 : 0;
   p.softmax_scale = options.softmax_scale;
+  // O in another dtype than the inputs is out_dtype (the library says which ones it supports).
+  p.out_dtype = o.dtype == q.dtype ? FLASHCORE_DTYPE_SAME : o.dtype;
+  p.lse_capacity = options.lse == nullptr ? 0
+                   : options.lse_capacity != 0 ? options.lse_capacity
+                                               : q.batch * q.heads * q.seq;
+  p.workspace = options.workspace;
+  p.workspace_size = options.workspace_size;
+  p.kernel_config = options.kernel_config;
   return p;
 }
 
@@ -123,25 +135,52 @@ inline void attention_forward(const TensorView& q, const TensorView& k, const Te
   check(flashcore_attention_forward(&p, stream));
 }
 
+// Bytes of device workspace attention_forward needs for these views on the current device (usually 0).
+inline uint64_t workspace_size(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                               const ForwardOptions& options = {}) {
+  const flashcore_attention_params p = make_params(q, k, v, o, options);
+  uint64_t bytes = 0;
+  check(flashcore_attention_workspace_size(&p, &bytes));
+  return bytes;
+}
+
+// Kernel-config names compiled for (dtype, head_dim, causal) on the current device, the default first.
+inline std::vector<std::string> kernel_configs(flashcore_dtype dtype, int head_dim, bool causal) {
+  int32_t count = 0;
+  check(flashcore_list_kernel_configs(dtype, head_dim, causal ? 1 : 0, nullptr, 0, &count));
+  std::vector<const char*> names(static_cast<size_t>(count));
+  check(flashcore_list_kernel_configs(dtype, head_dim, causal ? 1 : 0, names.data(), count, &count));
+  return std::vector<std::string>(names.begin(), names.begin() + std::min<size_t>(names.size(), count));
+}
+
 // Compiled dtypes / head dims / archs and the current device (device_arch = 0 without a GPU).
 struct Capabilities {
   std::vector<flashcore_dtype> dtypes;
+  std::vector<flashcore_dtype> out_dtypes;
   std::vector<int> head_dims;
   std::vector<int> archs;
   int device_arch = 0;
   bool device_supported = false;
+  std::string device_backend;  // "" when no backend serves the current device
+  uint32_t params_struct_size = 0;
 };
 
 inline Capabilities capabilities() {
-  flashcore_capabilities raw{};
-  raw.struct_size = sizeof(raw);
+  flashcore_capabilities raw;
+  flashcore_capabilities_init(&raw);
   check(flashcore_get_capabilities(&raw));
+  auto first = [](int count) { return static_cast<size_t>(count < 0 ? 0 : count > FLASHCORE_MAX_CAPS ? FLASHCORE_MAX_CAPS : count); };
   Capabilities caps;
-  caps.dtypes.assign(raw.dtypes, raw.dtypes + raw.num_dtypes);
-  caps.head_dims.assign(raw.head_dims, raw.head_dims + raw.num_head_dims);
-  caps.archs.assign(raw.archs, raw.archs + raw.num_archs);
+  caps.dtypes.assign(raw.dtypes, raw.dtypes + first(raw.num_dtypes));
+  caps.out_dtypes.assign(raw.out_dtypes, raw.out_dtypes + first(raw.num_out_dtypes));
+  caps.head_dims.assign(raw.head_dims, raw.head_dims + first(raw.num_head_dims));
+  caps.archs.assign(raw.archs, raw.archs + first(raw.num_archs));
   caps.device_arch = raw.device_arch;
   caps.device_supported = raw.device_supported != 0;
+  const char* backend = raw.device_backend;
+  const char* backend_end = std::find(backend, backend + sizeof(raw.device_backend), '\0');
+  caps.device_backend.assign(backend, backend_end);
+  caps.params_struct_size = raw.params_struct_size;
   return caps;
 }
 

@@ -10,9 +10,7 @@ Importing this package needs neither PyTorch, a GPU nor the native library. The 
 
 from __future__ import annotations
 
-from ._lib import LIBRARY_ENV, Capabilities, is_available
-
-__version__ = "0.1.0"
+from ._lib import LIBRARY_ENV, Capabilities, __version__, is_available
 
 _TORCH_EXPORTS = ("attention", "sdpa", "attention_fwd")
 

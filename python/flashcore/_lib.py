@@ -20,8 +20,11 @@ from typing import List, Optional, Tuple
 LIBRARY_ENV = "FLASHCORE_LIBRARY"
 LIBRARY_FILE = "libflashcore.so"
 
-# Version of the header these bindings mirror (FLASHCORE_VERSION_*). The loaded library must share the major.
-ABI_VERSION = (0, 1, 0)
+# The package version, and the version of the header these bindings mirror (FLASHCORE_VERSION_* of
+# include/flashcore/flashcore.h, the single source: tests/test_abi.py holds this line to it). pyproject.toml and
+# flashcore.__version__ read it from here. The loaded library must share the major.
+__version__ = "0.2.0"
+ABI_VERSION = tuple(int(part) for part in __version__.split("."))
 
 # ---------------------------------------------------------------------------------------------------------------
 # Enums (flashcore_status, flashcore_dtype). C enums are `int` on every ABI we target.
@@ -76,15 +79,25 @@ _VALUE_ERROR_STATUSES = frozenset(
 )
 _TYPE_ERROR_STATUSES = frozenset({ERROR_UNSUPPORTED_DTYPE})
 
+DTYPE_SAME = -1  # out_dtype only: O has the input dtype
 DTYPE_FP16 = 0
 DTYPE_BF16 = 1
 DTYPE_FP32 = 2
 DTYPE_FP8_E4M3 = 3
+DTYPE_FP8_E5M2 = 4
 
 # flashcore_dtype -> the name torch gives the dtype (torch.<name>).
-DTYPE_NAMES = {DTYPE_FP16: "float16", DTYPE_BF16: "bfloat16", DTYPE_FP32: "float32", DTYPE_FP8_E4M3: "float8_e4m3fn"}
+DTYPE_NAMES = {
+    DTYPE_FP16: "float16",
+    DTYPE_BF16: "bfloat16",
+    DTYPE_FP32: "float32",
+    DTYPE_FP8_E4M3: "float8_e4m3fn",
+    DTYPE_FP8_E5M2: "float8_e5m2",
+}
 
 MAX_CAPS = 16  # FLASHCORE_MAX_CAPS
+ATTENTION_PARAMS_V1_SIZE = 240  # FLASHCORE_ATTENTION_PARAMS_V1_SIZE: a 0.1 library's struct_size
+CAPABILITIES_V1_SIZE = 216  # FLASHCORE_CAPABILITIES_V1_SIZE
 
 # ---------------------------------------------------------------------------------------------------------------
 # Structs.
@@ -124,6 +137,13 @@ class AttentionParamsStruct(ctypes.Structure):
         ("dtype", ctypes.c_int),  # flashcore_dtype
         ("causal", ctypes.c_int32),
         ("softmax_scale", ctypes.c_float),
+        # Since 0.2 (a 0.1 library is passed struct_size ATTENTION_PARAMS_V1_SIZE and never reads these).
+        ("out_dtype", ctypes.c_int),  # flashcore_dtype; DTYPE_SAME
+        ("reserved", ctypes.c_int32),
+        ("lse_capacity", ctypes.c_int64),  # floats at lse; 0: not given
+        ("workspace", ctypes.c_void_p),
+        ("workspace_size", ctypes.c_uint64),
+        ("kernel_config", ctypes.c_void_p),  # const char*; NULL: the library's choice
     ]
 
 
@@ -140,6 +160,11 @@ class CapabilitiesStruct(ctypes.Structure):
         ("archs", ctypes.c_int32 * MAX_CAPS),
         ("device_arch", ctypes.c_int32),
         ("device_supported", ctypes.c_int32),
+        # Since 0.2 (a 0.1 library fills only the fields above, CAPABILITIES_V1_SIZE bytes).
+        ("params_struct_size", ctypes.c_uint32),
+        ("num_out_dtypes", ctypes.c_int32),
+        ("out_dtypes", ctypes.c_int * MAX_CAPS),  # flashcore_dtype[]
+        ("device_backend", ctypes.c_char * 16),
     ]
 
 
@@ -152,6 +177,9 @@ class Capabilities:
     archs: Tuple[int, ...]  # compute capabilities, e.g. (90,)
     device_arch: int  # compute capability of the current device, 0 if none
     device_supported: bool
+    out_dtypes: Tuple[str, ...] = ()  # dtypes O can be written in (a 0.1 library: none reported)
+    device_backend: str = ""  # backend serving the current device, e.g. "sm90"; "" if none
+    params_struct_size: int = 0  # the library's sizeof(flashcore_attention_params)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -205,10 +233,12 @@ def candidates() -> List[Tuple[str, str]]:
     return found
 
 
-def _declare(cdll: ctypes.CDLL) -> None:
+def _declare(cdll: ctypes.CDLL) -> frozenset:
+    """Set the signatures; returns the names of the optional (since 0.2) functions the library has."""
     params_p = ctypes.POINTER(AttentionParamsStruct)
+    caps_p = ctypes.POINTER(CapabilitiesStruct)
     c_int_p = ctypes.POINTER(ctypes.c_int)
-    signatures = {
+    required = {
         "flashcore_attention_params_init": (None, [params_p]),
         "flashcore_attention_params_set_contiguous": (ctypes.c_int, [params_p, ctypes.c_int]),
         "flashcore_attention_validate": (ctypes.c_int, [params_p]),
@@ -217,12 +247,28 @@ def _declare(cdll: ctypes.CDLL) -> None:
         "flashcore_last_error": (ctypes.c_char_p, []),
         "flashcore_version": (None, [c_int_p, c_int_p, c_int_p]),
         "flashcore_version_string": (ctypes.c_char_p, []),
-        "flashcore_get_capabilities": (ctypes.c_int, [ctypes.POINTER(CapabilitiesStruct)]),
+        "flashcore_get_capabilities": (ctypes.c_int, [caps_p]),
     }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(cdll, name)  # AttributeError names a missing symbol
+    optional = {
+        "flashcore_attention_params_init_sized": (None, [params_p, ctypes.c_uint32]),
+        "flashcore_capabilities_init": (None, [caps_p]),
+        "flashcore_attention_workspace_size": (ctypes.c_int, [params_p, ctypes.POINTER(ctypes.c_uint64)]),
+        "flashcore_list_kernel_configs": (
+            ctypes.c_int,
+            [ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32,
+             ctypes.POINTER(ctypes.c_int32)],
+        ),
+    }
+    present = set()
+    for name, (restype, argtypes) in {**required, **optional}.items():
+        if name in optional and not hasattr(cdll, name):
+            continue
+        fn = getattr(cdll, name)  # AttributeError names a missing required symbol
         fn.restype = restype
         fn.argtypes = argtypes
+        if name in optional:
+            present.add(name)
+    return frozenset(present)
 
 
 class Library:
@@ -231,24 +277,33 @@ class Library:
     def __init__(self, path: str):
         self.path = path
         self._cdll = ctypes.CDLL(path)
-        _declare(self._cdll)
+        self._optional = _declare(self._cdll)
         self.version = self._version()
         if self.version[0] != ABI_VERSION[0]:
             raise RuntimeError(
                 f"FlashCore: {path} has ABI version {self.version_string()}, these bindings were written for "
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
-        # A newer library may have a larger struct than this mirror: let it write into a generously
-        # sized buffer, then read the mirror's view of it.
-        expected = ctypes.sizeof(AttentionParamsStruct)
-        probe_buf = ctypes.create_string_buffer(4 * expected)
-        self._cdll.flashcore_attention_params_init(ctypes.cast(probe_buf, ctypes.POINTER(AttentionParamsStruct)))
-        probe = AttentionParamsStruct.from_buffer(probe_buf)
-        strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
-        if probe.struct_size != expected or any(s.dim != 1 for s in strides):
+        # The struct_size to pass: the library reports its own (capabilities.params_struct_size, since 0.2). A
+        # library as new as this mirror or newer accepts the mirror's size; a 0.1 library takes the 0.1 layout,
+        # which is the mirror's prefix (it never reads the fields since 0.2).
+        mirror = ctypes.sizeof(AttentionParamsStruct)
+        library_size = self._raw_capabilities().params_struct_size or ATTENTION_PARAMS_V1_SIZE
+        if library_size >= mirror:
+            self.params_struct_size = mirror
+        elif library_size == ATTENTION_PARAMS_V1_SIZE:
+            self.params_struct_size = ATTENTION_PARAMS_V1_SIZE
+        else:
             raise RuntimeError(
-                f"FlashCore: ABI mismatch with {path}: flashcore_attention_params_init set struct_size="
-                f"{probe.struct_size} (Python mirror: {expected}) and dim strides "
+                f"FlashCore: ABI mismatch with {path}: it reports sizeof(flashcore_attention_params) = "
+                f"{library_size}, neither the 0.1 layout ({ATTENTION_PARAMS_V1_SIZE}) nor at least this mirror's "
+                f"{mirror}; rebuild the library or update the bindings"
+            )
+        probe = self.new_params()
+        strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
+        if any(s.dim != 1 for s in strides):
+            raise RuntimeError(
+                f"FlashCore: ABI mismatch with {path}: flashcore_attention_params_init set dim strides "
                 f"{[s.dim for s in strides]} (expected 1); rebuild the library or update the bindings"
             )
         self._compiled: Optional[Tuple[Tuple[str, ...], Tuple[int, ...]]] = None
@@ -278,20 +333,36 @@ class Library:
 
     # -- capabilities ---------------------------------------------------------------------------------------------
 
-    def capabilities(self) -> Capabilities:
+    def _raw_capabilities(self) -> CapabilitiesStruct:
+        """The C struct, from a 0.2+ library in full; a 0.1 library (which wants its own size) fills the 0.1 part."""
         caps = CapabilitiesStruct()
         caps.struct_size = ctypes.sizeof(CapabilitiesStruct)
-        self.check(self._cdll.flashcore_get_capabilities(ctypes.byref(caps)), "flashcore_get_capabilities")
+        status = self._cdll.flashcore_get_capabilities(ctypes.byref(caps))
+        if status == ERROR_INVALID_ARGUMENT and "flashcore_capabilities_init" not in self._optional:
+            caps = CapabilitiesStruct()
+            caps.struct_size = CAPABILITIES_V1_SIZE
+            status = self._cdll.flashcore_get_capabilities(ctypes.byref(caps))
+        self.check(status, "flashcore_get_capabilities")
+        return caps
+
+    def capabilities(self) -> Capabilities:
+        caps = self._raw_capabilities()
 
         def first(array, count) -> list:
             return [int(array[i]) for i in range(max(0, min(int(count), MAX_CAPS)))]
 
+        def names(array, count) -> Tuple[str, ...]:
+            return tuple(DTYPE_NAMES.get(d, f"flashcore_dtype({d})") for d in first(array, count))
+
         return Capabilities(
-            dtypes=tuple(DTYPE_NAMES.get(d, f"flashcore_dtype({d})") for d in first(caps.dtypes, caps.num_dtypes)),
+            dtypes=names(caps.dtypes, caps.num_dtypes),
             head_dims=tuple(first(caps.head_dims, caps.num_head_dims)),
             archs=tuple(first(caps.archs, caps.num_archs)),
             device_arch=int(caps.device_arch),
             device_supported=bool(caps.device_supported),
+            out_dtypes=names(caps.out_dtypes, caps.num_out_dtypes),
+            device_backend=caps.device_backend.decode("utf-8", "replace"),
+            params_struct_size=int(caps.params_struct_size),
         )
 
     def compiled(self) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
@@ -304,9 +375,36 @@ class Library:
     # -- attention ------------------------------------------------------------------------------------------------
 
     def new_params(self) -> AttentionParamsStruct:
+        """An initialised params struct whose struct_size the loaded library accepts (see params_struct_size)."""
         params = AttentionParamsStruct()
-        self._cdll.flashcore_attention_params_init(ctypes.byref(params))
+        if "flashcore_attention_params_init_sized" in self._optional:
+            self._cdll.flashcore_attention_params_init_sized(ctypes.byref(params), self.params_struct_size)
+        else:  # a 0.1 library: its init writes the 0.1 layout, the mirror's prefix
+            self._cdll.flashcore_attention_params_init(ctypes.byref(params))
+            params.out_dtype = DTYPE_SAME
         return params
+
+    def workspace_size(self, params: AttentionParamsStruct) -> int:
+        """Bytes of device workspace forward needs for `params` on the current device (0 for a 0.1 library)."""
+        if "flashcore_attention_workspace_size" not in self._optional:
+            return 0
+        size = ctypes.c_uint64(0)
+        status = self._cdll.flashcore_attention_workspace_size(ctypes.byref(params), ctypes.byref(size))
+        self.check(status, "flashcore_attention_workspace_size")
+        return int(size.value)
+
+    def kernel_configs(self, dtype: int, head_dim: int, causal: bool) -> Tuple[str, ...]:
+        """Kernel-config names for (dtype, head_dim, causal) on the current device, default first (() for 0.1)."""
+        if "flashcore_list_kernel_configs" not in self._optional:
+            return ()
+        fn = self._cdll.flashcore_list_kernel_configs
+        count = ctypes.c_int32(0)
+        self.check(fn(dtype, head_dim, int(bool(causal)), None, 0, ctypes.byref(count)), "flashcore_list_kernel_configs")
+        names = (ctypes.c_char_p * max(1, count.value))()
+        capacity = count.value
+        self.check(fn(dtype, head_dim, int(bool(causal)), names, capacity, ctypes.byref(count)),
+                   "flashcore_list_kernel_configs")
+        return tuple((names[i] or b"").decode("utf-8", "replace") for i in range(min(capacity, count.value)))
 
     def validate(self, params: AttentionParamsStruct) -> None:
         self.check(self._cdll.flashcore_attention_validate(ctypes.byref(params)), "flashcore_attention_validate")
@@ -326,11 +424,13 @@ def fill_params(
     dtype: int,
     causal: bool,
     softmax_scale: float,
+    lse_capacity: Optional[int] = None,
 ) -> AttentionParamsStruct:
     """Set every argument field of an initialised params struct.
 
     pointers: (q, k, v, o, lse) addresses (lse 0 for none); strides: (q, k, v, o) as (batch, seq, head, dim);
-    sizes: (batch, seqlen_q, seqlen_k, num_heads_q, num_heads_kv, head_dim).
+    sizes: (batch, seqlen_q, seqlen_k, num_heads_q, num_heads_kv, head_dim). lse_capacity: floats at lse; by
+    default batch * num_heads_q * seqlen_q (the contiguous LSE the caller allocates), 0 without lse.
     """
     params.q, params.k, params.v, params.o, params.lse = (p or None for p in pointers)
     for field, (batch, seq, head, dim) in zip(("q_strides", "k_strides", "v_strides", "o_strides"), strides):
@@ -340,6 +440,10 @@ def fill_params(
     params.dtype = dtype
     params.causal = 1 if causal else 0
     params.softmax_scale = softmax_scale
+    if not pointers[4]:
+        params.lse_capacity = 0
+    else:
+        params.lse_capacity = sizes[0] * sizes[3] * sizes[1] if lse_capacity is None else lse_capacity
     return params
 
 

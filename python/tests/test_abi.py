@@ -18,7 +18,9 @@ STRUCTS = {
 }
 
 C_TYPES = {
+    "char": ctypes.c_char,
     "uint32_t": ctypes.c_uint32,
+    "uint64_t": ctypes.c_uint64,
     "int32_t": ctypes.c_int32,
     "int64_t": ctypes.c_int64,
     "float": ctypes.c_float,
@@ -50,7 +52,7 @@ def parse_struct(header, name):
 def parse_enum(header, name):
     match = re.search(r"typedef\s+enum\s+%s\s*\{(.*?)\}\s*%s\s*;" % (name, name), _strip_comments(header), re.S)
     assert match, f"enum {name} not found in the header"
-    return {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", match.group(1))}
+    return {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(-?\d+)", match.group(1))}
 
 
 def parse_define(header, name):
@@ -82,10 +84,30 @@ def test_enums_match_header(header_text):
         assert getattr(_lib, name.replace("FLASHCORE_", "")) == code
     dtypes = parse_enum(header_text, "flashcore_dtype")
     assert {getattr(_lib, n.replace("FLASHCORE_", "")): v for n, v in dtypes.items()} == {v: v for v in dtypes.values()}
-    assert set(_lib.DTYPE_NAMES) == set(dtypes.values())
+    assert dtypes["FLASHCORE_DTYPE_SAME"] == _lib.DTYPE_SAME == -1
+    assert set(_lib.DTYPE_NAMES) == set(dtypes.values()) - {_lib.DTYPE_SAME}
     assert _lib.MAX_CAPS == parse_define(header_text, "FLASHCORE_MAX_CAPS")
+    assert _lib.ATTENTION_PARAMS_V1_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V1_SIZE")
+    assert _lib.CAPABILITIES_V1_SIZE == parse_define(header_text, "FLASHCORE_CAPABILITIES_V1_SIZE")
+
+
+def test_version_has_one_source(header_text):
+    """The header's FLASHCORE_VERSION_* macros; python carries it once (_lib.__version__), everything else reads it."""
+    import flashcore
+
     version = tuple(parse_define(header_text, f"FLASHCORE_VERSION_{p}") for p in ("MAJOR", "MINOR", "PATCH"))
     assert _lib.ABI_VERSION == version
+    assert _lib.__version__ == ".".join(map(str, version))
+    assert flashcore.__version__ == _lib.__version__
+    pyproject = (PYTHON_DIR / "pyproject.toml").read_text()
+    assert not re.search(r"^version\s*=\s*\"", pyproject, re.M), "pyproject.toml must not hard-code the version"
+    assert 'attr = "flashcore._lib.__version__"' in pyproject
+
+
+def test_v1_prefix_of_the_mirror():
+    """A 0.1 library is handed the mirror's first 240 bytes: the 0.1 fields must end there."""
+    assert _lib.AttentionParamsStruct.out_dtype.offset == 236
+    assert _lib.CapabilitiesStruct.params_struct_size.offset == _lib.CAPABILITIES_V1_SIZE
 
 
 def test_every_status_maps_to_an_exception():
@@ -138,7 +160,7 @@ def test_import_needs_neither_torch_nor_library(tmp_path):
     env = {"PYTHONPATH": str(PYTHON_DIR), "FLASHCORE_LIBRARY": str(tmp_path / "missing.so"), "PATH": ""}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "0.1.0"
+    assert result.stdout.strip() == _lib.__version__
 
 
 def test_missing_library_error_names_where_it_looked(use_library, tmp_path):
@@ -190,9 +212,14 @@ def test_stub_loads_and_reports(use_library, stub_library):
 
     assert flashcore.is_available()
     assert flashcore.library_path() == stub_library
-    assert flashcore.library_version() == "0.1.0-stub"
+    assert flashcore.library_version() == _lib.__version__ + "-stub"
     caps = flashcore.capabilities()
-    assert caps == _lib.Capabilities(("float16", "bfloat16"), (64, 128, 256), (90,), 0, False)
+    params_size = ctypes.sizeof(_lib.AttentionParamsStruct)
+    assert caps == _lib.Capabilities(
+        ("float16", "bfloat16"), (64, 128, 256), (90,), 0, False, ("float16", "bfloat16"), "", params_size
+    )
+    assert _lib.load().params_struct_size == params_size
+    assert _lib.load().kernel_configs(_lib.DTYPE_BF16, 64, True) == ("default",)
     assert _lib.load().compiled() == (("float16", "bfloat16"), (64, 128, 256))
 
 
@@ -222,6 +249,26 @@ def test_params_reach_c_intact(use_library, stub_library):
         2, 3, 5, 7, 1, 64)
     assert (seen.dtype, seen.causal, seen.softmax_scale) == (_lib.DTYPE_BF16, 1, 0.125)
     assert seen.struct_size == ctypes.sizeof(_lib.AttentionParamsStruct)
+    assert (seen.out_dtype, seen.lse_capacity, seen.workspace, seen.kernel_config) == (_lib.DTYPE_SAME, 0, None, None)
+    assert lib.workspace_size(params) == 0
+
+
+def test_lse_capacity_is_passed_for_the_lse_allocated(use_library, stub_library):
+    use_library(stub_library)
+    lib = _lib.load()
+    params = _lib.fill_params(
+        lib.new_params(),
+        pointers=(0x1000, 0x2000, 0x3000, 0x4000, 0x5000),
+        strides=((8192, 512, 64, 1),) * 4,
+        sizes=(2, 3, 5, 7, 7, 64),
+        dtype=_lib.DTYPE_BF16,
+        causal=False,
+        softmax_scale=0.0,
+    )
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert seen.lse == 0x5000 and seen.lse_capacity == 2 * 7 * 3  # batch * num_heads_q * seqlen_q
 
 
 @pytest.mark.parametrize(

@@ -1,48 +1,111 @@
-// flashcore_get_capabilities: what this build compiled, and what the current device is.
+// flashcore_capabilities_init / flashcore_get_capabilities: what this build compiled, and what the current
+// device is. Every released layout of flashcore_capabilities is served; a caller's struct gets only the fields
+// that fit in its struct_size.
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
 #include <cuda_runtime_api.h>
 
+#include "api/backend.h"
 #include "api/error.h"
 #include "api/validate.h"
 #include "flashcore/flashcore.h"
-#include "api/backend.h"
+
+namespace {
+
+static_assert(offsetof(flashcore_capabilities, params_struct_size) == FLASHCORE_CAPABILITIES_V1_SIZE,
+              "the 0.1 fields of flashcore_capabilities moved");
+
+// End offsets of the fields, in order: a caller's struct of struct_size bytes gets every field ending at or
+// before struct_size (the 0.1 fields as one block).
+constexpr size_t kFieldEnds[] = {
+    FLASHCORE_CAPABILITIES_V1_SIZE,
+    offsetof(flashcore_capabilities, num_out_dtypes),
+    offsetof(flashcore_capabilities, out_dtypes),
+    offsetof(flashcore_capabilities, device_backend),
+    offsetof(flashcore_capabilities, device_backend) + sizeof(flashcore_capabilities::device_backend),
+};
+static_assert(kFieldEnds[4] <= sizeof(flashcore_capabilities), "");
+
+// Compute capability of the current device, 0 when there is none (or it cannot be asked).
+int current_device_arch() {
+  int count = 0, device = 0, major = 0, minor = 0, arch = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess) {
+    arch = major * 10 + minor;
+  }
+  (void)cudaGetLastError();  // a failed query (no device) must not leak into the caller's next CUDA call
+  return arch;
+}
+
+// Every field of the current layout.
+flashcore_capabilities full_capabilities() {
+  flashcore_capabilities caps;
+  std::memset(&caps, 0, sizeof(caps));
+  caps.struct_size = sizeof(caps);
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+    const bool any = std::any_of(std::begin(flashcore::api::kHeadDims), std::end(flashcore::api::kHeadDims),
+                                 [dt](int hd) { return flashcore::backend::is_compiled(dt, hd); });
+    if (any) caps.dtypes[caps.num_dtypes++] = dt;
+  }
+  for (int hd : flashcore::api::kHeadDims) {
+    if (flashcore::backend::is_compiled(FLASHCORE_DTYPE_FP16, hd) ||
+        flashcore::backend::is_compiled(FLASHCORE_DTYPE_BF16, hd)) {
+      caps.head_dims[caps.num_head_dims++] = hd;
+    }
+  }
+  caps.num_archs = std::min(flashcore::backend::compiled_archs(caps.archs, FLASHCORE_MAX_CAPS), FLASHCORE_MAX_CAPS);
+  caps.device_arch = current_device_arch();
+  const char* backend = caps.device_arch > 0 ? flashcore::backend::backend_for_arch(caps.device_arch) : nullptr;
+  const bool arch_compiled = std::find(caps.archs, caps.archs + caps.num_archs, caps.device_arch) !=
+                             caps.archs + caps.num_archs;
+  caps.device_supported = caps.device_arch > 0 && arch_compiled && backend != nullptr && caps.num_dtypes > 0;
+
+  caps.params_struct_size = sizeof(flashcore_attention_params);
+  // O is written in the input dtype for now: the output dtypes are the compiled input dtypes.
+  caps.num_out_dtypes = caps.num_dtypes;
+  std::copy(caps.dtypes, caps.dtypes + caps.num_dtypes, caps.out_dtypes);
+  for (size_t i = 0; backend != nullptr && backend[i] != '\0' && i + 1 < sizeof(caps.device_backend); ++i) {
+    caps.device_backend[i] = backend[i];  // truncated if need be; the zeroed tail keeps it NUL-terminated
+  }
+  return caps;
+}
+
+}  // namespace
+
+extern "C" void flashcore_capabilities_init(flashcore_capabilities* caps) {
+  flashcore::api::clear_error();
+  if (caps == nullptr) {
+    flashcore::api::set_error(FLASHCORE_ERROR_NULL_POINTER, "flashcore_capabilities_init: caps is NULL");
+    return;
+  }
+  std::memset(caps, 0, sizeof(*caps));
+  caps->struct_size = sizeof(flashcore_capabilities);
+}
 
 extern "C" flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps) {
   using flashcore::api::set_error;
   return flashcore::api::guarded("flashcore_get_capabilities", [&]() -> flashcore_status {
     if (caps == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "caps is NULL");
-    if (caps->struct_size != sizeof(flashcore_capabilities)) {
-      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "caps->struct_size = " + std::to_string(caps->struct_size) +
-                                                             " but sizeof(flashcore_capabilities) = " +
-                                                             std::to_string(sizeof(flashcore_capabilities)));
+    const uint32_t size = caps->struct_size;
+    if (size < FLASHCORE_CAPABILITIES_V1_SIZE || size > sizeof(flashcore_capabilities)) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT,
+                       "caps->struct_size = " + std::to_string(size) + " is not between " +
+                           std::to_string(FLASHCORE_CAPABILITIES_V1_SIZE) + " (the 0.1 layout) and " +
+                           std::to_string(sizeof(flashcore_capabilities)) +
+                           " (sizeof(flashcore_capabilities) of this library); call flashcore_capabilities_init");
     }
-    std::memset(caps, 0, sizeof(*caps));
-    caps->struct_size = sizeof(flashcore_capabilities);
-
-    bool head_dim_seen[sizeof(flashcore::api::kHeadDims) / sizeof(int)] = {};
-    for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
-      if (flashcore::api::dtype_compiled(dt)) caps->dtypes[caps->num_dtypes++] = dt;
-      for (size_t i = 0; i < sizeof(head_dim_seen); ++i) {
-        head_dim_seen[i] = head_dim_seen[i] || flashcore::backend::is_compiled(dt, flashcore::api::kHeadDims[i]);
-      }
+    const flashcore_capabilities full = full_capabilities();
+    size_t fits = 0;
+    for (size_t end : kFieldEnds) {
+      if (end <= size) fits = end;
     }
-    for (size_t i = 0; i < sizeof(head_dim_seen); ++i) {
-      if (head_dim_seen[i]) caps->head_dims[caps->num_head_dims++] = flashcore::api::kHeadDims[i];
-    }
-    caps->archs[caps->num_archs++] = 90;
-
-    int count = 0, device = 0, major = 0, minor = 0;
-    if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess) {
-      caps->device_arch = major * 10 + minor;
-    }
-    (void)cudaGetLastError();  // a failed query (no device) must not leak into the caller's next CUDA call
-    for (int i = 0; i < caps->num_archs; ++i) {
-      if (caps->archs[i] == caps->device_arch && caps->num_dtypes > 0) caps->device_supported = 1;
-    }
+    std::memset(caps, 0, size);
+    std::memcpy(caps, &full, fits);
+    caps->struct_size = size;  // the caller's layout
     return FLASHCORE_SUCCESS;
   });
 }

@@ -4,12 +4,16 @@
 #include <cstring>
 #include <string>
 
-#include "api/error.h"
-#include "api/validate.h"
+#include <cuda_runtime_api.h>
+
 #include "api/backend.h"
+#include "api/error.h"
+#include "api/params.h"
+#include "api/validate.h"
 
 using flashcore::api::guarded;
 using flashcore::api::set_error;
+using flashcore::api::upgrade_params;
 
 namespace {
 
@@ -34,29 +38,74 @@ flashcore_tensor_strides contiguous(int64_t seqlen, int64_t heads, int64_t head_
   return s;
 }
 
+// Compute capability (major * 10 + minor) of `device`.
+flashcore_status device_cc(int device, int& cc, std::string& message) {
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // do not leave the error for the caller's next CUDA call
+    message = "querying the compute capability of device " + std::to_string(device) +
+              " failed: " + cudaGetErrorString(err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  cc = major * 10 + minor;
+  return FLASHCORE_SUCCESS;
+}
+
+// upgrade_params, then the argument checks, then (with_device) the device checks: what forward and
+// workspace_size share. On success `p` is the current-layout copy; `device` and `cc` are set when with_device.
+flashcore_status checked_params(const flashcore_attention_params* params, bool with_device,
+                                flashcore_attention_params& p, int& device, int& cc, std::string& message) {
+  flashcore_status status = upgrade_params(params, p, message);
+  if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_arguments(&p, message);
+  if (status == FLASHCORE_SUCCESS && with_device) status = flashcore::api::validate_device(device, message);
+  if (status == FLASHCORE_SUCCESS && with_device) status = device_cc(device, cc, message);
+  return status;
+}
+
 }  // namespace
 
 extern "C" {
 
-void flashcore_attention_params_init(flashcore_attention_params* params) {
+void flashcore_attention_params_init_sized(flashcore_attention_params* params, uint32_t struct_size) {
   flashcore::api::clear_error();
   if (params == nullptr) {
     set_error(FLASHCORE_ERROR_NULL_POINTER, "flashcore_attention_params_init: params is NULL");
     return;
   }
-  std::memset(params, 0, sizeof(*params));
-  params->struct_size = sizeof(flashcore_attention_params);
-  params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
+  if (!flashcore::api::accepted_params_size(struct_size)) {
+    set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "flashcore_attention_params_init_sized: struct_size = " +
+                                                    std::to_string(struct_size) + " is not an accepted size");
+    return;
+  }
+  // Build a current struct, then hand the caller the part its layout holds (a newer caller's tail: zeros).
+  flashcore_attention_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.q_strides.dim = p.k_strides.dim = p.v_strides.dim = p.o_strides.dim = 1;
+  flashcore::api::set_post_v1_defaults(p);
+  const size_t copied = struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE ? flashcore::api::kParamsV1FieldBytes
+                                                                          : sizeof(p);
+  auto* out = reinterpret_cast<unsigned char*>(params);
+  std::memset(out, 0, struct_size);
+  std::memcpy(out, &p, copied);
+  std::memcpy(out, &struct_size, sizeof(struct_size));
+}
+
+// The 0.1 entry point, called by binaries built against the 0.1 header: their struct is 0.1-sized. (Callers
+// built against this header reach flashcore_attention_params_init_sized through the header's macro.)
+void(flashcore_attention_params_init)(flashcore_attention_params* params) {
+  flashcore_attention_params_init_sized(params, FLASHCORE_ATTENTION_PARAMS_V1_SIZE);
 }
 
 flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params, int bhsd_layout) {
   return guarded("flashcore_attention_params_set_contiguous", [&]() -> flashcore_status {
     if (params == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "params is NULL");
-    flashcore_attention_params& p = *params;
-    if (p.struct_size != sizeof(flashcore_attention_params)) {
-      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT,
-                       "params->struct_size = " + std::to_string(p.struct_size) +
-                           " is not sizeof(flashcore_attention_params) (call flashcore_attention_params_init first)");
+    // Works on every accepted layout: read through a current copy, write back only the (0.1) stride fields.
+    flashcore_attention_params p;
+    std::string message;
+    if (const flashcore_status s = upgrade_params(params, p, message); s != FLASHCORE_SUCCESS) {
+      return set_error(s, message);
     }
     if (bhsd_layout != 0 && bhsd_layout != 1) {
       return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT,
@@ -84,6 +133,13 @@ flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_p
     const bool bhsd = bhsd_layout == 1;
     p.q_strides = p.o_strides = contiguous(p.seqlen_q, p.num_heads_q, p.head_dim, bhsd);
     p.k_strides = p.v_strides = contiguous(p.seqlen_k, p.num_heads_kv, p.head_dim, bhsd);
+    static_assert(offsetof(flashcore_attention_params, o_strides) + sizeof(flashcore_tensor_strides) <=
+                      flashcore::api::kParamsV1FieldBytes,
+                  "the strides are 0.1 fields");
+    params->q_strides = p.q_strides;
+    params->k_strides = p.k_strides;
+    params->v_strides = p.v_strides;
+    params->o_strides = p.o_strides;
     return FLASHCORE_SUCCESS;
   });
 }
@@ -91,7 +147,9 @@ flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_p
 flashcore_status flashcore_attention_validate(const flashcore_attention_params* params) {
   return guarded("flashcore_attention_validate", [&] {
     std::string message;
-    const flashcore_status status = flashcore::api::validate_arguments(params, message);
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    const flashcore_status status = checked_params(params, /*with_device=*/false, p, device, cc, message);
     return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
   });
 }
@@ -99,13 +157,54 @@ flashcore_status flashcore_attention_validate(const flashcore_attention_params* 
 flashcore_status flashcore_attention_forward(const flashcore_attention_params* params, flashcore_stream_t stream) {
   return guarded("flashcore_attention_forward", [&] {
     std::string message;
-    int device = 0;
-    flashcore_status status = flashcore::api::validate_arguments(params, message);
-    if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_device(device, message);
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_params(params, /*with_device=*/true, p, device, cc, message);
     if (status != FLASHCORE_SUCCESS) return set_error(status, message);
-    const float scale = flashcore::api::resolve_softmax_scale(*params);
-    status = flashcore::backend::forward(*params, scale, device, 90, stream, message);
+    const float scale = flashcore::api::resolve_softmax_scale(p);
+    status = flashcore::backend::forward(p, scale, device, cc, stream, message);
     return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
+  });
+}
+
+flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params, uint64_t* bytes) {
+  return guarded("flashcore_attention_workspace_size", [&] {
+    if (bytes == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "bytes is NULL");
+    *bytes = 0;
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_params(params, /*with_device=*/true, p, device, cc, message);
+    size_t size = 0;
+    if (status == FLASHCORE_SUCCESS) status = flashcore::backend::workspace_size(p, cc, size, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    *bytes = size;
+    return FLASHCORE_SUCCESS;
+  });
+}
+
+flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t head_dim, int32_t causal,
+                                               const char** names, int32_t capacity, int32_t* count) {
+  return guarded("flashcore_list_kernel_configs", [&] {
+    if (count == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "count is NULL");
+    *count = 0;
+    if (capacity < 0) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "capacity = " + std::to_string(capacity) + " is negative");
+    }
+    if (names == nullptr && capacity > 0) {
+      return set_error(FLASHCORE_ERROR_NULL_POINTER,
+                       "names is NULL but capacity = " + std::to_string(capacity) + " (pass capacity 0 to count)");
+    }
+    if (causal != 0 && causal != 1) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "causal = " + std::to_string(causal) + " must be 0 or 1");
+    }
+    std::string message;
+    int device = 0, cc = 0;
+    flashcore_status status = flashcore::api::validate_device(device, message);
+    if (status == FLASHCORE_SUCCESS) status = device_cc(device, cc, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    *count = flashcore::backend::kernel_configs(cc, dtype, head_dim, causal == 1, names, capacity);
+    return FLASHCORE_SUCCESS;
   });
 }
 

@@ -9,8 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "api/backend.h"
 #include "api/dtype.h"
+#include "api/backend.h"
 
 namespace flashcore::api {
 namespace {
@@ -174,9 +174,14 @@ std::string compiled_head_dims(flashcore_dtype dtype) {
 
 }  // namespace
 
+// TEMPORARY (branch abi): forward to the shared src/api/dtype.h so this file builds against the 0.2 header;
+// the owner of validate.cpp removes these copies.
 const char* dtype_name(flashcore_dtype dtype) { return flashcore::dtype_name(dtype); }
 
-int64_t dtype_size(flashcore_dtype dtype) { return flashcore::dtype_size(dtype); }
+int64_t dtype_size(flashcore_dtype dtype) {
+  const int64_t size = flashcore::dtype_size(dtype);
+  return size > 0 ? size : 2;  // unknown dtypes are rejected anyway (validate.h)
+}
 
 bool dtype_compiled(flashcore_dtype dtype) {
   if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16) return false;

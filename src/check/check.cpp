@@ -15,8 +15,6 @@
 // on fully masked rows, LSE must be finite except exactly -inf on fully masked rows.
 #include "check/check.h"
 
-#include "api/dtype.h"
-
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +26,7 @@
 #include <set>
 #include <sstream>
 
+#include "api/dtype.h"
 #include "reference/reference.h"
 
 namespace flashcore::check {
@@ -39,7 +38,7 @@ namespace ref = flashcore::reference;
 // ------------------------------------------------------------------------------------------------
 namespace {
 
-const char* dtype_name(flashcore_dtype d) { return flashcore::dtype_name(d); }
+using flashcore::dtype_name;
 
 std::string format_float(double x) {
   char buf[32];
@@ -258,14 +257,6 @@ flashcore_tensor_strides layout_strides(Layout layout, int64_t S, int64_t H, int
   return {S * H * D, H * D, D, 1};
 }
 
-size_t element_size(flashcore_dtype dt) {
-  switch (dt) {
-    case FLASHCORE_DTYPE_FP32: return 4;
-    case FLASHCORE_DTYPE_FP8_E4M3: return 1;
-    default: return 2;
-  }
-}
-
 }  // namespace
 
 std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
@@ -364,7 +355,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     r.message = "invalid case: " + describe(c);
     return r;
   }
-  const size_t esize = element_size(c.dtype);
+  const size_t esize = static_cast<size_t>(flashcore::dtype_size(c.dtype));
   const int64_t nq = B * Sq * Hq * D, nkv = B * Sk * Hkv * D, nlse = B * Hq * Sq;
 
   DeviceBuffer dq, dk, dv, dout, dlse;
@@ -382,7 +373,6 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   p.k_strides = p.v_strides = layout_strides(c.layout, Sk, Hkv, D);
   p.batch = B, p.seqlen_q = Sq, p.seqlen_k = Sk, p.num_heads_q = Hq, p.num_heads_kv = Hkv, p.head_dim = D;
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
-  p.kernel_config = c.kernel_config;
 
   const flashcore_status vs = flashcore_attention_validate(&p);
   if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
@@ -408,23 +398,6 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
       !cuda_ok(cudaMemcpy(dk.ptr, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy(k)", r) ||
       !cuda_ok(cudaMemcpy(dv.ptr, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy(v)", r))
     return r;
-
-  // Workspace, zero-filled once: the library leaves it zero-filled, so every repeat reuses it as a caller would.
-  DeviceBuffer dws;
-  uint64_t ws_bytes = 0;
-  const flashcore_status ws = flashcore_attention_workspace_size(&p, &ws_bytes);
-  if (ws != FLASHCORE_SUCCESS) {
-    r.message = std::string("flashcore_attention_workspace_size: ") + flashcore_status_string(ws) + ": " +
-                flashcore_last_error();
-    return r;
-  }
-  if (ws_bytes > 0) {
-    if (!cuda_ok(cudaMalloc(&dws.ptr, ws_bytes), "cudaMalloc(workspace)", r) ||
-        !cuda_ok(cudaMemset(dws.ptr, 0, ws_bytes), "cudaMemset(workspace)", r))
-      return r;
-    p.workspace = dws.ptr;
-    p.workspace_size = ws_bytes;
-  }
 
   // Run (repeats times, poisoning O and LSE with all-ones NaN patterns before every call).
   std::vector<uint16_t> ho(static_cast<size_t>(nq)), first_o;

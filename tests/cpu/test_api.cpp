@@ -1,10 +1,17 @@
 // The header-only C++ layer (include/flashcore/flashcore.hpp), without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
+#include "api/params.h"
 #include "flashcore/flashcore.hpp"
 #include "gpu/gpu_skip.h"
 
@@ -106,6 +113,9 @@ TEST(MakeParams, FillsEveryField) {
   EXPECT_EQ(p.dtype, pr.dtype);
   EXPECT_EQ(p.causal, 1);
   EXPECT_EQ(p.softmax_scale, 0.25f);
+  EXPECT_EQ(p.out_dtype, FLASHCORE_DTYPE_SAME);
+  EXPECT_EQ(p.lse_capacity, pr.b * pr.hq * pr.sq);
+  EXPECT_EQ(p.kernel_config, nullptr);
 }
 
 TEST(MakeParams, MismatchedViewsThrow) {
@@ -163,17 +173,334 @@ TEST(AttentionForward, NoDeviceThrowsNoDevice) {
   EXPECT_TRUE(pr.o_untouched());
 }
 
-TEST(Capabilities, CppMatchesC) {
+// The build configuration (tests/CMakeLists.txt passes FLASHCORE_DTYPES / FLASHCORE_HEAD_DIMS), as the truth
+// the library's capabilities are held to: not derived from the library itself.
+std::vector<flashcore_dtype> configured_dtypes() {
+  std::vector<flashcore_dtype> out;
+  const std::string list = "," FLASHCORE_TEST_DTYPES ",";
+  for (auto [name, dt] : {std::pair{",fp16,", FLASHCORE_DTYPE_FP16}, std::pair{",bf16,", FLASHCORE_DTYPE_BF16}}) {
+    if (list.find(name) != std::string::npos) out.push_back(dt);
+  }
+  return out;
+}
+std::vector<int> configured_head_dims() {
+  std::vector<int> out;
+  const std::string list = "," FLASHCORE_TEST_HEAD_DIMS ",";
+  for (int hd : {64, 128, 256}) {
+    if (list.find("," + std::to_string(hd) + ",") != std::string::npos) out.push_back(hd);
+  }
+  return out;
+}
+
+// Compute capability of the current device asked from CUDA directly; 0 without a device.
+int device_arch_from_cuda() {
+  int count = 0, device = 0, major = 0, minor = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && cudaGetDevice(&device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
+  (void)cudaGetLastError();
+  return ok ? major * 10 + minor : 0;
+}
+
+TEST(Capabilities, MatchBuildConfigurationAndDevice) {
   const flashcore::Capabilities caps = flashcore::capabilities();
-  flashcore_capabilities raw{};
-  raw.struct_size = sizeof(raw);
-  ASSERT_EQ(flashcore_get_capabilities(&raw), FLASHCORE_SUCCESS);
-  EXPECT_EQ(caps.dtypes, std::vector<flashcore_dtype>(raw.dtypes, raw.dtypes + raw.num_dtypes));
-  EXPECT_EQ(caps.head_dims, std::vector<int>(raw.head_dims, raw.head_dims + raw.num_head_dims));
+  EXPECT_EQ(caps.dtypes, configured_dtypes());
+  EXPECT_EQ(caps.head_dims, configured_head_dims());
+  EXPECT_EQ(caps.out_dtypes, configured_dtypes());  // O in the input dtype only, for now
   EXPECT_EQ(caps.archs, std::vector<int>({90}));
-  EXPECT_EQ(caps.device_arch, raw.device_arch);
-  EXPECT_EQ(caps.device_supported, raw.device_supported != 0);
-  EXPECT_EQ(flashcore::version(), std::string(flashcore_version_string()));
+  EXPECT_EQ(caps.device_arch, device_arch_from_cuda());
+  EXPECT_EQ(caps.device_supported, caps.device_arch == 90);
+  EXPECT_EQ(caps.device_backend, caps.device_arch == 90 ? "sm90" : "");
+  EXPECT_EQ(caps.params_struct_size, sizeof(flashcore_attention_params));
+  EXPECT_EQ(flashcore::version(), std::to_string(FLASHCORE_VERSION_MAJOR) + "." +
+                                      std::to_string(FLASHCORE_VERSION_MINOR) + "." +
+                                      std::to_string(FLASHCORE_VERSION_PATCH));
+}
+
+// ---- the growable params struct ----
+
+// A valid problem's params (host buffers stand in for device memory: validation never touches them).
+flashcore_attention_params valid_params(Problem& pr) {
+  flashcore_attention_params p = flashcore::make_params(pr.qv, pr.kv, pr.vv, pr.ov);
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  return p;
+}
+
+// `p` in a buffer of `size` bytes, struct_size = size; bytes from `fill_from` to the end are set to `fill`.
+std::vector<unsigned char> as_bytes(const flashcore_attention_params& p, size_t size, size_t fill_from,
+                                    unsigned char fill) {
+  std::vector<unsigned char> buf(std::max(size, sizeof(p)), 0);
+  std::memcpy(buf.data(), &p, sizeof(p));
+  for (size_t i = fill_from; i < buf.size(); ++i) buf[i] = fill;
+  const uint32_t struct_size = static_cast<uint32_t>(size);
+  std::memcpy(buf.data(), &struct_size, sizeof(struct_size));
+  return buf;
+}
+const flashcore_attention_params* params_at(const std::vector<unsigned char>& buf) {
+  return reinterpret_cast<const flashcore_attention_params*>(buf.data());
+}
+
+TEST(StructSize, LayoutConstants) {
+  EXPECT_EQ(offsetof(flashcore_attention_params, out_dtype), 236u);
+  EXPECT_EQ(flashcore::api::kParamsV1FieldBytes, 236u);
+  EXPECT_GT(sizeof(flashcore_attention_params), size_t{FLASHCORE_ATTENTION_PARAMS_V1_SIZE});
+  EXPECT_EQ(offsetof(flashcore_capabilities, params_struct_size), size_t{FLASHCORE_CAPABILITIES_V1_SIZE});
+}
+
+TEST(StructSize, InitSetsTheDefaultsOfTheNewFields) {
+  flashcore_attention_params p;
+  std::memset(&p, 0x5A, sizeof(p));
+  flashcore_attention_params_init(&p);
+  EXPECT_EQ(p.struct_size, sizeof(p));
+  EXPECT_EQ(p.out_dtype, FLASHCORE_DTYPE_SAME);
+  EXPECT_EQ(p.reserved, 0);
+  EXPECT_EQ(p.lse_capacity, 0);
+  EXPECT_EQ(p.workspace, nullptr);
+  EXPECT_EQ(p.workspace_size, 0u);
+  EXPECT_EQ(p.kernel_config, nullptr);
+}
+
+TEST(StructSize, InitWritesNoMoreThanTheCallersLayout) {
+  // The exported flashcore_attention_params_init is what a 0.1 binary calls: 240 bytes, not one more.
+  std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 64, 0xC3);
+  auto* p = reinterpret_cast<flashcore_attention_params*>(buf.data());
+  (flashcore_attention_params_init)(p);  // the function, not the header's macro
+  EXPECT_EQ(p->struct_size, uint32_t{FLASHCORE_ATTENTION_PARAMS_V1_SIZE});
+  EXPECT_EQ(p->q_strides.dim, 1);
+  for (size_t i = FLASHCORE_ATTENTION_PARAMS_V1_SIZE; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xC3) << i;
+  // _sized with a newer caller's size: zeros past the known fields; nothing past struct_size.
+  std::fill(buf.begin(), buf.end(), 0xC3);
+  flashcore_attention_params_init_sized(p, sizeof(flashcore_attention_params) + 8);
+  EXPECT_EQ(p->out_dtype, FLASHCORE_DTYPE_SAME);
+  for (size_t i = sizeof(flashcore_attention_params); i < buf.size(); ++i) EXPECT_EQ(buf[i], i < sizeof(*p) + 8 ? 0 : 0xC3) << i;
+  // A size no call accepts: nothing written, the reason recorded.
+  std::fill(buf.begin(), buf.end(), 0xC3);
+  flashcore_attention_params_init_sized(p, 100);
+  EXPECT_NE(std::string(flashcore_last_error()).find("struct_size = 100"), std::string::npos);
+  for (unsigned char b : buf) ASSERT_EQ(b, 0xC3);
+}
+
+TEST(StructSize, V1LayoutIsAcceptedAndItsTailIgnored) {
+  Problem pr;
+  flashcore_attention_params p = valid_params(pr);
+  // Bytes 236.. of a 0.1 struct are padding (garbage) or beyond it: fill them with junk that would be invalid.
+  const auto buf = as_bytes(p, FLASHCORE_ATTENTION_PARAMS_V1_SIZE, 236, 0xEE);
+  EXPECT_EQ(flashcore_attention_validate(params_at(buf)), FLASHCORE_SUCCESS) << flashcore_last_error();
+
+  flashcore_attention_params up;
+  std::string message;
+  ASSERT_EQ(flashcore::api::upgrade_params(params_at(buf), up, message), FLASHCORE_SUCCESS) << message;
+  EXPECT_EQ(up.struct_size, sizeof(up));
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const unsigned char*>(&up) + 4, buf.data() + 4, 232), 0)
+      << "the 0.1 fields are copied as they are";
+  EXPECT_EQ(up.out_dtype, FLASHCORE_DTYPE_SAME);
+  EXPECT_EQ(up.reserved, 0);
+  EXPECT_EQ(up.lse_capacity, 0);
+  EXPECT_EQ(up.workspace, nullptr);
+  EXPECT_EQ(up.workspace_size, 0u);
+  EXPECT_EQ(up.kernel_config, nullptr);
+
+  // A bad stride in a 0.1 struct is still found.
+  p.q_strides.seq = 12;
+  const auto bad = as_bytes(p, FLASHCORE_ATTENTION_PARAMS_V1_SIZE, 236, 0xEE);
+  EXPECT_EQ(flashcore_attention_validate(params_at(bad)), FLASHCORE_ERROR_INVALID_STRIDE);
+  EXPECT_NE(std::string(flashcore_last_error()).find("q_strides.seq = 12"), std::string::npos) << flashcore_last_error();
+}
+
+TEST(StructSize, CurrentLayoutCopiesEveryField) {
+  Problem pr;
+  flashcore_attention_params p = valid_params(pr);
+  p.lse_capacity = 77;
+  p.workspace_size = 5;
+  p.kernel_config = "default";
+  flashcore_attention_params up;
+  std::string message;
+  ASSERT_EQ(flashcore::api::upgrade_params(&p, up, message), FLASHCORE_SUCCESS) << message;
+  EXPECT_EQ(up.lse_capacity, 77);
+  EXPECT_EQ(up.workspace_size, 5u);
+  EXPECT_STREQ(up.kernel_config, "default");
+  EXPECT_EQ(up.q, p.q);
+  EXPECT_EQ(up.head_dim, p.head_dim);
+}
+
+TEST(StructSize, NewerCallerWithZeroTailIsAccepted) {
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  for (size_t extra : {size_t{1}, size_t{8}, size_t{64}, size_t{4096} - sizeof(p)}) {
+    SCOPED_TRACE(extra);
+    const auto buf = as_bytes(p, sizeof(p) + extra, sizeof(p), 0);
+    EXPECT_EQ(flashcore_attention_validate(params_at(buf)), FLASHCORE_SUCCESS) << flashcore_last_error();
+  }
+}
+
+TEST(StructSize, NewerCallerWithNonzeroTailIsRejectedNamingTheOffset) {
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  auto buf = as_bytes(p, sizeof(p) + 16, sizeof(p), 0);
+  buf[sizeof(p) + 3] = 1;
+  buf[sizeof(p) + 9] = 1;
+  for (int forward = 0; forward < 2; ++forward) {
+    const flashcore_status st =
+        forward ? flashcore_attention_forward(params_at(buf), nullptr) : flashcore_attention_validate(params_at(buf));
+    EXPECT_EQ(st, FLASHCORE_ERROR_INVALID_ARGUMENT);
+    const std::string message = flashcore_last_error();
+    EXPECT_NE(message.find("byte " + std::to_string(sizeof(p) + 3)), std::string::npos) << message;
+    EXPECT_NE(message.find("struct_size = " + std::to_string(sizeof(p) + 16)), std::string::npos) << message;
+  }
+  auto copy = buf;
+  EXPECT_EQ(flashcore_attention_params_set_contiguous(reinterpret_cast<flashcore_attention_params*>(copy.data()), 0),
+            FLASHCORE_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(StructSize, OtherSizesAreRejectedNamingTheAcceptedOnes) {
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  for (size_t size : {size_t{0}, size_t{4}, size_t{236}, size_t{239}, size_t{241}, size_t{248}, sizeof(p) - 1,
+                      size_t{4097}, size_t{0xFFFFFFFF}}) {
+    SCOPED_TRACE(size);
+    const auto buf = as_bytes(p, std::min<size_t>(size, 4096), sizeof(p), 0);
+    auto sized = buf;
+    const uint32_t struct_size = static_cast<uint32_t>(size);
+    std::memcpy(sized.data(), &struct_size, sizeof(struct_size));
+    EXPECT_EQ(flashcore_attention_validate(params_at(sized)), FLASHCORE_ERROR_INVALID_ARGUMENT);
+    const std::string message = flashcore_last_error();
+    EXPECT_NE(message.find("struct_size = " + std::to_string(size)), std::string::npos) << message;
+    EXPECT_NE(message.find("240"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::to_string(sizeof(p))), std::string::npos) << message;
+  }
+}
+
+TEST(StructSize, SetContiguousOnAV1StructWritesOnlyV1Fields) {
+  // A 0.1 caller's struct: 240 bytes, followed here by canary bytes that must survive.
+  flashcore_attention_params init;
+  flashcore_attention_params_init(&init);
+  std::vector<unsigned char> buf(FLASHCORE_ATTENTION_PARAMS_V1_SIZE + 64, 0xC3);
+  std::memcpy(buf.data(), &init, flashcore::api::kParamsV1FieldBytes);
+  auto* p = reinterpret_cast<flashcore_attention_params*>(buf.data());
+  p->struct_size = FLASHCORE_ATTENTION_PARAMS_V1_SIZE;
+  p->batch = 2, p->seqlen_q = 5, p->seqlen_k = 7, p->num_heads_q = 6, p->num_heads_kv = 3, p->head_dim = 64;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(p, 0), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(p->q_strides.seq, 6 * 64);
+  EXPECT_EQ(p->k_strides.batch, 7 * 3 * 64);
+  EXPECT_EQ(p->o_strides.head, 64);
+  for (size_t i = flashcore::api::kParamsV1FieldBytes; i < buf.size(); ++i) {
+    ASSERT_EQ(buf[i], 0xC3) << "byte " << i << " written by set_contiguous on a 0.1 struct";
+  }
+}
+
+// ---- capabilities of the 0.1 layout ----
+
+TEST(Capabilities, V1SizeGetsTheV1FieldsAndNothingPastThem) {
+  flashcore_capabilities full;
+  flashcore_capabilities_init(&full);
+  ASSERT_EQ(flashcore_get_capabilities(&full), FLASHCORE_SUCCESS) << flashcore_last_error();
+  std::vector<unsigned char> buf(sizeof(flashcore_capabilities) + 16, 0xC3);
+  const uint32_t v1 = FLASHCORE_CAPABILITIES_V1_SIZE;
+  std::memcpy(buf.data(), &v1, sizeof(v1));
+  ASSERT_EQ(flashcore_get_capabilities(reinterpret_cast<flashcore_capabilities*>(buf.data())), FLASHCORE_SUCCESS)
+      << flashcore_last_error();
+  std::memcpy(&full.struct_size, &v1, sizeof(v1));
+  EXPECT_EQ(std::memcmp(buf.data(), &full, FLASHCORE_CAPABILITIES_V1_SIZE), 0) << "the 0.1 fields differ";
+  for (size_t i = FLASHCORE_CAPABILITIES_V1_SIZE; i < buf.size(); ++i) {
+    ASSERT_EQ(buf[i], 0xC3) << "byte " << i << " written past a 0.1 caller's struct";
+  }
+}
+
+TEST(Capabilities, InBetweenSizesGetTheWholeFieldsThatFit) {
+  std::vector<unsigned char> buf(sizeof(flashcore_capabilities), 0xC3);
+  const uint32_t size = offsetof(flashcore_capabilities, out_dtypes) + 6;  // params_struct_size, num_out_dtypes, 6 bytes
+  std::memcpy(buf.data(), &size, sizeof(size));
+  auto* caps = reinterpret_cast<flashcore_capabilities*>(buf.data());
+  ASSERT_EQ(flashcore_get_capabilities(caps), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(caps->struct_size, size);
+  EXPECT_EQ(caps->params_struct_size, sizeof(flashcore_attention_params));
+  EXPECT_EQ(caps->num_out_dtypes, caps->num_dtypes);
+  for (size_t i = offsetof(flashcore_capabilities, out_dtypes); i < size; ++i) EXPECT_EQ(buf[i], 0) << i;
+  for (size_t i = size; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xC3) << i;
+}
+
+TEST(Capabilities, SizesOutsideTheReleasedRangeAreRejected) {
+  for (uint32_t size : {uint32_t{0}, uint32_t{FLASHCORE_CAPABILITIES_V1_SIZE - 1},
+                        static_cast<uint32_t>(sizeof(flashcore_capabilities) + 1)}) {
+    std::vector<unsigned char> buf(sizeof(flashcore_capabilities) + 8, 0);
+    std::memcpy(buf.data(), &size, sizeof(size));
+    EXPECT_EQ(flashcore_get_capabilities(reinterpret_cast<flashcore_capabilities*>(buf.data())),
+              FLASHCORE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error()).find("struct_size = " + std::to_string(size)), std::string::npos)
+        << flashcore_last_error();
+  }
+  flashcore_capabilities_init(nullptr);  // must not crash
+}
+
+// ---- workspace_size, list_kernel_configs ----
+
+TEST(WorkspaceSize, NullArguments) {
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  EXPECT_EQ(flashcore_attention_workspace_size(&p, nullptr), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(flashcore_last_error()).find("bytes is NULL"), std::string::npos);
+  uint64_t bytes = 123;
+  EXPECT_EQ(flashcore_attention_workspace_size(nullptr, &bytes), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("params is NULL"), std::string::npos);
+  EXPECT_EQ(bytes, 0u);
+}
+
+TEST(WorkspaceSize, ValidatesArgumentsLikeForward) {
+  Problem pr;
+  flashcore_attention_params p = valid_params(pr);
+  p.num_heads_kv = 3;
+  uint64_t bytes = 0;
+  EXPECT_EQ(flashcore_attention_workspace_size(&p, &bytes), FLASHCORE_ERROR_INVALID_HEAD_RATIO);
+  EXPECT_NE(std::string(flashcore_last_error()).find("num_heads_q = 4"), std::string::npos);
+}
+
+TEST(WorkspaceSize, NoDevice) {
+  if (flashcore::testing::cuda_device_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  uint64_t bytes = 0;
+  EXPECT_EQ(flashcore_attention_workspace_size(&p, &bytes), FLASHCORE_ERROR_NO_DEVICE);
+  EXPECT_NE(std::string(flashcore_last_error()).find("no CUDA device visible"), std::string::npos);
+}
+
+TEST(WorkspaceSize, OnAHopperGpu) {
+  FLASHCORE_REQUIRE_GPU();
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  uint64_t bytes = 1;
+  EXPECT_EQ(flashcore_attention_workspace_size(&p, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(bytes, 0u);  // no compiled kernel needs a workspace yet
+}
+
+TEST(ListKernelConfigs, NullAndBadArguments) {
+  const char* names[4] = {};
+  EXPECT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 64, 0, names, 4, nullptr), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(flashcore_last_error()).find("count is NULL"), std::string::npos);
+  int32_t count = 7;
+  EXPECT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 64, 0, nullptr, 2, &count), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_EQ(count, 0);
+  EXPECT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 64, 0, names, -1, &count), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 64, 2, names, 4, &count), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("causal = 2"), std::string::npos);
+}
+
+TEST(ListKernelConfigs, NoDevice) {
+  if (flashcore::testing::cuda_device_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
+  int32_t count = 7;
+  EXPECT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 64, 0, nullptr, 0, &count), FLASHCORE_ERROR_NO_DEVICE);
+  EXPECT_EQ(count, 0);
+  EXPECT_NE(std::string(flashcore_last_error()).find("no CUDA device visible"), std::string::npos);
+}
+
+TEST(ListKernelConfigs, OnAHopperGpu) {
+  FLASHCORE_REQUIRE_GPU();
+  const flashcore::Capabilities caps = flashcore::capabilities();
+  const std::vector<std::string> names = flashcore::kernel_configs(caps.dtypes.at(0), caps.head_dims.at(0), false);
+  ASSERT_FALSE(names.empty());
+  EXPECT_FALSE(names[0].empty());
+  int32_t count = -1;
+  EXPECT_EQ(flashcore_list_kernel_configs(caps.dtypes.at(0), 96, 0, nullptr, 0, &count), FLASHCORE_SUCCESS);
+  EXPECT_EQ(count, 0) << "head_dim 96 is never compiled";
 }
 
 }  // namespace

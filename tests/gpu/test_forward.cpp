@@ -183,8 +183,7 @@ class ForwardBadArgs : public testing::Test {
     FLASHCORE_REQUIRE_GPU();
     if (const std::string why = check::device_skip_reason(); !why.empty()) GTEST_SKIP() << why;
     flashcore_capabilities caps;
-    std::memset(&caps, 0, sizeof caps);
-    caps.struct_size = sizeof caps;
+    flashcore_capabilities_init(&caps);
     ASSERT_EQ(flashcore_get_capabilities(&caps), FLASHCORE_SUCCESS) << flashcore_last_error();
     if (caps.num_dtypes == 0 || caps.num_head_dims == 0) GTEST_SKIP() << "no kernel compiled in";
     dtype = caps.dtypes[0], D = caps.head_dims[0];
@@ -288,4 +287,30 @@ TEST_F(ForwardBadArgs, GoodCallAfterErrorsWritesOutputs) {
   for (uint16_t x : ho) poisoned += x == 0xffff;
   EXPECT_EQ(poisoned, 0u);  // inputs are zero: O = mean of V = 0
   for (uint16_t x : ho) ASSERT_EQ(x & 0x7fff, 0) << "O of zero inputs must be 0";
+}
+
+// The growable struct on a device: a 0.1-sized struct and a newer caller's zero-tailed one run; a nonzero tail
+// is refused before anything is written.
+TEST_F(ForwardBadArgs, StructSizesOfOtherLayouts) {
+  std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 32, 0);
+  std::memcpy(buf.data(), &good, sizeof(good));
+  auto* p = reinterpret_cast<flashcore_attention_params*>(buf.data());
+  p->struct_size = FLASHCORE_ATTENTION_PARAMS_V1_SIZE;
+  std::memset(buf.data() + 236, 0xEE, buf.size() - 236);  // a 0.1 caller's padding and beyond: never read
+  poison();
+  ASSERT_EQ(flashcore_attention_forward(p, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::memcpy(buf.data(), &good, sizeof(good));
+  std::memset(buf.data() + sizeof(good), 0, buf.size() - sizeof(good));
+  p->struct_size = static_cast<uint32_t>(buf.size());
+  ASSERT_EQ(flashcore_attention_forward(p, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  buf[sizeof(good) + 5] = 1;
+  poison();
+  EXPECT_EQ(flashcore_attention_forward(p, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("byte " + std::to_string(sizeof(good) + 5)), std::string::npos)
+      << flashcore_last_error();
+  expect_untouched("nonzero tail past sizeof(flashcore_attention_params)");
 }

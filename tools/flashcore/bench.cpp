@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "nvml_sampler.h"
+#include "reference/reference.h"  // the fp16/bf16 conversions (flashcore_reference, linked through flashcore_check)
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 #include "check/check.h"
@@ -251,30 +252,6 @@ Stats summarize(std::vector<double> v) {
 // Inputs: a device pool of random normal values per dtype; buffers are filled by device-to-device copies
 // from random offsets of the pool (fast for multi-GB rotations; the data is random normal, never zeros).
 
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mag = x & 0x7FFFFFFFu;
-  if (mag >= 0x47800000u) return static_cast<uint16_t>(sign | (mag > 0x7F800000u ? 0x7E00u : 0x7C00u));
-  if (mag < 0x38800000u) {  // subnormal or zero in fp16
-    float a;
-    std::memcpy(&a, &mag, 4);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));  // a / 2^-24
-  }
-  uint32_t half = ((mag - 0x38000000u) >> 13);
-  uint32_t rem = mag & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
-  return static_cast<uint16_t>(sign | half);
-}
-
 class RandomPool {
  public:
   static constexpr size_t kElems = (size_t{1} << 22) + 4099;  // not a power of two: no aligned repeats
@@ -291,7 +268,7 @@ class RandomPool {
       std::vector<uint16_t> host(kElems);
       for (size_t i = 0; i < kElems; ++i) {
         float x = normal(gen);
-        host[i] = dt == FLASHCORE_DTYPE_FP16 ? f32_to_f16(x) : f32_to_bf16(x);
+        host[i] = dt == FLASHCORE_DTYPE_FP16 ? flashcore::reference::float_to_half(x) : flashcore::reference::float_to_bf16(x);
       }
       FC_CUDA(cudaMalloc(&p, kElems * 2));
       FC_CUDA(cudaMemcpy(p, host.data(), kElems * 2, cudaMemcpyHostToDevice));

@@ -1,7 +1,5 @@
 #include "common.h"
 
-#include "api/dtype.h"
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -110,11 +108,9 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
   return true;
 }
 
-const char* dtype_name(flashcore_dtype dt) { return flashcore::dtype_name(dt); }
-
 flashcore_capabilities capabilities() {
-  flashcore_capabilities caps{};
-  caps.struct_size = sizeof(caps);
+  flashcore_capabilities caps;
+  flashcore_capabilities_init(&caps);
   flashcore_status st = flashcore_get_capabilities(&caps);
   if (st != FLASHCORE_SUCCESS)
     throw CliError(kExitFailure, std::string("flashcore_get_capabilities failed: ") + flashcore_status_string(st) +

@@ -8,11 +8,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include "api/dtype.h"
 #include "flashcore/flashcore.h"
 
 namespace fccli {
 
-#define FLASHCORE_CLI_VERSION "0.1.0"
+// The program is versioned with the library it is built from: the header's FLASHCORE_VERSION_* macros.
+#define FLASHCORE_CLI_STR2(x) #x
+#define FLASHCORE_CLI_STR(x) FLASHCORE_CLI_STR2(x)
+#define FLASHCORE_CLI_VERSION                                                                     \
+  FLASHCORE_CLI_STR(FLASHCORE_VERSION_MAJOR) "." FLASHCORE_CLI_STR(FLASHCORE_VERSION_MINOR) "." \
+      FLASHCORE_CLI_STR(FLASHCORE_VERSION_PATCH)
 
 // Exit codes of the program.
 enum ExitCode : int {
@@ -62,7 +68,7 @@ std::vector<flashcore_dtype> parse_dtypes(const std::string& text);
 std::vector<bool> parse_causal(const std::string& text);
 // "bshd" -> false, "bhsd" -> true.
 bool parse_layout_bhsd(const std::string& text);
-const char* dtype_name(flashcore_dtype dt);
+using flashcore::dtype_name;  // src/api/dtype.h
 
 // The problem flags shared by bench and check: --dtype, --causal, --layout.
 struct ProblemFlags {

@@ -27,6 +27,11 @@ int run_info(int argc, char** argv, int first) {
   std::printf("%s\nhead dims: %s\narchs:     ", caps.num_dtypes ? "" : "none", caps_head_dims_string(caps).c_str());
   for (int i = 0; i < caps.num_archs && i < FLASHCORE_MAX_CAPS; ++i) std::printf("%ssm_%d", i ? "," : "", caps.archs[i]);
   std::printf("%s\n", caps.num_archs ? "" : "none");
+  std::printf("O dtypes:  ");
+  for (int i = 0; i < caps.num_out_dtypes && i < FLASHCORE_MAX_CAPS; ++i)
+    std::printf("%s%s", i ? "," : "", dtype_name(caps.out_dtypes[i]));
+  std::printf("%s\nabi:       params struct %u bytes (0.1 layout: %d)\n", caps.num_out_dtypes ? "" : "none",
+              caps.params_struct_size, FLASHCORE_ATTENTION_PARAMS_V1_SIZE);
 #ifdef FLASHCORE_CLI_HAVE_CHECK
   std::printf("check:     built in\n");
 #else
@@ -47,7 +52,8 @@ int run_info(int argc, char** argv, int first) {
   std::printf("device:    %d: %s, sm_%d%d, %d SMs, L2 %.1f MiB, max SM clock %d MHz, memory %.1f GiB @ %d MHz\n",
               dev.index, dev.name.c_str(), dev.major, dev.minor, dev.sms, dev.l2_bytes / 1048576.0, dev.clock_mhz,
               dev.mem_bytes / 1073741824.0, dev.mem_clock_mhz);
-  std::printf("supported: %s\n", caps.device_supported ? "yes" : "no (no compiled kernel for this GPU)");
+  std::printf("supported: %s%s\n", caps.device_supported ? "yes, backend " : "no (no compiled kernel for this GPU)",
+              caps.device_supported ? caps.device_backend : "");
   PowerSampler sampler(dev.pci_bus_id);
   if (sampler.available()) {
     sampler.start();

@@ -3,7 +3,8 @@
  *
  * flashcore_attention_forward records the params it was given (see stub_last_params) and returns SUCCESS,
  * unless params->head_dim >= 1000, in which case it fails with status head_dim - 1000.
- * Compiled with -DSTUB_BAD_STRUCT_SIZE, flashcore_attention_params_init reports a wrong struct_size. */
+ * Compiled with -DSTUB_BAD_STRUCT_SIZE, flashcore_get_capabilities reports a params_struct_size that is neither the
+ * 0.1 layout nor the current one. */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,15 +14,31 @@ static flashcore_attention_params g_last;
 static void* g_last_stream;
 static char g_error[256];
 
-FLASHCORE_API void flashcore_attention_params_init(flashcore_attention_params* params) {
-  if (!params) return;
+#define STUB_STR2(x) #x
+#define STUB_STR(x) STUB_STR2(x)
+#define STUB_VERSION \
+  STUB_STR(FLASHCORE_VERSION_MAJOR) "." STUB_STR(FLASHCORE_VERSION_MINOR) "." STUB_STR(FLASHCORE_VERSION_PATCH)
+
+FLASHCORE_API void flashcore_attention_params_init_sized(flashcore_attention_params* params, uint32_t struct_size) {
+  if (!params || struct_size != sizeof(*params)) return;
   memset(params, 0, sizeof(*params));
-#ifdef STUB_BAD_STRUCT_SIZE
-  params->struct_size = (uint32_t)sizeof(*params) + 8u;
-#else
   params->struct_size = (uint32_t)sizeof(*params);
-#endif
   params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
+  params->out_dtype = FLASHCORE_DTYPE_SAME;
+}
+
+/* The 0.1 entry point (the header makes flashcore_attention_params_init a macro: parenthesise the name). */
+FLASHCORE_API void(flashcore_attention_params_init)(flashcore_attention_params* params) {
+  if (!params) return;
+  memset(params, 0, FLASHCORE_ATTENTION_PARAMS_V1_SIZE);
+  params->struct_size = FLASHCORE_ATTENTION_PARAMS_V1_SIZE;
+  params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
+}
+
+FLASHCORE_API void flashcore_capabilities_init(flashcore_capabilities* caps) {
+  if (!caps) return;
+  memset(caps, 0, sizeof(*caps));
+  caps->struct_size = (uint32_t)sizeof(*caps);
 }
 
 FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params,
@@ -71,11 +88,11 @@ FLASHCORE_API void flashcore_version(int* major, int* minor, int* patch) {
   if (patch) *patch = FLASHCORE_VERSION_PATCH;
 }
 
-FLASHCORE_API const char* flashcore_version_string(void) { return "0.1.0-stub"; }
+FLASHCORE_API const char* flashcore_version_string(void) { return STUB_VERSION "-stub"; }
 
 FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps) {
   if (!caps) return FLASHCORE_ERROR_NULL_POINTER;
-  if (caps->struct_size != sizeof(*caps)) return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  if (caps->struct_size != sizeof(*caps)) return FLASHCORE_ERROR_INVALID_ARGUMENT; /* the stub serves 0.2 only */
   caps->num_dtypes = 2;
   caps->dtypes[0] = FLASHCORE_DTYPE_FP16;
   caps->dtypes[1] = FLASHCORE_DTYPE_BF16;
@@ -87,9 +104,34 @@ FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities
   caps->archs[0] = 90;
   caps->device_arch = 0;
   caps->device_supported = 0;
+#ifdef STUB_BAD_STRUCT_SIZE
+  caps->params_struct_size = (uint32_t)sizeof(flashcore_attention_params) - 8u;
+#else
+  caps->params_struct_size = (uint32_t)sizeof(flashcore_attention_params);
+#endif
+  caps->num_out_dtypes = 2;
+  caps->out_dtypes[0] = FLASHCORE_DTYPE_FP16;
+  caps->out_dtypes[1] = FLASHCORE_DTYPE_BF16;
+  caps->device_backend[0] = '\0';
   return FLASHCORE_SUCCESS;
 }
 
 /* Test hooks (not part of the ABI). */
 FLASHCORE_API void stub_last_params(flashcore_attention_params* out) { *out = g_last; }
 FLASHCORE_API void* stub_last_stream(void) { return g_last_stream; }
+
+FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params,
+                                                                  uint64_t* bytes) {
+  if (!bytes) return FLASHCORE_ERROR_NULL_POINTER;
+  *bytes = 0;
+  return flashcore_attention_validate(params);
+}
+
+FLASHCORE_API flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t head_dim, int32_t causal,
+                                                             const char** names, int32_t capacity, int32_t* count) {
+  (void)dtype, (void)head_dim, (void)causal;
+  if (!count) return FLASHCORE_ERROR_NULL_POINTER;
+  *count = 1;
+  if (capacity > 0 && names) names[0] = "default";
+  return FLASHCORE_SUCCESS;
+}

@@ -1,0 +1,62 @@
+#include "api/params.h"
+
+#include <cstring>
+
+namespace flashcore::api {
+
+bool accepted_params_size(uint32_t struct_size) {
+  return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE ||
+         (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
+}
+
+void set_post_v1_defaults(flashcore_attention_params& p) {
+  p.out_dtype = FLASHCORE_DTYPE_SAME;
+  p.reserved = 0;
+  p.lse_capacity = 0;
+  p.workspace = nullptr;
+  p.workspace_size = 0;
+  p.kernel_config = nullptr;
+}
+
+flashcore_status upgrade_params(const flashcore_attention_params* user, flashcore_attention_params& out,
+                                std::string& message) {
+  if (user == nullptr) {
+    message = "params is NULL";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  constexpr size_t kCurrent = sizeof(flashcore_attention_params);
+  // Only the first field is read before the size is known to be acceptable.
+  uint32_t size = 0;
+  std::memcpy(&size, user, sizeof(size));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(user);
+
+  std::memset(&out, 0, sizeof(out));
+  if (size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) {
+    std::memcpy(&out, user, kParamsV1FieldBytes);
+    set_post_v1_defaults(out);
+  } else if (size == kCurrent) {
+    std::memcpy(&out, user, kCurrent);
+  } else if (size > kCurrent && size <= kMaxParamsStructSize) {
+    for (size_t i = kCurrent; i < size; ++i) {
+      if (bytes[i] != 0) {
+        message = "params->struct_size = " + std::to_string(size) + " is a newer layout than this library's (" +
+                  std::to_string(kCurrent) + " bytes, FlashCore " + flashcore_version_string() + ") and byte " +
+                  std::to_string(i) + " past the known fields is nonzero: it sets a field this library does not " +
+                  "have (use a newer library, or leave the newer fields zero)";
+        return FLASHCORE_ERROR_INVALID_ARGUMENT;
+      }
+    }
+    std::memcpy(&out, user, kCurrent);
+  } else {
+    message = "params->struct_size = " + std::to_string(size) + " is not an accepted size: " +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V1_SIZE) + " (the 0.1 layout), " + std::to_string(kCurrent) +
+              " (sizeof(flashcore_attention_params) of this library), or " + std::to_string(kCurrent + 1) + ".." +
+              std::to_string(kMaxParamsStructSize) +
+              " with zero bytes past " + std::to_string(kCurrent) + " (call flashcore_attention_params_init first)";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  out.struct_size = static_cast<uint32_t>(kCurrent);
+  return FLASHCORE_SUCCESS;
+}
+
+}  // namespace flashcore::api

@@ -1,0 +1,39 @@
+// The growable params struct: every entry point that takes flashcore_attention_params first turns the caller's
+// struct, of whatever released layout, into the current one (upgrade_params); the rest of the library only ever
+// sees a current struct.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "flashcore/flashcore.h"
+
+namespace flashcore::api {
+
+// Bytes of the 0.1 layout that hold fields: everything before out_dtype. Bytes 236..239 of a 0.1 struct are
+// tail padding (garbage) and are never read.
+inline constexpr size_t kParamsV1FieldBytes = offsetof(flashcore_attention_params, out_dtype);
+static_assert(kParamsV1FieldBytes == 236, "the 0.1 fields of flashcore_attention_params moved");
+static_assert(FLASHCORE_ATTENTION_PARAMS_V1_SIZE == 240, "the 0.1 struct_size is frozen");
+static_assert(sizeof(flashcore_attention_params) > FLASHCORE_ATTENTION_PARAMS_V1_SIZE, "0.2 added fields");
+
+// A struct_size above this is taken for an uninitialised struct rather than a newer caller (whose zero tail
+// would otherwise be read, up to 4 GiB of it).
+inline constexpr uint32_t kMaxParamsStructSize = 4096;
+
+// True for the struct_size values upgrade_params accepts (a newer caller's tail is checked there).
+bool accepted_params_size(uint32_t struct_size);
+
+// Sets the fields added since 0.1 to their defaults: out_dtype = FLASHCORE_DTYPE_SAME, everything else 0/NULL.
+void set_post_v1_defaults(flashcore_attention_params& p);
+
+// Copies *user into `out` as a current struct (out.struct_size = sizeof(flashcore_attention_params)):
+//   struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE: the 0.1 fields, the later ones get their defaults;
+//   struct_size == sizeof: everything;
+//   sizeof < struct_size <= kMaxParamsStructSize: a newer caller; accepted when every byte past sizeof is 0
+//     (it set none of the fields this library does not know), else INVALID_ARGUMENT naming the first such byte.
+// Any other struct_size, and user == NULL, give INVALID_ARGUMENT with a message; `out` is then unspecified.
+flashcore_status upgrade_params(const flashcore_attention_params* user, flashcore_attention_params& out,
+                                std::string& message);
+
+}  // namespace flashcore::api
