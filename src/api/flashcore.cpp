@@ -99,9 +99,9 @@ flashcore_status flashcore_attention_validate(const flashcore_attention_params* 
 flashcore_status flashcore_attention_forward(const flashcore_attention_params* params, flashcore_stream_t stream) {
   return guarded("flashcore_attention_forward", [&] {
     std::string message;
-    int device = 0;
+    int device = 0, cc = 0;
     flashcore_status status = flashcore::api::validate_arguments(params, message);
-    if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_device(device, message);
+    if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_device(*params, device, cc, message);
     if (status != FLASHCORE_SUCCESS) return set_error(status, message);
     const float scale = flashcore::api::resolve_softmax_scale(*params);
     status = flashcore::sm90::forward(*params, scale, device, stream, message);
