@@ -16,6 +16,10 @@ __all__ = ["attention", "sdpa", "attention_fwd", "BACKWARD_NOT_IMPLEMENTED"]
 
 BACKWARD_NOT_IMPLEMENTED = "FlashCore: backward is not implemented yet (forward only)"
 
+# The softmax_scale range the C ABI accepts (besides 0, its "default" value): scale * log2(e) stays a normal float.
+SOFTMAX_SCALE_MIN = 2.0**-100
+SOFTMAX_SCALE_MAX = 2.0**100
+
 _DTYPE_CODES = {torch.float16: _lib.DTYPE_FP16, torch.bfloat16: _lib.DTYPE_BF16}
 
 # Dimension order of each layout, as indices of (batch, seq, head, dim) in the tensor.
@@ -76,8 +80,13 @@ def _check_scale(softmax_scale) -> float:
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"FlashCore: softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
     scale = float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0.0):
-        raise ValueError(f"FlashCore: softmax_scale must be a finite positive number, got {softmax_scale}")
+    # The C ABI's range (checked here in double precision: a scale like 1e-50 would become 0.0 as a C float,
+    # which means "the default 1/sqrt(head_dim)", and be used silently).
+    if not (math.isfinite(scale) and SOFTMAX_SCALE_MIN <= scale <= SOFTMAX_SCALE_MAX):
+        raise ValueError(
+            f"FlashCore: softmax_scale must be a finite number in [2**-100, 2**100] (or None for 1/sqrt(head_dim)), "
+            f"got {softmax_scale}"
+        )
     return scale
 
 

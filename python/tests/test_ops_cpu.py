@@ -185,3 +185,16 @@ def test_compiled_backward_raises_at_run_time(emulated):
 def test_inference_mode(emulated):
     with torch.inference_mode():
         assert flashcore.attention(*_qkv()).shape == (2, 16, 4, 64)
+
+
+@pytest.mark.parametrize("scale", [1e-50, 2.0**-101, 2.0**101, 1e300])
+def test_softmax_scale_outside_the_abi_range(scale):
+    """A scale that a C float cannot carry (1e-50 would become 0.0, "the default") or outside [2**-100, 2**100]."""
+    with pytest.raises(ValueError, match=r"softmax_scale must be a finite number in \[2\*\*-100, 2\*\*100\]"):
+        flashcore.attention(*_qkv(), softmax_scale=scale)
+
+
+@pytest.mark.parametrize("scale", [2.0**-100, 2.0**100])
+def test_softmax_scale_range_ends_are_accepted(emulated, scale):
+    q, k, v = _qkv(torch.bfloat16)
+    assert flashcore.attention(q, k, v, softmax_scale=scale).shape == q.shape

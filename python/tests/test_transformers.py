@@ -226,6 +226,122 @@ def test_strict_mode_raises(emulated_adapter):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Arguments the kernel cannot honour: never plain causal attention in their place.
+
+
+def _attention_inputs(sq=12, sk=12, d=64, hq=4, hkv=2, dtype=torch.bfloat16):
+    torch.manual_seed(0)
+    q = torch.randn(1, hq, sq, d, dtype=dtype)
+    k, v = (torch.randn(1, hkv, sk, d, dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
+def _causal_module():
+    module = torch.nn.Module()
+    module.is_causal = True
+    module.num_key_value_groups = 2  # transformers' SDPA path repeats K/V heads by this
+    return module
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(sliding_window=4), "sliding_window=4"),
+        (dict(softcap=30.0), "softcap"),
+        (dict(s_aux=torch.zeros(4)), "s_aux"),
+        (dict(sinks=torch.zeros(4)), "sinks"),
+        (dict(dropout=0.1), "dropout"),
+    ],
+)
+def test_cpu_emulated_unsupported_arguments_fall_back_or_raise(emulated_adapter, count_calls, kwargs, needle):
+    q, k, v = _attention_inputs()
+    module = _causal_module()
+    fc_hf._logged_reasons.clear()
+    dropout = kwargs.pop("dropout", 0.0)
+    # fallback=True: SDPA runs (FlashCore is not called) and a warning names the argument, once.
+    with pytest.warns(UserWarning, match=needle):
+        try:
+            fc_hf.attention_forward(module, q, k, v, None, dropout=dropout, **kwargs)
+        except Exception as exc:  # noqa: BLE001  SDPA may refuse an argument itself: fine, it was not ignored
+            assert not isinstance(exc, AssertionError)
+    assert count_calls == []
+    # fallback=False: ValueError naming the argument.
+    with pytest.raises(ValueError, match=needle):
+        fc_hf.strict_attention_forward(module, q, k, v, None, dropout=dropout, **kwargs)
+    assert count_calls == []
+
+
+def test_cpu_emulated_sliding_window_wider_than_the_keys_runs_on_flashcore(emulated_adapter, count_calls):
+    q, k, v = _attention_inputs(sq=12, sk=12)
+    fc_hf.attention_forward(_causal_module(), q, k, v, None, sliding_window=64)
+    assert len(count_calls) == 1
+
+
+def test_cpu_emulated_sliding_window_on_the_module(emulated_adapter, count_calls):
+    q, k, v = _attention_inputs(sq=12, sk=12)
+    module = _causal_module()
+    module.sliding_window = 4
+    with pytest.raises(ValueError, match="sliding_window=4"):
+        fc_hf.strict_attention_forward(module, q, k, v, None)
+    assert count_calls == []
+
+
+def test_cpu_emulated_position_id_packing_runs_per_sequence(emulated_adapter, count_calls):
+    """Batch 1, no mask, position_ids restarting at 0: attention within each packed sequence, not across."""
+    from reference import reference
+
+    q, k, v = _attention_inputs(sq=12, sk=12)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    out, _ = fc_hf.attention_forward(_causal_module(), q, k, v, None, position_ids=position_ids)
+    assert len(count_calls) == 3
+    for a, b in ((0, 5), (5, 8), (8, 12)):
+        want, _ = reference(*(t[:, :, a:b].transpose(1, 2) for t in (q, k, v)), causal=True)
+        torch.testing.assert_close(out[:, a:b].float(), want.float(), atol=2e-2, rtol=2e-2)
+    count_calls.clear()
+    fc_hf.attention_forward(_causal_module(), q, k, v, None, position_ids=torch.arange(12)[None])  # not packed
+    assert len(count_calls) == 1
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_cpu_emulated_uncompiled_head_dim_same_in_eager_and_compiled(emulated_adapter, count_calls, strict):
+    """head_dim 96 (not compiled): eager and torch.compile take the same path (SDPA fallback, or ValueError)."""
+    fn = fc_hf.strict_attention_forward if strict else fc_hf.attention_forward
+    q, k, v = _attention_inputs(d=96)
+    module = _causal_module()
+
+    def run(q, k, v):
+        return fn(module, q, k, v, None)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, backend="eager")
+    if strict:
+        for call in (run, compiled):
+            with pytest.raises(ValueError, match="head_dim 96"):
+                call(q, k, v)
+    else:
+        eager_out = run(q, k, v)
+        torch.testing.assert_close(compiled(q, k, v), eager_out)
+    assert count_calls == []
+
+
+def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
+    """While compiling, the head dims come from the cache filled by an eager call (no library call in the graph)."""
+
+    class FakeLib:
+        @staticmethod
+        def compiled():
+            return ("bfloat16",), (64,)
+
+    fake = FakeLib()
+    monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
+    monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
+    assert fc_hf._compiled_head_dims() == (64,)
+    monkeypatch.setattr(fc_hf.torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(fc_hf._lib, "load", lambda: pytest.fail("library loaded while compiling"))
+    assert fc_hf._compiled_head_dims() == (64,)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # GPU: the real kernel.
 
 

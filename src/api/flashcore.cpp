@@ -38,29 +38,13 @@ flashcore_tensor_strides contiguous(int64_t seqlen, int64_t heads, int64_t head_
   return s;
 }
 
-// Compute capability (major * 10 + minor) of `device`.
-flashcore_status device_cc(int device, int& cc, std::string& message) {
-  int major = 0, minor = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // do not leave the error for the caller's next CUDA call
-    message = "querying the compute capability of device " + std::to_string(device) +
-              " failed: " + cudaGetErrorString(err);
-    return FLASHCORE_ERROR_CUDA;
-  }
-  cc = major * 10 + minor;
-  return FLASHCORE_SUCCESS;
-}
-
 // upgrade_params, then the argument checks, then (with_device) the device checks: what forward and
 // workspace_size share. On success `p` is the current-layout copy; `device` and `cc` are set when with_device.
 flashcore_status checked_params(const flashcore_attention_params* params, bool with_device,
                                 flashcore_attention_params& p, int& device, int& cc, std::string& message) {
   flashcore_status status = upgrade_params(params, p, message);
   if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_arguments(&p, message);
-  if (status == FLASHCORE_SUCCESS && with_device) status = flashcore::api::validate_device(device, message);
-  if (status == FLASHCORE_SUCCESS && with_device) status = device_cc(device, cc, message);
+  if (status == FLASHCORE_SUCCESS && with_device) status = flashcore::api::validate_device(p, device, cc, message);
   return status;
 }
 
@@ -200,8 +184,8 @@ flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t he
     }
     std::string message;
     int device = 0, cc = 0;
-    flashcore_status status = flashcore::api::validate_device(device, message);
-    if (status == FLASHCORE_SUCCESS) status = device_cc(device, cc, message);
+    const flashcore_attention_params no_tensors{};  // device checks only: no pointers to check
+    const flashcore_status status = flashcore::api::validate_device(no_tensors, device, cc, message);
     if (status != FLASHCORE_SUCCESS) return set_error(status, message);
     *count = flashcore::backend::kernel_configs(cc, dtype, head_dim, causal == 1, names, capacity);
     return FLASHCORE_SUCCESS;

@@ -4,13 +4,14 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <utility>
 
 #include <cuda_runtime_api.h>
 
-#include "api/dtype.h"
 #include "api/backend.h"
+#include "api/dtype.h"
 
 namespace flashcore::api {
 namespace {
@@ -106,8 +107,9 @@ flashcore_status check_overflow(const Tensor& t, int64_t elem_size, std::string&
   return FLASHCORE_SUCCESS;
 }
 
-flashcore_status check_strides(const Tensor& t, std::string& message) {
+flashcore_status check_strides(const Tensor& t, flashcore_dtype dtype, std::string& message) {
   const flashcore_tensor_strides& s = *t.strides;
+  const int64_t multiple = stride_multiple(dtype);
   if (s.dim != 1) {
     message = cat(t.name, "_strides.dim = ", s.dim, " must be 1 (the head_dim dimension must be contiguous)");
     return FLASHCORE_ERROR_INVALID_STRIDE;
@@ -121,11 +123,11 @@ flashcore_status check_strides(const Tensor& t, std::string& message) {
     } else if (stride == 0 && t.sizes[d] > 1) {
       what = " is 0 but ";
       detail = cat(t.size_names[d], " = ", t.sizes[d], " > 1 (a zero stride is allowed only for a size-1 dimension)");
-    } else if (stride % kStrideMultiple != 0) {
-      what = " is not a multiple of 8 elements (TMA needs 16-byte strides)";
+    } else if (stride % multiple != 0) {
+      detail = cat(" is not a multiple of ", multiple, " elements (16 bytes; TMA needs 16-byte strides)");
     }
-    if (what != nullptr) {
-      message = cat(t.name, "_strides.", kDimNames[d], " = ", stride, what, detail);
+    if (what != nullptr || !detail.empty()) {
+      message = cat(t.name, "_strides.", kDimNames[d], " = ", stride, what != nullptr ? what : "", detail);
       return FLASHCORE_ERROR_INVALID_STRIDE;
     }
   }
@@ -174,15 +176,6 @@ std::string compiled_head_dims(flashcore_dtype dtype) {
 
 }  // namespace
 
-// TEMPORARY (branch abi): forward to the shared src/api/dtype.h so this file builds against the 0.2 header;
-// the owner of validate.cpp removes these copies.
-const char* dtype_name(flashcore_dtype dtype) { return flashcore::dtype_name(dtype); }
-
-int64_t dtype_size(flashcore_dtype dtype) {
-  const int64_t size = flashcore::dtype_size(dtype);
-  return size > 0 ? size : 2;  // unknown dtypes are rejected anyway (validate.h)
-}
-
 bool dtype_compiled(flashcore_dtype dtype) {
   if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16) return false;
   return std::any_of(std::begin(kHeadDims), std::end(kHeadDims),
@@ -220,6 +213,10 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
       return FLASHCORE_ERROR_NULL_POINTER;
     }
   }
+  if (p.workspace == nullptr && p.workspace_size > 0) {
+    message = cat("workspace is NULL but workspace_size = ", p.workspace_size);
+    return FLASHCORE_ERROR_NULL_POINTER;
+  }
 
   // Sizes.
   const std::pair<const char*, int64_t> sizes[] = {{"batch", p.batch},           {"seqlen_q", p.seqlen_q},
@@ -232,25 +229,51 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     }
   }
   for (const auto& [name, value] : sizes) {
+    const bool seqlen = std::strncmp(name, "seqlen_", 7) == 0;
+    if (seqlen && value > kMaxSeqlen) {
+      message = cat(name, " = ", value, " exceeds ", kMaxSeqlen,
+                    " (INT32_MAX - 512: the kernels' 32-bit block arithmetic needs that headroom)");
+      return FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
     if (value > INT32_MAX) {
       message = cat(name, " = ", value, " exceeds INT32_MAX (", INT32_MAX, ")");
       return FLASHCORE_ERROR_SIZE_OVERFLOW;
     }
   }
-  const int64_t elem_size = dtype_size(p.dtype);
+  // A dtype without a size (unknown enum value, FLASHCORE_DTYPE_SAME) is rejected below; size it as 1 byte here.
+  const int64_t elem_size = std::max<int64_t>(dtype_size(p.dtype), 1);
   for (const Tensor& t : tensors) {
     if (const flashcore_status s = check_overflow(t, elem_size, message); s != FLASHCORE_SUCCESS) return s;
   }
-  int64_t lse_bytes = 0;
+  int64_t lse_count = 0, lse_bytes = 0;
   uintptr_t lse_end = 0;
-  if (__builtin_mul_overflow(p.batch, p.num_heads_q, &lse_bytes) ||
-      __builtin_mul_overflow(lse_bytes, p.seqlen_q, &lse_bytes) ||
-      __builtin_mul_overflow(lse_bytes, int64_t{sizeof(float)}, &lse_bytes) ||
+  if (__builtin_mul_overflow(p.batch, p.num_heads_q, &lse_count) ||
+      __builtin_mul_overflow(lse_count, p.seqlen_q, &lse_count) ||
+      __builtin_mul_overflow(lse_count, int64_t{sizeof(float)}, &lse_bytes) ||
       (p.lse != nullptr &&
        __builtin_add_overflow(reinterpret_cast<uintptr_t>(p.lse), static_cast<uintptr_t>(lse_bytes), &lse_end))) {
     message = cat("lse's extent overflows: batch * num_heads_q * seqlen_q * 4 bytes = ", p.batch, " * ",
                   p.num_heads_q, " * ", p.seqlen_q, " * 4 from lse = ", hex(p.lse));
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  uintptr_t workspace_end = 0;
+  if (p.workspace != nullptr &&
+      __builtin_add_overflow(reinterpret_cast<uintptr_t>(p.workspace), p.workspace_size, &workspace_end)) {
+    message = cat("workspace = ", hex(p.workspace), " plus workspace_size = ", p.workspace_size,
+                  " bytes wraps the address space");
+    return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+
+  // The LSE buffer's declared capacity.
+  if (p.lse_capacity < 0) {
+    message = cat("lse_capacity = ", p.lse_capacity, " must be >= 0 (0: not given)");
+    return FLASHCORE_ERROR_INVALID_SIZE;
+  }
+  if (p.lse != nullptr && p.lse_capacity > 0 && p.lse_capacity < lse_count) {
+    message = cat("lse_capacity = ", p.lse_capacity, " floats is less than the ", lse_count,
+                  " that lse receives (batch * num_heads_q * seqlen_q = ", p.batch, " * ", p.num_heads_q, " * ",
+                  p.seqlen_q, ")");
+    return FLASHCORE_ERROR_INVALID_SIZE;
   }
 
   // GQA / MQA head ratio.
@@ -267,6 +290,12 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
                   "; compiled dtypes: ", compiled_dtypes());
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
   }
+  if (p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype) {
+    message = cat("out_dtype = ", static_cast<int>(p.out_dtype), " (", dtype_name(p.out_dtype), ") differs from dtype = ",
+                  static_cast<int>(p.dtype), " (", dtype_name(p.dtype),
+                  "); this build writes O in the input dtype only (use FLASHCORE_DTYPE_SAME)");
+    return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
+  }
   if (p.head_dim > INT_MAX || !backend::is_compiled(p.dtype, static_cast<int>(p.head_dim))) {
     message = cat("head_dim = ", p.head_dim, " is not compiled for ", dtype_name(p.dtype),
                   "; compiled head dims: ", compiled_head_dims(p.dtype));
@@ -274,7 +303,8 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   }
 
   // Alignment.
-  const std::pair<const char*, const void*> pointers[] = {{"q", p.q}, {"k", p.k}, {"v", p.v}, {"o", p.o}, {"lse", p.lse}};
+  const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},     {"v", p.v},
+                                                          {"o", p.o},     {"lse", p.lse}, {"workspace", p.workspace}};
   for (const auto& [name, ptr] : pointers) {
     if (reinterpret_cast<uintptr_t>(ptr) % kAlignment != 0) {
       message = cat(name, " = ", hex(ptr), " is not ", kAlignment, "-byte aligned");
@@ -284,16 +314,22 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   // Strides.
   for (const Tensor& t : tensors) {
-    if (const flashcore_status s = check_strides(t, message); s != FLASHCORE_SUCCESS) return s;
+    if (const flashcore_status s = check_strides(t, p.dtype, message); s != FLASHCORE_SUCCESS) return s;
   }
 
-  // Scalars.
-  if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.0f) {
-    message = cat("softmax_scale = ", p.softmax_scale, " must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
+  // Scalars. The comparisons are false for NaN, so NaN fails the range check too.
+  if (p.softmax_scale != 0.0f && !(p.softmax_scale >= kMinSoftmaxScale && p.softmax_scale <= kMaxSoftmaxScale)) {
+    message = cat("softmax_scale = ", p.softmax_scale,
+                  " must be 0 (selects 1/sqrt(head_dim)) or within [2^-100, 2^100] (finite, positive, and large "
+                  "enough that softmax_scale * log2(e) is a normal float)");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   if (p.causal != 0 && p.causal != 1) {
     message = cat("causal = ", p.causal, " must be 0 or 1");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.reserved != 0) {
+    message = cat("reserved = ", p.reserved, " must be 0");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
 
@@ -320,7 +356,45 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   return FLASHCORE_SUCCESS;
 }
 
-flashcore_status validate_device(int& device, std::string& message) {
+namespace {
+
+// "9.0, 10.0" from backend::compiled_archs.
+std::string compiled_arch_list() {
+  int archs[16] = {};
+  const int n = std::min(backend::compiled_archs(archs, 16), 16);
+  std::string out;
+  for (int i = 0; i < n; ++i) out += cat(i ? ", " : "", "sm_", archs[i], " (compute capability ", archs[i] / 10, ".", archs[i] % 10, ")");
+  return out.empty() ? "none" : out;
+}
+
+// `ptr` must be device memory of `device` or managed memory (cudaPointerGetAttributes, one call).
+flashcore_status check_device_pointer(const char* name, const void* ptr, int device, std::string& message) {
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // leave no error for the caller's next CUDA call
+    message = cat("cudaPointerGetAttributes(", name, " = ", hex(ptr), ") failed: ", cudaGetErrorString(err));
+    return FLASHCORE_ERROR_CUDA;
+  }
+  const char* kind = nullptr;
+  switch (attr.type) {
+    case cudaMemoryTypeManaged: return FLASHCORE_SUCCESS;
+    case cudaMemoryTypeDevice:
+      if (attr.device == device) return FLASHCORE_SUCCESS;
+      message = cat(name, " = ", hex(ptr), " is memory of device ", attr.device,
+                    "; FlashCore needs device memory of the current device ", device);
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    case cudaMemoryTypeHost: kind = "page-locked host memory"; break;
+    case cudaMemoryTypeUnregistered: kind = "host memory (not known to CUDA)"; break;
+  }
+  message = cat(name, " = ", hex(ptr), " is ", kind != nullptr ? kind : "memory of an unknown kind",
+                "; FlashCore needs device memory of device ", device);
+  return FLASHCORE_ERROR_INVALID_ARGUMENT;
+}
+
+}  // namespace
+
+flashcore_status validate_device(const flashcore_attention_params& p, int& device, int& cc, std::string& message) {
   int count = 0;
   const cudaError_t count_err = cudaGetDeviceCount(&count);
   if (count_err != cudaSuccess || count <= 0) {
@@ -339,13 +413,20 @@ flashcore_status validate_device(int& device, std::string& message) {
     message = cat("querying the current CUDA device failed: ", cudaGetErrorString(err));
     return FLASHCORE_ERROR_CUDA;
   }
-  if (major != 9 || minor != 0) {
+  cc = major * 10 + minor;
+  if (backend::backend_for_arch(cc) == nullptr) {
     cudaDeviceProp prop{};
     const char* name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "unknown name";
     (void)cudaGetLastError();
-    message = cat("device ", device, " (", name, ") is sm_", major, minor,
-                  "; this build has kernels for sm_90a (compute capability 9.0, Hopper) only");
+    message = cat("device ", device, " (", name, ") is sm_", major, minor, " (compute capability ", major, ".",
+                  minor, "); this build has kernels for ", compiled_arch_list(), " only");
     return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  }
+  const std::pair<const char*, const void*> pointers[] = {{"q", p.q}, {"k", p.k},     {"v", p.v},
+                                                          {"o", p.o}, {"lse", p.lse}, {"workspace", p.workspace}};
+  for (const auto& [name, ptr] : pointers) {
+    if (ptr == nullptr) continue;  // only lse and workspace may be NULL here
+    if (const flashcore_status s = check_device_pointer(name, ptr, device, message); s != FLASHCORE_SUCCESS) return s;
   }
   return FLASHCORE_SUCCESS;
 }

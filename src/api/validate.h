@@ -8,32 +8,60 @@
 
 namespace flashcore::api {
 
-// Largest stride in bytes the tensor memory accelerator accepts is 2^40 - 16.
+// Largest stride in bytes the tensor memory accelerator accepts is 2^40 - 16 (cuTensorMapEncodeTiled:
+// globalStrides[i] < 2^40 and a multiple of 16).
 inline constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
-inline constexpr int kAlignment = 16;       // bytes, for every tensor base pointer
-inline constexpr int kStrideMultiple = 8;   // elements, for batch/seq/head strides (16 bytes at 2 bytes each)
+inline constexpr int kAlignment = 16;  // bytes, for every tensor base pointer and the workspace
 inline constexpr int kHeadDims[] = {64, 128, 256};  // head dims a kernel may be compiled for
+// Every size must be <= INT32_MAX (which also keeps each TMA globalDim below its 2^32 limit). seqlen_q and
+// seqlen_k must leave room for the kernels' 32-bit block arithmetic ((n_block + 1) * kBlockN, row + seqlen_k -
+// seqlen_q; the largest block is 256 rows): at most INT32_MAX - 512.
+inline constexpr int64_t kMaxSeqlen = int64_t{INT32_MAX} - 512;
+// softmax_scale, when not 0 (the default 1/sqrt(head_dim)), must lie in [2^-100, 2^100]: then scale * log2(e)
+// is a normal float, and so is every product the kernel forms from it before exp2.
+inline constexpr float kMinSoftmaxScale = 0x1p-100f;
+inline constexpr float kMaxSoftmaxScale = 0x1p100f;
 
-// Argument checks, in the documented order (first failure wins):
-//   INVALID_ARGUMENT (params/struct_size), NULL_POINTER, INVALID_SIZE, SIZE_OVERFLOW, INVALID_HEAD_RATIO,
-//   UNSUPPORTED_DTYPE, UNSUPPORTED_HEAD_DIM, MISALIGNED_POINTER, INVALID_STRIDE,
-//   INVALID_ARGUMENT (softmax_scale, causal), OVERLAPPING_OUTPUT.
-// Touches no device. On failure returns the status and writes a message naming the argument and its value.
+// Argument checks, in this order (the first failing check wins; its status is returned):
+//   1. INVALID_ARGUMENT    params is NULL, struct_size != sizeof(flashcore_attention_params)
+//   2. NULL_POINTER        q, k, v, o NULL; workspace NULL while workspace_size > 0
+//   3. INVALID_SIZE        batch, seqlen_q, seqlen_k, num_heads_q, num_heads_kv, head_dim <= 0
+//   4. SIZE_OVERFLOW       a size > INT32_MAX (seqlen_q / seqlen_k > kMaxSeqlen); a stride of q, k, v, o at or
+//                          above 2^40 bytes; a tensor's extent overflowing int64 or wrapping the address space;
+//                          LSE's extent; workspace + workspace_size wrapping the address space. (Byte sizes use
+//                          dtype_size(dtype), taken as 1 for a dtype without a size; such a dtype fails in 7.)
+//   5. INVALID_SIZE        lse_capacity < 0; lse_capacity > 0 with lse != NULL but below batch*num_heads_q*seqlen_q
+//   6. INVALID_HEAD_RATIO  num_heads_q % num_heads_kv != 0
+//   7. UNSUPPORTED_DTYPE   dtype not compiled; out_dtype neither FLASHCORE_DTYPE_SAME nor dtype
+//   8. UNSUPPORTED_HEAD_DIM head_dim not compiled for dtype
+//   9. MISALIGNED_POINTER  q, k, v, o, lse, workspace not 16-byte aligned
+//  10. INVALID_STRIDE      a dim stride != 1; a batch/seq/head stride negative, 0 for a dimension of size > 1, or
+//                          not a multiple of 16 bytes (stride_multiple(dtype) elements)
+//  11. INVALID_ARGUMENT    softmax_scale not 0 and outside [2^-100, 2^100] (NaN, inf, negative, denormal, ...);
+//                          causal not 0/1; reserved != 0
+//  12. OVERLAPPING_OUTPUT  O overlaps Q, K or V; distinct elements of O share memory; LSE overlaps Q, K, V or O
+// Within a step, tensors are checked in the order q, k, v, o (then lse, workspace) and sizes in the order above.
+// kernel_config is checked by the backend. Touches no device. On failure returns the status and writes a
+// message naming the argument and its value.
 flashcore_status validate_arguments(const flashcore_attention_params* params, std::string& message);
 
-// Device checks: a CUDA device is visible (NO_DEVICE) and the current one is compute capability 9.0
-// (UNSUPPORTED_ARCH). Call only after validate_arguments succeeded. On success `device` is the current
-// device's ordinal (the launch uses it rather than asking again).
-flashcore_status validate_device(int& device, std::string& message);
+// Device checks, for params that passed validate_arguments, in this order:
+//   NO_DEVICE         no CUDA device visible
+//   CUDA              the current device cannot be queried
+//   UNSUPPORTED_ARCH  no backend serves the current device's compute capability
+//   INVALID_ARGUMENT  q, k, v, o, lse (when not NULL) or workspace (when not NULL) is host memory (registered
+//                     or not) or device memory of another device (managed memory is accepted)
+//   CUDA              cudaPointerGetAttributes failed for one of them
+// One cudaPointerGetAttributes per pointer; no CUDA error is left behind for the caller. On success `device`
+// is the current device's ordinal and `cc` its compute capability (major * 10 + minor), which the launch uses
+// rather than asking again.
+flashcore_status validate_device(const flashcore_attention_params& params, int& device, int& cc,
+                                 std::string& message);
 
 // softmax_scale, or 1/sqrt(head_dim) when it is 0.
 float resolve_softmax_scale(const flashcore_attention_params& params);
 
-// "fp16", "bf16", "fp32", "fp8_e4m3" or "unknown".
-const char* dtype_name(flashcore_dtype dtype);
-// Bytes per element (2 for unknown dtypes, which are rejected anyway).
-int64_t dtype_size(flashcore_dtype dtype);
-// True when some head dim is compiled for `dtype`.
+// True when some head dim is compiled for `dtype` (by any backend).
 bool dtype_compiled(flashcore_dtype dtype);
 
 }  // namespace flashcore::api

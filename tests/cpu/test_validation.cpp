@@ -71,6 +71,7 @@ class Validation : public ::testing::Test {
     o_ = std::make_unique<HostBuffer>(B * SQ * HQ * D * 2);
     lse_ = std::make_unique<HostBuffer>(B * HQ * SQ * 4);
     flashcore_attention_params_init(&p);
+    p.out_dtype = FLASHCORE_DTYPE_SAME;  // the 0.2 default; set here too until params_init sets it
     p.q = q_->data();
     p.k = k_->data();
     p.v = v_->data();
@@ -165,8 +166,8 @@ TEST_F(Validation, SizeAboveInt32Max) {
 }
 
 TEST_F(Validation, ExtentOverflowsInt64) {
-  // (INT32_MAX - 1) * 2^36 > 2^63, while 2^36 elements (2^37 bytes) is below the TMA stride limit.
-  p.seqlen_q = INT32_MAX;
+  // (INT32_MAX - 513) * 2^36 > 2^63, while 2^36 elements (2^37 bytes) is below the TMA stride limit.
+  p.seqlen_q = int64_t{INT32_MAX} - 512;
   p.q_strides.seq = int64_t{1} << 36;
   expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"q's extent overflows int64", "seqlen_q", "68719476736"});
 }
@@ -199,6 +200,55 @@ TEST_F(Validation, LseExtentOverflow) {
 TEST_F(Validation, PointerPlusExtentWraps) {
   p.o = reinterpret_cast<void*>(uintptr_t{0} - 64);
   expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"o = 0xffffffffffffffc0", "wraps"});
+}
+
+TEST_F(Validation, SeqlenLeavesRoomForBlockArithmetic) {
+  // The kernels form (n_block + 1) * kBlockN and row + seqlen_k - seqlen_q in 32 bits: INT32_MAX - 512 at most.
+  p.seqlen_q = int64_t{INT32_MAX} - 511;
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"seqlen_q = 2147483136", "exceeds 2147483135", "INT32_MAX - 512"});
+  p.seqlen_q = SQ;
+  p.seqlen_k = INT32_MAX;
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"seqlen_k = 2147483647", "exceeds 2147483135"});
+  p.seqlen_k = int64_t{INT32_MAX} - 512;  // the limit itself passes the size checks (fails later on overlap)
+  EXPECT_NE(flashcore_attention_validate(&p), FLASHCORE_ERROR_SIZE_OVERFLOW) << flashcore_last_error();
+}
+
+TEST_F(Validation, WorkspaceWrapsAddressSpace) {
+  p.workspace = reinterpret_cast<void*>(uintptr_t{0} - 4096);
+  p.workspace_size = 8192;
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"workspace = 0xfffffffffffff000", "workspace_size = 8192", "wraps"});
+}
+
+// ---- lse_capacity (INVALID_SIZE) ----
+TEST_F(Validation, LseCapacity) {
+  const int64_t needed = B * HQ * SQ;
+  p.lse_capacity = -1;
+  expect_error(FLASHCORE_ERROR_INVALID_SIZE, {"lse_capacity = -1"});
+  p.lse_capacity = needed - 1;
+  expect_error(FLASHCORE_ERROR_INVALID_SIZE,
+               {"lse_capacity = " + std::to_string(needed - 1), "less than the " + std::to_string(needed)});
+  p.lse_capacity = needed;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  p.lse_capacity = 0;  // not given
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  p.lse = nullptr;  // no LSE: a capacity is not checked against anything
+  p.lse_capacity = 1;
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  p.lse_capacity = -5;  // but a negative one is still nonsense
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_ERROR_INVALID_SIZE);
+}
+
+// ---- workspace ----
+TEST_F(Validation, Workspace) {
+  p.workspace_size = 256;
+  expect_error(FLASHCORE_ERROR_NULL_POINTER, {"workspace is NULL", "workspace_size = 256"});
+  HostBuffer ws(256);
+  p.workspace = ws.data() + 8;
+  expect_error(FLASHCORE_ERROR_MISALIGNED_POINTER, {"workspace = 0x", "16-byte aligned"});
+  p.workspace = ws.data();
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  p.workspace_size = 0;  // a buffer without a size is fine (the backend asks for what it needs)
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
 }
 
 // ---- INVALID_HEAD_RATIO ----
@@ -249,6 +299,18 @@ TEST_F(Validation, DtypeCompiledOrNotCompiledIn) {
       expect_error(&q, FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = " + std::to_string(dt), "not compiled"});
     }
   }
+}
+
+TEST_F(Validation, OutDtype) {
+  const flashcore_dtype other = p.dtype == FLASHCORE_DTYPE_BF16 ? FLASHCORE_DTYPE_FP16 : FLASHCORE_DTYPE_BF16;
+  p.out_dtype = other;
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"out_dtype = " + std::to_string(other), "differs from dtype"});
+  for (flashcore_dtype bad : {FLASHCORE_DTYPE_FP32, FLASHCORE_DTYPE_FP8_E4M3, static_cast<flashcore_dtype>(77)}) {
+    p.out_dtype = bad;
+    expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"out_dtype = " + std::to_string(bad)});
+  }
+  p.out_dtype = p.dtype;  // naming the input dtype explicitly is the same as FLASHCORE_DTYPE_SAME
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
 }
 
 // ---- UNSUPPORTED_HEAD_DIM ----
@@ -305,7 +367,7 @@ TEST_F(Validation, InvalidStrides) {
   const StrideCase cases[] = {
       {"q", "dim", 2, "must be 1"},           {"k", "dim", 0, "must be 1"},
       {"v", "dim", -1, "must be 1"},          {"o", "dim", 8, "must be 1"},
-      {"q", "seq", 12, "is not a multiple of 8 elements (TMA needs 16-byte strides)"},
+      {"q", "seq", 12, "is not a multiple of 8 elements (16 bytes; TMA needs 16-byte strides)"},
       {"k", "batch", 4, "is not a multiple of 8"}, {"v", "head", 1, "is not a multiple of 8"},
       {"o", "seq", 100, "is not a multiple of 8"}, {"q", "batch", -8, "is negative"},
       {"k", "seq", -1024, "is negative"},     {"o", "head", -8, "is negative"},
@@ -324,7 +386,7 @@ TEST_F(Validation, InvalidStrides) {
 TEST_F(Validation, SeqStrideMessageMatchesDocumentation) {
   p.q_strides.seq = 12;
   expect_error(FLASHCORE_ERROR_INVALID_STRIDE,
-               {"q_strides.seq = 12 is not a multiple of 8 elements (TMA needs 16-byte strides)"});
+               {"q_strides.seq = 12 is not a multiple of 8 elements (16 bytes; TMA needs 16-byte strides)"});
 }
 
 TEST_F(Validation, ZeroStrideAllowedForSizeOneDimension) {
@@ -362,6 +424,27 @@ TEST_F(Validation, BadSoftmaxScale) {
     p.softmax_scale = scale;
     EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
   }
+}
+
+TEST_F(Validation, SoftmaxScaleRange) {
+  // Outside [2^-100, 2^100]: denormals, tiny normals whose product with log2(e) would not stay normal, huge ones.
+  for (float scale : {0x1p-101f, 1e-40f, std::numeric_limits<float>::denorm_min(),
+                      std::numeric_limits<float>::min(), 0x1p101f, std::numeric_limits<float>::max()}) {
+    SCOPED_TRACE(scale);
+    p.softmax_scale = scale;
+    expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"softmax_scale = ", "[2^-100, 2^100]"});
+  }
+  for (float scale : {0x1p-100f, 0x1p100f, -0.0f}) {  // the ends are included; -0 is 0, the default
+    p.softmax_scale = scale;
+    EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << scale << ": " << flashcore_last_error();
+  }
+}
+
+TEST_F(Validation, ReservedMustBeZero) {
+  p.reserved = 1;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"reserved = 1", "must be 0"});
+  p.reserved = -7;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"reserved = -7"});
 }
 
 TEST_F(Validation, BadCausalFlag) {
@@ -448,6 +531,38 @@ TEST_F(Validation, OrderOfChecks) {
   p.q_strides.seq = HQ * D;
   p.o = const_cast<void*>(p.q);  // scalars before overlap
   expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"softmax_scale = -1"});
+}
+
+TEST_F(Validation, OrderOfTheNewChecks) {
+  // workspace NULL (NULL_POINTER) before a size error.
+  p.workspace_size = 16;
+  p.batch = 0;
+  expect_error(FLASHCORE_ERROR_NULL_POINTER, {"workspace is NULL"});
+  p.workspace_size = 0;
+  p.batch = B;
+  // lse_capacity (INVALID_SIZE, step 5) after size overflow, before the head ratio.
+  p.lse_capacity = 1;
+  p.num_heads_q = 3;
+  expect_error(FLASHCORE_ERROR_INVALID_SIZE, {"lse_capacity = 1"});
+  p.seqlen_q = int64_t{INT32_MAX};
+  expect_error(FLASHCORE_ERROR_SIZE_OVERFLOW, {"seqlen_q = 2147483647"});
+  p.seqlen_q = SQ;
+  p.lse_capacity = 0;
+  // out_dtype (UNSUPPORTED_DTYPE) after the head ratio, before the head dim.
+  p.out_dtype = FLASHCORE_DTYPE_FP32;
+  expect_error(FLASHCORE_ERROR_INVALID_HEAD_RATIO, {"num_heads_q = 3"});
+  p.num_heads_q = HQ;
+  p.head_dim = 96;
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"out_dtype = 2"});
+  p.head_dim = D;
+  p.out_dtype = FLASHCORE_DTYPE_SAME;
+  // reserved (INVALID_ARGUMENT) after the strides, before overlap.
+  p.reserved = 3;
+  p.o_strides.seq = 12;
+  expect_error(FLASHCORE_ERROR_INVALID_STRIDE, {"o_strides.seq = 12"});
+  p.o_strides.seq = HQ * D;
+  p.o = const_cast<void*>(p.q);
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"reserved = 3"});
 }
 
 // ---- device checks ----

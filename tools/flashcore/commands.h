@@ -7,6 +7,7 @@ namespace fccli {
 int run_bench(int argc, char** argv, int first);
 int run_check(int argc, char** argv, int first);
 int run_info(int argc, char** argv, int first);
+int run_tvla(int argc, char** argv, int first);
 
 void print_bench_help();
 void print_check_help();

@@ -16,6 +16,7 @@ void print_help(FILE* out) {
       "  bench    time the forward pass (presets seeds, grid; --shape B,H,S,D[,Hkv[,Sk]])\n"
       "  check    correctness against the float64 reference (--quick, --shape, --determinism N)\n"
       "  info     version, compiled capabilities, device\n"
+      "  tvla     fixed-vs-random timing test (Welch's t per shape; --shape B,H,S,D, --n N)\n"
       "\n"
       "  flashcore <command> --help   options of a command\n"
       "  flashcore --version          version\n"
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return run_bench(argc, argv, 2);
     if (cmd == "check") return run_check(argc, argv, 2);
     if (cmd == "info") return run_info(argc, argv, 2);
+    if (cmd == "tvla") return run_tvla(argc, argv, 2);
     usage_error("unknown command '" + cmd + "'");
   } catch (const CliError& e) {
     if (e.code == kExitOk) return kExitOk;  // e.g. --help inside a parser

@@ -25,9 +25,14 @@ Two names, one implementation:
 What runs on FlashCore: fp16/bf16 CUDA inputs with a compiled head dim, no dropout, and either no mask or a pure
 causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv).
 Everything else (padding masks, sliding-window masks once the window is exceeded, a static cache's mask,
-dropout, fp32, softcap / attention sinks / position bias) falls back to transformers' own SDPA path, unless
-register(fallback=False), which raises ValueError instead. The fallback is silent apart from one log line per
-reason.
+dropout, fp32, softcap / attention sinks / position bias, a sliding window shorter than the keys, an uncompiled
+head dim) falls back to transformers' own SDPA path, unless register(fallback=False), which raises ValueError
+instead. Each fallback reason is reported once per process with warnings.warn (naming the argument). No argument
+the kernel cannot honour is ignored: the adapter never returns plain causal attention for a call that asked for
+something else. Eager and torch.compile take the same decision for the same call (the compiled head dims are read
+once, outside the graph, and cached). Sequences packed through position_ids (batch 1, positions restarting, no
+mask: what FlashAttention-named implementations get) run segment by segment in eager mode; while compiling, the
+position ids cannot be read and such a call is not detected (see docs/python.md).
 
 Masks: register() also registers a mask builder under the same name (transformers builds no mask at all for an
 attention name it has no mask builder for, which would silently drop padding). It returns None for a pure
@@ -41,6 +46,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import warnings
 from typing import Optional
 
 import torch
@@ -186,19 +192,61 @@ def _is_cuda(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
+# (library object, its compiled head dims): read outside any graph, so that eager and compiled calls agree.
+_head_dims_cache = (None, None)
+
+
 def _compiled_head_dims():
-    return _lib.load().compiled()[1]  # RuntimeError when the library is missing: no silent fallback
+    """The library's compiled head dims. Eager: loads the library (RuntimeError when missing: no silent fallback)
+    and caches the answer. While compiling: the cached answer, or None when nothing was cached yet (the op itself
+    then checks at run time, as it does in eager mode)."""
+    global _head_dims_cache
+    if torch.compiler.is_compiling():
+        return _head_dims_cache[1]
+    lib = _lib.load()
+    if _head_dims_cache[0] is not lib:
+        _head_dims_cache = (lib, tuple(lib.compiled()[1]))
+    return _head_dims_cache[1]
 
 
-def _unsupported_reason(query, key, value, attention_mask, dropout, kwargs) -> Optional[str]:
+def _sliding_window(module, kwargs):
+    window = kwargs.get("sliding_window")
+    return window if window is not None else getattr(module, "sliding_window", None)
+
+
+def _packed_positions(query, key, attention_mask, kwargs):
+    """cu_seq_lens (int32) when position_ids pack several sequences into batch 1 without a mask, else None.
+    Reads position_ids (a host sync), so only in eager mode and outside CUDA graph capture."""
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None or attention_mask is not None or query.shape[0] != 1 or query.shape[2] <= 1:
+        return None
+    if query.shape[2] != key.shape[2] or position_ids.shape[-1] != query.shape[2]:
+        return None  # decoding with a cache, or ids for another length: not the packed-prefill format
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return None
+    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    ids = position_ids.reshape(-1)
+    starts = torch.nonzero(ids[1:] != ids[:-1] + 1).reshape(-1) + 1
+    if starts.numel() == 0:
+        return None
+    bounds = [0] + starts.tolist() + [ids.numel()]
+    return torch.tensor(bounds, dtype=torch.int32, device=query.device)
+
+
+def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs) -> Optional[str]:
     """Why FlashCore cannot run this call (None when it can). Metadata only: traceable by torch.compile."""
     if attention_mask is not None:
         return "an attention mask that is not purely causal (e.g. padding)"
     if dropout:
-        return "attention dropout"
+        return f"attention dropout (dropout={dropout})"
     for name in _UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:
             return f"the {name!r} argument"
+    window = _sliding_window(module, kwargs)
+    if window is not None and key.shape[2] >= window:
+        # Keys beyond the window must be masked; without a mask FlashCore would attend to all of them.
+        return f"sliding_window={window} with {key.shape[2]} keys"
     for t in (query, key, value):
         if not _is_cuda(t):
             return f"tensors on {t.device}"
@@ -208,17 +256,21 @@ def _unsupported_reason(query, key, value, attention_mask, dropout, kwargs) -> O
         return "different head dims for query, key and value"
     if query.shape[1] % key.shape[1] != 0:
         return "a query head count that is not a multiple of the key/value head count"
-    if not torch.compiler.is_compiling():
-        head_dims = _compiled_head_dims()
-        if query.shape[-1] not in head_dims:
-            return f"head_dim {query.shape[-1]} (compiled: {list(head_dims)})"
+    head_dims = _compiled_head_dims()
+    if head_dims is not None and query.shape[-1] not in head_dims:
+        return f"head_dim {query.shape[-1]} (compiled: {list(head_dims)})"
     return None
 
 
 def _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs):
     if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
         return _forward_packed(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs)
-    reason = _unsupported_reason(query, key, value, attention_mask, dropout, kwargs)
+    cu_seq_lens = _packed_positions(query, key, attention_mask, kwargs)
+    if cu_seq_lens is not None:  # sequences packed through position_ids: attention within each one
+        rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
+        rest.update(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens)
+        return _forward_packed(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, rest)
+    reason = _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs)
     # As transformers' sdpa_attention_forward: a None mask means causal (for causal modules) unless decoding.
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
@@ -235,7 +287,7 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
             raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
         if not torch.compiler.is_compiling() and reason not in _logged_reasons:
             _logged_reasons.add(reason)
-            logger.info("FlashCore: falling back to transformers' SDPA attention for %s", reason)
+            warnings.warn(f"FlashCore: falling back to transformers' SDPA attention for {reason}", stacklevel=3)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
