@@ -86,8 +86,20 @@ bool dtype_compiled(int dtype) {
   return false;
 }
 
-flashcore_status oracle(const flashcore_attention_params& p) {
-  if (p.struct_size != sizeof(flashcore_attention_params)) return FLASHCORE_ERROR_INVALID_ARGUMENT;
+flashcore_status oracle(const flashcore_attention_params& given) {
+  // Accepted layouts: the current one, and the 0.1 one, whose caller has none of the 0.2 fields (defaults).
+  if (given.struct_size != sizeof(flashcore_attention_params) &&
+      given.struct_size != FLASHCORE_ATTENTION_PARAMS_V1_SIZE)
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  flashcore_attention_params p = given;
+  if (given.struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) {
+    p.out_dtype = FLASHCORE_DTYPE_SAME;
+    p.reserved = 0;
+    p.lse_capacity = 0;
+    p.workspace = nullptr;
+    p.workspace_size = 0;
+    p.kernel_config = nullptr;
+  }
 
   if (!p.q || !p.k || !p.v || !p.o) return FLASHCORE_ERROR_NULL_POINTER;
   if (!p.workspace && p.workspace_size > 0) return FLASHCORE_ERROR_NULL_POINTER;
@@ -310,7 +322,7 @@ void mutate(Gen& g, flashcore_attention_params& p) {
       p.workspace = const_cast<void*>(g.chance(0.3) ? nullptr : hostile_pointer(g, p));
       p.workspace_size = g.pick<uint64_t>({0, 16, 4096, ~uint64_t{0}, uint64_t{1} << 63});
       break;
-    case 12: p.struct_size = g.pick<uint32_t>({0, FLASHCORE_ATTENTION_PARAMS_V1_SIZE, sizeof(p) - 8, sizeof(p) + 8}); break;
+    case 12: p.struct_size = g.pick<uint32_t>({0, FLASHCORE_ATTENTION_PARAMS_V1_SIZE, sizeof(p) - 8, 1u << 20}); break;
     case 13: {  // O over or next to an input
       const void* in[] = {p.q, p.k, p.v};
       p.o = address(reinterpret_cast<uintptr_t>(in[g.uniform(0, 2)]) + 16 * g.uniform(-4096, 4096));
