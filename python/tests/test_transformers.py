@@ -257,6 +257,7 @@ def test_cpu_emulated_unsupported_arguments_fall_back_or_raise(emulated_adapter,
     q, k, v = _attention_inputs()
     module = _causal_module()
     fc_hf._logged_reasons.clear()
+    kwargs = dict(kwargs)  # the parametrize dict is shared by every adapter name: do not mutate it
     dropout = kwargs.pop("dropout", 0.0)
     # fallback=True: SDPA runs (FlashCore is not called) and a warning names the argument, once.
     with pytest.warns(UserWarning, match=needle):

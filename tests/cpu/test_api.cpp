@@ -463,14 +463,7 @@ TEST(WorkspaceSize, NoDevice) {
   EXPECT_NE(std::string(flashcore_last_error()).find("no CUDA device visible"), std::string::npos);
 }
 
-TEST(WorkspaceSize, OnAHopperGpu) {
-  FLASHCORE_REQUIRE_GPU();
-  Problem pr;
-  const flashcore_attention_params p = valid_params(pr);
-  uint64_t bytes = 1;
-  EXPECT_EQ(flashcore_attention_workspace_size(&p, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
-  EXPECT_EQ(bytes, 0u);  // no compiled kernel needs a workspace yet
-}
+// WorkspaceSize on a Hopper GPU (it needs device buffers): tests/gpu/test_kernel_configs.cpp.
 
 TEST(ListKernelConfigs, NullAndBadArguments) {
   const char* names[4] = {};

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "check/check.h"
 #include "flashcore/flashcore.h"
 #include "gpu/gpu_skip.h"
@@ -75,20 +77,56 @@ TEST(KernelConfigs, EveryNonDefaultConfigPassesTheSuiteRules) {
   std::printf("kernel configs: %zu non-default config(s), %d case(s) run\n", configs.size(), runs);
 }
 
-TEST(KernelConfigs, UnknownConfigNameIsAClearError) {
+// A small bf16 d128 causal problem on device buffers (the pointer checks reject host memory).
+struct DeviceProblem {
+  void* buf[4] = {};
   flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  alignas(16) static uint16_t q[64 * 8], k[64 * 8], v[64 * 8], o[64 * 8];
-  p.q = q, p.k = k, p.v = v, p.o = o;
-  p.batch = 1, p.seqlen_q = 8, p.seqlen_k = 8, p.num_heads_q = 1, p.num_heads_kv = 1, p.head_dim = 64;
-  p.dtype = FLASHCORE_DTYPE_BF16;
-  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
-  p.kernel_config = "no-such-config";
+  DeviceProblem() {
+    for (void*& b : buf) EXPECT_EQ(cudaMalloc(&b, 128 * 128 * 2), cudaSuccess);
+    flashcore_attention_params_init(&p);
+    p.q = buf[0], p.k = buf[1], p.v = buf[2], p.o = buf[3];
+    p.batch = 1, p.seqlen_q = 128, p.seqlen_k = 128, p.num_heads_q = 1, p.num_heads_kv = 1, p.head_dim = 128;
+    p.dtype = FLASHCORE_DTYPE_BF16, p.causal = 1;
+    EXPECT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+  }
+  ~DeviceProblem() {
+    for (void* b : buf) cudaFree(b);
+  }
+};
+
+TEST(KernelConfigs, WorkspaceSizeIsZeroForTheDefaultAndACounterForTheDynamicScheduler) {
   FLASHCORE_REQUIRE_GPU();
+  DeviceProblem d;
+  uint64_t bytes = 1;
+  EXPECT_EQ(flashcore_attention_workspace_size(&d.p, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(bytes, 0u);
+  d.p.kernel_config = "128x128x2-pp-dynamic";
+  EXPECT_EQ(flashcore_attention_workspace_size(&d.p, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(bytes, 16u);
+  // Without the workspace the call is refused, naming what it needs.
+  EXPECT_EQ(flashcore_attention_forward(&d.p, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("workspace"), std::string::npos) << flashcore_last_error();
+  // With it, the counter is back to zero after the call (the workspace contract).
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ws, 0, bytes), cudaSuccess);
+  d.p.workspace = ws, d.p.workspace_size = bytes;
+  EXPECT_EQ(flashcore_attention_forward(&d.p, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+  int counter = -1;
+  ASSERT_EQ(cudaMemcpy(&counter, ws, sizeof(counter), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(counter, 0);
+  cudaFree(ws);
+}
+
+TEST(KernelConfigs, UnknownConfigNameIsAClearError) {
+  FLASHCORE_REQUIRE_GPU();
+  DeviceProblem d;
+  d.p.kernel_config = "no-such-config";
   uint64_t bytes = 0;
-  const flashcore_status st = flashcore_attention_workspace_size(&p, &bytes);
-  EXPECT_EQ(st, FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(flashcore_attention_workspace_size(&d.p, &bytes), FLASHCORE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flashcore_last_error()).find("no-such-config"), std::string::npos) << flashcore_last_error();
+  EXPECT_EQ(flashcore_attention_forward(&d.p, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("128x176x2-onecta"), std::string::npos) << flashcore_last_error();
 }
 
 }  // namespace
