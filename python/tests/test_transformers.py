@@ -303,6 +303,30 @@ def test_cpu_emulated_position_id_packing_runs_per_sequence(emulated_adapter, co
     assert len(count_calls) == 1
 
 
+def test_cpu_emulated_position_id_packing_while_compiling_is_per_sequence(emulated_adapter, count_calls):
+    """Under torch.compile the ids cannot be read: the call must still attend within each packed sequence (SDPA
+    with a block-diagonal causal mask), never across them with a plain causal kernel call."""
+    from reference import reference
+
+    q, k, v = _attention_inputs(sq=12, sk=12)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    module = _causal_module()
+
+    def run(q, k, v, ids):
+        return fc_hf.attention_forward(module, q, k, v, None, position_ids=ids)[0]
+
+    torch._dynamo.reset()
+    out = torch.compile(run, backend="eager")(q, k, v, position_ids)
+    assert count_calls == []
+    for a, b in ((0, 5), (5, 8), (8, 12)):
+        want, _ = reference(*(t[:, :, a:b].transpose(1, 2) for t in (q, k, v)), causal=True)
+        torch.testing.assert_close(out[:, a:b].float(), want.float(), atol=2e-2, rtol=2e-2)
+    with pytest.raises(Exception, match="position_ids while compiling"):
+        torch._dynamo.reset()
+        torch.compile(lambda q, k, v, ids: fc_hf.strict_attention_forward(module, q, k, v, None, position_ids=ids)[0],
+                      backend="eager")(q, k, v, position_ids)
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_cpu_emulated_uncompiled_head_dim_same_in_eager_and_compiled(emulated_adapter, count_calls, strict):
     """head_dim 96 (not compiled): eager and torch.compile take the same path (SDPA fallback, or ValueError)."""

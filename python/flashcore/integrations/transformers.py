@@ -31,8 +31,9 @@ instead. Each fallback reason is reported once per process with warnings.warn (n
 the kernel cannot honour is ignored: the adapter never returns plain causal attention for a call that asked for
 something else. Eager and torch.compile take the same decision for the same call (the compiled head dims are read
 once, outside the graph, and cached). Sequences packed through position_ids (batch 1, positions restarting, no
-mask: what FlashAttention-named implementations get) run segment by segment in eager mode; while compiling, the
-position ids cannot be read and such a call is not detected (see docs/python.md).
+mask: what FlashAttention-named implementations get) run segment by segment in eager mode; while compiling or
+capturing a CUDA graph the ids cannot be read, so such a call (batch 1, no mask, prefill, position_ids given) falls
+back to SDPA with a block-diagonal causal mask built from the ids by tensor ops (see docs/python.md).
 
 Masks: register() also registers a mask builder under the same name (transformers builds no mask at all for an
 attention name it has no mask builder for, which would silently drop padding). It returns None for a pure
@@ -214,17 +215,41 @@ def _sliding_window(module, kwargs):
     return window if window is not None else getattr(module, "sliding_window", None)
 
 
-def _packed_positions(query, key, attention_mask, kwargs):
-    """cu_seq_lens (int32) when position_ids pack several sequences into batch 1 without a mask, else None.
-    Reads position_ids (a host sync), so only in eager mode and outside CUDA graph capture."""
+def _cannot_read(t) -> bool:
+    """True while compiling, tracing or capturing a CUDA graph: the values of `t` are not available then."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    return bool(t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _packed_prefill_ids(query, key, attention_mask, kwargs):
+    """position_ids when the call has the packed-prefill format (batch 1, no mask, as many keys as queries, one id
+    per query), else None. Such ids may restart inside the sequence (several packed sequences)."""
     position_ids = kwargs.get("position_ids")
     if position_ids is None or attention_mask is not None or query.shape[0] != 1 or query.shape[2] <= 1:
         return None
     if query.shape[2] != key.shape[2] or position_ids.shape[-1] != query.shape[2]:
-        return None  # decoding with a cache, or ids for another length: not the packed-prefill format
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return None
-    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+    return position_ids
+
+
+def _segment_causal_mask(position_ids, seqlen):
+    """(1, 1, S, S) boolean mask: causal within each run of consecutive positions (a packed sequence), nothing
+    across runs. Built from tensor ops only, so it traces under torch.compile and CUDA graph capture."""
+    ids = position_ids.reshape(-1)
+    restart = torch.ones_like(ids, dtype=torch.bool)
+    restart[1:] = ids[1:] != ids[:-1] + 1
+    segment = torch.cumsum(restart.to(torch.int32), 0)
+    rows = torch.arange(seqlen, device=ids.device)
+    causal = rows[None, :] <= rows[:, None]
+    return (causal & (segment[None, :] == segment[:, None]))[None, None]
+
+
+def _packed_positions(query, key, attention_mask, kwargs):
+    """cu_seq_lens (int32) when position_ids pack several sequences into batch 1 without a mask, else None.
+    Reads position_ids (a host sync), so only in eager mode and outside CUDA graph capture."""
+    position_ids = _packed_prefill_ids(query, key, attention_mask, kwargs)
+    if position_ids is None or _cannot_read(position_ids):
         return None
     ids = position_ids.reshape(-1)
     starts = torch.nonzero(ids[1:] != ids[:-1] + 1).reshape(-1) + 1
@@ -270,6 +295,18 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
         rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
         rest.update(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens)
         return _forward_packed(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, rest)
+    packed_ids = _packed_prefill_ids(query, key, attention_mask, kwargs)
+    if packed_ids is not None and _cannot_read(packed_ids) and getattr(module, "is_causal", True) is not False:
+        # Under torch.compile / graph capture the ids cannot be inspected: they may pack several sequences, which a
+        # plain causal kernel call would attend across. SDPA with a block-diagonal causal mask is right either way.
+        reason = "position_ids while compiling or capturing (possibly packed sequences)"
+        if not fallback:
+            raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
+        mask = _segment_causal_mask(packed_ids, query.shape[2])
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **rest)
     reason = _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs)
     # As transformers' sdpa_attention_forward: a None mask means causal (for causal modules) unless decoding.
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
