@@ -4,10 +4,26 @@
 The operand lists of wgmma are long (N/2 accumulator registers for m64nNk16), so they are generated
 rather than written by hand. Run: python3 tools/gen_wgmma.py > src/kernels/sm90/wgmma_ops.inc
 """
+import os
 import sys
 
-SS_N = [64, 80, 96, 112, 128, 144, 176, 192]        # S = Q K^T: N = kBlockN
-RS_N = [64, 128, 256]   # O += P V: N = head_dim
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "kernels", "sm90", "configs.txt")
+
+
+def shapes_from_configs(path=CONFIGS):
+    """(block_n values, head dims) of the rows of configs.txt: S = Q K^T needs N = block_n, O += P V needs
+    N = head_dim. A new row in configs.txt thus needs only a re-run of this script (check_sass.sh checks it)."""
+    block_n, head_dims = set(), set()
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0][0].isdigit():
+                head_dims.add(int(fields[0]))
+                block_n.add(int(fields[3]))
+    return sorted(block_n), sorted(head_dims)
+
+
+SS_N, RS_N = shapes_from_configs()
 TYPES = [("bf16", "__nv_bfloat16"), ("f16", "__half")]
 
 

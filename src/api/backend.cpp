@@ -2,7 +2,9 @@
 // kernel rows; today that is sm90 (Hopper, compute capability 9.0). A portable sm80 backend adds one entry.
 #include "api/backend.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "api/dtype.h"
 #include "kernels/sm90/launch.h"
@@ -36,6 +38,19 @@ bool is_compiled(flashcore_dtype dtype, int head_dim) {
     if (rows[i]->dtype == dtype && rows[i]->head_dim == head_dim) return true;
   }
   return false;
+}
+
+int compiled_head_dims(flashcore_dtype dtype, int* out, int capacity) {
+  int n = 0;
+  const sm90::KernelRow* const* rows = sm90::rows(n);
+  std::vector<int> dims;
+  for (int i = 0; i < n; ++i) {
+    if (dtype == FLASHCORE_DTYPE_SAME || rows[i]->dtype == dtype) dims.push_back(rows[i]->head_dim);
+  }
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  for (int i = 0; out != nullptr && i < capacity && i < static_cast<int>(dims.size()); ++i) out[i] = dims[i];
+  return static_cast<int>(dims.size());
 }
 
 int compiled_archs(int* out, int capacity) {

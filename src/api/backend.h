@@ -14,6 +14,10 @@ namespace flashcore::backend {
 // True when some backend compiled a kernel for (dtype, head_dim) (any arch).
 bool is_compiled(flashcore_dtype dtype, int head_dim);
 
+// Head dims some backend compiled for `dtype` (FLASHCORE_DTYPE_SAME: for any dtype), ascending; writes at most
+// `capacity` of them to `out` and returns how many there are.
+int compiled_head_dims(flashcore_dtype dtype, int* out, int capacity);
+
 // Compute capabilities (major*10 + minor, e.g. 90) that some backend serves; writes at most `capacity`
 // of them to `out` and returns how many there are.
 int compiled_archs(int* out, int capacity);

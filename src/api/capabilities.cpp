@@ -47,16 +47,11 @@ flashcore_capabilities full_capabilities() {
   std::memset(&caps, 0, sizeof(caps));
   caps.struct_size = sizeof(caps);
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
-    const bool any = std::any_of(std::begin(flashcore::api::kHeadDims), std::end(flashcore::api::kHeadDims),
-                                 [dt](int hd) { return flashcore::backend::is_compiled(dt, hd); });
-    if (any) caps.dtypes[caps.num_dtypes++] = dt;
+    if (flashcore::backend::compiled_head_dims(dt, nullptr, 0) > 0) caps.dtypes[caps.num_dtypes++] = dt;
   }
-  for (int hd : flashcore::api::kHeadDims) {
-    if (flashcore::backend::is_compiled(FLASHCORE_DTYPE_FP16, hd) ||
-        flashcore::backend::is_compiled(FLASHCORE_DTYPE_BF16, hd)) {
-      caps.head_dims[caps.num_head_dims++] = hd;
-    }
-  }
+  caps.num_head_dims = std::min(flashcore::backend::compiled_head_dims(FLASHCORE_DTYPE_SAME, caps.head_dims,
+                                                                       FLASHCORE_MAX_CAPS),
+                                FLASHCORE_MAX_CAPS);
   caps.num_archs = std::min(flashcore::backend::compiled_archs(caps.archs, FLASHCORE_MAX_CAPS), FLASHCORE_MAX_CAPS);
   caps.device_arch = current_device_arch();
   const char* backend = caps.device_arch > 0 ? flashcore::backend::backend_for_arch(caps.device_arch) : nullptr;

@@ -167,19 +167,17 @@ std::string compiled_dtypes() {
 }
 
 std::string compiled_head_dims(flashcore_dtype dtype) {
+  int dims[FLASHCORE_MAX_CAPS];
+  const int n = std::min(backend::compiled_head_dims(dtype, dims, FLASHCORE_MAX_CAPS), FLASHCORE_MAX_CAPS);
   std::string out;
-  for (int hd : kHeadDims) {
-    if (backend::is_compiled(dtype, hd)) out += cat(out.empty() ? "" : ", ", hd);
-  }
+  for (int i = 0; i < n; ++i) out += cat(out.empty() ? "" : ", ", dims[i]);
   return out.empty() ? "none" : out;
 }
 
 }  // namespace
 
 bool dtype_compiled(flashcore_dtype dtype) {
-  if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16) return false;
-  return std::any_of(std::begin(kHeadDims), std::end(kHeadDims),
-                     [dtype](int hd) { return backend::is_compiled(dtype, hd); });
+  return dtype != FLASHCORE_DTYPE_SAME && backend::compiled_head_dims(dtype, nullptr, 0) > 0;
 }
 
 float resolve_softmax_scale(const flashcore_attention_params& p) {

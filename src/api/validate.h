@@ -12,7 +12,6 @@ namespace flashcore::api {
 // globalStrides[i] < 2^40 and a multiple of 16).
 inline constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
 inline constexpr int kAlignment = 16;  // bytes, for every tensor base pointer and the workspace
-inline constexpr int kHeadDims[] = {64, 128, 256};  // head dims a kernel may be compiled for
 // Every size must be <= INT32_MAX (which also keeps each TMA globalDim below its 2^32 limit). seqlen_q and
 // seqlen_k must leave room for the kernels' 32-bit block arithmetic ((n_block + 1) * kBlockN, row + seqlen_k -
 // seqlen_q; the largest block is 256 rows): at most INT32_MAX - 512.
