@@ -3,17 +3,21 @@
 # side-by-side report, each logged under OUT. Binaries come prebuilt (build/bin, build/lib); nothing is
 # compiled here.
 #
-#   tools/device_run.sh [--out DIR] [--anchors FILE] STAGE...
-#   stages: info tests check sanitize python seeds grid report report-quick profile
+#   tools/device_run.sh [--out DIR] [--anchors FILE] [--ab-base CLI] STAGE...
+#   stages: info tests check sanitize python tvla seeds grid report report-quick ab profile
+#   report: FA3 is measured in the same process when .fa3/ (a copy of ../shared/fa3/prefill, carried) exists.
+#   ab: the old CLI (--ab-base) against build/bin/flashcore, 3 alternating passes of the grid, both dtypes.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-device_out}"
 anchors=""
+ab_base=""
 stages=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --out) out=$2; shift 2 ;;
     --anchors) anchors=$2; shift 2 ;;
+    --ab-base) ab_base=$2; shift 2 ;;
     *) stages+=("$1"); shift ;;
   esac
 done
@@ -32,6 +36,7 @@ run() {  # run NAME CMD...: log to OUT/NAME.log, remember the last line
 anchor_args=()
 [[ -n "$anchors" ]] && anchor_args=(--anchors "$anchors")
 export PYTHONUNBUFFERED=1 FLASHCORE_LIBRARY=$PWD/build/lib/libflashcore.so
+[[ -d .fa3 ]] && export PYTHONPATH=$PWD/.fa3${PYTHONPATH:+:$PYTHONPATH}
 
 for stage in "${stages[@]}"; do
   case $stage in
@@ -40,6 +45,8 @@ for stage in "${stages[@]}"; do
       run cpu_tests "$bin/flashcore_cpu_tests" --gtest_brief=1
       run gpu_tests "$bin/flashcore_gpu_tests" --gtest_brief=1 ;;
     check) run check_det "$bin/flashcore" check --quick --determinism 20 ;;
+    tvla) run tvla "$bin/flashcore" tvla ;;
+    ab) run ab python3 bench/ab.py --a "$ab_base" --b "$bin/flashcore" --passes 3 --dtype both --out "$out/ab" ;;
     sanitize) run sanitize bash tools/sanitize.sh --out "$out/sanitize" ;;
     python) run pytest env PYTHONPATH=python python3 -m pytest python/tests -q -rs -x -p no:cacheprovider ;;
     seeds) run seeds "$bin/flashcore" bench seeds --dtype both --causal both --graph --check --json "$out/seeds.json" ;;
