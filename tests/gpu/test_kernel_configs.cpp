@@ -48,7 +48,7 @@ TEST(KernelConfigs, ListHasTheDefaultFirstForEveryCompiledHeadDim) {
   for (int i = 0; i < caps.num_head_dims; ++i) d128 = d128 || caps.head_dims[i] == 128;
   if (!d128) GTEST_SKIP() << "head dim 128 not compiled in";
   ASSERT_GE(count, 2) << "configs.txt lists a dynamic-scheduler option for d128 causal";
-  EXPECT_STREQ(names[0], "128x176x2-onecta");
+  EXPECT_STREQ(names[0], "128x176x2-onecta");  // configs.txt: the d128 causal default
 }
 
 TEST(KernelConfigs, EveryNonDefaultConfigPassesTheSuiteRules) {

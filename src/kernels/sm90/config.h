@@ -7,7 +7,7 @@
 //     using OutElement = __nv_bfloat16;       // O
 //     static constexpr int kHeadDim = 128;
 //     static constexpr bool kCausal = false;
-//     static constexpr TileShape kShape = {128, 128, 2, true, Schedule::kStaticPersistent};
+//     static constexpr TileShape kShape = {128, 128, 2, true, Schedule::kStaticPersistent, false};
 //   };
 #pragma once
 #include <cstdint>
@@ -36,8 +36,9 @@ struct KernelConfig {
   static constexpr int kMmaK = kernels::kMmaK<Element>;
   static constexpr VLayout kVLayout = kElemBytes == 2 ? VLayout::kKeyMajor : VLayout::kDimMajor;
 
-  // Skip the O rescale when no row max of a warp changed (mainloop.cuh): only where O >> S per thread.
-  static constexpr bool kSkipUnitRescale = kHeadDim >= 2 * kBlockN;
+  // Skip the O rescale when no row max of a warp changed (mainloop.cuh): pays only where O >> S per thread, and
+  // makes the time depend on the data, so it is a config column (configs.txt: rescale vote/always).
+  static constexpr bool kSkipUnitRescale = kShape.rescale_vote;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);  // + one producer warpgroup

@@ -20,6 +20,7 @@ struct TileShape {
   int stages;         // depth of the K/V ring
   bool pingpong;      // consumer warpgroups take turns issuing GEMMs (mainloop.cuh)
   Schedule schedule;  // scheduler.cuh
+  bool rescale_vote;  // skip the O rescale when a warp vote finds every factor is 1 (data-dependent branch)
 };
 
 }  // namespace flashcore::sm90
