@@ -94,7 +94,7 @@ usage_form bench --json
 usage_form bench --iters 0
 usage_form check --json
 usage_form check --csv
-usage_form check --quick --shape $S1 --dtype "$DT"
+usage_form check --quick --shape "$S1" --dtype "$DT"
 usage_form info --json
 usage_form info --json=
 usage_form tvla --n 1
@@ -112,15 +112,15 @@ expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,x,64 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,-512,64 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 0,8,512,64 --dtype "$DT"
-expect 2 "not a multiple" 1 -- "$BIN" bench --shape $S1,3 --dtype "$DT"
+expect 2 "not a multiple" 1 -- "$BIN" bench --shape "$S1",3 --dtype "$DT"
 expect 2 "unsupported head dim 96" 1 -- "$BIN" bench --shape 1,8,512,96 --dtype "$DT"
 expect 2 "unsupported head dim 100" 1 -- "$BIN" bench --shape 2,4,256,100 --dtype "$DT"
 expect 2 "unsupported dtype 'fp8'" 1 -- "$BIN" bench --dtype fp8
-expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape $S1 --dtype fp32
+expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape "$S1" --dtype fp32
 # a known dtype that this build left out (e.g. -DFLASHCORE_DTYPES=fp16) is rejected by name
 for d in fp16 bf16; do
   if [[ ",$DTYPES," != *",$d,"* ]]; then
-    expect 2 "unsupported dtype $d: not compiled" 1 -- "$BIN" bench --shape $S1 --dtype $d
+    expect 2 "unsupported dtype $d: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype $d
   fi
 done
 expect 2 "--causal" 1 -- "$BIN" bench --causal 2
@@ -131,12 +131,12 @@ expect 2 "needs a value" 1 -- "$BIN" bench --shape
 expect 2 "takes no value" 1 -- "$BIN" bench --graph=1
 expect 2 "unknown option" 1 -- "$BIN" info --bogus
 expect 2 "unknown option" 1 -- "$BIN" check --bogus
-expect 2 "exclusive" 1 -- "$BIN" check --quick --shape $S1 --dtype "$DT"
+expect 2 "exclusive" 1 -- "$BIN" check --quick --shape "$S1" --dtype "$DT"
 if [[ $have_check -eq 1 ]]; then
   expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2 --dtype "$DT"
   expect 2 "unsupported head dim 96" 1 -- "$BIN" check --shape 1,8,512,96 --dtype "$DT"
-  expect 2 "unsupported dtype" 1 -- "$BIN" check --shape $S1 --dtype int8
-  expect 2 "not an integer" 1 -- "$BIN" check --shape $S1 --dtype "$DT" --determinism many
+  expect 2 "unsupported dtype" 1 -- "$BIN" check --shape "$S1" --dtype int8
+  expect 2 "not an integer" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --determinism many
 else
   expect 2 "without the check library" 1 -- "$BIN" check --quick
   expect 2 "without the check library" 1 -- "$BIN" bench --dtype "$DT" --check
