@@ -5,11 +5,11 @@
 #
 # Usage: bash tools/run_tests.sh
 # Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS (extra configure arguments, e.g.
-#   "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=bf16"), FLASHCORE_JOBS (default 2), CI=true (-Werror).
+#   "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=bf16"), FLASHCORE_JOBS (default: the core count, nproc), CI=true (-Werror).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${FLASHCORE_BUILD_DIR:-build}"
-JOBS="${FLASHCORE_JOBS:-2}"
+JOBS="${FLASHCORE_JOBS:-$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
 WERROR=OFF
 if [[ "${CI:-}" == "true" ]]; then WERROR=ON; fi
 

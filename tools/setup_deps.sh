@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
-# Installs what building and testing FlashCore needs, if missing (idempotent; safe to re-run):
-#   cmake (>= 3.25), ninja, g++, nvcc (CUDA toolkit; looked for in /usr/local/cuda/bin too), GoogleTest,
-#   python3 + pytest, and cuobjdump/nvdisasm (PyPI wheels, into <build-dir>/.tools) for tools/check_sass.sh.
+# Finds, and installs only if missing, what building and testing FlashCore needs (idempotent; safe to re-run):
+#   cmake (>= 3.25), ninja, g++, nvcc (CUDA toolkit), GoogleTest, python3 + pytest, and cuobjdump/nvdisasm
+#   for tools/check_sass.sh.
 # Writes <build-dir>/.tools/env.sh, which the other scripts source to put nvcc and the SASS tools on PATH.
+#
+# Nothing here needs the network, root or Debian when everything is already present. Otherwise:
+#   - system packages come from apt-get, only if apt-get exists (through sudo when not root and sudo exists);
+#   - pytest and cuobjdump/nvdisasm come from PyPI (pip); the SASS tools go into <build-dir>/.tools.
+# When something cannot be installed the script says what is missing and how to install it.
+#
+# Where things are looked for:
+#   nvcc                 PATH, $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda/bin, /usr/local/cuda-*/bin
+#   cuobjdump, nvdisasm  next to nvcc, /usr/local/cuda/bin, PATH, an earlier install in <build-dir>/.tools;
+#                        else PyPI nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm of nvcc's version (X.Y.*),
+#                        or, when PyPI has none, the newest of nvcc's major version (they read older cubins)
 #
 # Usage: bash tools/setup_deps.sh [build-dir]      (default: build)
 set -euo pipefail
@@ -10,83 +21,132 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${1:-${FLASHCORE_BUILD_DIR:-build}}"
 mkdir -p "$BUILD_DIR/.tools"
 TOOLS_DIR="$(cd "$BUILD_DIR/.tools" && pwd)"
-CUDA_TOOLS_VERSION=13.2.51
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+# Offline, fail fast instead of pip's default 5 retries with back-off.
+PIP_NET_OPTS=(--retries 1 --timeout 15)
 
 log() { echo "[setup_deps] $*"; }
+die() { log "ERROR: $*"; exit 1; }
 
+# ---- system packages: apt-get only when something is missing and apt-get exists ----
 SUDO=""
-if [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
 APT_UPDATED=0
-apt_install() {
+apt_install() {  # apt_install <debian package>...; returns 1 (after saying why) when it cannot
   if ! command -v apt-get >/dev/null 2>&1; then
-    log "ERROR: need to install $* but apt-get is not available; install it by hand"
+    log "missing: $* (Debian/Ubuntu package names); apt-get is not available: install them with your package manager"
     return 1
+  fi
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+      SUDO="sudo"
+    else
+      log "missing: $*; not root and no sudo: ask an administrator to run: apt-get install $*"
+      return 1
+    fi
   fi
   if [[ $APT_UPDATED -eq 0 ]]; then
     log "apt-get update"
-    $SUDO apt-get update -qq
+    $SUDO apt-get update -qq || { log "apt-get update failed (offline?)"; return 1; }
     APT_UPDATED=1
   fi
   log "apt-get install $*"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null ||
+    { log "apt-get install $* failed"; return 1; }
 }
 
-# ---- nvcc: the CUDA toolkit is not an apt package here; it ships at /usr/local/cuda ----
+# ---- nvcc: the CUDA toolkit is not installed by this script ----
 if ! command -v nvcc >/dev/null 2>&1; then
-  for dir in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+  for dir in ${CUDA_HOME:+"$CUDA_HOME/bin"} ${CUDA_PATH:+"$CUDA_PATH/bin"} /usr/local/cuda/bin /usr/local/cuda-*/bin; do
     if [[ -x "$dir/nvcc" ]]; then export PATH="$dir:$PATH"; break; fi
   done
 fi
-if ! command -v nvcc >/dev/null 2>&1; then
-  log "ERROR: nvcc not found (looked on PATH and in /usr/local/cuda*/bin); install the CUDA toolkit (>= 12.3)"
-  exit 1
-fi
-NVCC_DIR="$(dirname "$(command -v nvcc)")"
+command -v nvcc >/dev/null 2>&1 ||
+  die "nvcc not found (looked on PATH, in \$CUDA_HOME/bin, \$CUDA_PATH/bin and /usr/local/cuda*/bin); install the CUDA toolkit (>= 12.3) and put its bin/ on PATH"
+NVCC_DIR="$(cd "$(dirname "$(command -v nvcc)")" && pwd)"
+NVCC_VERSION="$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')"  # e.g. 13.0
+[[ -n "$NVCC_VERSION" ]] || die "cannot read the release from 'nvcc --version'"
+NVCC_MAJOR="${NVCC_VERSION%%.*}"
 
 # ---- build tools ----
+gtest_found() {
+  local prefix f prefixes="${CMAKE_PREFIX_PATH:-}"
+  for prefix in ${GTEST_ROOT:-} ${prefixes//:/ } ${CONDA_PREFIX:-} /usr /usr/local; do
+    for f in "$prefix"/lib/cmake/GTest/GTestConfig.cmake "$prefix"/lib/*/cmake/GTest/GTestConfig.cmake \
+             "$prefix"/lib64/cmake/GTest/GTestConfig.cmake "$prefix"/share/cmake/GTest/GTestConfig.cmake; do
+      [[ -f "$f" ]] && return 0
+    done
+  done
+  return 1
+}
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
-gtest_found=0
-for f in /usr/lib/*/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
-         /usr/local/lib/cmake/GTest/GTestConfig.cmake /usr/local/lib/*/cmake/GTest/GTestConfig.cmake; do
-  if [[ -f "$f" ]]; then gtest_found=1; break; fi
-done
-[[ $gtest_found -eq 1 ]] || need+=(libgtest-dev)
-if [[ ${#need[@]} -gt 0 ]]; then apt_install "${need[@]}"; fi
+gtest_found || need+=(libgtest-dev)
+if [[ ${#need[@]} -gt 0 ]]; then
+  apt_install "${need[@]}" ||
+    die "cannot install ${need[*]} (cmake and ninja also come from pip: python3 -m pip install 'cmake>=3.25' ninja; GoogleTest: set GTEST_ROOT or CMAKE_PREFIX_PATH to its install prefix)"
+fi
 
 cmake_version="$(cmake --version | head -1 | awk '{print $3}')"
 if [[ "$(printf '%s\n3.25\n' "$cmake_version" | sort -V | head -1)" != "3.25" ]]; then
-  log "ERROR: cmake $cmake_version is older than 3.25 (try: python3 -m pip install 'cmake>=3.25')"
-  exit 1
+  die "cmake $cmake_version is older than 3.25 (try: python3 -m pip install 'cmake>=3.25')"
 fi
 
-# ---- python: pip and pytest ----
-if ! python3 -m pip --version >/dev/null 2>&1; then apt_install python3-pip; fi
+# ---- pip, only when something has to come from PyPI ----
+pip_ready() {
+  python3 -m pip --version >/dev/null 2>&1 && return 0
+  apt_install python3-pip && python3 -m pip --version >/dev/null 2>&1 && return 0
+  log "pip is not available for $(command -v python3): install it (python3 -m ensurepip --user, or your package manager's python3-pip)"
+  return 1
+}
+
+# ---- pytest ----
 if ! python3 -c "import pytest" >/dev/null 2>&1; then
   log "installing pytest"
-  python3 -m pip install --quiet pytest 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages pytest 2>/dev/null ||
-    apt_install python3-pytest
+  if ! { pip_ready && { python3 -m pip install --quiet "${PIP_NET_OPTS[@]}" pytest ||
+                        python3 -m pip install --quiet "${PIP_NET_OPTS[@]}" --user pytest ||
+                        python3 -m pip install --quiet "${PIP_NET_OPTS[@]}" --break-system-packages pytest; }; } &&
+     ! apt_install python3-pytest; then
+    die "pytest is missing and could not be installed (PyPI unreachable?): install it with 'python3 -m pip install pytest' or your package manager (python3-pytest)"
+  fi
 fi
 
-# ---- cuobjdump / nvdisasm (not part of this toolkit) from PyPI, into the build dir ----
+# ---- cuobjdump / nvdisasm for tools/check_sass.sh ----
+tool_version() { "$1" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -1; }
 SASS_BIN=""
-if command -v cuobjdump >/dev/null 2>&1 && command -v nvdisasm >/dev/null 2>&1; then
-  SASS_BIN="$(dirname "$(command -v cuobjdump)")"
-elif [[ -x "$TOOLS_DIR/nvidia/cu13/bin/cuobjdump" && -x "$TOOLS_DIR/nvidia/cu13/bin/nvdisasm" ]]; then
-  SASS_BIN="$TOOLS_DIR/nvidia/cu13/bin"
-else
-  log "installing cuobjdump/nvdisasm $CUDA_TOOLS_VERSION into $TOOLS_DIR"
-  if python3 -m pip install --quiet --disable-pip-version-check --target "$TOOLS_DIR" \
-       "nvidia-cuda-cuobjdump==$CUDA_TOOLS_VERSION" "nvidia-cuda-nvdisasm==$CUDA_TOOLS_VERSION"; then
-    SASS_BIN="$TOOLS_DIR/nvidia/cu13/bin"
-    chmod +x "$SASS_BIN"/* 2>/dev/null || true
-  else
-    log "WARNING: could not install cuobjdump/nvdisasm from PyPI; tools/check_sass.sh will not be able to run"
+for dir in "$NVCC_DIR" /usr/local/cuda/bin \
+           "$(dirname "$(command -v cuobjdump 2>/dev/null || echo /nonexistent/x)")"; do
+  if [[ -x "$dir/cuobjdump" && -x "$dir/nvdisasm" ]]; then SASS_BIN="$dir"; break; fi
+done
+if [[ -z "$SASS_BIN" ]]; then  # an earlier PyPI install into the build dir, if of nvcc's major version
+  found="$(find "$TOOLS_DIR/nvidia" -path '*/bin/cuobjdump' -type f 2>/dev/null | head -1 || true)"
+  if [[ -n "$found" && -x "$(dirname "$found")/nvdisasm" ]]; then
+    v="$(tool_version "$found")"
+    if [[ "${v%%.*}" == "$NVCC_MAJOR" ]]; then SASS_BIN="$(dirname "$found")"; fi
+  fi
+fi
+if [[ -z "$SASS_BIN" ]]; then
+  # PyPI's copies are named by CUDA version: nvcc's major.minor first, else the newest of its major.
+  SAME_MAJOR=">=$NVCC_VERSION,<$((NVCC_MAJOR + 1))"
+  for spec in "==$NVCC_VERSION.*" "$SAME_MAJOR"; do
+    if [[ $spec == "$SAME_MAJOR" ]]; then log "none for $NVCC_VERSION on PyPI (or PyPI unreachable); trying the newest $NVCC_MAJOR.x"; fi
+    log "installing nvidia-cuda-cuobjdump/nvidia-cuda-nvdisasm $spec (nvcc is $NVCC_VERSION) into $TOOLS_DIR"
+    if pip_ready && python3 -m pip install --quiet "${PIP_NET_OPTS[@]}" --upgrade --target "$TOOLS_DIR" \
+         "nvidia-cuda-cuobjdump$spec" "nvidia-cuda-nvdisasm$spec"; then
+      found="$(find "$TOOLS_DIR/nvidia" -path '*/bin/cuobjdump' -type f 2>/dev/null | head -1 || true)"
+      if [[ -n "$found" ]]; then
+        SASS_BIN="$(dirname "$found")"
+        chmod +x "$SASS_BIN"/* 2>/dev/null || true
+        break
+      fi
+    fi
+  done
+  if [[ -z "$SASS_BIN" ]]; then
+    log "WARNING: cuobjdump/nvdisasm not found and not installable from PyPI; tools/check_sass.sh will fail."
+    log "         Install the toolkit's cuobjdump and nvdisasm (e.g. apt-get install cuda-cuobjdump-${NVCC_VERSION/./-} cuda-nvdisasm-${NVCC_VERSION/./-}),"
+    log "         or, with PyPI reachable: python3 -m pip install --target $TOOLS_DIR 'nvidia-cuda-cuobjdump$SAME_MAJOR' 'nvidia-cuda-nvdisasm$SAME_MAJOR'"
   fi
 fi
 
@@ -94,8 +154,12 @@ fi
 {
   echo "# Generated by tools/setup_deps.sh: puts nvcc and the SASS tools on PATH."
   echo "export PATH=\"$NVCC_DIR:\$PATH\""
-  if [[ -n "$SASS_BIN" ]]; then echo "export PATH=\"$SASS_BIN:\$PATH\""; fi
+  if [[ -n "$SASS_BIN" && "$SASS_BIN" != "$NVCC_DIR" ]]; then echo "export PATH=\"$SASS_BIN:\$PATH\""; fi
 } >"$TOOLS_DIR/env.sh"
 
-log "cmake $cmake_version, $(ninja --version | sed 's/^/ninja /'), $(g++ -dumpfullversion | sed 's/^/g++ /'), nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), $(python3 --version 2>&1)"
-log "SASS tools: ${SASS_BIN:-missing}; environment: $TOOLS_DIR/env.sh"
+log "cmake $cmake_version, $(ninja --version | sed 's/^/ninja /'), $(g++ -dumpfullversion | sed 's/^/g++ /'), nvcc $NVCC_VERSION, $(python3 --version 2>&1)"
+if [[ -n "$SASS_BIN" ]]; then
+  log "SASS tools: $SASS_BIN (cuobjdump $(tool_version "$SASS_BIN/cuobjdump")); environment: $TOOLS_DIR/env.sh"
+else
+  log "SASS tools: missing; environment: $TOOLS_DIR/env.sh"
+fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# CPU-only test of the `flashcore` program: argument errors (exit 2, one line on stderr), the no-GPU path
-# of bench/check (exactly one line containing "no Hopper GPU found", exit 3; forced with
-# CUDA_VISIBLE_DEVICES= so it also runs on GPU machines), help/version/info (exit 0).
+# CPU-only test of the `flashcore` program: argument errors (exit 2, one line on stderr of the form
+# "flashcore <cmd>: <problem>; see 'flashcore <cmd> --help'"), the no-GPU path of bench/check/tvla (exactly
+# one line containing "no Hopper GPU found", exit 3; forced with CUDA_VISIBLE_DEVICES= so it also runs on GPU
+# machines), help of every command (exit 0), version, info and info --json (exit 0).
 # usage: tools/test_cli.sh path/to/flashcore
 set -u
 BIN=${1:?usage: test_cli.sh path/to/flashcore}
@@ -47,11 +48,58 @@ S1="1,8,512,$HD"
 
 # help, version, info
 expect 0 "usage: flashcore" 0 -- "$BIN" --help
-expect 0 "usage: flashcore bench" 0 -- "$BIN" bench --help
-expect 0 "usage: flashcore check" 0 -- "$BIN" check --help
+expect 0 "usage: flashcore" 0 -- "$BIN" -h
+for cmd in bench check info tvla; do
+  expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd --help
+  expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd -h
+  expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" help $cmd
+  # --help wins over the other arguments, even bad ones after it
+  expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd --device 0 --help --bogus
+done
 expect 0 "^flashcore [0-9]" 0 -- "$BIN" --version
 expect 0 "head dims" 0 -- "$BIN" info
-expect 0 "no CUDA device" 0 -- env CUDA_VISIBLE_DEVICES= "$BIN" info
+# without a device, info says why in plain words (the driver is missing / too old, or there is no GPU)
+expect 0 "^device: *none: \(no NVIDIA driver found\|NVIDIA driver too old\|no GPU\)" 0 -- \
+  env CUDA_VISIBLE_DEVICES= "$BIN" info
+expect 0 "" 0 -- env CUDA_VISIBLE_DEVICES= "$BIN" info --json "$tmp/info.json"
+if command -v python3 >/dev/null 2>&1; then
+  if python3 - "$tmp/info.json" <<'PY'; then echo "ok    info --json is valid JSON"; else echo "FAIL  info --json"; fails=$((fails + 1)); fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+caps = d["capabilities"]
+assert d["tool"] == "flashcore info" and caps["dtypes"] and caps["head_dims"] and caps["archs"], d
+assert d["device"] is None and d["device_reason"], d
+PY
+else
+  expect 0 '"capabilities"' 0 -- cat "$tmp/info.json"
+fi
+expect 1 "cannot write" 1 -- "$BIN" info --json "$tmp/no/such/dir/info.json"
+
+# the form of every usage error: one line, naming the command and its --help
+usage_form() {  # usage_form CMD ARGS...: exit 2 and stderr is exactly one "flashcore CMD: ...; see 'flashcore CMD --help'"
+  local cmd=$1
+  expect 2 "" 1 -- "$BIN" "$@"
+  if ! grep -qx "flashcore $cmd: .*; see 'flashcore $cmd --help'" "$tmp/err"; then
+    echo "FAIL  usage error not of the form \"flashcore $cmd: <problem>; see 'flashcore $cmd --help'\": $*"
+    sed 's/^/      err: /' "$tmp/err" | head -3
+    fails=$((fails + 1))
+  fi
+}
+for cmd in bench check info tvla; do
+  usage_form $cmd --bogus
+  usage_form $cmd --device
+  usage_form $cmd --device x
+done
+usage_form bench --json
+usage_form bench --iters 0
+usage_form check --json
+usage_form check --csv
+usage_form check --quick --shape "$S1" --dtype "$DT"
+usage_form info --json
+usage_form info --json=
+usage_form tvla --n 1
+expect 2 "^flashcore: unknown command 'frobnicate'; see 'flashcore --help'$" 1 -- "$BIN" frobnicate
+expect 2 "^flashcore: help: unknown command 'frobnicate'; see 'flashcore --help'$" 1 -- "$BIN" help frobnicate
 
 # usage errors: exit 2, exactly one line on stderr
 expect 2 "usage" - -- "$BIN"
@@ -64,15 +112,15 @@ expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,x,64 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,-512,64 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 0,8,512,64 --dtype "$DT"
-expect 2 "not a multiple" 1 -- "$BIN" bench --shape $S1,3 --dtype "$DT"
+expect 2 "not a multiple" 1 -- "$BIN" bench --shape "$S1",3 --dtype "$DT"
 expect 2 "unsupported head dim 96" 1 -- "$BIN" bench --shape 1,8,512,96 --dtype "$DT"
 expect 2 "unsupported head dim 100" 1 -- "$BIN" bench --shape 2,4,256,100 --dtype "$DT"
 expect 2 "unsupported dtype 'fp8'" 1 -- "$BIN" bench --dtype fp8
-expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape $S1 --dtype fp32
+expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape "$S1" --dtype fp32
 # a known dtype that this build left out (e.g. -DFLASHCORE_DTYPES=fp16) is rejected by name
 for d in fp16 bf16; do
   if [[ ",$DTYPES," != *",$d,"* ]]; then
-    expect 2 "unsupported dtype $d: not compiled" 1 -- "$BIN" bench --shape $S1 --dtype $d
+    expect 2 "unsupported dtype $d: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype $d
   fi
 done
 expect 2 "--causal" 1 -- "$BIN" bench --causal 2
@@ -83,12 +131,12 @@ expect 2 "needs a value" 1 -- "$BIN" bench --shape
 expect 2 "takes no value" 1 -- "$BIN" bench --graph=1
 expect 2 "unknown option" 1 -- "$BIN" info --bogus
 expect 2 "unknown option" 1 -- "$BIN" check --bogus
-expect 2 "exclusive" 1 -- "$BIN" check --quick --shape $S1 --dtype "$DT"
+expect 2 "exclusive" 1 -- "$BIN" check --quick --shape "$S1" --dtype "$DT"
 if [[ $have_check -eq 1 ]]; then
   expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2 --dtype "$DT"
   expect 2 "unsupported head dim 96" 1 -- "$BIN" check --shape 1,8,512,96 --dtype "$DT"
-  expect 2 "unsupported dtype" 1 -- "$BIN" check --shape $S1 --dtype int8
-  expect 2 "not an integer" 1 -- "$BIN" check --shape $S1 --dtype "$DT" --determinism many
+  expect 2 "unsupported dtype" 1 -- "$BIN" check --shape "$S1" --dtype int8
+  expect 2 "not an integer" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --determinism many
 else
   expect 2 "without the check library" 1 -- "$BIN" check --quick
   expect 2 "without the check library" 1 -- "$BIN" bench --dtype "$DT" --check
@@ -106,11 +154,23 @@ nogpu bench --dtype "$DT"
 nogpu bench seeds --dtype "$DT"
 nogpu bench grid --dtype "$DT" --causal both
 nogpu bench --shape "$S1" --dtype "$DT" --graph --json "$tmp/x.json"
+nogpu tvla --shape "$S1" --dtype "$DT" --n 10
 if [[ $have_check -eq 1 ]]; then
   nogpu check --quick
   nogpu check --shape "$S1" --dtype "$DT" --determinism 3
+  nogpu check --quick --json "$tmp/check.json" --csv "$tmp/check.csv"
   nogpu bench --shape "$S1" --dtype "$DT" --check
 fi
+# the no-GPU message says why (no driver / driver too old / no GPU), not only a CUDA error name
+expect 3 "no Hopper GPU found: \(no NVIDIA driver found\|NVIDIA driver too old\|no GPU\)" 1 -- \
+  env CUDA_VISIBLE_DEVICES= "$BIN" bench --dtype "$DT"
+# nothing is written when nothing ran
+for f in x.json check.json check.csv; do
+  if [[ -e $tmp/$f ]]; then
+    echo "FAIL  $f written by a run that stopped for lack of a GPU"
+    fails=$((fails + 1))
+  fi
+done
 # a device index that does not exist is the same "no Hopper GPU found" path
 expect 3 "no Hopper GPU found" 1 -- "$BIN" bench --dtype "$DT" --device 1023
 

@@ -151,13 +151,13 @@ Options parse_options(int argc, char** argv, int first) {
       a.no_value(f);
       o.quiet = true;
     } else if (!f.empty() && f[0] == '-') {
-      usage_error("bench: unknown option '" + f + "'");
+      usage_error("unknown option '" + f + "'");
     } else {
-      usage_error("bench: unknown preset '" + f + "' (expected seeds or grid)");
+      usage_error("unknown preset '" + f + "' (expected seeds or grid)");
     }
   }
 #ifndef FLASHCORE_CLI_HAVE_CHECK
-  if (o.check) usage_error("bench --check: this flashcore was built without the check library");
+  if (o.check) usage_error("--check: this flashcore was built without the check library");
 #endif
   if (o.presets.empty() && o.shapes.empty()) o.presets.push_back("seeds");
   return o;
@@ -710,12 +710,12 @@ int run_bench(int argc, char** argv, int first) {
   std::vector<RowSpec> specs = build_rows(o, caps, skipped);
   DeviceInfo dev = require_hopper(o.device);
   if (skipped && !o.quiet)
-    std::fprintf(stderr, "flashcore: note: %d preset shape(s) skipped: head dim not compiled (compiled: %s)\n",
+    std::fprintf(stderr, "flashcore bench: note: %d preset shape(s) skipped: head dim not compiled (compiled: %s)\n",
                  skipped, caps_head_dims_string(caps).c_str());
 
   PowerSampler sampler(dev.pci_bus_id);
   if (!sampler.available() && !o.quiet)
-    std::fprintf(stderr, "flashcore: note: power columns n/a (%s)\n", sampler.why_unavailable().c_str());
+    std::fprintf(stderr, "flashcore bench: note: power columns n/a (%s)\n", sampler.why_unavailable().c_str());
 
   cudaStream_t stream = nullptr;
   FC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -767,7 +767,7 @@ int run_bench(int argc, char** argv, int first) {
   if (!o.json_path.empty()) write_json(o.json_path, o, dev, sampler.available(), results);
   if (!o.csv_path.empty()) write_csv(o.csv_path, results);
   if (failures) {
-    std::fprintf(stderr, "flashcore: %d of %zu row(s) failed\n", failures, results.size());
+    std::fprintf(stderr, "flashcore bench: %d of %zu row(s) failed\n", failures, results.size());
     return kExitFailure;
   }
   return kExitOk;

@@ -1,5 +1,7 @@
 // `flashcore check`: the correctness sweep (flashcore::check) from the command line.
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 
 #include "commands.h"
 #include "common.h"
@@ -26,7 +28,10 @@ void print_check_help() {
       "  --determinism N  also require bit-identical output over N runs\n"
       "  --seed N         input seed (default 1)\n"
       "  --device N       CUDA device (default 0)\n"
-      "Exit status: 0 all passed (or skipped), 1 a case failed, 2 bad arguments, 3 no Hopper GPU.\n");
+      "  --json FILE      write every case (shape, errors, tolerances, verdict, message) as JSON\n"
+      "  --csv FILE       write every case as CSV, one row per case\n"
+      "\n"
+      "exit status: 0 all passed (or skipped), 1 a case failed, 2 bad arguments, 3 no Hopper GPU\n");
 }
 
 namespace {
@@ -39,6 +44,7 @@ struct CheckOptions {
   int repeats = 1;
   int device = 0;
   uint64_t seed = 1;
+  std::string json_path, csv_path;
 };
 
 // Returns false when --help was printed.
@@ -63,11 +69,15 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
       o.seed = static_cast<uint64_t>(parse_int(f, a.value(f), 0, INT64_MAX));
     } else if (f == "--device") {
       o.device = static_cast<int>(parse_int(f, a.value(f), 0, 1023));
+    } else if (f == "--json" || f == "--csv") {
+      std::string& path = f == "--json" ? o.json_path : o.csv_path;
+      path = a.value(f);
+      if (path.empty()) usage_error(f + ": empty file name");
     } else {
-      usage_error("check: unknown option '" + f + "'");
+      usage_error("unknown option '" + f + "'");
     }
   }
-  if (o.quick && !o.shapes.empty()) usage_error("check: --quick and --shape are exclusive");
+  if (o.quick && !o.shapes.empty()) usage_error("--quick and --shape are exclusive");
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   return true;
 }
@@ -79,12 +89,87 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
 int run_check(int argc, char** argv, int first) {
   CheckOptions o;
   if (!parse_check_options(argc, argv, first, o)) return kExitOk;
-  usage_error("check: this flashcore was built without the check library");
+  usage_error("this flashcore was built without the check library");
 }
 
 #else
 
 namespace ck = flashcore::check;
+
+namespace {
+
+struct CaseRow {
+  ck::Case c;
+  ck::Result r;
+  uint64_t seed = 0;
+};
+
+const char* verdict_word(const ck::Result& r) { return r.skipped ? "skipped" : (r.passed ? "passed" : "failed"); }
+
+std::string shape_text(const ck::Case& c) {
+  return std::to_string(c.batch) + "," + std::to_string(c.heads_q) + "," + std::to_string(c.seqlen_q) + "," +
+         std::to_string(c.head_dim) + "," + std::to_string(c.heads_kv) + "," + std::to_string(c.seqlen_k);
+}
+
+std::string num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+void write_json(const std::string& path, const CheckOptions& o, const DeviceInfo& dev, const std::vector<CaseRow>& rows,
+                int passed, int failed, int skipped) {
+  std::ofstream f(path);
+  if (!f) throw CliError(kExitFailure, "cannot write " + path);
+  f << "{\n  \"tool\": \"flashcore check\",\n  \"cli_version\": \"" FLASHCORE_CLI_VERSION "\",\n";
+  f << "  \"library_version\": \"" << json_escape(flashcore_version_string()) << "\",\n";
+  f << "  \"device\": {\"index\": " << dev.index << ", \"name\": \"" << json_escape(dev.name) << "\", \"sm\": "
+    << dev.major << dev.minor << "},\n";
+  f << "  \"seed\": " << o.seed << ",\n  \"determinism_runs\": " << o.repeats << ",\n";
+  f << "  \"summary\": {\"passed\": " << passed << ", \"failed\": " << failed << ", \"skipped\": " << skipped
+    << "},\n  \"cases\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ck::Case& c = rows[i].c;
+    const ck::Result& r = rows[i].r;
+    const bool ran = !r.skipped;
+    f << (i ? ",\n" : "\n") << "    {\"name\": \"" << json_escape(c.name) << "\", \"description\": \""
+      << json_escape(ck::describe(c)) << "\", \"dtype\": \"" << dtype_name(c.dtype) << "\", \"shape\": \""
+      << shape_text(c) << "\", \"batch\": " << c.batch << ", \"heads_q\": " << c.heads_q
+      << ", \"heads_kv\": " << c.heads_kv << ", \"seqlen_q\": " << c.seqlen_q << ", \"seqlen_k\": " << c.seqlen_k
+      << ", \"head_dim\": " << c.head_dim << ", \"causal\": " << (c.causal ? "true" : "false")
+      << ", \"layout\": \"" << (c.layout == ck::Layout::BHSD ? "bhsd" : "bshd") << "\", \"seed\": " << rows[i].seed
+      << ", \"status\": \"" << verdict_word(r) << "\""
+      << ", \"o_err\": " << (ran ? num(r.o_err) : "null") << ", \"o_tol\": " << (ran ? num(r.o_tol) : "null")
+      << ", \"lse_err\": " << (ran && c.with_lse ? num(r.lse_err) : "null")
+      << ", \"lse_tol\": " << (ran && c.with_lse ? num(r.lse_tol) : "null") << ", \"deterministic\": "
+      << (ran && o.repeats > 1 ? (r.deterministic ? "true" : "false") : "null") << ", \"message\": \""
+      << json_escape(r.message) << "\"}";
+  }
+  f << "\n  ]\n}\n";
+  if (!f) throw CliError(kExitFailure, "error writing " + path);
+}
+
+void write_csv(const std::string& path, const CheckOptions& o, const std::vector<CaseRow>& rows) {
+  std::ofstream f(path);
+  if (!f) throw CliError(kExitFailure, "cannot write " + path);
+  f << "name,dtype,shape,causal,layout,seed,o_err,o_tol,lse_err,lse_tol,deterministic,status,message\n";
+  auto cell = [](bool have, double v) { return have && std::isfinite(v) ? num(v) : std::string(); };
+  for (const CaseRow& row : rows) {
+    const ck::Case& c = row.c;
+    const ck::Result& r = row.r;
+    const bool ran = !r.skipped;
+    f << csv_field(c.name) << "," << dtype_name(c.dtype) << "," << csv_field(shape_text(c)) << ","
+      << (c.causal ? 1 : 0) << "," << (c.layout == ck::Layout::BHSD ? "bhsd" : "bshd") << "," << row.seed << ","
+      << cell(ran, r.o_err) << "," << cell(ran, r.o_tol) << "," << cell(ran && c.with_lse, r.lse_err) << ","
+      << cell(ran && c.with_lse, r.lse_tol) << ","
+      << (ran && o.repeats > 1 ? (r.deterministic ? "yes" : "no") : "") << "," << verdict_word(r) << ","
+      << csv_field(r.message) << "\n";
+  }
+  if (!f) throw CliError(kExitFailure, "error writing " + path);
+}
+
+}  // namespace
 
 int run_check(int argc, char** argv, int first) {
   CheckOptions o;
@@ -127,29 +212,41 @@ int run_check(int argc, char** argv, int first) {
     list.swap(kept);
   }
 
-  require_hopper(o.device);
+  const DeviceInfo dev = require_hopper(o.device);
 
   int passed = 0, failed = 0, skipped = 0;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const ck::Case& c = list[i];
-    ck::Result r = ck::run_case(c, o.seed + i, repeats);
-    const char* verdict = r.skipped ? "SKIP" : (r.passed ? "PASS" : "FAIL");
-    if (r.skipped)
-      ++skipped;
-    else if (r.passed)
-      ++passed;
-    else
-      ++failed;
-    std::printf("%s  %-28s %s", verdict, c.name.c_str(), ck::describe(c).c_str());
-    if (!r.skipped) {
-      std::printf("  o_err=%.3e/%.3e", r.o_err, r.o_tol);
-      if (c.with_lse) std::printf(" lse_err=%.3e/%.3e", r.lse_err, r.lse_tol);
-      if (repeats > 1) std::printf(" deterministic=%s", r.deterministic ? "yes" : "NO");
+  std::vector<CaseRow> rows;
+  auto write_files = [&]() {
+    if (!o.json_path.empty()) write_json(o.json_path, o, dev, rows, passed, failed, skipped);
+    if (!o.csv_path.empty()) write_csv(o.csv_path, o, rows);
+  };
+  try {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const ck::Case& c = list[i];
+      ck::Result r = ck::run_case(c, o.seed + i, repeats);
+      rows.push_back({c, r, o.seed + i});
+      const char* verdict = r.skipped ? "SKIP" : (r.passed ? "PASS" : "FAIL");
+      if (r.skipped)
+        ++skipped;
+      else if (r.passed)
+        ++passed;
+      else
+        ++failed;
+      std::printf("%s  %-28s %s", verdict, c.name.c_str(), ck::describe(c).c_str());
+      if (!r.skipped) {
+        std::printf("  o_err=%.3e/%.3e", r.o_err, r.o_tol);
+        if (c.with_lse) std::printf(" lse_err=%.3e/%.3e", r.lse_err, r.lse_tol);
+        if (repeats > 1) std::printf(" deterministic=%s", r.deterministic ? "yes" : "NO");
+      }
+      if (!r.message.empty()) std::printf("  (%s)", r.message.c_str());
+      std::printf("\n");
+      std::fflush(stdout);
     }
-    if (!r.message.empty()) std::printf("  (%s)", r.message.c_str());
-    std::printf("\n");
-    std::fflush(stdout);
+  } catch (...) {
+    write_files();  // keep what was checked before the error
+    throw;
   }
+  write_files();
   std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
   return failed ? kExitFailure : kExitOk;
 }

@@ -1,5 +1,5 @@
 // Subcommands of the `flashcore` program. Each takes argv after the subcommand and returns an exit code
-// (or throws CliError).
+// (or throws CliError). Every one accepts --help / -h; a usage error names the command and its --help.
 #pragma once
 
 namespace fccli {
@@ -9,7 +9,10 @@ int run_check(int argc, char** argv, int first);
 int run_info(int argc, char** argv, int first);
 int run_tvla(int argc, char** argv, int first);
 
+// Each prints the command's usage on stdout (for --help / -h, exit 0).
 void print_bench_help();
 void print_check_help();
+void print_info_help();
+void print_tvla_help();
 
 }  // namespace fccli

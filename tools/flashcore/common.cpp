@@ -7,7 +7,17 @@
 
 namespace fccli {
 
-void usage_error(const std::string& msg) { throw CliError(kExitUsage, msg + " (see flashcore --help)"); }
+namespace {
+std::string g_command;
+}  // namespace
+
+void set_command(const std::string& name) { g_command = name; }
+const std::string& command() { return g_command; }
+std::string program_name() { return g_command.empty() ? "flashcore" : "flashcore " + g_command; }
+
+void usage_error(const std::string& msg) {
+  throw CliError(kExitUsage, msg + "; see '" + program_name() + " --help'");
+}
 
 void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
   if (err == cudaSuccess) return;
@@ -137,16 +147,65 @@ std::string caps_head_dims_string(const flashcore_capabilities& caps) {
   return s.empty() ? "none" : s;
 }
 
+namespace {
+
+std::string version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+// Why cudaGetDeviceCount found no device, in plain words. CUDA reports a missing driver and a driver older
+// than the runtime with the same code (cudaErrorInsufficientDriver, "CUDA driver version is insufficient
+// for CUDA runtime version"); cudaDriverGetVersion tells them apart: it reports 0 when no driver is loaded.
+std::string no_device_reason(cudaError_t err) {
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  (void)cudaGetLastError();
+  const int branch = min_driver_branch(runtime / 1000);
+  const std::string needs = branch ? "driver R" + std::to_string(branch) + " or newer" : "a newer driver";
+  const std::string build = "this CUDA " + std::to_string(runtime / 1000) + " build";
+  if (driver == 0) return "no NVIDIA driver found (libcuda.so.1 could not be loaded); " + build + " needs " + needs;
+  if (err == cudaErrorInsufficientDriver || driver < runtime / 1000 * 1000)
+    return "NVIDIA driver too old for " + build + " (needs " + needs + "; the installed one supports CUDA " +
+           version_text(driver) + ")";
+  if (err == cudaSuccess || err == cudaErrorNoDevice) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (visible != nullptr) return std::string("no GPU (none visible with CUDA_VISIBLE_DEVICES='") + visible + "')";
+    return "no GPU (the NVIDIA driver, CUDA " + version_text(driver) + ", sees no device)";
+  }
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+}
+
+}  // namespace
+
+int min_driver_branch(int runtime_major) {
+  switch (runtime_major) {
+    case 11: return 450;
+    case 12: return 525;
+    case 13: return 580;
+    default: return 0;
+  }
+}
+
+std::string cuda_runtime_version() {
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) != cudaSuccess) return "unknown";
+  return version_text(v);
+}
+
+std::string cuda_driver_version() {
+  int v = 0;
+  if (cudaDriverGetVersion(&v) != cudaSuccess || v == 0) {
+    (void)cudaGetLastError();
+    return "none";
+  }
+  return version_text(v);
+}
+
 bool query_device(int index, DeviceInfo& info, std::string& reason) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    reason = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+  if (err != cudaSuccess || count <= 0) {
     (void)cudaGetLastError();  // clear the error state
-    return false;
-  }
-  if (count <= 0) {
-    reason = "no CUDA device visible";
+    reason = no_device_reason(err);
     return false;
   }
   if (index < 0 || index >= count) {
@@ -176,11 +235,11 @@ bool query_device(int index, DeviceInfo& info, std::string& reason) {
 DeviceInfo require_hopper(int index) {
   DeviceInfo info;
   std::string reason;
-  if (!query_device(index, info, reason)) throw CliError(kExitNoGpu, "no Hopper GPU found (" + reason + ")");
+  if (!query_device(index, info, reason)) throw CliError(kExitNoGpu, "no Hopper GPU found: " + reason);
   if (info.major != 9 || info.minor != 0)
-    throw CliError(kExitNoGpu, "no Hopper GPU found (device " + std::to_string(index) + " is " + info.name +
+    throw CliError(kExitNoGpu, "no Hopper GPU found: device " + std::to_string(index) + " is " + info.name +
                                    ", sm_" + std::to_string(info.major) + std::to_string(info.minor) +
-                                   "; FlashCore needs sm_90)");
+                                   "; FlashCore needs sm_90");
   FC_CUDA(cudaSetDevice(index));
   return info;
 }
@@ -222,6 +281,13 @@ std::string json_escape(const std::string& s) {
     }
   }
   return out;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
 }
 
 }  // namespace fccli

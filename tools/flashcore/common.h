@@ -28,12 +28,20 @@ enum ExitCode : int {
   kExitNoGpu = 3,    // no Hopper (sm_90) GPU
 };
 
-// Thrown anywhere; main() prints "flashcore: <message>" on one line and exits with `code`.
+// Thrown anywhere; main() prints "flashcore[ <command>]: <message>" on one line and exits with `code`.
 struct CliError : std::runtime_error {
   int code;
   CliError(int c, const std::string& msg) : std::runtime_error(msg), code(c) {}
 };
 
+// The subcommand being run ("bench", "check", ...; "" before one is chosen). main() sets it; messages and
+// usage errors name it.
+void set_command(const std::string& name);
+const std::string& command();
+// "flashcore" or "flashcore <command>": the prefix of every message the program prints.
+std::string program_name();
+
+// Throws CliError(kExitUsage, "<msg>; see 'flashcore <command> --help'").
 [[noreturn]] void usage_error(const std::string& msg);
 
 // Every CUDA runtime call goes through this: on failure throws CliError(kExitFailure) naming the call.
@@ -97,15 +105,29 @@ struct DeviceInfo {
   std::string pci_bus_id;  // for NVML
 };
 
-// Fills `info` for device `index`. Returns false with a reason when there is no usable CUDA device
-// (no driver, no device, index out of range); never throws for that.
+// Fills `info` for device `index`. Returns false with a reason when there is no usable CUDA device; never
+// throws for that. The reason starts with one of:
+//   "no NVIDIA driver found ..."                           (libcuda.so.1 cannot be loaded)
+//   "NVIDIA driver too old for this CUDA 13 build (...)"   (it names the driver branch needed, e.g. R580)
+//   "no GPU (...)"                                         (the driver sees none, or CUDA_VISIBLE_DEVICES hides all)
+//   "device N out of range ..."
+// or names another CUDA error.
 bool query_device(int index, DeviceInfo& info, std::string& reason);
 
+// The CUDA runtime this program is linked with and the installed driver, as "13.0" / "12.4"; the driver is
+// "none" when no driver is installed (cudaDriverGetVersion reports 0).
+std::string cuda_runtime_version();
+std::string cuda_driver_version();
+// The oldest driver branch for a runtime major version, e.g. 13 -> 580 (R580); 0 when not known.
+int min_driver_branch(int runtime_major);
+
 // For `bench` and `check`: selects device `index` and requires compute capability 9.0. Otherwise throws
-// CliError(kExitNoGpu, "no Hopper GPU found (...)").
+// CliError(kExitNoGpu, "no Hopper GPU found: <reason>").
 DeviceInfo require_hopper(int index);
 
 std::string shell_quote(const std::string& s);
 std::string json_escape(const std::string& s);
+// A CSV field: quoted (inner quotes doubled) when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& s);
 
 }  // namespace fccli

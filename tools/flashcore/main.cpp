@@ -18,7 +18,7 @@ void print_help(FILE* out) {
       "  info     version, compiled capabilities, device\n"
       "  tvla     fixed-vs-random timing test (Welch's t per shape; --shape B,H,S,D, --n N)\n"
       "\n"
-      "  flashcore <command> --help   options of a command\n"
+      "  flashcore <command> --help   options of a command (also: flashcore help <command>)\n"
       "  flashcore --version          version\n"
       "\n"
       "exit status: 0 success, 1 failure, 2 bad arguments, 3 no Hopper GPU\n");
@@ -35,10 +35,13 @@ int main(int argc, char** argv) {
     }
     std::string cmd = argv[1];
     if (cmd == "-h" || cmd == "--help" || cmd == "help") {
-      if (cmd == "help" && argc > 2) {
-        std::string sub = argv[2];
+      if (cmd == "help" && argc > 2) {  // `flashcore help <command>` = `flashcore <command> --help`
+        const std::string sub = argv[2];
         if (sub == "bench") { print_bench_help(); return kExitOk; }
         if (sub == "check") { print_check_help(); return kExitOk; }
+        if (sub == "info") { print_info_help(); return kExitOk; }
+        if (sub == "tvla") { print_tvla_help(); return kExitOk; }
+        usage_error("help: unknown command '" + sub + "'");
       }
       print_help(stdout);
       return kExitOk;
@@ -52,17 +55,20 @@ int main(int argc, char** argv) {
       std::printf("flashcore %s (library %s, check: %s)\n", FLASHCORE_CLI_VERSION, flashcore_version_string(), check);
       return kExitOk;
     }
-    if (cmd == "bench") return run_bench(argc, argv, 2);
-    if (cmd == "check") return run_check(argc, argv, 2);
-    if (cmd == "info") return run_info(argc, argv, 2);
-    if (cmd == "tvla") return run_tvla(argc, argv, 2);
-    usage_error("unknown command '" + cmd + "'");
+    int (*run)(int, char**, int) = nullptr;
+    if (cmd == "bench") run = run_bench;
+    if (cmd == "check") run = run_check;
+    if (cmd == "info") run = run_info;
+    if (cmd == "tvla") run = run_tvla;
+    if (run == nullptr) usage_error("unknown command '" + cmd + "'");
+    set_command(cmd);
+    return run(argc, argv, 2);
   } catch (const CliError& e) {
     if (e.code == kExitOk) return kExitOk;  // e.g. --help inside a parser
-    std::fprintf(stderr, "flashcore: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", program_name().c_str(), e.what());
     return e.code;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "flashcore: internal error: %s\n", e.what());
+    std::fprintf(stderr, "%s: internal error: %s\n", program_name().c_str(), e.what());
     return kExitFailure;
   }
 }

@@ -21,6 +21,27 @@
 #include "common.h"
 
 namespace fccli {
+
+void print_tvla_help() {
+  std::printf(
+      "usage: flashcore tvla [options]\n"
+      "\n"
+      "Fixed-versus-random timing test: per shape, N calls with a fixed input interleaved (random order per\n"
+      "pair) with N calls with fresh random inputs, and N with all-zero inputs; each call timed with CUDA\n"
+      "events; Welch's t per shape and class, PASS when |t| < threshold. See docs/reliability.md.\n"
+      "\n"
+      "options:\n"
+      "  --shape B,H,S,D    a shape to test (repeatable; default: 8 shapes over head dims 64/128/256)\n"
+      "  --causal 0|1|both  causal mask for --shape shapes (default 0)\n"
+      "  --dtype fp16|bf16  input dtype (default bf16)\n"
+      "  --n N              calls per class (default 400)\n"
+      "  --threshold T      PASS when |t| < T (default 4.5)\n"
+      "  --seed S           seed of the random inputs and the order (default 1)\n"
+      "  --device I         CUDA device (default 0)\n"
+      "\n"
+      "exit status: 0 all PASS, 1 a FAIL or a run error, 2 bad arguments, 3 no Hopper GPU\n");
+}
+
 namespace {
 
 struct TvlaShape {
@@ -43,26 +64,6 @@ struct TvlaOptions {
   uint64_t seed = 1;
   double threshold = 4.5;
 };
-
-void print_tvla_help() {
-  std::printf(
-      "usage: flashcore tvla [options]\n"
-      "\n"
-      "Fixed-versus-random timing test: per shape, N calls with a fixed input interleaved (random order per\n"
-      "pair) with N calls with fresh random inputs, and N with all-zero inputs; each call timed with CUDA\n"
-      "events; Welch's t per shape and class, PASS when |t| < threshold. See docs/reliability.md.\n"
-      "\n"
-      "options:\n"
-      "  --shape B,H,S,D    a shape to test (repeatable; default: 8 shapes over head dims 64/128/256)\n"
-      "  --causal 0|1|both  causal mask for --shape shapes (default 0)\n"
-      "  --dtype fp16|bf16  input dtype (default bf16)\n"
-      "  --n N              calls per class (default 400)\n"
-      "  --threshold T      PASS when |t| < T (default 4.5)\n"
-      "  --seed S           seed of the random inputs and the order (default 1)\n"
-      "  --device I         CUDA device (default 0)\n"
-      "\n"
-      "exit status: 0 all PASS, 1 a FAIL or a run error, 2 bad arguments, 3 no Hopper GPU\n");
-}
 
 TvlaOptions parse(int argc, char** argv, int first) {
   TvlaOptions o;
@@ -96,7 +97,7 @@ TvlaOptions parse(int argc, char** argv, int first) {
     } else if (flag == "--device") {
       o.device = static_cast<int>(parse_int(flag, a.value(flag), 0, 1023));
     } else {
-      usage_error("tvla: unknown option '" + flag + "' (see flashcore tvla --help)");
+      usage_error("unknown option '" + flag + "'");
     }
   }
   if (o.causal.empty()) o.causal = {false};
@@ -225,7 +226,7 @@ bool run_shape(const TvlaOptions& o, const TvlaShape& sh, std::mt19937_64& rng) 
 
 int run_tvla(int argc, char** argv, int first) {
   const TvlaOptions o = parse(argc, argv, first);
-  const DeviceInfo dev = require_hopper(o.device);  // throws CliError(kExitNoGpu, "no Hopper GPU found (...)")
+  const DeviceInfo dev = require_hopper(o.device);  // throws CliError(kExitNoGpu, "no Hopper GPU found: ...")
   const flashcore_capabilities caps = capabilities();
   std::printf("flashcore tvla: %s (device %d), %s, n = %lld per class, seed %llu, PASS when |t| < %g\n",
               dev.name.c_str(), dev.index, dtype_name(o.dtype), static_cast<long long>(o.n),
