@@ -390,6 +390,23 @@ flashcore_status check_device_pointer(const char* name, const void* ptr, int dev
   return FLASHCORE_ERROR_INVALID_ARGUMENT;
 }
 
+// Why cudaGetDeviceCount found nothing, in words a user can act on (cudaErrorInsufficientDriver covers both a
+// missing and an old driver; cudaDriverGetVersion tells them apart).
+std::string no_device_reason(cudaError_t count_err) {
+  int driver = 0;
+  const cudaError_t err = cudaDriverGetVersion(&driver);
+  (void)cudaGetLastError();
+  if (err != cudaSuccess || driver == 0) {
+    return "no NVIDIA driver found (libcuda.so.1 could not be loaded); this CUDA 13 build needs driver R580 or newer";
+  }
+  if (count_err == cudaErrorInsufficientDriver || driver < CUDART_VERSION) {
+    return cat("NVIDIA driver too old for this CUDA ", CUDART_VERSION / 1000, " build (needs driver R580 or newer; ",
+               "the installed one supports CUDA ", driver / 1000, ".", (driver % 1000) / 10, ")");
+  }
+  return cat("no GPU (the NVIDIA driver sees no device", count_err != cudaSuccess ? cat("; ", cudaGetErrorString(count_err)) : "",
+             "; check CUDA_VISIBLE_DEVICES)");
+}
+
 }  // namespace
 
 flashcore_status validate_device(const flashcore_attention_params& p, int& device, int& cc, std::string& message) {
@@ -397,8 +414,7 @@ flashcore_status validate_device(const flashcore_attention_params& p, int& devic
   const cudaError_t count_err = cudaGetDeviceCount(&count);
   if (count_err != cudaSuccess || count <= 0) {
     (void)cudaGetLastError();  // do not leave the error for the caller's next CUDA call
-    message = cat("no CUDA device visible (cudaGetDeviceCount: ",
-                  count_err != cudaSuccess ? cudaGetErrorString(count_err) : "0 devices", ")");
+    message = cat("no CUDA device visible: ", no_device_reason(count_err));
     return FLASHCORE_ERROR_NO_DEVICE;
   }
   int major = 0, minor = 0;

@@ -311,22 +311,10 @@ bool cuda_ok(cudaError_t e, const char* what, Result& r) {
 void append(std::string& msg, const std::string& part) { msg += (msg.empty() ? "" : "; ") + part; }
 
 std::string skip_reason_for_device() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();  // clear the sticky-free error so later calls are not confused
-    return std::string("no CUDA device (cudaGetDeviceCount: ") + (e == cudaSuccess ? "0 devices" : cudaGetErrorName(e)) + ")";
-  }
-  int dev = 0;
-  cudaDeviceProp prop;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
-    return "cannot query the current CUDA device";
-  // The library's backend table decides which devices it serves.
-  flashcore_capabilities caps;
-  flashcore_capabilities_init(&caps);
-  if (flashcore_get_capabilities(&caps) != FLASHCORE_SUCCESS || !caps.device_supported)
-    return std::string("device ") + prop.name + " is sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
-           "; no FlashCore backend in this build serves it";
+  // The library's own device checks (driver, device, backend table), as any caller would see them.
+  int32_t count = 0;
+  if (flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, 0, nullptr, 0, &count) != FLASHCORE_SUCCESS)
+    return flashcore_last_error();
   return "";
 }
 

@@ -22,24 +22,10 @@ inline bool cuda_device_visible() {
 
 // "" when a backend of this build serves the current device; otherwise why GPU tests cannot run here.
 inline std::string query_gpu_skip_reason() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return std::string("no CUDA device visible (cudaGetDeviceCount: ") +
-           (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")";
-  }
-  int device = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return "cannot query the current CUDA device";
-  }
-  flashcore_capabilities caps;  // the library's backend table decides which devices it serves
-  flashcore_capabilities_init(&caps);
-  if (flashcore_get_capabilities(&caps) != FLASHCORE_SUCCESS || !caps.device_supported) {
-    return "device " + std::to_string(device) + " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
-           std::to_string(prop.minor) + ": no backend of this build serves it";
+  // The library's own device checks (driver, device, backend table), as a caller would see them.
+  int32_t count = 0;
+  if (flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, 0, nullptr, 0, &count) != FLASHCORE_SUCCESS) {
+    return flashcore_last_error();
   }
   return "";
 }
