@@ -4,7 +4,7 @@
 # CLI says "no Hopper GPU found" and this script exits with its non-zero code.
 #
 # Usage: bash tools/run_main.sh [extra flashcore bench arguments]
-# Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS, FLASHCORE_JOBS (default 2).
+# Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS, FLASHCORE_JOBS (default: the core count).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${FLASHCORE_BUILD_DIR:-build}"
@@ -14,7 +14,7 @@ bash tools/setup_deps.sh "$BUILD_DIR"
 source "$BUILD_DIR/.tools/env.sh"
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHCORE_CMAKE_ARGS:-}
-cmake --build "$BUILD_DIR" -j"${FLASHCORE_JOBS:-2}" 2>&1 | tee "$BUILD_DIR/build.log"
+cmake --build "$BUILD_DIR" -j"${FLASHCORE_JOBS:-$(nproc 2>/dev/null || echo 2)}" 2>&1 | tee "$BUILD_DIR/build.log"
 
 CLI="$BUILD_DIR/bin/flashcore"
 if [[ ! -x "$CLI" ]]; then
