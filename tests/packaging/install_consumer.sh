@@ -62,7 +62,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
 for prog in attention_c attention_c_static attention_cpp; do
   out=$("$work/examples/$prog" 2>&1)
   rc=$?
-  echo "$out" | sed "s/^/  /"
+  echo "$out" | sed "s/^/  [$prog] /"
   [[ $rc -eq 0 ]] || fail "$prog exited $rc"
   if [[ $gpu -eq 0 ]]; then grep -q "no Hopper (sm_90a) GPU found" <<<"$out" || fail "$prog: no 'no GPU' message"; fi
 done
