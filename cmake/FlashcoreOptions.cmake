@@ -4,8 +4,13 @@ set(FLASHCORE_DTYPES "fp16;bf16" CACHE STRING "Dtypes to compile kernels for (su
 set(FLASHCORE_CUDA_ARCHS "90a" CACHE STRING "CUDA archs to generate SASS for (-gencode=arch=compute_X,code=sm_X)")
 option(FLASHCORE_PTXAS_VERBOSE "Pass -Xptxas=-v so the build log carries register/spill reports" ON)
 option(FLASHCORE_WERROR "Treat warnings as errors (C++: -Wall -Wextra -Werror; CUDA: -Werror=all-warnings)" OFF)
-option(FLASHCORE_BUILD_TESTS "Build the GoogleTest suites (needs GTest)" ON)
-option(FLASHCORE_BUILD_TOOLS "Build tools/ (the flashcore CLI)" ON)
+# Tests and the CLI default to on only when FlashCore is the top-level project (not under add_subdirectory or
+# FetchContent); so does installing.
+option(FLASHCORE_BUILD_TESTS "Build the GoogleTest suites (needs GTest)" ${PROJECT_IS_TOP_LEVEL})
+option(FLASHCORE_BUILD_TOOLS "Build tools/ (the flashcore CLI)" ${PROJECT_IS_TOP_LEVEL})
+option(FLASHCORE_INSTALL "Add install rules (headers, libraries, CMake package, pkg-config)" ${PROJECT_IS_TOP_LEVEL})
+# Set by pyproject.toml (scikit-build-core): install only libflashcore.so, unversioned, to flashcore/lib/.
+option(FLASHCORE_PYTHON_WHEEL "Build for the Python wheel (one unversioned libflashcore.so in flashcore/lib)" OFF)
 
 foreach(_fc_list FLASHCORE_HEAD_DIMS FLASHCORE_DTYPES FLASHCORE_CUDA_ARCHS)
   if("${${_fc_list}}" STREQUAL "")

@@ -80,6 +80,13 @@ SKIPS="$(awk '
   END { for (i = 0; i < n; i++) { k = order[i]; printf "%d test(s): %s\n      e.g. %s%s\n", count[k], k, names[k], (count[k] > 3 ? ", ..." : "") } }
 ' "$BUILD_DIR/Testing/Temporary/LastTest.log" 2>/dev/null)"
 
+# The build and packaging tests print what they checked; ctest keeps a passing test's output in its log only.
+if grep -qE '^(parent_project|install_consumer|wheel): ' "$BUILD_DIR/Testing/Temporary/LastTest.log" 2>/dev/null; then
+  section "packaging (what build_parent_project_archs, packaging_install_consumer, packaging_wheel checked)"
+  grep -E '^(plain_sm90|parent_project|parent_consumer|install_consumer|wheel): |^  \[attention' \
+    "$BUILD_DIR/Testing/Temporary/LastTest.log"
+fi
+
 if [[ -f tools/check_sass.sh ]]; then
   section "SASS check (tools/check_sass.sh)"
   bash tools/check_sass.sh "$BUILD_DIR"
