@@ -43,7 +43,8 @@ for stage in "${stages[@]}"; do
     info) run info "$bin/flashcore" info; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv >>"$out/info.log" ;;
     tests)
       run cpu_tests "$bin/flashcore_cpu_tests" --gtest_brief=1
-      run gpu_tests "$bin/flashcore_gpu_tests" --gtest_brief=1 ;;
+      run gpu_tests "$bin/flashcore_gpu_tests" --gtest_brief=1
+      run abi_v1 env LD_LIBRARY_PATH="$PWD/build/lib" "$bin/flashcore_abi_v1_caller" ;;
     check) run check_det "$bin/flashcore" check --quick --determinism 20 ;;
     tvla) run tvla "$bin/flashcore" tvla ;;
     ab) run ab python3 bench/ab.py --a "$ab_base" --b "$bin/flashcore" --passes 3 --dtype both --out "$out/ab" ;;
