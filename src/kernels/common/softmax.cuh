@@ -2,9 +2,11 @@
 // quarter of each row's columns; row statistics are combined across the quad with shuffles. log2(e) is folded
 // into the scale so that every exponential is one ex2.approx.
 //
-// Non-finite scores: a NaN or +Inf score in a row's visible keys makes that row's O and LSE NaN (the max
-// propagates NaN; Inf - Inf is NaN). Masked keys are -Inf and contribute exactly 0. A row that sees no key
-// gets O = 0 and LSE = -Inf.
+// Non-finite scores: a NaN or +Inf score in a row's visible keys makes that row's O and LSE NaN: fmaxf leaves a
+// NaN out of the row max, but its exponential is NaN, so the row sum is NaN (and Inf - Inf is NaN), and
+// finalize() treats only a zero sum as "no key" (docs/perf-notes.md v9: a NaN-propagating max, FMNMX.NAN, cost
+// 3-5% at head dim 64). Masked keys are -Inf and contribute exactly 0. A row that sees no key gets O = 0 and
+// LSE = -Inf.
 #pragma once
 #include <cmath>
 
@@ -27,7 +29,7 @@ struct OnlineSoftmax {
       float m = row_max[i];
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j) {
-        m = nan_max(m, nan_max(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
+        m = fmaxf(m, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
       }
       m = quad_max(m);
       // A row that has seen only masked keys keeps max -inf; use 0 so that exp2(-inf - 0) = 0.

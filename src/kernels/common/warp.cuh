@@ -19,15 +19,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 // Max and sum over the 4 threads of a quad (the threads that share a fragment row).
-// The max propagates NaN (fmaxf would drop it): a row with a NaN score gets a NaN max, so O and LSE agree.
-__device__ __forceinline__ float nan_max(float a, float b) {
-  float d;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(d) : "f"(a), "f"(b));  // one FMNMX.NAN (sm_80+)
-  return d;
-}
 __device__ __forceinline__ float quad_max(float x) {
-  x = nan_max(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return nan_max(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
