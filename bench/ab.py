@@ -38,9 +38,10 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "both"])
     ap.add_argument("--out", default="ab_out")
     ap.add_argument("--power-ms", default="0", help="passed to bench (0: no power sampling, faster)")
+    ap.add_argument("--graph", action="store_true", help="bench --graph: kernel time without launch overhead")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    extra = ["--power-ms", args.power_ms]
+    extra = ["--power-ms", args.power_ms] + (["--graph"] if args.graph else [])
     dtypes = ["bf16", "fp16"] if args.dtype == "both" else [args.dtype]
     tf = {"a": {}, "b": {}}
     version = {}
