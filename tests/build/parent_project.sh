@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # FlashCore inside a parent project whose CMAKE_CUDA_ARCHITECTURES lists other archs (80;90): its kernels must
-# still be sm_90a only (the targets set CUDA_ARCHITECTURES OFF; FLASHCORE_CUDA_ARCHS decides).
+# still be exactly FLASHCORE_CUDA_ARCHS (sm_90a) plus FLASHCORE_SM80_ARCHS (the parent sets 86, so an sm_80 or
+# plain sm_90 image would be the parent's doing), without PTX (the targets set CUDA_ARCHITECTURES OFF; the
+# -gencode flags are per source).
 #   parent_project.sh SOURCE_DIR WORK_DIR      (builds one head dim and one dtype: about a minute on 2 cores)
 set -uo pipefail
 src=$1 work=$2
@@ -14,5 +16,17 @@ command -v cuobjdump >/dev/null || { echo "parent_project: FAIL: cuobjdump not o
 archs=$(cuobjdump --list-elf "$lib" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')
 ptx=$(cuobjdump --list-ptx "$lib" 2>/dev/null | grep -c '^PTX file' || true)
 echo "parent_project: kernel images: ${archs:-none}; PTX entries: $ptx"
-[[ "$archs" == "sm_90a " && "$ptx" -eq 0 ]] || { echo "parent_project: FAIL: expected sm_90a SASS only"; exit 1; }
+[[ "$archs" == "sm_86 sm_90a " && "$ptx" -eq 0 ]] || { echo "parent_project: FAIL: expected sm_86 and sm_90a SASS only"; exit 1; }
+# Per object: the sm90 units hold sm_90a only, the portable units sm_86 only.
+tmp=$(mktemp -d)
+(cd "$tmp" && ar x "$lib") || { echo "parent_project: FAIL: cannot unpack $lib"; exit 1; }
+for o in "$tmp"/*.cu.o; do
+  got=$(cuobjdump --list-elf "$o" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')
+  case "$(basename "$o")" in
+    r80_*) want="sm_86 " ;;
+    *) want="sm_90a " ;;
+  esac
+  [[ "$got" == "$want" ]] || { echo "parent_project: FAIL: $(basename "$o") holds ${got:-none}, expected $want"; rm -rf "$tmp"; exit 1; }
+done
+rm -rf "$tmp"
 echo "parent_project: ok"

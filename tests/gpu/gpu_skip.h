@@ -1,5 +1,5 @@
 // FLASHCORE_REQUIRE_GPU(): skip the current test, with the reason, unless a GPU that a backend of this build
-// serves (today: sm_90, Hopper) is visible.
+// serves is visible (sm_90 Hopper; sm_8x Ampere/Ada through the portable backend, when built).
 // Use as the first statement of a GPU test body. The reason shows in the test output ("Skipped" + reason)
 // and tools/run_tests.sh lists it in its summary.
 #pragma once
