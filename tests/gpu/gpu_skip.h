@@ -59,3 +59,17 @@ inline const std::string& gpu_skip_reason() {
       GTEST_SKIP() << "GPU test skipped: " << flashcore_skip_reason_;                   \
     }                                                                                   \
   } while (0)
+
+// FLASHCORE_REQUIRE_GPU(), and skip (with the reason) unless the backend serving the current device is `name`
+// ("sm90", "sm80"): for tests of one backend's kernel configs. FLASHCORE_BACKEND counts (backend.h).
+#define FLASHCORE_REQUIRE_BACKEND(name)                                                                 \
+  do {                                                                                                  \
+    FLASHCORE_REQUIRE_GPU();                                                                            \
+    flashcore_capabilities flashcore_caps_;                                                             \
+    flashcore_capabilities_init(&flashcore_caps_);                                                      \
+    if (flashcore_get_capabilities(&flashcore_caps_) != FLASHCORE_SUCCESS ||                            \
+        std::string(flashcore_caps_.device_backend) != (name)) {                                        \
+      GTEST_SKIP() << "GPU test skipped: the device's backend is \"" << flashcore_caps_.device_backend    \
+                   << "\", this test is for " << (name);                                                \
+    }                                                                                                   \
+  } while (0)
