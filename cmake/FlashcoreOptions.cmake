@@ -1,7 +1,10 @@
 # User-facing build options (see README.md, "Build options").
 set(FLASHCORE_HEAD_DIMS "64;128;256" CACHE STRING "Head dims to compile kernels for (subset of 64;128;256)")
 set(FLASHCORE_DTYPES "fp16;bf16" CACHE STRING "Dtypes to compile kernels for (subset of fp16;bf16)")
-set(FLASHCORE_CUDA_ARCHS "90a" CACHE STRING "CUDA archs to generate SASS for (-gencode=arch=compute_X,code=sm_X)")
+set(FLASHCORE_CUDA_ARCHS "90a" CACHE STRING "CUDA archs to generate SASS of the sm90 (Hopper) kernels for (-gencode=arch=compute_X,code=sm_X)")
+option(FLASHCORE_BUILD_SM80 "Build the portable backend (mma.sync + cp.async) for compute capability 8.x" ON)
+set(FLASHCORE_SM80_ARCHS "80;86;89;90" CACHE STRING
+    "Archs to generate SASS of the portable kernels for (plain archs >= 80; 90: FLASHCORE_BACKEND=sm80 on Hopper)")
 option(FLASHCORE_PTXAS_VERBOSE "Pass -Xptxas=-v so the build log carries register/spill reports" ON)
 option(FLASHCORE_WERROR "Treat warnings as errors (C++: -Wall -Wextra -Werror; CUDA: -Werror=all-warnings)" OFF)
 # Tests and the CLI default to on only when FlashCore is the top-level project (not under add_subdirectory or
@@ -17,3 +20,6 @@ foreach(_fc_list FLASHCORE_HEAD_DIMS FLASHCORE_DTYPES FLASHCORE_CUDA_ARCHS)
     message(FATAL_ERROR "${_fc_list} must not be empty")
   endif()
 endforeach()
+if(FLASHCORE_BUILD_SM80 AND "${FLASHCORE_SM80_ARCHS}" STREQUAL "")
+  message(FATAL_ERROR "FLASHCORE_SM80_ARCHS must not be empty when FLASHCORE_BUILD_SM80 is ON")
+endif()

@@ -91,6 +91,7 @@ if [[ -f tools/check_sass.sh ]]; then
   section "SASS check (tools/check_sass.sh)"
   bash tools/check_sass.sh "$BUILD_DIR"
   record "check_sass" $?
+  bash tools/check_sass_sm80.sh "$BUILD_DIR"; record "check_sass_sm80" $?
 else
   record "check_sass (absent)" 0
 fi

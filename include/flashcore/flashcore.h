@@ -1,5 +1,7 @@
 /*
- * FlashCore: fused attention for NVIDIA Hopper (sm_90a).
+ * FlashCore: fused attention for NVIDIA Hopper (sm_90a), and for Ampere and Ada (compute capability 8.x)
+ * through the portable backend. The environment variable FLASHCORE_BACKEND (sm80, sm90, auto) overrides which
+ * backend serves the current device; FLASHCORE_BACKEND=sm80 runs the portable kernels on Hopper.
  *
  * The C ABI. No C++ and no PyTorch are needed to use it; it never throws and never aborts.
  *
@@ -188,14 +190,14 @@ typedef struct flashcore_capabilities {
   int32_t num_head_dims;
   int32_t head_dims[FLASHCORE_MAX_CAPS];       /* head dims compiled in */
   int32_t num_archs;
-  int32_t archs[FLASHCORE_MAX_CAPS];           /* compute capabilities compiled in, e.g. 90 for sm_90a */
+  int32_t archs[FLASHCORE_MAX_CAPS];           /* compute capabilities compiled in, e.g. 90 for sm_90a, 80 86 89 */
   int32_t device_arch;                   /* compute capability of the current device, 0 if none */
   int32_t device_supported;              /* 1 if the current device can run a compiled kernel */
   /* ---- Since 0.2 (absent from a 0.1 caller's smaller struct, and then not written) ---- */
   uint32_t params_struct_size;           /* sizeof(flashcore_attention_params) of the loaded library */
   int32_t num_out_dtypes;
   flashcore_dtype out_dtypes[FLASHCORE_MAX_CAPS]; /* output dtypes compiled in (besides FLASHCORE_DTYPE_SAME) */
-  char device_backend[16];               /* backend serving the current device ("sm90"), "" if none */
+  char device_backend[16];               /* backend serving the current device ("sm90", "sm80"), "" if none */
 } flashcore_capabilities;
 
 /* struct_size of the 0.1 layout of flashcore_capabilities. */

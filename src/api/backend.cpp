@@ -1,51 +1,120 @@
 // The backend table (backend.h). Each backend serves a set of compute capabilities and lists its compiled
-// kernel rows; today that is sm90 (Hopper, compute capability 9.0). A portable sm80 backend adds one entry.
+// kernel rows: sm90 (Hopper, compute capability 9.0: wgmma + TMA) and, when built (FLASHCORE_BUILD_SM80), the
+// portable sm80 backend (mma.sync + cp.async + ldmatrix) for compute capability 8.x -- and for 9.0 when
+// FLASHCORE_BACKEND=sm80 forces it (backend.h).
 #include "api/backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "api/dtype.h"
 #include "kernels/sm90/launch.h"
+#ifdef FLASHCORE_HAVE_SM80
+#include "kernels/sm80/launch.h"
+#endif
 
 namespace flashcore::backend {
 namespace {
 
+enum class Id { kSm90, kSm80 };
+
 struct Backend {
   const char* name;
-  int cc_min, cc_max;  // compute capabilities served, inclusive
-  int compiled_cc;     // the target its kernels are compiled for (90 for sm_90a)
+  Id id;
+  int cc_min, cc_max;  // compute capabilities served by default, inclusive
 };
 
 constexpr Backend kBackends[] = {
-    {"sm90", 90, 90, 90},
+    {"sm90", Id::kSm90, 90, 90},
+#ifdef FLASHCORE_HAVE_SM80
+    {"sm80", Id::kSm80, 80, 89},  // and 90 when forced (FLASHCORE_BACKEND=sm80)
+#endif
 };
 
-const Backend* find(int cc) {
+// A backend's view of one compiled kernel, for the listings that do not depend on the backend.
+struct RowKey {
+  const char* name;
+  flashcore_dtype dtype, out_dtype;
+  int head_dim;
+  bool causal, is_default;
+  int smem_bytes;
+};
+
+std::vector<RowKey> rows_of(Id id) {
+  std::vector<RowKey> out;
+  int n = 0;
+  if (id == Id::kSm90) {
+    const sm90::KernelRow* const* rows = sm90::rows(n);
+    for (int i = 0; i < n; ++i) {
+      const sm90::KernelRow& r = *rows[i];
+      out.push_back({r.name, r.dtype, r.out_dtype, r.head_dim, r.causal, r.is_default, r.smem_bytes});
+    }
+  }
+#ifdef FLASHCORE_HAVE_SM80
+  if (id == Id::kSm80) {
+    const sm80::KernelRow* const* rows = sm80::rows(n);
+    for (int i = 0; i < n; ++i) {
+      const sm80::KernelRow& r = *rows[i];
+      out.push_back({r.name, r.dtype, r.out_dtype, r.head_dim, r.causal, r.is_default, r.smem_bytes});
+    }
+  }
+#endif
+  return out;
+}
+
+// True when backend `b` has a kernel image that runs on compute capability `cc`.
+bool has_image(const Backend& b, int cc) {
+#ifdef FLASHCORE_HAVE_SM80
+  if (b.id == Id::kSm80) return sm80::has_image_for(cc);
+#endif
+  return b.id == Id::kSm90 && cc == 90;
+}
+
+const Backend* by_name(const char* name) {
   for (const Backend& b : kBackends) {
-    if (cc >= b.cc_min && cc <= b.cc_max) return &b;
+    if (std::strcmp(b.name, name) == 0) return &b;
+  }
+  return nullptr;
+}
+
+const Backend* find(int cc) {
+  const char* forced = forced_backend();
+  if (forced != nullptr) {
+    // A forced backend serves what it has an image for: sm80 on 8.x and (with its sm_90 image) on 9.0.
+    const Backend* b = by_name(forced);
+    return b != nullptr && has_image(*b, cc) ? b : nullptr;
+  }
+  for (const Backend& b : kBackends) {
+    if (cc >= b.cc_min && cc <= b.cc_max && has_image(b, cc)) return &b;
   }
   return nullptr;
 }
 
 }  // namespace
 
+const char* forced_backend() {
+  const char* env = std::getenv("FLASHCORE_BACKEND");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return nullptr;
+  return env;
+}
+
 bool is_compiled(flashcore_dtype dtype, int head_dim) {
-  int n = 0;
-  const sm90::KernelRow* const* rows = sm90::rows(n);
-  for (int i = 0; i < n; ++i) {
-    if (rows[i]->dtype == dtype && rows[i]->head_dim == head_dim) return true;
+  for (const Backend& b : kBackends) {
+    for (const RowKey& r : rows_of(b.id)) {
+      if (r.dtype == dtype && r.head_dim == head_dim) return true;
+    }
   }
   return false;
 }
 
 int compiled_head_dims(flashcore_dtype dtype, int* out, int capacity) {
-  int n = 0;
-  const sm90::KernelRow* const* rows = sm90::rows(n);
   std::vector<int> dims;
-  for (int i = 0; i < n; ++i) {
-    if (dtype == FLASHCORE_DTYPE_SAME || rows[i]->dtype == dtype) dims.push_back(rows[i]->head_dim);
+  for (const Backend& b : kBackends) {
+    for (const RowKey& r : rows_of(b.id)) {
+      if (dtype == FLASHCORE_DTYPE_SAME || r.dtype == dtype) dims.push_back(r.head_dim);
+    }
   }
   std::sort(dims.begin(), dims.end());
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
@@ -54,12 +123,21 @@ int compiled_head_dims(flashcore_dtype dtype, int* out, int capacity) {
 }
 
 int compiled_archs(int* out, int capacity) {
-  int count = 0;
+  std::vector<int> archs;
   for (const Backend& b : kBackends) {
-    if (out != nullptr && count < capacity) out[count] = b.compiled_cc;
-    ++count;
+    if (b.id == Id::kSm90) archs.push_back(90);  // sm_90a
+#ifdef FLASHCORE_HAVE_SM80
+    if (b.id == Id::kSm80) {
+      int n = 0;
+      const int* a = sm80::compiled_archs(n);
+      archs.insert(archs.end(), a, a + n);
+    }
+#endif
   }
-  return count;
+  std::sort(archs.begin(), archs.end());
+  archs.erase(std::unique(archs.begin(), archs.end()), archs.end());
+  for (int i = 0; out != nullptr && i < capacity && i < static_cast<int>(archs.size()); ++i) out[i] = archs[i];
+  return static_cast<int>(archs.size());
 }
 
 const char* backend_for_arch(int cc) {
@@ -68,14 +146,31 @@ const char* backend_for_arch(int cc) {
 }
 
 int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char** out, int capacity) {
-  if (find(cc) == nullptr) return 0;
-  int n = 0, count = 0;
-  const sm90::KernelRow* const* rows = sm90::rows(n);
-  for (int pass = 0; pass < 2; ++pass) {  // the default first
-    for (int i = 0; i < n; ++i) {
-      const sm90::KernelRow& r = *rows[i];
+  const Backend* b = find(cc);
+  if (b == nullptr) return 0;
+  const std::vector<RowKey> rows = rows_of(b->id);
+  // The default first: the row forward() picks when no kernel_config is given.
+  const char* def = nullptr;
+  std::string ignored;
+  if (b->id == Id::kSm90) {
+    const sm90::KernelRow* r = sm90::select(dtype, dtype, head_dim, causal, nullptr, ignored);
+    def = r != nullptr ? r->name : nullptr;
+  }
+#ifdef FLASHCORE_HAVE_SM80
+  if (b->id == Id::kSm80) {
+    const sm80::KernelRow* r = sm80::select(dtype, dtype, head_dim, causal, nullptr, cc, ignored);
+    def = r != nullptr ? r->name : nullptr;
+  }
+#endif
+  int count = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const RowKey& r : rows) {
       if (r.dtype != dtype || r.out_dtype != dtype || r.head_dim != head_dim || r.causal != causal) continue;
-      if (r.is_default != (pass == 0)) continue;
+      const bool is_def = def != nullptr && std::strcmp(r.name, def) == 0;
+      if (is_def != (pass == 0)) continue;
+#ifdef FLASHCORE_HAVE_SM80
+      if (b->id == Id::kSm80 && r.smem_bytes > sm80::smem_limit(cc)) continue;  // cannot launch here
+#endif
       if (out != nullptr && count < capacity) out[count] = r.name;
       ++count;
     }
@@ -84,27 +179,52 @@ int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, con
 }
 
 namespace {
-const sm90::KernelRow* select_row(const flashcore_attention_params& p, int cc, std::string& error) {
-  if (find(cc) == nullptr) {
-    error = "no backend serves compute capability " + std::to_string(cc);
-    return nullptr;
-  }
-  return sm90::select(p.dtype, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(p.head_dim), p.causal != 0,
-                      p.kernel_config, error);
+flashcore_status no_row_status(const flashcore_attention_params& p) {
+  return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
 }
 }  // namespace
 
 flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error) {
-  const sm90::KernelRow* row = select_row(p, cc, error);
-  if (row == nullptr) return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  const Backend* b = find(cc);
+  if (b == nullptr) {
+    error = "no backend serves compute capability " + std::to_string(cc);
+    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  }
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  const int hd = static_cast<int>(p.head_dim);
+#ifdef FLASHCORE_HAVE_SM80
+  if (b->id == Id::kSm80) {
+    if (sm80::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, cc, error) == nullptr) {
+      return no_row_status(p);
+    }
+    bytes = 0;  // the portable kernel needs no workspace
+    return FLASHCORE_SUCCESS;
+  }
+#endif
+  const sm90::KernelRow* row = sm90::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, error);
+  if (row == nullptr) return no_row_status(p);
   bytes = sm90::workspace_bytes(*row);
   return FLASHCORE_SUCCESS;
 }
 
 flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
-  const sm90::KernelRow* row = select_row(p, cc, error);
-  if (row == nullptr) return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  const Backend* b = find(cc);
+  if (b == nullptr) {
+    error = "no backend serves compute capability " + std::to_string(cc);
+    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  }
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  const int hd = static_cast<int>(p.head_dim);
+#ifdef FLASHCORE_HAVE_SM80
+  if (b->id == Id::kSm80) {
+    const sm80::KernelRow* row = sm80::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, cc, error);
+    if (row == nullptr) return no_row_status(p);
+    return sm80::launch(*row, p, softmax_scale, device, cc, stream, error);
+  }
+#endif
+  const sm90::KernelRow* row = sm90::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, error);
+  if (row == nullptr) return no_row_status(p);
   return sm90::launch(*row, p, softmax_scale, device, stream, error);
 }
 

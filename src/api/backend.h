@@ -22,10 +22,21 @@ int compiled_head_dims(flashcore_dtype dtype, int* out, int capacity);
 // of them to `out` and returns how many there are.
 int compiled_archs(int* out, int capacity);
 
-// Name of the backend that serves a device of compute capability `cc` ("sm90"), or nullptr when none does.
+// Name of the backend that serves a device of compute capability `cc`, or nullptr when none does:
+//   "sm90" for 9.0 (Hopper: wgmma + TMA, sm_90a);
+//   "sm80" for 8.x (Ampere, Ada: the portable mma.sync + cp.async kernels) when a compiled image runs there
+//          (FLASHCORE_SM80_ARCHS holds an arch of the same major version, at most cc).
+// The environment variable FLASHCORE_BACKEND (read at every call) overrides the choice: "sm80" or "sm90" forces
+// that backend wherever it has an image (FLASHCORE_BACKEND=sm80 runs the portable kernels on a Hopper GPU, from
+// their plain sm_90 image, for testing and measuring); any other name serves nothing. Unset, "" or "auto": the
+// table's choice.
 const char* backend_for_arch(int cc);
 
-// Kernel-config names compiled for (dtype, head_dim, causal) on `cc`, default first.
+// The value of FLASHCORE_BACKEND when it forces a backend (neither unset, "" nor "auto"), else nullptr.
+const char* forced_backend();
+
+// Kernel-config names compiled for (dtype, head_dim, causal) that can run on `cc` (through the backend
+// backend_for_arch(cc) names), the one forward() picks by default first.
 int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char** out, int capacity);
 
 // Bytes of device workspace the call needs (0 for most calls). `p` has passed validation.

@@ -55,9 +55,9 @@ flashcore_capabilities full_capabilities() {
   caps.num_archs = std::min(flashcore::backend::compiled_archs(caps.archs, FLASHCORE_MAX_CAPS), FLASHCORE_MAX_CAPS);
   caps.device_arch = current_device_arch();
   const char* backend = caps.device_arch > 0 ? flashcore::backend::backend_for_arch(caps.device_arch) : nullptr;
-  const bool arch_compiled = std::find(caps.archs, caps.archs + caps.num_archs, caps.device_arch) !=
-                             caps.archs + caps.num_archs;
-  caps.device_supported = caps.device_arch > 0 && arch_compiled && backend != nullptr && caps.num_dtypes > 0;
+  // backend_for_arch names a backend only where one of its compiled images runs (an sm_80 image also serves
+  // 8.6/8.7/8.9), so the device's own arch need not be in `archs`.
+  caps.device_supported = caps.device_arch > 0 && backend != nullptr && caps.num_dtypes > 0;
 
   caps.params_struct_size = sizeof(flashcore_attention_params);
   // O is written in the input dtype for now: the output dtypes are the compiled input dtypes.

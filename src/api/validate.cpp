@@ -434,6 +434,9 @@ flashcore_status validate_device(const flashcore_attention_params& p, int& devic
     (void)cudaGetLastError();
     message = cat("device ", device, " (", name, ") is sm_", major, minor, " (compute capability ", major, ".",
                   minor, "); this build has kernels for ", compiled_arch_list(), " only");
+    if (const char* forced = backend::forced_backend(); forced != nullptr) {
+      message += cat("; FLASHCORE_BACKEND=", forced, " is set (it names the backend to use: sm80, sm90, or auto)");
+    }
     return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   }
   const std::pair<const char*, const void*> pointers[] = {{"q", p.q}, {"k", p.k},     {"v", p.v},

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # FlashCore inside a parent project (FetchContent with SOURCE_DIR = this checkout) whose CMAKE_CUDA_ARCHITECTURES
 # lists other archs (80;90) and which sets no build type. Checks:
-#   - the kernels are still sm_90a SASS only (the targets set CUDA_ARCHITECTURES OFF; FLASHCORE_CUDA_ARCHS decides);
+#   - the kernels are exactly FLASHCORE_CUDA_ARCHS (sm_90a) plus FLASHCORE_SM80_ARCHS (the parent sets 86, so an
+#     sm_80 or plain sm_90 image would be the parent's doing), without PTX, object by object (the targets set
+#     CUDA_ARCHITECTURES OFF; the -gencode flags are per source);
 #   - FlashCore's tests/CLI/install are off (checked in parent_project/CMakeLists.txt), the parent's build type
 #     is left empty, and the libraries are built in FlashCore's own binary dir;
 #   - a C program linked to flashcore::flashcore has no CUDA runtime on its link line, links and runs.
@@ -28,7 +30,19 @@ command -v cuobjdump >/dev/null || fail "cuobjdump not on PATH"
 archs=$(cuobjdump --list-elf "$lib" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')
 ptx=$(cuobjdump --list-ptx "$lib" 2>/dev/null | grep -c '^PTX file' || true)
 echo "parent_project: kernel images: ${archs:-none}; PTX entries: $ptx (parent's CMAKE_CUDA_ARCHITECTURES: 80;90)"
-[[ "$archs" == "sm_90a " && "$ptx" -eq 0 ]] || fail "expected sm_90a SASS only"
+[[ "$archs" == "sm_86 sm_90a " && "$ptx" -eq 0 ]] || fail "expected sm_86 and sm_90a SASS only"
+# Per object: the sm90 units hold sm_90a only, the portable units sm_86 only.
+tmp=$(mktemp -d)
+(cd "$tmp" && ar x "$lib") || fail "cannot unpack $lib"
+for o in "$tmp"/*.cu.o; do
+  got=$(cuobjdump --list-elf "$o" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')
+  case "$(basename "$o")" in
+    r80_*) want="sm_86 " ;;
+    *) want="sm_90a " ;;
+  esac
+  [[ "$got" == "$want" ]] || { rm -rf "$tmp"; fail "$(basename "$o") holds ${got:-none}, expected $want"; }
+done
+rm -rf "$tmp"
 
 link=$(awk '/^build parent_consumer:/ {on = 1} on && /LINK_LIBRARIES/ {print; exit}' "$work/build.ninja")
 [[ -n $link ]] || fail "no link line for parent_consumer in build.ninja"

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/params.h"
+#include "cpu/configured_archs.h"
 #include "flashcore/flashcore.hpp"
 #include "gpu/gpu_skip.h"
 
@@ -207,10 +209,13 @@ TEST(Capabilities, MatchBuildConfigurationAndDevice) {
   EXPECT_EQ(caps.dtypes, configured_dtypes());
   EXPECT_EQ(caps.head_dims, configured_head_dims());
   EXPECT_EQ(caps.out_dtypes, configured_dtypes());  // O in the input dtype only, for now
-  EXPECT_EQ(caps.archs, std::vector<int>({90}));
+  EXPECT_EQ(caps.archs, flashcore::testing::configured_archs());
   EXPECT_EQ(caps.device_arch, device_arch_from_cuda());
-  EXPECT_EQ(caps.device_supported, caps.device_arch == 90);
-  EXPECT_EQ(caps.device_backend, caps.device_arch == 90 ? "sm90" : "");
+  if (std::getenv("FLASHCORE_BACKEND") == nullptr) {  // a forced backend is tested in test_backend_table.cpp
+    const std::string backend = flashcore::testing::expected_backend(caps.device_arch);
+    EXPECT_EQ(caps.device_supported, caps.device_arch > 0 && !backend.empty());
+    EXPECT_EQ(caps.device_backend, backend);
+  }
   EXPECT_EQ(caps.params_struct_size, sizeof(flashcore_attention_params));
   EXPECT_EQ(flashcore::version(), std::to_string(FLASHCORE_VERSION_MAJOR) + "." +
                                       std::to_string(FLASHCORE_VERSION_MINOR) + "." +

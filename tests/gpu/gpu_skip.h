@@ -1,5 +1,5 @@
 // FLASHCORE_REQUIRE_GPU(): skip the current test, with the reason, unless a GPU that a backend of this build
-// serves (today: sm_90, Hopper) is visible.
+// serves is visible (sm_90 Hopper; sm_8x Ampere/Ada through the portable backend, when built).
 // Use as the first statement of a GPU test body. The reason shows in the test output ("Skipped" + reason)
 // and tools/run_tests.sh lists it in its summary.
 #pragma once
@@ -44,4 +44,18 @@ inline const std::string& gpu_skip_reason() {
     if (!flashcore_skip_reason_.empty()) {                                              \
       GTEST_SKIP() << "GPU test skipped: " << flashcore_skip_reason_;                   \
     }                                                                                   \
+  } while (0)
+
+// FLASHCORE_REQUIRE_GPU(), and skip (with the reason) unless the backend serving the current device is `name`
+// ("sm90", "sm80"): for tests of one backend's kernel configs. FLASHCORE_BACKEND counts (backend.h).
+#define FLASHCORE_REQUIRE_BACKEND(name)                                                                 \
+  do {                                                                                                  \
+    FLASHCORE_REQUIRE_GPU();                                                                            \
+    flashcore_capabilities flashcore_caps_;                                                             \
+    flashcore_capabilities_init(&flashcore_caps_);                                                      \
+    if (flashcore_get_capabilities(&flashcore_caps_) != FLASHCORE_SUCCESS ||                            \
+        std::string(flashcore_caps_.device_backend) != (name)) {                                        \
+      GTEST_SKIP() << "GPU test skipped: the device's backend is \"" << flashcore_caps_.device_backend    \
+                   << "\", this test is for " << (name);                                                \
+    }                                                                                                   \
   } while (0)

@@ -1,0 +1,211 @@
+// Host side of the portable (sm80) backend: the generated kernel rows, their selection for a device (by its
+// shared-memory limit), the kernel parameters and the launch.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "api/dtype.h"
+#include "kernels/common/tile_math.h"
+#include "kernels/sm80/kernel_params.h"
+#include "kernels/sm80/launch.h"
+
+#ifndef FLASHCORE_SM80_ARCH_LIST
+#error "FLASHCORE_SM80_ARCH_LIST (e.g. 80,86,89,90) must be defined by the build (src/kernels/sm80/sources.cmake)"
+#endif
+
+namespace flashcore::sm80 {
+
+#define FLASHCORE_SM80_ROW(SYM) extern const KernelRow kRow_##SYM;
+#include "kernels/sm80/rows.inc"
+#undef FLASHCORE_SM80_ROW
+
+namespace {
+
+const KernelRow* const kRows[] = {
+#define FLASHCORE_SM80_ROW(SYM) &kRow_##SYM,
+#include "kernels/sm80/rows.inc"
+#undef FLASHCORE_SM80_ROW
+};
+
+constexpr int kArchs[] = {FLASHCORE_SM80_ARCH_LIST};
+
+std::string cuda_message(const char* what, cudaError_t err) {
+  return std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+}
+
+// Identity of the current CUDA context (changes after cudaDeviceReset), through the driver's cuCtxGetId.
+unsigned long long current_context_id() {
+  static PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
+  static PFN_cuCtxGetId_v12000 get_id = nullptr;
+  static const bool loaded = [] {
+    cudaDriverEntryPointQueryResult q1{}, q2{};
+    void* f1 = nullptr;
+    void* f2 = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f1, 4000, cudaEnableDefault, &q1) != cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuCtxGetId", &f2, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
+        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
+      return false;
+    }
+    get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f1);
+    get_id = reinterpret_cast<PFN_cuCtxGetId_v12000>(f2);
+    return true;
+  }();
+  CUcontext ctx = nullptr;
+  unsigned long long id = 0;
+  if (!loaded || get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr || get_id(ctx, &id) != CUDA_SUCCESS) return 0;
+  return id;
+}
+
+// Once per (kernel, context): check that the loaded image was compiled for this device's major version (a
+// body built for another arch would trap) and raise the kernel's dynamic shared-memory limit (> 48 KB needs
+// the opt-in). Both are per-context state, so a cudaDeviceReset (a new context) re-runs them.
+flashcore_status prepare(const KernelRow& row, int device, int cc, std::string& error) {
+  struct Prepared {
+    std::atomic<const void*> kernel{nullptr};
+    std::atomic<unsigned long long> context{0};
+  };
+  static Prepared cache[64][32];  // [device][row slot]: a small direct-mapped cache; a miss just re-prepares
+  const unsigned long long ctx = current_context_id();
+  Prepared* slot = nullptr;
+  if (device >= 0 && device < 64 && ctx != 0) {
+    slot = &cache[device][(reinterpret_cast<uintptr_t>(row.kernel) >> 4) % 32];
+    if (slot->kernel.load(std::memory_order_acquire) == row.kernel &&
+        slot->context.load(std::memory_order_acquire) == ctx) {
+      return FLASHCORE_SUCCESS;
+    }
+  }
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, row.kernel);
+  if (err != cudaSuccess) {
+    error = cuda_message("cannot load the portable (sm80) kernel image", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  if (attr.binaryVersion / 10 != cc / 10 || attr.binaryVersion > cc) {
+    error = "the loaded portable kernel image is for sm_" + std::to_string(attr.binaryVersion) +
+            ", which cannot serve compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
+            ": rebuild FlashCore with the device's arch in FLASHCORE_SM80_ARCHS";
+    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  }
+  err = cudaFuncSetAttribute(row.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row.smem_bytes);
+  if (err != cudaSuccess) {
+    error = cuda_message("cannot raise the kernel's shared-memory limit", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  if (slot != nullptr) {
+    slot->context.store(0, std::memory_order_release);
+    slot->kernel.store(row.kernel, std::memory_order_release);
+    slot->context.store(ctx, std::memory_order_release);
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+TensorRef tensor_ref(const void* ptr, const flashcore_tensor_strides& s) {
+  return {ptr, s.batch, s.seq, s.head};
+}
+
+}  // namespace
+
+const KernelRow* const* rows(int& count) {
+  count = static_cast<int>(sizeof(kRows) / sizeof(kRows[0]));
+  return kRows;
+}
+
+const int* compiled_archs(int& count) {
+  count = static_cast<int>(sizeof(kArchs) / sizeof(kArchs[0]));
+  return kArchs;
+}
+
+bool has_image_for(int cc) {
+  for (int a : kArchs) {
+    if (a / 10 == cc / 10 && a <= cc) return true;
+  }
+  return false;
+}
+
+int smem_limit(int cc) {
+  switch (cc) {
+    case 80:
+    case 87: return 163 * 1024;
+    case 90: return 227 * 1024;
+    default: return 99 * 1024;  // 8.6, 8.9
+  }
+}
+
+bool fits(const KernelRow& row, int cc) { return row.smem_bytes <= smem_limit(cc); }
+
+const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
+                        const char* config, int cc, std::string& error) {
+  std::string names;
+  const KernelRow* best = nullptr;
+  for (const KernelRow* r : kRows) {
+    if (r->dtype != dtype || r->out_dtype != out_dtype || r->head_dim != head_dim || r->causal != causal) continue;
+    if (config != nullptr && std::strcmp(config, r->name) == 0) {
+      if (fits(*r, cc)) return r;
+      error = std::string("kernel_config = \"") + config + "\" needs " + std::to_string(r->smem_bytes) +
+              " bytes of shared memory per block; compute capability " + std::to_string(cc / 10) + "." +
+              std::to_string(cc % 10) + " allows " + std::to_string(smem_limit(cc));
+      return nullptr;
+    }
+    if (!fits(*r, cc)) continue;
+    if (config == nullptr && r->is_default && (best == nullptr || r->smem_bytes > best->smem_bytes)) best = r;
+    names += (names.empty() ? "" : ", ") + std::string(r->name);
+  }
+  if (best != nullptr) return best;
+  if (config != nullptr) {
+    error = std::string("kernel_config = \"") + config + "\" is not compiled for " + dtype_name(dtype) +
+            " head_dim = " + std::to_string(head_dim) + (causal ? " causal" : " non-causal") +
+            " (portable backend); compiled: " + (names.empty() ? "none" : names);
+  } else {
+    error = std::string("no portable (sm80) kernel is compiled for ") + dtype_name(dtype) + " -> " +
+            dtype_name(out_dtype) + " head_dim = " + std::to_string(head_dim) + " that fits compute capability " +
+            std::to_string(cc / 10) + "." + std::to_string(cc % 10);
+  }
+  return nullptr;
+}
+
+flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
+                        int cc, cudaStream_t stream, std::string& error) {
+  const long long m_blocks = kernels::ceil_div(p.seqlen_q, row.shape.block_m);
+  const long long tiles = m_blocks * p.num_heads_q * p.batch;
+  if (tiles > 0x7fffffffLL) {
+    error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(row.shape.block_m) + ") = " +
+            std::to_string(tiles) + " exceeds the grid limit 2^31-1";
+    return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  FwdParams fp{};
+  fp.q = tensor_ref(p.q, p.q_strides);
+  fp.k = tensor_ref(p.k, p.k_strides);
+  fp.v = tensor_ref(p.v, p.v_strides);
+  fp.o = tensor_ref(p.o, p.o_strides);
+  fp.lse = p.lse;
+  fp.seqlen_q = p.seqlen_q;
+  fp.seqlen_k = p.seqlen_k;
+  fp.num_heads_q = static_cast<int>(p.num_heads_q);
+  fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
+  fp.num_m_blocks = static_cast<int>(m_blocks);
+  fp.num_tiles = static_cast<int>(tiles);
+  fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+
+  if (const flashcore_status st = prepare(row, device, cc, error); st != FLASHCORE_SUCCESS) return st;
+
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(tiles));
+  config.blockDim = dim3(static_cast<unsigned>(row.threads));
+  config.dynamicSmemBytes = static_cast<size_t>(row.smem_bytes);
+  config.stream = stream;
+  void* args[] = {&fp};
+  // The launch's own status: unlike cudaGetLastError, it neither reports nor clears an earlier, unrelated error.
+  const cudaError_t err = cudaLaunchKernelExC(&config, row.kernel, args);
+  if (err != cudaSuccess) {
+    error = cuda_message("kernel launch failed", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+}  // namespace flashcore::sm80

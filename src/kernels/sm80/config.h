@@ -1,0 +1,67 @@
+// A portable kernel config: one row of the tile-config table (configs.txt) turned into the compile-time
+// constants the sm80 kernel is built from. Rows are generated (sources.cmake) as small structs:
+//
+//   struct Row {                              // e.g. bf16, head dim 128, causal, 128 x 64, 2 stages
+//     using Element = __nv_bfloat16;          // Q, K, V
+//     using OutElement = __nv_bfloat16;       // O
+//     static constexpr int kHeadDim = 128;
+//     static constexpr bool kCausal = true;
+//     static constexpr TileShape kShape = {128, 64, 2};
+//   };
+//
+// Shared memory holds the Q tile and a ring of kStages (K tile, V tile) pairs; every tile is rows of kHeadDim
+// elements, stored with the 16-byte-unit XOR swizzle of smem.cuh. No alignment beyond 16 bytes is needed.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common/element.cuh"
+#include "kernels/sm80/tile_shape.h"
+
+namespace flashcore::sm80 {
+
+template <class Row>
+struct KernelConfig {
+  using Element = typename Row::Element;
+  using OutElement = typename Row::OutElement;
+  static constexpr int kHeadDim = Row::kHeadDim;
+  static constexpr bool kCausal = Row::kCausal;
+  static constexpr TileShape kShape = Row::kShape;
+  static constexpr int kBlockM = kShape.block_m;
+  static constexpr int kBlockN = kShape.block_n;
+  static constexpr int kStages = kShape.stages;
+
+  static constexpr int kElemBytes = kernels::ElemTraits<Element>::kBytes;
+  static constexpr int kOutElemBytes = kernels::ElemTraits<OutElement>::kBytes;
+  static constexpr int kMmaK = kernels::kMmaK<Element>;  // 16: mma.sync m16n8k16
+
+  static constexpr int kWarps = kBlockM / 16;  // each warp owns 16 query rows
+  static constexpr int kThreads = 32 * kWarps;
+
+  // Q stays in registers (A fragments of every k-step) when that leaves room for the O accumulator; for
+  // d256 (128 O registers) Q fragments are read from shared memory with ldmatrix at every k-step instead.
+  static constexpr bool kQInRegs = kHeadDim <= 128;
+
+  static constexpr int kRowBytes = kHeadDim * kElemBytes;  // one tile row
+  static constexpr int kRowUnits = kRowBytes / 16;         // 16-byte units per row (cp.async, ldmatrix rows)
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kKVTileBytes = kBlockN * kRowBytes;
+  static constexpr int kSmemQOffset = 0;
+  static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;                    // stage s: + s * kKVTileBytes
+  static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;     // stage s: + s * kKVTileBytes
+  static constexpr int kSmemBytes = kSmemVOffset + kStages * kKVTileBytes;
+
+  // cp.async work per thread: 16-byte units of a Q tile and of a K (or V) tile.
+  static constexpr int kQUnitsPerThread = kBlockM * kRowUnits / kThreads;
+  static constexpr int kKVUnitsPerThread = kBlockN * kRowUnits / kThreads;
+
+  static_assert(kElemBytes == 2 && kOutElemBytes == 2, "16-bit inputs and outputs only (mma.sync m16n8k16)");
+  static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (the swizzle permutes 8 units of 16 B)");
+  static_assert(kBlockM % 16 == 0 && (kWarps == 4 || kWarps == 8), "block_m is 64 or 128: 4 or 8 warps");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n: a multiple of 16 up to 128");
+  static_assert(kStages >= 2 && kStages <= 4, "the K/V ring needs 2..4 stages");
+  static_assert(kBlockM * kRowUnits % kThreads == 0 && kBlockN * kRowUnits % kThreads == 0,
+                "tiles must split evenly into 16-byte units per thread");
+  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory of any supported GPU");
+};
+
+}  // namespace flashcore::sm80

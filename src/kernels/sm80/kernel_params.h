@@ -1,0 +1,28 @@
+// Parameters of the portable forward kernel, built on the host (backend.cpp) and passed by value. Pointers and
+// strides are the C ABI's (strides in elements, the head_dim stride 1); the kernel forms every address in
+// 64-bit arithmetic.
+#pragma once
+#include <cstdint>
+
+namespace flashcore::sm80 {
+
+struct TensorRef {
+  const void* ptr;
+  int64_t batch_stride;
+  int64_t seq_stride;
+  int64_t head_stride;
+};
+
+struct FwdParams {
+  TensorRef q, k, v, o;  // o.ptr is written (const only to share the type)
+  float* lse;            // optional, (B, Hq, Sq) contiguous
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int num_heads_q;
+  int head_ratio;        // num_heads_q / num_heads_kv
+  int num_m_blocks;      // ceil(seqlen_q / kBlockM)
+  int num_tiles;         // num_m_blocks * num_heads_q * batch (= gridDim.x)
+  float scale_log2;      // softmax_scale * log2(e)
+};
+
+}  // namespace flashcore::sm80

@@ -1,0 +1,23 @@
+// What host code knows of one compiled portable kernel: its key (dtype, out dtype, head dim, causal, config
+// name), its launch shape and the address of its __global__ function. The generated units define one KernelRow
+// each (kernel.cuh, FLASHCORE_SM80_DEFINE_ROW); backend.cpp lists them (generated rows.inc) and launches them.
+#pragma once
+#include "flashcore/flashcore.h"
+#include "kernels/sm80/tile_shape.h"
+
+namespace flashcore::sm80 {
+
+struct KernelRow {
+  const char* name;  // the config's name, e.g. "128x64x2" (unique per dtype/head dim/causal)
+  flashcore_dtype dtype;
+  flashcore_dtype out_dtype;
+  int head_dim;
+  bool causal;
+  bool is_default;  // a default candidate: the largest one that fits the device's shared memory is chosen
+  TileShape shape;
+  int threads;
+  int smem_bytes;
+  const void* kernel;  // flashcore_fwd_sm80_kernel<KernelConfig<Row>>
+};
+
+}  // namespace flashcore::sm80

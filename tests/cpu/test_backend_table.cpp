@@ -1,0 +1,158 @@
+// The backend table without a GPU: which backend serves each compute capability (the portable sm80 backend for
+// 8.x, sm90 for 9.0, nothing for 10.0), FLASHCORE_BACKEND forcing a backend, the compiled archs, and the
+// per-device kernel-config lists (the portable rows that fit the device's shared memory).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "api/backend.h"
+#include "cpu/configured_archs.h"
+#include "flashcore/flashcore.h"
+
+namespace {
+
+using flashcore::backend::backend_for_arch;
+using flashcore::testing::configured_archs;
+using flashcore::testing::configured_sm80_archs;
+
+// Sets (or unsets, for nullptr) FLASHCORE_BACKEND for the scope, and puts back what was there.
+class ScopedBackendEnv {
+ public:
+  explicit ScopedBackendEnv(const char* value) {
+    if (const char* old = std::getenv("FLASHCORE_BACKEND"); old != nullptr) had_ = true, old_ = old;
+    set(value);
+  }
+  ~ScopedBackendEnv() { set(had_ ? old_.c_str() : nullptr); }
+  ScopedBackendEnv(const ScopedBackendEnv&) = delete;
+  ScopedBackendEnv& operator=(const ScopedBackendEnv&) = delete;
+
+ private:
+  static void set(const char* value) {
+    if (value == nullptr) {
+      unsetenv("FLASHCORE_BACKEND");
+    } else {
+      setenv("FLASHCORE_BACKEND", value, 1);
+    }
+  }
+  bool had_ = false;
+  std::string old_;
+};
+
+std::string name_or_empty(const char* s) { return s != nullptr ? s : ""; }
+
+bool sm80_built() { return !configured_sm80_archs().empty(); }
+bool sm80_has(int arch) {
+  const std::vector<int> a = configured_sm80_archs();
+  return std::find(a.begin(), a.end(), arch) != a.end();
+}
+
+// A (dtype, head dim) this build compiled, for the config-list tests: the first of bf16/fp16 with `hd`.
+bool compiled(flashcore_dtype& dt, int hd) {
+  for (flashcore_dtype d : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
+    if (flashcore::backend::is_compiled(d, hd)) return dt = d, true;
+  }
+  return false;
+}
+
+std::vector<std::string> configs(int cc, flashcore_dtype dt, int hd, bool causal) {
+  const char* names[32];
+  const int n = flashcore::backend::kernel_configs(cc, dt, hd, causal, names, 32);
+  return std::vector<std::string>(names, names + std::min(n, 32));
+}
+
+TEST(BackendTable, DefaultChoicePerComputeCapability) {
+  ScopedBackendEnv env(nullptr);
+  EXPECT_EQ(name_or_empty(backend_for_arch(90)), "sm90");
+  for (int cc : {80, 86, 87, 89}) {
+    EXPECT_EQ(name_or_empty(backend_for_arch(cc)), flashcore::testing::expected_backend(cc)) << cc;
+  }
+  if (sm80_has(80) && sm80_has(86) && sm80_has(89)) {  // the default FLASHCORE_SM80_ARCHS
+    EXPECT_EQ(name_or_empty(backend_for_arch(80)), "sm80");
+    EXPECT_EQ(name_or_empty(backend_for_arch(86)), "sm80");
+    EXPECT_EQ(name_or_empty(backend_for_arch(87)), "sm80");  // runs the sm_86 (or sm_80) image
+    EXPECT_EQ(name_or_empty(backend_for_arch(89)), "sm80");
+  }
+  // No PTX is shipped: nothing runs on archs of another major version.
+  for (int cc : {0, 70, 75, 100, 103, 120}) EXPECT_EQ(backend_for_arch(cc), nullptr) << cc;
+  EXPECT_EQ(flashcore::backend::forced_backend(), nullptr);
+  ScopedBackendEnv autoenv("auto");
+  EXPECT_EQ(flashcore::backend::forced_backend(), nullptr);
+  EXPECT_EQ(name_or_empty(backend_for_arch(90)), "sm90");
+}
+
+TEST(BackendTable, ForcedPortableBackend) {
+  if (!sm80_built()) GTEST_SKIP() << "the portable backend is not built (FLASHCORE_BUILD_SM80=OFF)";
+  ScopedBackendEnv env("sm80");
+  ASSERT_NE(flashcore::backend::forced_backend(), nullptr);
+  EXPECT_EQ(std::string(flashcore::backend::forced_backend()), "sm80");
+  // Hopper runs the portable kernels from their plain sm_90 image.
+  EXPECT_EQ(name_or_empty(backend_for_arch(90)), sm80_has(90) ? "sm80" : "");
+  for (int cc : {80, 86, 89}) EXPECT_EQ(name_or_empty(backend_for_arch(cc)), sm80_has(cc) ? "sm80" : "") << cc;
+  EXPECT_EQ(backend_for_arch(100), nullptr);
+  EXPECT_EQ(backend_for_arch(75), nullptr);
+}
+
+TEST(BackendTable, ForcedSm90AndUnknownNames) {
+  {
+    ScopedBackendEnv env("sm90");
+    EXPECT_EQ(name_or_empty(backend_for_arch(90)), "sm90");
+    EXPECT_EQ(backend_for_arch(86), nullptr);  // sm90 has no image for 8.6
+  }
+  {
+    ScopedBackendEnv env("sm70");  // not a backend: serves nothing, rather than silently ignored
+    EXPECT_EQ(backend_for_arch(90), nullptr);
+    EXPECT_EQ(backend_for_arch(86), nullptr);
+  }
+  ScopedBackendEnv env(nullptr);
+  EXPECT_EQ(name_or_empty(backend_for_arch(90)), "sm90");
+}
+
+TEST(BackendTable, CompiledArchsIncludeThePortableTargets) {
+  int archs[16] = {};
+  const int n = flashcore::backend::compiled_archs(archs, 16);
+  ASSERT_LE(n, 16);
+  EXPECT_EQ(std::vector<int>(archs, archs + n), configured_archs());
+  EXPECT_TRUE(std::is_sorted(archs, archs + n));
+  EXPECT_NE(std::find(archs, archs + n, 90), archs + n);
+  if (sm80_has(80) && sm80_has(86) && sm80_has(89)) {
+    for (int cc : {80, 86, 89}) EXPECT_NE(std::find(archs, archs + n, cc), archs + n) << cc;
+  }
+}
+
+// The portable rows offered on a device are those that fit its shared memory; the default (listed first) is the
+// default candidate with the most shared memory that fits (src/kernels/sm80/configs.txt).
+TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
+  if (!sm80_has(80) || !sm80_has(86)) GTEST_SKIP() << "needs sm_80 and sm_86 in FLASHCORE_SM80_ARCHS";
+  ScopedBackendEnv env(nullptr);
+  flashcore_dtype dt{};
+  if (compiled(dt, 256)) {
+    for (bool causal : {false, true}) {
+      EXPECT_EQ(configs(86, dt, 256, causal), std::vector<std::string>({"64x32x2"}));  // 99 KB
+      EXPECT_EQ(configs(89, dt, 256, causal), std::vector<std::string>({"64x32x2"}));
+      EXPECT_EQ(configs(80, dt, 256, causal), std::vector<std::string>({"64x32x3", "64x32x2"}));  // 163 KB
+    }
+  }
+  if (compiled(dt, 128)) {
+    EXPECT_EQ(configs(86, dt, 128, true), std::vector<std::string>({"128x64x2"}));
+    EXPECT_EQ(configs(80, dt, 128, false), std::vector<std::string>({"128x64x3", "128x64x2"}));
+  }
+  if (compiled(dt, 64)) {
+    EXPECT_EQ(configs(89, dt, 64, false), std::vector<std::string>({"128x64x2"}));
+  }
+  // Hopper lists its own (sm90) rows unless the portable backend is forced.
+  if (compiled(dt, 128)) {
+    const std::vector<std::string> hopper = configs(90, dt, 128, true);
+    ASSERT_FALSE(hopper.empty());
+    EXPECT_EQ(std::find(hopper.begin(), hopper.end(), "128x64x2"), hopper.end());
+    if (sm80_has(90)) {
+      ScopedBackendEnv forced("sm80");
+      EXPECT_EQ(configs(90, dt, 128, true), std::vector<std::string>({"128x64x3", "128x64x2"}));  // 227 KB
+    }
+  }
+  EXPECT_TRUE(configs(100, FLASHCORE_DTYPE_BF16, 128, false).empty());
+}
+
+}  // namespace
