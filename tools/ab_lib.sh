@@ -1,6 +1,10 @@
-# A/B of two libraries through the same Python harness (bench/report.py, FlashCore only), alternating passes.
+#!/usr/bin/env bash
+# A/B of two FlashCore libraries through one Python harness (bench/report.py, FlashCore only, bf16 grid):
+# .carry/base/libflashcore_old.so (A) against build/lib/libflashcore.so (B), two alternating passes, then the
+# median per cell and the geometric mean. Run on the GPU machine from the repository root:
+#   bash tools/ab_lib.sh OUT_DIR
 set -u
-O=$1
+O=${1:?usage: tools/ab_lib.sh OUT_DIR}
 for p in 1 2; do
   for side in old new; do
     lib=.carry/base/libflashcore_old.so; [[ $side == new ]] && lib=build/lib/libflashcore.so
