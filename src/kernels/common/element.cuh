@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/common/fragment.cuh"
+
 namespace flashcore::kernels {
 
 template <class T>
@@ -32,5 +34,25 @@ struct ElemTraits<__half> {
 // Tensor-core k-step: one MMA consumes 32 bytes of each K-major row (16 elements of 16 bits, 32 of 8 bits).
 template <class T>
 inline constexpr int kMmaK = 32 / ElemTraits<T>::kBytes;
+
+}  // namespace flashcore::kernels
+
+namespace flashcore::kernels {
+
+// P (rows x kCols probabilities in row-pair accumulator fragments, fragment.cuh) as 16-bit MMA A fragments: k-step
+// t (columns 16t..16t+15) is the accumulators of 8-column groups 2t and 2t+1, repacked into 4 registers. The same
+// for wgmma's m64k16 (per warp) and mma.sync's m16k16 A layout.
+template <class Element, int kCols>
+__device__ __forceinline__ void pack_p_fragments(const float (&p)[kCols / 2], uint32_t (&a)[kCols / 16][4]) {
+  using E = ElemTraits<Element>;
+  static_assert(E::kBytes == 2, "8-bit P packs four values per register (the 8-bit path)");
+#pragma unroll
+  for (int t = 0; t < kCols / 16; ++t) {
+    a[t][0] = E::pack2(p[acc_index(2 * t, 0, 0)], p[acc_index(2 * t, 0, 1)]);
+    a[t][1] = E::pack2(p[acc_index(2 * t, 1, 0)], p[acc_index(2 * t, 1, 1)]);
+    a[t][2] = E::pack2(p[acc_index(2 * t + 1, 0, 0)], p[acc_index(2 * t + 1, 0, 1)]);
+    a[t][3] = E::pack2(p[acc_index(2 * t + 1, 1, 0)], p[acc_index(2 * t + 1, 1, 1)]);
+  }
+}
 
 }  // namespace flashcore::kernels

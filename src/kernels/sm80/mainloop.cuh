@@ -88,18 +88,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const QOpe
   }
 }
 
-// P(16 x kBlockN) as A fragments: k-step t (keys 16t..16t+15) is the C fragments of n8 tiles 2t and 2t+1 --
-// the m16n8 C layout of two adjacent tiles is the m16k16 A layout.
+// P(16 x kBlockN) as A fragments: the m16n8 C layout of two adjacent tiles is the m16k16 A layout
+// (kernels::pack_p_fragments).
 template <class Cfg>
 __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], uint32_t (&a)[Cfg::kBlockN / 16][4]) {
-  using E = kernels::ElemTraits<typename Cfg::Element>;
-#pragma unroll
-  for (int t = 0; t < Cfg::kBlockN / 16; ++t) {
-    a[t][0] = E::pack2(p[acc_index(2 * t, 0, 0)], p[acc_index(2 * t, 0, 1)]);
-    a[t][1] = E::pack2(p[acc_index(2 * t, 1, 0)], p[acc_index(2 * t, 1, 1)]);
-    a[t][2] = E::pack2(p[acc_index(2 * t + 1, 0, 0)], p[acc_index(2 * t + 1, 0, 1)]);
-    a[t][3] = E::pack2(p[acc_index(2 * t + 1, 1, 0)], p[acc_index(2 * t + 1, 1, 1)]);
-  }
+  kernels::pack_p_fragments<typename Cfg::Element, Cfg::kBlockN>(p, a);
 }
 
 // O(16 x D) += P(16 x kBlockN) V_tile(kBlockN x D). V rows are keys (the k dimension) and its columns the n

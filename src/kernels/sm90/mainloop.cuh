@@ -45,19 +45,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const uint
   wgmma_commit_group();
 }
 
-// P(64 x kBlockN) as wgmma A fragments (m64k16, 16-bit): for k-step t, this thread's accumulator columns
-// 16t..16t+15 repacked into 4 registers. Done for all k-steps before the first P*V wgmma so that no register is
-// written between the wgmma.fence and the MMAs.
+// P as wgmma A fragments (kernels::pack_p_fragments), for all k-steps before the first P*V wgmma so that no
+// register is written between the wgmma.fence and the MMAs.
 template <class Cfg>
 __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], uint32_t (&a)[Cfg::kBlockN / 16][4]) {
-  using E = kernels::ElemTraits<typename Cfg::Element>;
-#pragma unroll
-  for (int t = 0; t < Cfg::kBlockN / 16; ++t) {
-    a[t][0] = E::pack2(p[acc_index(2 * t, 0, 0)], p[acc_index(2 * t, 0, 1)]);
-    a[t][1] = E::pack2(p[acc_index(2 * t, 1, 0)], p[acc_index(2 * t, 1, 1)]);
-    a[t][2] = E::pack2(p[acc_index(2 * t + 1, 0, 0)], p[acc_index(2 * t + 1, 0, 1)]);
-    a[t][3] = E::pack2(p[acc_index(2 * t + 1, 1, 0)], p[acc_index(2 * t + 1, 1, 1)]);
-  }
+  kernels::pack_p_fragments<typename Cfg::Element, Cfg::kBlockN>(p, a);
 }
 
 // O(64 x D) += P(64 x kBlockN, registers) * V_tile(kBlockN x D). V is key-major here (VLayout::kKeyMajor: its
