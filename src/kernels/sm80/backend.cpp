@@ -3,13 +3,13 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "api/dtype.h"
+#include "api/launch_util.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/launch.h"
@@ -34,55 +34,15 @@ const KernelRow* const kRows[] = {
 
 constexpr int kArchs[] = {FLASHCORE_SM80_ARCH_LIST};
 
-std::string cuda_message(const char* what, cudaError_t err) {
-  return std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
-}
-
-// Identity of the current CUDA context (changes after cudaDeviceReset), through the driver's cuCtxGetId.
-unsigned long long current_context_id() {
-  static PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
-  static PFN_cuCtxGetId_v12000 get_id = nullptr;
-  static const bool loaded = [] {
-    cudaDriverEntryPointQueryResult q1{}, q2{};
-    void* f1 = nullptr;
-    void* f2 = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f1, 4000, cudaEnableDefault, &q1) != cudaSuccess ||
-        cudaGetDriverEntryPointByVersion("cuCtxGetId", &f2, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
-        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
-      return false;
-    }
-    get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f1);
-    get_id = reinterpret_cast<PFN_cuCtxGetId_v12000>(f2);
-    return true;
-  }();
-  CUcontext ctx = nullptr;
-  unsigned long long id = 0;
-  if (!loaded || get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr || get_id(ctx, &id) != CUDA_SUCCESS) return 0;
-  return id;
-}
-
 // Once per (kernel, context): check that the loaded image was compiled for this device's major version (a
 // body built for another arch would trap) and raise the kernel's dynamic shared-memory limit (> 48 KB needs
 // the opt-in). Both are per-context state, so a cudaDeviceReset (a new context) re-runs them.
 flashcore_status prepare(const KernelRow& row, int device, int cc, std::string& error) {
-  struct Prepared {
-    std::atomic<const void*> kernel{nullptr};
-    std::atomic<unsigned long long> context{0};
-  };
-  static Prepared cache[64][32];  // [device][row slot]: a small direct-mapped cache; a miss just re-prepares
-  const unsigned long long ctx = current_context_id();
-  Prepared* slot = nullptr;
-  if (device >= 0 && device < 64 && ctx != 0) {
-    slot = &cache[device][(reinterpret_cast<uintptr_t>(row.kernel) >> 4) % 32];
-    if (slot->kernel.load(std::memory_order_acquire) == row.kernel &&
-        slot->context.load(std::memory_order_acquire) == ctx) {
-      return FLASHCORE_SUCCESS;
-    }
-  }
+  if (api::is_prepared(row.kernel, device)) return FLASHCORE_SUCCESS;
   cudaFuncAttributes attr{};
   cudaError_t err = cudaFuncGetAttributes(&attr, row.kernel);
   if (err != cudaSuccess) {
-    error = cuda_message("cannot load the portable (sm80) kernel image", err);
+    error = api::cuda_message("cannot load the portable (sm80) kernel image", err);
     return FLASHCORE_ERROR_CUDA;
   }
   if (attr.binaryVersion / 10 != cc / 10 || attr.binaryVersion > cc) {
@@ -93,14 +53,10 @@ flashcore_status prepare(const KernelRow& row, int device, int cc, std::string& 
   }
   err = cudaFuncSetAttribute(row.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row.smem_bytes);
   if (err != cudaSuccess) {
-    error = cuda_message("cannot raise the kernel's shared-memory limit", err);
+    error = api::cuda_message("cannot raise the kernel's shared-memory limit", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  if (slot != nullptr) {
-    slot->context.store(0, std::memory_order_release);
-    slot->kernel.store(row.kernel, std::memory_order_release);
-    slot->context.store(ctx, std::memory_order_release);
-  }
+  api::mark_prepared(row.kernel, device);
   return FLASHCORE_SUCCESS;
 }
 
@@ -202,7 +158,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   // The launch's own status: unlike cudaGetLastError, it neither reports nor clears an earlier, unrelated error.
   const cudaError_t err = cudaLaunchKernelExC(&config, row.kernel, args);
   if (err != cudaSuccess) {
-    error = cuda_message("kernel launch failed", err);
+    error = api::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
   return FLASHCORE_SUCCESS;

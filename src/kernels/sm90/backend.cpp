@@ -3,12 +3,12 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "api/dtype.h"
+#include "api/launch_util.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm90/kernel_params.h"
 #include "kernels/sm90/launch.h"
@@ -29,65 +29,15 @@ const KernelRow* const kRows[] = {
 #undef FLASHCORE_SM90_ROW
 };
 
-std::string cuda_message(const char* what, cudaError_t err) {
-  return std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
-}
-
-// Multiprocessor count of device `device` (cached for devices 0..63).
-cudaError_t sm_count(int device, int& sms) {
-  static std::atomic<int> cache[64];
-  const bool cached = device >= 0 && device < 64;
-  if (cached && (sms = cache[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
-  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && cached) cache[device].store(sms, std::memory_order_release);
-  return err;
-}
-
-// Identity of the current CUDA context (changes after cudaDeviceReset), through the driver's cuCtxGetId.
-unsigned long long current_context_id() {
-  static PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
-  static PFN_cuCtxGetId_v12000 get_id = nullptr;
-  static const bool loaded = [] {
-    cudaDriverEntryPointQueryResult q1{}, q2{};
-    void* f1 = nullptr;
-    void* f2 = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f1, 4000, cudaEnableDefault, &q1) != cudaSuccess ||
-        cudaGetDriverEntryPointByVersion("cuCtxGetId", &f2, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
-        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
-      return false;
-    }
-    get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f1);
-    get_id = reinterpret_cast<PFN_cuCtxGetId_v12000>(f2);
-    return true;
-  }();
-  CUcontext ctx = nullptr;
-  unsigned long long id = 0;
-  if (!loaded || get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr || get_id(ctx, &id) != CUDA_SUCCESS) return 0;
-  return id;
-}
-
 // Once per (kernel, context): check that the loaded image is the real sm_90a kernel (not a body compiled for
 // another arch, which would trap) and raise its dynamic shared-memory limit. Both are per-context state, so a
 // cudaDeviceReset (a new context) re-runs them. Returns SUCCESS or a message.
 flashcore_status prepare(const KernelRow& row, int device, std::string& error) {
-  struct Prepared {
-    std::atomic<const void*> kernel{nullptr};
-    std::atomic<unsigned long long> context{0};
-  };
-  static Prepared cache[64][32];  // [device][row slot]: a small direct-mapped cache; a miss just re-prepares
-  const unsigned long long ctx = current_context_id();
-  Prepared* slot = nullptr;
-  if (device >= 0 && device < 64 && ctx != 0) {
-    slot = &cache[device][(reinterpret_cast<uintptr_t>(row.kernel) >> 4) % 32];
-    if (slot->kernel.load(std::memory_order_acquire) == row.kernel &&
-        slot->context.load(std::memory_order_acquire) == ctx) {
-      return FLASHCORE_SUCCESS;
-    }
-  }
+  if (api::is_prepared(row.kernel, device)) return FLASHCORE_SUCCESS;
   cudaFuncAttributes attr{};
   cudaError_t err = cudaFuncGetAttributes(&attr, row.kernel);
   if (err != cudaSuccess) {
-    error = cuda_message("cannot load the sm90 kernel image", err);
+    error = api::cuda_message("cannot load the sm90 kernel image", err);
     return FLASHCORE_ERROR_CUDA;
   }
   if (attr.binaryVersion != 90 || (attr.ptxVersion != 0 && attr.ptxVersion < 90)) {
@@ -97,14 +47,10 @@ flashcore_status prepare(const KernelRow& row, int device, std::string& error) {
   }
   err = cudaFuncSetAttribute(row.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row.smem_bytes);
   if (err != cudaSuccess) {
-    error = cuda_message("cannot raise the kernel's shared-memory limit", err);
+    error = api::cuda_message("cannot raise the kernel's shared-memory limit", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  if (slot != nullptr) {
-    slot->context.store(0, std::memory_order_release);
-    slot->kernel.store(row.kernel, std::memory_order_release);
-    slot->context.store(ctx, std::memory_order_release);
-  }
+  api::mark_prepared(row.kernel, device);
   return FLASHCORE_SUCCESS;
 }
 
@@ -179,9 +125,9 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
 
   int sms = 0;
-  cudaError_t err = sm_count(device, sms);
+  cudaError_t err = api::sm_count(device, sms);
   if (err != cudaSuccess) {
-    error = cuda_message("cannot query the device", err);
+    error = api::cuda_message("cannot query the device", err);
     return FLASHCORE_ERROR_CUDA;
   }
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
@@ -195,7 +141,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   // The launch's own status: unlike cudaGetLastError, it neither reports nor clears an earlier, unrelated error.
   err = cudaLaunchKernelExC(&config, row.kernel, args);
   if (err != cudaSuccess) {
-    error = cuda_message("kernel launch failed", err);
+    error = api::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
   return FLASHCORE_SUCCESS;

@@ -1,0 +1,78 @@
+// Implementation of launch_util.h.
+#include "api/launch_util.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace flashcore::api {
+namespace {
+
+// Identity of the current CUDA context (changes after cudaDeviceReset), through the driver's cuCtxGetId.
+unsigned long long current_context_id() {
+  static PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
+  static PFN_cuCtxGetId_v12000 get_id = nullptr;
+  static const bool loaded = [] {
+    cudaDriverEntryPointQueryResult q1{}, q2{};
+    void* f1 = nullptr;
+    void* f2 = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f1, 4000, cudaEnableDefault, &q1) != cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuCtxGetId", &f2, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
+        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
+      return false;
+    }
+    get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f1);
+    get_id = reinterpret_cast<PFN_cuCtxGetId_v12000>(f2);
+    return true;
+  }();
+  CUcontext ctx = nullptr;
+  unsigned long long id = 0;
+  if (!loaded || get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr || get_id(ctx, &id) != CUDA_SUCCESS) return 0;
+  return id;
+}
+
+struct Prepared {
+  std::atomic<const void*> kernel{nullptr};
+  std::atomic<unsigned long long> context{0};
+};
+Prepared g_prepared[64][32];  // [device][kernel slot]: direct-mapped; a miss only means preparing again
+
+Prepared* slot_for(const void* kernel, int device) {
+  return device >= 0 && device < 64 ? &g_prepared[device][(reinterpret_cast<uintptr_t>(kernel) >> 4) % 32] : nullptr;
+}
+
+}  // namespace
+
+std::string cuda_message(const char* what, cudaError_t err) {
+  return std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+}
+
+// Multiprocessor count of device `device` (cached for devices 0..63).
+cudaError_t sm_count(int device, int& sms) {
+  static std::atomic<int> cache[64];
+  const bool cached = device >= 0 && device < 64;
+  if (cached && (sms = cache[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && cached) cache[device].store(sms, std::memory_order_release);
+  return err;
+}
+
+bool is_prepared(const void* kernel, int device) {
+  const unsigned long long ctx = current_context_id();
+  const Prepared* slot = slot_for(kernel, device);
+  return ctx != 0 && slot != nullptr && slot->kernel.load(std::memory_order_acquire) == kernel &&
+         slot->context.load(std::memory_order_acquire) == ctx;
+}
+
+void mark_prepared(const void* kernel, int device) {
+  const unsigned long long ctx = current_context_id();
+  Prepared* slot = slot_for(kernel, device);
+  if (ctx == 0 || slot == nullptr) return;
+  slot->context.store(0, std::memory_order_release);
+  slot->kernel.store(kernel, std::memory_order_release);
+  slot->context.store(ctx, std::memory_order_release);
+}
+
+}  // namespace flashcore::api
