@@ -20,9 +20,10 @@ fi
 py="$work/venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
-echo "wheel: pip wheel $src (FLASHCORE_CUDA_ARCHS=90a FLASHCORE_HEAD_DIMS=64 FLASHCORE_DTYPES=bf16; log: $work/wheel.log)"
+echo "wheel: pip wheel $src (FLASHCORE_CUDA_ARCHS=90a FLASHCORE_SM80_ARCHS=86 FLASHCORE_HEAD_DIMS=64 FLASHCORE_DTYPES=bf16; log: $work/wheel.log)"
 "${pip[@]}" wheel "$src" --no-deps -w "$work/dist" \
   --config-settings=cmake.define.FLASHCORE_CUDA_ARCHS=90a \
+  --config-settings=cmake.define.FLASHCORE_SM80_ARCHS=86 \
   --config-settings=cmake.define.FLASHCORE_HEAD_DIMS=64 \
   --config-settings=cmake.define.FLASHCORE_DTYPES=bf16 \
   --config-settings=build-dir="$work/skbuild" >"$work/wheel.log" 2>&1 || { tail -30 "$work/wheel.log"; fail "pip wheel"; }
@@ -76,8 +77,9 @@ print(f"wheel: library {lib} ({flashcore.library_version()})")
 print(f"wheel: capabilities {caps}")
 assert pkg == os.path.join(site, "flashcore"), f"imported from {pkg}, not the venv ({site})"
 assert lib == os.path.join(pkg, "lib", "libflashcore.so"), f"loaded {lib}, not the wheel's copy"
-assert caps.head_dims == (64,) and caps.dtypes == ("bfloat16",) and caps.archs == (90,), \
-    "capabilities do not match the build options (FLASHCORE_HEAD_DIMS=64 FLASHCORE_DTYPES=bf16 FLASHCORE_CUDA_ARCHS=90a)"
+assert caps.head_dims == (64,) and caps.dtypes == ("bfloat16",) and caps.archs == (86, 90), \
+    "capabilities do not match the build options (FLASHCORE_HEAD_DIMS=64 FLASHCORE_DTYPES=bf16 FLASHCORE_CUDA_ARCHS=90a " \
+    "FLASHCORE_SM80_ARCHS=86)"
 if not gpu:
     assert caps.device_arch == 0 and not caps.device_supported, "no GPU here, but a device is reported"
     print("wheel: no GPU on this machine, and none reported")
