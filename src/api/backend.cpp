@@ -182,14 +182,17 @@ namespace {
 flashcore_status no_row_status(const flashcore_attention_params& p) {
   return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
 }
+
+const Backend* backend_or_error(int cc, std::string& error) {
+  const Backend* b = find(cc);
+  if (b == nullptr) error = "no backend serves compute capability " + std::to_string(cc);
+  return b;
+}
 }  // namespace
 
 flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error) {
-  const Backend* b = find(cc);
-  if (b == nullptr) {
-    error = "no backend serves compute capability " + std::to_string(cc);
-    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
-  }
+  const Backend* b = backend_or_error(cc, error);
+  if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const int hd = static_cast<int>(p.head_dim);
 #ifdef FLASHCORE_HAVE_SM80
@@ -209,11 +212,8 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
 
 flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
-  const Backend* b = find(cc);
-  if (b == nullptr) {
-    error = "no backend serves compute capability " + std::to_string(cc);
-    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
-  }
+  const Backend* b = backend_or_error(cc, error);
+  if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const int hd = static_cast<int>(p.head_dim);
 #ifdef FLASHCORE_HAVE_SM80

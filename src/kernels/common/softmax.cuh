@@ -64,4 +64,17 @@ struct OnlineSoftmax {
   }
 };
 
+// O *= rescale per row: the running output's correction when a row max grew (row-pair fragments, kCols columns).
+template <int kCols>
+__device__ __forceinline__ void rescale_rows(float (&o)[kCols / 2], const float (&rescale)[2]) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      o[acc_index(j, i, 0)] *= rescale[i];
+      o[acc_index(j, i, 1)] *= rescale[i];
+    }
+  }
+}
+
 }  // namespace flashcore::kernels

@@ -182,14 +182,7 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
           s, tile.seq, row0, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
     }
     st.softmax.update(s, p.scale_log2, rescale);
-#pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        st.o[acc_index(j, i, 0)] *= rescale[i];
-        st.o[acc_index(j, i, 1)] *= rescale[i];
-      }
-    }
+    kernels::rescale_rows<Cfg::kHeadDim>(st.o, rescale);
     convert_p<Cfg>(s, pa);
     gemm_pv<Cfg>(st.o, pa, v_tile(stage), lane);
     stage = stage == Cfg::kStages - 1 ? 0 : stage + 1;

@@ -170,14 +170,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     // exactly 1. Skipping it pays where the O fragment dwarfs the S fragment (d256; docs/perf-notes.md, v8).
     // The result is bit-identical either way.
     if (!Cfg::kSkipUnitRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          st.o[acc_index(j, i, 0)] *= rescale[i];
-          st.o[acc_index(j, i, 1)] *= rescale[i];
-        }
-      }
+      kernels::rescale_rows<Cfg::kHeadDim>(st.o, rescale);
     }
     convert_p<Cfg>(s, p_frag);
   }
