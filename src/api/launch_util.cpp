@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 namespace flashcore::api {
 namespace {
@@ -59,6 +60,8 @@ cudaError_t sm_count(int device, int& sms) {
   return err;
 }
 
+namespace {
+
 bool is_prepared(const void* kernel, int device) {
   const unsigned long long ctx = current_context_id();
   const Prepared* slot = slot_for(kernel, device);
@@ -73,6 +76,31 @@ void mark_prepared(const void* kernel, int device) {
   slot->context.store(0, std::memory_order_release);
   slot->kernel.store(kernel, std::memory_order_release);
   slot->context.store(ctx, std::memory_order_release);
+}
+
+}  // namespace
+
+flashcore_status prepare_kernel(const void* kernel, int device, int smem_bytes, const char* what,
+                                const std::function<std::string(const cudaFuncAttributes&)>& image_error,
+                                std::string& error) {
+  if (is_prepared(kernel, device)) return FLASHCORE_SUCCESS;
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) {
+    error = cuda_message((std::string("cannot load the ") + what).c_str(), err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  if (std::string why = image_error(attr); !why.empty()) {
+    error = std::move(why);
+    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  }
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) {
+    error = cuda_message("cannot raise the kernel's shared-memory limit", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  mark_prepared(kernel, device);
+  return FLASHCORE_SUCCESS;
 }
 
 }  // namespace flashcore::api

@@ -2,9 +2,12 @@
 // per-(kernel, CUDA context) record of one-time kernel preparation (image check, shared-memory opt-in), which a
 // cudaDeviceReset (a new context) invalidates.
 #pragma once
+#include <functional>
 #include <string>
 
 #include <cuda_runtime_api.h>
+
+#include "flashcore/flashcore.h"
 
 namespace flashcore::api {
 
@@ -14,8 +17,11 @@ std::string cuda_message(const char* what, cudaError_t err);
 // Multiprocessor count of `device` (cached for devices 0..63).
 cudaError_t sm_count(int device, int& sms);
 
-// Whether `kernel` was prepared on `device` in the current CUDA context; mark_prepared records that it was.
-bool is_prepared(const void* kernel, int device);
-void mark_prepared(const void* kernel, int device);
+// Once per (kernel, CUDA context): load the kernel's attributes, ask `image_error` whether the loaded image is one
+// this backend may launch ("" = yes, else the message, reported as UNSUPPORTED_ARCH), and raise its dynamic
+// shared-memory limit to `smem_bytes`. `what` names the image in messages ("sm90 kernel image").
+flashcore_status prepare_kernel(const void* kernel, int device, int smem_bytes, const char* what,
+                                const std::function<std::string(const cudaFuncAttributes&)>& image_error,
+                                std::string& error);
 
 }  // namespace flashcore::api

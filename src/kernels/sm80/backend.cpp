@@ -38,26 +38,13 @@ constexpr int kArchs[] = {FLASHCORE_SM80_ARCH_LIST};
 // body built for another arch would trap) and raise the kernel's dynamic shared-memory limit (> 48 KB needs
 // the opt-in). Both are per-context state, so a cudaDeviceReset (a new context) re-runs them.
 flashcore_status prepare(const KernelRow& row, int device, int cc, std::string& error) {
-  if (api::is_prepared(row.kernel, device)) return FLASHCORE_SUCCESS;
-  cudaFuncAttributes attr{};
-  cudaError_t err = cudaFuncGetAttributes(&attr, row.kernel);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("cannot load the portable (sm80) kernel image", err);
-    return FLASHCORE_ERROR_CUDA;
-  }
-  if (attr.binaryVersion / 10 != cc / 10 || attr.binaryVersion > cc) {
-    error = "the loaded portable kernel image is for sm_" + std::to_string(attr.binaryVersion) +
-            ", which cannot serve compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
-            ": rebuild FlashCore with the device's arch in FLASHCORE_SM80_ARCHS";
-    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
-  }
-  err = cudaFuncSetAttribute(row.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row.smem_bytes);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("cannot raise the kernel's shared-memory limit", err);
-    return FLASHCORE_ERROR_CUDA;
-  }
-  api::mark_prepared(row.kernel, device);
-  return FLASHCORE_SUCCESS;
+  return api::prepare_kernel(row.kernel, device, row.smem_bytes, "portable (sm80) kernel image",
+                             [cc](const cudaFuncAttributes& a) {
+    if (a.binaryVersion / 10 == cc / 10 && a.binaryVersion <= cc) return std::string();
+    return "the loaded portable kernel image is for sm_" + std::to_string(a.binaryVersion) +
+           ", which cannot serve compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
+           ": rebuild FlashCore with the device's arch in FLASHCORE_SM80_ARCHS";
+  }, error);
 }
 
 TensorRef tensor_ref(const void* ptr, const flashcore_tensor_strides& s) {

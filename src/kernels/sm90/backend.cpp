@@ -33,25 +33,11 @@ const KernelRow* const kRows[] = {
 // another arch, which would trap) and raise its dynamic shared-memory limit. Both are per-context state, so a
 // cudaDeviceReset (a new context) re-runs them. Returns SUCCESS or a message.
 flashcore_status prepare(const KernelRow& row, int device, std::string& error) {
-  if (api::is_prepared(row.kernel, device)) return FLASHCORE_SUCCESS;
-  cudaFuncAttributes attr{};
-  cudaError_t err = cudaFuncGetAttributes(&attr, row.kernel);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("cannot load the sm90 kernel image", err);
-    return FLASHCORE_ERROR_CUDA;
-  }
-  if (attr.binaryVersion != 90 || (attr.ptxVersion != 0 && attr.ptxVersion < 90)) {
-    error = "the loaded sm90 kernel image is for sm_" + std::to_string(attr.binaryVersion) + " (from PTX " +
-            std::to_string(attr.ptxVersion) + "), not the sm_90a build: rebuild FlashCore with FLASHCORE_CUDA_ARCHS=90a";
-    return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
-  }
-  err = cudaFuncSetAttribute(row.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, row.smem_bytes);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("cannot raise the kernel's shared-memory limit", err);
-    return FLASHCORE_ERROR_CUDA;
-  }
-  api::mark_prepared(row.kernel, device);
-  return FLASHCORE_SUCCESS;
+  return api::prepare_kernel(row.kernel, device, row.smem_bytes, "sm90 kernel image", [](const cudaFuncAttributes& a) {
+    if (a.binaryVersion == 90 && (a.ptxVersion == 0 || a.ptxVersion >= 90)) return std::string();
+    return "the loaded sm90 kernel image is for sm_" + std::to_string(a.binaryVersion) + " (from PTX " +
+           std::to_string(a.ptxVersion) + "), not the sm_90a build: rebuild FlashCore with FLASHCORE_CUDA_ARCHS=90a";
+  }, error);
 }
 
 }  // namespace
