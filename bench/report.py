@@ -34,7 +34,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-SYSTEMS = ["flashcore", "cudnn", "fa2", "fa3"]
+# flashcore: the library's dispatch (a tuning table's choice when one is installed); flashcore_default: the built-in
+# default config of each cell, named explicitly (kernel_config), to measure a tuning table against the defaults.
+SYSTEMS = ["flashcore", "cudnn", "fa2", "fa3", "flashcore_default"]
 LABELS = {"flashcore": "FlashCore", "cudnn": "cuDNN (SDPA)", "fa2": "FA2 (SDPA)", "fa3": "FA3",
           "fa3_anchor": "FA3 (anchor)"}
 GRID_D = [64, 128, 256]
@@ -152,6 +154,7 @@ class Runner:
         self.SDPBackend = SDPBackend
         self.sdpa_kernel = sdpa_kernel
         self.F = F
+        self.last_config: Dict[str, Optional[str]] = {}
         props = torch.cuda.get_device_properties(0)
         self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
 
@@ -192,18 +195,30 @@ class Runner:
                 out = out[0] if isinstance(out, tuple) else out
                 return out.transpose(1, 2)
             return fa3_call, None
-        if name == "flashcore":
+        if name in ("flashcore", "flashcore_default"):
             if self.fc is None:
                 raise RuntimeError("libflashcore.so not loaded")
             params, outs = [], []
+            config = None
+            if name == "flashcore_default":
+                q0 = sets[0][0]
+                from flashcore_ctypes import DTYPE_BF16, DTYPE_FP16  # bench/ is on sys.path (main)
+                lib_dtype = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16}[q0.dtype]
+                names = self.fc.library.kernel_configs(lib_dtype, q0.shape[3], causal)
+                if not names:
+                    raise RuntimeError("the library lists no kernel configs")
+                config = names[0].encode()  # the default comes first; kept alive by this closure
             for q, k, v in sets:
                 # Poisoned: an output the kernel does not write cannot pass the comparison by accident.
                 o = torch.full_like(q, float("nan"))
                 B, H, S, _ = q.shape
                 lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
                 params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=True))
+                if config is not None:
+                    params[-1].kernel_config = config
                 outs.append((o, lse))
             fc = self.fc
+            self.last_config[name] = fc.library.selected_config(params[0])
 
             def fc_call(i):
                 fc.forward(params[i], torch.cuda.current_stream().cuda_stream)
@@ -246,7 +261,8 @@ class Runner:
             return cell
         cell["rotate_sets"] = len(sets)
         refs: Dict[str, object] = {}
-        for name in ("cudnn", "fa2", "fa3", "flashcore"):
+        self.last_config = {}
+        for name in ("cudnn", "fa2", "fa3", "flashcore", "flashcore_default"):
             if name not in self.args.systems or (name == "fa3" and self.fa3 is None):
                 continue
             times, out, err = self.run_system(name, sets, causal, graph)
@@ -257,6 +273,8 @@ class Runner:
                             "tflops": tflops_of(B, H, S, D, causal, med)})
             else:
                 rec.update({"median_ms": None, "tflops": None})
+            if name in self.last_config:
+                rec["config"] = self.last_config[name]  # the kernel config the library ran
             cell["systems"][name] = rec
             if out is not None:
                 refs[name] = out
@@ -343,6 +361,12 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
         if have_fa3:
             hdr.append("FA3")
         hdr += ["FA3 (anchor)", "FC / FA3 (anchor)", "FC / cuDNN", "FC / FA2", "FC max err", "cuDNN / anchor cuDNN"]
+        have_default = any(cell_tflops(c, "flashcore_default") is not None for c in rows)
+        if have_fa3:
+            hdr.append("FC / FA3")
+        if have_default:
+            hdr += ["FC default", "FC / default"]
+        hdr.append("FC config")
         L.append("| " + " | ".join(hdr) + " |")
         L.append("|" + "---|" * len(hdr))
         for c in rows:
@@ -356,6 +380,12 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
                      fmt(ratio(fc, cell_tflops(c, "cudnn")), "{:.2f}"), fmt(ratio(fc, cell_tflops(c, "fa2")), "{:.2f}"),
                      ("non-finite" if c.get("flashcore_finite") is False else fmt(c.get("flashcore_max_err"), "{:.1e}")),
                      fmt(ratio(cell_tflops(c, "cudnn"), a.get("cudnn")), "{:.2f}")]
+            if have_fa3:
+                vals.append(fmt(ratio(fc, cell_tflops(c, "fa3")), "{:.2f}"))
+            if have_default:
+                dflt = cell_tflops(c, "flashcore_default")
+                vals += [fmt(dflt), fmt(ratio(fc, dflt), "{:.3f}")]
+            vals.append((c["systems"].get("flashcore") or {}).get("config") or "")
             L.append("| " + " | ".join(vals) + " |")
         L.append("")
         gm = {
@@ -364,6 +394,12 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
                                           for c in rows]),
             "FC / cuDNN": geomean([ratio(cell_tflops(c, "flashcore"), cell_tflops(c, "cudnn")) for c in rows]),
             "FC / FA2": geomean([ratio(cell_tflops(c, "flashcore"), cell_tflops(c, "fa2")) for c in rows]),
+            "FC / FA3 (same run)": geomean([ratio(cell_tflops(c, "flashcore"), cell_tflops(c, "fa3")) for c in rows]),
+            "FC / best of FA3 and cuDNN (same run)": geomean(
+                [ratio(cell_tflops(c, "flashcore"), max([t for t in (cell_tflops(c, "fa3"), cell_tflops(c, "cudnn"))
+                                                         if t is not None], default=None)) for c in rows]),
+            "FC tuned / FC default": geomean([ratio(cell_tflops(c, "flashcore"), cell_tflops(c, "flashcore_default"))
+                                              for c in rows]),
             "cuDNN here / cuDNN anchor (machine factor)": geomean(
                 [ratio(cell_tflops(c, "cudnn"), anchors["grid"].get((dt, c["D"], c["S"], c["causal"]), {}).get("cudnn"))
                  for c in rows]),
@@ -472,7 +508,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--lib", default=None, help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIBRARY)")
     ap.add_argument("--anchors", default=None, help="h200-anchors.json (default ../shared/anchors/)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of flashcore,cudnn,fa2,fa3")
+    ap.add_argument("--systems", default="flashcore,cudnn,fa2,fa3",
+                    help="comma list of flashcore,cudnn,fa2,fa3,flashcore_default (the built-in default configs, "
+                         "to measure a tuning table)")
     ap.add_argument("--no-rotate", action="store_true", help="one buffer set (L2-warm)")
     ap.add_argument("--no-lse", action="store_true", help="FlashCore without the LSE output")
     ap.add_argument("--no-verify", dest="verify", action="store_false", help="skip the FlashCore error check")
@@ -501,7 +539,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     fc = None
     fc_version = "not loaded"
-    if "flashcore" in args.systems:
+    if "flashcore" in args.systems or "flashcore_default" in args.systems:
         try:
             from flashcore_ctypes import FlashCoreLib
             fc = FlashCoreLib(args.lib)

@@ -1,6 +1,7 @@
 # Install rules (included last by the root CMakeLists.txt).
 #
-#   FLASHCORE_PYTHON_WHEEL=ON (pyproject.toml): flashcore/lib/libflashcore.so only, component "python".
+#   FLASHCORE_PYTHON_WHEEL=ON (pyproject.toml): flashcore/lib/libflashcore.so and the CLI as flashcore/bin/flashcore
+#     (flashcore.tune() runs it), component "python".
 #   FLASHCORE_INSTALL=ON (default when top level):
 #     <includedir>/flashcore/flashcore.h, flashcore.hpp
 #     <libdir>/libflashcore.so (+ .so.0, .so.0.2.0 links), libflashcore_static.a
@@ -10,6 +11,9 @@
 #     <bindir>/flashcore (the CLI, when built), <datadir>/doc/flashcore/LICENSE
 if(FLASHCORE_PYTHON_WHEEL)
   install(TARGETS flashcore_shared LIBRARY DESTINATION flashcore/lib COMPONENT python)
+  if(TARGET flashcore)
+    install(TARGETS flashcore RUNTIME DESTINATION flashcore/bin COMPONENT python)
+  endif()
   return()
 endif()
 if(NOT FLASHCORE_INSTALL)

@@ -4,7 +4,10 @@
 # compiled here.
 #
 #   tools/device_run.sh [--out DIR] [--anchors FILE] [--ab-base CLI] STAGE...
-#   stages: info tests check sanitize python tvla seeds grid report report-quick ab profile
+#   stages: info tests check sanitize python tvla seeds grid report report-quick ab profile tune report-tuned
+#   tune: flashcore tune (--build with the cubins carried in $CUBINS, default .dev/cubins; more options in
+#         $TUNE_ARGS) writing OUT/tuning.json; report-tuned: the report with that table installed
+#         (FLASHCORE_TUNING_TABLE) and the built-in defaults as a sixth system (flashcore_default).
 #   report: FA3 is measured in the same process when .fa3/ (a copy of ../shared/fa3/prefill, carried) exists.
 #   ab: the old CLI (--ab-base) against build/bin/flashcore, 3 alternating passes of the grid, both dtypes.
 set -uo pipefail
@@ -44,7 +47,8 @@ for stage in "${stages[@]}"; do
     tests)
       run cpu_tests "$bin/flashcore_cpu_tests" --gtest_brief=1
       run gpu_tests "$bin/flashcore_gpu_tests" --gtest_brief=1
-      run abi_v1 env LD_LIBRARY_PATH="$PWD/build/lib" "$bin/flashcore_abi_v1_caller" ;;
+      run abi_v1 env LD_LIBRARY_PATH="$PWD/build/lib" "$bin/flashcore_abi_v1_caller"
+      run tune_test env FLASHCORE_KERNEL_SOURCES="$PWD" bash tools/test_tune_gpu.sh "$bin/flashcore" "${CUBINS:-.dev/cubins}" ;;
     check) run check_det "$bin/flashcore" check --quick --determinism 20 ;;
     tvla) run tvla "$bin/flashcore" tvla ;;
     ab) run ab python3 bench/ab.py --a "$ab_base" --b "$bin/flashcore" --passes 3 --dtype both --out "$out/ab" ;;
@@ -54,6 +58,13 @@ for stage in "${stages[@]}"; do
     grid) run grid "$bin/flashcore" bench grid --dtype bf16 --causal both --json "$out/grid.json" ;;
     report) run report python3 bench/report.py --dtype both --out "$out/report" "${anchor_args[@]}"; tar -C "$out" -czf "$out/report.tgz" report ;;
     report-quick) run report python3 bench/report.py --quick --dtype bf16 --out "$out/report" "${anchor_args[@]}" ;;
+    tune)
+      run tune env FLASHCORE_KERNEL_SOURCES="$PWD" "$bin/flashcore" tune --build --cubin-dir "${CUBINS:-.dev/cubins}" \
+        --out "$out/tuning.json" --report "$out/tune_report.md" ${TUNE_ARGS:-} ;;
+    report-tuned)
+      run report_tuned env FLASHCORE_TUNING_TABLE="$out/tuning.json" FLASHCORE_KERNEL_SOURCES="$PWD" python3 bench/report.py \
+        --dtype both --systems flashcore,cudnn,fa2,fa3,flashcore_default --no-small --out "$out/report_tuned" "${anchor_args[@]}"
+      tar -C "$out" -czf "$out/report_tuned.tgz" report_tuned ;;
     profile) run profile bash tools/profile.sh --out "$out/profile" -- --shape 2,16,8192,128 --dtype bf16 ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac

@@ -3,6 +3,10 @@
 
 The operand lists of wgmma are long (N/2 accumulator registers for m64nNk16), so they are generated
 rather than written by hand. Run: python3 tools/gen_wgmma.py > src/kernels/sm90/wgmma_ops.inc
+
+Besides the shapes of configs.txt, every shape a runtime variant may take (src/kernels/sm90/variant.h: block_n
+a multiple of 16 in [16, 256], head dim a multiple of 64 in [64, 256]) is covered, so that a tile config the
+library was not compiled with builds from the same sources.
 """
 import os
 import sys
@@ -12,7 +16,7 @@ CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", 
 
 def shapes_from_configs(path=CONFIGS):
     """(block_n values, head dims) of the rows of configs.txt: S = Q K^T needs N = block_n, O += P V needs
-    N = head_dim. A new row in configs.txt thus needs only a re-run of this script (check_sass.sh checks it)."""
+    N = head_dim. A new row in configs.txt needs at most a re-run of this script (check_sass.sh checks it)."""
     block_n, head_dims = set(), set()
     with open(path) as f:
         for line in f:
@@ -23,7 +27,11 @@ def shapes_from_configs(path=CONFIGS):
     return sorted(block_n), sorted(head_dims)
 
 
-SS_N, RS_N = shapes_from_configs()
+VARIANT_BLOCK_N = range(16, 257, 16)  # S = Q K^T of any runtime variant (variant.h: feasible)
+VARIANT_HEAD_DIMS = range(64, 257, 64)  # O += P V of any runtime variant
+_CONFIG_BLOCK_N, _CONFIG_HEAD_DIMS = shapes_from_configs()
+SS_N = sorted(set(_CONFIG_BLOCK_N) | set(VARIANT_BLOCK_N))
+RS_N = sorted(set(_CONFIG_HEAD_DIMS) | set(VARIANT_HEAD_DIMS))
 TYPES = [("bf16", "__nv_bfloat16"), ("f16", "__half")]
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Finds, and installs only if missing, what building and testing FlashCore needs (idempotent; safe to re-run):
-#   cmake (>= 3.25), ninja, g++, nvcc (CUDA toolkit), GoogleTest, python3 + pytest, and cuobjdump/nvdisasm
-#   for tools/check_sass.sh.
+#   cmake (>= 3.25), ninja, g++, nvcc (CUDA toolkit), GoogleTest, nlohmann/json, python3 + pytest, and
+#   cuobjdump/nvdisasm for tools/check_sass.sh.
 # Writes <build-dir>/.tools/env.sh, which the other scripts source to put nvcc and the SASS tools on PATH.
 #
 # Nothing here needs the network, root or Debian when everything is already present. Otherwise:
@@ -78,6 +78,17 @@ gtest_found() {
   done
   return 1
 }
+json_found() {  # the CMake package cmake/json.cmake finds (else it downloads the release at configure time)
+  local prefix f prefixes="${CMAKE_PREFIX_PATH:-}"
+  for prefix in ${nlohmann_json_ROOT:-} ${prefixes//:/ } ${CONDA_PREFIX:-} /usr /usr/local; do
+    for f in "$prefix"/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake \
+             "$prefix"/lib/cmake/nlohmann_json/nlohmann_jsonConfig.cmake \
+             "$prefix"/lib/*/cmake/nlohmann_json/nlohmann_jsonConfig.cmake; do
+      [[ -f "$f" ]] && return 0
+    done
+  done
+  return 1
+}
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
@@ -87,6 +98,11 @@ gtest_found || need+=(libgtest-dev)
 if [[ ${#need[@]} -gt 0 ]]; then
   apt_install "${need[@]}" ||
     die "cannot install ${need[*]} (cmake and ninja also come from pip: python3 -m pip install 'cmake>=3.25' ninja; GoogleTest: set GTEST_ROOT or CMAKE_PREFIX_PATH to its install prefix)"
+fi
+
+if ! json_found; then  # without it the configure step downloads the release: fine online, fatal offline
+  apt_install nlohmann-json3-dev ||
+    log "WARNING: nlohmann/json is not installed; configuring downloads its 3.11.3 release (needs the network), or set nlohmann_json_ROOT / CMAKE_PREFIX_PATH to an installed copy"
 fi
 
 cmake_version="$(cmake --version | head -1 | awk '{print $3}')"

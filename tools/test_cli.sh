@@ -49,7 +49,7 @@ S1="1,8,512,$HD"
 # help, version, info
 expect 0 "usage: flashcore" 0 -- "$BIN" --help
 expect 0 "usage: flashcore" 0 -- "$BIN" -h
-for cmd in bench check info tvla; do
+for cmd in bench check info tvla tune; do
   expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd --help
   expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd -h
   expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" help $cmd
@@ -85,7 +85,7 @@ usage_form() {  # usage_form CMD ARGS...: exit 2 and stderr is exactly one "flas
     fails=$((fails + 1))
   fi
 }
-for cmd in bench check info tvla; do
+for cmd in bench check info tvla tune; do
   usage_form $cmd --bogus
   usage_form $cmd --device
   usage_form $cmd --device x
@@ -98,6 +98,10 @@ usage_form check --quick --shape "$S1" --dtype "$DT"
 usage_form info --json
 usage_form info --json=
 usage_form tvla --n 1
+usage_form tune --compile-only
+usage_form tune --top-k 0
+usage_form tune --seqlens 512,x
+usage_form tune --out=
 expect 2 "^flashcore: unknown command 'frobnicate'; see 'flashcore --help'$" 1 -- "$BIN" frobnicate
 expect 2 "^flashcore: help: unknown command 'frobnicate'; see 'flashcore --help'$" 1 -- "$BIN" help frobnicate
 
@@ -155,6 +159,7 @@ nogpu bench seeds --dtype "$DT"
 nogpu bench grid --dtype "$DT" --causal both
 nogpu bench --shape "$S1" --dtype "$DT" --graph --json "$tmp/x.json"
 nogpu tvla --shape "$S1" --dtype "$DT" --n 10
+nogpu tune --dtype "$DT" --out "$tmp/table.json"
 if [[ $have_check -eq 1 ]]; then
   nogpu check --quick
   nogpu check --shape "$S1" --dtype "$DT" --determinism 3
@@ -165,7 +170,7 @@ fi
 expect 3 "no Hopper GPU found: \(no NVIDIA driver found\|NVIDIA driver too old\|no GPU\)" 1 -- \
   env CUDA_VISIBLE_DEVICES= "$BIN" bench --dtype "$DT"
 # nothing is written when nothing ran
-for f in x.json check.json check.csv; do
+for f in x.json check.json check.csv table.json; do
   if [[ -e $tmp/$f ]]; then
     echo "FAIL  $f written by a run that stopped for lack of a GPU"
     fails=$((fails + 1))

@@ -162,6 +162,19 @@ FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_atten
 FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params,
                                                                   uint64_t* bytes);
 
+/* Name of the kernel config flashcore_attention_forward would run for these params on the current device, e.g.
+ * "128x128x2-pp-static": the one kernel_config names; for a call that names none on a Hopper (sm90) device, the
+ * tuning table's choice for the call's sequence-length bucket, else the library's default. Tuning tables are
+ * made by `flashcore tune` and read at first use: $FLASHCORE_TUNING_TABLE, else tuning-<gpu>-<SMs>sm.json in
+ * $FLASHCORE_CACHE_DIR, $XDG_CACHE_HOME/flashcore or ~/.cache/flashcore, else the table built into the library
+ * for this GPU; FLASHCORE_TUNING=off ignores them all. As in forward, a workspace counts as given when workspace
+ * is not NULL and workspace_size > 0 (a config that needs one is chosen only then). Validates params like
+ * forward. Writes the name, NUL-terminated, to `name`. Returns _NULL_POINTER (name NULL), _INVALID_ARGUMENT
+ * (capacity too small for the name and its NUL), or what forward returns for the same params before launching;
+ * on failure `name` holds "" (when capacity > 0). */
+FLASHCORE_API flashcore_status flashcore_attention_selected_config(const flashcore_attention_params* params, char* name,
+                                                                   uint64_t capacity);
+
 /* Names of the kernel configs compiled for (dtype, head_dim, causal) on the current device, the default first.
  * Writes at most `capacity` pointers (static strings) to `names` and the total count to `count` (0 when nothing
  * is compiled for that combination; names may be NULL when capacity is 0). Returns _NULL_POINTER (count NULL,

@@ -25,6 +25,7 @@ __all__ = [
     "is_available",
     "library_path",
     "library_version",
+    "tune",
 ]
 
 
@@ -35,6 +36,15 @@ def capabilities() -> Capabilities:
     from . import _lib
 
     return _lib.load().capabilities()
+
+
+def tune(**options) -> dict:
+    """Run the autotuner (the ``flashcore tune`` program) and return the tuning table it wrote.
+
+    Options: ``flashcore tune --help`` (python/flashcore/_tune.py maps them) and docs/tuning.md."""
+    from ._tune import tune as _tune
+
+    return _tune(**options)
 
 
 def library_path() -> str:

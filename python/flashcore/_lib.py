@@ -258,6 +258,7 @@ def _declare(cdll: ctypes.CDLL) -> frozenset:
             [ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32,
              ctypes.POINTER(ctypes.c_int32)],
         ),
+        "flashcore_attention_selected_config": (ctypes.c_int, [params_p, ctypes.c_char_p, ctypes.c_uint64]),
     }
     present = set()
     for name, (restype, argtypes) in {**required, **optional}.items():
@@ -405,6 +406,16 @@ class Library:
         self.check(fn(dtype, head_dim, int(bool(causal)), names, capacity, ctypes.byref(count)),
                    "flashcore_list_kernel_configs")
         return tuple((names[i] or b"").decode("utf-8", "replace") for i in range(min(capacity, count.value)))
+
+    def selected_config(self, params: AttentionParamsStruct) -> Optional[str]:
+        """The kernel config forward would run for `params` (the tuned choice, the default, or params'
+        kernel_config); None when the library predates flashcore_attention_selected_config."""
+        if "flashcore_attention_selected_config" not in self._optional:
+            return None
+        buf = ctypes.create_string_buffer(128)
+        status = self._cdll.flashcore_attention_selected_config(ctypes.byref(params), buf, len(buf))
+        self.check(status, "flashcore_attention_selected_config")
+        return buf.value.decode("utf-8", "replace")
 
     def validate(self, params: AttentionParamsStruct) -> None:
         self.check(self._cdll.flashcore_attention_validate(ctypes.byref(params)), "flashcore_attention_validate")

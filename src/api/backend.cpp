@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/dtype.h"
+#include "api/tuning.h"
 #include "kernels/sm90/launch.h"
 #ifdef FLASHCORE_HAVE_SM80
 #include "kernels/sm80/launch.h"
@@ -148,7 +149,12 @@ const char* backend_for_arch(int cc) {
 int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char** out, int capacity) {
   const Backend* b = find(cc);
   if (b == nullptr) return 0;
-  const std::vector<RowKey> rows = rows_of(b->id);
+  std::vector<RowKey> rows = rows_of(b->id);
+  if (b->id == Id::kSm90) {  // then the runtime variants registered so far (kernels/sm90/variant.h)
+    for (const sm90::KernelRow* r : sm90::registered_rows()) {
+      rows.push_back({r->name, r->dtype, r->out_dtype, r->head_dim, r->causal, r->is_default, r->smem_bytes});
+    }
+  }
   // The default first: the row forward() picks when no kernel_config is given.
   const char* def = nullptr;
   std::string ignored;
@@ -188,44 +194,100 @@ const Backend* backend_or_error(int cc, std::string& error) {
   if (b == nullptr) error = "no backend serves compute capability " + std::to_string(cc);
   return b;
 }
-}  // namespace
 
-flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error) {
+// The row a call runs (backend.h: the config a call runs): one of sm90 / sm80 is set.
+struct Selected {
+  const char* name = nullptr;
+  const sm90::KernelRow* sm90 = nullptr;
+#ifdef FLASHCORE_HAVE_SM80
+  const sm80::KernelRow* sm80 = nullptr;
+#endif
+};
+
+flashcore_status select_row(const flashcore_attention_params& p, int device, int cc, bool workspace_given,
+                            Selected& out, std::string& error) {
   const Backend* b = backend_or_error(cc, error);
   if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const int hd = static_cast<int>(p.head_dim);
+  const bool causal = p.causal != 0;
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    if (sm80::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, cc, error) == nullptr) {
-      return no_row_status(p);
-    }
-    bytes = 0;  // the portable kernel needs no workspace
+    out.sm80 = sm80::select(p.dtype, out_dtype, hd, causal, p.kernel_config, cc, error);
+    if (out.sm80 == nullptr) return no_row_status(p);
+    out.name = out.sm80->name;
     return FLASHCORE_SUCCESS;
   }
 #endif
-  const sm90::KernelRow* row = sm90::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, error);
-  if (row == nullptr) return no_row_status(p);
-  bytes = sm90::workspace_bytes(*row);
+  // choose() only returns configs it found available; should one be gone, the default runs.
+  if (p.kernel_config == nullptr && out_dtype == p.dtype) {
+    const std::string tuned =
+        tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
+    if (!tuned.empty()) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned.c_str(), error);
+  }
+  if (out.sm90 == nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, error);
+  if (out.sm90 == nullptr) return no_row_status(p);
+  out.name = out.sm90->name;
+  return FLASHCORE_SUCCESS;
+}
+}  // namespace
+
+bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char* name,
+                      bool* needs_workspace) {
+  const Backend* b = find(cc);
+  if (b == nullptr || name == nullptr) return false;
+  std::string ignored;
+  bool workspace = false;
+#ifdef FLASHCORE_HAVE_SM80
+  if (b->id == Id::kSm80) {
+    if (sm80::select(dtype, dtype, head_dim, causal, name, cc, ignored) == nullptr) return false;
+  }
+#endif
+  if (b->id == Id::kSm90) {
+    const sm90::KernelRow* row = sm90::select(dtype, dtype, head_dim, causal, name, ignored);
+    if (row == nullptr) return false;
+    workspace = sm90::workspace_bytes(*row) > 0;
+  }
+  if (needs_workspace != nullptr) *needs_workspace = workspace;
+  return true;
+}
+
+flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error) {
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    error = std::string("querying the current CUDA device failed: ") + cudaGetErrorString(err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  Selected row;
+  if (const flashcore_status st = select_row(p, device, cc, /*workspace_given=*/true, row, error);
+      st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  bytes = row.sm90 != nullptr ? sm90::workspace_bytes(*row.sm90) : 0;  // the portable kernel needs none
   return FLASHCORE_SUCCESS;
 }
 
 flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
-  const Backend* b = backend_or_error(cc, error);
-  if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
-  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
-  const int hd = static_cast<int>(p.head_dim);
-#ifdef FLASHCORE_HAVE_SM80
-  if (b->id == Id::kSm80) {
-    const sm80::KernelRow* row = sm80::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, cc, error);
-    if (row == nullptr) return no_row_status(p);
-    return sm80::launch(*row, p, softmax_scale, device, cc, stream, error);
+  Selected row;
+  const bool workspace_given = p.workspace != nullptr && p.workspace_size > 0;
+  if (const flashcore_status st = select_row(p, device, cc, workspace_given, row, error); st != FLASHCORE_SUCCESS) {
+    return st;
   }
+#ifdef FLASHCORE_HAVE_SM80
+  if (row.sm80 != nullptr) return sm80::launch(*row.sm80, p, softmax_scale, device, cc, stream, error);
 #endif
-  const sm90::KernelRow* row = sm90::select(p.dtype, out_dtype, hd, p.causal != 0, p.kernel_config, error);
-  if (row == nullptr) return no_row_status(p);
-  return sm90::launch(*row, p, softmax_scale, device, stream, error);
+  return sm90::launch(*row.sm90, p, softmax_scale, device, stream, error);
+}
+
+flashcore_status selected_config(const flashcore_attention_params& p, int device, int cc, const char*& name,
+                                 std::string& error) {
+  Selected row;
+  const bool workspace_given = p.workspace != nullptr && p.workspace_size > 0;
+  const flashcore_status st = select_row(p, device, cc, workspace_given, row, error);
+  if (st == FLASHCORE_SUCCESS) name = row.name;
+  return st;
 }
 
 }  // namespace flashcore::backend

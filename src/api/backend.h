@@ -39,7 +39,20 @@ const char* forced_backend();
 // backend_for_arch(cc) names), the one forward() picks by default first.
 int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char** out, int capacity);
 
-// Bytes of device workspace the call needs (0 for most calls). `p` has passed validation.
+// Whether the backend serving `cc` (backend_for_arch) has the config `name` for (dtype -> dtype, head_dim,
+// causal): compiled in, or on sm90 a runtime variant registered under that name (sm90/variant.h). Sets
+// *needs_workspace (when not NULL) to whether the config needs a device workspace (dynamic scheduler).
+bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char* name,
+                      bool* needs_workspace);
+
+// workspace_size(), forward() and selected_config() agree on the config a call runs: the one p.kernel_config
+// names; for a call that names none on an sm90 device, the tuning table's choice for its shape bucket
+// (tuning::choose; tables are measured with O in the input dtype, so a call with another out_dtype runs the
+// default), else the backend's default. forward() and selected_config() count a workspace as given when
+// p.workspace is set and p.workspace_size > 0; workspace_size() counts it as given, so that it reports what a
+// caller who allocates the workspace runs.
+
+// Bytes of device workspace the call needs (0 for most calls) on the current device. `p` has passed validation.
 flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error);
 
 // Enqueue the forward pass on `device` (compute capability `cc`). `p` has passed validation (struct upgraded
@@ -47,5 +60,10 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
 // the cause into `error`; nothing is enqueued then.
 flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error);
+
+// The name of the config forward() would run for `p` on `device` (a static string, or a registered variant's
+// name: it lives as long as the process). `p` has passed validation.
+flashcore_status selected_config(const flashcore_attention_params& p, int device, int cc, const char*& name,
+                                 std::string& error);
 
 }  // namespace flashcore::backend

@@ -167,6 +167,29 @@ flashcore_status flashcore_attention_workspace_size(const flashcore_attention_pa
   });
 }
 
+flashcore_status flashcore_attention_selected_config(const flashcore_attention_params* params, char* name,
+                                                    uint64_t capacity) {
+  return guarded("flashcore_attention_selected_config", [&] {
+    if (name == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "name is NULL");
+    if (capacity > 0) name[0] = '\0';
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_params(params, /*with_device=*/true, p, device, cc, message);
+    const char* selected = nullptr;
+    if (status == FLASHCORE_SUCCESS) status = flashcore::backend::selected_config(p, device, cc, selected, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    const size_t length = std::strlen(selected);
+    if (capacity <= length) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "capacity = " + std::to_string(capacity) +
+                                                             " is too small for the config name \"" + selected +
+                                                             "\" (" + std::to_string(length + 1) + " bytes)");
+    }
+    std::memcpy(name, selected, length + 1);
+    return FLASHCORE_SUCCESS;
+  });
+}
+
 flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t head_dim, int32_t causal,
                                                const char** names, int32_t capacity, int32_t* count) {
   return guarded("flashcore_list_kernel_configs", [&] {

@@ -364,6 +364,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   p.k_strides = p.v_strides = layout_strides(c.layout, Sk, Hkv, D);
   p.batch = B, p.seqlen_q = Sq, p.seqlen_k = Sk, p.num_heads_q = Hq, p.num_heads_kv = Hkv, p.head_dim = D;
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
+  p.kernel_config = c.kernel_config;
 
   const flashcore_status vs = flashcore_attention_validate(&p);
   if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
@@ -378,6 +379,23 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   if (c.dtype != FLASHCORE_DTYPE_FP16 && c.dtype != FLASHCORE_DTYPE_BF16) {
     r.message = std::string("check: the harness has no input generator for dtype ") + dtype_name(c.dtype);
     return r;
+  }
+
+  // The config's workspace (the dynamic scheduler's tile counter), zero-filled as the ABI requires.
+  DeviceBuffer dws;
+  uint64_t ws_bytes = 0;
+  const flashcore_status ws = flashcore_attention_workspace_size(&p, &ws_bytes);
+  if (ws != FLASHCORE_SUCCESS) {
+    r.message = std::string("flashcore_attention_workspace_size: ") + flashcore_status_string(ws) + ": " +
+                flashcore_last_error();
+    return r;
+  }
+  if (ws_bytes > 0) {
+    if (!cuda_ok(cudaMalloc(&dws.ptr, ws_bytes), "cudaMalloc(workspace)", r) ||
+        !cuda_ok(cudaMemset(dws.ptr, 0, ws_bytes), "cudaMemset(workspace)", r))
+      return r;
+    p.workspace = dws.ptr;
+    p.workspace_size = ws_bytes;
   }
 
   // Inputs: fresh N(0,1) * input_scale, stored in the case's layout (dense in storage order).

@@ -49,6 +49,8 @@ assert libs == ["flashcore/lib/libflashcore.so"], f"library copies in the wheel:
 assert not links, f"symlinks in the wheel: {links}"
 assert "Name: flashcore-attn\n" in meta and f"Version: {version}\n" in meta, "METADATA name/version"
 assert {"flashcore/__init__.py", "flashcore/_lib.py"} <= files, "the python package is missing"
+cli = [i for i in infos if i.filename == "flashcore/bin/flashcore"]
+assert cli and (cli[0].external_attr >> 16) & 0o111, "flashcore/bin/flashcore (executable) is missing"
 assert any(f.endswith(".dist-info/licenses/LICENSE") for f in files), "LICENSE is missing"
 print(f"wheel: tag {'-'.join(tag)}; {len(infos)} files; library: {libs[0]} (once, no symlinks); "
       f"METADATA flashcore-attn {version}")

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "nvml_sampler.h"
+#include "random_pool.h"
 #include "reference/reference.h"  // the fp16/bf16 conversions (flashcore_reference, linked through flashcore_check)
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
@@ -247,51 +248,6 @@ Stats summarize(std::vector<double> v) {
   s.min = v.front();
   return s;
 }
-
-// ---------------------------------------------------------------------------------------------------
-// Inputs: a device pool of random normal values per dtype; buffers are filled by device-to-device copies
-// from random offsets of the pool (fast for multi-GB rotations; the data is random normal, never zeros).
-
-class RandomPool {
- public:
-  static constexpr size_t kElems = (size_t{1} << 22) + 4099;  // not a power of two: no aligned repeats
-  explicit RandomPool(uint64_t seed) : seed_(seed) {}
-  ~RandomPool() {
-    for (void*& p : pools_)
-      if (p) cudaFree(p);
-  }
-  const void* get(flashcore_dtype dt) {
-    void*& p = pools_[dt == FLASHCORE_DTYPE_FP16 ? 0 : 1];
-    if (!p) {
-      std::mt19937_64 gen(seed_ + static_cast<uint64_t>(dt));
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<uint16_t> host(kElems);
-      for (size_t i = 0; i < kElems; ++i) {
-        float x = normal(gen);
-        host[i] = dt == FLASHCORE_DTYPE_FP16 ? flashcore::reference::float_to_half(x) : flashcore::reference::float_to_bf16(x);
-      }
-      FC_CUDA(cudaMalloc(&p, kElems * 2));
-      FC_CUDA(cudaMemcpy(p, host.data(), kElems * 2, cudaMemcpyHostToDevice));
-    }
-    return p;
-  }
-  // Fill `bytes` (even) at dst from random offsets of the pool.
-  void fill(void* dst, size_t bytes, flashcore_dtype dt, std::mt19937_64& rng, cudaStream_t stream) {
-    const char* src = static_cast<const char*>(get(dt));
-    char* out = static_cast<char*>(dst);
-    size_t done = 0;
-    while (done < bytes) {
-      size_t off = (rng() % (kElems / 2)) * 2;
-      size_t n = std::min(bytes - done, kElems * 2 - off);
-      FC_CUDA(cudaMemcpyAsync(out + done, src + off, n, cudaMemcpyDeviceToDevice, stream));
-      done += n;
-    }
-  }
-
- private:
-  uint64_t seed_;
-  void* pools_[2] = {nullptr, nullptr};
-};
 
 struct DeviceArena {
   void* ptr = nullptr;

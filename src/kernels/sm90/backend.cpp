@@ -49,16 +49,26 @@ const KernelRow* const* rows(int& count) {
 
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
                         const char* config, std::string& error) {
+  auto same_key = [&](const KernelRow* r) {
+    return r->dtype == dtype && r->out_dtype == out_dtype && r->head_dim == head_dim && r->causal == causal;
+  };
   std::string names;
   for (const KernelRow* r : kRows) {
-    if (r->dtype != dtype || r->out_dtype != out_dtype || r->head_dim != head_dim || r->causal != causal) continue;
+    if (!same_key(r)) continue;
     if (config == nullptr ? r->is_default : std::strcmp(config, r->name) == 0) return r;
     names += (names.empty() ? "" : ", ") + std::string(r->name);
   }
   if (config != nullptr) {
+    // Then the runtime variants (variant.h): the default path never takes the registry's lock.
+    std::string variants;
+    for (const KernelRow* r : registered_rows()) {
+      if (!same_key(r)) continue;
+      if (std::strcmp(config, r->name) == 0) return r;
+      variants += (variants.empty() ? "" : ", ") + std::string(r->name);
+    }
     error = std::string("kernel_config = \"") + config + "\" is not compiled for " + dtype_name(dtype) +
             " head_dim = " + std::to_string(head_dim) + (causal ? " causal" : " non-causal") +
-            "; compiled: " + (names.empty() ? "none" : names);
+            "; compiled: " + (names.empty() ? "none" : names) + (variants.empty() ? "" : "; registered: " + variants);
   } else {
     error = std::string("no sm90 kernel is compiled for ") + dtype_name(dtype) + " -> " + dtype_name(out_dtype) +
             " head_dim = " + std::to_string(head_dim);
@@ -108,7 +118,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(tiles);
-  fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+  fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
 
   int sms = 0;
   cudaError_t err = api::sm_count(device, sms);

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/common/element.cuh"
+#include "kernels/sm90/smem_plan.h"
 #include "kernels/sm90/tile_shape.h"
 
 namespace flashcore::sm90 {
@@ -39,42 +40,38 @@ struct KernelConfig {
   // Skip the O rescale when no row max of a warp changed (mainloop.cuh): pays only where O >> S per thread, and
   // makes the time depend on the data, so it is a config column (configs.txt: rescale vote/always).
   static constexpr bool kSkipUnitRescale = kShape.rescale_vote;
-  static constexpr int kConsumerWarpgroups = kBlockM / 64;
-  static constexpr int kRowsPerWarpgroup = 64;
-  static constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);  // + one producer warpgroup
-  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
 
-  // Shared-memory tiles are stored as chunks of 128-byte rows (the 128-byte swizzle width): chunk c holds
-  // columns [c*kChunkCols, (c+1)*kChunkCols) of every row. Chunks are 1024-byte aligned.
-  static constexpr int kRowBytes = 128;
-  static constexpr int kChunkCols = kRowBytes / kElemBytes;
-  static constexpr int kChunks = kHeadDim / kChunkCols;
-  static constexpr int kQChunkBytes = kBlockM * kRowBytes;
-  static constexpr int kKVChunkBytes = kBlockN * kRowBytes;
-  static constexpr int kQBytes = kQChunkBytes * kChunks;
-  static constexpr int kKVTileBytes = kKVChunkBytes * kChunks;
-  // O is staged in the same chunked layout, in its own element size.
-  static constexpr int kOutChunkCols = kRowBytes / kOutElemBytes;
-  static constexpr int kOutChunks = kHeadDim / kOutChunkCols;
-  static constexpr int kOutChunkBytes = kBlockM * kRowBytes;
-  static constexpr int kOutBytes = kOutChunkBytes * kOutChunks;
+  // Launch shape and shared-memory layout (smem_plan.h, shared with the host).
+  static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes);
+  static constexpr int kConsumerWarpgroups = kPlan.consumer_warpgroups;
+  static constexpr int kRowsPerWarpgroup = sm90::kRowsPerWarpgroup;
+  static constexpr int kThreads = kPlan.threads;
+  static constexpr int kConsumerThreads = kPlan.consumer_threads;
+  static constexpr int kProducerRegs = sm90::kProducerRegs;
+  static constexpr int kConsumerRegs = kPlan.consumer_regs;
 
-  static constexpr int kSmemQOffset = 0;
-  static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
-  static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;
-  static constexpr int kSmemKVEnd = kSmemVOffset + kStages * kKVTileBytes;
-  static constexpr int kSmemBarrierBytes = 512;  // SharedBarriers (pipeline.cuh), checked there
-  static constexpr int kSmemSlack = kSmemBarrierBytes + 1024;  // +1024: the base is rounded up to 1024 B
+  static constexpr int kRowBytes = kSmemRowBytes;
+  static constexpr int kChunkCols = kPlan.chunk_cols;
+  static constexpr int kChunks = kPlan.chunks;
+  static constexpr int kQChunkBytes = kPlan.q_chunk_bytes;
+  static constexpr int kKVChunkBytes = kPlan.kv_chunk_bytes;
+  static constexpr int kQBytes = kPlan.q_bytes;
+  static constexpr int kKVTileBytes = kPlan.kv_tile_bytes;
+  static constexpr int kOutChunkCols = kPlan.out_chunk_cols;
+  static constexpr int kOutChunks = kPlan.out_chunks;
+  static constexpr int kOutChunkBytes = kPlan.out_chunk_bytes;
+  static constexpr int kOutBytes = kPlan.out_bytes;
 
-  // A persistent grid gives the staged O a buffer of its own when that fits: the Q tile is then released as
-  // soon as the tile's last S GEMM has read it, and the next tile's Q loads while this tile finishes.
-  // Otherwise O is staged in the Q tile, released once the TMA store has read it.
-  static constexpr bool kSeparateO = kPersistent && kSmemKVEnd + kOutBytes + kSmemSlack <= 227 * 1024;
-  static constexpr int kSmemOOffset = kSeparateO ? kSmemKVEnd : kSmemQOffset;
-  static constexpr int kSmemBarrierOffset = kSmemKVEnd + (kSeparateO ? kOutBytes : 0);
-  static constexpr int kSmemBytes = kSmemBarrierOffset + kSmemSlack;
+  static constexpr int kSmemQOffset = kPlan.q_offset;
+  static constexpr int kSmemKOffset = kPlan.k_offset;
+  static constexpr int kSmemVOffset = kPlan.v_offset;
+  static constexpr int kSmemKVEnd = kPlan.kv_end;
+  static constexpr int kSmemBarrierBytes = sm90::kSmemBarrierBytes;
+  static constexpr int kSmemSlack = kSmemSlackBytes;
+  static constexpr bool kSeparateO = kPlan.separate_o;
+  static constexpr int kSmemOOffset = kPlan.o_offset;
+  static constexpr int kSmemBarrierOffset = kPlan.barrier_offset;
+  static constexpr int kSmemBytes = kPlan.smem_bytes;
   // Arrivals that release the Q tile: every consumer thread after its last S GEMM, or one thread per consumer
   // warpgroup after the store has read the staged O.
   static constexpr int kQReleaseArrivals = kSeparateO ? kConsumerThreads : kConsumerWarpgroups;
@@ -86,7 +83,7 @@ struct KernelConfig {
   static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
                 "one 64-row slice per consumer warpgroup, at most 3");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % 16 == 0");
-  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
+  static_assert(kSmemBytes <= kSmemLimitBytes, "tile does not fit in shared memory");
   static_assert(!kPingPong || kConsumerWarpgroups >= 2, "ping-pong needs two or more consumer warpgroups");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
 };

@@ -1,6 +1,7 @@
 // What host code knows of one compiled sm90 kernel: its key (dtype, out dtype, head dim, causal, config name),
 // its launch shape and the address of its __global__ function. The generated units define one KernelRow each
 // (kernel.cuh, FLASHCORE_SM90_DEFINE_ROW); backend.cpp lists them (generated rows.inc) and launches them.
+// Runtime variants (variant.h) are KernelRows too, loaded from cubins.
 #pragma once
 #include "flashcore/flashcore.h"
 #include "kernels/sm90/tile_shape.h"
@@ -18,7 +19,8 @@ struct KernelRow {
   int threads;
   int smem_bytes;
   bool separate_o;
-  const void* kernel;  // flashcore_fwd_sm90_kernel<KernelConfig<Row>>
+  const void* kernel;  // flashcore_fwd_sm90_kernel<KernelConfig<Row>>, or a runtime variant's cudaKernel_t
+  float test_scale_factor = 1.0f;  // multiplies the softmax scale: 1, except for a deliberately faulty test row
 };
 
 }  // namespace flashcore::sm90

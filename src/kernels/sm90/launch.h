@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -13,8 +14,12 @@ namespace flashcore::sm90 {
 // Every kernel compiled into this library (generated rows.inc), in configs.txt order.
 const KernelRow* const* rows(int& count);
 
-// The row for (dtype, out dtype, head dim, causal): the one named `config` when it is not NULL, else the
-// default. nullptr (with a message in `error`) when none matches.
+// The runtime variants registered so far (variant.h), in registration order: rows select() finds by name after
+// the compiled ones, never a default, and not in rows(). They live until the process ends.
+std::vector<const KernelRow*> registered_rows();
+
+// The row for (dtype, out dtype, head dim, causal): the one named `config` when it is not NULL (a compiled row,
+// else a registered variant), else the default. nullptr (with a message in `error`) when none matches.
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
                         const char* config, std::string& error);
 

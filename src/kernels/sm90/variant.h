@@ -40,11 +40,28 @@ bool feasible(const VariantSpec& spec, std::string& why);
 // The kernel sources nvcc builds variants from: $FLASHCORE_KERNEL_SOURCES, else the source tree this library
 // was built from (when it still exists), else <prefix>/share/flashcore/src beside the installed library.
 // "" when none is found.
+// The directory is a `src` directory (it holds kernels/sm90/kernel.cuh); flashcore/flashcore.h is taken from
+// the `include` directory beside it. A set but unusable $FLASHCORE_KERNEL_SOURCES gives "".
 std::string kernel_source_dir();
 
+// The nvcc build_variant runs, by the lookup order below; "" when none is found.
+std::string find_nvcc();
+
+// The start of the cubin names build_variant makes for `spec`, e.g. "sm90_bf16_d128_c0_128x160x2-pp-static"; the
+// full name is "<stem>_<16 hex digits of the hash>.cubin" (a machine without nvcc finds prebuilt cubins by it).
+std::string cubin_stem(const VariantSpec& spec);
+// The name of the row struct in a variant's generated unit ("v_" + the stem, '-' -> '_'): part of its kernel's
+// mangled name, by which register_variant checks that a cubin is the spec's.
+std::string variant_symbol(const VariantSpec& spec);
+
 // Compile `spec` into a cubin under `out_dir` (created if needed). The file name carries the spec and a hash of
-// the sources and flags, so an existing cubin is reused. nvcc: $FLASHCORE_NVCC, $CUDACXX, $CUDA_HOME/bin, PATH,
-// /usr/local/cuda/bin. Rejects specs that are not feasible() and cubins whose kernel spills (local memory).
+// the sources and flags, so an existing cubin is reused (also without nvcc: a machine with the same sources
+// finds cubins built elsewhere). nvcc: $FLASHCORE_NVCC, $CUDACXX, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin.
+// Rejects specs that are not feasible() and cubins whose kernel spills (local memory).
+// Status: INVALID_ARGUMENT when the spec is not feasible or its kernel would use local memory (spills, a stack
+// frame) or ptxas ignored setmaxnreg / serialized wgmma (C7508, C7510, C7512: what tools/check_sass.sh rejects in
+// the library); UNSUPPORTED_ARCH when no nvcc or no kernel sources are found; INTERNAL when nvcc fails (`error` holds
+// its output) or `out_dir` cannot be written. Beside the cubin: the generated unit (.cu) and nvcc's report (.log).
 flashcore_status build_variant(const VariantSpec& spec, const std::string& out_dir, std::string& cubin_path,
                                std::string& error);
 
@@ -52,6 +69,8 @@ flashcore_status build_variant(const VariantSpec& spec, const std::string& out_d
 // config_name(spec.shape). Checks the image (one kernel, sm_90, no local memory) on the current device. A name
 // that is compiled into the library for the same key is refused; registering the same path again returns the
 // same row. The row lives until the process ends.
+// Status: NO_DEVICE / CUDA when the cubin cannot be loaded (no GPU, CUDA error), UNSUPPORTED_ARCH when its image
+// is not sm_90, INVALID_ARGUMENT when the spec is not feasible, the name is taken or the cubin is not the spec's.
 flashcore_status register_variant(const VariantSpec& spec, const std::string& cubin_path, const KernelRow** row,
                                   std::string& error);
 

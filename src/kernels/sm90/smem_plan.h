@@ -1,0 +1,71 @@
+// The launch shape and shared-memory layout of a tile config as plain arithmetic: KernelConfig (config.h) takes
+// its constants from smem_plan(), and the host (variant.cpp) costs a tile config with the same function before
+// it builds one.
+#pragma once
+#include "kernels/sm90/tile_shape.h"
+
+namespace flashcore::sm90 {
+
+inline constexpr int kSmemLimitBytes = 227 * 1024;  // dynamic shared memory a CTA may opt in to on sm_90
+inline constexpr int kSmemRowBytes = 128;           // tiles are stored in rows of the 128-byte swizzle width
+inline constexpr int kSmemBarrierBytes = 512;       // SharedBarriers (pipeline.cuh), checked there
+inline constexpr int kSmemSlackBytes = kSmemBarrierBytes + 1024;  // +1024: the base is rounded up to 1024 B
+inline constexpr int kRowsPerWarpgroup = 64;        // query rows per consumer warpgroup
+inline constexpr int kProducerRegs = 24;            // setmaxnreg budget of the producer warpgroup
+
+// setmaxnreg budget per consumer thread: what is left of the 64K registers beside the producer warpgroup.
+constexpr int consumer_regs(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 240 : 160; }
+
+struct SmemPlan {
+  int consumer_warpgroups;  // one per 64 query rows
+  int threads;              // + one producer warpgroup
+  int consumer_threads;
+  int consumer_regs;
+  bool persistent;  // the schedule walks several tiles per CTA
+  // Tiles are stored as chunks of 128-byte rows: chunk c holds columns [c*chunk_cols, (c+1)*chunk_cols) of
+  // every row. Chunks are 1024-byte aligned. O is staged in the same layout, in its own element size.
+  int chunk_cols, chunks;
+  int out_chunk_cols, out_chunks;
+  int q_chunk_bytes, kv_chunk_bytes, out_chunk_bytes;
+  int q_bytes, kv_tile_bytes, out_bytes;
+  // Byte offsets from the 1024-byte aligned base.
+  int q_offset, k_offset, v_offset, kv_end;
+  // A persistent grid gives the staged O a buffer of its own when that fits: the Q tile is then released as
+  // soon as the tile's last S GEMM has read it, and the next tile's Q loads while this tile finishes.
+  // Otherwise O is staged in the Q tile, released once the TMA store has read it.
+  bool separate_o;
+  int o_offset, barrier_offset;
+  int smem_bytes;  // the dynamic shared memory to launch with
+};
+
+constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_bytes, int out_elem_bytes) {
+  SmemPlan p{};
+  p.consumer_warpgroups = shape.block_m / kRowsPerWarpgroup;
+  p.threads = 128 * (p.consumer_warpgroups + 1);
+  p.consumer_threads = 128 * p.consumer_warpgroups;
+  p.consumer_regs = consumer_regs(p.consumer_warpgroups);
+  p.persistent = shape.schedule != Schedule::kOneTilePerCta;
+
+  p.chunk_cols = kSmemRowBytes / elem_bytes;
+  p.chunks = head_dim / p.chunk_cols;
+  p.out_chunk_cols = kSmemRowBytes / out_elem_bytes;
+  p.out_chunks = head_dim / p.out_chunk_cols;
+  p.q_chunk_bytes = shape.block_m * kSmemRowBytes;
+  p.kv_chunk_bytes = shape.block_n * kSmemRowBytes;
+  p.out_chunk_bytes = shape.block_m * kSmemRowBytes;
+  p.q_bytes = p.q_chunk_bytes * p.chunks;
+  p.kv_tile_bytes = p.kv_chunk_bytes * p.chunks;
+  p.out_bytes = p.out_chunk_bytes * p.out_chunks;
+
+  p.q_offset = 0;
+  p.k_offset = p.q_offset + p.q_bytes;
+  p.v_offset = p.k_offset + shape.stages * p.kv_tile_bytes;
+  p.kv_end = p.v_offset + shape.stages * p.kv_tile_bytes;
+  p.separate_o = p.persistent && p.kv_end + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes;
+  p.o_offset = p.separate_o ? p.kv_end : p.q_offset;
+  p.barrier_offset = p.kv_end + (p.separate_o ? p.out_bytes : 0);
+  p.smem_bytes = p.barrier_offset + kSmemSlackBytes;
+  return p;
+}
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# GPU test of `flashcore tune` end to end (run by tools/device_run.sh, stage tests): a short tuning run of one key
+# with a deliberately wrong variant offered beside the compiled configs. The wrong variant must be rejected by the
+# correctness gate and appear nowhere in the table; the table must parse, name only gated configs, and dispatch
+# must read it (flashcore_attention_selected_config through the Python bindings is not needed: `flashcore bench`
+# runs with the table installed). Exit 0 on success; 77 (skip) without a Hopper GPU.
+# usage: tools/test_tune_gpu.sh path/to/flashcore [cubin dir]
+set -u
+BIN=${1:?usage: test_tune_gpu.sh path/to/flashcore [cubin dir]}
+CUBINS=${2:-$(mktemp -d)}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$BIN" info | grep -q "^device: .*sm_90" || { echo "SKIP: no Hopper GPU"; exit 77; }
+"$BIN" tune --dtype bf16 --head-dims 128 --causal 0 --seqlens 1024,4096 --rounds 2 --iters 3 --quiet \
+  --test-faulty-variant --cubin-dir "$CUBINS" --out "$tmp/table.json" --report "$tmp/report.md" >"$tmp/out" 2>&1
+rc=$?
+cat "$tmp/out"
+[[ $rc -eq 0 ]] || { echo "FAIL: flashcore tune exited $rc"; exit 1; }
+python3 - "$tmp/table.json" "$tmp/report.md" <<'PY' || exit 1
+import json, sys
+table = json.load(open(sys.argv[1]))
+report = open(sys.argv[2]).read()
+assert table["format"] == "flashcore-tuning" and table["entries"], "empty or foreign table"
+names = [c["config"] for e in table["entries"] for c in e["elites"]]
+assert not any(n.endswith("-faulty") for n in names), f"a faulty variant was chosen: {names}"
+assert "-faulty: gate:" in report, "the report does not list the faulty variant as rejected by the gate"
+assert {e["seqlen_q"] for e in table["entries"]} == {1024, 4096}, table["entries"]
+print("PASS: the faulty variant was rejected by the gate and is not in the table;", len(names), "elites")
+PY
+# dispatch reads the table: a bench row with it installed runs (and the gate-checked config is what it runs)
+FLASHCORE_TUNING_TABLE="$tmp/table.json" "$BIN" bench --shape 4,16,4096,128 --dtype bf16 --causal 0 --check --iters 3 \
+  >"$tmp/bench" 2>&1 || { cat "$tmp/bench"; echo "FAIL: bench with the table installed"; exit 1; }
+! grep -q "ignoring tuning table" "$tmp/bench" || { cat "$tmp/bench"; echo "FAIL: the table was ignored"; exit 1; }
+echo "PASS: bench --check with the table installed"
