@@ -46,6 +46,7 @@ class FlashCoreLib:
         self.path = path or default_library_path()
         self.library = _lib.Library(self.path)
         self.lib = self.library._cdll  # the raw ctypes.CDLL
+        self._workspaces: list = []  # device buffers that params point at
 
     def version(self) -> str:
         return self.library.version_string()
@@ -91,6 +92,13 @@ class FlashCoreLib:
             softmax_scale=softmax_scale,
         )
         self.library.validate(params)
+        # The workspace the call needs (a tuned config may use the dynamic scheduler): zero-filled, kept alive here.
+        size = self.library.workspace_size(params)
+        if size:
+            buf = torch.zeros(size, dtype=torch.uint8, device=q.device)
+            self._workspaces.append(buf)
+            params.workspace = buf.data_ptr()
+            params.workspace_size = size
         return params
 
     def forward(self, params: AttentionParams, stream: int) -> None:

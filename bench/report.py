@@ -207,7 +207,8 @@ class Runner:
                 names = self.fc.library.kernel_configs(lib_dtype, q0.shape[3], causal)
                 if not names:
                     raise RuntimeError("the library lists no kernel configs")
-                config = names[0].encode()  # the default comes first; kept alive by this closure
+                import ctypes  # params.kernel_config is a const char*: keep the buffer alive in this closure
+                config = ctypes.create_string_buffer(names[0].encode())  # the default comes first
             for q, k, v in sets:
                 # Poisoned: an output the kernel does not write cannot pass the comparison by accident.
                 o = torch.full_like(q, float("nan"))
@@ -215,7 +216,7 @@ class Runner:
                 lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
                 params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=True))
                 if config is not None:
-                    params[-1].kernel_config = config
+                    params[-1].kernel_config = ctypes.addressof(config)
                 outs.append((o, lse))
             fc = self.fc
             self.last_config[name] = fc.library.selected_config(params[0])
@@ -223,6 +224,7 @@ class Runner:
             def fc_call(i):
                 fc.forward(params[i], torch.cuda.current_stream().cuda_stream)
                 return outs[i][0]
+            fc_call.kernel_config = config  # params point at this buffer: it lives as long as the closure
             return fc_call, None
         raise ValueError(name)
 

@@ -7,7 +7,8 @@
 #   stages: info tests check sanitize python tvla seeds grid report report-quick ab profile tune report-tuned
 #   tune: flashcore tune (--build with the cubins carried in $CUBINS, default .dev/cubins; more options in
 #         $TUNE_ARGS) writing OUT/tuning.json; report-tuned: the report with that table installed
-#         (FLASHCORE_TUNING_TABLE) and the built-in defaults as a sixth system (flashcore_default).
+#         (FLASHCORE_TUNING_TABLE; without a tune stage: the library's built-in table) and the default configs
+#         as a fifth system (flashcore_default).
 #   report: FA3 is measured in the same process when .fa3/ (a copy of ../shared/fa3/prefill, carried) exists.
 #   ab: the old CLI (--ab-base) against build/bin/flashcore, 3 alternating passes of the grid, both dtypes.
 set -uo pipefail
@@ -48,7 +49,7 @@ for stage in "${stages[@]}"; do
       run cpu_tests "$bin/flashcore_cpu_tests" --gtest_brief=1
       run gpu_tests "$bin/flashcore_gpu_tests" --gtest_brief=1
       run abi_v1 env LD_LIBRARY_PATH="$PWD/build/lib" "$bin/flashcore_abi_v1_caller"
-      run tune_test env FLASHCORE_KERNEL_SOURCES="$PWD" bash tools/test_tune_gpu.sh "$bin/flashcore" "${CUBINS:-.dev/cubins}" ;;
+      run tune_test env FLASHCORE_KERNEL_SOURCES="$PWD/src" bash tools/test_tune_gpu.sh "$bin/flashcore" "${CUBINS:-.dev/cubins}" ;;
     check) run check_det "$bin/flashcore" check --quick --determinism 20 ;;
     tvla) run tvla "$bin/flashcore" tvla ;;
     ab) run ab python3 bench/ab.py --a "$ab_base" --b "$bin/flashcore" --passes 3 --dtype both --out "$out/ab" ;;
@@ -59,10 +60,13 @@ for stage in "${stages[@]}"; do
     report) run report python3 bench/report.py --dtype both --out "$out/report" "${anchor_args[@]}"; tar -C "$out" -czf "$out/report.tgz" report ;;
     report-quick) run report python3 bench/report.py --quick --dtype bf16 --out "$out/report" "${anchor_args[@]}" ;;
     tune)
-      run tune env FLASHCORE_KERNEL_SOURCES="$PWD" "$bin/flashcore" tune --build --cubin-dir "${CUBINS:-.dev/cubins}" \
+      run tune env FLASHCORE_KERNEL_SOURCES="$PWD/src" "$bin/flashcore" tune --build --cubin-dir "${CUBINS:-.dev/cubins}" \
         --out "$out/tuning.json" --report "$out/tune_report.md" ${TUNE_ARGS:-} ;;
     report-tuned)
-      run report_tuned env FLASHCORE_TUNING_TABLE="$out/tuning.json" FLASHCORE_KERNEL_SOURCES="$PWD" python3 bench/report.py \
+      # The table of the tune stage when there is one, else the library's built-in table for this GPU.
+      table=()
+      [[ -f "$out/tuning.json" ]] && table=(FLASHCORE_TUNING_TABLE="$out/tuning.json")
+      run report_tuned env "${table[@]}" FLASHCORE_KERNEL_SOURCES="$PWD/src" python3 bench/report.py \
         --dtype both --systems flashcore,cudnn,fa2,fa3,flashcore_default --no-small --out "$out/report_tuned" "${anchor_args[@]}"
       tar -C "$out" -czf "$out/report_tuned.tgz" report_tuned ;;
     profile) run profile bash tools/profile.sh --out "$out/profile" -- --shape 2,16,8192,128 --dtype bf16 ;;

@@ -158,7 +158,30 @@ def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: f
         softmax_scale=softmax_scale,
     )
     with torch.cuda.device(q.device):
-        lib.forward(params, torch.cuda.current_stream(q.device).cuda_stream)
+        stream = torch.cuda.current_stream(q.device)
+        workspace = lib.workspace_size(params)
+        if workspace:
+            buf = _workspace(q.device, stream, workspace)
+            params.workspace = buf.data_ptr()
+            params.workspace_size = workspace
+        lib.forward(params, stream.cuda_stream)
+
+
+# Workspaces (the dynamic scheduler's tile counter, which a tuned config may use): one zero-filled buffer per
+# (device, stream), reused by every call on that stream; the library leaves it zero-filled after each call.
+# Inside a CUDA-graph capture a fresh buffer is allocated (and zeroed) as part of the graph.
+_WORKSPACES: dict = {}
+
+
+def _workspace(device: torch.device, stream, size: int) -> torch.Tensor:
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(size, dtype=torch.uint8, device=device)
+    key = (device.index, stream.cuda_stream)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < size:
+        buf = torch.zeros(max(size, 256), dtype=torch.uint8, device=device)
+        _WORKSPACES[key] = buf
+    return buf
 
 
 def _empty_outputs(q: torch.Tensor, return_lse: bool):

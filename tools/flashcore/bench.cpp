@@ -75,6 +75,7 @@ struct RowResult {
   double check_o_err = NAN, check_o_tol = NAN, check_lse_err = NAN;
   std::string check_message;
   std::string repro;
+  std::string config;  // the kernel config the library ran (flashcore_attention_selected_config)
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -332,10 +333,27 @@ class RowRunner {
     st = flashcore_attention_validate(&params_[0]);
     if (st != FLASHCORE_SUCCESS)
       throw RowError(std::string("validate: ") + flashcore_status_string(st) + ": " + flashcore_last_error());
+    // The workspace the call needs (a tuned config may use the dynamic scheduler), zero-filled, shared by the sets.
+    uint64_t ws_bytes = 0;
+    st = flashcore_attention_workspace_size(&params_[0], &ws_bytes);
+    if (st != FLASHCORE_SUCCESS)
+      throw RowError(std::string("workspace_size: ") + flashcore_status_string(st) + ": " + flashcore_last_error());
+    if (ws_bytes > 0) {
+      FC_CUDA(cudaMalloc(&workspace_.ptr, ws_bytes));
+      FC_CUDA(cudaMemset(workspace_.ptr, 0, ws_bytes));
+      for (flashcore_attention_params& q : params_) {
+        q.workspace = workspace_.ptr;
+        q.workspace_size = ws_bytes;
+      }
+    }
 
     std::vector<double> times = o_.graph ? time_graph() : time_plain();
     res.ms = summarize(times);
     res.tflops = res.flops / (res.ms.median * 1e-3) / 1e12;
+    char config[128] = "";
+    if (flashcore_attention_selected_config(&params_[0], config, sizeof config) == FLASHCORE_SUCCESS) {
+      res.config = config;
+    }
   }
 
   PowerStats power() const { return power_; }
@@ -465,6 +483,7 @@ class RowRunner {
   cudaStream_t stream_;
   PowerSampler* sampler_;
   std::vector<flashcore_attention_params> params_;
+  DeviceArena workspace_;
   PowerStats power_;
 };
 
@@ -557,7 +576,8 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
       << "\", \"message\": \"" << json_escape(r.message) << "\", \"median_ms\": " << json_num(r.ms.median)
       << ", \"mean_ms\": " << json_num(r.ms.mean) << ", \"p99_ms\": " << json_num(r.ms.p99)
       << ", \"min_ms\": " << json_num(r.ms.min) << ", \"flops\": " << json_num(r.flops)
-      << ", \"tflops\": " << json_num(r.tflops) << ", \"rotate_sets\": " << r.rotate_sets
+      << ", \"tflops\": " << json_num(r.tflops) << ", \"config\": \"" << json_escape(r.config) << "\""
+      << ", \"rotate_sets\": " << r.rotate_sets
       << ", \"bytes_per_set\": " << r.bytes_per_set;
     const PowerStats& p = r.power;
     f << ", \"power_mean_w\": " << (p.valid ? json_num(p.power_mean_w) : "null")

@@ -57,6 +57,7 @@ void print_tune_help() {
       "  --rounds N         timing rounds per bucket, candidates in rotating order (default 5)\n"
       "  --iters N          calls per candidate and round (default 8)\n"
       "  --seed N           search seed (default 1)\n"
+      "  --max-minutes N    no new search step for a key after N minutes (the table keeps what was measured)\n"
       "  --out FILE         the table (default: the path dispatch reads, see docs/tuning.md)\n"
       "  --report FILE      also write the report (markdown)\n"
       "  --device N         CUDA device (default 0)\n"
@@ -89,6 +90,7 @@ struct TuneOptions {
   uint64_t seed = 1;
   int device = 0;
   bool quiet = false;
+  double max_minutes = 0;    // 0: no limit; else the search stops starting new steps past it
   bool test_faulty = false;  // add a deliberately wrong variant per key (tests: the gate must reject it)
 };
 
@@ -132,6 +134,8 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
       std::string& s = f == "--cubin-dir" ? o.cubin_dir : f == "--out" ? o.out_path : o.report_path;
       s = a.value(f);
       if (s.empty()) usage_error(f + ": empty path");
+    } else if (f == "--max-minutes") {
+      o.max_minutes = static_cast<double>(parse_int(f, a.value(f), 1, 24 * 60));
     } else if (f == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int(f, a.value(f), 0, INT64_MAX));
     } else if (f == "--device") {
@@ -661,6 +665,10 @@ int run_tune(int argc, char** argv, int first) {
   // around the measured elites.
   for (int g = 1; o.build && g <= o.generations; ++g) {
     for (KeyState& ks : keys) {
+      if (o.max_minutes > 0 && prog.seconds() > 60 * o.max_minutes) {
+        ks.rejected["(search step " + std::to_string(g) + ")"] = "skipped: --max-minutes reached";
+        continue;
+      }
       std::set<std::string> seen(ks.configs.begin(), ks.configs.end());
       for (const auto& [name, why] : ks.rejected) seen.insert(name);
       const std::vector<TileShape> parents = g == 1 ? std::vector<TileShape>{ks.base.shape} : key_elites(ks, o.top_k);

@@ -277,7 +277,10 @@ bool feasible(const VariantSpec& spec, std::string& why) {
 }
 
 std::string kernel_source_dir() {
-  if (const std::string dir = env("FLASHCORE_KERNEL_SOURCES"); !dir.empty()) return has_kernel_sources(dir) ? dir : "";
+  if (const std::string dir = env("FLASHCORE_KERNEL_SOURCES"); !dir.empty()) {
+    if (has_kernel_sources(dir)) return dir;
+    return has_kernel_sources(dir + "/src") ? dir + "/src" : "";  // the root of a source tree also does
+  }
 #ifdef FLASHCORE_SOURCE_ROOT
   if (has_kernel_sources(FLASHCORE_SOURCE_ROOT "/src")) return FLASHCORE_SOURCE_ROOT "/src";
 #endif
