@@ -4,7 +4,8 @@
 A table made with --build may name variants that exist only as cubins on the tuning machine. This script
 compiles the useful ones into the library instead: every variant that wins at least --min-buckets buckets of
 one key in any of the given tables becomes a row of src/kernels/sm90/configs.txt (a tuning option, "-"), and
-each table is written to src/api/tuned/<gpu>-<sms>sm.json with its elites restricted to configs compiled in
+each table is written to src/api/tuned/<gpu>-<sms>sm.json (tables of one GPU merged, later entries first) with its
+elites restricted to configs compiled in
 (after the promotion) and no cubin paths. An entry's winner is then its fastest remaining elite; its speedup is
 recomputed from the recorded times (the default's time is winner time x speedup in the input).
 
@@ -96,7 +97,12 @@ def main(argv=None):
             ne["elites"] = keep
             out["entries"].append(ne)
         d = t["device"]
-        outputs[os.path.join(TUNED, slug(d["gpu_name"], d["sm_count"]) + ".json")] = out
+        path = os.path.join(TUNED, slug(d["gpu_name"], d["sm_count"]) + ".json")
+        if path in outputs:  # another run on the same GPU (e.g. the decode buckets): one table, its entries merged
+            key = lambda e: (e["dtype"], e["head_dim"], e["causal"], e["seqlen_q"], e["seqlen_k"])  # noqa: E731
+            later = {key(e) for e in out["entries"]}
+            out["entries"] = [e for e in outputs[path]["entries"] if key(e) not in later] + out["entries"]
+        outputs[path] = out
     if args.dry_run:
         return 0
     if promote:

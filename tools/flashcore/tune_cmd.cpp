@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <thread>
 
 #include "api/tuning.h"
@@ -43,7 +44,9 @@ void print_tune_help() {
       "  --dtype D          fp16 | bf16 | both (default both)\n"
       "  --head-dims LIST   e.g. 64,128 (default: every compiled head dim)\n"
       "  --causal C         0 | 1 | both (default both)\n"
-      "  --seqlens LIST     bucket shapes (default 512,1024,2048,4096,8192,16384)\n"
+      "  --seqlens LIST     bucket shapes (default 512,1024,2048,4096,8192,16384; none: only the decode ones)\n"
+      "  --no-decode        leave out the decode buckets (Sq = 1 against Sk = 2k/4k/8k/16k/64k keys, GQA 32/8\n"
+      "                     heads, batch 128/32/8/4/1: the serving shapes the dense API can run)\n"
       "  --tokens N         batch * seqlen of each shape (default 16384)\n"
       "  --hidden N         heads * head_dim of each shape (default 2048)\n"
       "  --top-k K          elites kept per bucket (default 3)\n"
@@ -80,6 +83,7 @@ struct TuneOptions {
   ProblemFlags problem;
   std::vector<int> head_dims;
   std::vector<int64_t> seqlens{512, 1024, 2048, 4096, 8192, 16384};
+  bool decode = true;  // also the decode shapes (one query row per sequence against a KV cache)
   int64_t tokens = 16384, hidden = 2048;
   int top_k = 3;
   bool build = false, compile_only = false;
@@ -112,8 +116,12 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
     } else if (parse_problem_flag(f, a, o.problem)) {
     } else if (f == "--head-dims") {
       for (int64_t d : int_list(f, a.value(f), 1, 1024)) o.head_dims.push_back(static_cast<int>(d));
+    } else if (f == "--no-decode") {
+      a.no_value(f);
+      o.decode = false;
     } else if (f == "--seqlens") {
-      o.seqlens = int_list(f, a.value(f), 1, 1 << 20);
+      const std::string v = a.value(f);
+      o.seqlens = v == "none" ? std::vector<int64_t>{} : int_list(f, v, 1, 1 << 20);
     } else if (f == "--tokens" || f == "--hidden") {
       (f == "--tokens" ? o.tokens : o.hidden) = parse_int(f, a.value(f), 1, int64_t{1} << 30);
     } else if (f == "--top-k") {
@@ -146,8 +154,29 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
   }
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   if (o.compile_only && !o.build) usage_error("--compile-only needs --build");
+  if (o.seqlens.empty() && !o.decode) usage_error("--seqlens none with --no-decode leaves no bucket to tune");
   if (o.cubin_dir.empty()) o.cubin_dir = tuning::cache_dir() + "/variants";
   return o;
+}
+
+// The problem a bucket is timed on; its key in the table is (bucket_of(sq), bucket_of(sk)).
+struct BucketShape {
+  int64_t batch, heads_q, heads_kv, sq, sk;
+  bool operator<(const BucketShape& o) const { return std::tie(sq, sk) < std::tie(o.sq, o.sk); }
+  std::string text() const {
+    return sq == sk ? "S=" + std::to_string(sq) : "Sq=" + std::to_string(sq) + " Sk=" + std::to_string(sk);
+  }
+};
+
+std::vector<BucketShape> bucket_shapes(const TuneOptions& o, int head_dim) {
+  std::vector<BucketShape> out;
+  const int64_t heads = std::max<int64_t>(1, o.hidden / head_dim);
+  for (int64_t s : o.seqlens) out.push_back({std::max<int64_t>(1, o.tokens / s), heads, heads, s, s});
+  if (o.decode) {
+    const std::pair<int64_t, int64_t> decode[] = {{128, 2048}, {32, 4096}, {8, 8192}, {4, 16384}, {1, 65536}};
+    for (const auto& [batch, sk] : decode) out.push_back({batch, 32, 8, 1, sk});
+  }
+  return out;
 }
 
 // One (dtype, head dim, causal) key and what the tuner knows of it.
@@ -157,7 +186,7 @@ struct KeyState {
   std::vector<std::string> configs;           // candidates that passed the gate, default first
   std::map<std::string, std::string> cubins;  // config -> cubin path, for built variants
   std::map<std::string, std::string> rejected;  // config -> why (gate, build)
-  std::map<int64_t, std::vector<Measured>> times;  // bucket seqlen -> latest measurement of every candidate
+  std::map<BucketShape, std::vector<Measured>> times;  // bucket -> latest measurement of every candidate
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -240,48 +269,49 @@ std::string gate(const VariantSpec& key, const std::string& config, uint64_t see
 
 class BucketTimer {
  public:
-  BucketTimer(const VariantSpec& key, int64_t seqlen, const TuneOptions& o, const DeviceInfo& dev, RandomPool& pool,
-              cudaStream_t stream)
+  BucketTimer(const VariantSpec& key, const BucketShape& b, const TuneOptions& o, const DeviceInfo& dev,
+              RandomPool& pool, cudaStream_t stream)
       : o_(o), stream_(stream) {
     flashcore_attention_params p;
     flashcore_attention_params_init(&p);
-    p.batch = std::max<int64_t>(1, o.tokens / seqlen);
-    p.seqlen_q = p.seqlen_k = seqlen;
-    p.num_heads_q = p.num_heads_kv = std::max<int64_t>(1, o.hidden / key.head_dim);
+    p.batch = b.batch;
+    p.seqlen_q = b.sq;
+    p.seqlen_k = b.sk;
+    p.num_heads_q = b.heads_q;
+    p.num_heads_kv = b.heads_kv;
     p.head_dim = key.head_dim;
     p.dtype = key.dtype;
     p.causal = key.causal ? 1 : 0;
     if (flashcore_attention_params_set_contiguous(&p, 0) != FLASHCORE_SUCCESS)
       throw CliError(kExitFailure, std::string("set_contiguous: ") + flashcore_last_error());
-    const size_t elems = static_cast<size_t>(p.batch * seqlen * p.num_heads_q * key.head_dim);
-    const size_t tensor = (elems * 2 + 255) & ~size_t{255};
-    const size_t set_bytes = 4 * tensor;  // Q K V O
+    const size_t q_elems = static_cast<size_t>(b.batch * b.sq * b.heads_q * key.head_dim);
+    const size_t kv_elems = static_cast<size_t>(b.batch * b.sk * b.heads_kv * key.head_dim);
+    const size_t q_bytes = (q_elems * 2 + 255) & ~size_t{255}, kv_bytes = (kv_elems * 2 + 255) & ~size_t{255};
+    const size_t set_bytes = 2 * q_bytes + 2 * kv_bytes;  // Q K V O
     size_t sets = static_cast<size_t>(2 * dev.l2_bytes) / set_bytes + 1;
     sets = std::min<size_t>(sets, 64);
     FC_CUDA(cudaMalloc(&arena_, sets * set_bytes + 256));
     FC_CUDA(cudaMemsetAsync(arena_, 0, sets * set_bytes + 256, stream_));
-    std::mt19937_64 rng(static_cast<uint64_t>(seqlen) * 7919u + static_cast<uint64_t>(key.head_dim));
+    std::mt19937_64 rng(static_cast<uint64_t>(b.sq * 31 + b.sk) * 7919u + static_cast<uint64_t>(key.head_dim));
     char* base = static_cast<char*>(arena_);
     p.workspace = base + sets * set_bytes;  // zero-filled; the dynamic scheduler leaves it zero-filled
     p.workspace_size = 256;
     for (size_t i = 0; i < sets; ++i) {
       char* s = base + i * set_bytes;
-      for (int t = 0; t < 3; ++t) pool.fill(s + t * tensor, elems * 2, key.dtype, rng, stream_);
+      pool.fill(s, q_elems * 2, key.dtype, rng, stream_);
+      pool.fill(s + q_bytes, kv_elems * 2, key.dtype, rng, stream_);
+      pool.fill(s + q_bytes + kv_bytes, kv_elems * 2, key.dtype, rng, stream_);
       p.q = s;
-      p.k = s + tensor;
-      p.v = s + 2 * tensor;
-      p.o = s + 3 * tensor;
+      p.k = s + q_bytes;
+      p.v = s + q_bytes + kv_bytes;
+      p.o = s + q_bytes + 2 * kv_bytes;
       params_.push_back(p);
     }
     FC_CUDA(cudaStreamSynchronize(stream_));
-    flops_ = 4.0 * static_cast<double>(p.batch * p.num_heads_q * key.head_dim) * static_cast<double>(seqlen) *
-             static_cast<double>(seqlen) * (key.causal ? 0.5 : 1.0);
   }
   ~BucketTimer() { cudaFree(arena_); }
   BucketTimer(const BucketTimer&) = delete;
   BucketTimer& operator=(const BucketTimer&) = delete;
-
-  double flops() const { return flops_; }
 
   // Median per-call milliseconds of each config, in the order given.
   std::vector<double> time(const std::vector<std::string>& configs) {
@@ -332,7 +362,6 @@ class BucketTimer {
   void* arena_ = nullptr;
   std::vector<flashcore_attention_params> params_;
   size_t next_ = 0;
-  double flops_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -344,7 +373,7 @@ std::string key_text(const VariantSpec& k) {
 // The key's elites over all its buckets, best first: by mean rank, ties by name.
 std::vector<TileShape> key_elites(const KeyState& ks, int k) {
   std::map<std::string, double> rank_sum;
-  for (const auto& [seqlen, all] : ks.times) {
+  for (const auto& [bucket, all] : ks.times) {
     const std::vector<Measured> top = tune::top_k(all, k);
     for (size_t i = 0; i < top.size(); ++i) rank_sum[top[i].config] += static_cast<double>(i);
     for (const Measured& m : all)
@@ -422,23 +451,23 @@ int grow(KeyState& ks, const std::vector<TileShape>& proposals, const TuneOption
 
 void measure_key(KeyState& ks, const std::vector<std::string>& which, const TuneOptions& o, const DeviceInfo& dev,
                  RandomPool& pool, cudaStream_t stream, Progress& prog) {
-  for (int64_t seqlen : o.seqlens) {
-    prog.step(0, key_text(ks.base) + " S=" + std::to_string(seqlen));
+  for (const BucketShape& b : bucket_shapes(o, ks.base.head_dim)) {
+    prog.step(0, key_text(ks.base) + " " + b.text());
     // The default and the current elites are timed again beside the newcomers: one run, one comparison.
     std::vector<std::string> set{ks.default_config};
-    for (const Measured& m : tune::top_k(ks.times[seqlen], o.top_k))
+    for (const Measured& m : tune::top_k(ks.times[b], o.top_k))
       if (std::find(set.begin(), set.end(), m.config) == set.end()) set.push_back(m.config);
     for (const std::string& c : which)
       if (std::find(set.begin(), set.end(), c) == set.end()) set.push_back(c);
-    BucketTimer timer(ks.base, seqlen, o, dev, pool, stream);
+    BucketTimer timer(ks.base, b, o, dev, pool, stream);
     const std::vector<double> ms = timer.time(set);
-    std::vector<Measured>& all = ks.times[seqlen];
+    std::vector<Measured>& all = ks.times[b];
     for (size_t i = 0; i < set.size(); ++i) {
       auto it = std::find_if(all.begin(), all.end(), [&](const Measured& m) { return m.config == set[i]; });
       if (it != all.end()) it->ms = ms[i];
       else all.push_back({set[i], ms[i]});
     }
-    prog.step(1, key_text(ks.base) + " S=" + std::to_string(seqlen));
+    prog.step(1, key_text(ks.base) + " " + b.text());
   }
 }
 
@@ -458,14 +487,15 @@ tuning::Table make_table(const std::vector<KeyState>& keys, const tuning::Device
   t.seed = o.seed;
   t.created = iso_now();
   for (const KeyState& ks : keys) {
-    for (const auto& [seqlen, all] : ks.times) {
+    for (const auto& [b, all] : ks.times) {
       const std::vector<Measured> top = tune::top_k(all, o.top_k);
       if (top.empty()) continue;
       tuning::Entry e;
       e.dtype = ks.base.dtype;
       e.head_dim = ks.base.head_dim;
       e.causal = ks.base.causal;
-      e.seqlen_q = e.seqlen_k = tuning::bucket_of(seqlen);
+      e.seqlen_q = tuning::bucket_of(b.sq);
+      e.seqlen_k = tuning::bucket_of(b.sk);
       e.config = top[0].config;
       for (const Measured& m : top) {
         tuning::Candidate c;
@@ -495,11 +525,11 @@ std::string report_text(const std::vector<KeyState>& keys, const TuneOptions& o,
   char line[512];
   r << "# flashcore tune: " << dev.name << " (" << dev.sms << " SMs), library " << flashcore_version_string()
     << ", seed " << o.seed << ", " << Progress::clock_text(seconds) << "\n\n";
-  r << "| dtype | d | causal | seqlen | default | ms | winner | ms | speedup | elites |\n";
+  r << "| dtype | d | causal | bucket (B x Hq/Hkv) | default | ms | winner | ms | speedup | elites |\n";
   r << "|---|---|---|---|---|---|---|---|---|---|\n";
   std::vector<double> all_speedups;
   for (const KeyState& ks : keys) {
-    for (const auto& [seqlen, all] : ks.times) {
+    for (const auto& [b, all] : ks.times) {
       const std::vector<Measured> top = tune::top_k(all, o.top_k);
       if (top.empty()) continue;
       double def_ms = 0;
@@ -509,9 +539,11 @@ std::string report_text(const std::vector<KeyState>& keys, const TuneOptions& o,
       all_speedups.push_back(speedup);
       std::string elites;
       for (const Measured& m : top) elites += (elites.empty() ? "" : ", ") + m.config;
-      std::snprintf(line, sizeof line, "| %s | %d | %d | %lld | %s | %.4f | %s | %.4f | %.3f | %s |\n",
-                    dtype_name(ks.base.dtype), ks.base.head_dim, ks.base.causal ? 1 : 0,
-                    static_cast<long long>(seqlen), ks.default_config.c_str(), def_ms, top[0].config.c_str(),
+      const std::string where = b.text() + " (" + std::to_string(b.batch) + " x " + std::to_string(b.heads_q) + "/" +
+                                std::to_string(b.heads_kv) + ")";
+      std::snprintf(line, sizeof line, "| %s | %d | %d | %s | %s | %.4f | %s | %.4f | %.3f | %s |\n",
+                    dtype_name(ks.base.dtype), ks.base.head_dim, ks.base.causal ? 1 : 0, where.c_str(),
+                    ks.default_config.c_str(), def_ms, top[0].config.c_str(),
                     top[0].ms, speedup, elites.c_str());
       r << line;
     }
@@ -622,8 +654,9 @@ int run_tune(int argc, char** argv, int first) {
         if (!sm90::parse_config_name(ks.default_config, ks.base.shape))
           throw CliError(kExitFailure, "cannot parse config name " + ks.default_config);
         for (int i = 0; i < std::min(count, 32); ++i) ks.configs.push_back(names[i]);
-        prog.add_total(static_cast<double>(ks.configs.size() + o.seqlens.size()));
-        if (o.build) prog.add_total(static_cast<double>(o.generations) * (2.0 * o.population + o.seqlens.size()));
+        const double buckets = static_cast<double>(bucket_shapes(o, hd).size());
+        prog.add_total(static_cast<double>(ks.configs.size()) + buckets);
+        if (o.build) prog.add_total(static_cast<double>(o.generations) * (2.0 * o.population + buckets));
         keys.push_back(ks);
       }
     }
@@ -679,7 +712,7 @@ int run_tune(int argc, char** argv, int first) {
       for (const std::string& c : ks.configs)
         if (std::find(before.begin(), before.end(), c) == before.end()) fresh.push_back(c);
       if (!fresh.empty()) measure_key(ks, fresh, o, dev, *pool, stream, prog);
-      else prog.step(static_cast<double>(o.seqlens.size()), key_text(ks.base));
+      else prog.step(static_cast<double>(bucket_shapes(o, ks.base.head_dim).size()), key_text(ks.base));
     }
   }
   prog.clear();
