@@ -221,9 +221,8 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
 #endif
   // choose() only returns configs it found available; should one be gone, the default runs.
   if (p.kernel_config == nullptr && out_dtype == p.dtype) {
-    const std::string tuned =
-        tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
-    if (!tuned.empty()) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned.c_str(), error);
+    const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
+    if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
   }
   if (out.sm90 == nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, error);
   if (out.sm90 == nullptr) return no_row_status(p);

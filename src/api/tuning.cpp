@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -349,7 +351,10 @@ std::string dir_of(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
 }
 
-bool tuning_off() { return env("FLASHCORE_TUNING") == "off"; }
+bool tuning_off() {
+  const char* v = std::getenv("FLASHCORE_TUNING");
+  return v != nullptr && std::strcmp(v, "off") == 0;
+}
 
 // The availability of a candidate on this device: a cubin registers (sm90::register_variant, once per path;
 // the row then lives as long as the process), then the backend of `cc` has the config for the entry's key.
@@ -387,26 +392,36 @@ LoadedTable load_device(int device, int cc) {
                      device_availability(cc));
 }
 
-// The loaded table of each device, loaded at its first use. Never destroyed: a call may still dispatch while
-// static objects are destroyed at exit.
+// The table of each device, loaded at its first use. Devices below kFastDevices are also published in an atomic
+// slot, so that later calls take no lock. Never destroyed: a call may still dispatch while static objects are
+// destroyed at exit, and choose() hands out pointers into the tables (reset() retires them).
+constexpr int kFastDevices = 64;
 struct Loaded {
   std::mutex mutex;
   std::map<int, std::shared_ptr<const LoadedTable>> tables;
+  std::vector<std::shared_ptr<const LoadedTable>> retired;
+  std::atomic<const LoadedTable*> fast[kFastDevices] = {};
 };
 Loaded& loaded() {
   static Loaded* state = new Loaded;
   return *state;
 }
 
-std::shared_ptr<const LoadedTable> table_for(int device, int cc) {
+const LoadedTable& table_for(int device, int cc) {
   Loaded& s = loaded();
+  const bool fast = device >= 0 && device < kFastDevices;
+  if (fast) {
+    if (const LoadedTable* t = s.fast[device].load(std::memory_order_acquire)) return *t;
+  }
   const std::lock_guard<std::mutex> lock(s.mutex);
-  const auto it = s.tables.find(device);
-  if (it != s.tables.end()) return it->second;
-  auto table = std::make_shared<const LoadedTable>(load_device(device, cc));
-  for (const std::string& line : table->warnings) std::fprintf(stderr, "flashcore: %s\n", line.c_str());
-  s.tables.emplace(device, table);
-  return table;
+  auto it = s.tables.find(device);
+  if (it == s.tables.end()) {
+    auto table = std::make_shared<const LoadedTable>(load_device(device, cc));
+    for (const std::string& line : table->warnings) std::fprintf(stderr, "flashcore: %s\n", line.c_str());
+    it = s.tables.emplace(device, std::move(table)).first;
+  }
+  if (fast) s.fast[device].store(it->second.get(), std::memory_order_release);
+  return *it->second;
 }
 
 }  // namespace
@@ -578,27 +593,29 @@ const std::string* pick(const LoadedTable& table, flashcore_dtype dtype, int hea
   return nullptr;
 }
 
-std::string choose(int device, int cc, flashcore_dtype dtype, int head_dim, bool causal, int64_t seqlen_q,
+const char* choose(int device, int cc, flashcore_dtype dtype, int head_dim, bool causal, int64_t seqlen_q,
                    int64_t seqlen_k, bool workspace_given) {
-  if (tuning_off()) return "";
-  const std::shared_ptr<const LoadedTable> table = table_for(device, cc);
-  const std::string* config = pick(*table, dtype, head_dim, causal, seqlen_q, seqlen_k, workspace_given);
-  return config != nullptr ? *config : std::string();
+  if (tuning_off()) return nullptr;
+  const std::string* config =
+      pick(table_for(device, cc), dtype, head_dim, causal, seqlen_q, seqlen_k, workspace_given);
+  return config != nullptr ? config->c_str() : nullptr;
 }
 
 std::string source_description(int device) {
   if (tuning_off()) return "off (FLASHCORE_TUNING=off)";
   DeviceKey key;
   const int cc = device_key(device, key) ? key.cc : 0;
-  const std::shared_ptr<const LoadedTable> table = table_for(device, cc);
-  std::string text = table->origin;
-  for (const std::string& line : table->warnings) text += "; " + line;
+  const LoadedTable& table = table_for(device, cc);
+  std::string text = table.origin;
+  for (const std::string& line : table.warnings) text += "; " + line;
   return text;
 }
 
 void reset() {
   Loaded& s = loaded();
   const std::lock_guard<std::mutex> lock(s.mutex);
+  for (std::atomic<const LoadedTable*>& slot : s.fast) slot.store(nullptr, std::memory_order_release);
+  for (auto& [device, table] : s.tables) s.retired.push_back(std::move(table));
   s.tables.clear();
 }
 

@@ -81,18 +81,21 @@ std::string cache_dir();
 // The built-in table for a GPU (shipped with the library, src/api/tuned/*.json), nullptr when there is none.
 const char* builtin_table_json(const DeviceKey& key);
 
-// The config dispatch should use for a call that names none: "" = the library's default row. Loads, once per
+// The config dispatch should use for a call that names none: nullptr = the library's default row (the string lives
+// as long as the process: loaded tables are never freed, reset() only retires them). Loads, once per
 // device, the user's table (table_path) or else the built-in one, and keeps only entries whose config is
 // available (compiled in, or a cubin that exists with the recorded hash and registers). The first elite of the
 // call's bucket that is available and runnable wins; `workspace_given`: the call passed a workspace, so a config
 // that needs one (dynamic scheduler) may be chosen, otherwise such elites are passed over.
-std::string choose(int device, int cc, flashcore_dtype dtype, int head_dim, bool causal, int64_t seqlen_q,
+// After the first call per device, a call costs a lock-free pointer load and a scan of the table (on the hot
+// path of every forward call).
+const char* choose(int device, int cc, flashcore_dtype dtype, int head_dim, bool causal, int64_t seqlen_q,
                    int64_t seqlen_k, bool workspace_given);
 
 // Where the choice for `device` came from: "user:<path>", "builtin:<gpu>", or "none", with the warnings issued.
 std::string source_description(int device);
 
-// Forget the loaded tables (tests; the next choose() reloads).
+// Forget the loaded tables (tests; the next choose() reloads). Retired tables stay allocated.
 void reset();
 
 // ---- The parts of choose() that need no GPU (tests) ----

@@ -619,7 +619,7 @@ TEST(TuningBuiltin, EmbeddedTablesAreValid) {
 
 TEST(TuningDispatch, OffMeansDefaults) {
   ScopedEnv off("FLASHCORE_TUNING", "off");
-  EXPECT_EQ(choose(0, 90, FLASHCORE_DTYPE_BF16, 128, false, 4096, 4096, true), "");
+  EXPECT_EQ(choose(0, 90, FLASHCORE_DTYPE_BF16, 128, false, 4096, 4096, true), nullptr);
   EXPECT_EQ(source_description(0), "off (FLASHCORE_TUNING=off)");
 }
 
