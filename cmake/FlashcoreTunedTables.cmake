@@ -64,14 +64,8 @@ endif()
 string(APPEND _fc_content "
 }  // namespace flashcore::tuning
 ")
-# Written only when the content changes, so a re-configure rebuilds nothing.
-set(_fc_old "")
-if(EXISTS ${_fc_tuned_out})
-  file(READ ${_fc_tuned_out} _fc_old)
-endif()
-if(NOT _fc_old STREQUAL _fc_content)
-  file(WRITE ${_fc_tuned_out} "${_fc_content}")
-endif()
+# Written only when the content changes (_fc_write_if_changed, src/kernels/sm90/sources.cmake, included first).
+_fc_write_if_changed(${_fc_tuned_out} "${_fc_content}")
 target_sources(flashcore_objs PRIVATE ${_fc_tuned_out})
 list(LENGTH _fc_tuned_files _fc_tuned_count)
 message(STATUS "Built-in tuning tables: ${_fc_tuned_count} (src/api/tuned/*.json)")
