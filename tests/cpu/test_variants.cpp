@@ -16,6 +16,7 @@
 
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/variant.h"
+#include "variant_specs.h"
 
 namespace {
 
@@ -37,17 +38,8 @@ VariantSpec spec_of(const KernelRow& r) {
   return s;
 }
 
-VariantSpec make_spec(flashcore_dtype dt, int hd, bool causal, TileShape shape) {
-  VariantSpec s;
-  s.dtype = dt, s.head_dim = hd, s.causal = causal, s.shape = shape;
-  return s;
-}
-
-// The variants tests/gpu/test_variants.cpp runs (keep the two lists alike): not rows of configs.txt.
-std::vector<VariantSpec> gpu_test_specs() {
-  return {make_spec(FLASHCORE_DTYPE_BF16, 128, false, {128, 160, 2, true, Schedule::kStaticPersistent, false}),
-          make_spec(FLASHCORE_DTYPE_BF16, 128, true, {192, 64, 2, true, Schedule::kOneTilePerCta, false})};
-}
+using flashcore::test::make_spec;
+const auto gpu_test_specs = flashcore::test::variant_test_specs;
 
 std::string run_output(const std::string& command) {
   std::string out;

@@ -18,27 +18,16 @@
 #include "flashcore/flashcore.h"
 #include "gpu/gpu_skip.h"
 #include "kernels/sm90/variant.h"
+#include "variant_specs.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using flashcore::check::Layout;
 using flashcore::sm90::KernelRow;
-using flashcore::sm90::Schedule;
 using flashcore::sm90::VariantSpec;
 
-VariantSpec make_spec(flashcore_dtype dt, int hd, bool causal, flashcore::sm90::TileShape shape) {
-  VariantSpec s;
-  s.dtype = dt, s.head_dim = hd, s.causal = causal, s.shape = shape;
-  return s;
-}
-
-// Not rows of configs.txt (tests/cpu/test_variants.cpp builds the same two): 2 consumer warpgroups, persistent,
-// non-causal; 3 consumer warpgroups, one tile per CTA, causal.
-std::vector<VariantSpec> specs() {
-  return {make_spec(FLASHCORE_DTYPE_BF16, 128, false, {128, 160, 2, true, Schedule::kStaticPersistent, false}),
-          make_spec(FLASHCORE_DTYPE_BF16, 128, true, {192, 64, 2, true, Schedule::kOneTilePerCta, false})};
-}
+const auto specs = flashcore::test::variant_test_specs;
 
 std::string env_dir() {
   const char* env = std::getenv("FLASHCORE_VARIANT_CUBINS");

@@ -275,17 +275,12 @@ class RowRunner {
     const RowSpec& r = res.spec;
     res.flops = row_flops(r);
     flashcore_attention_params p;
-    flashcore_attention_params_init(&p);
-    p.batch = r.batch;
-    p.seqlen_q = r.seqlen_q;
-    p.seqlen_k = r.seqlen_k;
-    p.num_heads_q = r.heads_q;
-    p.num_heads_kv = r.heads_kv;
-    p.head_dim = r.head_dim;
-    p.dtype = r.dtype;
-    p.causal = r.causal ? 1 : 0;
-    flashcore_status st = flashcore_attention_params_set_contiguous(&p, o_.problem.bhsd ? 1 : 0);
-    if (st != FLASHCORE_SUCCESS) throw RowError(std::string("set_contiguous: ") + flashcore_last_error());
+    try {  // a row the library refuses is that row's error, not the run's
+      p = problem_params(r.batch, r.seqlen_q, r.seqlen_k, r.heads_q, r.heads_kv, r.head_dim, r.dtype, r.causal,
+                         o_.problem.bhsd);
+    } catch (const CliError& e) {
+      throw RowError(e.what());
+    }
 
     const size_t q_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * 2;
     const size_t kv_bytes = static_cast<size_t>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) * 2;
@@ -330,7 +325,7 @@ class RowRunner {
       params_[i].o = s + off_o;
       params_[i].lse = o_.lse ? reinterpret_cast<float*>(s + off_lse) : nullptr;
     }
-    st = flashcore_attention_validate(&params_[0]);
+    flashcore_status st = flashcore_attention_validate(&params_[0]);
     if (st != FLASHCORE_SUCCESS)
       throw RowError(std::string("validate: ") + flashcore_status_string(st) + ": " + flashcore_last_error());
     // The workspace the call needs (a tuned config may use the dynamic scheduler), zero-filled, shared by the sets.

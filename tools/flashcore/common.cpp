@@ -118,6 +118,24 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
   return true;
 }
 
+flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                                          int64_t heads_kv, int64_t head_dim, flashcore_dtype dtype, bool causal,
+                                          bool bhsd) {
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.batch = batch;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.num_heads_q = heads_q;
+  p.num_heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.dtype = dtype;
+  p.causal = causal ? 1 : 0;
+  if (flashcore_attention_params_set_contiguous(&p, bhsd ? 1 : 0) != FLASHCORE_SUCCESS)
+    throw CliError(kExitFailure, std::string("set_contiguous: ") + flashcore_last_error());
+  return p;
+}
+
 flashcore_capabilities capabilities() {
   flashcore_capabilities caps;
   flashcore_capabilities_init(&caps);

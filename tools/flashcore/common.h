@@ -87,6 +87,12 @@ struct ProblemFlags {
 // Consumes the value of `flag` when it is one of them and returns true; false for any other flag.
 bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p);
 
+// Params for a problem of these sizes with contiguous strides ("bshd", or "bhsd" when `bhsd`); pointers unset.
+// Throws CliError(kExitFailure) naming flashcore_last_error() when the library refuses the sizes.
+flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                                          int64_t heads_kv, int64_t head_dim, flashcore_dtype dtype, bool causal,
+                                          bool bhsd);
+
 // Library capabilities (never needs a GPU).
 flashcore_capabilities capabilities();
 bool caps_has_dtype(const flashcore_capabilities& caps, flashcore_dtype dt);

@@ -272,18 +272,8 @@ class BucketTimer {
   BucketTimer(const VariantSpec& key, const BucketShape& b, const TuneOptions& o, const DeviceInfo& dev,
               RandomPool& pool, cudaStream_t stream)
       : o_(o), stream_(stream) {
-    flashcore_attention_params p;
-    flashcore_attention_params_init(&p);
-    p.batch = b.batch;
-    p.seqlen_q = b.sq;
-    p.seqlen_k = b.sk;
-    p.num_heads_q = b.heads_q;
-    p.num_heads_kv = b.heads_kv;
-    p.head_dim = key.head_dim;
-    p.dtype = key.dtype;
-    p.causal = key.causal ? 1 : 0;
-    if (flashcore_attention_params_set_contiguous(&p, 0) != FLASHCORE_SUCCESS)
-      throw CliError(kExitFailure, std::string("set_contiguous: ") + flashcore_last_error());
+    flashcore_attention_params p =
+        problem_params(b.batch, b.sq, b.sk, b.heads_q, b.heads_kv, key.head_dim, key.dtype, key.causal, false);
     const size_t q_elems = static_cast<size_t>(b.batch * b.sq * b.heads_q * key.head_dim);
     const size_t kv_elems = static_cast<size_t>(b.batch * b.sk * b.heads_kv * key.head_dim);
     const size_t q_bytes = (q_elems * 2 + 255) & ~size_t{255}, kv_bytes = (kv_elems * 2 + 255) & ~size_t{255};
