@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/dtype.h"
+#include "api/launch_util.h"
 #include "api/tuning.h"
 #include "kernels/sm90/launch.h"
 #ifdef FLASHCORE_HAVE_SM80
@@ -224,6 +225,8 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
     if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
   }
+  // Decode (few query tiles, a long key range): the split-KV row, when the call gives a workspace for its partials.
+  if (out.sm90 == nullptr && p.kernel_config == nullptr && workspace_given) out.sm90 = sm90::decode_row(p, device);
   if (out.sm90 == nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, error);
   if (out.sm90 == nullptr) return no_row_status(p);
   out.name = out.sm90->name;
@@ -245,7 +248,7 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
   if (b->id == Id::kSm90) {
     const sm90::KernelRow* row = sm90::select(dtype, dtype, head_dim, causal, name, ignored);
     if (row == nullptr) return false;
-    workspace = sm90::workspace_bytes(*row) > 0;
+    workspace = sm90::needs_workspace(*row);
   }
   if (needs_workspace != nullptr) *needs_workspace = workspace;
   return true;
@@ -263,7 +266,12 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
       st != FLASHCORE_SUCCESS) {
     return st;
   }
-  bytes = row.sm90 != nullptr ? sm90::workspace_bytes(*row.sm90) : 0;  // the portable kernel needs none
+  int sms = 0;
+  if (const cudaError_t err = api::sm_count(device, sms); err != cudaSuccess) {
+    error = api::cuda_message("cannot query the device", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  bytes = row.sm90 != nullptr ? sm90::workspace_bytes(*row.sm90, p, sms) : 0;  // the portable kernel needs none
   return FLASHCORE_SUCCESS;
 }
 

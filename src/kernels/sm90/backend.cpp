@@ -13,6 +13,7 @@
 #include "kernels/sm90/kernel_params.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/scheduler_grid.h"
+#include "kernels/sm90/split_plan.h"
 #include "kernels/sm90/tma_desc.h"
 
 namespace flashcore::sm90 {
@@ -76,13 +77,48 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
   return nullptr;
 }
 
-size_t workspace_bytes(const KernelRow& row) {
+const KernelRow* decode_row(const flashcore_attention_params& p, int device) {
+  int sms = 0;
+  if (api::sm_count(device, sms) != cudaSuccess) return nullptr;
+  const int64_t tiles = kernels::ceil_div(p.seqlen_q, 128) * p.num_heads_q * p.batch;
+  if (2 * tiles > sms || kernels::ceil_div(p.seqlen_k, 128) < 8) return nullptr;
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  for (const KernelRow* r : kRows) {
+    if (r->shape.schedule == Schedule::kSplitKv && r->dtype == p.dtype && r->out_dtype == out_dtype &&
+        r->head_dim == p.head_dim && r->causal == (p.causal != 0)) {
+      return r;
+    }
+  }
+  return nullptr;
+}
+
+bool needs_workspace(const KernelRow& row) {
+  return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv;
+}
+
+namespace {
+// The split of a kSplitKv row's launch for these params (split_plan.h).
+SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
+  return split_plan(tiles, kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
+                    p.seqlen_q, static_cast<int>(p.head_dim));
+}
+}  // namespace
+
+size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
   return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
 }
 
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
                         cudaStream_t stream, std::string& error) {
-  const size_t ws = workspace_bytes(row);
+  int sms = 0;
+  cudaError_t err = api::sm_count(device, sms);
+  if (err != cudaSuccess) {
+    error = api::cuda_message("cannot query the device", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  const size_t ws = workspace_bytes(row, p, sms);
   if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws)) {
     error = std::string("kernel config \"") + row.name + "\" needs " + std::to_string(ws) +
             " bytes of zero-filled workspace (flashcore_attention_workspace_size); workspace_size = " +
@@ -120,11 +156,20 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.num_tiles = static_cast<int>(tiles);
   fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
 
-  int sms = 0;
-  cudaError_t err = api::sm_count(device, sms);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("cannot query the device", err);
-    return FLASHCORE_ERROR_CUDA;
+  SplitPlan plan;
+  if (row.shape.schedule == Schedule::kSplitKv) {
+    plan = plan_for(row, p, sms);
+    if (tiles * plan.splits > 0x7fffffffLL - 4096) {
+      error = "the split-KV grid (" + std::to_string(tiles) + " tiles x " + std::to_string(plan.splits) +
+              " splits) exceeds the tile limit 2^31-4097";
+      return FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+    char* base = static_cast<char*>(p.workspace);
+    fp.o_partial = reinterpret_cast<float*>(base + plan.o_offset);
+    fp.lse_partial = reinterpret_cast<float*>(base + plan.lse_offset);
+    fp.num_splits = plan.splits;
+    fp.blocks_per_split = plan.blocks_per_split;
+    fp.num_tiles = static_cast<int>(tiles * plan.splits);
   }
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
 
@@ -139,6 +184,25 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   if (err != cudaSuccess) {
     error = api::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
+  }
+  if (row.shape.schedule == Schedule::kSplitKv) {  // merge the splits into O (and LSE) on the same stream
+    kernels::CombineParams c{};
+    c.o_partial = fp.o_partial;
+    c.lse_partial = fp.lse_partial;
+    c.o = p.o;
+    c.o_stride_batch = p.o_strides.batch;
+    c.o_stride_seq = p.o_strides.seq;
+    c.o_stride_head = p.o_strides.head;
+    c.lse = p.lse;
+    c.rows = p.batch * p.num_heads_q * p.seqlen_q;
+    c.seqlen_q = p.seqlen_q;
+    c.heads = static_cast<int>(p.num_heads_q);
+    c.splits = plan.splits;
+    err = launch_combine(c, out_dtype, static_cast<int>(p.head_dim), stream);
+    if (err != cudaSuccess) {
+      error = api::cuda_message("split-KV combine launch failed", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
   }
   return FLASHCORE_SUCCESS;
 }

@@ -7,7 +7,9 @@ namespace flashcore::sm90 {
 enum class Schedule : int {
   kOneTilePerCta = 0,     // grid = tiles; the hardware block scheduler balances unequal (causal) tiles
   kStaticPersistent = 1,  // grid = min(tiles, SMs); CTA c takes c, c + grid, ...
-  kDynamicPersistent = 2  // grid = min(tiles, SMs); the next tile comes from a global counter (workspace)
+  kDynamicPersistent = 2,  // grid = min(tiles, SMs); the next tile comes from a global counter (workspace)
+  kSplitKv = 3             // grid = tiles x splits, one CTA each: every split of a tile's key range writes a partial
+                           // (O, LSE) to the workspace, and a combine kernel merges them (decode: few tiles, long Sk)
 };
 
 // How V sits in shared memory for O += P V. 16-bit wgmma reads V as stored (rows = keys, an N-major B

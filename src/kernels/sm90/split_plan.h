@@ -1,0 +1,36 @@
+// Split-KV planning (host): how many parts a tile's key range is cut into, and the workspace the partials take.
+// Used by the sm90 backend for Schedule::kSplitKv rows (decode: few query tiles, many keys).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/tile_math.h"
+
+namespace flashcore::sm90 {
+
+struct SplitPlan {
+  int splits = 1;
+  int blocks_per_split = 1;
+  size_t o_offset = 0, lse_offset = 0, bytes = 0;  // workspace layout: [16-byte header][O partials][LSE partials]
+};
+
+// tiles: query tiles without splitting (batch * heads * m_blocks); key_blocks: key blocks of the longest range.
+// Aims at two waves of CTAs on `sms` SMs, with at least two key blocks per split and at most 128 splits; the
+// count is then trimmed so that no split is empty for the longest range.
+inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t batch_heads, int64_t seqlen_q,
+                            int head_dim) {
+  SplitPlan plan;
+  const int64_t want = kernels::ceil_div(2 * static_cast<int64_t>(std::max(sms, 1)), std::max<int64_t>(tiles, 1));
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(128, key_blocks / 2));
+  const int64_t splits = std::max<int64_t>(1, std::min(want, cap));
+  plan.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, splits)));
+  plan.splits = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, plan.blocks_per_split)));
+  const size_t rows = static_cast<size_t>(batch_heads) * static_cast<size_t>(plan.splits) * static_cast<size_t>(seqlen_q);
+  plan.o_offset = 256;  // the first 16 bytes are the dynamic scheduler's counter in every layout; keep 256 aligned
+  plan.lse_offset = plan.o_offset + ((rows * static_cast<size_t>(head_dim) * sizeof(float) + 255) & ~size_t{255});
+  plan.bytes = plan.lse_offset + ((rows * sizeof(float) + 255) & ~size_t{255});
+  return plan;
+}
+
+}  // namespace flashcore::sm90
