@@ -5,6 +5,7 @@
 #include "api/backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -205,8 +206,11 @@ struct Selected {
 #endif
 };
 
-flashcore_status select_row(const flashcore_attention_params& p, int device, int cc, bool workspace_given,
+// `workspace_capacity`: bytes of workspace the call passes (forward), or UINT64_MAX when asking what a caller who
+// allocates the reported size gets (workspace_size).
+flashcore_status select_row(const flashcore_attention_params& p, int device, int cc, uint64_t workspace_capacity,
                             Selected& out, std::string& error) {
+  const bool workspace_given = workspace_capacity >= 16;  // the dynamic scheduler's counter
   const Backend* b = backend_or_error(cc, error);
   if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
@@ -226,7 +230,9 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
     if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
   }
   // Decode (few query tiles, a long key range): the split-KV row, when the call gives a workspace for its partials.
-  if (out.sm90 == nullptr && p.kernel_config == nullptr && workspace_given) out.sm90 = sm90::decode_row(p, device);
+  if (out.sm90 == nullptr && p.kernel_config == nullptr && workspace_given) {
+    out.sm90 = sm90::decode_row(p, device, workspace_capacity);
+  }
   if (out.sm90 == nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, error);
   if (out.sm90 == nullptr) return no_row_status(p);
   out.name = out.sm90->name;
@@ -262,7 +268,7 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
     return FLASHCORE_ERROR_CUDA;
   }
   Selected row;
-  if (const flashcore_status st = select_row(p, device, cc, /*workspace_given=*/true, row, error);
+  if (const flashcore_status st = select_row(p, device, cc, UINT64_MAX, row, error);
       st != FLASHCORE_SUCCESS) {
     return st;
   }
@@ -278,8 +284,8 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
 flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
   Selected row;
-  const bool workspace_given = p.workspace != nullptr && p.workspace_size > 0;
-  if (const flashcore_status st = select_row(p, device, cc, workspace_given, row, error); st != FLASHCORE_SUCCESS) {
+  const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
+  if (const flashcore_status st = select_row(p, device, cc, capacity, row, error); st != FLASHCORE_SUCCESS) {
     return st;
   }
 #ifdef FLASHCORE_HAVE_SM80
@@ -291,8 +297,8 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
 flashcore_status selected_config(const flashcore_attention_params& p, int device, int cc, const char*& name,
                                  std::string& error) {
   Selected row;
-  const bool workspace_given = p.workspace != nullptr && p.workspace_size > 0;
-  const flashcore_status st = select_row(p, device, cc, workspace_given, row, error);
+  const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
+  const flashcore_status st = select_row(p, device, cc, capacity, row, error);
   if (st == FLASHCORE_SUCCESS) name = row.name;
   return st;
 }

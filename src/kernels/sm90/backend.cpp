@@ -77,7 +77,7 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
   return nullptr;
 }
 
-const KernelRow* decode_row(const flashcore_attention_params& p, int device) {
+const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity) {
   int sms = 0;
   if (api::sm_count(device, sms) != cudaSuccess) return nullptr;
   const int64_t tiles = kernels::ceil_div(p.seqlen_q, 128) * p.num_heads_q * p.batch;
@@ -86,7 +86,7 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device) {
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule == Schedule::kSplitKv && r->dtype == p.dtype && r->out_dtype == out_dtype &&
         r->head_dim == p.head_dim && r->causal == (p.causal != 0)) {
-      return r;
+      return workspace_bytes(*r, p, sms) <= workspace_capacity ? r : nullptr;
     }
   }
   return nullptr;

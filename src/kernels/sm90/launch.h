@@ -25,8 +25,9 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
                         const char* config, std::string& error);
 
 // The split-KV row for a decode-shaped call (query tiles fill less than half of the GPU and the key range is at
-// least 8 blocks of 128), or nullptr (another shape, or no split row compiled for the key).
-const KernelRow* decode_row(const flashcore_attention_params& p, int device);
+// least 8 blocks of 128) whose partials fit in `workspace_capacity` bytes, or nullptr (another shape, too small a
+// workspace, or no split row compiled for the key).
+const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity);
 
 // Whether the row needs a workspace at all (the dynamic scheduler's counter, split-KV partials).
 bool needs_workspace(const KernelRow& row);
