@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/dtype.h"
+#include "api/gqa_pack.h"
 #include "api/launch_util.h"
 #include "api/tuning.h"
 #include "kernels/sm90/launch.h"
@@ -208,6 +209,15 @@ struct Selected {
 
 // `workspace_capacity`: bytes of workspace the call passes (forward), or UINT64_MAX when asking what a caller who
 // allocates the reported size gets (workspace_size).
+// The call the sm90 kernels run: a decode call with shared KV heads is packed (api/gqa_pack.h), unless it names a
+// causal kernel config (the packed call is non-causal, another key); the portable backend runs calls as given.
+flashcore_attention_params as_run(const flashcore_attention_params& p, int cc) {
+  const Backend* b = find(cc);
+  const bool pack =
+      b != nullptr && b->id == Id::kSm90 && api::gqa_packable(p) && (p.kernel_config == nullptr || p.causal == 0);
+  return pack ? api::gqa_packed(p) : p;
+}
+
 flashcore_status select_row(const flashcore_attention_params& p, int device, int cc, uint64_t workspace_capacity,
                             Selected& out, std::string& error) {
   const bool workspace_given = workspace_capacity >= 16;  // the dynamic scheduler's counter
@@ -260,7 +270,9 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
   return true;
 }
 
-flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error) {
+flashcore_status workspace_size(const flashcore_attention_params& params, int cc, size_t& bytes,
+                                std::string& error) {
+  const flashcore_attention_params p = as_run(params, cc);
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -281,8 +293,9 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
   return FLASHCORE_SUCCESS;
 }
 
-flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
+flashcore_status forward(const flashcore_attention_params& params, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
+  const flashcore_attention_params p = as_run(params, cc);
   Selected row;
   const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
   if (const flashcore_status st = select_row(p, device, cc, capacity, row, error); st != FLASHCORE_SUCCESS) {
@@ -294,8 +307,9 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
   return sm90::launch(*row.sm90, p, softmax_scale, device, stream, error);
 }
 
-flashcore_status selected_config(const flashcore_attention_params& p, int device, int cc, const char*& name,
+flashcore_status selected_config(const flashcore_attention_params& params, int device, int cc, const char*& name,
                                  std::string& error) {
+  const flashcore_attention_params p = as_run(params, cc);
   Selected row;
   const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
   const flashcore_status st = select_row(p, device, cc, capacity, row, error);

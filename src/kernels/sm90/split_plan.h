@@ -26,7 +26,8 @@ inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t 
   const int64_t splits = std::max<int64_t>(1, std::min(want, cap));
   plan.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, splits)));
   plan.splits = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, plan.blocks_per_split)));
-  const size_t rows = static_cast<size_t>(batch_heads) * static_cast<size_t>(plan.splits) * static_cast<size_t>(seqlen_q);
+  const size_t rows =
+      static_cast<size_t>(batch_heads) * static_cast<size_t>(plan.splits) * static_cast<size_t>(seqlen_q);
   plan.o_offset = 256;  // the first 16 bytes are the dynamic scheduler's counter in every layout; keep 256 aligned
   plan.lse_offset = plan.o_offset + ((rows * static_cast<size_t>(head_dim) * sizeof(float) + 255) & ~size_t{255});
   plan.bytes = plan.lse_offset + ((rows * sizeof(float) + 255) & ~size_t{255});
