@@ -234,14 +234,13 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
     return FLASHCORE_SUCCESS;
   }
 #endif
+  // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
+  // workspace for its partials. Tuning tables time whole-tile configs and come after it.
+  if (p.kernel_config == nullptr && workspace_given) out.sm90 = sm90::decode_row(p, device, workspace_capacity);
   // choose() only returns configs it found available; should one be gone, the default runs.
-  if (p.kernel_config == nullptr && out_dtype == p.dtype) {
+  if (out.sm90 == nullptr && p.kernel_config == nullptr && out_dtype == p.dtype) {
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
     if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
-  }
-  // Decode (few query tiles, a long key range): the split-KV row, when the call gives a workspace for its partials.
-  if (out.sm90 == nullptr && p.kernel_config == nullptr && workspace_given) {
-    out.sm90 = sm90::decode_row(p, device, workspace_capacity);
   }
   if (out.sm90 == nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, error);
   if (out.sm90 == nullptr) return no_row_status(p);

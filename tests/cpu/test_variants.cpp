@@ -159,7 +159,7 @@ TEST(Variants, FeasibilityRulesSayWhichRuleFailed) {
       {with([](VariantSpec& s) { s.shape.block_n = 24; }), "block_n = 24"},
       {with([](VariantSpec& s) { s.shape.block_n = 272; }), "block_n = 272"},
       {with([](VariantSpec& s) { s.shape.stages = 0; }), "stages = 0"},
-      {with([](VariantSpec& s) { s.shape.stages = 5; }), "stages = 5"},
+      {with([](VariantSpec& s) { s.shape.stages = 9; }), "stages = 9"},
       {with([](VariantSpec& s) { s.shape.schedule = static_cast<Schedule>(4); }), "schedule"},
       {with([](VariantSpec& s) { s.shape.block_m = 64; }), "ping-pong"},
       {with([](VariantSpec& s) { s.shape.stages = 3; }), "shared memory"},  // 32 KB Q + 3 x 80 KB K/V

@@ -34,7 +34,7 @@ TEST(SplitKv, DecodeShapesPassTheSuiteRules) {
   // single key, and Sq > Sk (causal rows with no key).
   const struct { int64_t b, hq, hkv, sq, sk; } shapes[] = {
       {1, 32, 8, 1, 65537}, {4, 16, 2, 1, 8191}, {2, 8, 8, 3, 20000}, {1, 4, 1, 1, 1},
-      {3, 8, 2, 5, 129},    {1, 8, 8, 70, 33},  {2, 4, 4, 64, 4096},
+      {3, 8, 2, 5, 129},    {1, 8, 8, 70, 33},  {2, 4, 4, 64, 4096}, {48, 8, 8, 1, 1030},  // last: one part
   };
   int runs = 0;
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {

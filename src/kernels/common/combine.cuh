@@ -16,6 +16,11 @@ template <class Out, int kHeadDim>
 __global__ void __launch_bounds__(128) flashcore_combine_splits(const CombineParams c) {
   static_assert(kHeadDim % 64 == 0, "each lane owns head_dim / 32 columns, in pairs");
   constexpr int kPairs = kHeadDim / 64;  // float2 per lane
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the forward kernel: its launch overlaps the forward's tail, and this
+  // waits until the forward grid has finished and its partials are visible.
+  cudaGridDependencySynchronize();
+#endif
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
   if (row >= c.rows) return;
   const int lane = threadIdx.x % 32;

@@ -80,8 +80,9 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
 const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity) {
   int sms = 0;
   if (api::sm_count(device, sms) != cudaSuccess) return nullptr;
-  const int64_t tiles = kernels::ceil_div(p.seqlen_q, 128) * p.num_heads_q * p.batch;
-  if (2 * tiles > sms || kernels::ceil_div(p.seqlen_k, 128) < 8) return nullptr;
+  // One query block of 64 rows per (batch, head) against at least 8 key blocks of 128: the 64-row split tile wastes
+  // no rows and split_plan() cuts the keys only as far as the GPU is not yet full (one part when it is).
+  if (p.seqlen_q > 64 || kernels::ceil_div(p.seqlen_k, 128) < 8) return nullptr;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule == Schedule::kSplitKv && r->dtype == p.dtype && r->out_dtype == out_dtype &&
@@ -174,7 +175,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
 
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid_size(row.shape.schedule, tiles, sms));
+  config.gridDim = dim3(grid_size(row.shape.schedule, fp.num_tiles, sms));  // x splits for kSplitKv
   config.blockDim = dim3(static_cast<unsigned>(row.threads));
   config.dynamicSmemBytes = static_cast<size_t>(row.smem_bytes);
   config.stream = stream;

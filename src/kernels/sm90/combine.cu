@@ -29,6 +29,13 @@ cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_
   config.gridDim = dim3(static_cast<unsigned>((c.rows + 3) / 4));
   config.blockDim = dim3(128);
   config.stream = stream;
+  // Programmatic dependent launch: the combine is set up while the forward kernel's last CTAs finish (each one
+  // signals after storing its partials, epilogue.cuh); the kernel itself waits for the whole forward grid.
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
   kernels::CombineParams params = c;
   void* args[] = {&params};
   return cudaLaunchKernelExC(&config, kernel, args);

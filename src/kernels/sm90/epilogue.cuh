@@ -37,6 +37,8 @@ __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Ti
     }
     if (lane % 4 == 0) p.lse_partial[part * seqlen_q + row] = lse[i];
   }
+  // The combine kernel may now be scheduled (it waits for the whole grid before reading, combine.cuh).
+  cudaTriggerProgrammaticLaunchCompletion();
 }
 
 template <class Cfg>

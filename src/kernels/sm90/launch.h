@@ -24,8 +24,8 @@ std::vector<const KernelRow*> registered_rows();
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
                         const char* config, std::string& error);
 
-// The split-KV row for a decode-shaped call (query tiles fill less than half of the GPU and the key range is at
-// least 8 blocks of 128) whose partials fit in `workspace_capacity` bytes, or nullptr (another shape, too small a
+// The split-KV row for a decode-shaped call (at most 64 query rows, after GQA packing, and at least 8 key blocks
+// of 128) whose partials fit in `workspace_capacity` bytes, or nullptr (another shape, too small a
 // workspace, or no split row compiled for the key).
 const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity);
 

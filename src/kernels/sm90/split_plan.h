@@ -16,14 +16,25 @@ struct SplitPlan {
 };
 
 // tiles: query tiles without splitting (batch * heads * m_blocks); key_blocks: key blocks of the longest range.
-// Aims at two waves of CTAs on `sms` SMs, with at least two key blocks per split and at most 128 splits; the
-// count is then trimmed so that no split is empty for the longest range.
+// Each CTA holds an SM alone, so what matters is the last wave: the count s (at least two key blocks per split, at
+// most 128) is the smallest whose wave efficiency tiles * s / (waves * sms) is within 85% of the best one's, and
+// then trimmed so that no split is empty for the longest range. Fewer splits mean fewer pipeline fills and a
+// cheaper combine.
+inline int64_t wave_efficiency_permille(int64_t ctas, int sms) {
+  const int64_t waves = kernels::ceil_div(ctas, static_cast<int64_t>(sms));
+  return waves == 0 ? 0 : 1000 * ctas / (waves * sms);
+}
+
 inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t batch_heads, int64_t seqlen_q,
                             int head_dim) {
   SplitPlan plan;
-  const int64_t want = kernels::ceil_div(2 * static_cast<int64_t>(std::max(sms, 1)), std::max<int64_t>(tiles, 1));
+  sms = std::max(sms, 1);
+  tiles = std::max<int64_t>(tiles, 1);
   const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(128, key_blocks / 2));
-  const int64_t splits = std::max<int64_t>(1, std::min(want, cap));
+  int64_t best = 0;
+  for (int64_t s = 1; s <= cap; ++s) best = std::max(best, wave_efficiency_permille(tiles * s, sms));
+  int64_t splits = 1;
+  while (splits < cap && wave_efficiency_permille(tiles * splits, sms) * 100 < best * 85) ++splits;
   plan.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, splits)));
   plan.splits = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, plan.blocks_per_split)));
   const size_t rows =

@@ -262,7 +262,7 @@ bool feasible(const VariantSpec& spec, std::string& why) {
   if (s.block_n % 16 != 0 || s.block_n < 16 || s.block_n > 256) {
     return reject("block_n = " + std::to_string(s.block_n) + " is not a multiple of 16 in [16, 256]");
   }
-  if (s.stages < 1 || s.stages > 4) return reject("stages = " + std::to_string(s.stages) + " is not in [1, 4]");
+  if (s.stages < 1 || s.stages > 8) return reject("stages = " + std::to_string(s.stages) + " is not in [1, 8]");
   if (sched < 0 || sched >= kSchedules) return reject("unknown schedule " + std::to_string(sched));
   if (s.pingpong && s.block_m < 128) return reject("ping-pong needs two or more consumer warpgroups (block_m >= 128)");
   const Footprint f = footprint(spec);
