@@ -144,7 +144,7 @@ def main():
     with open(os.path.join(args.out, "serving.md"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(args.out, "serving.json"), "w") as f:
-        json.dump({"device": name, "peak_GBps": peak, "decode": rows}, f, indent=1)
+        json.dump({"device": name, "peak_GBps": peak, "decode": rows}, f, indent=1, default=str)
 
 
 def _params(q, k, v, out):

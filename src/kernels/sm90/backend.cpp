@@ -130,8 +130,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.q_strides, row.shape.block_m},
-      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, row.shape.block_n},
-      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, row.shape.block_n},
+      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, kv_box_rows(row.shape)},
+      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, kv_box_rows(row.shape)},
       {"o", p.o, out_dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.o_strides, 64},
   };
   CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};

@@ -25,4 +25,11 @@ struct TileShape {
   bool rescale_vote;  // skip the O rescale when a warp vote finds every factor is 1 (data-dependent branch)
 };
 
+// Rows per K/V TMA box. A whole key block, except for split-KV (decode) rows: they load it in 32-row slices with
+// every 128-byte chunk of a slice issued back to back, so that the halves of a 256-byte K/V row are requested
+// together (decode streams K/V from HBM and nothing else).
+constexpr int kv_box_rows(const TileShape& s) {
+  return s.schedule == Schedule::kSplitKv && s.block_n > 32 ? 32 : s.block_n;
+}
+
 }  // namespace flashcore::sm90
