@@ -90,9 +90,9 @@ def main():
         row["flashcore_nosplit_us"] = graph_time_us(
             lambda: lib.forward(params, torch.cuda.current_stream().cuda_stream))
         for config in args.configs:  # named kernel configs, each with the workspace it asks for
-            name = config.encode()
+            config_name = ctypes.c_char_p(config.encode())  # alive until the next config
             cp = _params(q, kc, vc, dense_out)
-            cp.kernel_config = ctypes.cast(ctypes.c_char_p(name), ctypes.c_void_p)
+            cp.kernel_config = ctypes.cast(config_name, ctypes.c_void_p)
             ws = torch.zeros(max(lib.workspace_size(cp), 256), dtype=torch.uint8, device="cuda")
             cp.workspace, cp.workspace_size = ws.data_ptr(), ws.numel()
             dense_out.fill_(float("nan"))
