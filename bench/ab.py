@@ -18,8 +18,9 @@ import subprocess
 import sys
 
 
-def run_pass(cli, dtype, out_json, extra):
-    cmd = [cli, "bench", "grid", "--dtype", dtype, "--causal", "both", "--quiet", "--json", out_json] + extra
+def run_pass(cli, dtype, out_json, extra, shapes):
+    which = [a for s in shapes for a in ("--shape", s)] if shapes else ["grid"]
+    cmd = [cli, "bench"] + which + ["--dtype", dtype, "--causal", "both", "--quiet", "--json", out_json] + extra
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"ab: {' '.join(cmd)} failed ({r.returncode}): {r.stderr[-500:]}")
@@ -40,6 +41,8 @@ def main():
     ap.add_argument("--out", default="ab_out")
     ap.add_argument("--power-ms", default="0", help="passed to bench (0: no power sampling, faster)")
     ap.add_argument("--graph", action="store_true", help="bench --graph: kernel time without launch overhead")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="B,H,S,D: time these shapes (causal and not) instead of the grid; repeatable")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     extra = ["--power-ms", args.power_ms] + (["--graph"] if args.graph else [])
@@ -50,7 +53,7 @@ def main():
         # ABBA order: a build that always ran second would always meet a hotter card (power-capped cells).
         for side in (("a", "b") if p % 2 == 0 else ("b", "a")):
             for dt in dtypes:
-                data = run_pass(getattr(args, side), dt, os.path.join(args.out, f"{side}_{dt}_{p}.json"), extra)
+                data = run_pass(getattr(args, side), dt, os.path.join(args.out, f"{side}_{dt}_{p}.json"), extra, args.shape)
                 version[side] = data.get("library_version")
                 for row in data["rows"]:
                     if row.get("status") == "ok":

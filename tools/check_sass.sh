@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that every compiled forward kernel is what its name says (CI runs this; no GPU needed):
-#   - its SASS contains HGMMA (wgmma) and UTMALDG (TMA loads), and UTMASTG (TMA stores);
+#   - its SASS contains HGMMA (wgmma) and UTMALDG (TMA loads), and UTMASTG (TMA stores) except the split-KV
+#     kernels (rows named *_split_*), which write fp32 partials with plain stores for the combine kernel;
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
 #   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510) anywhere;
@@ -50,7 +51,7 @@ while read -r name h l s loc; do
   status="ok"
   [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA"; status="FAIL"; }
   [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
-  [[ "$s" -gt 0 ]] || { err "$demangled: no UTMASTG"; status="FAIL"; }
+  [[ "$s" -gt 0 || "$demangled" == *_split_* ]] || { err "$demangled: no UTMASTG"; status="FAIL"; }
   [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
   printf 'check_sass: %-4s HGMMA=%-4s UTMALDG=%-3s UTMASTG=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$l" "$s" "$loc" "$demangled"
 done <<<"$report"

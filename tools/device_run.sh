@@ -52,7 +52,7 @@ for stage in "${stages[@]}"; do
       run tune_test env FLASHCORE_KERNEL_SOURCES="$PWD/src" bash tools/test_tune_gpu.sh "$bin/flashcore" "${CUBINS:-.dev/cubins}" ;;
     check) run check_det "$bin/flashcore" check --quick --determinism 20 ;;
     tvla) run tvla "$bin/flashcore" tvla ;;
-    ab) run ab python3 bench/ab.py --a "$ab_base" --b "$bin/flashcore" --passes 3 --dtype both --out "$out/ab" ;;
+    ab) run ab python3 bench/ab.py --a "$ab_base" --b "$bin/flashcore" --passes "${AB_PASSES:-3}" --dtype both --out "$out/ab" ${AB_ARGS:-} ;;
     sanitize) run sanitize bash tools/sanitize.sh --out "$out/sanitize" ;;
     python) run pytest env PYTHONPATH=python python3 -m pytest python/tests -q -rs -x -p no:cacheprovider ;;
     seeds) run seeds "$bin/flashcore" bench seeds --dtype both --causal both --graph --check --json "$out/seeds.json" ;;

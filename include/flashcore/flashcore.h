@@ -157,8 +157,9 @@ FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_atten
                                                            flashcore_stream_t stream);
 
 /* Bytes of device workspace flashcore_attention_forward needs for these params on the current device (0 for
- * most calls). Validates params like forward. The workspace must be zero-filled before its first use;
- * FlashCore leaves it zero-filled after every call, so one buffer serves every later call on its stream. */
+ * most calls: the dynamic scheduler's counter, split-KV partials for decode-shaped calls). Validates params like
+ * forward. The workspace must be zero-filled before its first use; FlashCore leaves its first 256 bytes zero-filled
+ * after every call (the rest is scratch), so one buffer serves every later call on its stream. */
 FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params,
                                                                   uint64_t* bytes);
 

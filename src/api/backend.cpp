@@ -5,11 +5,14 @@
 #include "api/backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "api/dtype.h"
+#include "api/gqa_pack.h"
+#include "api/launch_util.h"
 #include "api/tuning.h"
 #include "kernels/sm90/launch.h"
 #ifdef FLASHCORE_HAVE_SM80
@@ -204,8 +207,20 @@ struct Selected {
 #endif
 };
 
-flashcore_status select_row(const flashcore_attention_params& p, int device, int cc, bool workspace_given,
+// `workspace_capacity`: bytes of workspace the call passes (forward), or UINT64_MAX when asking what a caller who
+// allocates the reported size gets (workspace_size).
+// The call the sm90 kernels run: a decode call with shared KV heads is packed (api/gqa_pack.h), unless it names a
+// causal kernel config (the packed call is non-causal, another key); the portable backend runs calls as given.
+flashcore_attention_params as_run(const flashcore_attention_params& p, int cc) {
+  const Backend* b = find(cc);
+  const bool pack =
+      b != nullptr && b->id == Id::kSm90 && api::gqa_packable(p) && (p.kernel_config == nullptr || p.causal == 0);
+  return pack ? api::gqa_packed(p) : p;
+}
+
+flashcore_status select_row(const flashcore_attention_params& p, int device, int cc, uint64_t workspace_capacity,
                             Selected& out, std::string& error) {
+  const bool workspace_given = workspace_capacity >= 16;  // the dynamic scheduler's counter
   const Backend* b = backend_or_error(cc, error);
   if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
@@ -219,8 +234,11 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
     return FLASHCORE_SUCCESS;
   }
 #endif
+  // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
+  // workspace for its partials. Tuning tables time whole-tile configs and come after it.
+  if (p.kernel_config == nullptr && workspace_given) out.sm90 = sm90::decode_row(p, device, workspace_capacity);
   // choose() only returns configs it found available; should one be gone, the default runs.
-  if (p.kernel_config == nullptr && out_dtype == p.dtype) {
+  if (out.sm90 == nullptr && p.kernel_config == nullptr && out_dtype == p.dtype) {
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
     if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
   }
@@ -245,13 +263,15 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
   if (b->id == Id::kSm90) {
     const sm90::KernelRow* row = sm90::select(dtype, dtype, head_dim, causal, name, ignored);
     if (row == nullptr) return false;
-    workspace = sm90::workspace_bytes(*row) > 0;
+    workspace = sm90::needs_workspace(*row);
   }
   if (needs_workspace != nullptr) *needs_workspace = workspace;
   return true;
 }
 
-flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error) {
+flashcore_status workspace_size(const flashcore_attention_params& params, int cc, size_t& bytes,
+                                std::string& error) {
+  const flashcore_attention_params p = as_run(params, cc);
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -259,19 +279,25 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
     return FLASHCORE_ERROR_CUDA;
   }
   Selected row;
-  if (const flashcore_status st = select_row(p, device, cc, /*workspace_given=*/true, row, error);
+  if (const flashcore_status st = select_row(p, device, cc, UINT64_MAX, row, error);
       st != FLASHCORE_SUCCESS) {
     return st;
   }
-  bytes = row.sm90 != nullptr ? sm90::workspace_bytes(*row.sm90) : 0;  // the portable kernel needs none
+  int sms = 0;
+  if (const cudaError_t err = api::sm_count(device, sms); err != cudaSuccess) {
+    error = api::cuda_message("cannot query the device", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  bytes = row.sm90 != nullptr ? sm90::workspace_bytes(*row.sm90, p, sms) : 0;  // the portable kernel needs none
   return FLASHCORE_SUCCESS;
 }
 
-flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
+flashcore_status forward(const flashcore_attention_params& params, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
+  const flashcore_attention_params p = as_run(params, cc);
   Selected row;
-  const bool workspace_given = p.workspace != nullptr && p.workspace_size > 0;
-  if (const flashcore_status st = select_row(p, device, cc, workspace_given, row, error); st != FLASHCORE_SUCCESS) {
+  const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
+  if (const flashcore_status st = select_row(p, device, cc, capacity, row, error); st != FLASHCORE_SUCCESS) {
     return st;
   }
 #ifdef FLASHCORE_HAVE_SM80
@@ -280,11 +306,12 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
   return sm90::launch(*row.sm90, p, softmax_scale, device, stream, error);
 }
 
-flashcore_status selected_config(const flashcore_attention_params& p, int device, int cc, const char*& name,
+flashcore_status selected_config(const flashcore_attention_params& params, int device, int cc, const char*& name,
                                  std::string& error) {
+  const flashcore_attention_params p = as_run(params, cc);
   Selected row;
-  const bool workspace_given = p.workspace != nullptr && p.workspace_size > 0;
-  const flashcore_status st = select_row(p, device, cc, workspace_given, row, error);
+  const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
+  const flashcore_status st = select_row(p, device, cc, capacity, row, error);
   if (st == FLASHCORE_SUCCESS) name = row.name;
   return st;
 }

@@ -89,7 +89,7 @@ TEST(Variants, ConfigNamesRoundTrip) {
     EXPECT_EQ(flashcore::sm90::config_name(t), r->name);
   }
   for (const char* name : {"64x16x1-onecta", "128x160x2-pp-static", "192x128x3-pp-dynamic-vote",
-                           "128x256x4-static-vote"}) {
+                           "128x256x4-static-vote", "64x128x3-split"}) {
     TileShape t{};
     ASSERT_TRUE(flashcore::sm90::parse_config_name(name, t)) << name;
     EXPECT_EQ(flashcore::sm90::config_name(t), name);
@@ -118,7 +118,7 @@ TEST(Variants, FootprintEqualsKernelConfigForTheCompiledRows) {
     EXPECT_EQ(f.threads, r->threads) << r->name;
     EXPECT_EQ(f.smem_bytes, r->smem_bytes) << r->name;
     EXPECT_EQ(f.separate_o, r->separate_o) << r->name;
-    EXPECT_EQ(f.consumer_regs, r->threads == 384 ? 240 : 160) << r->name;
+    EXPECT_EQ(f.consumer_regs, r->threads <= 384 ? 240 : 160) << r->name;  // one or two consumer warpgroups: 240
     std::string why;
     EXPECT_TRUE(flashcore::sm90::feasible(spec_of(*r), why)) << r->name << ": " << why;
     EXPECT_EQ(r->test_scale_factor, 1.0f) << r->name;
@@ -159,8 +159,8 @@ TEST(Variants, FeasibilityRulesSayWhichRuleFailed) {
       {with([](VariantSpec& s) { s.shape.block_n = 24; }), "block_n = 24"},
       {with([](VariantSpec& s) { s.shape.block_n = 272; }), "block_n = 272"},
       {with([](VariantSpec& s) { s.shape.stages = 0; }), "stages = 0"},
-      {with([](VariantSpec& s) { s.shape.stages = 5; }), "stages = 5"},
-      {with([](VariantSpec& s) { s.shape.schedule = static_cast<Schedule>(3); }), "schedule"},
+      {with([](VariantSpec& s) { s.shape.stages = 9; }), "stages = 9"},
+      {with([](VariantSpec& s) { s.shape.schedule = static_cast<Schedule>(4); }), "schedule"},
       {with([](VariantSpec& s) { s.shape.block_m = 64; }), "ping-pong"},
       {with([](VariantSpec& s) { s.shape.stages = 3; }), "shared memory"},  // 32 KB Q + 3 x 80 KB K/V
       {with([](VariantSpec& s) { s.shape.block_n = 256, s.shape.stages = 1; }), "registers"},  // 64 + 128 + 64

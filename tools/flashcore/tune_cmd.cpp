@@ -280,12 +280,9 @@ class BucketTimer {
     const size_t set_bytes = 2 * q_bytes + 2 * kv_bytes;  // Q K V O
     size_t sets = static_cast<size_t>(2 * dev.l2_bytes) / set_bytes + 1;
     sets = std::min<size_t>(sets, 64);
-    FC_CUDA(cudaMalloc(&arena_, sets * set_bytes + 256));
-    FC_CUDA(cudaMemsetAsync(arena_, 0, sets * set_bytes + 256, stream_));
+    FC_CUDA(cudaMalloc(&arena_, sets * set_bytes));
     std::mt19937_64 rng(static_cast<uint64_t>(b.sq * 31 + b.sk) * 7919u + static_cast<uint64_t>(key.head_dim));
     char* base = static_cast<char*>(arena_);
-    p.workspace = base + sets * set_bytes;  // zero-filled; the dynamic scheduler leaves it zero-filled
-    p.workspace_size = 256;
     for (size_t i = 0; i < sets; ++i) {
       char* s = base + i * set_bytes;
       pool.fill(s, q_elems * 2, key.dtype, rng, stream_);
@@ -299,7 +296,10 @@ class BucketTimer {
     }
     FC_CUDA(cudaStreamSynchronize(stream_));
   }
-  ~BucketTimer() { cudaFree(arena_); }
+  ~BucketTimer() {
+    cudaFree(arena_);
+    cudaFree(workspace_);
+  }
   BucketTimer(const BucketTimer&) = delete;
   BucketTimer& operator=(const BucketTimer&) = delete;
 
@@ -307,6 +307,26 @@ class BucketTimer {
   std::vector<double> time(const std::vector<std::string>& configs) {
     const size_t n = configs.size();
     std::vector<std::vector<double>> samples(n);
+    // One zero-filled workspace, as large as the largest need (dynamic scheduler counter, split-KV partials).
+    uint64_t need = 0;
+    for (const std::string& c : configs) {
+      params_[0].kernel_config = c.c_str();
+      uint64_t bytes = 0;
+      if (flashcore_attention_workspace_size(&params_[0], &bytes) != FLASHCORE_SUCCESS)
+        throw CliError(kExitFailure, "config " + c + ": workspace_size: " + flashcore_last_error());
+      need = std::max(need, bytes);
+    }
+    if (need > workspace_bytes_) {
+      cudaFree(workspace_);
+      workspace_ = nullptr;
+      FC_CUDA(cudaMalloc(&workspace_, need));
+      FC_CUDA(cudaMemset(workspace_, 0, need));
+      workspace_bytes_ = need;
+    }
+    for (flashcore_attention_params& p : params_) {
+      p.workspace = workspace_;
+      p.workspace_size = workspace_bytes_;
+    }
     cudaEvent_t start = nullptr, stop = nullptr;
     FC_CUDA(cudaEventCreate(&start));
     FC_CUDA(cudaEventCreate(&stop));
@@ -350,6 +370,8 @@ class BucketTimer {
   const TuneOptions& o_;
   cudaStream_t stream_;
   void* arena_ = nullptr;
+  void* workspace_ = nullptr;
+  uint64_t workspace_bytes_ = 0;
   std::vector<flashcore_attention_params> params_;
   size_t next_ = 0;
 };

@@ -10,6 +10,7 @@ struct Tile {
   int batch;
   SeqInfo seq;    // this tile's sequence (dense batches: the tensor's lengths, offset 0)
   KeyRange keys;  // key blocks visited, from keys.end - 1 down to keys.begin
+  int split = 0;  // split-KV: which part of the tile's key range (keys is that part)
 };
 
 // Tile order: query blocks fastest, so the CTAs running at once share one head's K/V in L2. Causal tiles go

@@ -13,6 +13,7 @@
 #include "kernels/sm90/kernel_params.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/scheduler_grid.h"
+#include "kernels/sm90/split_plan.h"
 #include "kernels/sm90/tma_desc.h"
 
 namespace flashcore::sm90 {
@@ -76,13 +77,49 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
   return nullptr;
 }
 
-size_t workspace_bytes(const KernelRow& row) {
+const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity) {
+  int sms = 0;
+  if (api::sm_count(device, sms) != cudaSuccess) return nullptr;
+  // One query block of 64 rows per (batch, head) against at least 8 key blocks of 128: the 64-row split tile wastes
+  // no rows and split_plan() cuts the keys only as far as the GPU is not yet full (one part when it is).
+  if (p.seqlen_q > 64 || kernels::ceil_div(p.seqlen_k, 128) < 8) return nullptr;
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  for (const KernelRow* r : kRows) {
+    if (r->shape.schedule == Schedule::kSplitKv && r->dtype == p.dtype && r->out_dtype == out_dtype &&
+        r->head_dim == p.head_dim && r->causal == (p.causal != 0)) {
+      return workspace_bytes(*r, p, sms) <= workspace_capacity ? r : nullptr;
+    }
+  }
+  return nullptr;
+}
+
+bool needs_workspace(const KernelRow& row) {
+  return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv;
+}
+
+namespace {
+// The split of a kSplitKv row's launch for these params (split_plan.h).
+SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
+  return split_plan(tiles, kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
+                    p.seqlen_q, static_cast<int>(p.head_dim));
+}
+}  // namespace
+
+size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
   return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
 }
 
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
                         cudaStream_t stream, std::string& error) {
-  const size_t ws = workspace_bytes(row);
+  int sms = 0;
+  cudaError_t err = api::sm_count(device, sms);
+  if (err != cudaSuccess) {
+    error = api::cuda_message("cannot query the device", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  const size_t ws = workspace_bytes(row, p, sms);
   if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws)) {
     error = std::string("kernel config \"") + row.name + "\" needs " + std::to_string(ws) +
             " bytes of zero-filled workspace (flashcore_attention_workspace_size); workspace_size = " +
@@ -93,8 +130,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.q_strides, row.shape.block_m},
-      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, row.shape.block_n},
-      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, row.shape.block_n},
+      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, kv_box_rows(row.shape)},
+      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, kv_box_rows(row.shape)},
       {"o", p.o, out_dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.o_strides, 64},
   };
   CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
@@ -120,16 +157,25 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.num_tiles = static_cast<int>(tiles);
   fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
 
-  int sms = 0;
-  cudaError_t err = api::sm_count(device, sms);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("cannot query the device", err);
-    return FLASHCORE_ERROR_CUDA;
+  SplitPlan plan;
+  if (row.shape.schedule == Schedule::kSplitKv) {
+    plan = plan_for(row, p, sms);
+    if (tiles * plan.splits > 0x7fffffffLL - 4096) {
+      error = "the split-KV grid (" + std::to_string(tiles) + " tiles x " + std::to_string(plan.splits) +
+              " splits) exceeds the tile limit 2^31-4097";
+      return FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+    char* base = static_cast<char*>(p.workspace);
+    fp.o_partial = reinterpret_cast<float*>(base + plan.o_offset);
+    fp.lse_partial = reinterpret_cast<float*>(base + plan.lse_offset);
+    fp.num_splits = plan.splits;
+    fp.blocks_per_split = plan.blocks_per_split;
+    fp.num_tiles = static_cast<int>(tiles * plan.splits);
   }
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
 
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid_size(row.shape.schedule, tiles, sms));
+  config.gridDim = dim3(grid_size(row.shape.schedule, fp.num_tiles, sms));  // x splits for kSplitKv
   config.blockDim = dim3(static_cast<unsigned>(row.threads));
   config.dynamicSmemBytes = static_cast<size_t>(row.smem_bytes);
   config.stream = stream;
@@ -139,6 +185,25 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   if (err != cudaSuccess) {
     error = api::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
+  }
+  if (row.shape.schedule == Schedule::kSplitKv) {  // merge the splits into O (and LSE) on the same stream
+    kernels::CombineParams c{};
+    c.o_partial = fp.o_partial;
+    c.lse_partial = fp.lse_partial;
+    c.o = p.o;
+    c.o_stride_batch = p.o_strides.batch;
+    c.o_stride_seq = p.o_strides.seq;
+    c.o_stride_head = p.o_strides.head;
+    c.lse = p.lse;
+    c.rows = p.batch * p.num_heads_q * p.seqlen_q;
+    c.seqlen_q = p.seqlen_q;
+    c.heads = static_cast<int>(p.num_heads_q);
+    c.splits = plan.splits;
+    err = launch_combine(c, out_dtype, static_cast<int>(p.head_dim), stream);
+    if (err != cudaSuccess) {
+      error = api::cuda_message("split-KV combine launch failed", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
   }
   return FLASHCORE_SUCCESS;
 }

@@ -30,7 +30,10 @@ struct KernelConfig {
   static constexpr int kStages = kShape.stages;
   static constexpr bool kPingPong = kShape.pingpong;
   static constexpr Schedule kSchedule = kShape.schedule;
-  static constexpr bool kPersistent = kSchedule != Schedule::kOneTilePerCta;
+  static constexpr bool kPersistent =
+      kSchedule == Schedule::kStaticPersistent || kSchedule == Schedule::kDynamicPersistent;
+  static constexpr bool kSplitKv = kSchedule == Schedule::kSplitKv;
+  static constexpr int kKVBoxRows = kv_box_rows(kShape);  // rows per K/V TMA box (tile_shape.h)
 
   static constexpr int kElemBytes = kernels::ElemTraits<Element>::kBytes;
   static constexpr int kOutElemBytes = kernels::ElemTraits<OutElement>::kBytes;

@@ -13,6 +13,34 @@
 
 namespace flashcore::sm90 {
 
+// Split-KV: this split's O (normalized by its own sum, fp32) and LSE go to the workspace, rows [0, seqlen_q) of
+// (batch, head, split); the combine kernel (combine.cuh) weighs the splits by their LSE.
+template <class Cfg>
+__device__ __forceinline__ void store_split_partial(const FwdParams& p, const Tile& tile, int warpgroup,
+                                                    const ConsumerState<Cfg>& st, const float (&inv_sum)[2],
+                                                    const float (&lse)[2]) {
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = (threadIdx.x / 32) % 4;
+  const int64_t seqlen_q = tile.seq.seqlen_q;
+  const int64_t part = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_splits + tile.split;
+  float* o_rows = p.o_partial + part * seqlen_q * Cfg::kHeadDim;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
+                        warp_in_wg * 16 + lane / 4 + 8 * i;
+    if (row >= seqlen_q) continue;
+    float* o_row = o_rows + row * Cfg::kHeadDim + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+      *reinterpret_cast<float2*>(o_row + 8 * j) =
+          make_float2(st.o[kernels::acc_index(j, i, 0)] * inv_sum[i], st.o[kernels::acc_index(j, i, 1)] * inv_sum[i]);
+    }
+    if (lane % 4 == 0) p.lse_partial[part * seqlen_q + row] = lse[i];
+  }
+  // The combine kernel may now be scheduled (it waits for the whole grid before reading, combine.cuh).
+  cudaTriggerProgrammaticLaunchCompletion();
+}
+
 template <class Cfg>
 __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                                   SharedBarriers<Cfg>& bars, int warpgroup, ConsumerState<Cfg>& st,
@@ -24,6 +52,10 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
 
   float inv_sum[2], lse[2];
   st.softmax.finalize(p.scale_log2, inv_sum, lse);
+  if constexpr (Cfg::kSplitKv) {
+    store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
+    return;  // one tile per CTA: no next tile takes the Q stage, and O is written by the combine kernel
+  }
 
   // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma has
   // completed). A separate O buffer may still be read by the previous tile's store: wait for it.

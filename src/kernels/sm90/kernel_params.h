@@ -20,8 +20,14 @@ struct FwdParams {
   int num_heads_q;
   int head_ratio;     // num_heads_q / num_heads_kv
   int num_m_blocks;   // ceil(seqlen_q / kBlockM)
-  int num_tiles;      // num_m_blocks * num_heads_q * batch
+  int num_tiles;      // num_m_blocks * num_heads_q * batch (x num_splits for kSplitKv)
   float scale_log2;   // softmax_scale * log2(e)
+  // Split-KV only (Schedule::kSplitKv): per (batch, head, split) the partial O (fp32, [Sq][D], normalized by the
+  // split's own sum) and LSE ([Sq], -inf for a split that sees no key), in the workspace; combine.cuh merges them.
+  float* o_partial;
+  float* lse_partial;
+  int num_splits;        // >= 1
+  int blocks_per_split;  // key blocks per split
 };
 
 }  // namespace flashcore::sm90

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashcore/flashcore.h"
+#include "kernels/common/combine_params.h"
 #include "kernels/sm90/kernel_row.h"
 
 namespace flashcore::sm90 {
@@ -23,8 +24,20 @@ std::vector<const KernelRow*> registered_rows();
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
                         const char* config, std::string& error);
 
-// Device workspace the row needs (the dynamic scheduler's counter), in bytes.
-size_t workspace_bytes(const KernelRow& row);
+// The split-KV row for a decode-shaped call (at most 64 query rows, after GQA packing, and at least 8 key blocks
+// of 128) whose partials fit in `workspace_capacity` bytes, or nullptr (another shape, too small a
+// workspace, or no split row compiled for the key).
+const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity);
+
+// Whether the row needs a workspace at all (the dynamic scheduler's counter, split-KV partials).
+bool needs_workspace(const KernelRow& row);
+
+// Device workspace the row needs for these params on a device with `sms` SMs, in bytes (0 for most rows).
+size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms);
+
+// The split-KV combine kernel (kernels/common/combine.cuh) for O of `out_dtype` and `head_dim`.
+cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_dtype, int head_dim,
+                           cudaStream_t stream);
 
 // Encode the tensor maps and launch `row` on `device`. `p` has passed validation; `softmax_scale` is resolved.
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,

@@ -10,15 +10,21 @@
 
 namespace flashcore::sm90 {
 
-// Load a (rows x head_dim) tile as kChunks boxes of (one 128-byte row chunk x rows); chunk c at smem + c*bytes.
-template <class Cfg, int kChunkBytes>
+// Load a (kRows x head_dim) tile as boxes of (one 128-byte row chunk x kBoxRows rows), slice by slice, the chunks of
+// a slice back to back; chunk c of row r lands at smem + c * kChunkBytes + r * 128 (the 128B swizzle is a function
+// of the address, so slices of 8k rows compose into the same layout as one box).
+template <class Cfg, int kChunkBytes, int kRows, int kBoxRows>
 __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* smem, uint64_t* bar, int64_t row,
                                               int head, int batch) {
+  static_assert(kRows % kBoxRows == 0 && kBoxRows % 8 == 0, "whole 8-row swizzle atoms per box");
 #pragma unroll
-  for (int c = 0; c < Cfg::kChunks; ++c) {
-    const int32_t coords[4] = {c * Cfg::kChunkCols, static_cast<int32_t>(row), head, batch};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem + c * kChunkBytes,
-                                    map, coords, bar);
+  for (int r = 0; r < kRows; r += kBoxRows) {
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      const int32_t coords[4] = {c * Cfg::kChunkCols, static_cast<int32_t>(row + r), head, batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                      smem + c * kChunkBytes + r * Cfg::kRowBytes, map, coords, bar);
+    }
   }
 }
 
@@ -45,20 +51,22 @@ struct Producer {
       return;
     }
     const int kv_head = tile.head / p.head_ratio;
-    tma_load_tile<Cfg, Cfg::kQChunkBytes>(&p.tma_q, smem + Cfg::kSmemQOffset, bars.q.commit_tx(q_state, Cfg::kQBytes),
-                                          tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM,
-                                          tile.head, tile.batch);
+    tma_load_tile<Cfg, Cfg::kQChunkBytes, Cfg::kBlockM, Cfg::kBlockM>(
+        &p.tma_q, smem + Cfg::kSmemQOffset, bars.q.commit_tx(q_state, Cfg::kQBytes),
+        tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM, tile.head, tile.batch);
     q_state.advance();
 
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
       const int64_t row = kv_row(tile, n_block);
       const int stage_offset = kv_state.stage * Cfg::kKVTileBytes;
       bars.k.acquire(kv_state);
-      tma_load_tile<Cfg, Cfg::kKVChunkBytes>(&p.tma_k, smem + Cfg::kSmemKOffset + stage_offset,
-                                             bars.k.commit_tx(kv_state, Cfg::kKVTileBytes), row, kv_head, tile.batch);
+      tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
+          &p.tma_k, smem + Cfg::kSmemKOffset + stage_offset, bars.k.commit_tx(kv_state, Cfg::kKVTileBytes), row,
+          kv_head, tile.batch);
       bars.v.acquire(kv_state);
-      tma_load_tile<Cfg, Cfg::kKVChunkBytes>(&p.tma_v, smem + Cfg::kSmemVOffset + stage_offset,
-                                             bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row, kv_head, tile.batch);
+      tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
+          &p.tma_v, smem + Cfg::kSmemVOffset + stage_offset, bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row,
+          kv_head, tile.batch);
       kv_state.advance();
     }
   }

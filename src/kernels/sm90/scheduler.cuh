@@ -16,9 +16,21 @@ namespace flashcore::sm90 {
 
 using kernels::Tile;
 
+// Split-KV: tile index = dense tile * num_splits + split; split s visits key blocks
+// [begin + s * blocks_per_split, begin + (s + 1) * blocks_per_split) of the dense tile's range (possibly none).
 template <class Cfg>
 __device__ __forceinline__ Tile decode_tile(const FwdParams& p, int tile_idx) {
-  return kernels::decode_dense_tile<Cfg>(p, tile_idx);
+  if constexpr (Cfg::kSplitKv) {
+    const int split = tile_idx % p.num_splits;
+    Tile t = kernels::decode_dense_tile<Cfg>(p, tile_idx / p.num_splits);
+    const int begin = t.keys.begin + split * p.blocks_per_split;
+    t.keys.end = min(t.keys.end, begin + p.blocks_per_split);
+    t.keys.begin = begin;
+    t.split = split;
+    return t;
+  } else {
+    return kernels::decode_dense_tile<Cfg>(p, tile_idx);
+  }
 }
 
 template <class Cfg>
@@ -30,7 +42,7 @@ struct TileScheduler {
   __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
 
   __device__ __forceinline__ int producer_next(const FwdParams& p, int t) {
-    if constexpr (kPolicy == Schedule::kOneTilePerCta) {
+    if constexpr (kPolicy == Schedule::kOneTilePerCta || kPolicy == Schedule::kSplitKv) {
       return p.num_tiles;
     } else if constexpr (kPolicy == Schedule::kStaticPersistent) {
       return t + static_cast<int>(gridDim.x);

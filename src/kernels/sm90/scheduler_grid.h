@@ -5,7 +5,8 @@
 namespace flashcore::sm90 {
 
 inline unsigned grid_size(Schedule policy, long long tiles, int sms) {
-  return static_cast<unsigned>(policy == Schedule::kOneTilePerCta || tiles < sms ? tiles : sms);
+  const bool one_each = policy == Schedule::kOneTilePerCta || policy == Schedule::kSplitKv;
+  return static_cast<unsigned>(one_each || tiles < sms ? tiles : sms);
 }
 
 }  // namespace flashcore::sm90

@@ -14,7 +14,8 @@ inline constexpr int kRowsPerWarpgroup = 64;        // query rows per consumer w
 inline constexpr int kProducerRegs = 24;            // setmaxnreg budget of the producer warpgroup
 
 // setmaxnreg budget per consumer thread: what is left of the 64K registers beside the producer warpgroup.
-constexpr int consumer_regs(int consumer_warpgroups) { return consumer_warpgroups == 2 ? 240 : 160; }
+// setmaxnreg budget per consumer thread: 240 for one or two consumer warpgroups, 160 for three (64K registers).
+constexpr int consumer_regs(int consumer_warpgroups) { return consumer_warpgroups <= 2 ? 240 : 160; }
 
 struct SmemPlan {
   int consumer_warpgroups;  // one per 64 query rows
@@ -44,7 +45,7 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.threads = 128 * (p.consumer_warpgroups + 1);
   p.consumer_threads = 128 * p.consumer_warpgroups;
   p.consumer_regs = consumer_regs(p.consumer_warpgroups);
-  p.persistent = shape.schedule != Schedule::kOneTilePerCta;
+  p.persistent = shape.schedule == Schedule::kStaticPersistent || shape.schedule == Schedule::kDynamicPersistent;
 
   p.chunk_cols = kSmemRowBytes / elem_bytes;
   p.chunks = head_dim / p.chunk_cols;

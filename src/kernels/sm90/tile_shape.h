@@ -7,7 +7,9 @@ namespace flashcore::sm90 {
 enum class Schedule : int {
   kOneTilePerCta = 0,     // grid = tiles; the hardware block scheduler balances unequal (causal) tiles
   kStaticPersistent = 1,  // grid = min(tiles, SMs); CTA c takes c, c + grid, ...
-  kDynamicPersistent = 2  // grid = min(tiles, SMs); the next tile comes from a global counter (workspace)
+  kDynamicPersistent = 2,  // grid = min(tiles, SMs); the next tile comes from a global counter (workspace)
+  kSplitKv = 3             // grid = tiles x splits, one CTA each: every split of a tile's key range writes a partial
+                           // (O, LSE) to the workspace, and a combine kernel merges them (decode: few tiles, long Sk)
 };
 
 // How V sits in shared memory for O += P V. 16-bit wgmma reads V as stored (rows = keys, an N-major B
@@ -22,5 +24,12 @@ struct TileShape {
   Schedule schedule;  // scheduler.cuh
   bool rescale_vote;  // skip the O rescale when a warp vote finds every factor is 1 (data-dependent branch)
 };
+
+// Rows per K/V TMA box. A whole key block, except for split-KV (decode) rows: they load it in 32-row slices with
+// every 128-byte chunk of a slice issued back to back, so that the halves of a 256-byte K/V row are requested
+// together (decode streams K/V from HBM and nothing else).
+constexpr int kv_box_rows(const TileShape& s) {
+  return s.schedule == Schedule::kSplitKv && s.block_n > 32 ? 32 : s.block_n;
+}
 
 }  // namespace flashcore::sm90

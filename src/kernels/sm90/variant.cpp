@@ -24,8 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 
 // Schedule's enumerators, in order, and their names in configs.txt / sources.cmake.
-const char* const kScheduleNames[] = {"onecta", "static", "dynamic"};
-const char* const kScheduleEnumerators[] = {"kOneTilePerCta", "kStaticPersistent", "kDynamicPersistent"};
+const char* const kScheduleNames[] = {"onecta", "static", "dynamic", "split"};
+const char* const kScheduleEnumerators[] = {"kOneTilePerCta", "kStaticPersistent", "kDynamicPersistent", "kSplitKv"};
+constexpr int kSchedules = 4;
 // Registers per consumer thread beyond the accumulators and P fragments (indices, row max/sum, descriptors,
 // addresses): the largest overhead that keeps every row of configs.txt within its budget (d64 192x128: 128 + 32).
 constexpr int kRegOverhead = 32;
@@ -204,7 +205,7 @@ std::string ptxas_verdict(const std::string& report) {
 std::string config_name(const TileShape& shape) {
   const int sched = static_cast<int>(shape.schedule);
   return std::to_string(shape.block_m) + "x" + std::to_string(shape.block_n) + "x" + std::to_string(shape.stages) +
-         (shape.pingpong ? "-pp" : "") + "-" + (sched >= 0 && sched <= 2 ? kScheduleNames[sched] : "?") +
+         (shape.pingpong ? "-pp" : "") + "-" + (sched >= 0 && sched < kSchedules ? kScheduleNames[sched] : "?") +
          (shape.rescale_vote ? "-vote" : "");
 }
 
@@ -221,8 +222,8 @@ bool parse_config_name(const std::string& name, TileShape& shape) {
   t.rescale_vote = tail.size() > 5 && tail.compare(tail.size() - 5, 5, "-vote") == 0;
   if (t.rescale_vote) tail.erase(tail.size() - 5);
   int sched = 0;
-  while (sched < 3 && tail != std::string("-") + kScheduleNames[sched]) ++sched;
-  if (sched == 3) return false;
+  while (sched < kSchedules && tail != std::string("-") + kScheduleNames[sched]) ++sched;
+  if (sched == kSchedules) return false;
   t.schedule = static_cast<Schedule>(sched);
   if (config_name(t) != name) return false;  // only the canonical spelling (no sign, no leading zeros)
   shape = t;
@@ -261,8 +262,8 @@ bool feasible(const VariantSpec& spec, std::string& why) {
   if (s.block_n % 16 != 0 || s.block_n < 16 || s.block_n > 256) {
     return reject("block_n = " + std::to_string(s.block_n) + " is not a multiple of 16 in [16, 256]");
   }
-  if (s.stages < 1 || s.stages > 4) return reject("stages = " + std::to_string(s.stages) + " is not in [1, 4]");
-  if (sched < 0 || sched > 2) return reject("unknown schedule " + std::to_string(sched));
+  if (s.stages < 1 || s.stages > 8) return reject("stages = " + std::to_string(s.stages) + " is not in [1, 8]");
+  if (sched < 0 || sched >= kSchedules) return reject("unknown schedule " + std::to_string(sched));
   if (s.pingpong && s.block_m < 128) return reject("ping-pong needs two or more consumer warpgroups (block_m >= 128)");
   const Footprint f = footprint(spec);
   if (f.smem_bytes > kSmemLimitBytes) {

@@ -1,0 +1,58 @@
+// Split-KV combine: merges the per-split partials of a forward pass (each split's O normalized by its own sum,
+// and its LSE) into O and LSE. Arch-neutral: plain loads and stores, one warp per (batch, head, query row).
+//   LSE = log(sum_s exp(lse_s)),  O = sum_s exp(lse_s - LSE) * O_s
+// A split that saw no key has lse_s = -inf and weight 0; a row no split saw gets O = 0 and LSE = -inf, as without
+// splits (kernels/common/softmax.cuh).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common/combine_params.h"
+#include "kernels/common/element.cuh"
+
+namespace flashcore::kernels {
+
+template <class Out, int kHeadDim>
+__global__ void __launch_bounds__(128) flashcore_combine_splits(const CombineParams c) {
+  static_assert(kHeadDim % 64 == 0, "each lane owns head_dim / 32 columns, in pairs");
+  constexpr int kPairs = kHeadDim / 64;  // float2 per lane
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the forward kernel: its launch overlaps the forward's tail, and this
+  // waits until the forward grid has finished and its partials are visible.
+  cudaGridDependencySynchronize();
+#endif
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row >= c.rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t q = row % c.seqlen_q;
+  const int64_t bh = row / c.seqlen_q;  // batch * heads + head
+  const int64_t first = bh * c.splits;  // (batch, head, split 0)
+
+  float max_lse = -INFINITY;
+  for (int s = 0; s < c.splits; ++s) max_lse = fmaxf(max_lse, c.lse_partial[(first + s) * c.seqlen_q + q]);
+  float acc[kPairs][2] = {};
+  float total = 0.f;
+  if (max_lse != -INFINITY) {
+    for (int s = 0; s < c.splits; ++s) {
+      const float w = __expf(c.lse_partial[(first + s) * c.seqlen_q + q] - max_lse);
+      total += w;
+      const float* o_s = c.o_partial + ((first + s) * c.seqlen_q + q) * kHeadDim;
+#pragma unroll
+      for (int k = 0; k < kPairs; ++k) {
+        const float2 v = *reinterpret_cast<const float2*>(o_s + 64 * k + 2 * lane);
+        acc[k][0] += w * v.x;
+        acc[k][1] += w * v.y;
+      }
+    }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const int64_t batch = bh / c.heads, head = bh % c.heads;
+  Out* o_row = static_cast<Out*>(c.o) + batch * c.o_stride_batch + q * c.o_stride_seq + head * c.o_stride_head;
+#pragma unroll
+  for (int k = 0; k < kPairs; ++k) {
+    *reinterpret_cast<uint32_t*>(o_row + 64 * k + 2 * lane) = ElemTraits<Out>::pack2(acc[k][0] * inv, acc[k][1] * inv);
+  }
+  if (c.lse != nullptr && lane == 0) c.lse[row] = total > 0.f ? max_lse + logf(total) : -INFINITY;
+}
+
+}  // namespace flashcore::kernels

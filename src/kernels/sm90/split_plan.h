@@ -1,0 +1,48 @@
+// Split-KV planning (host): how many parts a tile's key range is cut into, and the workspace the partials take.
+// Used by the sm90 backend for Schedule::kSplitKv rows (decode: few query tiles, many keys).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/tile_math.h"
+
+namespace flashcore::sm90 {
+
+struct SplitPlan {
+  int splits = 1;
+  int blocks_per_split = 1;
+  size_t o_offset = 0, lse_offset = 0, bytes = 0;  // workspace layout: [16-byte header][O partials][LSE partials]
+};
+
+// tiles: query tiles without splitting (batch * heads * m_blocks); key_blocks: key blocks of the longest range.
+// Each CTA holds an SM alone, so what matters is the last wave: the count s (at least two key blocks per split, at
+// most 128) is the smallest whose wave efficiency tiles * s / (waves * sms) is within 85% of the best one's, and
+// then trimmed so that no split is empty for the longest range. Fewer splits mean fewer pipeline fills and a
+// cheaper combine.
+inline int64_t wave_efficiency_permille(int64_t ctas, int sms) {
+  const int64_t waves = kernels::ceil_div(ctas, static_cast<int64_t>(sms));
+  return waves == 0 ? 0 : 1000 * ctas / (waves * sms);
+}
+
+inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t batch_heads, int64_t seqlen_q,
+                            int head_dim) {
+  SplitPlan plan;
+  sms = std::max(sms, 1);
+  tiles = std::max<int64_t>(tiles, 1);
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(128, key_blocks / 2));
+  int64_t best = 0;
+  for (int64_t s = 1; s <= cap; ++s) best = std::max(best, wave_efficiency_permille(tiles * s, sms));
+  int64_t splits = 1;
+  while (splits < cap && wave_efficiency_permille(tiles * splits, sms) * 100 < best * 85) ++splits;
+  plan.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, splits)));
+  plan.splits = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, plan.blocks_per_split)));
+  const size_t rows =
+      static_cast<size_t>(batch_heads) * static_cast<size_t>(plan.splits) * static_cast<size_t>(seqlen_q);
+  plan.o_offset = 256;  // the first 16 bytes are the dynamic scheduler's counter in every layout; keep 256 aligned
+  plan.lse_offset = plan.o_offset + ((rows * static_cast<size_t>(head_dim) * sizeof(float) + 255) & ~size_t{255});
+  plan.bytes = plan.lse_offset + ((rows * sizeof(float) + 255) & ~size_t{255});
+  return plan;
+}
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,43 @@
+// Split-KV planning (src/kernels/sm90/split_plan.h): the split count and the workspace layout.
+#include <gtest/gtest.h>
+
+#include "kernels/sm90/split_plan.h"
+
+namespace {
+
+using flashcore::sm90::split_plan;
+
+TEST(SplitPlan, FillsTheLastWaveWithTheFewestSplits) {
+  // 8 sequences x 8 KV heads (GQA-packed decode): 64 tiles on 132 SMs -> 2 splits, 128 CTAs in one wave.
+  auto p = split_plan(/*tiles=*/64, /*key_blocks=*/64, /*sms=*/132, /*batch_heads=*/64, /*seqlen_q=*/4, 128);
+  EXPECT_EQ(p.splits, 2);
+  EXPECT_EQ(p.blocks_per_split, 32);
+  // 1 sequence x 8 KV heads against 8k keys (64 blocks of 128): 14 splits (112 CTAs, 85% of a wave, within 85% of
+  // the best, 128 CTAs) of 5 blocks, trimmed to 13 so that the last split, shorter, is not empty.
+  p = split_plan(8, 64, 132, 8, 4, 128);
+  EXPECT_EQ(p.splits, 13);
+  EXPECT_EQ(p.blocks_per_split, 5);
+  EXPECT_GT(p.blocks_per_split * p.splits, 63);
+  EXPECT_LE(p.blocks_per_split * (p.splits - 1), 63);  // the last split has a key block
+  // 256 tiles already fill two waves at 97%: no split.
+  EXPECT_EQ(split_plan(256, 32, 132, 256, 4, 128).splits, 1);
+}
+
+TEST(SplitPlan, FewKeysOrManyTilesMeanOneSplit) {
+  EXPECT_EQ(split_plan(1, 1, 132, 1, 1, 64).splits, 1);            // one key block cannot be split
+  EXPECT_EQ(split_plan(1, 3, 132, 1, 1, 64).splits, 1);            // at least two blocks per split
+  EXPECT_EQ(split_plan(4096, 128, 132, 512, 1024, 64).splits, 1);  // the tiles alone fill the GPU
+  EXPECT_EQ(split_plan(1, 100000, 132, 1, 1, 64).splits, 109);     // 109 of the 128 allowed: 85% of the best wave
+}
+
+TEST(SplitPlan, WorkspaceLayout) {
+  const auto p = split_plan(32, 512, 132, 32, 1, 128);
+  const size_t rows = 32u * static_cast<size_t>(p.splits) * 1u;
+  EXPECT_EQ(p.o_offset, 256u);  // past the dynamic scheduler's counter, 256-byte aligned
+  EXPECT_GE(p.lse_offset, p.o_offset + rows * 128 * sizeof(float));
+  EXPECT_EQ(p.lse_offset % 256, 0u);
+  EXPECT_GE(p.bytes, p.lse_offset + rows * sizeof(float));
+  EXPECT_EQ(p.bytes % 256, 0u);
+}
+
+}  // namespace

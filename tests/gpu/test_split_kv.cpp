@@ -1,0 +1,99 @@
+// Split-KV (Schedule::kSplitKv rows and the decode dispatch): decode shapes against the float64 reference through the
+// normal API, many splits, empty splits (causal), one key, GQA, and the config dispatch picks for a decode call.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "check/check.h"
+#include "flashcore/flashcore.h"
+#include "gpu/gpu_skip.h"
+
+namespace {
+
+// The split rows compiled for (dtype, head dim, causal): names ending in "-split".
+std::vector<std::string> split_configs(flashcore_dtype dt, int hd, bool causal) {
+  const char* names[32];
+  int32_t count = 0;
+  std::vector<std::string> out;
+  if (flashcore_list_kernel_configs(dt, hd, causal ? 1 : 0, names, 32, &count) != FLASHCORE_SUCCESS) return out;
+  for (int i = 0; i < count && i < 32; ++i) {
+    const std::string n = names[i];
+    if (n.size() > 6 && n.compare(n.size() - 6, 6, "-split") == 0) out.push_back(n);
+  }
+  return out;
+}
+
+TEST(SplitKv, DecodeShapesPassTheSuiteRules) {
+  FLASHCORE_REQUIRE_GPU();
+  // (batch, heads q, heads kv, Sq, Sk): one and a few query rows, long and odd key ranges, GQA 4:1 and 8:1, a
+  // single key, and Sq > Sk (causal rows with no key).
+  const struct { int64_t b, hq, hkv, sq, sk; } shapes[] = {
+      {1, 32, 8, 1, 65537}, {4, 16, 2, 1, 8191}, {2, 8, 8, 3, 20000}, {1, 4, 1, 1, 1},
+      {3, 8, 2, 5, 129},    {1, 8, 8, 70, 33},  {2, 4, 4, 64, 4096}, {48, 8, 8, 1, 1030},  // last: one part
+  };
+  int runs = 0;
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
+    for (int hd : {64, 128, 256}) {
+      for (bool causal : {false, true}) {
+        for (const std::string& config : split_configs(dt, hd, causal)) {
+          for (const auto& s : shapes) {
+            flashcore::check::Case c;
+            c.batch = s.b, c.heads_q = s.hq, c.heads_kv = s.hkv, c.seqlen_q = s.sq, c.seqlen_k = s.sk;
+            c.head_dim = hd, c.dtype = dt, c.causal = causal;
+            c.kernel_config = config.c_str();
+            const flashcore::check::Result r = flashcore::check::run_case(c, 777 + runs, /*repeats=*/2);
+            EXPECT_TRUE(r.passed && r.deterministic) << config << ": " << flashcore::check::describe(c) << ": "
+                                                     << r.message;
+            ++runs;
+          }
+        }
+      }
+    }
+  }
+  if (runs == 0) GTEST_SKIP() << "no split-KV row is compiled in";
+  std::printf("split-KV: %d case(s) run\n", runs);
+}
+
+TEST(SplitKv, DispatchPicksTheSplitRowForDecodeWhenAWorkspaceIsGiven) {
+  FLASHCORE_REQUIRE_GPU();
+  if (split_configs(FLASHCORE_DTYPE_BF16, 128, false).empty()) GTEST_SKIP() << "no bf16 d128 split row";
+  setenv("FLASHCORE_TUNING", "off", 1);  // the rule under test, not a tuning table's choice
+  std::vector<void*> bufs(4, nullptr);
+  const size_t q_bytes = 8 * 32 * 128 * 2, kv_bytes = size_t{8} * 8192 * 8 * 128 * 2;
+  ASSERT_EQ(cudaMalloc(&bufs[0], q_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&bufs[1], kv_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&bufs[2], kv_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&bufs[3], q_bytes), cudaSuccess);
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
+  p.batch = 8, p.seqlen_q = 1, p.seqlen_k = 8192, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128;
+  p.dtype = FLASHCORE_DTYPE_BF16;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+  char name[128] = "";
+  // Without a workspace: the dense kernel (the split needs one for its partials).
+  ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+  const std::string without = name;
+  EXPECT_EQ(without.find("-split"), std::string::npos) << without;
+  uint64_t ws = 0;
+  ASSERT_EQ(flashcore_attention_workspace_size(&p, &ws), FLASHCORE_SUCCESS) << flashcore_last_error();
+  ASSERT_GT(ws, 256u);
+  void* workspace = nullptr;
+  ASSERT_EQ(cudaMalloc(&workspace, ws), cudaSuccess);
+  ASSERT_EQ(cudaMemset(workspace, 0, ws), cudaSuccess);
+  p.workspace = workspace, p.workspace_size = ws;
+  ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_NE(std::string(name).find("-split"), std::string::npos) << name;
+  EXPECT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(workspace);
+  for (void* b : bufs) cudaFree(b);
+  unsetenv("FLASHCORE_TUNING");
+}
+
+}  // namespace
