@@ -116,6 +116,12 @@ typedef struct flashcore_attention_params {
   uint64_t workspace_size;   /* bytes at workspace [0] */
   const char* kernel_config; /* a name from flashcore_list_kernel_configs, for tuning and tests [NULL: the
                                 library's choice] */
+  const int32_t* seqused_k;  /* device memory, int32 (batch,): sequence b's keys are the first seqused_k[b] rows
+                                of K/V (a KV cache's lengths, FlashAttention's cache_seqlens / seqused_k), read on
+                                the device and clamped to [0, seqlen_k]; causal alignment is bottom-right against
+                                that length. The rows past it are never read into O or LSE, even if they hold NaN.
+                                A sequence with no key gets O = 0 and LSE = -inf. sm90 backend only; 4-byte
+                                aligned [NULL: seqlen_k keys for every sequence] */
 } flashcore_attention_params;
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ._lib import LIBRARY_ENV, Capabilities, __version__, is_available
 
-_TORCH_EXPORTS = ("attention", "sdpa", "attention_fwd")
+_TORCH_EXPORTS = ("attention", "sdpa", "attention_fwd", "attention_with_kvcache", "attention_kvcache_fwd")
 
 __all__ = [
     "__version__",
@@ -21,6 +21,8 @@ __all__ = [
     "attention",
     "sdpa",
     "attention_fwd",
+    "attention_with_kvcache",
+    "attention_kvcache_fwd",
     "capabilities",
     "is_available",
     "library_path",

@@ -144,6 +144,7 @@ class AttentionParamsStruct(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_size", ctypes.c_uint64),
         ("kernel_config", ctypes.c_void_p),  # const char*; NULL: the library's choice
+        ("seqused_k", ctypes.c_void_p),  # const int32_t* (device, batch entries); NULL: seqlen_k keys each
     ]
 
 

@@ -12,7 +12,8 @@ import torch
 
 from . import _lib
 
-__all__ = ["attention", "sdpa", "attention_fwd", "BACKWARD_NOT_IMPLEMENTED"]
+__all__ = ["attention", "sdpa", "attention_fwd", "attention_with_kvcache", "attention_kvcache_fwd",
+           "BACKWARD_NOT_IMPLEMENTED"]
 
 BACKWARD_NOT_IMPLEMENTED = "FlashCore: backward is not implemented yet (forward only)"
 
@@ -141,8 +142,9 @@ def kernel_operand(t: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int, int, 
 # The custom op.
 
 
-def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float) -> None:
-    """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph)."""
+def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None) -> None:
+    """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph).
+    seqused_k: optional int32 (B,) device tensor of per-sequence key counts (a KV cache's lengths)."""
     q, q_strides, _ = kernel_operand(q)
     k, k_strides, _ = kernel_operand(k)
     v, v_strides, _ = kernel_operand(v)
@@ -157,6 +159,8 @@ def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: f
         causal=causal,
         softmax_scale=softmax_scale,
     )
+    if seqused_k is not None:
+        params.seqused_k = seqused_k.data_ptr()
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device)
         workspace = lib.workspace_size(params)
@@ -218,6 +222,43 @@ def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse):
     return _empty_outputs(q, return_lse)
 
 
+def _check_cache_seqlens(cache_seqlens: torch.Tensor, q: torch.Tensor) -> None:
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"FlashCore: cache_seqlens must be an int32 tensor of shape (batch,) = ({q.shape[0]},), got "
+            f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+        )
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"FlashCore: cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
+
+
+@torch.library.custom_op("flashcore::attention_kvcache_fwd", mutates_args=())
+def attention_kvcache_fwd(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
+    softmax_scale: float, return_lse: bool
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (B, Sq, Hq, D) against the first cache_seqlens[b] rows of k_cache/v_cache (B, Sk, Hkv, D).
+    Cache rows past those lengths are never read into the output (they may hold anything, NaN included)."""
+    _check_inputs(q, k_cache, v_cache, "bshd")
+    _check_cache_seqlens(cache_seqlens, q)
+    lib = _check_supported(q, q.shape[3])
+    out, lse = _empty_outputs(q, return_lse)
+    if out.numel() == 0:
+        return out, lse
+    if k_cache.shape[1] == 0:
+        out.zero_()
+        lse.fill_(-math.inf)
+        return out, lse
+    _launch(lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, seqused_k=cache_seqlens.contiguous())
+    return out, lse
+
+
+@attention_kvcache_fwd.register_fake
+def _attention_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse):
+    _check_inputs(q, k_cache, v_cache, "bshd")
+    return _empty_outputs(q, return_lse)
+
+
 @torch.library.custom_op("flashcore::attention_bwd", mutates_args=())
 def attention_bwd(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -269,6 +310,57 @@ def attention(
         _check_supported(q, q.shape[3])  # precise errors up front in eager mode; the op checks again when run
     out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse))
     return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    cache_seqlens: Optional[Union[torch.Tensor, int]] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    return_softmax_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Decode / chunked prefill against a dense KV cache, with FlashAttention's flash_attn_with_kvcache names.
+
+    q (B, Sq, Hq, D); k_cache, v_cache (B, Sk_max, Hkv, D); cache_seqlens: int32 (B,) tensor (or an int for all)
+    of the keys already in each sequence's cache (None: Sk_max). k, v (B, Sq_new, Hkv, D), optional: appended to
+    the caches in place at cache_seqlens[b] (device-side indices, no host sync; the caller keeps
+    cache_seqlens[b] + Sq_new <= Sk_max), and attended to. causal: bottom-right aligned per sequence against
+    cache_seqlens[b] (+ Sq_new). Cache rows past the lengths are never read into the output, NaN included.
+    Returns out (B, Sq, Hq, D), and lse (B, Hq, Sq) float32 with return_softmax_lse. Paged caches
+    (block_table) are not supported yet.
+    """
+    scale = _check_scale(softmax_scale)
+    batch = q.shape[0]
+    if cache_seqlens is None:
+        lengths = torch.full((batch,), k_cache.shape[1], dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        lengths = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    else:
+        lengths = cache_seqlens
+    if (k is None) != (v is None):
+        raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
+    if k is not None:
+        if k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape:
+            raise ValueError(
+                f"FlashCore: k and v must be (B, Sq_new, Hkv, D) = ({batch}, *, {k_cache.shape[2]}, "
+                f"{k_cache.shape[3]}), got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        _check_cache_seqlens(lengths, q)
+        rows = lengths.long()[:, None] + torch.arange(k.shape[1], device=q.device)[None, :]  # (B, Sq_new)
+        batch_idx = torch.arange(batch, device=q.device)[:, None].expand_as(rows)
+        k_cache[batch_idx, rows] = k.to(k_cache.dtype)
+        v_cache[batch_idx, rows] = v.to(v_cache.dtype)
+        lengths = (lengths + k.shape[1]).to(torch.int32)
+    _check_inputs(q, k_cache, v_cache, "bshd")
+    _check_cache_seqlens(lengths, q)
+    if not torch.compiler.is_compiling():
+        _check_supported(q, q.shape[3])
+    out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, bool(causal), scale, bool(return_softmax_lse))
+    return (out, lse) if return_softmax_lse else out
 
 
 def sdpa(

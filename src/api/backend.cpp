@@ -228,6 +228,11 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   const bool causal = p.causal != 0;
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
+    if (p.seqused_k != nullptr) {
+      error = "seqused_k (a KV cache's lengths) is not supported by the sm80 backend yet; pass NULL, or run on "
+              "an sm90 GPU";
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
     out.sm80 = sm80::select(p.dtype, out_dtype, hd, causal, p.kernel_config, cc, error);
     if (out.sm80 == nullptr) return no_row_status(p);
     out.name = out.sm80->name;

@@ -16,6 +16,7 @@ void set_post_v1_defaults(flashcore_attention_params& p) {
   p.workspace = nullptr;
   p.workspace_size = 0;
   p.kernel_config = nullptr;
+  p.seqused_k = nullptr;
 }
 
 flashcore_status upgrade_params(const flashcore_attention_params* user, flashcore_attention_params& out,

@@ -310,6 +310,11 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     }
   }
 
+  if (reinterpret_cast<uintptr_t>(p.seqused_k) % alignof(int32_t) != 0) {
+    message = cat("seqused_k = ", hex(p.seqused_k), " is not 4-byte aligned (int32 lengths)");
+    return FLASHCORE_ERROR_MISALIGNED_POINTER;
+  }
+
   // Strides.
   for (const Tensor& t : tensors) {
     if (const flashcore_status s = check_strides(t, p.dtype, message); s != FLASHCORE_SUCCESS) return s;
@@ -439,10 +444,12 @@ flashcore_status validate_device(const flashcore_attention_params& p, int& devic
     }
     return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   }
-  const std::pair<const char*, const void*> pointers[] = {{"q", p.q}, {"k", p.k},     {"v", p.v},
-                                                          {"o", p.o}, {"lse", p.lse}, {"workspace", p.workspace}};
+  const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},
+                                                          {"v", p.v},     {"o", p.o},
+                                                          {"lse", p.lse}, {"workspace", p.workspace},
+                                                          {"seqused_k", p.seqused_k}};
   for (const auto& [name, ptr] : pointers) {
-    if (ptr == nullptr) continue;  // only lse and workspace may be NULL here
+    if (ptr == nullptr) continue;  // only lse, workspace and seqused_k may be NULL here
     if (const flashcore_status s = check_device_pointer(name, ptr, device, message); s != FLASHCORE_SUCCESS) return s;
   }
   return FLASHCORE_SUCCESS;

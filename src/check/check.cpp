@@ -70,6 +70,11 @@ std::string describe(const Case& c) {
   if (c.input_scale != 1.0f) s << " inputs*" << format_float(c.input_scale);
   if (c.softmax_scale != 0.0f) s << " softmax_scale=" << format_float(c.softmax_scale);
   if (!c.with_lse) s << " no-lse";
+  if (!c.seqused_k.empty()) {
+    s << " seqused_k=";
+    for (size_t b = 0; b < c.seqused_k.size(); ++b) s << (b ? "," : "") << c.seqused_k[b];
+    s << " (NaN past them)";
+  }
   return s.str();
 }
 
@@ -357,9 +362,23 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
       (c.with_lse && !cuda_ok(cudaMalloc(&dlse.ptr, static_cast<size_t>(nlse) * sizeof(float)), "cudaMalloc(lse)", r)))
     return r;
 
+  DeviceBuffer dused;
+  if (!c.seqused_k.empty()) {
+    if (static_cast<int64_t>(c.seqused_k.size()) != B) {
+      r.message = "invalid case: seqused_k has " + std::to_string(c.seqused_k.size()) + " entries for batch " +
+                  std::to_string(B);
+      return r;
+    }
+    const size_t bytes = c.seqused_k.size() * sizeof(int32_t);
+    if (!cuda_ok(cudaMalloc(&dused.ptr, bytes), "cudaMalloc(seqused_k)", r) ||
+        !cuda_ok(cudaMemcpy(dused.ptr, c.seqused_k.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy(seqused_k)", r))
+      return r;
+  }
+
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
   p.q = dq.ptr, p.k = dk.ptr, p.v = dv.ptr, p.o = dout.ptr, p.lse = static_cast<float*>(dlse.ptr);
+  p.seqused_k = static_cast<const int32_t*>(dused.ptr);
   p.q_strides = p.o_strides = layout_strides(c.layout, Sq, Hq, D);
   p.k_strides = p.v_strides = layout_strides(c.layout, Sk, Hkv, D);
   p.batch = B, p.seqlen_q = Sq, p.seqlen_k = Sk, p.num_heads_q = Hq, p.num_heads_kv = Hkv, p.head_dim = D;
@@ -403,6 +422,21 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   fill_normal(hq, c.dtype, seed, 0, c.input_scale);
   fill_normal(hk, c.dtype, seed, 1, c.input_scale);
   fill_normal(hv, c.dtype, seed, 2, c.input_scale);
+  // Past each sequence's length (a KV cache's unused slots): NaN, which a correct kernel never lets into O or LSE.
+  auto keys_of = [&](int64_t b) -> int64_t {
+    return c.seqused_k.empty() ? Sk : std::clamp<int64_t>(c.seqused_k[static_cast<size_t>(b)], 0, Sk);
+  };
+  if (!c.seqused_k.empty()) {
+    const uint16_t nan_bits = c.dtype == FLASHCORE_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+    const flashcore_tensor_strides ks = p.k_strides;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = keys_of(b); j < Sk; ++j)
+        for (int64_t h = 0; h < Hkv; ++h)
+          for (int64_t d = 0; d < D; ++d) {
+            const size_t at = static_cast<size_t>(b * ks.batch + j * ks.seq + h * ks.head + d);
+            hk[at] = nan_bits, hv[at] = nan_bits;
+          }
+  }
   if (!cuda_ok(cudaMemcpy(dq.ptr, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy(q)", r) ||
       !cuda_ok(cudaMemcpy(dk.ptr, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy(k)", r) ||
       !cuda_ok(cudaMemcpy(dv.ptr, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy(v)", r))
@@ -443,7 +477,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     return first_o[static_cast<size_t>(b * os.batch + i * os.seq + h * os.head + d)];
   };
   auto to_float = [&](uint16_t x) { return c.dtype == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(x) : ref::bf16_to_float(x); };
-  auto fully_masked = [&](int64_t i) { return c.causal && i + Sk - Sq < 0; };
+  auto fully_masked = [&](int64_t b, int64_t i) { return keys_of(b) == 0 || (c.causal && i + keys_of(b) - Sq < 0); };
   int64_t n_unwritten = 0, n_nonfinite = 0, n_masked_bad = 0;
   std::string first_bad;
   for (int64_t b = 0; b < B; ++b)
@@ -452,7 +486,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
         for (int64_t d = 0; d < D; ++d) {
           const uint16_t bits = o_at(b, i, h, d);
           const float x = to_float(bits);
-          const char* what = bits == 0xffff ? "unwritten" : !std::isfinite(x) ? "non-finite" : fully_masked(i) && x != 0 ? "nonzero on a fully masked row" : nullptr;
+          const char* what = bits == 0xffff ? "unwritten" : !std::isfinite(x) ? "non-finite" : fully_masked(b, i) && x != 0 ? "nonzero on a fully masked row" : nullptr;
           if (!what) continue;
           (bits == 0xffff ? n_unwritten : !std::isfinite(x) ? n_nonfinite : n_masked_bad)++;
           if (first_bad.empty())
@@ -463,7 +497,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
         const float l = first_lse[static_cast<size_t>((b * Hq + h) * Sq + i)];
         uint32_t lbits;
         std::memcpy(&lbits, &l, 4);
-        const bool want_minus_inf = fully_masked(i);
+        const bool want_minus_inf = fully_masked(b, i);
         const char* what = lbits == 0xffffffffu                    ? "unwritten"
                            : want_minus_inf && l != -INFINITY      ? "not -inf on a fully masked row"
                            : !want_minus_inf && !std::isfinite(l) ? "non-finite"
@@ -483,6 +517,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   // Reference comparison on the selected rows.
   flashcore_attention_params host = p;
   host.q = hq.data(), host.k = hk.data(), host.v = hv.data(), host.o = nullptr, host.lse = nullptr;
+  host.seqused_k = c.seqused_k.empty() ? nullptr : c.seqused_k.data();
   std::vector<int64_t> rows = checked_rows(c, seed);
   const ref::Output exact = ref::attention(host, rows), lowp = ref::attention_lowp(host, rows);
   if (rows.empty()) {

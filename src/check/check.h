@@ -20,6 +20,9 @@ struct Case {
   float softmax_scale = 0.0f;  // 0 = default 1/sqrt(head_dim)
   bool with_lse = true;
   const char* kernel_config = nullptr;  // a name from flashcore_list_kernel_configs (nullptr: the default)
+  // A KV cache's lengths (flashcore_attention_params::seqused_k), one per batch entry; empty: not given. The K/V
+  // rows past each length are filled with NaN, which must never reach O or LSE.
+  std::vector<int32_t> seqused_k;
 };
 
 // The list. `quick` = a small subset for sanitizers/smoke runs (every dtype x head dim x causal, small

@@ -119,10 +119,17 @@ int64_t element_index(const flashcore_tensor_strides& s, int64_t b, int64_t pos,
   return b * s.batch + pos * s.seq + h * s.head + d * s.dim;
 }
 
-// How many keys query row i sees (keys 0 .. n-1).
-int64_t visible_keys(const flashcore_attention_params& p, int64_t i) {
-  if (!p.causal) return p.seqlen_k;
-  return std::clamp<int64_t>(i + p.seqlen_k - p.seqlen_q + 1, 0, p.seqlen_k);
+// Keys of sequence b: seqlen_k, or seqused_k[b] (a host array here) clamped to [0, seqlen_k].
+int64_t sequence_keys(const flashcore_attention_params& p, int64_t b) {
+  if (p.seqused_k == nullptr) return p.seqlen_k;
+  return std::clamp<int64_t>(p.seqused_k[b], 0, p.seqlen_k);
+}
+
+// How many keys query row i of sequence b sees (keys 0 .. n-1); causal is bottom-right against its keys.
+int64_t visible_keys(const flashcore_attention_params& p, int64_t b, int64_t i) {
+  const int64_t keys = sequence_keys(p, b);
+  if (!p.causal) return keys;
+  return std::clamp<int64_t>(i + keys - p.seqlen_q + 1, 0, keys);
 }
 
 // One query row. q: head_dim values; K, V: dense (seqlen_k, head_dim); n: visible keys; o: head_dim outputs.
@@ -211,7 +218,7 @@ Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows
             q[static_cast<size_t>(d)] = load_element(p.q, p.dtype, element_index(p.q_strides, b, i, h, d));
           double* o = &out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D)];
           double* lse = &out.lse[static_cast<size_t>((b * Hq + h) * Sq + i)];
-          row(q.data(), K.data(), V.data(), visible_keys(p, i), D, o, lse, s);
+          row(q.data(), K.data(), V.data(), visible_keys(p, b, i), D, o, lse, s);
         }
       });
     }

@@ -9,7 +9,8 @@
 namespace flashcore::reference {
 
 // Host-side problem: the same struct as the C ABI, but q/k/v point to HOST memory of `dtype`
-// (FLASHCORE_DTYPE_FP16, _BF16 or _FP32) with the given element strides. o and lse are ignored.
+// (FLASHCORE_DTYPE_FP16, _BF16 or _FP32) with the given element strides, and seqused_k (if set) to a HOST int32
+// array of batch lengths. o and lse are ignored.
 //
 // Computes, for the selected query rows, O in float64 as a dense (batch, seqlen_q, heads_q, head_dim)
 // array and LSE in float64 as (batch, heads_q, seqlen_q). Rows not selected are left untouched.

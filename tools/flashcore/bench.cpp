@@ -67,6 +67,7 @@ struct RowResult {
   Stats ms;
   double flops = 0;
   double tflops = NAN;
+  double kv_gbps = NAN;  // bytes of K and V the call reads (every key of every KV head once) / median time
   int rotate_sets = 0;
   int64_t bytes_per_set = 0;
   PowerStats power;
@@ -109,11 +110,12 @@ Options parse_options(int argc, char** argv, int first) {
     if (f == "-h" || f == "--help") {
       print_bench_help();
       throw CliError(kExitOk, "");
-    } else if (f == "seeds" || f == "grid") {
+    } else if (f == "seeds" || f == "grid" || f == "decode") {
       o.presets.push_back(f);
     } else if (f == "--preset") {
       std::string p = a.value(f);
-      if (p != "seeds" && p != "grid") usage_error("unknown preset '" + p + "' (expected seeds or grid)");
+      if (p != "seeds" && p != "grid" && p != "decode")
+        usage_error("unknown preset '" + p + "' (expected seeds, grid or decode)");
       o.presets.push_back(p);
     } else if (f == "--shape") {
       o.shapes.push_back(parse_shape_arg(a.value(f)));
@@ -155,7 +157,7 @@ Options parse_options(int argc, char** argv, int first) {
     } else if (!f.empty() && f[0] == '-') {
       usage_error("unknown option '" + f + "'");
     } else {
-      usage_error("unknown preset '" + f + "' (expected seeds or grid)");
+      usage_error("unknown preset '" + f + "' (expected seeds, grid or decode)");
     }
   }
 #ifndef FLASHCORE_CLI_HAVE_CHECK
@@ -188,6 +190,10 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
                              {"medium", 4, 16, 1024, 64, 16, 1024, true}, {"hd128", 2, 8, 512, 128, 8, 512, true},
                              {"large", 8, 16, 2048, 64, 16, 2048, true}};
       shapes.insert(shapes.end(), std::begin(seeds), std::end(seeds));
+    } else if (p == "decode") {  // the serving issue's decode rows: one new token, d128, 32 query / 8 KV heads
+      for (const auto& [b, sk] : {std::pair<int64_t, int64_t>{1, 8192}, {8, 8192}, {32, 4096}, {64, 16384},
+                                  {128, 2048}, {16, 65536}})
+        shapes.push_back({"decode", b, 32, 1, 128, 8, sk, true});
     } else {  // grid: the FlashAttention-3 paper's grid, as the anchors
       for (int64_t d : {64, 128, 256})
         for (int64_t s = 512; s <= 16384; s *= 2)
@@ -345,6 +351,8 @@ class RowRunner {
     std::vector<double> times = o_.graph ? time_graph() : time_plain();
     res.ms = summarize(times);
     res.tflops = res.flops / (res.ms.median * 1e-3) / 1e12;
+    res.kv_gbps = 2.0 * static_cast<double>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) *
+                  2.0 /* bytes per fp16/bf16 element */ / (res.ms.median * 1e-3) / 1e9;
     char config[128] = "";
     if (flashcore_attention_selected_config(&params_[0], config, sizeof config) == FLASHCORE_SUCCESS) {
       res.config = config;
@@ -523,11 +531,12 @@ double tflops_per_watt(const RowResult& r) {
   return r.tflops / r.power.power_mean_w;
 }
 
-const char* kTableFmt = "%-8s %-18s %-5s %-6s %10s %10s %10s %10s %8s %7s %7s %6s %5s %7s %s\n";
+const char* kTableFmt = "%-8s %-18s %-5s %-6s %10s %10s %10s %10s %8s %13s %7s %7s %6s %5s %7s %s\n";
+double g_hbm_peak_gbps = 0;  // the device's, for the KV GB/s column's percentage
 
 void print_header(bool check) {
   std::printf(kTableFmt, "tag", "B,H,S,D[,Hkv,Sk]", "dtype", "causal", "median_ms", "mean_ms", "p99_ms", "min_ms",
-              "TFLOPS", "W_mean", "W_peak", "SM_MHz", "temp", "TFLOP/W", check ? "check" : "");
+              "TFLOPS", "KV_GB/s(peak)", "W_mean", "W_peak", "SM_MHz", "temp", "TFLOP/W", check ? "check" : "");
   std::fflush(stdout);
 }
 
@@ -539,6 +548,8 @@ void print_row(const RowResult& r, bool check) {
   std::printf(kTableFmt, r.spec.tag.c_str(), shape_text(r.spec).c_str(), dtype_name(r.spec.dtype),
               r.spec.causal ? "1" : "0", fmt("%.4f", r.ms.median).c_str(), fmt("%.4f", r.ms.mean).c_str(),
               fmt("%.4f", r.ms.p99).c_str(), fmt("%.4f", r.ms.min).c_str(), fmt("%.1f", r.tflops).c_str(),
+              (fmt("%.0f", r.kv_gbps) + (g_hbm_peak_gbps > 0 ? fmt("(%.0f%%)", 100 * r.kv_gbps / g_hbm_peak_gbps) : ""))
+                  .c_str(),
               p.valid ? fmt("%.0f", p.power_mean_w).c_str() : "n/a", p.valid ? fmt("%.0f", p.power_peak_w).c_str() : "n/a",
               p.valid ? fmt("%.0f", p.sm_clock_mean_mhz).c_str() : "n/a",
               p.valid ? fmt("%.0f", static_cast<double>(p.temp_max_c)).c_str() : "n/a",
@@ -553,7 +564,8 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
   f << "{\n  \"tool\": \"flashcore bench\",\n  \"cli_version\": \"" FLASHCORE_CLI_VERSION "\",\n";
   f << "  \"library_version\": \"" << json_escape(flashcore_version_string()) << "\",\n";
   f << "  \"device\": {\"name\": \"" << json_escape(dev.name) << "\", \"sm\": " << dev.major << dev.minor
-    << ", \"sms\": " << dev.sms << ", \"l2_bytes\": " << dev.l2_bytes << ", \"max_sm_clock_mhz\": " << dev.clock_mhz
+    << ", \"sms\": " << dev.sms << ", \"l2_bytes\": " << dev.l2_bytes << ", \"hbm_peak_gbps\": " << json_num(dev.hbm_peak_gbps())
+    << ", \"max_sm_clock_mhz\": " << dev.clock_mhz
     << ", \"nvml\": " << (nvml ? "true" : "false") << "},\n";
   f << "  \"method\": {\"iters\": " << o.iters << ", \"warmup\": " << o.warmup
     << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"graph_calls\": " << o.graph_calls
@@ -571,7 +583,7 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
       << "\", \"message\": \"" << json_escape(r.message) << "\", \"median_ms\": " << json_num(r.ms.median)
       << ", \"mean_ms\": " << json_num(r.ms.mean) << ", \"p99_ms\": " << json_num(r.ms.p99)
       << ", \"min_ms\": " << json_num(r.ms.min) << ", \"flops\": " << json_num(r.flops)
-      << ", \"tflops\": " << json_num(r.tflops) << ", \"config\": \"" << json_escape(r.config) << "\""
+      << ", \"tflops\": " << json_num(r.tflops) << ", \"kv_gbps\": " << json_num(r.kv_gbps) << ", \"config\": \"" << json_escape(r.config) << "\""
       << ", \"rotate_sets\": " << r.rotate_sets
       << ", \"bytes_per_set\": " << r.bytes_per_set;
     const PowerStats& p = r.power;
@@ -651,6 +663,8 @@ void print_bench_help() {
       "  seeds            1,8,512,64 mission; 2,8,512,64 small; 2,8,2048,64 long; 1,1,128,64 tiny;\n"
       "                   4,16,1024,64 medium; 2,8,512,128 hd128; 8,16,2048,64 large\n"
       "  grid             head dim 64/128/256 x seqlen 512..16384, batch = 16384/S, heads = 2048/D\n"
+      "  decode           one new token against a KV cache: batch x cache 1x8k 8x8k 32x4k 64x16k 128x2k 16x64k,\n"
+      "                   d128, 32 query heads, 8 KV heads (the serving issue's rows; KV_GB/s is the figure)\n"
       "options:\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable)\n"
       "  --dtype D        fp16 | bf16 | both (default bf16)\n"
@@ -671,7 +685,8 @@ void print_bench_help() {
       "  --seed N         input seed (default 1234)\n"
       "  --quiet          no progress line on stderr\n"
       "\n"
-      "TFLOPS = 4*B*H*Sq*Sk*D / median (halved for causal with Sq == Sk; visible pairs when Sq != Sk).\n");
+      "TFLOPS = 4*B*H*Sq*Sk*D / median (halved for causal with Sq == Sk; visible pairs when Sq != Sk).\n"
+      "KV_GB/s = bytes of K and V (B*Sk*Hkv*D*2 each) / median, with the share of the DRAM peak in brackets.\n");
 }
 
 int run_bench(int argc, char** argv, int first) {
@@ -696,6 +711,7 @@ int run_bench(int argc, char** argv, int first) {
   const bool progress = !o.quiet && specs.size() > 1;
   int failures = 0;
 
+  g_hbm_peak_gbps = dev.hbm_peak_gbps();
   print_header(o.check);
   try {
     for (size_t i = 0; i < specs.size(); ++i) {

@@ -244,6 +244,7 @@ bool query_device(int index, DeviceInfo& info, std::string& reason) {
   info.clock_mhz = khz / 1000;
   FC_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, index));
   info.mem_clock_mhz = khz / 1000;
+  FC_CUDA(cudaDeviceGetAttribute(&info.mem_bus_bits, cudaDevAttrGlobalMemoryBusWidth, index));
   char bus[64] = {0};
   FC_CUDA(cudaDeviceGetPCIBusId(bus, sizeof(bus), index));
   info.pci_bus_id = bus;

@@ -107,7 +107,10 @@ struct DeviceInfo {
   int64_t l2_bytes = 0;
   int clock_mhz = 0;      // max SM clock
   int mem_clock_mhz = 0;
+  int mem_bus_bits = 0;
   int64_t mem_bytes = 0;
+  // Theoretical DRAM bandwidth, GB/s: 2 transfers per memory clock x bus width (0 when unknown).
+  double hbm_peak_gbps() const { return 2.0 * mem_clock_mhz * 1e6 * (mem_bus_bits / 8.0) / 1e9; }
   std::string pci_bus_id;  // for NVML
 };
 

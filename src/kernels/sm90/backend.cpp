@@ -148,6 +148,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
   }
   fp.lse = p.lse;
+  fp.seqused_k = p.seqused_k;
   fp.tile_counter = static_cast<int*>(p.workspace);
   fp.seqlen_q = p.seqlen_q;
   fp.seqlen_k = p.seqlen_k;

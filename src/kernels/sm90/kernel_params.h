@@ -26,6 +26,9 @@ struct FwdParams {
   // split's own sum) and LSE ([Sq], -inf for a split that sees no key), in the workspace; combine.cuh merges them.
   float* o_partial;
   float* lse_partial;
+  // KV cache lengths (flashcore_attention_params::seqused_k): keys of batch b are rows [0, seqused_k[b]) of its
+  // seqlen_k, clamped to [0, seqlen_k]; nullptr: seqlen_k for every b.
+  const int32_t* seqused_k;
   int num_splits;        // >= 1
   int blocks_per_split;  // key blocks per split
 };

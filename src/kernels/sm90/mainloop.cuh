@@ -2,6 +2,8 @@
 // shared memory), mask where needed, online softmax in registers (kernels/common), then O += P V by wgmma
 // with P taken straight from registers.
 #pragma once
+#include <cuda/ptx>
+
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
 #include "kernels/common/mask.cuh"
@@ -66,6 +68,32 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
     WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>::mma(o, a[t], db, 1);
   }
   wgmma_commit_group();
+}
+
+// A KV cache's rows past a sequence's length (FwdParams::seqused_k) lie inside the tensor, so TMA loads whatever
+// they hold: the mask makes P = 0 there, but 0 * NaN is NaN in P V. Before the P V of a tile's last key block, the
+// consumer threads zero that block's V rows at or past seqlen_k (whole 128-byte rows, so the swizzle does not
+// matter) and meet at a named barrier. Without seqused_k those rows are past the tensor's end: TMA fills zeros.
+// Named barrier ids (0 is __syncthreads): 1..W the epilogue's (one per consumer warpgroup), W+1..2W the ping-pong
+// turns, 2W+1 the V zeroing below (W = consumer warpgroups, at most 3: ids stay below 16).
+template <class Cfg>
+inline constexpr uint32_t kZeroVBarrier = 1 + 2 * Cfg::kConsumerWarpgroups;
+
+template <class Cfg>
+__device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const Tile& tile, int v_block,
+                                                     const uint8_t* v_tile) {
+  if (p.seqused_k == nullptr) return;
+  const int64_t left = tile.seq.seqlen_k - static_cast<int64_t>(v_block) * Cfg::kBlockN;  // same in the whole CTA
+  if (left >= Cfg::kBlockN) return;
+  const int valid = left > 0 ? static_cast<int>(left) : 0;
+  const int units_per_chunk = (Cfg::kBlockN - valid) * (Cfg::kRowBytes / 16);
+  uint8_t* base = const_cast<uint8_t*>(v_tile) + valid * Cfg::kRowBytes;
+  for (int u = static_cast<int>(threadIdx.x) - 128; u < units_per_chunk * Cfg::kChunks; u += Cfg::kConsumerThreads) {
+    const int chunk = u / units_per_chunk, rest = u % units_per_chunk;
+    *reinterpret_cast<uint4*>(base + chunk * Cfg::kKVChunkBytes + rest * 16) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before wgmma's (async proxy) reads
+  kernels::named_barrier_sync(kZeroVBarrier<Cfg>, Cfg::kConsumerThreads);
 }
 
 // Round-robin turns between the consumer warpgroups (named barrier kBarrierBase + wg, 256 threads: the waiting
@@ -151,6 +179,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   for (--n_block; n_block >= tile.keys.begin; --n_block) {
     bars.k.wait(pipes.k);
     bars.v.wait(pipes.v);
+    zero_v_rows_past_end<Cfg>(p, tile, n_block + 1, v_tile(pipes.v.stage));
     turn.wait_turn();
     gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
     fence_regs(st.o);
@@ -176,6 +205,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   }
 
   bars.v.wait(pipes.v);
+  zero_v_rows_past_end<Cfg>(p, tile, tile.keys.begin, v_tile(pipes.v.stage));
   fence_regs(st.o);
   gemm_pv<Cfg>(st.o, p_frag, v_tile(pipes.v.stage));
   wgmma_wait_group<0>();

@@ -18,18 +18,30 @@ using kernels::Tile;
 
 // Split-KV: tile index = dense tile * num_splits + split; split s visits key blocks
 // [begin + s * blocks_per_split, begin + (s + 1) * blocks_per_split) of the dense tile's range (possibly none).
+// A dense tile, with its sequence's key count from seqused_k when the call gives one (a KV cache).
+template <class Cfg>
+__device__ __forceinline__ Tile decode_cache_tile(const FwdParams& p, int tile_idx) {
+  Tile t = kernels::decode_dense_tile<Cfg>(p, tile_idx);
+  if (p.seqused_k != nullptr) {
+    const int64_t used = p.seqused_k[t.batch];
+    t.seq.seqlen_k = used < 0 ? 0 : (used < p.seqlen_k ? used : p.seqlen_k);
+    t.keys = kernels::key_range(t.seq, t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
+  }
+  return t;
+}
+
 template <class Cfg>
 __device__ __forceinline__ Tile decode_tile(const FwdParams& p, int tile_idx) {
   if constexpr (Cfg::kSplitKv) {
     const int split = tile_idx % p.num_splits;
-    Tile t = kernels::decode_dense_tile<Cfg>(p, tile_idx / p.num_splits);
+    Tile t = decode_cache_tile<Cfg>(p, tile_idx / p.num_splits);
     const int begin = t.keys.begin + split * p.blocks_per_split;
     t.keys.end = min(t.keys.end, begin + p.blocks_per_split);
     t.keys.begin = begin;
     t.split = split;
     return t;
   } else {
-    return kernels::decode_dense_tile<Cfg>(p, tile_idx);
+    return decode_cache_tile<Cfg>(p, tile_idx);
   }
 }
 
