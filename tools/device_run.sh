@@ -10,7 +10,8 @@
 #         (FLASHCORE_TUNING_TABLE; without a tune stage: the library's built-in table) and the default configs
 #         as a fifth system (flashcore_default).
 #   report: FA3 is measured in the same process when .fa3/ (a copy of ../shared/fa3/prefill, carried) exists.
-#   ab: the old CLI (--ab-base) against build/bin/flashcore, 3 alternating passes of the grid, both dtypes.
+#   ab: the old CLI (--ab-base) against build/bin/flashcore, $AB_PASSES (3) alternating passes of the grid, both
+#       dtypes; $AB_ARGS goes to bench/ab.py (e.g. "--shape 4,16,4096,128" to time chosen cells instead of the grid).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-device_out}"
