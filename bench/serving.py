@@ -149,13 +149,8 @@ def main():
 
 def _params(q, k, v, out):
     """C params of attention(q, k, v) -> out without LSE and without a workspace."""
-    from flashcore import _lib
-    from flashcore._ops import _DTYPE_CODES, abi_strides
-    return _lib.fill_params(
-        _lib.load().new_params(), pointers=(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0),
-        strides=(abi_strides(q), abi_strides(k), abi_strides(v), tuple(out.stride())),
-        sizes=(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]),
-        dtype=_DTYPE_CODES[q.dtype], causal=False, softmax_scale=q.shape[3] ** -0.5)
+    from flashcore import _lib, _ops
+    return _ops.kernel_params(_lib.load(), q, k, v, out, None, False, q.shape[3] ** -0.5)
 
 
 def _selected_config(q, k, v):

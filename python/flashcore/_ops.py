@@ -142,18 +142,20 @@ def kernel_operand(t: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int, int, 
 # The custom op.
 
 
-def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None) -> None:
-    """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph).
-    seqused_k: optional int32 (B,) device tensor of per-sequence key counts (a KV cache's lengths)."""
-    q, q_strides, _ = kernel_operand(q)
-    k, k_strides, _ = kernel_operand(k)
-    v, v_strides, _ = kernel_operand(v)
+def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None):
+    """The C params of one forward call on tensors the ABI takes as they are (see kernel_operand), without a
+    workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
+    per-sequence key counts (a KV cache's lengths)."""
+    strides = [abi_strides(t) for t in (q, k, v)]
+    if any(st is None for st in strides):
+        raise ValueError("FlashCore: kernel_params needs operands the C ABI takes as they are (kernel_operand)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    has_lse = lse is not None and lse.numel() > 0
     params = _lib.fill_params(
         lib.new_params(),
-        pointers=(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if lse.numel() else 0),
-        strides=(q_strides, k_strides, v_strides, tuple(out.stride())),
+        pointers=(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if has_lse else 0),
+        strides=(*strides, tuple(out.stride())),
         sizes=(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim),
         dtype=_DTYPE_CODES[q.dtype],
         causal=causal,
@@ -161,6 +163,13 @@ def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: f
     )
     if seqused_k is not None:
         params.seqused_k = seqused_k.data_ptr()
+    return params
+
+
+def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None) -> None:
+    """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph)."""
+    q, k, v = (kernel_operand(t)[0] for t in (q, k, v))
+    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device)
         workspace = lib.workspace_size(params)
@@ -341,6 +350,7 @@ def attention_with_kvcache(
         lengths = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     else:
         lengths = cache_seqlens
+    _check_cache_seqlens(lengths, q)
     if (k is None) != (v is None):
         raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
     if k is not None:
@@ -349,14 +359,12 @@ def attention_with_kvcache(
                 f"FlashCore: k and v must be (B, Sq_new, Hkv, D) = ({batch}, *, {k_cache.shape[2]}, "
                 f"{k_cache.shape[3]}), got {tuple(k.shape)} and {tuple(v.shape)}"
             )
-        _check_cache_seqlens(lengths, q)
         rows = lengths.long()[:, None] + torch.arange(k.shape[1], device=q.device)[None, :]  # (B, Sq_new)
         batch_idx = torch.arange(batch, device=q.device)[:, None].expand_as(rows)
         k_cache[batch_idx, rows] = k.to(k_cache.dtype)
         v_cache[batch_idx, rows] = v.to(v_cache.dtype)
         lengths = (lengths + k.shape[1]).to(torch.int32)
     _check_inputs(q, k_cache, v_cache, "bshd")
-    _check_cache_seqlens(lengths, q)
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[3])
     out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, bool(causal), scale, bool(return_softmax_lse))

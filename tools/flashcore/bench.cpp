@@ -532,7 +532,6 @@ double tflops_per_watt(const RowResult& r) {
 }
 
 const char* kTableFmt = "%-8s %-18s %-5s %-6s %10s %10s %10s %10s %8s %13s %7s %7s %6s %5s %7s %s\n";
-double g_hbm_peak_gbps = 0;  // the device's, for the KV GB/s column's percentage
 
 void print_header(bool check) {
   std::printf(kTableFmt, "tag", "B,H,S,D[,Hkv,Sk]", "dtype", "causal", "median_ms", "mean_ms", "p99_ms", "min_ms",
@@ -540,7 +539,8 @@ void print_header(bool check) {
   std::fflush(stdout);
 }
 
-void print_row(const RowResult& r, bool check) {
+// hbm_peak_gbps: the device's DRAM peak, for the KV GB/s column's share (0: unknown, no share printed).
+void print_row(const RowResult& r, bool check, double hbm_peak_gbps) {
   std::string chk;
   if (check && r.checked) chk = r.check_status + (std::isfinite(r.check_o_err) ? " " + fmt("%.2e", r.check_o_err) : "");
   if (r.status != "ok") chk = r.status + ": " + r.message;
@@ -548,7 +548,7 @@ void print_row(const RowResult& r, bool check) {
   std::printf(kTableFmt, r.spec.tag.c_str(), shape_text(r.spec).c_str(), dtype_name(r.spec.dtype),
               r.spec.causal ? "1" : "0", fmt("%.4f", r.ms.median).c_str(), fmt("%.4f", r.ms.mean).c_str(),
               fmt("%.4f", r.ms.p99).c_str(), fmt("%.4f", r.ms.min).c_str(), fmt("%.1f", r.tflops).c_str(),
-              (fmt("%.0f", r.kv_gbps) + (g_hbm_peak_gbps > 0 ? fmt("(%.0f%%)", 100 * r.kv_gbps / g_hbm_peak_gbps) : ""))
+              (fmt("%.0f", r.kv_gbps) + (hbm_peak_gbps > 0 ? fmt("(%.0f%%)", 100 * r.kv_gbps / hbm_peak_gbps) : ""))
                   .c_str(),
               p.valid ? fmt("%.0f", p.power_mean_w).c_str() : "n/a", p.valid ? fmt("%.0f", p.power_peak_w).c_str() : "n/a",
               p.valid ? fmt("%.0f", p.sm_clock_mean_mhz).c_str() : "n/a",
@@ -711,7 +711,6 @@ int run_bench(int argc, char** argv, int first) {
   const bool progress = !o.quiet && specs.size() > 1;
   int failures = 0;
 
-  g_hbm_peak_gbps = dev.hbm_peak_gbps();
   print_header(o.check);
   try {
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -739,7 +738,7 @@ int run_bench(int argc, char** argv, int first) {
         ++failures;
       }
       if (progress && tty) std::fprintf(stderr, "\r\033[K");
-      print_row(r, o.check);
+      print_row(r, o.check, dev.hbm_peak_gbps());
       if (o.repro) std::printf("  repro: %s\n", r.repro.c_str());
       results.push_back(r);
     }

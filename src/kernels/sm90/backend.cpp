@@ -119,7 +119,9 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     error = api::cuda_message("cannot query the device", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  const size_t ws = workspace_bytes(row, p, sms);
+  const bool split = row.shape.schedule == Schedule::kSplitKv;
+  const SplitPlan plan = split ? plan_for(row, p, sms) : SplitPlan{};
+  const size_t ws = split ? plan.bytes : workspace_bytes(row, p, sms);
   if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws)) {
     error = std::string("kernel config \"") + row.name + "\" needs " + std::to_string(ws) +
             " bytes of zero-filled workspace (flashcore_attention_workspace_size); workspace_size = " +
@@ -158,9 +160,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.num_tiles = static_cast<int>(tiles);
   fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
 
-  SplitPlan plan;
-  if (row.shape.schedule == Schedule::kSplitKv) {
-    plan = plan_for(row, p, sms);
+  if (split) {
     if (tiles * plan.splits > 0x7fffffffLL - 4096) {
       error = "the split-KV grid (" + std::to_string(tiles) + " tiles x " + std::to_string(plan.splits) +
               " splits) exceeds the tile limit 2^31-4097";
@@ -187,7 +187,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     error = api::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  if (row.shape.schedule == Schedule::kSplitKv) {  // merge the splits into O (and LSE) on the same stream
+  if (split) {  // merge the splits into O (and LSE) on the same stream
     kernels::CombineParams c{};
     c.o_partial = fp.o_partial;
     c.lse_partial = fp.lse_partial;
