@@ -6,13 +6,23 @@ Importing this package needs neither PyTorch, a GPU nor the native library. The 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)          # (B, S, H, D), like flash_attn_func
     out = flashcore.sdpa(q, k, v, is_causal=True)            # (B, H, S, D), like F.scaled_dot_product_attention
+    out = flashcore.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k)  # packed, like flash_attn_varlen_func
+    out = flashcore.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)  # paged
 """
 
 from __future__ import annotations
 
 from ._lib import LIBRARY_ENV, Capabilities, __version__, is_available
 
-_TORCH_EXPORTS = ("attention", "sdpa", "attention_fwd", "attention_with_kvcache", "attention_kvcache_fwd")
+_TORCH_EXPORTS = (
+    "attention",
+    "sdpa",
+    "attention_fwd",
+    "attention_with_kvcache",
+    "attention_kvcache_fwd",
+    "varlen_attention",
+    "varlen_attention_fwd",
+)
 
 __all__ = [
     "__version__",
@@ -23,6 +33,8 @@ __all__ = [
     "attention_fwd",
     "attention_with_kvcache",
     "attention_kvcache_fwd",
+    "varlen_attention",
+    "varlen_attention_fwd",
     "capabilities",
     "is_available",
     "library_path",

@@ -13,7 +13,7 @@ import torch
 from . import _lib
 
 __all__ = ["attention", "sdpa", "attention_fwd", "attention_with_kvcache", "attention_kvcache_fwd",
-           "BACKWARD_NOT_IMPLEMENTED"]
+           "varlen_attention", "varlen_attention_fwd", "BACKWARD_NOT_IMPLEMENTED"]
 
 BACKWARD_NOT_IMPLEMENTED = "FlashCore: backward is not implemented yet (forward only)"
 
@@ -47,8 +47,10 @@ def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _check_inputs(q, k, v, layout: str = "bshd") -> None:
-    """Raise ValueError / TypeError for anything the kernel cannot take, before touching the library."""
+def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True) -> None:
+    """Raise ValueError / TypeError for anything the kernel cannot take, before touching the library.
+    kv_batch=False: k and v are a paged cache (num_pages, page_size, Hkv, D), whose first dimension is not q's
+    batch."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -63,7 +65,7 @@ def _check_inputs(q, k, v, layout: str = "bshd") -> None:
         raise ValueError(f"FlashCore: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     bq, _, hq, dq = _dims(q, layout)
     bk, _, hk, dk = _dims(k, layout)
-    if bk != bq:
+    if kv_batch and bk != bq:
         raise ValueError(f"FlashCore: q and k/v must have the same batch size, got {bq} and {bk}")
     if dk != dq:
         raise ValueError(f"FlashCore: q and k/v must have the same head_dim, got {dq} and {dk}")
@@ -142,39 +144,111 @@ def kernel_operand(t: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int, int, 
 # The custom op.
 
 
-def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None):
+def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None, *,
+                  block_table=None, num_splits: int = 0, cu_seqlens_q=None, cu_seqlens_k=None,
+                  max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None):
     """The C params of one forward call on tensors the ABI takes as they are (see kernel_operand), without a
     workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
-    per-sequence key counts (a KV cache's lengths)."""
-    strides = [abi_strides(t) for t in (q, k, v)]
+    per-sequence key counts (a KV cache's lengths).
+
+    Serving modes (flashcore.h), combinable as the C ABI allows:
+      - dense: q, out (B, Sq, Hq, D); k, v (B, Sk, Hkv, D).
+      - paged KV (block_table: int32 (B, max_pages), row stride >= max_pages, unit column stride): k, v are
+        (num_pages, page_size, Hkv, D); seqlen_k = max_pages * page_size (seqused_k gives the lengths).
+      - packed Q (cu_seqlens_q: int32 (B + 1,), with max_seqlen_q): q, out (total_q, Hq, D); lse (Hq, total_q).
+      - packed K/V (cu_seqlens_k: int32 (B + 1,), with max_seqlen_k): k, v (total_k, Hkv, D).
+    The batch strides of packed tensors are ignored by the library; the one passed is a valid filler.
+    num_splits: 0 the library's choice, 1 never split, n > 1 at most n parts."""
+    varlen_q, varlen_k, paged = cu_seqlens_q is not None, cu_seqlens_k is not None, block_table is not None
+    if varlen_k and paged:
+        raise ValueError("FlashCore: cu_seqlens_k and block_table cannot be combined (a paged cache's lengths come "
+                         "from seqused_k)")
+    q4 = q.unsqueeze(0) if varlen_q else q
+    out4 = out.unsqueeze(0) if varlen_q else out
+    k4, v4 = (k.unsqueeze(0), v.unsqueeze(0)) if varlen_k else (k, v)
+    strides = [abi_strides(t) for t in (q4, k4, v4, out4)]
     if any(st is None for st in strides):
         raise ValueError("FlashCore: kernel_params needs operands the C ABI takes as they are (kernel_operand)")
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    head_dim, heads_q, heads_kv = q4.shape[3], q4.shape[2], k4.shape[2]
+    if varlen_q:
+        batch, seqlen_q = cu_seqlens_q.shape[0] - 1, int(max_seqlen_q)
+    else:
+        batch, seqlen_q = q4.shape[0], q4.shape[1]
+    if varlen_k:
+        seqlen_k = int(max_seqlen_k)
+    elif paged:
+        seqlen_k = block_table.shape[1] * k4.shape[1]
+    else:
+        seqlen_k = k4.shape[1]
     has_lse = lse is not None and lse.numel() > 0
     params = _lib.fill_params(
         lib.new_params(),
-        pointers=(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if has_lse else 0),
-        strides=(*strides, tuple(out.stride())),
+        pointers=(q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), out4.data_ptr(), lse.data_ptr() if has_lse else 0),
+        strides=tuple(strides),
         sizes=(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim),
         dtype=_DTYPE_CODES[q.dtype],
         causal=causal,
         softmax_scale=softmax_scale,
+        lse_capacity=lse.numel() if has_lse else None,
     )
     if seqused_k is not None:
         params.seqused_k = seqused_k.data_ptr()
+    if varlen_q:
+        params.cu_seqlens_q = cu_seqlens_q.data_ptr()
+        params.total_q = q4.shape[1]
+    if varlen_k:
+        params.cu_seqlens_k = cu_seqlens_k.data_ptr()
+        params.total_k = k4.shape[1]
+    if paged:
+        if block_table.dim() != 2 or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
+            raise ValueError("FlashCore: kernel_params needs a block_table with unit column stride (block_table_operand)")
+        params.block_table = block_table.data_ptr()
+        params.block_table_stride = block_table_row_stride(block_table)
+        params.page_size = k4.shape[1]
+        params.num_pages = k4.shape[0]
+    params.num_splits = int(num_splits)
     return params
 
 
-def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None) -> None:
-    """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph)."""
+def block_table_row_stride(block_table: torch.Tensor) -> int:
+    """The row stride the C ABI gets for an int32 (B, max_pages) block table (one row: its width)."""
+    if block_table.shape[0] <= 1:
+        return max(block_table.shape[1], 1)
+    return block_table.stride(0)
+
+
+def block_table_operand(block_table: torch.Tensor) -> torch.Tensor:
+    """The block table itself when its rows are unit-stride and do not overlap, else a contiguous copy."""
+    rows, cols = block_table.shape
+    if (cols <= 1 or block_table.stride(1) == 1) and (rows <= 1 or block_table.stride(0) >= cols):
+        return block_table
+    return block_table.contiguous()
+
+
+def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None,
+            **serving) -> None:
+    """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph).
+    serving: kernel_params' keyword arguments (block_table, num_splits)."""
     q, k, v = (kernel_operand(t)[0] for t in (q, k, v))
-    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k)
-    with torch.cuda.device(q.device):
-        stream = torch.cuda.current_stream(q.device)
+    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k, **serving)
+    _enqueue(lib, params, q.device)
+
+
+def _launch_varlen(lib: _lib.Library, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                   max_seqlen_k: int, causal: bool, softmax_scale: float, seqused_k=None) -> None:
+    """The packed variable-length call: q, out (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q)."""
+    q, k, v = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (q, k, v))
+    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k, cu_seqlens_q=cu_seqlens_q,
+                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    _enqueue(lib, params, q.device)
+
+
+def _enqueue(lib: _lib.Library, params, device: torch.device) -> None:
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device)
         workspace = lib.workspace_size(params)
         if workspace:
-            buf = _workspace(q.device, stream, workspace)
+            buf = _workspace(device, stream, workspace)
             params.workspace = buf.data_ptr()
             params.workspace_size = workspace
         lib.forward(params, stream.cuda_stream)
@@ -232,40 +306,191 @@ def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse):
 
 
 def _check_cache_seqlens(cache_seqlens: torch.Tensor, q: torch.Tensor) -> None:
-    if cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"FlashCore: cache_seqlens must be an int32 tensor of shape (batch,) = ({q.shape[0]},), got "
-            f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
-        )
+    if (not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1
+            or cache_seqlens.shape[0] != q.shape[0]):
+        got = (f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}" if isinstance(cache_seqlens, torch.Tensor)
+               else type(cache_seqlens).__name__)
+        raise ValueError(f"FlashCore: cache_seqlens must be an int32 tensor of shape (batch,) = ({q.shape[0]},), got {got}")
     if cache_seqlens.device != q.device:
         raise ValueError(f"FlashCore: cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
+
+
+# The C ABI's page sizes (flashcore.h): a multiple of 16 rows, at most 65536.
+PAGE_SIZE_MULTIPLE = 16
+PAGE_SIZE_MAX = 65536
+
+
+def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """A paged cache: block_table int32 (B, max_pages) on q's device; k_cache (num_pages, page_size, Hkv, D)."""
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"FlashCore: block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"FlashCore: block_table must be an int32 tensor of shape (batch, max_pages_per_sequence) = "
+            f"({q.shape[0]}, *), got {block_table.dtype} {tuple(block_table.shape)}"
+        )
+    if block_table.device != q.device:
+        raise ValueError(f"FlashCore: block_table is on {block_table.device}, q on {q.device}")
+    if k_cache.dim() == 4:
+        num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+        if page_size <= 0 or page_size % PAGE_SIZE_MULTIPLE != 0 or page_size > PAGE_SIZE_MAX:
+            raise ValueError(
+                f"FlashCore: with block_table, k_cache/v_cache are (num_pages, page_size, num_heads_kv, head_dim) and "
+                f"page_size must be a positive multiple of {PAGE_SIZE_MULTIPLE} up to {PAGE_SIZE_MAX}, got "
+                f"{tuple(k_cache.shape)} (page_size {page_size})"
+            )
+        if num_pages == 0:
+            raise ValueError(f"FlashCore: the paged cache has no pages: k_cache {tuple(k_cache.shape)}")
+
+
+def _check_num_splits(num_splits) -> int:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"FlashCore: num_splits must be an int, got {type(num_splits).__name__}")
+    if num_splits < 0:
+        raise ValueError(f"FlashCore: num_splits must be >= 0 (0: the library's choice, 1: no split), got {num_splits}")
+    return num_splits
+
+
+def _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table) -> int:
+    """Checks for the KV-cache op; returns the key capacity per sequence (seqlen_k of the C params)."""
+    paged = block_table is not None
+    _check_inputs(q, k_cache, v_cache, "bshd", kv_batch=not paged)
+    _check_cache_seqlens(cache_seqlens, q)
+    if not paged:
+        return k_cache.shape[1]
+    _check_block_table(block_table, q, k_cache)
+    return block_table.shape[1] * k_cache.shape[1]
 
 
 @torch.library.custom_op("flashcore::attention_kvcache_fwd", mutates_args=())
 def attention_kvcache_fwd(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
-    softmax_scale: float, return_lse: bool
+    softmax_scale: float, return_lse: bool, block_table: Optional[torch.Tensor] = None, num_splits: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Attention of q (B, Sq, Hq, D) against the first cache_seqlens[b] rows of k_cache/v_cache (B, Sk, Hkv, D).
-    Cache rows past those lengths are never read into the output (they may hold anything, NaN included)."""
-    _check_inputs(q, k_cache, v_cache, "bshd")
-    _check_cache_seqlens(cache_seqlens, q)
+    """Attention of q (B, Sq, Hq, D) against the first cache_seqlens[b] keys of a KV cache: dense, k_cache/v_cache
+    (B, Sk, Hkv, D); or paged, k_cache/v_cache (num_pages, page_size, Hkv, D) with block_table int32
+    (B, max_pages): key j of sequence b is row j % page_size of page block_table[b, j // page_size].
+    Cache rows past those lengths are never read into the output (they may hold anything, NaN included), nor are
+    the pages past them. num_splits: split-KV parts (0: the library's choice, 1: no split)."""
+    capacity = _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table)
     lib = _check_supported(q, q.shape[3])
     out, lse = _empty_outputs(q, return_lse)
     if out.numel() == 0:
         return out, lse
-    if k_cache.shape[1] == 0:
+    if capacity == 0:
         out.zero_()
         lse.fill_(-math.inf)
         return out, lse
-    _launch(lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, seqused_k=cache_seqlens.contiguous())
+    serving = {"num_splits": num_splits}
+    if block_table is not None:
+        serving["block_table"] = block_table_operand(block_table)
+    _launch(lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, seqused_k=cache_seqlens.contiguous(),
+            **serving)
     return out, lse
 
 
 @attention_kvcache_fwd.register_fake
-def _attention_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse):
-    _check_inputs(q, k_cache, v_cache, "bshd")
+def _attention_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse,
+                                block_table=None, num_splits=0):
+    _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table)
     return _empty_outputs(q, return_lse)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packed variable-length batches (FlashAttention's flash_attn_varlen_func).
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, q: torch.Tensor) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(
+            f"FlashCore: {name} must be an int32 tensor of shape (batch + 1,) with batch >= 1, got {cu.dtype} "
+            f"{tuple(cu.shape)}"
+        )
+    if cu.device != q.device:
+        raise ValueError(f"FlashCore: {name} is on {cu.device}, q on {q.device}")
+
+
+def _check_max_seqlen(name: str, value) -> None:
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"FlashCore: {name} must be a Python int (reading it from a tensor would synchronise with "
+                        f"the device), got a tensor")
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"FlashCore: {name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"FlashCore: {name} must be >= 0, got {value}")
+
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
+    """q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens int32 (batch + 1,), seqused_k int32 (batch,)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(
+                f"FlashCore: {name} must be 3-D (total_tokens, num_heads, head_dim) for varlen_attention, got shape "
+                f"{tuple(t.shape)}"
+            )
+    # The 4-D checks on (1, total, H, D) views: dtypes, k/v shapes, head_dim, head ratio, devices.
+    _check_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), "bshd")
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(
+            f"FlashCore: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+            f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    if seqused_k is not None:
+        batch = cu_seqlens_q.shape[0] - 1
+        if (not isinstance(seqused_k, torch.Tensor) or seqused_k.dtype != torch.int32 or seqused_k.dim() != 1
+                or seqused_k.shape[0] != batch):
+            got = (f"{seqused_k.dtype} {tuple(seqused_k.shape)}" if isinstance(seqused_k, torch.Tensor)
+                   else type(seqused_k).__name__)
+            raise ValueError(f"FlashCore: seqused_k must be None or an int32 tensor of shape (batch,) = ({batch},), "
+                             f"got {got}")
+        if seqused_k.device != q.device:
+            raise ValueError(f"FlashCore: seqused_k is on {seqused_k.device}, q on {q.device}")
+
+
+def _empty_varlen_outputs(q: torch.Tensor, return_lse: bool):
+    total_q, heads_q, head_dim = q.shape
+    out = q.new_empty((total_q, heads_q, head_dim))
+    lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashcore::varlen_attention_fwd", mutates_args=())
+def varlen_attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
+    return_lse: bool
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Packed variable-length attention: sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (total_q, Hq,
+    D) against rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k, v (total_k, Hkv, D) (the first seqused_k[b] of them
+    when given). Returns (out (total_q, Hq, D), lse float32 (Hq, total_q) or an empty (0,) tensor)."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    lib = _check_supported(q, q.shape[2])
+    out, lse = _empty_varlen_outputs(q, return_lse)
+    if out.numel() == 0:
+        return out, lse
+    # No sequence is longer than its packed tensor: tighter bounds, same result (the lengths are never read here).
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
+    if max_seqlen_q == 0 or max_seqlen_k == 0:  # no query row, or no key anywhere: O = 0, LSE = -inf
+        out.zero_()
+        lse.fill_(-math.inf)
+        return out, lse
+    _launch_varlen(lib, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q,
+                   max_seqlen_k, causal, softmax_scale, None if seqused_k is None else seqused_k.contiguous())
+    return out, lse
+
+
+@varlen_attention_fwd.register_fake
+def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+                               softmax_scale, return_lse):
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    return _empty_varlen_outputs(q, return_lse)
 
 
 @torch.library.custom_op("flashcore::attention_bwd", mutates_args=())
@@ -331,22 +556,48 @@ def attention_with_kvcache(
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     return_softmax_lse: bool = False,
+    block_table: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    page_table: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Decode / chunked prefill against a dense KV cache, with FlashAttention's flash_attn_with_kvcache names.
+    """Decode / chunked prefill against a dense or paged KV cache, with FlashAttention's flash_attn_with_kvcache
+    names.
 
-    q (B, Sq, Hq, D); k_cache, v_cache (B, Sk_max, Hkv, D); cache_seqlens: int32 (B,) tensor (or an int for all)
-    of the keys already in each sequence's cache (None: Sk_max). k, v (B, Sq_new, Hkv, D), optional: appended to
-    the caches in place at cache_seqlens[b] (device-side indices, no host sync; the caller keeps
-    cache_seqlens[b] + Sq_new <= Sk_max), and attended to. causal: bottom-right aligned per sequence against
-    cache_seqlens[b] (+ Sq_new). Cache rows past the lengths are never read into the output, NaN included.
-    Returns out (B, Sq, Hq, D), and lse (B, Hq, Sq) float32 with return_softmax_lse. Paged caches
-    (block_table) are not supported yet.
+    q (B, Sq, Hq, D). Dense cache: k_cache, v_cache (B, Sk_max, Hkv, D). Paged cache: block_table int32
+    (B, max_pages) (FlashAttention-2's name; FlashAttention-3's page_table is accepted as an alias) and k_cache,
+    v_cache (num_pages, page_size, Hkv, D), page_size a multiple of 16: key j of sequence b is row j % page_size
+    of page block_table[b, j // page_size]; Sk_max = max_pages * page_size.
+    cache_seqlens: int32 (B,) tensor (or an int for all) of the keys already in each sequence's cache (None:
+    Sk_max). k, v (B, Sq_new, Hkv, D), optional: written into the caches in place at positions cache_seqlens[b] ..
+    + Sq_new (through the block table when paged; device-side indices, no host sync; the caller keeps
+    cache_seqlens[b] + Sq_new <= Sk_max and the pages allocated), and attended to. causal: bottom-right aligned
+    per sequence against cache_seqlens[b] (+ Sq_new). Cache rows past the lengths, and the pages past them, are
+    never read into the output, NaN included. num_splits: split-KV parts for decode-shaped calls (0: the library's
+    choice, 1: no split, n: at most n). Returns out (B, Sq, Hq, D), and lse (B, Hq, Sq) float32 with
+    return_softmax_lse.
     """
     scale = _check_scale(softmax_scale)
+    splits = _check_num_splits(num_splits)
+    if page_table is not None:
+        if block_table is not None and page_table is not block_table:
+            raise ValueError("FlashCore: pass block_table or page_table (its FlashAttention-3 name), not both")
+        block_table = page_table
+    paged = block_table is not None
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"FlashCore: q must be a 4-D tensor (batch, seqlen, num_heads, head_dim), got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
     batch = q.shape[0]
+    layout = "(num_pages, page_size, num_heads_kv, head_dim)" if paged else "(batch, seqlen, num_heads_kv, head_dim)"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"FlashCore: {name} must be a 4-D tensor {layout}, got {got}")
+    if paged:
+        _check_block_table(block_table, q, k_cache)
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if cache_seqlens is None:
-        lengths = torch.full((batch,), k_cache.shape[1], dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
+        lengths = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         lengths = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     else:
         lengths = cache_seqlens
@@ -354,21 +605,68 @@ def attention_with_kvcache(
     if (k is None) != (v is None):
         raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
     if k is not None:
-        if k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape:
+        if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape:
             raise ValueError(
                 f"FlashCore: k and v must be (B, Sq_new, Hkv, D) = ({batch}, *, {k_cache.shape[2]}, "
                 f"{k_cache.shape[3]}), got {tuple(k.shape)} and {tuple(v.shape)}"
             )
-        rows = lengths.long()[:, None] + torch.arange(k.shape[1], device=q.device)[None, :]  # (B, Sq_new)
-        batch_idx = torch.arange(batch, device=q.device)[:, None].expand_as(rows)
-        k_cache[batch_idx, rows] = k.to(k_cache.dtype)
-        v_cache[batch_idx, rows] = v.to(v_cache.dtype)
+        positions = lengths.long()[:, None] + torch.arange(k.shape[1], device=q.device)[None, :]  # (B, Sq_new)
+        if paged:
+            page_size = k_cache.shape[1]
+            pages = block_table.long().gather(1, torch.div(positions, page_size, rounding_mode="floor"))
+            rows = torch.remainder(positions, page_size)
+            k_cache[pages, rows] = k.to(k_cache.dtype)
+            v_cache[pages, rows] = v.to(v_cache.dtype)
+        else:
+            batch_idx = torch.arange(batch, device=q.device)[:, None].expand_as(positions)
+            k_cache[batch_idx, positions] = k.to(k_cache.dtype)
+            v_cache[batch_idx, positions] = v.to(v_cache.dtype)
         lengths = (lengths + k.shape[1]).to(torch.int32)
-    _check_inputs(q, k_cache, v_cache, "bshd")
+    _kvcache_inputs(q, k_cache, v_cache, lengths, block_table)
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[3])
-    out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, bool(causal), scale, bool(return_softmax_lse))
+    out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, bool(causal), scale, bool(return_softmax_lse),
+                                     block_table, splits)
     return (out, lse) if return_softmax_lse else out
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    seqused_k: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Packed variable-length attention with FlashAttention's flash_attn_varlen_func names.
+
+    q (total_q, Hq, D), k and v (total_k, Hkv, D): the sequences of a batch one after the other. cu_seqlens_q,
+    cu_seqlens_k: int32 (batch + 1,) on q's device, cumulative lengths starting at 0: sequence b is rows
+    [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q against rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v.
+    They are read on the device only (no host sync), so a CUDA graph replays with new contents. max_seqlen_q,
+    max_seqlen_k: Python ints, at least the longest sequence's length (query rows past max_seqlen_q within a
+    sequence are not computed). seqused_k: optional int32 (batch,): sequence b uses only its first seqused_k[b]
+    keys. causal: bottom-right aligned per sequence. The arguments after max_seqlen_k are keyword-only
+    (FlashAttention-3's positions 8 and 9 are seqused_q, seqused_k: a positional call written for it fails loudly
+    here instead of binding softmax_scale to seqused_q). Returns out (total_q, Hq, D) in q's dtype; with
+    return_lse=True also lse float32 (Hq, total_q) (FlashAttention-3 names this flag return_attn_probs). Output
+    rows not covered by cu_seqlens_q are left unwritten.
+    """
+    scale = _check_scale(softmax_scale)
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    if not torch.compiler.is_compiling():
+        _check_supported(q, q.shape[2])
+    out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                    bool(causal), scale, bool(return_lse))
+    return (out, lse) if return_lse else out
 
 
 def sdpa(
