@@ -55,12 +55,34 @@ std::string case_name(const Case& c) {
   if (c.input_scale != 1.0f) n += "_x" + format_float(c.input_scale);
   if (c.softmax_scale != 0.0f) n += "_scale" + format_float(c.softmax_scale);
   if (!c.with_lse) n += "_nolse";
+  if (!c.varlen_q.empty()) n += "_varq";
+  if (!c.varlen_k.empty()) n += "_vark";
+  if (c.page_size > 0) n += "_page" + std::to_string(c.page_size);
+  if (c.block_table_stride > 0) n += "_stride" + std::to_string(c.block_table_stride);
+  if (!c.seqused_k.empty()) n += "_used";
+  if (c.num_splits != 0) n += "_splits" + std::to_string(c.num_splits);
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') ch = 'p';
   return n;
 }
 
+// "1,17,0" for short lists; "32 seqs, min 64, max 1020, sum 17012" for long ones.
+std::string lengths_text(const std::vector<int32_t>& v) {
+  std::ostringstream s;
+  if (v.size() <= 8) {
+    for (size_t b = 0; b < v.size(); ++b) s << (b ? "," : "") << v[b];
+    return s.str();
+  }
+  int64_t sum = 0;
+  for (int32_t x : v) sum += x;
+  s << v.size() << " seqs, min " << *std::min_element(v.begin(), v.end()) << ", max "
+    << *std::max_element(v.begin(), v.end()) << ", sum " << sum;
+  return s.str();
+}
+
 }  // namespace
+
+bool is_serving(const Case& c) { return !c.varlen_q.empty() || !c.varlen_k.empty() || c.page_size > 0; }
 
 std::string describe(const Case& c) {
   std::ostringstream s;
@@ -70,11 +92,14 @@ std::string describe(const Case& c) {
   if (c.input_scale != 1.0f) s << " inputs*" << format_float(c.input_scale);
   if (c.softmax_scale != 0.0f) s << " softmax_scale=" << format_float(c.softmax_scale);
   if (!c.with_lse) s << " no-lse";
-  if (!c.seqused_k.empty()) {
-    s << " seqused_k=";
-    for (size_t b = 0; b < c.seqused_k.size(); ++b) s << (b ? "," : "") << c.seqused_k[b];
-    s << " (NaN past them)";
+  if (!c.varlen_q.empty()) s << " varlen_q=[" << lengths_text(c.varlen_q) << "]";
+  if (!c.varlen_k.empty()) s << " varlen_k=[" << lengths_text(c.varlen_k) << "]";
+  if (c.page_size > 0) {
+    s << " paged page_size=" << c.page_size;
+    if (c.block_table_stride > 0) s << " block_table_stride=" << c.block_table_stride;
   }
+  if (!c.seqused_k.empty()) s << " seqused_k=" << lengths_text(c.seqused_k) << " (NaN past them)";
+  if (c.num_splits != 0) s << " num_splits=" << c.num_splits;
   return s.str();
 }
 
@@ -146,6 +171,126 @@ struct CaseList {
 const flashcore_dtype kDtypes[] = {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16};
 const int64_t kHeadDims[] = {64, 128, 256};
 
+int32_t max_of(const std::vector<int32_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+
+// Packed variable-length Q (lengths lq) against packed K/V (lengths lk) or, with lk empty, a dense K/V of dense_sk
+// rows per sequence. seqlen_q / seqlen_k: the tight bounds (the longest sequence, at least 1).
+Case& add_varlen(CaseList& L, flashcore_dtype dt, int64_t D, bool causal, int64_t Hq, int64_t Hkv,
+                 std::vector<int32_t> lq, std::vector<int32_t> lk, int64_t dense_sk = 0, Layout layout = Layout::BSHD) {
+  const int64_t B = static_cast<int64_t>(lq.size());
+  const int64_t sq = std::max(1, max_of(lq)), sk = lk.empty() ? dense_sk : std::max(1, max_of(lk));
+  Case& c = L.add(dt, D, causal, B, Hq, Hkv, sq, sk, layout);
+  c.varlen_q = std::move(lq);
+  c.varlen_k = std::move(lk);
+  return c;
+}
+
+// A paged KV cache of `page` rows per page holding `used` keys per sequence (seqlen_k = the longest, at least 1),
+// queried by a dense Q of sq rows per sequence, or by a packed Q of lengths lq when lq is not empty.
+Case& add_paged(CaseList& L, flashcore_dtype dt, int64_t D, bool causal, int64_t Hq, int64_t Hkv, int64_t sq, int page,
+                std::vector<int32_t> used, std::vector<int32_t> lq = {}, Layout layout = Layout::BSHD) {
+  const int64_t B = static_cast<int64_t>(used.size());
+  if (!lq.empty()) sq = std::max(1, max_of(lq));
+  Case& c = L.add(dt, D, causal, B, Hq, Hkv, sq, std::max(1, max_of(used)), layout);
+  c.page_size = page;
+  c.seqused_k = std::move(used);
+  c.varlen_q = std::move(lq);
+  return c;
+}
+
+int64_t table_width(int64_t seqlen_k, int page) { return (seqlen_k + page - 1) / page; }
+
+// Serving cases: packed variable-length batches (cu_seqlens), paged KV caches (block_table), num_splits.
+void add_serving_cases(CaseList& L, bool quick) {
+  const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
+  if (quick) {
+    // Six small ones (every B * Hq * Sq * Sk <= 64K): varlen q+k with empty sequences; varlen q against a dense
+    // K with lengths; paged decode (GQA 4, page 16); paged chunked prefill (page 32); paged + varlen q with a wide
+    // block table (page 64); decode with GQA 8 and num_splits = 3 (page 128).
+    add_varlen(L, BF16, 128, true, 4, 2, {1, 17, 0, 40, 30}, {20, 17, 5, 40, 64});
+    add_varlen(L, F16, 64, false, 2, 1, {3, 0, 50, 17}, {}, 33).seqused_k = {33, 0, 20, 7};
+    add_paged(L, BF16, 256, false, 8, 2, 1, 16, {0, 1, 17, 113, 300});
+    add_paged(L, F16, 128, true, 4, 1, 4, 32, {0, 5, 200});
+    add_paged(L, BF16, 64, true, 2, 2, 0, 64, {0, 100, 65}, {1, 17, 0}).block_table_stride = table_width(100, 64) + 3;
+    add_paged(L, F16, 128, false, 16, 2, 1, 128, {1000, 77}).num_splits = 3;
+    return;
+  }
+
+  // Kept cheap for the reference (tests/cpu/test_check_cases.cpp holds the whole list to a budget): few heads, and
+  // the long caches mostly in decode rows. tests/gpu/test_varlen.cpp and test_paged_kv.cpp cover more.
+  const std::vector<int32_t> lq5 = {1, 17, 0, 113, 300};
+  const std::vector<int32_t> lk5 = {5, 0, 40, 113, 333};       // sequence 1: 17 queries and no key
+  const std::vector<int32_t> lk5_long = {64, 17, 200, 113, 400};
+  const std::vector<int32_t> used5 = {0, 20, 150, 113, 399};   // 20 > 17: sequence 1 uses its 17 keys
+  const std::vector<int32_t> cache5 = {0, 1, 17, 113, 4097};    // KV cache lengths, mixed in one batch
+  const std::vector<int32_t> cache5_short = {0, 1, 17, 113, 600};
+
+  // 8a. Varlen grid: dtype x head dim x causal, cycling through varlen q alone (dense K/V), varlen q + k, and
+  // varlen q + k + seqused_k; MHA and GQA 2; a few in the head-major (BHSD-like) packed layout.
+  int n = 0;
+  for (auto dt : kDtypes)
+    for (int64_t D : kHeadDims)
+      for (bool causal : {false, true}) {
+        const int64_t hq = 2, hkv = n % 2 ? 1 : 2;
+        const Layout layout = n % 4 == 3 ? Layout::BHSD : Layout::BSHD;
+        if (n % 3 == 0) add_varlen(L, dt, D, causal, hq, hkv, lq5, {}, 257, layout);
+        else if (n % 3 == 1) add_varlen(L, dt, D, causal, hq, hkv, lq5, lk5, 0, layout);
+        else add_varlen(L, dt, D, causal, hq, hkv, lq5, lk5_long, 0, layout).seqused_k = used5;
+        ++n;
+      }
+
+  // 8b. 32 sequences of random lengths 64..1024 (a fixed draw), self-attention prefill (causal, q = k lengths).
+  std::mt19937 rng(20261124);
+  std::uniform_int_distribution<int32_t> len(64, 1024);
+  std::vector<int32_t> l32(32);
+  for (int32_t& x : l32) x = len(rng);
+  add_varlen(L, BF16, 64, true, 2, 1, l32, l32);
+
+  // 8c. Loose bounds: params.seqlen_q / seqlen_k larger than every sequence.
+  {
+    Case& c = add_varlen(L, F16, 64, true, 4, 2, lq5, lk5);
+    c.seqlen_q = 400, c.seqlen_k = 500;
+  }
+  add_varlen(L, BF16, 128, false, 2, 1, lq5, {}, 300).seqlen_q = 512;
+
+  // 8d. Leading empty sequences; one long sequence through the varlen path.
+  add_varlen(L, BF16, 128, true, 4, 2, {0, 0, 64}, {10, 0, 64});
+  add_varlen(L, F16, 128, true, 2, 2, {4097}, {4097});
+
+  // 8e. Paged grid: page sizes 16..256 x (decode GQA 4, decode GQA 8: caches of 0, 1, 17, 113 and 4097 keys in one
+  // batch; chunked prefill of 4 and 17 rows: caches up to 600 keys); dtype, head dim and causal cycling; some wider
+  // block tables and a head-major pool.
+  const struct { int64_t sq, hq, hkv; } paged_shapes[] = {{1, 8, 2}, {1, 16, 2}, {4, 4, 2}, {17, 2, 1}};
+  n = 0;
+  for (int page : {16, 32, 64, 128, 256})
+    for (const auto& sh : paged_shapes) {
+      Case& c = add_paged(L, kDtypes[n % 2], kHeadDims[n % 3], (n / 2) % 2 == 1, sh.hq, sh.hkv, sh.sq, page,
+                          sh.sq == 1 ? cache5 : cache5_short, {}, n % 7 == 6 ? Layout::BHSD : Layout::BSHD);
+      if (n % 5 == 2) c.block_table_stride = table_width(c.seqlen_k, page) + 3;
+      ++n;
+    }
+
+  // 8f. Paged + varlen q (chunked prefill against a paged cache): a sequence with queries and no key, one with
+  // keys and no query.
+  const std::vector<int32_t> chunk_q = {4, 17, 1, 0, 33}, chunk_used = {0, 17, 1, 113, 1500};
+  add_paged(L, BF16, 128, true, 2, 1, 0, 16, chunk_used, chunk_q);
+  add_paged(L, F16, 64, false, 2, 2, 0, 64, {0, 17, 1, 113, 4097}, chunk_q);
+  add_paged(L, BF16, 256, true, 2, 1, 0, 256, chunk_used, chunk_q).block_table_stride = table_width(1500, 256) + 2;
+  add_paged(L, F16, 128, true, 2, 2, 0, 32, chunk_used, chunk_q, Layout::BHSD);
+
+  // 8g. num_splits on decode: paged and dense, 1 (never split) and 3.
+  add_paged(L, BF16, 128, false, 8, 2, 1, 64, cache5).num_splits = 3;
+  add_paged(L, BF16, 128, true, 8, 2, 1, 64, cache5).num_splits = 1;
+  add_paged(L, F16, 64, true, 16, 2, 1, 128, cache5).num_splits = 3;
+  L.add(BF16, 128, false, 2, 32, 8, 1, 4097).num_splits = 3;
+  L.add(BF16, 128, true, 2, 32, 8, 1, 4097).num_splits = 1;
+  {
+    Case& c = L.add(F16, 256, true, 4, 8, 2, 1, 4097);
+    c.seqused_k = {0, 1, 17, 4097};
+    c.num_splits = 3;
+  }
+}
+
 }  // namespace
 
 std::vector<Case> cases(bool quick) {
@@ -162,6 +307,7 @@ std::vector<Case> cases(bool quick) {
           const bool long_q = dt == FLASHCORE_DTYPE_FP16;
           L.add(dt, D, causal, 1, 4, 2, long_q ? 95 : 33, long_q ? 33 : 95, Layout::BHSD);
         }
+    add_serving_cases(L, true);
     return L.finish();
   }
 
@@ -227,6 +373,9 @@ std::vector<Case> cases(bool quick) {
   // 7. Without LSE output.
   L.add(FLASHCORE_DTYPE_FP16, 128, true, 2, 2, 2, 129, 129).with_lse = false;
   L.add(FLASHCORE_DTYPE_BF16, 64, false, 1, 4, 1, 1000, 2048, Layout::BHSD).with_lse = false;
+
+  // 8. Serving: varlen, paged, num_splits.
+  add_serving_cases(L, false);
 
   return L.finish();
 }
@@ -327,6 +476,662 @@ std::string skip_reason_for_device() {
 
 std::string device_skip_reason() { return skip_reason_for_device(); }
 
+// ------------------------------------------------------------------------------------------------
+// Serving cases: packed variable-length Q/O and K/V, paged KV caches
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+constexpr int64_t kGuardRows = 64;   // rows of guard on both sides of Q, K, V and O
+constexpr int64_t kLseGuard = 256;   // floats of guard on both sides of LSE
+
+uint16_t nan_bits(flashcore_dtype dt) { return dt == FLASHCORE_DTYPE_FP16 ? 0x7e00 : 0x7fc0; }
+
+// A serving case laid out on the host: the exact images of the device buffers and what the reference needs.
+struct ServingLayout {
+  bool varlen_q = false, varlen_k = false, paged = false;
+  int64_t B = 0, Hq = 0, Hkv = 0, D = 0;
+  std::vector<int64_t> len_q, rows_k, used;  // per sequence: query rows, its K/V rows, keys used (<= rows_k)
+  std::vector<int32_t> cu_q, cu_k;           // (B + 1,) when packed
+  std::vector<int32_t> seqused;              // seqused_k as passed (raw); empty: not passed
+  int64_t total_q = 0, total_k = 0;          // packed rows (0 when dense)
+  int64_t sq = 0, sk = 0;                    // params.seqlen_q / seqlen_k
+  // Paged: the table (B, width) and the pool's page count.
+  int64_t page_size = 0, width = 0, param_stride = 0, num_pages = 0;
+  std::vector<int32_t> table;
+  // Strides as passed; element offsets of the tensors in their buffers; extents (elements) of O and LSE.
+  flashcore_tensor_strides qs{}, ks{};
+  int64_t q_off = 0, kv_off = 0, o_extent = 0, o_buffer = 0;
+  int64_t lse_off = kLseGuard, lse_count = 0, lse_buffer = 0;
+  std::vector<uint16_t> q, k, v;                // device images, NaN guards included
+  std::vector<uint16_t> k_logical, v_logical;   // paged: dense (B, sk, Hkv, D) for the reference
+  flashcore_tensor_strides logical_strides{};
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Lays out `c` (see check.h). The pool gets at least min_pages pages. Returns false with err on an invalid case.
+bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout& L, std::string& err) {
+  L = ServingLayout{};
+  const int64_t B = c.batch, Hq = c.heads_q, Hkv = c.heads_kv, D = c.head_dim;
+  L.B = B, L.Hq = Hq, L.Hkv = Hkv, L.D = D;
+  L.varlen_q = !c.varlen_q.empty(), L.varlen_k = !c.varlen_k.empty(), L.paged = c.page_size > 0;
+  if (B <= 0 || c.seqlen_q <= 0 || c.seqlen_k <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0) {
+    err = "sizes must be positive and heads_q a multiple of heads_kv";
+    return false;
+  }
+  const std::pair<const char*, const std::vector<int32_t>*> lists[] = {
+      {"varlen_q", &c.varlen_q}, {"varlen_k", &c.varlen_k}, {"seqused_k", &c.seqused_k}};
+  for (const auto& [name, list] : lists) {
+    if (!list->empty() && static_cast<int64_t>(list->size()) != B) {
+      err = std::string(name) + " has " + std::to_string(list->size()) + " entries for batch " + std::to_string(B);
+      return false;
+    }
+    if (list != &c.seqused_k)
+      for (int32_t x : *list)
+        if (x < 0) {
+          err = std::string(name) + " holds a negative length " + std::to_string(x);
+          return false;
+        }
+  }
+  if (c.page_size < 0 || (L.paged && L.varlen_k)) {
+    err = c.page_size < 0 ? "page_size < 0" : "varlen_k and page_size are exclusive (the library rejects the pair)";
+    return false;
+  }
+  if (c.block_table_stride != 0 && !L.paged) {
+    err = "block_table_stride without page_size";
+    return false;
+  }
+  if (c.dtype != FLASHCORE_DTYPE_FP16 && c.dtype != FLASHCORE_DTYPE_BF16) {
+    err = std::string("the harness has no input generator for dtype ") + dtype_name(c.dtype);
+    return false;
+  }
+
+  // Lengths.
+  L.sq = L.varlen_q ? std::max<int64_t>(max_of(c.varlen_q), c.seqlen_q) : c.seqlen_q;
+  L.sk = L.varlen_k ? std::max<int64_t>(max_of(c.varlen_k), c.seqlen_k) : c.seqlen_k;
+  L.len_q.resize(static_cast<size_t>(B));
+  L.rows_k.resize(static_cast<size_t>(B));
+  L.used.resize(static_cast<size_t>(B));
+  L.seqused = c.seqused_k;
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    L.len_q[i] = L.varlen_q ? c.varlen_q[i] : L.sq;
+    L.rows_k[i] = L.varlen_k ? c.varlen_k[i] : L.sk;
+    L.used[i] = c.seqused_k.empty() ? L.rows_k[i] : std::clamp<int64_t>(c.seqused_k[i], 0, L.rows_k[i]);
+  }
+  auto prefix = [&](const std::vector<int32_t>& lengths, std::vector<int32_t>& cu, int64_t& total) {
+    cu.assign(1, 0);
+    total = 0;
+    for (int32_t x : lengths) {
+      total += x;
+      if (total > INT32_MAX) return false;
+      cu.push_back(static_cast<int32_t>(total));
+    }
+    return total > 0;
+  };
+  if (L.varlen_q && !prefix(c.varlen_q, L.cu_q, L.total_q)) {
+    err = "varlen_q must sum to a positive int32 (total_q)";
+    return false;
+  }
+  if (L.varlen_k && !prefix(c.varlen_k, L.cu_k, L.total_k)) {
+    err = "varlen_k must sum to a positive int32 (total_k)";
+    return false;
+  }
+
+  // Q and O: packed (total_q rows, batch stride ignored) or dense; 64 guard rows on both sides.
+  const int64_t q_rows = L.varlen_q ? L.total_q : L.sq;
+  L.qs = layout_strides(c.layout, q_rows, Hq, D);
+  L.o_extent = (L.varlen_q ? 1 : B) * q_rows * Hq * D;
+  L.q_off = kGuardRows * Hq * D;
+  L.o_buffer = L.o_extent + 2 * L.q_off;
+  L.lse_count = L.varlen_q ? Hq * L.total_q : B * Hq * L.sq;
+  L.lse_buffer = L.lse_count + 2 * kLseGuard;
+
+  // K and V: packed, paged or dense; 64 guard rows on both sides.
+  const uint16_t nan = nan_bits(c.dtype);
+  L.kv_off = kGuardRows * Hkv * D;
+  int64_t kv_extent = 0;
+  std::vector<int64_t> pages_of(static_cast<size_t>(B), 0);
+  if (L.paged) {
+    const int64_t P = c.page_size;
+    L.page_size = P;
+    L.width = ceil_div(L.sk, P);
+    if (c.block_table_stride > 0 && c.block_table_stride < L.width) {
+      err = "block_table_stride " + std::to_string(c.block_table_stride) + " < ceil(seqlen_k / page_size) = " +
+            std::to_string(L.width);
+      return false;
+    }
+    if (c.block_table_stride > 0) L.width = c.block_table_stride;
+    L.param_stride = c.block_table_stride;
+    int64_t used_pages = 0;
+    for (int64_t b = 0; b < B; ++b) used_pages += pages_of[static_cast<size_t>(b)] = ceil_div(L.used[static_cast<size_t>(b)], P);
+    L.num_pages = std::max(used_pages + 3 + static_cast<int64_t>(splitmix(seed ^ 0xe7a) % 3), min_pages);
+    if (L.num_pages > INT32_MAX / 2) {
+      err = "too many pages";
+      return false;
+    }
+    L.ks = layout_strides(c.layout, P, Hkv, D);
+    kv_extent = L.num_pages * P * Hkv * D;
+  } else if (L.varlen_k) {
+    L.ks = layout_strides(c.layout, L.total_k, Hkv, D);
+    kv_extent = L.total_k * Hkv * D;
+  } else {
+    L.ks = layout_strides(c.layout, L.sk, Hkv, D);
+    kv_extent = B * L.sk * Hkv * D;
+  }
+
+  // Q: N(0,1) * input_scale inside the tensor, NaN in the guards.
+  L.q.resize(static_cast<size_t>(L.o_buffer));
+  fill_normal(L.q, c.dtype, seed, 0, c.input_scale);
+  std::fill(L.q.begin(), L.q.begin() + L.q_off, nan);
+  std::fill(L.q.end() - L.q_off, L.q.end(), nan);
+
+  const size_t kv_size = static_cast<size_t>(kv_extent + 2 * L.kv_off);
+  if (!L.paged) {
+    // K/V as the kernel reads them: values for the used keys, NaN for the rest of each sequence and the guards.
+    L.k.resize(kv_size), L.v.resize(kv_size);
+    fill_normal(L.k, c.dtype, seed, 1, c.input_scale);
+    fill_normal(L.v, c.dtype, seed, 2, c.input_scale);
+    for (auto* img : {&L.k, &L.v}) {
+      std::fill(img->begin(), img->begin() + L.kv_off, nan);
+      std::fill(img->end() - L.kv_off, img->end(), nan);
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t base = L.kv_off + (L.varlen_k ? L.cu_k[static_cast<size_t>(b)] * L.ks.seq : b * L.ks.batch);
+      for (int64_t j = L.used[static_cast<size_t>(b)]; j < L.rows_k[static_cast<size_t>(b)]; ++j)
+        for (int64_t h = 0; h < Hkv; ++h)
+          for (int64_t d = 0; d < D; ++d) {
+            const size_t at = static_cast<size_t>(base + j * L.ks.seq + h * L.ks.head + d);
+            L.k[at] = nan, L.v[at] = nan;
+          }
+    }
+    return true;
+  }
+
+  // Paged: the logical cache (B, sk, Hkv, D), NaN past each sequence's keys, scattered into a NaN pool in a random
+  // page order; the block table's entries past each sequence's pages are garbage.
+  const int64_t P = L.page_size;
+  L.logical_strides = layout_strides(Layout::BSHD, L.sk, Hkv, D);
+  const size_t logical_size = static_cast<size_t>(B * L.sk * Hkv * D);
+  L.k_logical.resize(logical_size), L.v_logical.resize(logical_size);
+  fill_normal(L.k_logical, c.dtype, seed, 1, c.input_scale);
+  fill_normal(L.v_logical, c.dtype, seed, 2, c.input_scale);
+  const int64_t row = Hkv * D;  // logical row (all heads)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = L.used[static_cast<size_t>(b)]; j < L.sk; ++j) {
+      const size_t at = static_cast<size_t>((b * L.sk + j) * row);
+      std::fill(L.k_logical.begin() + at, L.k_logical.begin() + at + row, nan);
+      std::fill(L.v_logical.begin() + at, L.v_logical.begin() + at + row, nan);
+    }
+  L.k.assign(kv_size, nan), L.v.assign(kv_size, nan);
+  std::vector<int32_t> order(static_cast<size_t>(L.num_pages));
+  for (int64_t i = 0; i < L.num_pages; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::mt19937_64 rng(splitmix(seed ^ 0x9a6ed));
+  std::shuffle(order.begin(), order.end(), rng);
+  L.table.assign(static_cast<size_t>(B * L.width), -1);
+  size_t next = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t pg = 0; pg < pages_of[static_cast<size_t>(b)]; ++pg) {
+      const int32_t page = order[next++];
+      L.table[static_cast<size_t>(b * L.width + pg)] = page;
+      for (int64_t r = 0; r < P && pg * P + r < L.used[static_cast<size_t>(b)]; ++r)
+        for (int64_t h = 0; h < Hkv; ++h) {
+          const size_t from = static_cast<size_t>((b * L.sk + pg * P + r) * row + h * D);
+          const size_t to = static_cast<size_t>(L.kv_off + page * L.ks.batch + r * L.ks.seq + h * L.ks.head);
+          std::copy_n(L.k_logical.begin() + from, D, L.k.begin() + to);
+          std::copy_n(L.v_logical.begin() + from, D, L.v.begin() + to);
+        }
+    }
+  // Garbage past each sequence's pages: -1, INT32_MAX, an id past num_pages, or the id of an unreferenced NaN page.
+  const size_t spare = order.size() - next;  // >= 3 NaN pages no sequence uses
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t pg = pages_of[static_cast<size_t>(b)]; pg < L.width; ++pg) {
+      const uint64_t h = splitmix(seed ^ splitmix(static_cast<uint64_t>(b * L.width + pg) + 17));
+      int32_t& entry = L.table[static_cast<size_t>(b * L.width + pg)];
+      switch (h % 4) {
+        case 0: entry = -1; break;
+        case 1: entry = INT32_MAX; break;
+        case 2: entry = static_cast<int32_t>(L.num_pages + static_cast<int64_t>((h >> 8) % 1000)); break;
+        default: entry = order[next + static_cast<size_t>((h >> 8) % spare)];
+      }
+    }
+  return true;
+}
+
+// The device side of a serving case: buffers sized by a layout, and the params that point into them.
+struct ServingDevice {
+  DeviceBuffer q, k, v, o, lse, cu_q, cu_k, used, table, ws;
+  flashcore_attention_params p{};
+  size_t esize = 2;
+
+  bool allocate(const Case& c, const ServingLayout& L, Result& r) {
+    auto alloc = [&](DeviceBuffer& buf, size_t bytes, const char* what) {
+      return bytes == 0 || cuda_ok(cudaMalloc(&buf.ptr, bytes), what, r);
+    };
+    if (!alloc(q, L.q.size() * esize, "cudaMalloc(q)") || !alloc(k, L.k.size() * esize, "cudaMalloc(k)") ||
+        !alloc(v, L.v.size() * esize, "cudaMalloc(v)") ||
+        !alloc(o, static_cast<size_t>(L.o_buffer) * esize, "cudaMalloc(o)") ||
+        (c.with_lse && !alloc(lse, static_cast<size_t>(L.lse_buffer) * 4, "cudaMalloc(lse)")) ||
+        !alloc(cu_q, L.cu_q.size() * 4, "cudaMalloc(cu_seqlens_q)") ||
+        !alloc(cu_k, L.cu_k.size() * 4, "cudaMalloc(cu_seqlens_k)") ||
+        !alloc(used, L.seqused.size() * 4, "cudaMalloc(seqused_k)") ||
+        !alloc(table, L.table.size() * 4, "cudaMalloc(block_table)"))
+      return false;
+    flashcore_attention_params_init(&p);
+    auto at = [&](void* base, int64_t elements) { return static_cast<char*>(base) + elements * static_cast<int64_t>(esize); };
+    p.q = at(q.ptr, L.q_off), p.k = at(k.ptr, L.kv_off), p.v = at(v.ptr, L.kv_off), p.o = at(o.ptr, L.q_off);
+    p.lse = c.with_lse ? static_cast<float*>(lse.ptr) + L.lse_off : nullptr;
+    p.lse_capacity = c.with_lse ? L.lse_count : 0;
+    p.q_strides = p.o_strides = L.qs;
+    p.k_strides = p.v_strides = L.ks;
+    p.batch = L.B, p.seqlen_q = L.sq, p.seqlen_k = L.sk, p.num_heads_q = L.Hq, p.num_heads_kv = L.Hkv, p.head_dim = L.D;
+    p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
+    p.kernel_config = c.kernel_config;
+    p.seqused_k = static_cast<const int32_t*>(used.ptr);
+    p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.ptr), p.total_q = L.total_q;
+    p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.ptr), p.total_k = L.total_k;
+    p.block_table = static_cast<const int32_t*>(table.ptr);
+    p.block_table_stride = L.param_stride;
+    p.page_size = L.page_size, p.num_pages = L.num_pages;
+    p.num_splits = c.num_splits;
+    return true;
+  }
+
+  // flashcore_attention_validate (skip on what is not compiled in) and the workspace.
+  bool prepare(Result& r) {
+    const flashcore_status vs = flashcore_attention_validate(&p);
+    if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
+      r.skipped = true;
+      r.message = std::string(flashcore_status_string(vs)) + ": " + flashcore_last_error();
+      return false;
+    }
+    if (vs != FLASHCORE_SUCCESS) {
+      r.message = std::string("flashcore_attention_validate: ") + flashcore_status_string(vs) + ": " + flashcore_last_error();
+      return false;
+    }
+    uint64_t bytes = 0;
+    const flashcore_status ws_status = flashcore_attention_workspace_size(&p, &bytes);
+    if (ws_status != FLASHCORE_SUCCESS) {
+      r.message = std::string("flashcore_attention_workspace_size: ") + flashcore_status_string(ws_status) + ": " +
+                  flashcore_last_error();
+      return false;
+    }
+    if (bytes > 0) {
+      if (!cuda_ok(cudaMalloc(&ws.ptr, bytes), "cudaMalloc(workspace)", r) ||
+          !cuda_ok(cudaMemset(ws.ptr, 0, bytes), "cudaMemset(workspace)", r))
+        return false;
+      p.workspace = ws.ptr, p.workspace_size = bytes;
+    }
+    return true;
+  }
+
+  // Inputs, lengths and block table, stream-ordered (the stream is synchronized before returning).
+  bool upload(const ServingLayout& L, cudaStream_t s, Result& r) {
+    auto put = [&](DeviceBuffer& buf, const void* src, size_t bytes, const char* what) {
+      return bytes == 0 || cuda_ok(cudaMemcpyAsync(buf.ptr, src, bytes, cudaMemcpyHostToDevice, s), what, r);
+    };
+    return put(q, L.q.data(), L.q.size() * esize, "cudaMemcpyAsync(q)") &&
+           put(k, L.k.data(), L.k.size() * esize, "cudaMemcpyAsync(k)") &&
+           put(v, L.v.data(), L.v.size() * esize, "cudaMemcpyAsync(v)") &&
+           put(cu_q, L.cu_q.data(), L.cu_q.size() * 4, "cudaMemcpyAsync(cu_seqlens_q)") &&
+           put(cu_k, L.cu_k.data(), L.cu_k.size() * 4, "cudaMemcpyAsync(cu_seqlens_k)") &&
+           put(used, L.seqused.data(), L.seqused.size() * 4, "cudaMemcpyAsync(seqused_k)") &&
+           put(table, L.table.data(), L.table.size() * 4, "cudaMemcpyAsync(block_table)") &&
+           cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize (upload)", r);
+  }
+
+  // NaN poison (all-ones) over the whole O and LSE buffers, guards included.
+  bool poison(const ServingLayout& L, cudaStream_t s, Result& r) {
+    return cuda_ok(cudaMemsetAsync(o.ptr, 0xff, static_cast<size_t>(L.o_buffer) * esize, s), "cudaMemsetAsync(o)", r) &&
+           (lse.ptr == nullptr ||
+            cuda_ok(cudaMemsetAsync(lse.ptr, 0xff, static_cast<size_t>(L.lse_buffer) * 4, s), "cudaMemsetAsync(lse)", r));
+  }
+
+  // O and LSE buffers (guards included) back to the host; synchronizes the stream.
+  bool download(const ServingLayout& L, cudaStream_t s, std::vector<uint16_t>& ho, std::vector<float>& hlse, Result& r) {
+    ho.resize(static_cast<size_t>(L.o_buffer));
+    hlse.resize(lse.ptr ? static_cast<size_t>(L.lse_buffer) : 0);
+    return cuda_ok(cudaGetLastError(), "kernel launch", r) &&
+           cuda_ok(cudaMemcpyAsync(ho.data(), o.ptr, ho.size() * esize, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync(o)", r) &&
+           (hlse.empty() || cuda_ok(cudaMemcpyAsync(hlse.data(), lse.ptr, hlse.size() * 4, cudaMemcpyDeviceToHost, s),
+                                    "cudaMemcpyAsync(lse)", r)) &&
+           cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize (kernel execution)", r);
+  }
+
+  bool forward(cudaStream_t s, Result& r) {
+    const flashcore_status fs = flashcore_attention_forward(&p, reinterpret_cast<flashcore_stream_t>(s));
+    if (fs == FLASHCORE_SUCCESS) return true;
+    append(r.message, std::string("flashcore_attention_forward: ") + flashcore_status_string(fs) + ": " +
+                          flashcore_last_error());
+    return false;
+  }
+};
+
+// Checks one run's O and LSE buffers (guards included) of the serving case `c` laid out as L: guards, written
+// rows, masked rows, and the per-sequence float64 reference. Fills r's errors and tolerances; r.passed is the
+// verdict of this run (r.deterministic is left as it is and counts too).
+void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const std::vector<uint16_t>& ho,
+                   const std::vector<float>& hlse, Result& r) {
+  const int64_t B = L.B, Hq = L.Hq, D = L.D;
+  const flashcore_tensor_strides& os = L.qs;
+  auto o_at = [&](int64_t b, int64_t i, int64_t h, int64_t d) -> int64_t {
+    return L.q_off + (L.varlen_q ? L.cu_q[static_cast<size_t>(b)] * os.seq : b * os.batch) + i * os.seq +
+           h * os.head + d;
+  };
+  auto lse_at = [&](int64_t b, int64_t h, int64_t i) -> int64_t {
+    return L.lse_off + (L.varlen_q ? h * L.total_q + L.cu_q[static_cast<size_t>(b)] + i : (b * Hq + h) * L.sq + i);
+  };
+  auto to_float = [&](uint16_t x) { return c.dtype == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(x) : ref::bf16_to_float(x); };
+  auto fully_masked = [&](int64_t b, int64_t i) {
+    const int64_t keys = L.used[static_cast<size_t>(b)];
+    return keys == 0 || (c.causal && i + keys - L.len_q[static_cast<size_t>(b)] < 0);
+  };
+
+  // Guards: nothing outside the tensors may be written.
+  int64_t n_guard = 0;
+  std::string first_guard;
+  for (int64_t e = 0; e < L.o_buffer; ++e) {
+    if (e >= L.q_off && e < L.q_off + L.o_extent) continue;
+    if (ho[static_cast<size_t>(e)] == 0xffff) continue;
+    if (n_guard++ == 0)
+      first_guard = "O element " + std::to_string(e - L.q_off) + " relative to o (" +
+                    (e < L.q_off ? "before the tensor" : "past its end, " + std::to_string(L.o_extent) + " elements") + ")";
+  }
+  if (c.with_lse)
+    for (int64_t e = 0; e < L.lse_buffer; ++e) {
+      if (e >= L.lse_off && e < L.lse_off + L.lse_count) continue;
+      uint32_t bits;
+      std::memcpy(&bits, &hlse[static_cast<size_t>(e)], 4);
+      if (bits == 0xffffffffu) continue;
+      if (n_guard++ == 0)
+        first_guard = "LSE entry " + std::to_string(e - L.lse_off) + " relative to lse (" +
+                      (e < L.lse_off ? "before the tensor" : "past its " + std::to_string(L.lse_count) + " entries") + ")";
+    }
+  r.out_of_bounds_write = n_guard > 0;
+  if (n_guard)
+    append(r.message, std::to_string(n_guard) + " guard elements outside O / LSE were written (first: " + first_guard + ")");
+
+  // Every row of every sequence: written, finite, O = 0 / LSE = -inf where no key is visible.
+  int64_t n_unwritten = 0, n_nonfinite = 0, n_masked_bad = 0;
+  std::string first_bad;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L.len_q[static_cast<size_t>(b)]; ++i)
+      for (int64_t h = 0; h < Hq; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          const uint16_t bits = ho[static_cast<size_t>(o_at(b, i, h, d))];
+          const float x = to_float(bits);
+          const char* what = bits == 0xffff ? "unwritten" : !std::isfinite(x) ? "non-finite" : fully_masked(b, i) && x != 0 ? "nonzero on a fully masked row" : nullptr;
+          if (!what) continue;
+          (bits == 0xffff ? n_unwritten : !std::isfinite(x) ? n_nonfinite : n_masked_bad)++;
+          if (first_bad.empty())
+            first_bad = std::string("O ") + what + " at sequence " + std::to_string(b) + " row=" + std::to_string(i) +
+                        " h=" + std::to_string(h) + " d=" + std::to_string(d);
+        }
+        if (!c.with_lse) continue;
+        const float l = hlse[static_cast<size_t>(lse_at(b, h, i))];
+        uint32_t lbits;
+        std::memcpy(&lbits, &l, 4);
+        const bool want_minus_inf = fully_masked(b, i);
+        const char* what = lbits == 0xffffffffu                    ? "unwritten"
+                           : want_minus_inf && l != -INFINITY      ? "not -inf on a fully masked row"
+                           : !want_minus_inf && !std::isfinite(l) ? "non-finite"
+                                                                   : nullptr;
+        if (!what) continue;
+        (lbits == 0xffffffffu ? n_unwritten : want_minus_inf ? n_masked_bad : n_nonfinite)++;
+        if (first_bad.empty())
+          first_bad = std::string("LSE ") + what + " at sequence " + std::to_string(b) + " h=" + std::to_string(h) +
+                      " row=" + std::to_string(i) + " (value " + format_float(l) + ")";
+      }
+  r.unwritten = n_unwritten > 0, r.nonfinite = n_nonfinite > 0;
+  if (n_unwritten) append(r.message, std::to_string(n_unwritten) + " output elements kept the NaN poison (unwritten)");
+  if (n_nonfinite) append(r.message, std::to_string(n_nonfinite) + " output elements are NaN/Inf where the reference is finite");
+  if (n_masked_bad) append(r.message, std::to_string(n_masked_bad) + " outputs of fully masked rows are not O=0 / LSE=-inf");
+  if (!first_bad.empty()) append(r.message, "first: " + first_bad);
+
+  // The reference, per sequence: a batch-1 problem over that sequence's rows.
+  flashcore_attention_params host;
+  flashcore_attention_params_init(&host);
+  host.batch = 1, host.num_heads_q = Hq, host.num_heads_kv = L.Hkv, host.head_dim = D;
+  host.dtype = c.dtype, host.causal = c.causal ? 1 : 0, host.softmax_scale = c.softmax_scale;
+  host.q_strides = L.qs;
+  host.k_strides = host.v_strides = L.paged ? L.logical_strides : L.ks;
+  double lowp_lse_err = 0;
+  std::string worst;
+  r.rows_checked = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t bi = static_cast<size_t>(b);
+    const int64_t lq = L.len_q[bi], keys = L.used[bi];
+    if (lq == 0) continue;
+    const int32_t used32 = static_cast<int32_t>(keys);
+    host.seqlen_q = lq, host.seqlen_k = std::max<int64_t>(1, keys), host.seqused_k = &used32;
+    host.q = L.q.data() + L.q_off + (L.varlen_q ? L.cu_q[bi] * L.qs.seq : b * L.qs.batch);
+    if (L.paged) {
+      host.k = L.k_logical.data() + b * L.sk * L.Hkv * D, host.v = L.v_logical.data() + b * L.sk * L.Hkv * D;
+    } else {
+      const int64_t at = L.kv_off + (L.varlen_k ? L.cu_k[bi] * L.ks.seq : b * L.ks.batch);
+      host.k = L.k.data() + at, host.v = L.v.data() + at;
+    }
+    Case one = c;
+    one.batch = 1, one.seqlen_q = lq, one.seqlen_k = keys;
+    std::vector<int64_t> rows = checked_rows(one, splitmix(seed ^ (0x5e9 + static_cast<uint64_t>(b))));
+    ref::Output exact, lowp;
+    try {
+      exact = ref::attention(host, rows), lowp = ref::attention_lowp(host, rows);
+    } catch (const std::exception& e) {
+      append(r.message, std::string("reference failed for sequence ") + std::to_string(b) + ": " + e.what());
+      r.passed = false;
+      return;
+    }
+    if (rows.empty()) {
+      rows.resize(static_cast<size_t>(lq));
+      for (int64_t i = 0; i < lq; ++i) rows[static_cast<size_t>(i)] = i;
+    }
+    r.rows_checked += static_cast<int64_t>(rows.size());
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i : rows) {
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t ri = static_cast<size_t>((i * Hq + h) * D + d);
+          const double want = exact.o[ri];
+          const double got = to_float(ho[static_cast<size_t>(o_at(b, i, h, d))]);
+          r.lowp_o_err = std::max(r.lowp_o_err, std::fabs(lowp.o[ri] - want));
+          const double e = std::fabs(got - want);
+          if (std::isfinite(got) && e > r.o_err) {
+            r.o_err = e;
+            worst = "sequence " + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i) +
+                    " d=" + std::to_string(d) + ": got " + format_float(got) + ", want " + format_float(want);
+          }
+        }
+        if (!c.with_lse) continue;
+        const size_t li = static_cast<size_t>(h * lq + i);
+        const double want = exact.lse[li];
+        if (!std::isfinite(want)) continue;  // -inf rows are checked exactly above
+        const double denom = std::max(1.0, std::fabs(want));
+        lowp_lse_err = std::max(lowp_lse_err, std::fabs(lowp.lse[li] - want) / denom);
+        const double got = hlse[static_cast<size_t>(lse_at(b, h, i))];
+        if (std::isfinite(got)) r.lse_err = std::max(r.lse_err, std::fabs(got - want) / denom);
+      }
+  }
+  r.lowp_lse_err = lowp_lse_err;
+  const double atol = c.dtype == FLASHCORE_DTYPE_FP16 ? 1e-3 : 4e-3;
+  r.o_tol = 2 * r.lowp_o_err + atol;
+  r.lse_tol = c.with_lse ? 2 * lowp_lse_err + 1e-3 : 0;
+  const bool o_ok = r.o_err <= r.o_tol, lse_ok = r.lse_err <= r.lse_tol;
+  if (!o_ok) append(r.message, "O error " + format_float(r.o_err) + " > tolerance " + format_float(r.o_tol) + " (worst at " + worst + ")");
+  if (!lse_ok) append(r.message, "LSE relative error " + format_float(r.lse_err) + " > tolerance " + format_float(r.lse_tol));
+  r.passed = o_ok && lse_ok && !r.unwritten && !r.nonfinite && n_masked_bad == 0 && !r.out_of_bounds_write &&
+             r.deterministic;
+}
+
+Result run_serving(const Case& c, uint64_t seed, int repeats, cudaStream_t stream) {
+  Result r;
+  r.seed = seed;
+  ServingLayout L;
+  std::string err;
+  if (!build_layout(c, seed, 0, L, err)) {
+    r.message = "invalid case: " + err + " (" + describe(c) + ")";
+    return r;
+  }
+  ServingDevice dev;
+  dev.esize = static_cast<size_t>(flashcore::dtype_size(c.dtype));
+  if (!dev.allocate(c, L, r) || !dev.prepare(r) || !dev.upload(L, stream, r)) return r;
+
+  std::vector<uint16_t> ho, first_o;
+  std::vector<float> hlse, first_lse;
+  repeats = std::max(1, repeats);
+  for (int rep = 0; rep < repeats; ++rep) {
+    if (!dev.poison(L, stream, r) || !dev.forward(stream, r) || !dev.download(L, stream, ho, hlse, r)) return r;
+    if (rep == 0) {
+      first_o.swap(ho), first_lse.swap(hlse);
+    } else if (ho != first_o || std::memcmp(first_lse.data(), hlse.data(), hlse.size() * 4) != 0) {
+      if (r.deterministic) append(r.message, "run " + std::to_string(rep) + " of " + std::to_string(repeats) +
+                                                 " is not bit-identical to run 0");
+      r.deterministic = false;
+    }
+  }
+  check_serving(c, L, seed, first_o, first_lse, r);
+  return r;
+}
+
+// Folds the result of one run of a graph test into the overall one.
+void merge(Result& all, const Result& part, const std::string& label) {
+  all.o_err = std::max(all.o_err, part.o_err), all.o_tol = std::max(all.o_tol, part.o_tol);
+  all.lse_err = std::max(all.lse_err, part.lse_err), all.lse_tol = std::max(all.lse_tol, part.lse_tol);
+  all.lowp_o_err = std::max(all.lowp_o_err, part.lowp_o_err);
+  all.lowp_lse_err = std::max(all.lowp_lse_err, part.lowp_lse_err);
+  all.nonfinite |= part.nonfinite, all.unwritten |= part.unwritten, all.out_of_bounds_write |= part.out_of_bounds_write;
+  all.deterministic &= part.deterministic;
+  all.rows_checked += part.rows_checked;
+  all.passed &= part.passed;
+  if (!part.message.empty()) append(all.message, label + ": " + part.message);
+}
+
+// Empty when a and b can share one set of device buffers and one captured graph; otherwise what differs.
+std::string graph_mismatch(const Case& a, const Case& b, const ServingLayout& la, const ServingLayout& lb) {
+  const std::pair<const char*, bool> same[] = {
+      {"dtype", a.dtype == b.dtype},
+      {"head_dim / heads / batch", a.head_dim == b.head_dim && a.heads_q == b.heads_q && a.heads_kv == b.heads_kv &&
+                                       a.batch == b.batch},
+      {"causal / layout / with_lse / softmax_scale",
+       a.causal == b.causal && a.layout == b.layout && a.with_lse == b.with_lse && a.softmax_scale == b.softmax_scale},
+      {"kernel_config", (a.kernel_config == nullptr) == (b.kernel_config == nullptr) &&
+                            (a.kernel_config == nullptr || std::string(a.kernel_config) == b.kernel_config)},
+      {"num_splits", a.num_splits == b.num_splits},
+      {"mode (varlen_q / varlen_k / page_size / seqused_k given)",
+       la.varlen_q == lb.varlen_q && la.varlen_k == lb.varlen_k && la.page_size == lb.page_size &&
+           la.seqused.empty() == lb.seqused.empty()},
+      {"params.seqlen_q / seqlen_k", la.sq == lb.sq && la.sk == lb.sk},
+      {"total_q / total_k", la.total_q == lb.total_q && la.total_k == lb.total_k},
+      {"block table (stride, width, pages)",
+       la.param_stride == lb.param_stride && la.width == lb.width && la.num_pages == lb.num_pages},
+      {"buffer sizes", la.q.size() == lb.q.size() && la.k.size() == lb.k.size() && la.o_buffer == lb.o_buffer &&
+                           la.lse_buffer == lb.lse_buffer},
+  };
+  for (const auto& [what, ok] : same)
+    if (!ok) return what;
+  return "";
+}
+
+}  // namespace
+
+Result run_graph_replay(const Case& captured, const Case& replayed, uint64_t seed) {
+  Result r;
+  r.seed = seed;
+  if (std::string why = skip_reason_for_device(); !why.empty()) {
+    r.skipped = true, r.message = why;
+    return r;
+  }
+  if (!is_serving(captured) || !is_serving(replayed)) {
+    r.message = "invalid graph test: both cases must be serving cases (varlen_q, varlen_k or page_size)";
+    return r;
+  }
+  ServingLayout la, lb;
+  std::string err;
+  if (!build_layout(captured, seed, 0, la, err) || !build_layout(replayed, seed + 1, 0, lb, err)) {
+    r.message = "invalid case: " + err;
+    return r;
+  }
+  if (la.num_pages != lb.num_pages) {  // one pool for both: the larger page count
+    const int64_t pages = std::max(la.num_pages, lb.num_pages);
+    build_layout(captured, seed, pages, la, err);
+    build_layout(replayed, seed + 1, pages, lb, err);
+  }
+  if (const std::string what = graph_mismatch(captured, replayed, la, lb); !what.empty()) {
+    r.message = "invalid graph test: the two cases differ in " + what + " (" + describe(captured) + " / " +
+                describe(replayed) + ")";
+    return r;
+  }
+  OwnedStream s;
+  if (!cuda_ok(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", r)) return r;
+  ServingDevice dev;
+  dev.esize = static_cast<size_t>(flashcore::dtype_size(captured.dtype));
+  if (!dev.allocate(captured, la, r) || !dev.prepare(r) || !dev.upload(la, s.stream, r)) return r;
+
+  r.passed = true;
+  std::vector<uint16_t> direct_o, ho;
+  std::vector<float> direct_lse, hlse;
+  // 1. A direct run (also the library's lazy initialisation, outside the capture).
+  {
+    Result part;
+    part.seed = seed;
+    if (!dev.poison(la, s.stream, part) || !dev.forward(s.stream, part) ||
+        !dev.download(la, s.stream, direct_o, direct_lse, part)) {
+      merge(r, part, "direct run");
+      r.passed = false;
+      return r;
+    }
+    check_serving(captured, la, seed, direct_o, direct_lse, part);
+    merge(r, part, "direct run");
+  }
+  // 2. Capture one forward (global capture mode: the library must make no unsafe call while capturing).
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  {
+    Result part;
+    if (!cuda_ok(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture", part)) {
+      merge(r, part, "capture");
+      r.passed = false;
+      return r;
+    }
+    const bool launched = dev.forward(s.stream, part);
+    const bool ended = cuda_ok(cudaStreamEndCapture(s.stream, &graph), "cudaStreamEndCapture", part);
+    const bool made = launched && ended && cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate", part);
+    if (!made) {
+      if (graph) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      merge(r, part, "capture");
+      r.passed = false;
+      return r;
+    }
+  }
+  // 3. Replay with the captured contents, then 4. with the replayed case's lengths, table and values.
+  for (int round = 0; round < 2; ++round) {
+    const ServingLayout& L = round == 0 ? la : lb;
+    const Case& c = round == 0 ? captured : replayed;
+    const uint64_t run_seed = round == 0 ? seed : seed + 1;
+    const char* label = round == 0 ? "graph replay" : "graph replay with new lengths / table / inputs";
+    Result part;
+    part.seed = run_seed;
+    const bool ran = (round == 0 || dev.upload(L, s.stream, part)) && dev.poison(L, s.stream, part) &&
+                     cuda_ok(cudaGraphLaunch(exec, s.stream), "cudaGraphLaunch", part) &&
+                     dev.download(L, s.stream, ho, hlse, part);
+    if (!ran) {
+      merge(r, part, label);
+      r.passed = false;
+      break;
+    }
+    if (round == 0 && (ho != direct_o || std::memcmp(hlse.data(), direct_lse.data(), hlse.size() * 4) != 0)) {
+      part.deterministic = false;
+      append(part.message, "not bit-identical to the direct run");
+    }
+    check_serving(c, L, run_seed, ho, hlse, part);
+    merge(r, part, label);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return r;
+}
+
+
 Result run_case(const Case& c, uint64_t seed, int repeats) {
   Result r;
   if (std::string why = skip_reason_for_device(); !why.empty()) {
@@ -346,6 +1151,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     return r;
   }
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(fstream);
+  if (is_serving(c)) return run_serving(c, seed, repeats, stream);
   const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, Hq = c.heads_q, Hkv = c.heads_kv, D = c.head_dim;
   if (B <= 0 || Sq <= 0 || Sk <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0) {
     r.message = "invalid case: " + describe(c);
@@ -384,6 +1190,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   p.batch = B, p.seqlen_q = Sq, p.seqlen_k = Sk, p.num_heads_q = Hq, p.num_heads_kv = Hkv, p.head_dim = D;
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
   p.kernel_config = c.kernel_config;
+  p.num_splits = c.num_splits;
 
   const flashcore_status vs = flashcore_attention_validate(&p);
   if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {

@@ -23,7 +23,34 @@ struct Case {
   // A KV cache's lengths (flashcore_attention_params::seqused_k), one per batch entry; empty: not given. The K/V
   // rows past each length are filled with NaN, which must never reach O or LSE.
   std::vector<int32_t> seqused_k;
+
+  // ---- Serving (flashcore_attention_params' cu_seqlens_q/k, block_table, num_splits). A case using varlen_q,
+  // varlen_k or page_size is a "serving case" (is_serving); run_case lays it out as described here. ----
+  // Per-sequence query counts (0 allowed): non-empty = packed variable-length Q and O, (total_q, heads_q, head_dim)
+  // (BSHD layout: rows of heads_q * head_dim; BHSD: (heads_q, total_q, head_dim)), cu_seqlens_q built from them,
+  // total_q = their sum (> 0), LSE (heads_q, total_q). batch must equal their count. params.seqlen_q is the longest
+  // count, or seqlen_q when that is larger (a loose bound; set seqlen_q = 1 for the tight one). The packed tensors'
+  // batch strides (ignored by the library) are passed as the whole tensor's size.
+  std::vector<int32_t> varlen_q;
+  // The same for K and V (packed (total_k, heads_kv, head_dim), cu_seqlens_k; params.seqlen_k = max(longest,
+  // seqlen_k)). With seqused_k, sequence b uses min(seqused_k[b], varlen_k[b]) keys. Not with page_size.
+  std::vector<int32_t> varlen_k;
+  // > 0: a paged KV cache of pages of page_size rows. Sequence b's logical K/V (seqlen_k rows, of which the first
+  // seqused_k[b] -- all seqlen_k without seqused_k -- are used) lie in pages of a pool (num_pages, page_size, heads_kv,
+  // head_dim) in a random (seeded) order; block_table is (batch, stride). The entries past each sequence's used pages
+  // are garbage (-1, ids past num_pages, ids of NaN pages); pool pages no sequence uses, and the rows past each
+  // sequence's length in its last page, are NaN; the pool has a few NaN pages nobody references. Q is dense
+  // (batch, seqlen_q, heads_q, head_dim), or packed with varlen_q (chunked prefill).
+  int page_size = 0;
+  // With page_size: block_table row stride passed to the library; 0 = pass 0 (the library's default, exactly
+  // ceil(seqlen_k / page_size)); larger values leave extra (garbage) columns in every row.
+  int64_t block_table_stride = 0;
+  // flashcore_attention_params::num_splits (0: the library's choice; 1: never split; n: at most n parts).
+  int num_splits = 0;
 };
+
+// True when the case uses varlen_q, varlen_k or page_size.
+bool is_serving(const Case& c);
 
 // The list. `quick` = a small subset for sanitizers/smoke runs (every dtype x head dim x causal, small
 // shapes). The full list covers the GPU-suite requirements of issue #3.
@@ -44,8 +71,10 @@ struct Result {
   std::string message;       // why it failed / was skipped ("" when it passed)
   // Extensions (appended; older fields unchanged):
   double lowp_lse_err = 0;   // the yardstick's own relative LSE error
-  int64_t rows_checked = 0;  // query rows compared against the reference per (batch, head)
+  int64_t rows_checked = 0;  // query rows compared against the reference per (batch, head); serving cases: per head,
+                             // summed over the sequences
   uint64_t seed = 0;         // the seed the inputs came from (to reproduce a failure)
+  bool out_of_bounds_write = false;  // serving cases: an O / LSE guard element (outside the tensor) was written
 };
 
 // Allocate device buffers, fill fresh random inputs (seed), poison O and LSE with NaN before every call,
@@ -56,6 +85,12 @@ struct Result {
 // is the error of reference::attention_lowp(); lse_err (relative to max(1, |ref|)) <= 2 * lowp_lse_err + 1e-3.
 // Skipped (skipped = true, message = reason) without an sm_90 device, or when flashcore_attention_validate
 // reports the (dtype, head_dim) as not compiled in. Runs on a private non-blocking stream.
+//
+// Serving cases (is_serving): the reference runs per sequence (a batch-1 problem of that sequence's rows), every
+// query row of every sequence must be written (O = 0 / LSE = -inf where a row sees no key), and O, LSE, Q, K and V
+// are allocated with 64 guard rows (LSE: 256 guard floats) on both sides of the tensor: O's and LSE's guards keep
+// their NaN poison or the case fails (nothing may be written outside the tensor), Q's and K/V's are NaN (nothing
+// outside them may reach O or LSE). lse_capacity is passed exactly. num_splits is passed for every case.
 Result run_case(const Case& c, uint64_t seed, int repeats = 1);
 
 // The same, enqueued on `stream` (nullptr = the legacy default stream), which the caller owns.
@@ -65,7 +100,19 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
 // used when Sq * Sk <= 256 * 256 or Sq <= 64; otherwise 64 rows: 0, 1, Sq-2, Sq-1, the 64-row tile edges
 // 63/64, 127/128, 191/192, 255/256, the edges of the last tile, the first rows that see a key (causal,
 // Sq > Sk), and random rows drawn from `seed`.
+// Serving cases take this per sequence, from a batch-1 case of that sequence's query count and keys used.
 std::vector<int64_t> checked_rows(const Case& c, uint64_t seed);
+
+// CUDA-graph replay of a serving case: lays out `captured` (as run_case does), runs it once directly (checked), captures
+// one flashcore_attention_forward into a CUDA graph, replays it (checked), then overwrites the device inputs, the
+// cu_seqlens / seqused_k arrays and the block table in place with `replayed`'s (new lengths, a new page order, new
+// values; seed + 1), replays the same graph and checks it against a fresh reference. Both cases must have the same
+// buffer sizes: the same mode, dtype, head_dim, heads, batch, causal, layout, page_size, block_table_stride,
+// num_splits, with_lse, params.seqlen_q / seqlen_k (make them loose bounds) and total_q / total_k (the same sums);
+// the pool gets the larger page count of the two. The capture uses cudaStreamCaptureModeGlobal on a private
+// non-blocking stream (after the direct run, so lazy initialisation is done). Result messages say which run failed;
+// the graph replay of the captured contents must also be bit-identical to the direct run.
+Result run_graph_replay(const Case& captured, const Case& replayed, uint64_t seed);
 
 // Why GPU cases cannot run here ("" when an sm_90 device is present), e.g. "no CUDA device (...)".
 std::string device_skip_reason();
