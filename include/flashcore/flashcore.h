@@ -122,6 +122,49 @@ typedef struct flashcore_attention_params {
                                 that length. The rows past it are never read into O or LSE, even if they hold NaN.
                                 A sequence with no key gets O = 0 and LSE = -inf. sm90 backend only; 4-byte
                                 aligned [NULL: seqlen_k keys for every sequence] */
+
+  /* Serving: packed variable-length batches and paged KV caches (sm90 backend only; the sm80 backend returns
+   * FLASHCORE_ERROR_INVALID_ARGUMENT). Device int32 arrays must be 4-byte aligned; their contents are read by the
+   * kernel only (no host synchronisation, so a CUDA graph replays with new contents), and clamped to the
+   * tensors' extents: out-of-range entries cannot make the kernel read or write outside Q, K, V, O or LSE. */
+  const int32_t* cu_seqlens_q; /* device (batch + 1,), cu_seqlens_q[0] = 0, nondecreasing: sequence b's queries are
+                                  rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of Q and O, which are packed
+                                  (total_q, num_heads_q, head_dim) (their batch strides are ignored). seqlen_q is
+                                  then the longest sequence's length: rows past it are not computed. LSE is
+                                  (num_heads_q, total_q). Causal alignment is bottom-right per sequence; an output
+                                  tile never writes past its own sequence [NULL: dense Q and O] */
+  const int32_t* cu_seqlens_k; /* device (batch + 1,): the same for K and V (total_k rows; batch strides ignored);
+                                  seqlen_k is the longest sequence's key count; with seqused_k, sequence b uses the
+                                  first min(seqused_k[b], its length) keys. Not with block_table [NULL] */
+  int64_t total_q;             /* rows of the packed Q and O; required (> 0) with cu_seqlens_q [0] */
+  int64_t total_k;             /* rows of the packed K and V; required (> 0) with cu_seqlens_k [0] */
+  const int32_t* block_table;  /* device (batch, block_table_stride): a paged KV cache. K and V are then
+                                  (num_pages, page_size, num_heads_kv, head_dim) through k_strides / v_strides
+                                  (their batch stride is the page stride), and key j of sequence b lies in row
+                                  j % page_size of page block_table[b * block_table_stride + j / page_size].
+                                  seqlen_k is the longest sequence's key count (its entries per row:
+                                  ceil(seqlen_k / page_size)); seqused_k gives each sequence's count. Entries for
+                                  keys past a sequence's count are never read, nor are their pages; a page id
+                                  outside [0, num_pages) reads as zeros [NULL: dense K and V] */
+  int64_t block_table_stride;  /* elements between the rows of block_table, >= ceil(seqlen_k / page_size)
+                                  [0: exactly that] */
+  int64_t page_size;           /* rows per page: a multiple of 16, at most 65536; required with block_table [0] */
+  int64_t num_pages;           /* pages in K and V; required (> 0) with block_table [0] */
+  int32_t num_splits;          /* split-KV parts for decode-shaped calls (at most 64 query rows per KV head after
+                                  GQA packing, a workspace given): 0 the library's choice (split_plan: full waves),
+                                  1 never split, n > 1 at most n parts (fewer when there are fewer key blocks).
+                                  Not with cu_seqlens_q [0] */
+  int32_t reserved2;           /* must be 0 [0] */
+  /* Append to a KV cache in the same call: the seqlen_new new rows of K and V (per sequence, all KV heads) are
+   * written into the cache (K and V, dense or paged, are then written to!) at key positions
+   * [seqused_k[b], seqused_k[b] + seqlen_new) of sequence b, by a copy kernel on the same stream before the
+   * attention, which then sees seqused_k[b] + seqlen_new keys (clamped to seqlen_k; rows that would land past
+   * seqlen_k are dropped). seqused_k itself is not updated. Requires seqused_k; not with cu_seqlens_k. */
+  const void* k_new;                     /* (batch, seqlen_new, num_heads_kv, head_dim), dtype [NULL: no append] */
+  const void* v_new;                     /* same shape [NULL] */
+  flashcore_tensor_strides k_new_strides; /* elements, dim stride 1 [zero] */
+  flashcore_tensor_strides v_new_strides;
+  int64_t seqlen_new;                    /* new rows per sequence, > 0 with k_new [0] */
 } flashcore_attention_params;
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.

@@ -145,6 +145,23 @@ class AttentionParamsStruct(ctypes.Structure):
         ("workspace_size", ctypes.c_uint64),
         ("kernel_config", ctypes.c_void_p),  # const char*; NULL: the library's choice
         ("seqused_k", ctypes.c_void_p),  # const int32_t* (device, batch entries); NULL: seqlen_k keys each
+        # Serving: packed variable-length batches and paged KV caches (flashcore.h).
+        ("cu_seqlens_q", ctypes.c_void_p),  # const int32_t* (device, batch + 1); NULL: dense Q/O
+        ("cu_seqlens_k", ctypes.c_void_p),  # const int32_t* (device, batch + 1); NULL: dense K/V
+        ("total_q", ctypes.c_int64),
+        ("total_k", ctypes.c_int64),
+        ("block_table", ctypes.c_void_p),  # const int32_t* (device, batch x block_table_stride); NULL: no paging
+        ("block_table_stride", ctypes.c_int64),
+        ("page_size", ctypes.c_int64),
+        ("num_pages", ctypes.c_int64),
+        ("num_splits", ctypes.c_int32),  # 0: the library's choice, 1: never split, n: at most n parts
+        ("reserved2", ctypes.c_int32),
+        # Append new K/V rows to the cache in the same call (flashcore.h).
+        ("k_new", ctypes.c_void_p),
+        ("v_new", ctypes.c_void_p),
+        ("k_new_strides", TensorStridesStruct),
+        ("v_new_strides", TensorStridesStruct),
+        ("seqlen_new", ctypes.c_int64),
     ]
 
 

@@ -154,7 +154,8 @@ def test_strided_inputs(caps, cuda):
     flat = torch.randn(total * 8 * 64 + 1, device=cuda, dtype=torch.float16, generator=gen)
     q_odd = flat[1:].view(total, 8, 64)  # 2-byte offset: the op copies it
     out2 = flashcore.varlen_attention(q_odd, k, v, cq, cq, 200, 200)
-    check_varlen(q_odd, k, v, lens, lens, False, out2)
+    # The reference gets an aligned copy: PyTorch's own SDPA kernels fault on the misaligned view.
+    check_varlen(q_odd.clone(), k, v, lens, lens, False, out2)
 
 
 def test_empty_and_degenerate(caps, cuda):

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "api/dtype.h"
@@ -228,10 +230,16 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   const bool causal = p.causal != 0;
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    if (p.seqused_k != nullptr) {
-      error = "seqused_k (a KV cache's lengths) is not supported by the sm80 backend yet; pass NULL, or run on "
-              "an sm90 GPU";
-      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    const std::pair<const char*, const void*> serving[] = {{"seqused_k (a KV cache's lengths)", p.seqused_k},
+                                                           {"cu_seqlens_q (packed queries)", p.cu_seqlens_q},
+                                                           {"cu_seqlens_k (packed keys)", p.cu_seqlens_k},
+                                                           {"block_table (a paged KV cache)", p.block_table},
+                                                           {"k_new (a KV-cache append)", p.k_new}};
+    for (const auto& [what, ptr] : serving) {
+      if (ptr != nullptr) {
+        error = std::string(what) + " is not supported by the sm80 backend yet; pass NULL, or run on an sm90 GPU";
+        return FLASHCORE_ERROR_INVALID_ARGUMENT;
+      }
     }
     out.sm80 = sm80::select(p.dtype, out_dtype, hd, causal, p.kernel_config, cc, error);
     if (out.sm80 == nullptr) return no_row_status(p);
@@ -246,6 +254,11 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   if (out.sm90 == nullptr && p.kernel_config == nullptr && out_dtype == p.dtype) {
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
     if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
+    // The dynamic schedule has no paged or packed (varlen) path (sm90/scheduler.cuh): such calls take the default.
+    const bool serving_layout = p.block_table != nullptr || p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr;
+    if (out.sm90 != nullptr && serving_layout && out.sm90->shape.schedule == sm90::Schedule::kDynamicPersistent) {
+      out.sm90 = nullptr;
+    }
   }
   if (out.sm90 == nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, error);
   if (out.sm90 == nullptr) return no_row_status(p);

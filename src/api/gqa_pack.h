@@ -14,7 +14,8 @@ namespace flashcore::api {
 
 // True when `p` is a decode call that packing helps.
 inline bool gqa_packable(const flashcore_attention_params& p) {
-  return p.seqlen_q == 1 && p.num_heads_kv > 0 && p.num_heads_q > p.num_heads_kv;
+  // Packed (varlen) queries are rows of one tensor, not a seq dimension of their own: not rewritten.
+  return p.seqlen_q == 1 && p.num_heads_kv > 0 && p.num_heads_q > p.num_heads_kv && p.cu_seqlens_q == nullptr;
 }
 
 // The packed equivalent of `p` (gqa_packable(p) must hold); every other field is copied.

@@ -17,6 +17,21 @@ void set_post_v1_defaults(flashcore_attention_params& p) {
   p.workspace_size = 0;
   p.kernel_config = nullptr;
   p.seqused_k = nullptr;
+  p.cu_seqlens_q = nullptr;
+  p.cu_seqlens_k = nullptr;
+  p.total_q = 0;
+  p.total_k = 0;
+  p.block_table = nullptr;
+  p.block_table_stride = 0;
+  p.page_size = 0;
+  p.num_pages = 0;
+  p.num_splits = 0;
+  p.reserved2 = 0;
+  p.k_new = nullptr;
+  p.v_new = nullptr;
+  p.k_new_strides = flashcore_tensor_strides{0, 0, 0, 1};
+  p.v_new_strides = flashcore_tensor_strides{0, 0, 0, 1};
+  p.seqlen_new = 0;
 }
 
 flashcore_status upgrade_params(const flashcore_attention_params* user, flashcore_attention_params& out,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include <cuda_runtime_api.h>
@@ -184,6 +185,104 @@ float resolve_softmax_scale(const flashcore_attention_params& p) {
   return p.softmax_scale != 0.0f ? p.softmax_scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.head_dim)));
 }
 
+namespace {
+// The serving fields (flashcore.h): packed variable-length batches, paged KV caches, the split count.
+flashcore_status check_serving_fields(const flashcore_attention_params& p, std::string& message) {
+  if (p.reserved2 != 0) {
+    message = cat("reserved2 = ", p.reserved2, " must be 0");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const std::tuple<const char*, const int32_t*, const char*, int64_t> packed[] = {
+      {"cu_seqlens_q", p.cu_seqlens_q, "total_q", p.total_q}, {"cu_seqlens_k", p.cu_seqlens_k, "total_k", p.total_k}};
+  for (const auto& [cu_name, cu, total_name, total] : packed) {
+    if (cu == nullptr && total != 0) {
+      message = cat(total_name, " = ", total, " is set but ", cu_name, " is NULL (", total_name,
+                    " is the row count of a packed variable-length tensor: leave it 0 for a dense batch)");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (cu != nullptr && total <= 0) {
+      message = cat(total_name, " = ", total, " must be positive with ", cu_name, " (the packed tensor's rows)");
+      return FLASHCORE_ERROR_INVALID_SIZE;
+    }
+    if (cu != nullptr && total > kMaxSeqlen) {
+      message = cat(total_name, " = ", total, " exceeds ", kMaxSeqlen, " (INT32_MAX - 512)");
+      return FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+  }
+  if (p.block_table == nullptr) {
+    const std::pair<const char*, int64_t> paging[] = {
+        {"page_size", p.page_size}, {"num_pages", p.num_pages}, {"block_table_stride", p.block_table_stride}};
+    for (const auto& [name, value] : paging) {
+      if (value != 0) {
+        message = cat(name, " = ", value, " is set but block_table is NULL (no paged KV cache: leave it 0)");
+        return FLASHCORE_ERROR_INVALID_ARGUMENT;
+      }
+    }
+  } else {
+    if (p.cu_seqlens_k != nullptr) {
+      message = "block_table and cu_seqlens_k are both set: a paged KV cache takes its lengths from seqused_k, not "
+                "from packed K/V offsets (set one of them)";
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (p.page_size < kMinPageSize || p.page_size > kMaxPageSize || p.page_size % kMinPageSize != 0) {
+      message = cat("page_size = ", p.page_size, " must be a multiple of ", kMinPageSize, " in [", kMinPageSize, ", ",
+                    kMaxPageSize, "] with block_table");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (p.num_pages <= 0 || p.num_pages > INT32_MAX) {
+      message = cat("num_pages = ", p.num_pages, " must be in [1, INT32_MAX] with block_table");
+      return p.num_pages <= 0 ? FLASHCORE_ERROR_INVALID_SIZE : FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+    const int64_t pages_per_seq = (std::max<int64_t>(p.seqlen_k, 0) + p.page_size - 1) / p.page_size;
+    int64_t table_entries = 0;
+    if (p.block_table_stride < 0 || (p.block_table_stride > 0 && p.block_table_stride < pages_per_seq)) {
+      message = cat("block_table_stride = ", p.block_table_stride, " must be 0 or at least ceil(seqlen_k / page_size) = ",
+                    pages_per_seq, " (the entries of one sequence's row)");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (__builtin_mul_overflow(std::max<int64_t>(p.batch, 0),
+                               p.block_table_stride > 0 ? p.block_table_stride : pages_per_seq, &table_entries) ||
+        table_entries > (int64_t{1} << 40)) {
+      message = cat("block_table's extent (batch * block_table_stride = ", p.batch, " * ", p.block_table_stride,
+                    ") is out of range");
+      return FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+  }
+  if (p.k_new == nullptr) {
+    if (p.v_new != nullptr || p.seqlen_new != 0) {
+      message = cat(p.v_new != nullptr ? "v_new is set" : "seqlen_new is set", " but k_new is NULL (an append gives ",
+                    "k_new, v_new and seqlen_new together)");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+  } else {
+    if (p.v_new == nullptr) {
+      message = "v_new is NULL but k_new is set (an append writes keys and values together)";
+      return FLASHCORE_ERROR_NULL_POINTER;
+    }
+    if (p.seqused_k == nullptr || p.cu_seqlens_k != nullptr) {
+      message = p.seqused_k == nullptr
+                    ? "k_new is set but seqused_k is NULL (the append writes at each sequence's length, seqused_k)"
+                    : "k_new with cu_seqlens_k: an append needs a KV cache (dense or paged), not packed K/V";
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (p.seqlen_new <= 0 || p.seqlen_new > kMaxSeqlen) {
+      message = cat("seqlen_new = ", p.seqlen_new, " must be in [1, ", kMaxSeqlen, "] with k_new");
+      return p.seqlen_new <= 0 ? FLASHCORE_ERROR_INVALID_SIZE : FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+  }
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits) {
+    message = cat("num_splits = ", p.num_splits, " must be in [0, ", kMaxSplits, "] (0: the library's choice)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.num_splits > 1 && p.cu_seqlens_q != nullptr) {
+    message = cat("num_splits = ", p.num_splits, " with cu_seqlens_q: split-KV is not available for packed "
+                  "variable-length queries yet (use 0 or 1)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  return FLASHCORE_SUCCESS;
+}
+}  // namespace
+
 flashcore_status validate_arguments(const flashcore_attention_params* params, std::string& message) {
   if (params == nullptr) {
     message = "params is NULL";
@@ -196,11 +295,27 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
 
+  if (const flashcore_status s = check_serving_fields(p, message); s != FLASHCORE_SUCCESS) return s;
+
+  // The tensors as the kernels address them: packed (varlen) Q/O and K/V are one batch entry of total rows (their
+  // batch strides are ignored); a paged K/V is num_pages entries of page_size rows.
+  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  const bool paged = p.block_table != nullptr;
+  flashcore_tensor_strides qs = p.q_strides, os = p.o_strides, ks = p.k_strides, vs = p.v_strides;
+  if (varlen_q) qs.batch = os.batch = 0;
+  if (varlen_k) ks.batch = vs.batch = 0;
+  const int64_t q_entries = varlen_q ? 1 : p.batch, q_rows = varlen_q ? p.total_q : p.seqlen_q;
+  const int64_t kv_entries = varlen_k ? 1 : (paged ? p.num_pages : p.batch);
+  const int64_t kv_rows = varlen_k ? p.total_k : (paged ? p.page_size : p.seqlen_k);
+  const char* q_entry_name = varlen_q ? "1 (packed)" : "batch";
+  const char* q_row_name = varlen_q ? "total_q" : "seqlen_q";
+  const char* kv_entry_name = varlen_k ? "1 (packed)" : (paged ? "num_pages" : "batch");
+  const char* kv_row_name = varlen_k ? "total_k" : (paged ? "page_size" : "seqlen_k");
   const Tensor tensors[4] = {
-      {"q", p.q, &p.q_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
-      {"k", p.k, &p.k_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
-      {"v", p.v, &p.v_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
-      {"o", p.o, &p.o_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
+      {"q", p.q, &qs, {q_entry_name, q_row_name, "num_heads_q", "head_dim"}, {q_entries, q_rows, p.num_heads_q, p.head_dim}},
+      {"k", p.k, &ks, {kv_entry_name, kv_row_name, "num_heads_kv", "head_dim"}, {kv_entries, kv_rows, p.num_heads_kv, p.head_dim}},
+      {"v", p.v, &vs, {kv_entry_name, kv_row_name, "num_heads_kv", "head_dim"}, {kv_entries, kv_rows, p.num_heads_kv, p.head_dim}},
+      {"o", p.o, &os, {q_entry_name, q_row_name, "num_heads_q", "head_dim"}, {q_entries, q_rows, p.num_heads_q, p.head_dim}},
   };
   const Tensor& o = tensors[3];
 
@@ -245,13 +360,14 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   }
   int64_t lse_count = 0, lse_bytes = 0;
   uintptr_t lse_end = 0;
-  if (__builtin_mul_overflow(p.batch, p.num_heads_q, &lse_count) ||
-      __builtin_mul_overflow(lse_count, p.seqlen_q, &lse_count) ||
+  // LSE: (batch, num_heads_q, seqlen_q), or (num_heads_q, total_q) for packed Q.
+  if (__builtin_mul_overflow(q_entries, p.num_heads_q, &lse_count) ||
+      __builtin_mul_overflow(lse_count, q_rows, &lse_count) ||
       __builtin_mul_overflow(lse_count, int64_t{sizeof(float)}, &lse_bytes) ||
       (p.lse != nullptr &&
        __builtin_add_overflow(reinterpret_cast<uintptr_t>(p.lse), static_cast<uintptr_t>(lse_bytes), &lse_end))) {
-    message = cat("lse's extent overflows: batch * num_heads_q * seqlen_q * 4 bytes = ", p.batch, " * ",
-                  p.num_heads_q, " * ", p.seqlen_q, " * 4 from lse = ", hex(p.lse));
+    message = cat("lse's extent overflows: ", varlen_q ? "num_heads_q * total_q" : "batch * num_heads_q * seqlen_q",
+                  " * 4 bytes = ", q_entries, " * ", p.num_heads_q, " * ", q_rows, " * 4 from lse = ", hex(p.lse));
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
   }
   uintptr_t workspace_end = 0;
@@ -268,9 +384,9 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     return FLASHCORE_ERROR_INVALID_SIZE;
   }
   if (p.lse != nullptr && p.lse_capacity > 0 && p.lse_capacity < lse_count) {
-    message = cat("lse_capacity = ", p.lse_capacity, " floats is less than the ", lse_count,
-                  " that lse receives (batch * num_heads_q * seqlen_q = ", p.batch, " * ", p.num_heads_q, " * ",
-                  p.seqlen_q, ")");
+    message = cat("lse_capacity = ", p.lse_capacity, " floats is less than the ", lse_count, " that lse receives (",
+                  varlen_q ? "num_heads_q * total_q = " : "batch * num_heads_q * seqlen_q = ", q_entries, " * ",
+                  p.num_heads_q, " * ", q_rows, ")");
     return FLASHCORE_ERROR_INVALID_SIZE;
   }
 
@@ -310,14 +426,46 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     }
   }
 
-  if (reinterpret_cast<uintptr_t>(p.seqused_k) % alignof(int32_t) != 0) {
-    message = cat("seqused_k = ", hex(p.seqused_k), " is not 4-byte aligned (int32 lengths)");
-    return FLASHCORE_ERROR_MISALIGNED_POINTER;
+  const std::pair<const char*, const int32_t*> int_arrays[] = {{"seqused_k", p.seqused_k},
+                                                               {"cu_seqlens_q", p.cu_seqlens_q},
+                                                               {"cu_seqlens_k", p.cu_seqlens_k},
+                                                               {"block_table", p.block_table}};
+  for (const auto& [name, ptr] : int_arrays) {
+    if (reinterpret_cast<uintptr_t>(ptr) % alignof(int32_t) != 0) {
+      message = cat(name, " = ", hex(ptr), " is not 4-byte aligned (int32 entries)");
+      return FLASHCORE_ERROR_MISALIGNED_POINTER;
+    }
   }
 
   // Strides.
   for (const Tensor& t : tensors) {
     if (const flashcore_status s = check_strides(t, p.dtype, message); s != FLASHCORE_SUCCESS) return s;
+  }
+
+  // KV-cache append: k_new / v_new are read while K and V are written, then O is written.
+  if (p.k_new != nullptr) {
+    const Tensor news[2] = {
+        {"k_new", p.k_new, &p.k_new_strides, {"batch", "seqlen_new", "num_heads_kv", "head_dim"},
+         {p.batch, p.seqlen_new, p.num_heads_kv, p.head_dim}},
+        {"v_new", p.v_new, &p.v_new_strides, {"batch", "seqlen_new", "num_heads_kv", "head_dim"},
+         {p.batch, p.seqlen_new, p.num_heads_kv, p.head_dim}},
+    };
+    for (const Tensor& t : news) {
+      if (const flashcore_status st = check_overflow(t, elem_size, message); st != FLASHCORE_SUCCESS) return st;
+      if (reinterpret_cast<uintptr_t>(t.ptr) % kAlignment != 0) {
+        message = cat(t.name, " = ", hex(t.ptr), " is not ", kAlignment, "-byte aligned");
+        return FLASHCORE_ERROR_MISALIGNED_POINTER;
+      }
+      if (const flashcore_status st = check_strides(t, p.dtype, message); st != FLASHCORE_SUCCESS) return st;
+      const Span span = span_of(t, elem_size);
+      for (int i = 1; i < 4; ++i) {  // k, v (written by the append), o
+        const Span other = span_of(tensors[i], elem_size);
+        if (span.overlaps(other)) {
+          message = cat(describe(t.name, span), " overlaps ", describe(tensors[i].name, other));
+          return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
+        }
+      }
+    }
   }
 
   // Scalars. The comparisons are false for NaN, so NaN fails the range check too.
@@ -447,9 +595,14 @@ flashcore_status validate_device(const flashcore_attention_params& p, int& devic
   const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},
                                                           {"v", p.v},     {"o", p.o},
                                                           {"lse", p.lse}, {"workspace", p.workspace},
-                                                          {"seqused_k", p.seqused_k}};
+                                                          {"seqused_k", p.seqused_k},
+                                                          {"cu_seqlens_q", p.cu_seqlens_q},
+                                                          {"cu_seqlens_k", p.cu_seqlens_k},
+                                                          {"block_table", p.block_table},
+                                                          {"k_new", p.k_new},
+                                                          {"v_new", p.v_new}};
   for (const auto& [name, ptr] : pointers) {
-    if (ptr == nullptr) continue;  // only lse, workspace and seqused_k may be NULL here
+    if (ptr == nullptr) continue;  // the optional pointers may be NULL
     if (const flashcore_status s = check_device_pointer(name, ptr, device, message); s != FLASHCORE_SUCCESS) return s;
   }
   return FLASHCORE_SUCCESS;

@@ -20,9 +20,18 @@ inline constexpr int64_t kMaxSeqlen = int64_t{INT32_MAX} - 512;
 // is a normal float, and so is every product the kernel forms from it before exp2.
 inline constexpr float kMinSoftmaxScale = 0x1p-100f;
 inline constexpr float kMaxSoftmaxScale = 0x1p100f;
+// Paged KV caches: page_size a multiple of 16 rows (a TMA box slice of whole 8-row swizzle atoms that divides every
+// kernel's key block) up to 65536; num_splits at most 256.
+inline constexpr int64_t kMinPageSize = 16;
+inline constexpr int64_t kMaxPageSize = 65536;
+inline constexpr int32_t kMaxSplits = 256;
 
 // Argument checks, in this order (the first failing check wins; its status is returned):
 //   1. INVALID_ARGUMENT    params is NULL, struct_size != sizeof(flashcore_attention_params)
+//   1b. the serving fields (cu_seqlens_q/k with total_q/k, block_table with page_size, num_pages and
+//       block_table_stride, num_splits, reserved2): INVALID_ARGUMENT, INVALID_SIZE or SIZE_OVERFLOW naming the field.
+//       With cu_seqlens_q (_k) the Q/O (K/V) checks below see one batch entry of total_q (total_k) rows; with
+//       block_table, K/V are num_pages entries of page_size rows; LSE holds num_heads_q * total_q floats.
 //   2. NULL_POINTER        q, k, v, o NULL; workspace NULL while workspace_size > 0
 //   3. INVALID_SIZE        batch, seqlen_q, seqlen_k, num_heads_q, num_heads_kv, head_dim <= 0
 //   4. SIZE_OVERFLOW       a size > INT32_MAX (seqlen_q / seqlen_k > kMaxSeqlen); a stride of q, k, v, o at or

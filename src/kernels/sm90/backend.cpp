@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 
 #include <cmath>
+#include <numeric>
 #include <cstring>
 #include <string>
 
@@ -77,17 +78,30 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
   return nullptr;
 }
 
+namespace {
+// The split of a kSplitKv row's launch for these params (split_plan.h).
+SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
+  return split_plan(tiles, kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
+                    p.seqlen_q, static_cast<int>(p.head_dim), p.num_splits);
+}
+}  // namespace
+
 const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity) {
   int sms = 0;
   if (api::sm_count(device, sms) != cudaSuccess) return nullptr;
   // One query block of 64 rows per (batch, head) against at least 8 key blocks of 128: the 64-row split tile wastes
   // no rows and split_plan() cuts the keys only as far as the GPU is not yet full (one part when it is).
+  // num_splits = 1 asks for no split; packed (varlen) queries have no split form yet.
   if (p.seqlen_q > 64 || kernels::ceil_div(p.seqlen_k, 128) < 8) return nullptr;
+  if (p.num_splits == 1 || p.cu_seqlens_q != nullptr) return nullptr;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule == Schedule::kSplitKv && r->dtype == p.dtype && r->out_dtype == out_dtype &&
         r->head_dim == p.head_dim && r->causal == (p.causal != 0)) {
-      return workspace_bytes(*r, p, sms) <= workspace_capacity ? r : nullptr;
+      // (Leaving one-part plans to the whole-tile kernel was faster at 32 x 4k only, slower on the three other
+      // large rows: perf-notes v12.)
+      return plan_for(*r, p, sms).bytes <= workspace_capacity ? r : nullptr;
     }
   }
   return nullptr;
@@ -97,14 +111,6 @@ bool needs_workspace(const KernelRow& row) {
   return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv;
 }
 
-namespace {
-// The split of a kSplitKv row's launch for these params (split_plan.h).
-SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
-  const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
-  return split_plan(tiles, kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
-                    p.seqlen_q, static_cast<int>(p.head_dim));
-}
-}  // namespace
 
 size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
   if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
@@ -130,11 +136,30 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   }
   FwdParams fp{};
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  // Packed tensors are one batch entry of total rows; a paged K/V is num_pages entries of page_size rows, loaded in
+  // slices that divide both the page and the key block.
+  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  const bool paged = p.block_table != nullptr;
+  const int64_t q_rows = varlen_q ? p.total_q : p.seqlen_q, q_entries = varlen_q ? 1 : p.batch;
+  const int64_t kv_rows = varlen_k ? p.total_k : (paged ? p.page_size : p.seqlen_k);
+  const int64_t kv_entries = varlen_k ? 1 : (paged ? p.num_pages : p.batch);
+  const int slice_rows = paged ? static_cast<int>(std::gcd<int64_t>(p.page_size, row.shape.block_n)) : 0;
+  if (paged && slice_rows % 16 != 0) {
+    error = "page_size = " + std::to_string(p.page_size) + " and kernel config "" + row.name + "" (key block " +
+            std::to_string(row.shape.block_n) + ") share no 16-row slice";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if ((paged || varlen_q || varlen_k) && row.shape.schedule == Schedule::kDynamicPersistent) {
+    error = std::string("kernel config \"") + row.name + "\" (dynamic schedule) has no paged or packed (varlen) "
+            "path; name another config or none";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const int kv_box = paged ? slice_rows : kv_box_rows(row.shape);
   const TensorMapArgs maps[4] = {
-      {"q", p.q, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.q_strides, row.shape.block_m},
-      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, kv_box_rows(row.shape)},
-      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, kv_box_rows(row.shape)},
-      {"o", p.o, out_dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.o_strides, 64},
+      {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.q_strides, row.shape.block_m},
+      {"k", p.k, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},
+      {"v", p.v, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.v_strides, kv_box},
+      {"o", p.o, out_dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.o_strides, 64},
   };
   CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
   for (int i = 0; i < 4; ++i) {
@@ -151,6 +176,22 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   }
   fp.lse = p.lse;
   fp.seqused_k = p.seqused_k;
+  fp.cu_seqlens_q = p.cu_seqlens_q;
+  fp.cu_seqlens_k = p.cu_seqlens_k;
+  fp.total_q = p.total_q;
+  fp.total_k = p.total_k;
+  fp.block_table = p.block_table;
+  fp.block_table_stride = p.block_table_stride > 0 ? p.block_table_stride : kernels::ceil_div(p.seqlen_k, p.page_size > 0 ? p.page_size : 1);
+  fp.page_size = static_cast<int>(p.page_size);
+  fp.num_pages = static_cast<int>(p.num_pages);
+  fp.kv_slice_rows = slice_rows;
+  fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;
+  fp.o = p.o;
+  const int64_t out_bytes = dtype_size(out_dtype);
+  fp.o_stride_seq_bytes = p.o_strides.seq * out_bytes;
+  fp.o_stride_head_bytes = p.o_strides.head * out_bytes;
+  fp.lse_stride_head = q_rows;  // LSE: (batch, Hq, seqlen_q), or (Hq, total_q) for packed queries
+  fp.lse_stride_batch = varlen_q ? 0 : p.num_heads_q * p.seqlen_q;
   fp.tile_counter = static_cast<int*>(p.workspace);
   fp.seqlen_q = p.seqlen_q;
   fp.seqlen_k = p.seqlen_k;
@@ -174,6 +215,40 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     fp.num_tiles = static_cast<int>(tiles * plan.splits);
   }
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
+
+  if (p.k_new != nullptr) {  // append the new rows to the cache first, on the same stream
+    const int64_t elem = dtype_size(p.dtype);
+    kernels::AppendParams a{};
+    const flashcore_tensor_strides* src[2] = {&p.k_new_strides, &p.v_new_strides};
+    const flashcore_tensor_strides* dst[2] = {&p.k_strides, &p.v_strides};
+    a.src[0] = static_cast<const char*>(p.k_new);
+    a.src[1] = static_cast<const char*>(p.v_new);
+    a.dst[0] = static_cast<char*>(const_cast<void*>(p.k));
+    a.dst[1] = static_cast<char*>(const_cast<void*>(p.v));
+    for (int t = 0; t < 2; ++t) {
+      const int64_t s3[3] = {src[t]->batch, src[t]->seq, src[t]->head}, d3[3] = {dst[t]->batch, dst[t]->seq, dst[t]->head};
+      for (int d = 0; d < 3; ++d) {
+        a.src_stride[t][d] = s3[d] * elem;
+        a.dst_stride[t][d] = d3[d] * elem;
+      }
+    }
+    a.seqused_k = p.seqused_k;
+    a.block_table = p.block_table;
+    a.block_table_stride = fp.block_table_stride;
+    a.page_size = p.page_size;
+    a.num_pages = p.num_pages;
+    a.capacity = p.seqlen_k;
+    a.rows = p.batch * p.seqlen_new * p.num_heads_kv;
+    a.seqlen_new = static_cast<int>(p.seqlen_new);
+    a.heads = static_cast<int>(p.num_heads_kv);
+    a.row_units = static_cast<int>(p.head_dim * elem / 16);
+    fp.seqused_k_add = static_cast<int>(p.seqlen_new);
+    err = launch_append(a, sms, stream);
+    if (err != cudaSuccess) {
+      error = api::cuda_message("KV-cache append launch failed", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
+  }
 
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid_size(row.shape.schedule, fp.num_tiles, sms));  // x splits for kSplitKv

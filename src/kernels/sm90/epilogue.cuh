@@ -1,8 +1,9 @@
 // Epilogue: normalize O, convert it to the output element type, stage it in shared memory in the 128B-swizzled
 // layout of the O tensor map and write it with TMA stores; LSE (natural log, fp32) goes straight from registers
 // when requested. Rows past the end of the tensor are clipped by the TMA unit, which for dense batches is the
-// end of the sequence; a packed (varlen) batch needs a store clipped at its sequence's end instead
-// (docs/design.md).
+// end of the sequence; in a packed (varlen) batch the next sequence follows, so a slice that ends past its
+// sequence is copied out of the staging buffer by the warpgroup's threads, row by row, up to the sequence's end
+// (store_clipped).
 #pragma once
 #include <cuda/ptx>
 
@@ -41,6 +42,21 @@ __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Ti
   cudaTriggerProgrammaticLaunchCompletion();
 }
 
+// The staged slice's first `rows` rows (16-byte units, un-swizzled) to O at sequence row `row`.
+template <class Cfg>
+__device__ __forceinline__ void store_clipped(const FwdParams& p, const Tile& tile, const uint8_t* stage, int64_t row,
+                                              int rows) {
+  constexpr int kUnitsPerRow = Cfg::kOutChunks * 8;  // 128-byte chunk rows of eight 16-byte units
+  char* o_rows = static_cast<char*>(p.o) + (tile.seq.q_row0 + row) * p.o_stride_seq_bytes +
+                 static_cast<int64_t>(tile.head) * p.o_stride_head_bytes;
+  for (int u = static_cast<int>(threadIdx.x % 128); u < rows * kUnitsPerRow; u += 128) {
+    const int r = u / kUnitsPerRow, chunk = (u % kUnitsPerRow) / 8, unit = u % 8;
+    const uint4 val =
+        *reinterpret_cast<const uint4*>(stage + chunk * Cfg::kOutChunkBytes + r * Cfg::kRowBytes + ((unit ^ (r % 8)) * 16));
+    *reinterpret_cast<uint4*>(o_rows + r * p.o_stride_seq_bytes + (u % kUnitsPerRow) * 16) = val;
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                                   SharedBarriers<Cfg>& bars, int warpgroup, ConsumerState<Cfg>& st,
@@ -54,7 +70,13 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
   st.softmax.finalize(p.scale_log2, inv_sum, lse);
   if constexpr (Cfg::kSplitKv) {
     store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
-    return;  // one tile per CTA: no next tile takes the Q stage, and O is written by the combine kernel
+    // O is written by the combine kernel. The CTA's next part (split CTAs are persistent) takes the Q stage: hand
+    // it back once every thread of the warpgroup is past its last GEMM (with a separate O buffer the main loop did).
+    if (!Cfg::kSeparateO) {
+      kernels::named_barrier_sync(1 + warpgroup, 128);
+      if (wg_thread == 0) bars.q.release(pipes.q);
+    }
+    return;
   }
 
   // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma has
@@ -80,11 +102,16 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
   kernels::named_barrier_sync(1 + warpgroup, 128);
 
   const int64_t slice_row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup;
-  if (wg_thread == 0) {
+  const bool clipped = kServingLayouts<Cfg> && p.cu_seqlens_q != nullptr && slice_row + Cfg::kRowsPerWarpgroup > tile.seq.seqlen_q;
+  if (clipped) {
+    const int64_t rows = tile.seq.seqlen_q - slice_row;
+    store_clipped<Cfg>(p, tile, stage, slice_row, rows > 0 ? static_cast<int>(rows) : 0);
+    kernels::named_barrier_sync(1 + warpgroup, 128);  // every thread has read the staging buffer
+  } else if (wg_thread == 0) {
 #pragma unroll
     for (int c = 0; c < Cfg::kOutChunks; ++c) {
       const int32_t coords[4] = {c * Cfg::kOutChunkCols, static_cast<int32_t>(tile.seq.q_row0 + slice_row), tile.head,
-                                 tile.batch};
+                                 kServingLayouts<Cfg> && p.cu_seqlens_q != nullptr ? 0 : tile.batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &p.tma_o, coords,
                                       stage + c * Cfg::kOutChunkBytes);
     }
@@ -96,7 +123,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
     for (int i = 0; i < 2; ++i) {
       const int64_t row = slice_row + warp_in_wg * 16 + lane / 4 + 8 * i;
       if (row < tile.seq.seqlen_q) {
-        p.lse[(static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * tile.seq.seqlen_q + row] = lse[i];
+        p.lse[tile.batch * p.lse_stride_batch + tile.head * p.lse_stride_head + tile.seq.q_row0 + row] = lse[i];
       }
     }
   }

@@ -29,8 +29,27 @@ struct FwdParams {
   // KV cache lengths (flashcore_attention_params::seqused_k): keys of batch b are rows [0, seqused_k[b]) of its
   // seqlen_k, clamped to [0, seqlen_k]; nullptr: seqlen_k for every b.
   const int32_t* seqused_k;
+  int seqused_k_add;     // k_new's rows appended by this call before the attention: seqused_k[b] + seqused_k_add keys
   int num_splits;        // >= 1
   int blocks_per_split;  // key blocks per split
+  // Packed variable-length batches (flashcore.h): sequence b's rows are [cu[b], cu[b+1]) of the packed tensor (its
+  // TMA map has one batch entry of total rows); entries are clamped to [0, total]. nullptr: dense.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int64_t total_q, total_k;
+  // Paged KV cache: tma_k / tma_v map (D, page_size, Hkv, num_pages) with boxes of kv_slice_rows rows (a divisor of
+  // both page_size and kBlockN); key j of sequence b is row j % page_size of page block_table[b * stride + j / page_size].
+  const int32_t* block_table;  // nullptr: dense or packed K/V
+  int64_t block_table_stride;
+  int page_size;
+  int num_pages;
+  int kv_slice_rows;
+  bool zero_v_tail;  // V rows past a sequence's keys lie inside the tensor (seqused_k, packed or paged K/V)
+  // Where O and LSE go, for the stores TMA cannot clip (a packed tile that ends past its sequence): O's base and byte
+  // strides; LSE[batch * lse_stride_batch + head * lse_stride_head + q_row0 + row].
+  void* o;
+  int64_t o_stride_seq_bytes, o_stride_head_bytes;
+  int64_t lse_stride_batch, lse_stride_head;
 };
 
 }  // namespace flashcore::sm90

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashcore/flashcore.h"
+#include "kernels/common/append_params.h"
 #include "kernels/common/combine_params.h"
 #include "kernels/sm90/kernel_row.h"
 
@@ -38,6 +39,9 @@ size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p
 // The split-KV combine kernel (kernels/common/combine.cuh) for O of `out_dtype` and `head_dim`.
 cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_dtype, int head_dim,
                            cudaStream_t stream);
+
+// The KV-cache append kernel (kernels/common/append_kv.cuh), run before the attention of a call with k_new.
+cudaError_t launch_append(const kernels::AppendParams& a, int sms, cudaStream_t stream);
 
 // Encode the tensor maps and launch `row` on `device`. `p` has passed validation; `softmax_scale` is resolved.
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,

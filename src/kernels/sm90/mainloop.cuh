@@ -70,10 +70,11 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
   wgmma_commit_group();
 }
 
-// A KV cache's rows past a sequence's length (FwdParams::seqused_k) lie inside the tensor, so TMA loads whatever
-// they hold: the mask makes P = 0 there, but 0 * NaN is NaN in P V. Before the P V of a tile's last key block, the
-// consumer threads zero that block's V rows at or past seqlen_k (whole 128-byte rows, so the swizzle does not
-// matter) and meet at a named barrier. Without seqused_k those rows are past the tensor's end: TMA fills zeros.
+// A sequence's rows past its keys can lie inside the tensor (a KV cache's unused rows, the next sequence of a packed
+// batch, the rest of a page: FwdParams::zero_v_tail), so TMA loads whatever they hold: the mask makes P = 0 there,
+// but 0 * NaN is NaN in P V. Before the P V of a tile's last key block, the consumer threads zero that block's V rows
+// at or past seqlen_k (whole 128-byte rows, so the swizzle does not matter) and meet at a named barrier. In a dense
+// batch those rows are past the tensor's end: TMA fills zeros.
 // Named barrier ids (0 is __syncthreads): 1..W the epilogue's (one per consumer warpgroup), W+1..2W the ping-pong
 // turns, 2W+1 the V zeroing below (W = consumer warpgroups, at most 3: ids stay below 16).
 template <class Cfg>
@@ -82,7 +83,7 @@ inline constexpr uint32_t kZeroVBarrier = 1 + 2 * Cfg::kConsumerWarpgroups;
 template <class Cfg>
 __device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const Tile& tile, int v_block,
                                                      const uint8_t* v_tile) {
-  if (p.seqused_k == nullptr) return;
+  if (!p.zero_v_tail) return;
   const int64_t left = tile.seq.seqlen_k - static_cast<int64_t>(v_block) * Cfg::kBlockN;  // same in the whole CTA
   if (left >= Cfg::kBlockN) return;
   const int valid = left > 0 ? static_cast<int>(left) : 0;

@@ -1,6 +1,7 @@
 // Producer role: one elected thread of the producer warpgroup streams each tile's Q once and its K/V blocks
 // through the ring by TMA (cp.async.bulk.tensor), each load completing on its pipeline's full barrier with a
-// transaction byte count. Where a block's rows live is kv_row() alone (a paged KV cache maps it to a page).
+// transaction byte count. Where a block's rows live: kv_row() (dense and packed K/V) or the block table (a paged
+// cache, tma_load_paged).
 #pragma once
 #include <cuda/ptx>
 
@@ -28,6 +29,35 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* s
   }
 }
 
+// The page holding key `key` of the tile's sequence: keys past the sequence's count (whose table entries may be
+// garbage) and ids outside the pool give page num_pages, past the tensor map's end, where TMA fills zeros and still
+// counts the bytes.
+__device__ __forceinline__ int32_t page_of(const FwdParams& p, const Tile& tile, int key) {
+  if (key >= tile.seq.seqlen_k) return p.num_pages;
+  const int32_t page = __ldg(p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride + key / p.page_size);
+  return page < 0 || page >= p.num_pages ? p.num_pages : page;
+}
+
+// A paged cache's key block: slices of p.kv_slice_rows rows (whole 8-row swizzle atoms, dividing the page), each
+// from its own page; the first slice's page was read by the caller ahead of time (its latency hidden), the others
+// are read here (K's from L2 or L1, V's from L1).
+template <class Cfg>
+__device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtensorMap* map, uint8_t* smem, uint64_t* bar,
+                                               const Tile& tile, int n_block, int kv_head, int32_t first_page) {
+  const int key0 = n_block * Cfg::kBlockN;  // < seqlen_k + kBlockN: fits in int (validation caps seqlen_k)
+#pragma unroll 1
+  for (int r = 0; r < Cfg::kBlockN; r += p.kv_slice_rows) {
+    const int32_t page = r == 0 ? first_page : page_of(p, tile, key0 + r);
+    const int32_t row_in_page = (key0 + r) % p.page_size;
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      const int32_t coords[4] = {c * Cfg::kChunkCols, row_in_page, kv_head, page};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                      smem + c * Cfg::kKVChunkBytes + r * Cfg::kRowBytes, map, coords, bar);
+    }
+  }
+}
+
 template <class Cfg>
 struct Producer {
   using KVState = PipelineState<Cfg::kStages>;
@@ -39,11 +69,36 @@ struct Producer {
     return tile.seq.k_row0 + static_cast<int64_t>(n_block) * Cfg::kBlockN;
   }
 
+  // A paged cache's key blocks: a loop of its own (sharing the dense loop's body cost the producer's 24 registers a
+  // spill in the dynamic schedule). Each block's first page is read before the waits for its stages (the previous
+  // block's loads are already issued), so a table read is rarely on the critical path.
+  __device__ __forceinline__ void load_paged_blocks(const FwdParams& p, const Tile& tile, uint8_t* smem,
+                                                    SharedBarriers<Cfg>& bars, int kv_head, int32_t first_page) {
+    for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
+      const int stage_offset = kv_state.stage * Cfg::kKVTileBytes;
+      bars.k.acquire(kv_state);
+      tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + stage_offset,
+                          bars.k.commit_tx(kv_state, Cfg::kKVTileBytes), tile, n_block, kv_head, first_page);
+      bars.v.acquire(kv_state);
+      tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + stage_offset,
+                          bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), tile, n_block, kv_head, first_page);
+      kv_state.advance();
+      if (n_block > tile.keys.begin) first_page = page_of(p, tile, (n_block - 1) * Cfg::kBlockN);
+    }
+  }
+
   // One tile's loads: Q (once the consumers released the previous tile's Q/staging buffer), then K and V for
   // every visible key block, last block first. Every tile takes the Q stage, on both sides: a tile with no key
   // blocks (all rows masked) commits it without a load, and its consumers may stage their zero O there.
   __device__ __forceinline__ void load_tile(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                             SharedBarriers<Cfg>& bars) {
+    // A paged cache: the first block's page is read before the wait for the Q stage.
+    int32_t first_page = 0;
+    if constexpr (kServingLayouts<Cfg>) {
+      if (p.block_table != nullptr && tile.keys.count() > 0) {
+        first_page = page_of(p, tile, (tile.keys.end - 1) * Cfg::kBlockN);
+      }
+    }
     bars.q.acquire(q_state);
     if (tile.keys.count() == 0) {
       bars.q.commit(q_state);
@@ -51,22 +106,31 @@ struct Producer {
       return;
     }
     const int kv_head = tile.head / p.head_ratio;
+    // A packed tensor's map has one batch entry: the sequence is a row offset (SeqInfo::q_row0 / k_row0).
+    const int q_batch = kServingLayouts<Cfg> && p.cu_seqlens_q != nullptr ? 0 : tile.batch;
+    const int kv_batch = kServingLayouts<Cfg> && p.cu_seqlens_k != nullptr ? 0 : tile.batch;
     tma_load_tile<Cfg, Cfg::kQChunkBytes, Cfg::kBlockM, Cfg::kBlockM>(
         &p.tma_q, smem + Cfg::kSmemQOffset, bars.q.commit_tx(q_state, Cfg::kQBytes),
-        tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM, tile.head, tile.batch);
+        tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM, tile.head, q_batch);
     q_state.advance();
 
+    if constexpr (kServingLayouts<Cfg>) {  // not on the dynamic schedule (scheduler.cuh)
+      if (p.block_table != nullptr) {
+        load_paged_blocks(p, tile, smem, bars, kv_head, first_page);
+        return;
+      }
+    }
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
       const int64_t row = kv_row(tile, n_block);
       const int stage_offset = kv_state.stage * Cfg::kKVTileBytes;
       bars.k.acquire(kv_state);
       tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
           &p.tma_k, smem + Cfg::kSmemKOffset + stage_offset, bars.k.commit_tx(kv_state, Cfg::kKVTileBytes), row,
-          kv_head, tile.batch);
+          kv_head, kv_batch);
       bars.v.acquire(kv_state);
       tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
           &p.tma_v, smem + Cfg::kSmemVOffset + stage_offset, bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row,
-          kv_head, tile.batch);
+          kv_head, kv_batch);
       kv_state.advance();
     }
   }

@@ -5,7 +5,7 @@
 namespace flashcore::sm90 {
 
 inline unsigned grid_size(Schedule policy, long long tiles, int sms) {
-  const bool one_each = policy == Schedule::kOneTilePerCta || policy == Schedule::kSplitKv;
+  const bool one_each = policy == Schedule::kOneTilePerCta;  // kSplitKv: persistent, like kStaticPersistent
   return static_cast<unsigned>(one_each || tiles < sms ? tiles : sms);
 }
 

@@ -25,16 +25,21 @@ inline int64_t wave_efficiency_permille(int64_t ctas, int sms) {
   return waves == 0 ? 0 : 1000 * ctas / (waves * sms);
 }
 
+// requested (flashcore_attention_params::num_splits): 0 the rule above; n >= 1 at most n parts of at least one block.
 inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t batch_heads, int64_t seqlen_q,
-                            int head_dim) {
+                            int head_dim, int requested = 0) {
   SplitPlan plan;
   sms = std::max(sms, 1);
   tiles = std::max<int64_t>(tiles, 1);
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(128, key_blocks / 2));
-  int64_t best = 0;
-  for (int64_t s = 1; s <= cap; ++s) best = std::max(best, wave_efficiency_permille(tiles * s, sms));
   int64_t splits = 1;
-  while (splits < cap && wave_efficiency_permille(tiles * splits, sms) * 100 < best * 85) ++splits;
+  if (requested > 0) {
+    splits = std::max<int64_t>(1, std::min<int64_t>(requested, key_blocks));
+  } else {
+    const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(128, key_blocks / 2));
+    int64_t best = 0;
+    for (int64_t s = 1; s <= cap; ++s) best = std::max(best, wave_efficiency_permille(tiles * s, sms));
+    while (splits < cap && wave_efficiency_permille(tiles * splits, sms) * 100 < best * 85) ++splits;
+  }
   plan.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, splits)));
   plan.splits = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, plan.blocks_per_split)));
   const size_t rows =
