@@ -13,8 +13,10 @@ TFLOPS = 4*B*H*S*S*D / t, halved for causal.
 
     python3 bench/report.py --out report            # grid, bf16 and fp16
     python3 bench/report.py --quick --dtype bf16    # a few cells, a smoke run
+    python3 bench/report.py --serving               # and bench/serving.py's decode and varlen tables
 
-Writes OUT/performance_report.md, OUT/metrics.json and OUT/tflops_<dtype>_d<D>_<mask>.png.
+Writes OUT/performance_report.md, OUT/metrics.json and OUT/tflops_<dtype>_d<D>_<mask>.png; with --serving also
+a Serving section, metrics.json "serving" and OUT/serving_decode_gbps.png, OUT/serving_varlen_tflops.png.
 A system that fails on a cell records null there (with the error in metrics.json), never a crash.
 """
 from __future__ import annotations
@@ -45,6 +47,16 @@ QUICK_S = [1024, 4096]
 # The small shapes of the anchor file (CUDA graph of 20 calls, microseconds per call).
 SMALL_SHAPES = [("mission", 1, 8, 512, 64), ("small", 2, 8, 512, 64), ("long", 2, 8, 2048, 64),
                 ("medium", 4, 16, 1024, 64), ("hd128", 2, 8, 512, 128), ("large", 8, 16, 2048, 64)]
+# --serving: bench/serving.py's tables (imported only then: it needs PyTorch and the flashcore package).
+SERVING_TABLES = ("decode", "varlen")
+# Decode columns (serving.DECODE_SYSTEMS keys, in its order): header, (color, hatch) of the bar chart. "FlashCore" is
+# flashcore.attention as the library's dispatch runs it (split-KV and GQA packing where it picks them).
+SERVING_LABELS = {"flashcore": "FlashCore", "flashcore_nosplit": "FlashCore no split", "fa3_dense": "FA3 dense",
+                  "flashcore_paged64": "FlashCore paged64", "fa3_paged64": "FA3 paged64",
+                  "cudnn_dense": "cuDNN dense"}
+SERVING_STYLES = {"flashcore": ("tab:red", None), "flashcore_nosplit": ("tab:orange", None),
+                  "fa3_dense": ("tab:purple", None), "flashcore_paged64": ("tab:red", "//"),
+                  "fa3_paged64": ("tab:purple", "//"), "cudnn_dense": ("tab:blue", None)}
 
 
 def log(msg: str) -> None:
@@ -308,6 +320,112 @@ class _nullcontext:
 
 
 # ------------------------------------------------------------------------------------------------------
+# Serving (--serving): bench/serving.py's decode and varlen tables, in this process, on this GPU
+
+def run_serving(args, torch, fc) -> tuple:
+    """Measures the --serving-tables with bench/serving.py. Returns (result, exit status): result holds the rows
+    as serving.py records them ("decode", "varlen"), "missing" ({table: {system: reason}} for the columns with no
+    figure), the setup, and "skipped" / "error" when the tables were not (fully) measured. FA3 and cuDNN follow
+    --systems; a failing system or row is recorded in the rows (keep_going), never a crash."""
+    res: dict = {"tables": list(args.serving_tables), "head_dim": args.serving_head_dim,
+                 "heads": list(args.serving_heads), "varlen_heads": "anchor", "decode": [], "varlen": [],
+                 "missing": {}}
+    if fc is None:
+        res["skipped"] = "FlashCore not loaded (the serving tables measure FlashCore; see the FlashCore line)"
+        return res, 0
+    # serving.py calls the flashcore package: make it load the library the grid measured.
+    from flashcore import _lib
+    os.environ[_lib.LIBRARY_ENV] = os.path.abspath(fc.path)
+    _lib.reset()
+    try:
+        import serving  # bench/serving.py (bench/ is on sys.path)
+    except Exception as e:  # noqa: BLE001
+        res["skipped"] = f"bench/serving.py not importable: {short_error(e)}"
+        log(f"report: serving tables skipped: {res['skipped']}")
+        return res, 0
+    name = torch.cuda.get_device_name(0)
+    res["device"], res["peak_GBps"] = name, serving.peak_gbps(name)
+    fa3_on, cudnn_on = "fa3" in args.systems, "cudnn" in args.systems
+    status, t0 = 0, time.time()
+
+    def row_log(line: str) -> None:
+        log("    " + line)
+    try:
+        if "decode" in args.serving_tables:
+            log(f"[serving] decode: d{args.serving_head_dim}, heads {args.serving_heads[0]}/{args.serving_heads[1]}, "
+                f"{len(serving.DECODE_ROWS)} rows")
+            for row in serving.iter_decode(args.serving_head_dim, tuple(args.serving_heads), fa3=fa3_on,
+                                           cudnn=cudnn_on, keep_going=True, log=row_log):
+                res["decode"].append(row)
+        if "varlen" in args.serving_tables:
+            log(f"[serving] varlen: {len(serving.VARLEN_CASES)} cases")
+            for row in serving.iter_varlen("anchor", fa3=fa3_on, keep_going=True, log=row_log):
+                res["varlen"].append(row)
+    except KeyboardInterrupt:
+        log("report: serving tables interrupted; writing what was measured")
+        res["error"] = "interrupted"
+        status = 130
+    except Exception as e:  # noqa: BLE001 - keep what was measured
+        log(f"report: serving tables stopped early: {short_error(e)}")
+        traceback.print_exc()
+        res["error"] = short_error(e)
+        status = 1
+
+    def why(missing: dict) -> dict:
+        return {k: ("not in --systems" if v == "not selected" else str(v)) for k, v in missing.items()}
+    if "decode" in args.serving_tables:
+        res["missing"]["decode"] = why(serving.decode_missing(res["decode"], fa3_on, cudnn_on))
+    if "varlen" in args.serving_tables:
+        res["missing"]["varlen"] = why(serving.varlen_missing(res["varlen"], fa3_on))
+    res["elapsed_s"] = time.time() - t0
+    return res, status
+
+
+def _serving_errors(labelled_rows: List[tuple]) -> List[str]:
+    """A collapsed list of the errors recorded in serving rows (keys error / <system>_err), as the grid's."""
+    errs = [f"- {label}: {k[:-4] if k.endswith('_err') else 'row'}: {r[k]}" for label, r in labelled_rows
+            for k in r if k == "error" or (k.endswith("_err") and not k.endswith("max_err"))]
+    if not errs:
+        return []
+    return ["<details><summary>errors (- cells)</summary>\n"] + errs[:40] + ["\n</details>\n"]
+
+
+def serving_markdown(res: dict) -> List[str]:
+    """The report's Serving section (markdown lines) from run_serving's result."""
+    L = ["## Serving: decode and variable-length prefill (bench/serving.py, same process and GPU)\n"]
+    if res.get("skipped"):
+        L.append(f"Not measured: {res['skipped']}.\n")
+        return L
+    import serving  # imported by run_serving
+    if res.get("error"):
+        L.append(f"Stopped early ({res['error']}): the rows below are those measured.\n")
+    missing = res.get("missing", {})
+    if "decode" in res["tables"]:
+        rows = res["decode"]
+        if rows:
+            L.append(serving.decode_markdown(rows, res["device"], res["peak_GBps"], res["head_dim"],
+                                             tuple(res["heads"]), missing=missing.get("decode"),
+                                             labels=SERVING_LABELS) + "\n")
+            errs = {label: max((r[f"{s}_max_err"] for r in rows if f"{s}_max_err" in r), default=None)
+                    for s, label in (("flashcore", "FlashCore"), ("flashcore_nosplit", "no split"),
+                                     ("flashcore_paged64", "paged64"))}
+            L.append("FlashCore max |O - SDPA float32| over the decode rows: "
+                     + "; ".join(f"{k} {fmt(v, '{:.1e}')}" for k, v in errs.items()) + ".\n")
+            L += _serving_errors([(f"{r['B']} x {r['Sk'] // 1024}k", r) for r in rows])
+        else:
+            L.append("Decode: no row measured.\n")
+    if "varlen" in res["tables"]:
+        rows = res["varlen"]
+        if rows:
+            L.append(serving.varlen_markdown(rows, res["device"], res["varlen_heads"], missing=missing.get("varlen"),
+                                             errors_in="metrics.json") + "\n")
+            L += _serving_errors([(f"d{r['D']} {'causal' if r['causal'] else 'full'}", r) for r in rows])
+        else:
+            L.append("Variable-length prefill: no case measured.\n")
+    return L
+
+
+# ------------------------------------------------------------------------------------------------------
 # Report
 
 def fmt(v: Optional[float], spec: str = "{:.0f}") -> str:
@@ -343,7 +461,7 @@ def cell_tflops(cell: dict, system: str) -> Optional[float]:
 
 
 def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], anchors: dict,
-                   plots: List[str]) -> None:
+                   plots: List[str], serving_lines: Optional[List[str]] = None) -> None:
     have_fa3 = any(cell_tflops(c, "fa3") is not None for c in cells)
     L = []
     L.append("# FlashCore performance report\n")
@@ -442,6 +560,9 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
                      f"{fmt(a.get('cudnn'), '{:.1f}')} | {fmt(a.get('fa2'), '{:.1f}')} |")
         L.append("\n(anchor small shapes were measured in fp16.)\n")
 
+    if serving_lines:
+        L += serving_lines
+
     if plots:
         L.append("## Plots\n")
         for p in plots:
@@ -498,6 +619,77 @@ def make_plots(out_dir: str, cells: List[dict], anchors: dict, dtypes: List[str]
     return files
 
 
+def make_serving_plots(out_dir: str, res: Optional[dict]) -> List[str]:
+    """--serving: decode GB/s per row and system (dashed line: the HBM peak) and varlen TFLOPS per (head dim,
+    mask) and system, as grouped bars."""
+    if not res or not (res.get("decode") or res.get("varlen")):
+        return []
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import to_rgba
+    except Exception as e:  # noqa: BLE001
+        log(f"report: no serving plots ({short_error(e)})")
+        return []
+    files = []
+    missing = res.get("missing", {})
+
+    def bars(ax, groups, series):
+        """series: [(label, values per group (None: no bar), color, hatch)], side by side in each group."""
+        width = 0.8 / max(len(series), 1)
+        for j, (label, values, color, hatch) in enumerate(series):
+            xs = [i + (j - (len(series) - 1) / 2) * width for i, v in enumerate(values) if v is not None]
+            ax.bar(xs, [v for v in values if v is not None], width, label=label, edgecolor=color, linewidth=0.8,
+                   facecolor=to_rgba(color, 0.35) if hatch else color, hatch=hatch)
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups)
+
+    rows = res.get("decode") or []
+    systems = [s for s in SERVING_LABELS if any(r.get(f"{s}_GBps") for r in rows)]
+    if systems:
+        fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(rows) + 2.0), 4.2))
+        bars(ax, [f"{r['B']}×{r['Sk'] // 1024}k" for r in rows],
+             [(SERVING_LABELS[s], [r.get(f"{s}_GBps") for r in rows]) + SERVING_STYLES[s] for s in systems])
+        top = max(r[f"{s}_GBps"] for r in rows for s in systems if r.get(f"{s}_GBps"))
+        peak = res.get("peak_GBps")
+        if peak is not None and math.isfinite(peak):
+            ax.axhline(peak, color="black", linestyle="--", linewidth=1.2, label=f"HBM peak ({peak:.0f} GB/s)")
+            top = max(top, peak)
+        absent = [SERVING_LABELS.get(s, s) for s in missing.get("decode", {})]
+        ax.set_xlabel("batch × cache length" + (f"\n(no figure: {', '.join(absent)})" if absent else ""))
+        ax.set_ylabel("GB/s of K and V read")
+        ax.set_ylim(0, top * 1.3)  # room for the legend
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_title(f"decode, bf16, head dim {res['head_dim']}, {res['heads'][0]}/{res['heads'][1]} heads, "
+                     "one new token")
+        ax.legend(loc="upper left", fontsize=8, ncol=3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "serving_decode_gbps.png"), dpi=110)
+        plt.close(fig)
+        files.append("serving_decode_gbps.png")
+
+    rows = res.get("varlen") or []
+    series = [(label, [r.get(f"{s}_tflops") for r in rows], color, None)
+              for s, label, color in (("flashcore", "FlashCore", "tab:red"), ("fa3", "FA3 (varlen)", "tab:purple"))
+              if any(r.get(f"{s}_tflops") for r in rows)]
+    if series:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        bars(ax, [f"d{r['D']} {'causal' if r['causal'] else 'full'}" for r in rows], series)
+        absent = [{"flashcore": "FlashCore", "fa3": "FA3"}.get(s, s) for s in missing.get("varlen", {})]
+        ax.set_xlabel("head dim, mask" + (f"\n(no figure: {', '.join(absent)})" if absent else ""))
+        ax.set_ylabel("TFLOPS")
+        ax.set_ylim(0, max(v for _, values, _, _ in series for v in values if v) * 1.25)  # room for the legend
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_title(f"variable-length prefill, bf16, batch {rows[0]['batch']} (anchor_serving.py lengths)")
+        ax.legend(loc="upper left", fontsize=8, ncol=2)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "serving_varlen_tflops.png"), dpi=110)
+        plt.close(fig)
+        files.append("serving_varlen_tflops.png")
+    return files
+
+
 # ------------------------------------------------------------------------------------------------------
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -520,6 +712,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="skip the small-shape CUDA-graph table")
     ap.add_argument("--graph-calls", type=int, default=20, help="calls per CUDA graph (small shapes)")
     ap.add_argument("--no-plots", dest="plots", action="store_false")
+    ap.add_argument("--serving", action="store_true",
+                    help="after the grid, also measure bench/serving.py's tables in this process (needs its imports: "
+                         "PyTorch and python/flashcore; FA3 columns when flash_attn_interface has "
+                         "flash_attn_with_kvcache / flash_attn_varlen_func) and add a Serving section, plots and "
+                         "metrics.json 'serving'; FA3 and cuDNN follow --systems")
+    ap.add_argument("--serving-tables", default=",".join(SERVING_TABLES),
+                    help=f"with --serving: comma list of {', '.join(SERVING_TABLES)}")
+    ap.add_argument("--serving-head-dim", type=int, default=128, help="with --serving: decode head dim")
+    ap.add_argument("--serving-heads", default="32,8", help="with --serving: decode query heads, KV heads")
     args = ap.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in args.systems if s not in SYSTEMS]
@@ -527,6 +728,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"unknown system(s) {bad}; expected {SYSTEMS}")
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters >= 1 and --warmup >= 0")
+    args.serving_tables = [t.strip() for t in args.serving_tables.split(",") if t.strip()]
+    bad = [t for t in args.serving_tables if t not in SERVING_TABLES]
+    if bad or not args.serving_tables:
+        ap.error(f"--serving-tables: unknown {bad} (choose from {', '.join(SERVING_TABLES)})")
+    try:
+        heads = [int(x) for x in args.serving_heads.split(",")]
+        if len(heads) != 2 or min(heads) < 1:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--serving-heads: expected HQ,HKV (positive integers), got {args.serving_heads!r}")
+    args.serving_heads = heads
 
     t_start = time.time()
     import torch
@@ -601,10 +813,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         log(f"report: stopped early: {short_error(e)}")
         traceback.print_exc()
         status = 1
+    serving_res = None
+    if args.serving:
+        if status == 0:
+            serving_res, status = run_serving(args, torch, fc)
+        else:
+            serving_res = {"tables": args.serving_tables, "decode": [], "varlen": [],
+                           "skipped": "the grid stopped early"}
     meta["elapsed_s"] = time.time() - t_start
 
     plots = make_plots(args.out, cells, anchors, dtypes) if args.plots else []
+    if args.plots:
+        plots += make_serving_plots(args.out, serving_res)
     metrics = {"meta": meta, "anchors_file": anchors["path"], "cells": [], "small_shapes": small}
+    if serving_res is not None:
+        metrics["serving"] = serving_res
     for c in cells:
         a = anchors["grid"].get((c["dtype"], c["D"], c["S"], c["causal"]), {})
         fc_t = cell_tflops(c, "flashcore")
@@ -616,8 +839,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                        "fc_over_fa3": ratio(fc_t, cell_tflops(c, "fa3"))}
         metrics["cells"].append(c)
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
-        json.dump(json_safe(metrics), f, indent=1, allow_nan=False)
-    write_markdown(os.path.join(args.out, "performance_report.md"), meta, cells, small, anchors, plots)
+        json.dump(json_safe(metrics), f, indent=1, allow_nan=False, default=str)
+    write_markdown(os.path.join(args.out, "performance_report.md"), meta, cells, small, anchors, plots,
+                   serving_markdown(serving_res) if serving_res is not None else None)
     log(f"report: wrote {args.out}/performance_report.md, metrics.json, {len(plots)} plot(s) "
         f"in {meta['elapsed_s']:.0f} s")
     return status
