@@ -250,6 +250,8 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
   // workspace for its partials. Tuning tables time whole-tile configs and come after it.
   if (p.kernel_config == nullptr && workspace_given) out.sm90 = sm90::decode_row(p, device, workspace_capacity);
+  // Packed (varlen) queries: one CTA per tile, balanced by the hardware across sequence lengths.
+  if (p.kernel_config == nullptr && out.sm90 == nullptr) out.sm90 = sm90::varlen_row(p);
   // choose() only returns configs it found available; should one be gone, the default runs.
   if (out.sm90 == nullptr && p.kernel_config == nullptr && out_dtype == p.dtype) {
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);

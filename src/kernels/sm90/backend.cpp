@@ -107,6 +107,21 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   return nullptr;
 }
 
+const KernelRow* varlen_row(const flashcore_attention_params& p) {
+  if (p.cu_seqlens_q == nullptr) return nullptr;
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  const KernelRow* first = nullptr;
+  for (const KernelRow* r : kRows) {
+    if (r->shape.schedule != Schedule::kOneTilePerCta || r->dtype != p.dtype || r->out_dtype != out_dtype ||
+        r->head_dim != p.head_dim || r->causal != (p.causal != 0)) {
+      continue;
+    }
+    if (r->is_default) return r;
+    if (first == nullptr) first = r;
+  }
+  return first;
+}
+
 bool needs_workspace(const KernelRow& row) {
   return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv;
 }
