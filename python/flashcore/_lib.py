@@ -155,7 +155,7 @@ class AttentionParamsStruct(ctypes.Structure):
         ("page_size", ctypes.c_int64),
         ("num_pages", ctypes.c_int64),
         ("num_splits", ctypes.c_int32),  # 0: the library's choice, 1: never split, n: at most n parts
-        ("reserved2", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),  # FLASHCORE_FLAG_* bits (flashcore.h)
         # Append new K/V rows to the cache in the same call (flashcore.h).
         ("k_new", ctypes.c_void_p),
         ("v_new", ctypes.c_void_p),

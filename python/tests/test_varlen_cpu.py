@@ -245,7 +245,7 @@ def test_varlen_params(use_library, stub_library):
     assert seen.lse_capacity == 8 * 16  # (Hq, total_q)
     assert (seen.causal, seen.softmax_scale) == (1, 0.25)
     assert seen.block_table is None and (seen.page_size, seen.num_pages, seen.block_table_stride) == (0, 0, 0)
-    assert (seen.num_splits, seen.reserved2) == (0, 0)
+    assert (seen.num_splits, seen.flags) == (0, 0)
 
 
 def test_varlen_params_strided_heads(use_library, stub_library):

@@ -26,7 +26,7 @@ void set_post_v1_defaults(flashcore_attention_params& p) {
   p.page_size = 0;
   p.num_pages = 0;
   p.num_splits = 0;
-  p.reserved2 = 0;
+  p.flags = 0;
   p.k_new = nullptr;
   p.v_new = nullptr;
   p.k_new_strides = flashcore_tensor_strides{0, 0, 0, 1};

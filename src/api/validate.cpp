@@ -188,8 +188,9 @@ float resolve_softmax_scale(const flashcore_attention_params& p) {
 namespace {
 // The serving fields (flashcore.h): packed variable-length batches, paged KV caches, the split count.
 flashcore_status check_serving_fields(const flashcore_attention_params& p, std::string& message) {
-  if (p.reserved2 != 0) {
-    message = cat("reserved2 = ", p.reserved2, " must be 0");
+  if ((p.flags & ~FLASHCORE_FLAGS_ALL) != 0) {
+    message = cat("flags = ", p.flags, " has bits this library does not know (known: FLASHCORE_FLAGS_ALL = ",
+                  FLASHCORE_FLAGS_ALL, ")");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const std::tuple<const char*, const int32_t*, const char*, int64_t> packed[] = {

@@ -29,7 +29,7 @@ inline constexpr int32_t kMaxSplits = 256;
 // Argument checks, in this order (the first failing check wins; its status is returned):
 //   1. INVALID_ARGUMENT    params is NULL, struct_size != sizeof(flashcore_attention_params)
 //   1b. the serving fields (cu_seqlens_q/k with total_q/k, block_table with page_size, num_pages and
-//       block_table_stride, num_splits, reserved2): INVALID_ARGUMENT, INVALID_SIZE or SIZE_OVERFLOW naming the field.
+//       block_table_stride, num_splits, flags): INVALID_ARGUMENT, INVALID_SIZE or SIZE_OVERFLOW naming the field.
 //       With cu_seqlens_q (_k) the Q/O (K/V) checks below see one batch entry of total_q (total_k) rows; with
 //       block_table, K/V are num_pages entries of page_size rows; LSE holds num_heads_q * total_q floats.
 //   2. NULL_POINTER        q, k, v, o NULL; workspace NULL while workspace_size > 0

@@ -1,5 +1,5 @@
 // Argument validation of the serving fields (flashcore.h: cu_seqlens_q / cu_seqlens_k with total_q / total_k,
-// block_table with block_table_stride / page_size / num_pages, num_splits, reserved2), without a GPU: every error's
+// block_table with block_table_stride / page_size / num_pages, num_splits, flags), without a GPU: every error's
 // status and a message naming the argument, O / LSE untouched, and the valid combinations accepted, with the packed
 // and paged extents (Q/O of total_q rows, K/V of num_pages pages, LSE of num_heads_q * total_q floats).
 // Host buffers stand in for device memory: validation does no device work, and every failing call fails before any.
@@ -322,11 +322,11 @@ TEST_F(ServingValidation, NumSplitsWithVarlenQ) {
   }
 }
 
-// ---- reserved2 ----
-TEST_F(ServingValidation, Reserved2MustBeZero) {
-  for (int32_t value : {1, -1, 7}) {
-    p.reserved2 = value;
-    expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"reserved2"});
+// ---- flags ----
+TEST_F(ServingValidation, UnknownFlagsAreRefused) {
+  for (uint32_t value : {2u, 0x80000000u, 7u}) {
+    p.flags = value;
+    expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"flags"});
   }
 }
 

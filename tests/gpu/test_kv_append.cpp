@@ -15,17 +15,12 @@
 #include <cuda_runtime_api.h>
 
 #include "flashcore/flashcore.h"
+#include "gpu/device_buffer.h"
 #include "gpu/gpu_skip.h"
 
 namespace {
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
+using DeviceBuffer = flashcore::test::DeviceBuffer;
 
 template <class T>
 void upload(DeviceBuffer& d, const std::vector<T>& h) {

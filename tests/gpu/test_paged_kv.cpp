@@ -224,6 +224,7 @@ TEST(PagedKv, EveryD128ConfigPasses) {
         const check::Result r =
             check::run_case(c, case_seed(std::string("config ") + names[i] + std::to_string(shape * 2 + causal)), 1);
         if (r.skipped) continue;
+        if (std::string(names[i]).find("faulty") != std::string::npos) continue;  // test_variants.cpp's broken one
         if (std::string(names[i]).find("dynamic") != std::string::npos) {  // no paged path there: a clear refusal
           EXPECT_FALSE(r.passed) << names[i];
           EXPECT_NE(r.message.find("has no paged or packed"), std::string::npos) << names[i] << ": " << r.message;

@@ -190,6 +190,7 @@ TEST(Varlen, EveryD128ConfigPasses) {
     for (int i = 0; i < count && i < 64; ++i) {
       const std::string config = names[i];
       if (config.size() > 6 && config.compare(config.size() - 6, 6, "-split") == 0) continue;
+      if (config.find("faulty") != std::string::npos) continue;  // a broken variant test_variants.cpp registers
       Case c = varlen_case(FLASHCORE_DTYPE_BF16, 128, causal, 8, 2, kLq5, kLk5Long);
       c.seqused_k = kUsed5;
       c.kernel_config = names[i];
