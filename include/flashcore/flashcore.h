@@ -154,7 +154,7 @@ typedef struct flashcore_attention_params {
                                   GQA packing, a workspace given): 0 the library's choice (split_plan: full waves),
                                   1 never split, n > 1 at most n parts (fewer when there are fewer key blocks).
                                   Not with cu_seqlens_q [0] */
-  uint32_t flags;              /* FLASHCORE_FLAG_* bits; unknown bits are FLASHCORE_ERROR_INVALID_ARGUMENT [0] */
+  uint32_t flags;              /* FLASHCORE_FLAG_* bits (none yet: must be 0) [0] */
   /* Append to a KV cache in the same call: the seqlen_new new rows of K and V (per sequence, all KV heads) are
    * written into the cache (K and V, dense or paged, are then written to!) at key positions
    * [seqused_k[b], seqused_k[b] + seqlen_new) of sequence b, by a copy kernel on the same stream before the
@@ -167,15 +167,9 @@ typedef struct flashcore_attention_params {
   int64_t seqlen_new;                    /* new rows per sequence, > 0 with k_new [0] */
 } flashcore_attention_params;
 
-/* flashcore_attention_params::flags.
- * FLASHCORE_FLAG_CAUSAL_NONFINITE_MASKING: causal calls mask non-finite V values exactly. Without it, a NaN or
- * infinity in V at a key that a query row may not see, but another row of the same 64..192-row tile sees (the
- * diagonal blocks), reaches that row as NaN (0 * NaN in the tensor-core P V), as in FlashAttention. With it, every
- * row that sees no non-finite V value is bit-identical to a run where those values are zero, and every row that sees
- * one is NaN. Costs a scan of each diagonal key block (sm90; measured in docs/perf-notes.md v12). Rows past a
- * sequence's keys (seqused_k, packed and paged K/V) never need it: they are always kept out. */
-#define FLASHCORE_FLAG_CAUSAL_NONFINITE_MASKING 1u
-#define FLASHCORE_FLAGS_ALL 1u
+/* flashcore_attention_params::flags: FLASHCORE_FLAG_* bits, none defined yet (FLASHCORE_FLAGS_ALL is the mask of the
+ * bits this header knows; a library refuses bits it does not know with FLASHCORE_ERROR_INVALID_ARGUMENT). */
+#define FLASHCORE_FLAGS_ALL 0u
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their

@@ -201,7 +201,6 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.num_pages = static_cast<int>(p.num_pages);
   fp.kv_slice_rows = slice_rows;
   fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;
-  fp.causal_nonfinite_masking = (p.flags & FLASHCORE_FLAG_CAUSAL_NONFINITE_MASKING) != 0;
   fp.o = p.o;
   const int64_t out_bytes = dtype_size(out_dtype);
   fp.o_stride_seq_bytes = p.o_strides.seq * out_bytes;

@@ -68,16 +68,6 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
 
   float inv_sum[2], lse[2];
   st.softmax.finalize(p.scale_log2, inv_sum, lse);
-  if constexpr (Cfg::kCausal) {  // rows that see a non-finite V value zeroed in a diagonal block (prepare_v_block)
-    if (st.nan_key != INT64_MAX) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
-                            warp_in_wg * 16 + lane / 4 + 8 * i;
-        if (tile.seq.key_limit(row, true) > st.nan_key) inv_sum[i] = __int_as_float(0x7fc00000);  // NaN
-      }
-    }
-  }
   if constexpr (Cfg::kSplitKv) {
     store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
     // O is written by the combine kernel. The CTA's next part (split CTAs are persistent) takes the Q stage: hand

@@ -44,8 +44,7 @@ struct FwdParams {
   int page_size;
   int num_pages;
   int kv_slice_rows;
-  bool zero_v_tail;
-  bool causal_nonfinite_masking;  // FLASHCORE_FLAG_CAUSAL_NONFINITE_MASKING (mainloop.cuh, prepare_v_block)  // V rows past a sequence's keys lie inside the tensor (seqused_k, packed or paged K/V)
+  bool zero_v_tail;  // V rows past a sequence's keys lie inside the tensor (seqused_k, packed or paged K/V)
   // Where O and LSE go, for the stores TMA cannot clip (a packed tile that ends past its sequence): O's base and byte
   // strides; LSE[batch * lse_stride_batch + head * lse_stride_head + q_row0 + row].
   void* o;

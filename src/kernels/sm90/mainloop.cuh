@@ -2,10 +2,7 @@
 // shared memory), mask where needed, online softmax in registers (kernels/common), then O += P V by wgmma
 // with P taken straight from registers.
 #pragma once
-#include <cuda_bf16.h>
-
 #include <cuda/ptx>
-#include <type_traits>
 
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
@@ -25,9 +22,6 @@ template <class Cfg>
 struct ConsumerState {
   float o[Cfg::kHeadDim / 2];  // m64 x head_dim fp32 accumulator fragment
   kernels::OnlineSoftmax<Cfg::kBlockN> softmax;
-  // Causal: the first key whose V held a non-finite value among those masked for some row of the tile (zeroed in
-  // shared memory, prepare_v_block); the rows that see it get NaN in the epilogue. INT64_MAX: none.
-  int64_t nan_key;
 };
 
 // The consumers' positions in the Q, K and V pipelines; they persist across the tiles of a persistent CTA.
@@ -35,7 +29,6 @@ template <class Cfg>
 struct ConsumerPipes {
   PipelineState<1> q;
   PipelineState<Cfg::kStages> k, v;
-  uint32_t nan_scans = 0;  // prepare_v_block's scans so far (the generation of SharedBarriers::nan_key)
 };
 
 // S(64 x kBlockN) = Q_slice(64 x D) * K_tile(kBlockN x D)^T. Both K-major, 128B-swizzled chunks of one
@@ -77,86 +70,31 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
   wgmma_commit_group();
 }
 
-// Two things can put a non-finite V value where P = 0, and 0 * NaN (or 0 * Inf) is NaN in P V:
-//  - rows past a sequence's keys that lie inside the tensor (a KV cache's unused rows, the next sequence of a packed
-//    batch, the rest of a page: FwdParams::zero_v_tail): zeroed in shared memory;
-//  - causal, with FLASHCORE_FLAG_CAUSAL_NONFINITE_MASKING: keys masked for some rows of the tile but seen by others
-//    (the diagonal blocks; it costs 12-20% on short causal sequences, perf-notes v12). Their non-finite V
-//    units are zeroed too, and the first such key is recorded (SharedBarriers::nan_key): the epilogue gives NaN to
-//    exactly the rows that see it, as exact masked attention would, and every other row stays bit-identical to a
-//    run without the poison (tests/gpu/test_causal_nan.cpp).
-// Done by the consumer threads on whole 128-byte rows (the swizzle does not matter) before the block's P V, then a
-// named barrier. The work is block-uniform over the CTA (lengths and masks, not data), so every thread takes the
-// same path. In a dense batch the tail rows are past the tensor's end: TMA fills zeros.
+// A sequence's rows past its keys can lie inside the tensor (a KV cache's unused rows, the next sequence of a packed
+// batch, the rest of a page: FwdParams::zero_v_tail), so TMA loads whatever they hold: the mask makes P = 0 there,
+// but 0 * NaN is NaN in P V. Before the P V of a tile's last key block, the consumer threads zero that block's V rows
+// at or past seqlen_k (whole 128-byte rows, so the swizzle does not matter) and meet at a named barrier. In a dense
+// batch those rows are past the tensor's end: TMA fills zeros.
 // Named barrier ids (0 is __syncthreads): 1..W the epilogue's (one per consumer warpgroup), W+1..2W the ping-pong
-// turns, 2W+1 the V preparation below (W = consumer warpgroups, at most 3: ids stay below 16).
+// turns, 2W+1 the V zeroing below (W = consumer warpgroups, at most 3: ids stay below 16).
 template <class Cfg>
 inline constexpr uint32_t kZeroVBarrier = 1 + 2 * Cfg::kConsumerWarpgroups;
 
-// True when a 16-byte unit of 16-bit elements holds a NaN or an infinity (exponent bits all ones).
 template <class Cfg>
-__device__ __forceinline__ bool has_non_finite(const uint4& u) {
-  static_assert(sizeof(typename Cfg::Element) == 2, "16-bit elements (the 8-bit path needs its own test)");
-  constexpr uint32_t kExp = std::is_same_v<typename Cfg::Element, __nv_bfloat16> ? 0x7f80u : 0x7c00u;
-  bool bad = false;
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) bad |= ((w[i] & kExp) == kExp) || (((w[i] >> 16) & kExp) == kExp);
-  return bad;
-}
-
-template <class Cfg>
-__device__ __forceinline__ void prepare_v_block(const FwdParams& p, const Tile& tile, int v_block, const uint8_t* v_tile,
-                                                SharedBarriers<Cfg>& bars, ConsumerState<Cfg>& st,
-                                                ConsumerPipes<Cfg>& pipes) {
-  if (!p.zero_v_tail && !(Cfg::kCausal && p.causal_nonfinite_masking)) return;
-  const int64_t key0 = static_cast<int64_t>(v_block) * Cfg::kBlockN;
-  int tail = Cfg::kBlockN;  // rows at or past this one are zeroed
-  if (p.zero_v_tail) {
-    const int64_t left = tile.seq.seqlen_k - key0;
-    if (left < Cfg::kBlockN) tail = left > 0 ? static_cast<int>(left) : 0;
+__device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const Tile& tile, int v_block,
+                                                     const uint8_t* v_tile) {
+  if (!p.zero_v_tail) return;
+  const int64_t left = tile.seq.seqlen_k - static_cast<int64_t>(v_block) * Cfg::kBlockN;  // same in the whole CTA
+  if (left >= Cfg::kBlockN) return;
+  const int valid = left > 0 ? static_cast<int>(left) : 0;
+  const int units_per_chunk = (Cfg::kBlockN - valid) * (Cfg::kRowBytes / 16);
+  uint8_t* base = const_cast<uint8_t*>(v_tile) + valid * Cfg::kRowBytes;
+  for (int u = static_cast<int>(threadIdx.x) - 128; u < units_per_chunk * Cfg::kChunks; u += Cfg::kConsumerThreads) {
+    const int chunk = u / units_per_chunk, rest = u % units_per_chunk;
+    *reinterpret_cast<uint4*>(base + chunk * Cfg::kKVChunkBytes + rest * 16) = make_uint4(0u, 0u, 0u, 0u);
   }
-  int scan = tail;  // rows [scan, tail) are checked for non-finite values
-  if (Cfg::kCausal && p.causal_nonfinite_masking) {
-    const int64_t seen_by_all = tile.seq.key_limit(static_cast<int64_t>(tile.m_block) * Cfg::kBlockM, true) - key0;
-    if (seen_by_all < scan) scan = seen_by_all > 0 ? static_cast<int>(seen_by_all) : 0;
-  }
-  if (scan == Cfg::kBlockN) return;
-  constexpr int kUnitsPerRow = Cfg::kRowBytes / 16;
-  uint8_t* base = const_cast<uint8_t*>(v_tile);
-  const int first_unit = scan * kUnitsPerRow, units = (Cfg::kBlockN - scan) * kUnitsPerRow;
-  int first_bad = INT32_MAX;
-  for (int u = static_cast<int>(threadIdx.x) - 128; u < units * Cfg::kChunks; u += Cfg::kConsumerThreads) {
-    const int chunk = u / units, unit = first_unit + u % units;
-    uint4* ptr = reinterpret_cast<uint4*>(base + chunk * Cfg::kKVChunkBytes + unit * 16);
-    const int row = unit / kUnitsPerRow;
-    if (row >= tail) {
-      *ptr = make_uint4(0u, 0u, 0u, 0u);
-    } else if (has_non_finite<Cfg>(*ptr)) {
-      *ptr = make_uint4(0u, 0u, 0u, 0u);
-      first_bad = min(first_bad, row);
-    }
-  }
-  if (Cfg::kCausal && p.causal_nonfinite_masking) {
-    // The CTA's first bad row: a warp minimum, then a 64-bit atomicMin on the slot of this scan's generation (two
-    // slots alternate, so a fast thread's next scan never overwrites a slot another thread has yet to read; the
-    // generation in the high word makes a stale value lose every minimum).
-    const uint32_t gen = ++pipes.nan_scans;
-    unsigned long long* slot = &bars.nan_key[gen & 1];
-    const int warp_bad = __reduce_min_sync(0xffffffffu, first_bad);
-    const unsigned long long tag = static_cast<unsigned long long>(0xffffffffu - gen) << 32;
-    if (threadIdx.x % 32 == 0 && warp_bad != INT32_MAX) atomicMin(slot, tag | static_cast<uint32_t>(warp_bad));
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before wgmma's (async proxy) reads
-    kernels::named_barrier_sync(kZeroVBarrier<Cfg>, Cfg::kConsumerThreads);
-    const unsigned long long found = *slot;
-    if ((found & 0xffffffff00000000ull) == tag) {
-      const int64_t key = key0 + static_cast<int64_t>(found & 0xffffffffu);
-      st.nan_key = key < st.nan_key ? key : st.nan_key;
-    }
-  } else {
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    kernels::named_barrier_sync(kZeroVBarrier<Cfg>, Cfg::kConsumerThreads);
-  }
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before wgmma's (async proxy) reads
+  kernels::named_barrier_sync(kZeroVBarrier<Cfg>, Cfg::kConsumerThreads);
 }
 
 // Round-robin turns between the consumer warpgroups (named barrier kBarrierBase + wg, 256 threads: the waiting
@@ -187,7 +125,6 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
                                                   ConsumerPipes<Cfg>& pipes) {
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) st.o[i] = 0.f;
-  st.nan_key = INT64_MAX;
   // Q: taken for every tile (producer.cuh); a tile with no key block has nothing to compute.
   // (The wait comes after the first ping-pong hand-over below: waiting first cost 2-3% on short non-causal
   // sequences, perf-notes v9.)
@@ -243,7 +180,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   for (--n_block; n_block >= tile.keys.begin; --n_block) {
     bars.k.wait(pipes.k);
     bars.v.wait(pipes.v);
-    prepare_v_block<Cfg>(p, tile, n_block + 1, v_tile(pipes.v.stage), bars, st, pipes);
+    zero_v_rows_past_end<Cfg>(p, tile, n_block + 1, v_tile(pipes.v.stage));
     turn.wait_turn();
     gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
     fence_regs(st.o);
@@ -269,7 +206,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   }
 
   bars.v.wait(pipes.v);
-  prepare_v_block<Cfg>(p, tile, tile.keys.begin, v_tile(pipes.v.stage), bars, st, pipes);
+  zero_v_rows_past_end<Cfg>(p, tile, tile.keys.begin, v_tile(pipes.v.stage));
   fence_regs(st.o);
   gemm_pv<Cfg>(st.o, p_frag, v_tile(pipes.v.stage));
   wgmma_wait_group<0>();

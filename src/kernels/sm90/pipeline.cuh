@@ -74,10 +74,8 @@ struct SharedBarriers {
   Pipeline<Cfg::kStages> v;
   Pipeline<kTileStages> tile;
   int tile_id[kTileStages];
-  unsigned long long nan_key[2];  // causal NaN hygiene (mainloop.cuh, prepare_v_block): generation | first bad row
 
   __device__ __forceinline__ void init() {
-    nan_key[0] = nan_key[1] = ~0ull;
     q.init(1, Cfg::kQReleaseArrivals);
     k.init(1, Cfg::kConsumerThreads);
     v.init(1, Cfg::kConsumerThreads);
