@@ -73,6 +73,10 @@ struct ForwardOptions {
   void* workspace = nullptr;   // see workspace_size()
   uint64_t workspace_size = 0;
   const char* kernel_config = nullptr;  // a name from kernel_configs(); nullptr: the library's choice
+  const int32_t* seqused_k = nullptr;   // device int32 (batch,): a KV cache's lengths (flashcore.h)
+  int32_t num_splits = 0;               // split-KV parts: 0 the library's choice, 1 never, n at most n
+  // Packed (varlen) batches, paged caches and appends: set the C fields of make_params()'s result directly
+  // (cu_seqlens_q/k, total_q/k, block_table, page_size, num_pages, k_new, v_new, seqlen_new; see flashcore.h).
 };
 
 // The C parameter struct for (q, k, v, o); throws Error(INVALID_ARGUMENT) when the views disagree.
@@ -118,6 +122,8 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.workspace = options.workspace;
   p.workspace_size = options.workspace_size;
   p.kernel_config = options.kernel_config;
+  p.seqused_k = options.seqused_k;
+  p.num_splits = options.num_splits;
   return p;
 }
 
