@@ -143,6 +143,20 @@ def run_decode(head_dim=128, heads=(32, 8), configs=(), shapes=DECODE_ROWS, fa3=
     return list(iter_decode(head_dim, heads, configs, shapes, fa3, cudnn, keep_going, log))
 
 
+
+def _row_or_error(build, keep_going, **identity):
+    """build()'s row; with keep_going, an exception becomes a row of `identity` and the error (GPU memory freed)."""
+    try:
+        return build()
+    except Exception as e:
+        if not keep_going:
+            raise
+        try:
+            torch.cuda.empty_cache()
+        except Exception:
+            pass
+        return {**identity, "error": repr(e)[:160]}
+
 def iter_decode(head_dim=128, heads=(32, 8), configs=(), shapes=DECODE_ROWS, fa3=True, cudnn=True,
                 keep_going=False, log=None):
     """Yields the decode rows one by one (a caller keeps the rows measured before an interruption).
@@ -158,16 +172,8 @@ def iter_decode(head_dim=128, heads=(32, 8), configs=(), shapes=DECODE_ROWS, fa3
     hq, hkv = heads
     torch.manual_seed(0)
     for B, Sk in shapes:
-        try:
-            row = decode_row(B, Sk, head_dim, hq, hkv, configs, fa3, cudnn, keep_going)
-        except Exception as e:
-            if not keep_going:
-                raise
-            row = {"B": B, "Sk": Sk, "Hq": hq, "Hkv": hkv, "D": head_dim, "error": repr(e)[:160]}
-            try:
-                torch.cuda.empty_cache()
-            except Exception:
-                pass
+        row = _row_or_error(lambda: decode_row(B, Sk, head_dim, hq, hkv, configs, fa3, cudnn, keep_going), keep_going,
+                            B=B, Sk=Sk, Hq=hq, Hkv=hkv, D=head_dim)
         log(_row_line("decode", row))
         yield row
 
@@ -351,17 +357,8 @@ def iter_varlen(varlen_heads="anchor", fa3=True, keep_going=False, log=None):
     log = log or _print_flushed
     for (D, causal), lens in zip(VARLEN_CASES, varlen_lengths()):
         Hq, Hkv = _varlen_heads(varlen_heads, D)
-        try:
-            row = varlen_row(D, causal, lens, Hq, Hkv, fa3, keep_going)
-        except Exception as e:
-            if not keep_going:
-                raise
-            row = {"D": D, "causal": causal, "batch": len(lens), "tokens": sum(lens), "max_len": max(lens),
-                   "Hq": Hq, "Hkv": Hkv, "error": repr(e)[:160]}
-            try:
-                torch.cuda.empty_cache()
-            except Exception:
-                pass
+        row = _row_or_error(lambda: varlen_row(D, causal, lens, Hq, Hkv, fa3, keep_going), keep_going, D=D,
+                            causal=causal, batch=len(lens), tokens=sum(lens), max_len=max(lens), Hq=Hq, Hkv=Hkv)
         log(_row_line("varlen", row))
         yield row
 

@@ -464,6 +464,74 @@ bool cuda_ok(cudaError_t e, const char* what, Result& r) {
 
 void append(std::string& msg, const std::string& part) { msg += (msg.empty() ? "" : "; ") + part; }
 
+// The whole-buffer checks that need no reference: every output element written (not the NaN poison), finite, and
+// O = 0 / LSE = -inf on rows that see no key. `where` is called for the first bad element only.
+struct OutputScan {
+  int64_t unwritten = 0, nonfinite = 0, masked_bad = 0;
+  std::string first_bad;
+
+  template <class Where>
+  void o(uint16_t bits, float x, bool fully_masked, Where where) {
+    const char* what = bits == 0xffff ? "unwritten" : !std::isfinite(x) ? "non-finite" : fully_masked && x != 0 ? "nonzero on a fully masked row" : nullptr;
+    if (!what) return;
+    (bits == 0xffff ? unwritten : !std::isfinite(x) ? nonfinite : masked_bad)++;
+    if (first_bad.empty()) first_bad = std::string("O ") + what + " at " + where();
+  }
+  template <class Where>
+  void lse(float l, bool fully_masked, Where where) {
+    uint32_t lbits;
+    std::memcpy(&lbits, &l, 4);
+    const char* what = lbits == 0xffffffffu                  ? "unwritten"
+                       : fully_masked && l != -INFINITY      ? "not -inf on a fully masked row"
+                       : !fully_masked && !std::isfinite(l) ? "non-finite"
+                                                             : nullptr;
+    if (!what) return;
+    (lbits == 0xffffffffu ? unwritten : fully_masked ? masked_bad : nonfinite)++;
+    if (first_bad.empty()) first_bad = std::string("LSE ") + what + " at " + where() + " (value " + format_float(l) + ")";
+  }
+  void report(Result& r) const {
+    r.unwritten = unwritten > 0, r.nonfinite = nonfinite > 0;
+    if (unwritten) append(r.message, std::to_string(unwritten) + " output elements kept the NaN poison (unwritten)");
+    if (nonfinite) append(r.message, std::to_string(nonfinite) + " output elements are NaN/Inf where the reference is finite");
+    if (masked_bad) append(r.message, std::to_string(masked_bad) + " outputs of fully masked rows are not O=0 / LSE=-inf");
+    if (!first_bad.empty()) append(r.message, "first: " + first_bad);
+  }
+};
+
+// The comparison against the float64 reference and its low-precision yardstick, element by element, then the
+// tolerance rule (check.h) and the verdict.
+struct ErrorTally {
+  double lowp_lse_err = 0;
+  std::string worst;
+
+  template <class Where>
+  void o(Result& r, double got, double want, double lowp, Where where) {
+    r.lowp_o_err = std::max(r.lowp_o_err, std::fabs(lowp - want));
+    const double e = std::fabs(got - want);
+    if (std::isfinite(got) && e > r.o_err) {
+      r.o_err = e;
+      worst = where() + ": got " + format_float(got) + ", want " + format_float(want);
+    }
+  }
+  void lse(Result& r, double got, double want, double lowp) {
+    if (!std::isfinite(want)) return;  // -inf rows are checked exactly by OutputScan
+    const double denom = std::max(1.0, std::fabs(want));
+    lowp_lse_err = std::max(lowp_lse_err, std::fabs(lowp - want) / denom);
+    if (std::isfinite(got)) r.lse_err = std::max(r.lse_err, std::fabs(got - want) / denom);
+  }
+  void judge(const Case& c, const OutputScan& scan, Result& r) const {
+    r.lowp_lse_err = lowp_lse_err;
+    const double atol = c.dtype == FLASHCORE_DTYPE_FP16 ? 1e-3 : 4e-3;
+    r.o_tol = 2 * r.lowp_o_err + atol;
+    r.lse_tol = c.with_lse ? 2 * lowp_lse_err + 1e-3 : 0;
+    const bool o_ok = r.o_err <= r.o_tol, lse_ok = r.lse_err <= r.lse_tol;
+    if (!o_ok) append(r.message, "O error " + format_float(r.o_err) + " > tolerance " + format_float(r.o_tol) + " (worst at " + worst + ")");
+    if (!lse_ok) append(r.message, "LSE relative error " + format_float(r.lse_err) + " > tolerance " + format_float(r.lse_tol));
+    r.passed = o_ok && lse_ok && !r.unwritten && !r.nonfinite && scan.masked_bad == 0 && !r.out_of_bounds_write &&
+               r.deterministic;
+  }
+};
+
 std::string skip_reason_for_device() {
   // The library's own device checks (driver, device, backend table), as any caller would see them.
   int32_t count = 0;
@@ -852,41 +920,23 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
     append(r.message, std::to_string(n_guard) + " guard elements outside O / LSE were written (first: " + first_guard + ")");
 
   // Every row of every sequence: written, finite, O = 0 / LSE = -inf where no key is visible.
-  int64_t n_unwritten = 0, n_nonfinite = 0, n_masked_bad = 0;
-  std::string first_bad;
+  OutputScan scan;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < L.len_q[static_cast<size_t>(b)]; ++i)
       for (int64_t h = 0; h < Hq; ++h) {
         for (int64_t d = 0; d < D; ++d) {
           const uint16_t bits = ho[static_cast<size_t>(o_at(b, i, h, d))];
-          const float x = to_float(bits);
-          const char* what = bits == 0xffff ? "unwritten" : !std::isfinite(x) ? "non-finite" : fully_masked(b, i) && x != 0 ? "nonzero on a fully masked row" : nullptr;
-          if (!what) continue;
-          (bits == 0xffff ? n_unwritten : !std::isfinite(x) ? n_nonfinite : n_masked_bad)++;
-          if (first_bad.empty())
-            first_bad = std::string("O ") + what + " at sequence " + std::to_string(b) + " row=" + std::to_string(i) +
-                        " h=" + std::to_string(h) + " d=" + std::to_string(d);
+          scan.o(bits, to_float(bits), fully_masked(b, i), [&] {
+            return "sequence " + std::to_string(b) + " row=" + std::to_string(i) + " h=" + std::to_string(h) +
+                   " d=" + std::to_string(d);
+          });
         }
         if (!c.with_lse) continue;
-        const float l = hlse[static_cast<size_t>(lse_at(b, h, i))];
-        uint32_t lbits;
-        std::memcpy(&lbits, &l, 4);
-        const bool want_minus_inf = fully_masked(b, i);
-        const char* what = lbits == 0xffffffffu                    ? "unwritten"
-                           : want_minus_inf && l != -INFINITY      ? "not -inf on a fully masked row"
-                           : !want_minus_inf && !std::isfinite(l) ? "non-finite"
-                                                                   : nullptr;
-        if (!what) continue;
-        (lbits == 0xffffffffu ? n_unwritten : want_minus_inf ? n_masked_bad : n_nonfinite)++;
-        if (first_bad.empty())
-          first_bad = std::string("LSE ") + what + " at sequence " + std::to_string(b) + " h=" + std::to_string(h) +
-                      " row=" + std::to_string(i) + " (value " + format_float(l) + ")";
+        scan.lse(hlse[static_cast<size_t>(lse_at(b, h, i))], fully_masked(b, i), [&] {
+          return "sequence " + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i);
+        });
       }
-  r.unwritten = n_unwritten > 0, r.nonfinite = n_nonfinite > 0;
-  if (n_unwritten) append(r.message, std::to_string(n_unwritten) + " output elements kept the NaN poison (unwritten)");
-  if (n_nonfinite) append(r.message, std::to_string(n_nonfinite) + " output elements are NaN/Inf where the reference is finite");
-  if (n_masked_bad) append(r.message, std::to_string(n_masked_bad) + " outputs of fully masked rows are not O=0 / LSE=-inf");
-  if (!first_bad.empty()) append(r.message, "first: " + first_bad);
+  scan.report(r);
 
   // The reference, per sequence: a batch-1 problem over that sequence's rows.
   flashcore_attention_params host;
@@ -895,8 +945,7 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
   host.dtype = c.dtype, host.causal = c.causal ? 1 : 0, host.softmax_scale = c.softmax_scale;
   host.q_strides = L.qs;
   host.k_strides = host.v_strides = L.paged ? L.logical_strides : L.ks;
-  double lowp_lse_err = 0;
-  std::string worst;
+  ErrorTally tally;
   r.rows_checked = 0;
   for (int64_t b = 0; b < B; ++b) {
     const size_t bi = static_cast<size_t>(b);
@@ -931,35 +980,17 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
       for (int64_t i : rows) {
         for (int64_t d = 0; d < D; ++d) {
           const size_t ri = static_cast<size_t>((i * Hq + h) * D + d);
-          const double want = exact.o[ri];
-          const double got = to_float(ho[static_cast<size_t>(o_at(b, i, h, d))]);
-          r.lowp_o_err = std::max(r.lowp_o_err, std::fabs(lowp.o[ri] - want));
-          const double e = std::fabs(got - want);
-          if (std::isfinite(got) && e > r.o_err) {
-            r.o_err = e;
-            worst = "sequence " + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i) +
-                    " d=" + std::to_string(d) + ": got " + format_float(got) + ", want " + format_float(want);
-          }
+          tally.o(r, to_float(ho[static_cast<size_t>(o_at(b, i, h, d))]), exact.o[ri], lowp.o[ri], [&] {
+            return "sequence " + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i) +
+                   " d=" + std::to_string(d);
+          });
         }
         if (!c.with_lse) continue;
         const size_t li = static_cast<size_t>(h * lq + i);
-        const double want = exact.lse[li];
-        if (!std::isfinite(want)) continue;  // -inf rows are checked exactly above
-        const double denom = std::max(1.0, std::fabs(want));
-        lowp_lse_err = std::max(lowp_lse_err, std::fabs(lowp.lse[li] - want) / denom);
-        const double got = hlse[static_cast<size_t>(lse_at(b, h, i))];
-        if (std::isfinite(got)) r.lse_err = std::max(r.lse_err, std::fabs(got - want) / denom);
+        tally.lse(r, hlse[static_cast<size_t>(lse_at(b, h, i))], exact.lse[li], lowp.lse[li]);
       }
   }
-  r.lowp_lse_err = lowp_lse_err;
-  const double atol = c.dtype == FLASHCORE_DTYPE_FP16 ? 1e-3 : 4e-3;
-  r.o_tol = 2 * r.lowp_o_err + atol;
-  r.lse_tol = c.with_lse ? 2 * lowp_lse_err + 1e-3 : 0;
-  const bool o_ok = r.o_err <= r.o_tol, lse_ok = r.lse_err <= r.lse_tol;
-  if (!o_ok) append(r.message, "O error " + format_float(r.o_err) + " > tolerance " + format_float(r.o_tol) + " (worst at " + worst + ")");
-  if (!lse_ok) append(r.message, "LSE relative error " + format_float(r.lse_err) + " > tolerance " + format_float(r.lse_tol));
-  r.passed = o_ok && lse_ok && !r.unwritten && !r.nonfinite && n_masked_bad == 0 && !r.out_of_bounds_write &&
-             r.deterministic;
+  tally.judge(c, scan, r);
 }
 
 Result run_serving(const Case& c, uint64_t seed, int repeats, cudaStream_t stream) {
@@ -1285,41 +1316,23 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   };
   auto to_float = [&](uint16_t x) { return c.dtype == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(x) : ref::bf16_to_float(x); };
   auto fully_masked = [&](int64_t b, int64_t i) { return keys_of(b) == 0 || (c.causal && i + keys_of(b) - Sq < 0); };
-  int64_t n_unwritten = 0, n_nonfinite = 0, n_masked_bad = 0;
-  std::string first_bad;
+  OutputScan scan;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Sq; ++i)
       for (int64_t h = 0; h < Hq; ++h) {
         for (int64_t d = 0; d < D; ++d) {
           const uint16_t bits = o_at(b, i, h, d);
-          const float x = to_float(bits);
-          const char* what = bits == 0xffff ? "unwritten" : !std::isfinite(x) ? "non-finite" : fully_masked(b, i) && x != 0 ? "nonzero on a fully masked row" : nullptr;
-          if (!what) continue;
-          (bits == 0xffff ? n_unwritten : !std::isfinite(x) ? n_nonfinite : n_masked_bad)++;
-          if (first_bad.empty())
-            first_bad = std::string("O ") + what + " at b=" + std::to_string(b) + " row=" + std::to_string(i) +
-                        " h=" + std::to_string(h) + " d=" + std::to_string(d);
+          scan.o(bits, to_float(bits), fully_masked(b, i), [&] {
+            return "b=" + std::to_string(b) + " row=" + std::to_string(i) + " h=" + std::to_string(h) +
+                   " d=" + std::to_string(d);
+          });
         }
         if (!c.with_lse) continue;
-        const float l = first_lse[static_cast<size_t>((b * Hq + h) * Sq + i)];
-        uint32_t lbits;
-        std::memcpy(&lbits, &l, 4);
-        const bool want_minus_inf = fully_masked(b, i);
-        const char* what = lbits == 0xffffffffu                    ? "unwritten"
-                           : want_minus_inf && l != -INFINITY      ? "not -inf on a fully masked row"
-                           : !want_minus_inf && !std::isfinite(l) ? "non-finite"
-                                                                   : nullptr;
-        if (!what) continue;
-        (lbits == 0xffffffffu ? n_unwritten : want_minus_inf ? n_masked_bad : n_nonfinite)++;
-        if (first_bad.empty())
-          first_bad = std::string("LSE ") + what + " at b=" + std::to_string(b) + " h=" + std::to_string(h) +
-                      " row=" + std::to_string(i) + " (value " + format_float(l) + ")";
+        scan.lse(first_lse[static_cast<size_t>((b * Hq + h) * Sq + i)], fully_masked(b, i), [&] {
+          return "b=" + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i);
+        });
       }
-  r.unwritten = n_unwritten > 0, r.nonfinite = n_nonfinite > 0;
-  if (n_unwritten) append(r.message, std::to_string(n_unwritten) + " output elements kept the NaN poison (unwritten)");
-  if (n_nonfinite) append(r.message, std::to_string(n_nonfinite) + " output elements are NaN/Inf where the reference is finite");
-  if (n_masked_bad) append(r.message, std::to_string(n_masked_bad) + " outputs of fully masked rows are not O=0 / LSE=-inf");
-  if (!first_bad.empty()) append(r.message, "first: " + first_bad);
+  scan.report(r);
 
   // Reference comparison on the selected rows.
   flashcore_attention_params host = p;
@@ -1332,39 +1345,22 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     for (int64_t i = 0; i < Sq; ++i) rows[static_cast<size_t>(i)] = i;
   }
   r.rows_checked = static_cast<int64_t>(rows.size());
-  double lowp_lse_err = 0;
-  std::string worst;
+  ErrorTally tally;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t i : rows) {
         for (int64_t d = 0; d < D; ++d) {
-          const double want = exact.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D + d)];
-          const double got = to_float(o_at(b, i, h, d));
-          r.lowp_o_err = std::max(r.lowp_o_err, std::fabs(lowp.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D + d)] - want));
-          const double e = std::fabs(got - want);
-          if (std::isfinite(got) && e > r.o_err) {
-            r.o_err = e;
-            worst = "b=" + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i) + " d=" +
-                    std::to_string(d) + ": got " + format_float(got) + ", want " + format_float(want);
-          }
+          const size_t ri = static_cast<size_t>(((b * Sq + i) * Hq + h) * D + d);
+          tally.o(r, to_float(o_at(b, i, h, d)), exact.o[ri], lowp.o[ri], [&] {
+            return "b=" + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i) + " d=" +
+                   std::to_string(d);
+          });
         }
         if (!c.with_lse) continue;
         const size_t li = static_cast<size_t>((b * Hq + h) * Sq + i);
-        const double want = exact.lse[li];
-        if (!std::isfinite(want)) continue;  // -inf rows are checked exactly above
-        const double denom = std::max(1.0, std::fabs(want));
-        lowp_lse_err = std::max(lowp_lse_err, std::fabs(lowp.lse[li] - want) / denom);
-        const double got = first_lse[li];
-        if (std::isfinite(got)) r.lse_err = std::max(r.lse_err, std::fabs(got - want) / denom);
+        tally.lse(r, first_lse[li], exact.lse[li], lowp.lse[li]);
       }
-  r.lowp_lse_err = lowp_lse_err;
-  const double atol = c.dtype == FLASHCORE_DTYPE_FP16 ? 1e-3 : 4e-3;
-  r.o_tol = 2 * r.lowp_o_err + atol;
-  r.lse_tol = c.with_lse ? 2 * lowp_lse_err + 1e-3 : 0;
-  const bool o_ok = r.o_err <= r.o_tol, lse_ok = r.lse_err <= r.lse_tol;
-  if (!o_ok) append(r.message, "O error " + format_float(r.o_err) + " > tolerance " + format_float(r.o_tol) + " (worst at " + worst + ")");
-  if (!lse_ok) append(r.message, "LSE relative error " + format_float(r.lse_err) + " > tolerance " + format_float(r.lse_tol));
-  r.passed = o_ok && lse_ok && !r.unwritten && !r.nonfinite && n_masked_bad == 0 && r.deterministic;
+  tally.judge(c, scan, r);
   return r;
 }
 

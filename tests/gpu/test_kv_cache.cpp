@@ -13,6 +13,7 @@
 #include "check/check.h"
 #include "flashcore/flashcore.h"
 #include "gpu/gpu_skip.h"
+#include "gpu/serving_test_util.h"
 
 namespace {
 
@@ -54,18 +55,16 @@ TEST(KvCache, LengthsAndNaNPaddingAcrossShapes) {
 
 TEST(KvCache, EveryD128ConfigKeepsNaNOut) {
   FLASHCORE_REQUIRE_GPU();
-  const char* names[64];
-  int32_t count = 0;
   int runs = 0;
   for (bool causal : {false, true}) {
-    ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, causal ? 1 : 0, names, 64, &count),
-              FLASHCORE_SUCCESS);
-    for (int i = 0; i < count && i < 64; ++i) {
+    std::vector<std::string> configs;
+    ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, 128, causal, configs), FLASHCORE_SUCCESS);
+    for (const std::string& config : configs) {
       Case c = cache_case(FLASHCORE_DTYPE_BF16, 128, causal, 8, 4, 70, 700, {333, 700, 0, 129});
-      c.kernel_config = names[i];
+      c.kernel_config = config.c_str();
       const flashcore::check::Result r = flashcore::check::run_case(c, 900 + runs++, /*repeats=*/1);
       if (r.skipped) continue;
-      EXPECT_TRUE(r.passed) << names[i] << ": " << flashcore::check::describe(c) << ": " << r.message;
+      EXPECT_TRUE(r.passed) << config << ": " << flashcore::check::describe(c) << ": " << r.message;
     }
   }
   std::printf("kv cache configs: %d case(s) run\n", runs);

@@ -20,35 +20,18 @@
 #include "check/check.h"
 #include "flashcore/flashcore.h"
 #include "gpu/gpu_skip.h"
+#include "gpu/serving_test_util.h"
 
 namespace {
 
 namespace check = flashcore::check;
 using check::Case;
 
-uint64_t case_seed(const std::string& name) {
-  uint64_t h = 0x84222325cbf29ce4ull;
-  if (const char* env = std::getenv("FLASHCORE_SEED"); env && *env) h ^= std::strtoull(env, nullptr, 0);
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
-}
+uint64_t case_seed(const std::string& name) { return flashcore::test::case_seed(name, 0x84222325cbf29ce4ull); }
 
-std::string report(const Case& c, const check::Result& r) {
-  char buf[640];
-  std::snprintf(buf, sizeof buf,
-                "%s [seed %llu]: O err %.3g (tol %.3g, lowp %.3g), LSE err %.3g (tol %.3g), rows checked %lld",
-                check::describe(c).c_str(), static_cast<unsigned long long>(r.seed), r.o_err, r.o_tol, r.lowp_o_err,
-                r.lse_err, r.lse_tol, static_cast<long long>(r.rows_checked));
-  return buf;
-}
-
-const char* dtype_text(flashcore_dtype dt) { return dt == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16"; }
-
-int32_t max_of(const std::vector<int32_t>& v) {
-  int32_t m = 0;
-  for (int32_t x : v) m = x > m ? x : m;
-  return m;
-}
+using flashcore::test::dtype_text;
+using flashcore::test::max_of;
+using flashcore::test::report;
 
 int64_t table_width(int64_t seqlen_k, int page) { return (seqlen_k + page - 1) / page; }
 
@@ -209,29 +192,21 @@ TEST(PagedKv, CaseListsHavePagedCases) {
 // Every config compiled for bf16 d128 on paged decode (GQA 4) and paged chunked prefill.
 TEST(PagedKv, EveryD128ConfigPasses) {
   FLASHCORE_REQUIRE_GPU();
-  const char* names[64];
-  int32_t count = 0;
   int runs = 0;
   for (bool causal : {false, true}) {
-    ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, causal ? 1 : 0, names, 64, &count),
-              FLASHCORE_SUCCESS)
+    std::vector<std::string> configs;
+    ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, 128, causal, configs), FLASHCORE_SUCCESS)
         << flashcore_last_error();
-    for (int i = 0; i < count && i < 64; ++i) {
+    for (const std::string& config : configs) {
+      if (flashcore::test::not_a_serving_config(config)) continue;
       for (int shape = 0; shape < 2; ++shape) {
         Case c = shape == 0 ? paged_case(FLASHCORE_DTYPE_BF16, 128, causal, 8, 2, 1, 64, kCache5)
                             : paged_case(FLASHCORE_DTYPE_BF16, 128, causal, 8, 2, 17, 32, {333, 0, 1000, 17});
-        c.kernel_config = names[i];
-        const check::Result r =
-            check::run_case(c, case_seed(std::string("config ") + names[i] + std::to_string(shape * 2 + causal)), 1);
-        if (r.skipped) continue;
-        if (std::string(names[i]).find("faulty") != std::string::npos) continue;  // test_variants.cpp's broken one
-        if (std::string(names[i]).find("dynamic") != std::string::npos) {  // no paged path there: a clear refusal
-          EXPECT_FALSE(r.passed) << names[i];
-          EXPECT_NE(r.message.find("has no paged or packed"), std::string::npos) << names[i] << ": " << r.message;
-          continue;
-        }
+        c.kernel_config = config.c_str();
+        const check::Result r = check::run_case(c, case_seed("config " + config + std::to_string(shape * 2 + causal)), 1);
+        if (r.skipped || flashcore::test::refused_as_dynamic(config, r)) continue;
         ++runs;
-        EXPECT_TRUE(r.passed) << names[i] << ": " << report(c, r) << "\n  " << r.message;
+        EXPECT_TRUE(r.passed) << config << ": " << report(c, r) << "\n  " << r.message;
       }
     }
   }

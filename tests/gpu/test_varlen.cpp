@@ -20,27 +20,18 @@
 #include "check/check.h"
 #include "flashcore/flashcore.h"
 #include "gpu/gpu_skip.h"
+#include "gpu/serving_test_util.h"
 
 namespace {
 
 namespace check = flashcore::check;
 using check::Case;
 
-uint64_t case_seed(const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  if (const char* env = std::getenv("FLASHCORE_SEED"); env && *env) h ^= std::strtoull(env, nullptr, 0);
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
-}
+uint64_t case_seed(const std::string& name) { return flashcore::test::case_seed(name, 0xcbf29ce484222325ull); }
 
-std::string report(const Case& c, const check::Result& r) {
-  char buf[640];
-  std::snprintf(buf, sizeof buf,
-                "%s [seed %llu]: O err %.3g (tol %.3g, lowp %.3g), LSE err %.3g (tol %.3g), rows checked %lld",
-                check::describe(c).c_str(), static_cast<unsigned long long>(r.seed), r.o_err, r.o_tol, r.lowp_o_err,
-                r.lse_err, r.lse_tol, static_cast<long long>(r.rows_checked));
-  return buf;
-}
+using flashcore::test::dtype_text;
+using flashcore::test::max_of;
+using flashcore::test::report;
 
 void expect_passes(const Case& c, const std::string& name, int repeats) {
   const check::Result r = check::run_case(c, case_seed(name), repeats);
@@ -50,14 +41,6 @@ void expect_passes(const Case& c, const std::string& name, int repeats) {
   EXPECT_FALSE(r.unwritten);
   EXPECT_FALSE(r.nonfinite);
   EXPECT_TRUE(r.deterministic) << "reruns are not bit-identical: " << r.message;
-}
-
-const char* dtype_text(flashcore_dtype dt) { return dt == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16"; }
-
-int32_t max_of(const std::vector<int32_t>& v) {
-  int32_t m = 0;
-  for (int32_t x : v) m = x > m ? x : m;
-  return m;
 }
 
 // Packed Q of lengths lq; packed K/V of lengths lk, or (lk empty) a dense K/V of dense_sk rows per sequence.
@@ -180,27 +163,19 @@ TEST(Varlen, CaseListsHaveVarlenCases) {
 // on a varlen Q + K + seqused_k batch.
 TEST(Varlen, EveryD128ConfigPasses) {
   FLASHCORE_REQUIRE_GPU();
-  const char* names[64];
-  int32_t count = 0;
   int runs = 0;
   for (bool causal : {false, true}) {
-    ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, causal ? 1 : 0, names, 64, &count),
-              FLASHCORE_SUCCESS)
+    std::vector<std::string> configs;
+    ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, 128, causal, configs), FLASHCORE_SUCCESS)
         << flashcore_last_error();
-    for (int i = 0; i < count && i < 64; ++i) {
-      const std::string config = names[i];
+    for (const std::string& config : configs) {
       if (config.size() > 6 && config.compare(config.size() - 6, 6, "-split") == 0) continue;
-      if (config.find("faulty") != std::string::npos) continue;  // a broken variant test_variants.cpp registers
+      if (flashcore::test::not_a_serving_config(config)) continue;
       Case c = varlen_case(FLASHCORE_DTYPE_BF16, 128, causal, 8, 2, kLq5, kLk5Long);
       c.seqused_k = kUsed5;
-      c.kernel_config = names[i];
+      c.kernel_config = config.c_str();
       const check::Result r = check::run_case(c, case_seed("config " + config) + (causal ? 1 : 0), /*repeats=*/1);
-      if (r.skipped) continue;
-      if (config.find("dynamic") != std::string::npos) {  // no packed path on the dynamic schedule: a clear refusal
-        EXPECT_FALSE(r.passed) << config;
-        EXPECT_NE(r.message.find("has no paged or packed"), std::string::npos) << config << ": " << r.message;
-        continue;
-      }
+      if (r.skipped || flashcore::test::refused_as_dynamic(config, r)) continue;
       ++runs;
       EXPECT_TRUE(r.passed) << config << ": " << report(c, r) << "\n  " << r.message;
     }
