@@ -3,7 +3,7 @@
 #   FLASHCORE_PYTHON_WHEEL=ON (pyproject.toml): flashcore/lib/libflashcore.so and the CLI as flashcore/bin/flashcore
 #     (flashcore.tune() runs it), component "python".
 #   FLASHCORE_INSTALL=ON (default when top level):
-#     <includedir>/flashcore/flashcore.h, flashcore.hpp
+#     <includedir>/flashcore/flashcore.h, flashcore.hpp, ring.h
 #     <libdir>/libflashcore.so (+ .so.0, .so.0.2.0 links), libflashcore_static.a
 #     <libdir>/cmake/flashcore/flashcoreConfig.cmake, flashcoreConfigVersion.cmake, flashcoreTargets*.cmake
 #       -> find_package(flashcore) gives flashcore::flashcore (shared) and flashcore::static
@@ -25,7 +25,7 @@ set(FLASHCORE_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashcore CACHE STR
     "Where flashcoreConfig.cmake is installed (relative to the prefix)")
 mark_as_advanced(FLASHCORE_INSTALL_CMAKEDIR)
 
-install(FILES ${PROJECT_SOURCE_DIR}/include/flashcore/flashcore.h ${PROJECT_SOURCE_DIR}/include/flashcore/flashcore.hpp
+install(FILES ${PROJECT_SOURCE_DIR}/include/flashcore/flashcore.h ${PROJECT_SOURCE_DIR}/include/flashcore/flashcore.hpp ${PROJECT_SOURCE_DIR}/include/flashcore/ring.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashcore COMPONENT dev)
 install(TARGETS flashcore_shared EXPORT flashcoreTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev

@@ -62,7 +62,8 @@ typedef enum flashcore_status {
   FLASHCORE_ERROR_UNSUPPORTED_ARCH = 11,    /* the current GPU has no compiled kernel */
   FLASHCORE_ERROR_INVALID_ARGUMENT = 12,    /* anything else: bad struct_size, NaN/negative scale, ... */
   FLASHCORE_ERROR_CUDA = 13,                /* a CUDA runtime/driver call failed (message has details) */
-  FLASHCORE_ERROR_INTERNAL = 14             /* a bug in FlashCore: please report */
+  FLASHCORE_ERROR_INTERNAL = 14,            /* a bug in FlashCore: please report */
+  FLASHCORE_ERROR_NCCL = 15                 /* since 0.2: NCCL could not be loaded, or an NCCL call failed */
 } flashcore_status;
 
 typedef enum flashcore_dtype {
@@ -247,6 +248,57 @@ FLASHCORE_API const char* flashcore_last_error(void);
 /* Version of the library that is loaded (may differ from the header's macros). */
 FLASHCORE_API void flashcore_version(int* major, int* minor, int* patch);
 FLASHCORE_API const char* flashcore_version_string(void);
+
+/* ---- Merging partial attention results (since 0.2) ----
+ * Attention over a key set split into parts (ring attention's steps, cascade / shared-prefix decoding) is the
+ * LSE-weighted average of the parts' outputs:  LSE = log(exp(LSE_a) + exp(LSE_b)),
+ * O = exp(LSE_a - LSE) O_a + exp(LSE_b - LSE) O_b. flashcore_attention_merge folds one part (O_part, LSE_part,
+ * as flashcore_attention_forward writes them) into a float32 running state (O_acc, LSE_acc), in place, and can
+ * also write the merged O in a 16-bit dtype. A row with LSE = -inf in both has O = 0, LSE = -inf. */
+
+/* Element strides of a (batch, num_heads, seqlen) float32 LSE tensor. */
+typedef struct flashcore_lse_strides {
+  int64_t batch;
+  int64_t head;
+  int64_t seq;
+} flashcore_lse_strides;
+
+typedef struct flashcore_merge_params {
+  uint32_t struct_size; /* = sizeof(flashcore_merge_params); set by flashcore_merge_params_init */
+  int64_t batch;
+  int64_t seqlen;       /* query rows */
+  int64_t num_heads;
+  int64_t head_dim;     /* 64, 128 or 256 */
+
+  /* The part to fold in: O_part (batch, seqlen, num_heads, head_dim) in part_dtype (FP16, BF16 or FP32), and its
+   * LSE. NULL o_part (with NULL lse_part) folds nothing: the call then only writes o_out from the state. */
+  const void* o_part;
+  flashcore_tensor_strides o_part_strides;
+  flashcore_dtype part_dtype;
+  const float* lse_part;
+  flashcore_lse_strides lse_part_strides;
+
+  /* The running state, float32, read and written in place. With init = 1 it is not read: the part becomes the
+   * state (o_part is then required). */
+  float* o_acc;
+  flashcore_tensor_strides o_acc_strides;
+  float* lse_acc;
+  flashcore_lse_strides lse_acc_strides;
+  int32_t init;
+
+  /* Optional: the merged O, also written to o_out (FP16 or BF16), e.g. at the last part [NULL: not written]. */
+  flashcore_dtype out_dtype;
+  void* o_out;
+  flashcore_tensor_strides o_out_strides;
+} flashcore_merge_params;
+
+/* Zero params, set struct_size and the dim strides to 1. */
+FLASHCORE_API void flashcore_merge_params_init(flashcore_merge_params* params);
+
+/* Enqueue the merge on `stream`. Checks like forward (sizes, dtypes, strides: dim stride 1, 16-byte aligned rows,
+ * no overlap between outputs and inputs other than the in-place state); returns before any device work on error. */
+FLASHCORE_API flashcore_status flashcore_attention_merge(const flashcore_merge_params* params,
+                                                         flashcore_stream_t stream);
 
 #define FLASHCORE_MAX_CAPS 16
 

@@ -232,6 +232,7 @@ const char* flashcore_status_string(flashcore_status status) {
     case FLASHCORE_ERROR_INVALID_ARGUMENT: return "invalid argument";
     case FLASHCORE_ERROR_CUDA: return "CUDA error";
     case FLASHCORE_ERROR_INTERNAL: return "internal error";
+    case FLASHCORE_ERROR_NCCL: return "NCCL unavailable or failed";
   }
   return "unknown status";
 }

@@ -519,7 +519,8 @@ std::string compiled_arch_list() {
   return out.empty() ? "none" : out;
 }
 
-// `ptr` must be device memory of `device` or managed memory (cudaPointerGetAttributes, one call).
+}  // namespace
+
 flashcore_status check_device_pointer(const char* name, const void* ptr, int device, std::string& message) {
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
@@ -543,6 +544,8 @@ flashcore_status check_device_pointer(const char* name, const void* ptr, int dev
                 "; FlashCore needs device memory of device ", device);
   return FLASHCORE_ERROR_INVALID_ARGUMENT;
 }
+
+namespace {
 
 // Why cudaGetDeviceCount found nothing, in words a user can act on (cudaErrorInsufficientDriver covers both a
 // missing and an old driver; cudaDriverGetVersion tells them apart).

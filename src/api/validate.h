@@ -63,6 +63,10 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 // One cudaPointerGetAttributes per pointer; no CUDA error is left behind for the caller. On success `device`
 // is the current device's ordinal and `cc` its compute capability (major * 10 + minor), which the launch uses
 // rather than asking again.
+// `ptr` must be device memory of `device` or managed memory (cudaPointerGetAttributes, one call); else
+// INVALID_ARGUMENT (or CUDA) with a message naming `name`.
+flashcore_status check_device_pointer(const char* name, const void* ptr, int device, std::string& message);
+
 flashcore_status validate_device(const flashcore_attention_params& params, int& device, int& cc,
                                  std::string& message);
 

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
@@ -61,6 +62,7 @@ std::string case_name(const Case& c) {
   if (c.block_table_stride > 0) n += "_stride" + std::to_string(c.block_table_stride);
   if (!c.seqused_k.empty()) n += "_used";
   if (c.num_splits != 0) n += "_splits" + std::to_string(c.num_splits);
+  if (c.ring_world > 0) n += std::string(c.ring_layout == FLASHCORE_RING_ZIGZAG ? "_zigzag" : "_contig") + std::to_string(c.ring_world);
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') ch = 'p';
   return n;
@@ -100,6 +102,10 @@ std::string describe(const Case& c) {
   }
   if (!c.seqused_k.empty()) s << " seqused_k=" << lengths_text(c.seqused_k) << " (NaN past them)";
   if (c.num_splits != 0) s << " num_splits=" << c.num_splits;
+  if (c.ring_world > 0) {
+    s << " ring=" << c.ring_world << (c.ring_layout == FLASHCORE_RING_ZIGZAG ? " zigzag" : " contiguous")
+      << " (simulated)";
+  }
   return s.str();
 }
 
@@ -293,6 +299,36 @@ void add_serving_cases(CaseList& L, bool quick) {
 
 }  // namespace
 
+namespace {
+
+void add_ring_cases(CaseList& L, bool quick) {
+  struct R {
+    int world;
+    flashcore_ring_layout layout;
+    int64_t seqlen, hq, hkv, batch;
+  };
+  if (quick) {  // one small case: 3 ranks, causal, GQA, a length not divisible by the 6 chunks
+    Case& c = L.add(FLASHCORE_DTYPE_BF16, 128, true, 1, 2, 1, 61, 61);
+    c.ring_world = 3;
+    return;
+  }
+  const R rings[] = {{2, FLASHCORE_RING_ZIGZAG, 113, 4, 2, 2},     {3, FLASHCORE_RING_ZIGZAG, 1000, 4, 2, 1},
+                     {4, FLASHCORE_RING_CONTIGUOUS, 1025, 2, 2, 1}, {8, FLASHCORE_RING_ZIGZAG, 777, 2, 1, 1},
+                     {1, FLASHCORE_RING_ZIGZAG, 129, 2, 2, 1},      {5, FLASHCORE_RING_CONTIGUOUS, 333, 4, 4, 2}};
+  int n = 0;
+  for (const R& r : rings) {
+    for (bool causal : {false, true}) {
+      Case& c = L.add(kDtypes[n % 2], kHeadDims[n % 3], causal, r.batch, r.hq, r.hkv, r.seqlen, r.seqlen,
+                      n % 4 == 3 ? Layout::BHSD : Layout::BSHD);
+      c.ring_world = r.world;
+      c.ring_layout = r.layout;
+      ++n;
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<Case> cases(bool quick) {
   CaseList L;
   if (quick) {
@@ -308,6 +344,7 @@ std::vector<Case> cases(bool quick) {
           L.add(dt, D, causal, 1, 4, 2, long_q ? 95 : 33, long_q ? 33 : 95, Layout::BHSD);
         }
     add_serving_cases(L, true);
+    add_ring_cases(L, true);
     return L.finish();
   }
 
@@ -376,6 +413,10 @@ std::vector<Case> cases(bool quick) {
 
   // 8. Serving: varlen, paged, num_splits.
   add_serving_cases(L, false);
+
+  // 9. Ring attention, simulated on one GPU: 1 to 8 ranks, both layouts, odd lengths (not multiples of the chunk
+  // count), GQA, every head dim and dtype.
+  add_ring_cases(L, false);
 
   return L.finish();
 }
@@ -1174,6 +1215,144 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
   return run_case_on_stream(c, seed, repeats, reinterpret_cast<flashcore_stream_t>(s.stream));
 }
 
+namespace {
+
+// Case::ring_world: every rank's shard of the global tensors in buffers of its own, run through
+// flashcore_ring_attention_simulate; the ranks' O and LSE are put back in the global layout.
+class RingShards {
+ public:
+  bool build(const Case& c, const flashcore_attention_params& global, const std::vector<uint16_t>& hq,
+             const std::vector<uint16_t>& hk, const std::vector<uint16_t>& hv, Result& r) {
+    flashcore_ring_params_init(&ring_);
+    ring_.world_size = c.ring_world;
+    ring_.layout = c.ring_layout;
+    ring_.seqlen_global = c.seqlen_q;
+    const int world = c.ring_world;
+    const size_t esize = 2;
+    for (int rank = 0; rank < world; ++rank) {
+      ranks_.push_back(std::make_unique<Rank>());
+      Rank& R = *ranks_.back();
+      int64_t s0 = 0, l0 = 0, s1 = 0, l1 = 0;
+      if (flashcore_ring_shard(&ring_, rank, &s0, &l0, &s1, &l1) != FLASHCORE_SUCCESS) {
+        r.message = std::string("flashcore_ring_shard: ") + flashcore_last_error();
+        return false;
+      }
+      for (int64_t i = 0; i < l0; ++i) R.rows.push_back(s0 + i);
+      for (int64_t i = 0; i < l1; ++i) R.rows.push_back(s1 + i);
+      const int64_t S = static_cast<int64_t>(R.rows.size());
+      R.p = global;
+      R.p.seqlen_q = R.p.seqlen_k = S;
+      R.p.q_strides = R.p.o_strides = layout_strides(c.layout, S, c.heads_q, c.head_dim);
+      R.p.k_strides = R.p.v_strides = layout_strides(c.layout, S, c.heads_kv, c.head_dim);
+      R.p.workspace = nullptr, R.p.workspace_size = 0;
+      const size_t nq = static_cast<size_t>(c.batch * S * c.heads_q * c.head_dim);
+      const size_t nkv = static_cast<size_t>(c.batch * S * c.heads_kv * c.head_dim);
+      R.nq = nq;
+      R.nlse = static_cast<size_t>(c.batch * c.heads_q * S);
+      std::vector<uint16_t> lq(nq), lk(nkv), lv(nkv);
+      gather(global.q_strides, R.p.q_strides, c.heads_q, R, hq, lq);
+      gather(global.k_strides, R.p.k_strides, c.heads_kv, R, hk, lk);
+      gather(global.v_strides, R.p.v_strides, c.heads_kv, R, hv, lv);
+      if (!cuda_ok(cudaMalloc(&R.q.ptr, nq * esize), "cudaMalloc(ring q)", r) ||
+          !cuda_ok(cudaMalloc(&R.k.ptr, nkv * esize), "cudaMalloc(ring k)", r) ||
+          !cuda_ok(cudaMalloc(&R.v.ptr, nkv * esize), "cudaMalloc(ring v)", r) ||
+          !cuda_ok(cudaMalloc(&R.o.ptr, nq * esize), "cudaMalloc(ring o)", r) ||
+          !cuda_ok(cudaMalloc(&R.lse.ptr, R.nlse * 4), "cudaMalloc(ring lse)", r) ||
+          !cuda_ok(cudaMemcpy(R.q.ptr, lq.data(), nq * esize, cudaMemcpyHostToDevice), "cudaMemcpy(ring q)", r) ||
+          !cuda_ok(cudaMemcpy(R.k.ptr, lk.data(), nkv * esize, cudaMemcpyHostToDevice), "cudaMemcpy(ring k)", r) ||
+          !cuda_ok(cudaMemcpy(R.v.ptr, lv.data(), nkv * esize, cudaMemcpyHostToDevice), "cudaMemcpy(ring v)", r))
+        return false;
+      R.p.q = R.q.ptr, R.p.k = R.k.ptr, R.p.v = R.v.ptr, R.p.o = R.o.ptr;
+      R.p.lse = global.lse != nullptr ? static_cast<float*>(R.lse.ptr) : nullptr;
+    }
+    for (const auto& R : ranks_) locals_.push_back(&R->p);
+    uint64_t bytes = 0;
+    if (flashcore_ring_workspace_size(locals_[0], &ring_, &bytes) != FLASHCORE_SUCCESS) {
+      r.message = std::string("flashcore_ring_workspace_size: ") + flashcore_last_error();
+      return false;
+    }
+    ws_bytes_ = bytes * static_cast<uint64_t>(world);
+    if (ws_bytes_ > 0 && (!cuda_ok(cudaMalloc(&ws_.ptr, ws_bytes_), "cudaMalloc(ring workspace)", r) ||
+                          !cuda_ok(cudaMemset(ws_.ptr, 0, ws_bytes_), "cudaMemset(ring workspace)", r)))
+      return false;
+    ring_.workspace = ws_.ptr;
+    ring_.workspace_size = ws_bytes_;
+    return true;
+  }
+
+  // Poison every rank's O and LSE, run, and put the results in ho / hlse (the global layout).
+  bool run(const Case& c, const flashcore_attention_params& global, flashcore_stream_t fstream,
+           std::vector<uint16_t>& ho, std::vector<float>& hlse, Result& r) {
+    const auto stream = reinterpret_cast<cudaStream_t>(fstream);
+    for (const auto& rank : ranks_) {
+      Rank& R = *rank;
+      if (!cuda_ok(cudaMemsetAsync(R.o.ptr, 0xff, R.nq * 2, stream), "cudaMemsetAsync(ring o)", r) ||
+          !cuda_ok(cudaMemsetAsync(R.lse.ptr, 0xff, R.nlse * 4, stream), "cudaMemsetAsync(ring lse)", r))
+        return false;
+    }
+    const flashcore_status fs = flashcore_ring_attention_simulate(locals_.data(), &ring_, fstream);
+    if (fs != FLASHCORE_SUCCESS) {
+      r.message = std::string("flashcore_ring_attention_simulate: ") + flashcore_status_string(fs) + ": " +
+                  flashcore_last_error();
+      return false;
+    }
+    if (!cuda_ok(cudaGetLastError(), "kernel launch", r) ||
+        !cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize (ring)", r))
+      return false;
+    const int64_t Hq = c.heads_q, D = c.head_dim;
+    for (const auto& rank : ranks_) {
+      const Rank& R = *rank;
+      std::vector<uint16_t> lo(R.nq);
+      std::vector<float> llse(R.nlse);
+      if (!cuda_ok(cudaMemcpy(lo.data(), R.o.ptr, R.nq * 2, cudaMemcpyDeviceToHost), "cudaMemcpy(ring o)", r) ||
+          !cuda_ok(cudaMemcpy(llse.data(), R.lse.ptr, R.nlse * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(ring lse)", r))
+        return false;
+      const int64_t S = static_cast<int64_t>(R.rows.size());
+      const auto& gs = global.o_strides;
+      const auto& ls = R.p.o_strides;
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t i = 0; i < S; ++i) {
+          const int64_t g = R.rows[static_cast<size_t>(i)];
+          for (int64_t h = 0; h < Hq; ++h) {
+            std::memcpy(&ho[static_cast<size_t>(b * gs.batch + g * gs.seq + h * gs.head)],
+                        &lo[static_cast<size_t>(b * ls.batch + i * ls.seq + h * ls.head)], static_cast<size_t>(D) * 2);
+            if (global.lse != nullptr) {
+              hlse[static_cast<size_t>((b * Hq + h) * c.seqlen_q + g)] = llse[static_cast<size_t>((b * Hq + h) * S + i)];
+            }
+          }
+        }
+    }
+    return true;
+  }
+
+ private:
+  struct Rank {
+    std::vector<int64_t> rows;  // global row of each local row
+    flashcore_attention_params p{};
+    DeviceBuffer q, k, v, o, lse;
+    size_t nq = 0, nlse = 0;
+  };
+
+  static void gather(const flashcore_tensor_strides& gs, const flashcore_tensor_strides& ls, int64_t heads,
+                     const Rank& R, const std::vector<uint16_t>& global, std::vector<uint16_t>& local) {
+    const int64_t S = static_cast<int64_t>(R.rows.size()), D = R.p.head_dim;
+    for (int64_t b = 0; b < R.p.batch; ++b)
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t h = 0; h < heads; ++h)
+          std::memcpy(&local[static_cast<size_t>(b * ls.batch + i * ls.seq + h * ls.head)],
+                      &global[static_cast<size_t>(b * gs.batch + R.rows[static_cast<size_t>(i)] * gs.seq + h * gs.head)],
+                      static_cast<size_t>(D) * 2);
+  }
+
+  flashcore_ring_params ring_{};
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::vector<const flashcore_attention_params*> locals_;
+  DeviceBuffer ws_;
+  uint64_t ws_bytes_ = 0;
+};
+
+}  // namespace
+
 Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_stream_t fstream) {
   Result r;
   r.seed = seed;
@@ -1284,21 +1463,34 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   std::vector<uint16_t> ho(static_cast<size_t>(nq)), first_o;
   std::vector<float> hlse(c.with_lse ? static_cast<size_t>(nlse) : 0), first_lse;
   repeats = std::max(1, repeats);
-  for (int rep = 0; rep < repeats; ++rep) {
-    if (!cuda_ok(cudaMemsetAsync(dout.ptr, 0xff, ho.size() * 2, stream), "cudaMemsetAsync(o)", r) ||
-        (c.with_lse && !cuda_ok(cudaMemsetAsync(dlse.ptr, 0xff, hlse.size() * 4, stream), "cudaMemsetAsync(lse)", r)))
-      return r;
-    const flashcore_status fs = flashcore_attention_forward(&p, fstream);
-    if (fs != FLASHCORE_SUCCESS) {
-      r.message = std::string("flashcore_attention_forward: ") + flashcore_status_string(fs) + ": " + flashcore_last_error();
+  RingShards ring;
+  if (c.ring_world > 0) {
+    if (Sq != Sk || !c.seqused_k.empty() || c.kernel_config != nullptr || c.num_splits != 0) {
+      r.message = "invalid case: a ring case has seqlen_q = seqlen_k and no seqused_k, kernel_config or num_splits: " +
+                  describe(c);
       return r;
     }
-    if (!cuda_ok(cudaGetLastError(), "kernel launch", r) ||
-        !cuda_ok(cudaMemcpyAsync(ho.data(), dout.ptr, ho.size() * 2, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(o)", r) ||
-        (c.with_lse &&
-         !cuda_ok(cudaMemcpyAsync(hlse.data(), dlse.ptr, hlse.size() * 4, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(lse)", r)) ||
-        !cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize (kernel execution)", r))
-      return r;
+    if (!ring.build(c, p, hq, hk, hv, r)) return r;
+  }
+  for (int rep = 0; rep < repeats; ++rep) {
+    if (c.ring_world > 0) {
+      if (!ring.run(c, p, fstream, ho, hlse, r)) return r;
+    } else {
+      if (!cuda_ok(cudaMemsetAsync(dout.ptr, 0xff, ho.size() * 2, stream), "cudaMemsetAsync(o)", r) ||
+          (c.with_lse && !cuda_ok(cudaMemsetAsync(dlse.ptr, 0xff, hlse.size() * 4, stream), "cudaMemsetAsync(lse)", r)))
+        return r;
+      const flashcore_status fs = flashcore_attention_forward(&p, fstream);
+      if (fs != FLASHCORE_SUCCESS) {
+        r.message = std::string("flashcore_attention_forward: ") + flashcore_status_string(fs) + ": " + flashcore_last_error();
+        return r;
+      }
+      if (!cuda_ok(cudaGetLastError(), "kernel launch", r) ||
+          !cuda_ok(cudaMemcpyAsync(ho.data(), dout.ptr, ho.size() * 2, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(o)", r) ||
+          (c.with_lse &&
+           !cuda_ok(cudaMemcpyAsync(hlse.data(), dlse.ptr, hlse.size() * 4, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(lse)", r)) ||
+          !cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize (kernel execution)", r))
+        return r;
+    }
     if (rep == 0) {
       first_o = ho, first_lse = hlse;
     } else if (std::memcmp(first_o.data(), ho.data(), ho.size() * 2) != 0 ||

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "flashcore/flashcore.h"
+#include "flashcore/ring.h"
 
 namespace flashcore::check {
 
@@ -47,6 +48,12 @@ struct Case {
   int64_t block_table_stride = 0;
   // flashcore_attention_params::num_splits (0: the library's choice; 1: never split; n: at most n parts).
   int num_splits = 0;
+
+  // > 0: ring attention over ring_world simulated ranks (flashcore_ring_attention_simulate) instead of one forward
+  // call: the global Q, K, V (seqlen_q = seqlen_k) are cut into the ranks' shards under ring_layout, each rank's O and
+  // LSE are put back in place, and the result is judged against the reference like any case. Dense cases only.
+  int ring_world = 0;
+  flashcore_ring_layout ring_layout = FLASHCORE_RING_ZIGZAG;
 };
 
 // True when the case uses varlen_q, varlen_k or page_size.
