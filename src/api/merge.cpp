@@ -38,8 +38,10 @@ struct Operand {
 };
 
 flashcore_status check_operand(const Operand& t, std::string& message) {
-  if (reinterpret_cast<uintptr_t>(t.ptr) % kAlignment != 0) {
-    message = std::string(t.name) + " is not 16-byte aligned";
+  // O rows: 16-byte aligned; an LSE: a float's 4 bytes (a row range of a larger LSE starts anywhere).
+  const uintptr_t alignment = t.dims == 4 ? kAlignment : 4;
+  if (reinterpret_cast<uintptr_t>(t.ptr) % alignment != 0) {
+    message = std::string(t.name) + " is not " + std::to_string(alignment) + "-byte aligned";
     return FLASHCORE_ERROR_MISALIGNED_POINTER;
   }
   for (int i = 0; i < t.dims; ++i) {

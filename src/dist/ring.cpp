@@ -123,8 +123,9 @@ flashcore_status check_ring(const flashcore_ring_params* ring, std::string& mess
 }
 
 // Rank `rank`'s local params, upgraded into `p`: the usual checks, plus the ring's (shard length, no serving field).
+// check_len = false (the workspace size query): any rank's shard, or none, will do.
 flashcore_status check_local(const flashcore_attention_params* user, const flashcore_ring_params& ring, int rank,
-                             flashcore_attention_params& p, int& cc, std::string& message) {
+                             bool check_len, flashcore_attention_params& p, int& cc, std::string& message) {
   const std::string who = "local[" + std::to_string(rank) + "]";
   if (user == nullptr) {
     message = who + " is NULL";
@@ -137,7 +138,7 @@ flashcore_status check_local(const flashcore_attention_params* user, const flash
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const int64_t len = shard_of(ring.layout, ring.seqlen_global, ring.world_size, rank).len();
-  if (p.seqlen_q != len || p.seqlen_k != len) {
+  if (check_len && (p.seqlen_q != len || p.seqlen_k != len)) {
     message = who + ".seqlen_q = " + std::to_string(p.seqlen_q) + ", seqlen_k = " + std::to_string(p.seqlen_k) +
               ": rank " + std::to_string(rank) + "'s shard has " + std::to_string(len) +
               " rows (flashcore_ring_shard; seqlen_global = " + std::to_string(ring.seqlen_global) + ")";
@@ -362,13 +363,13 @@ flashcore_status check_workspace(const flashcore_ring_params& ring, uint64_t nee
 // Checks shared by the three entries: ring, then the local params of `ranks` (rank numbers), all of one geometry.
 // `locals` receives the upgraded params; `layout` the per-rank workspace layout.
 flashcore_status prepare(const flashcore_attention_params* const* users, const std::vector<int>& ranks,
-                         const flashcore_ring_params& ring, std::vector<flashcore_attention_params>& locals,
+                         const flashcore_ring_params& ring, bool check_len, std::vector<flashcore_attention_params>& locals,
                          Geometry& g, Layout& layout, std::string& message) {
   if (flashcore_status s = check_ring(&ring, message); s != FLASHCORE_SUCCESS) return s;
   locals.resize(ranks.size());
   int cc = 0;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    if (flashcore_status s = check_local(users[i], ring, ranks[i], locals[i], cc, message); s != FLASHCORE_SUCCESS) {
+    if (flashcore_status s = check_local(users[i], ring, ranks[i], check_len, locals[i], cc, message); s != FLASHCORE_SUCCESS) {
       return s;
     }
     const flashcore_attention_params& a = locals[0];
@@ -579,17 +580,13 @@ flashcore_status flashcore_ring_workspace_size(const flashcore_attention_params*
       return set_error(s, "flashcore_ring_workspace_size: " + message);
     }
     if (local == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "flashcore_ring_workspace_size: local is NULL");
-    // The sizes of rank 0's shard stand for every rank's (only the longest shard counts).
-    flashcore_attention_params shaped;
-    if (flashcore_status s = flashcore::api::upgrade_params(local, shaped, message); s != FLASHCORE_SUCCESS) {
-      return set_error(s, "flashcore_ring_workspace_size: " + message);
-    }
-    shaped.seqlen_q = shaped.seqlen_k = dist::shard_of(ring->layout, ring->seqlen_global, ring->world_size, 0).len();
-    const flashcore_attention_params* users[] = {&shaped};
+    // Any rank's local params will do: the sizes follow from the ring (the longest shard counts).
+    const flashcore_attention_params* users[] = {local};
     std::vector<flashcore_attention_params> locals;
     dist::Geometry g;
     dist::Layout layout;
-    if (flashcore_status s = dist::prepare(users, {0}, *ring, locals, g, layout, message); s != FLASHCORE_SUCCESS) {
+    if (flashcore_status s = dist::prepare(users, {0}, *ring, /*check_len=*/false, locals, g, layout, message);
+        s != FLASHCORE_SUCCESS) {
       return set_error(s, "flashcore_ring_workspace_size: " + message);
     }
     *bytes = ring->world_size == 1 ? layout.fwd_bytes : layout.total;
@@ -618,7 +615,7 @@ flashcore_status flashcore_ring_attention_forward(const flashcore_attention_para
     dist::Geometry g;
     dist::Layout layout;
     const flashcore_attention_params* users[] = {local};
-    if (flashcore_status s = dist::prepare(users, {ring.rank}, ring, locals, g, layout, message); s != FLASHCORE_SUCCESS) {
+    if (flashcore_status s = dist::prepare(users, {ring.rank}, ring, /*check_len=*/true, locals, g, layout, message); s != FLASHCORE_SUCCESS) {
       return fail(s);
     }
     const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
@@ -653,7 +650,7 @@ flashcore_status flashcore_ring_attention_simulate(const flashcore_attention_par
     std::vector<flashcore_attention_params> locals;
     dist::Geometry g;
     dist::Layout layout;
-    if (flashcore_status s = dist::prepare(local, ranks, *ring, locals, g, layout, message); s != FLASHCORE_SUCCESS) {
+    if (flashcore_status s = dist::prepare(local, ranks, *ring, /*check_len=*/true, locals, g, layout, message); s != FLASHCORE_SUCCESS) {
       return fail(s);
     }
     const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
