@@ -45,7 +45,13 @@ typedef struct flashcore_ring_params {
   void* workspace;              /* device memory of flashcore_ring_workspace_size() bytes, 256-byte aligned,
                                    zero-filled before its first use (as flashcore_attention_forward's) */
   uint64_t workspace_size;
+  uint32_t flags;               /* FLASHCORE_RING_* bits [0] */
 } flashcore_ring_params;
+
+/* flashcore_ring_params::flags. SERIALIZE: each step's transfer starts after the step's attention and the next step
+ * waits for it (no overlap of communication and compute; same results): for measuring what the overlap hides. */
+#define FLASHCORE_RING_SERIALIZE 1u
+#define FLASHCORE_RING_FLAGS_ALL 1u
 
 /* Zero params; set struct_size, rank = -1, layout = FLASHCORE_RING_ZIGZAG. */
 FLASHCORE_API void flashcore_ring_params_init(flashcore_ring_params* params);

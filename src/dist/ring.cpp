@@ -104,6 +104,10 @@ flashcore_status check_ring(const flashcore_ring_params* ring, std::string& mess
               " is not FLASHCORE_RING_ZIGZAG (0) or FLASHCORE_RING_CONTIGUOUS (1)";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
+  if ((ring->flags & ~FLASHCORE_RING_FLAGS_ALL) != 0) {
+    message = "ring->flags = " + std::to_string(ring->flags) + " has bits no FLASHCORE_RING_* flag defines";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
   if (ring->world_size <= 0 || ring->world_size > 4096) {
     message = "ring->world_size = " + std::to_string(ring->world_size) + " is not in [1, 4096]";
     return FLASHCORE_ERROR_INVALID_SIZE;
@@ -449,8 +453,12 @@ flashcore_status run_nccl(const NcclApi& nccl, const flashcore_ring_params& ring
   }
   if (flashcore_status s = me.pack(g, l, stream, message); s != FLASHCORE_SUCCESS) return s;
   const int next = (me.rank + 1) % g.world, prev = (me.rank + g.world - 1) % g.world;
+  const bool serialize = (ring.flags & FLASHCORE_RING_SERIALIZE) != 0;
   for (int step = 0; step < g.world; ++step) {
     const int cur = step % 2;
+    if (serialize) {  // the step's attention first, then its transfer
+      if (flashcore_status s = me.compute(g, l, step, cur, stream, message); s != FLASHCORE_SUCCESS) return s;
+    }
     if (step + 1 < g.world) {
       // Send the K/V in `cur` on, receive the next into the other buffer, which the previous step's block read.
       const int64_t send_len = shard_of(g.layout, g.seqlen, g.world, kv_source(g.world, me.rank, step)).len();
@@ -476,7 +484,9 @@ flashcore_status run_nccl(const NcclApi& nccl, const flashcore_ring_params& ring
         return s2;
       }
     }
-    if (flashcore_status s = me.compute(g, l, step, cur, stream, message); s != FLASHCORE_SUCCESS) return s;
+    if (!serialize) {
+      if (flashcore_status s = me.compute(g, l, step, cur, stream, message); s != FLASHCORE_SUCCESS) return s;
+    }
     if (step + 1 < g.world) {
       if (flashcore_status s = cuda_status("ring: cudaStreamWaitEvent", cudaStreamWaitEvent(stream, res.received, 0), message);
           s != FLASHCORE_SUCCESS) {

@@ -9,6 +9,7 @@ int run_check(int argc, char** argv, int first);
 int run_info(int argc, char** argv, int first);
 int run_tvla(int argc, char** argv, int first);
 int run_tune(int argc, char** argv, int first);
+int run_ring(int argc, char** argv, int first);
 
 // Each prints the command's usage on stdout (for --help / -h, exit 0).
 void print_bench_help();
@@ -16,5 +17,6 @@ void print_check_help();
 void print_info_help();
 void print_tvla_help();
 void print_tune_help();
+void print_ring_help();
 
 }  // namespace fccli

@@ -17,6 +17,7 @@ void print_help(FILE* out) {
       "  check    correctness against the float64 reference (--quick, --shape, --determinism N)\n"
       "  info     version, compiled capabilities, device\n"
       "  tune     autotuner: time the kernel configs per shape bucket, write a tuning table (--build: new ones)\n"
+      "  ring     ring attention scaling over this machine's GPUs (NCCL) against one GPU\n"
       "  tvla     fixed-vs-random timing test (Welch's t per shape; --shape B,H,S,D, --n N)\n"
       "\n"
       "  flashcore <command> --help   options of a command (also: flashcore help <command>)\n"
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
         if (sub == "info") { print_info_help(); return kExitOk; }
         if (sub == "tvla") { print_tvla_help(); return kExitOk; }
         if (sub == "tune") { print_tune_help(); return kExitOk; }
+        if (sub == "ring") { print_ring_help(); return kExitOk; }
         usage_error("help: unknown command '" + sub + "'");
       }
       print_help(stdout);
@@ -63,6 +65,7 @@ int main(int argc, char** argv) {
     if (cmd == "info") run = run_info;
     if (cmd == "tvla") run = run_tvla;
     if (cmd == "tune") run = run_tune;
+    if (cmd == "ring") run = run_ring;
     if (run == nullptr) usage_error("unknown command '" + cmd + "'");
     set_command(cmd);
     return run(argc, argv, 2);
