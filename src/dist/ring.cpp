@@ -42,6 +42,7 @@ struct Geometry {
   int64_t batch = 0, hq = 0, hkv = 0, d = 0;
   flashcore_dtype dtype = FLASHCORE_DTYPE_BF16, out_dtype = FLASHCORE_DTYPE_BF16;
   int64_t esize = 2, osize = 2;
+  int device = 0, cc = 0;  // the current device and its compute capability
 
   int64_t kv_elems(int64_t len) const { return batch * len * hkv * d; }  // one of K, V of a shard
 };
@@ -202,6 +203,37 @@ flashcore_attention_params piece_params(const Geometry& g, const flashcore_atten
   return p;
 }
 
+// The kernel config of a ring block. A statically scheduled persistent grid (one CTA per SM, each with a fixed share
+// of the tiles) runs as long as its latest CTA: the transfer's NCCL kernel, which holds a few SMs at the start of each
+// step, would delay every CTA it displaces by the whole transfer. So a block whose config would be "-static" runs
+// the same tile shape with the dynamic scheduler (CTAs take tiles from a counter: a late CTA takes fewer), or one
+// CTA per tile, when such a row is compiled; otherwise the library's choice. nullptr: the library's choice.
+const char* ring_config(const flashcore_attention_params& piece, int device, int cc) {
+  const char* selected = nullptr;
+  std::string ignored;
+  if (backend::selected_config(piece, device, cc, selected, ignored) != FLASHCORE_SUCCESS || selected == nullptr) {
+    return nullptr;
+  }
+  const std::string name = selected;
+  const std::string suffix = "-static";
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return nullptr;
+  }
+  const char* names[64];
+  int32_t count = 0;
+  if (flashcore_list_kernel_configs(piece.dtype, static_cast<int32_t>(piece.head_dim), piece.causal, names, 64,
+                                    &count) != FLASHCORE_SUCCESS) {
+    return nullptr;
+  }
+  const std::string stem = name.substr(0, name.size() - suffix.size());
+  for (const char* sched : {"-dynamic", "-onecta"}) {
+    for (int i = 0; i < std::min(count, 64); ++i) {
+      if (stem + sched == names[i]) return names[i];
+    }
+  }
+  return nullptr;
+}
+
 // The forward workspace the blocks of these ranks need (the largest over their distinct shapes).
 flashcore_status forward_workspace(const Geometry& g, const flashcore_attention_params& local, int cc,
                                    uint64_t& bytes, std::string& message) {
@@ -218,6 +250,9 @@ flashcore_status forward_workspace(const Geometry& g, const flashcore_attention_
     p.seqlen_q = q_len;
     p.seqlen_k = k_len;
     p.causal = causal ? 1 : 0;
+    p.workspace = nullptr;
+    p.workspace_size = 0;
+    p.kernel_config = ring_config(p, g.device, cc);
     size_t size = 0;
     if (flashcore_status s = backend::workspace_size(p, cc, size, message); s != FLASHCORE_SUCCESS) return s;
     bytes = std::max<uint64_t>(bytes, size);
@@ -311,7 +346,8 @@ struct Rank {
     Piece pc;
     bool wrote_all = false;
     if (step_piece(g.layout, g.causal, g.seqlen, g.world, rank, step, pc)) {
-      const flashcore_attention_params p = piece_params(g, *local, ws, l, buffer, kv_len, pc);
+      flashcore_attention_params p = piece_params(g, *local, ws, l, buffer, kv_len, pc);
+      p.kernel_config = ring_config(p, g.device, g.cc);
       if (flashcore_status s = flashcore_attention_forward(&p, reinterpret_cast<flashcore_stream_t>(stream));
           s != FLASHCORE_SUCCESS) {
         message = "ring step " + std::to_string(step) + ": " + flashcore_last_error();
@@ -393,6 +429,8 @@ flashcore_status prepare(const flashcore_attention_params* const* users, const s
     }
   }
   g = geometry_of(locals[0], ring);
+  g.cc = cc;
+  if (cudaGetDevice(&g.device) != cudaSuccess) (void)cudaGetLastError();
   uint64_t fwd = 0;
   if (flashcore_status s = forward_workspace(g, locals[0], cc, fwd, message); s != FLASHCORE_SUCCESS) return s;
   layout = layout_of(g, fwd);
@@ -438,7 +476,11 @@ struct CommResources {
     if (comm != nullptr) cudaStreamDestroy(comm);
   }
   cudaError_t create() {
-    cudaError_t err = cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking);
+    // The highest priority: when a step's transfer and attention become ready together, the transfer's NCCL kernel
+    // is dispatched first (a persistent attention grid would otherwise hold every SM until it ends).
+    int least = 0, greatest = 0;
+    cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&received, cudaEventDisableTiming);
     return err;
