@@ -118,7 +118,8 @@ def test_every_status_maps_to_an_exception():
         assert "boom" in str(exc) and _lib.STATUS_NAMES[code] in str(exc)
         if code == _lib.ERROR_UNSUPPORTED_DTYPE:
             assert type(exc) is TypeError
-        elif code in (_lib.ERROR_NO_DEVICE, _lib.ERROR_UNSUPPORTED_ARCH, _lib.ERROR_CUDA, _lib.ERROR_INTERNAL):
+        elif code in (_lib.ERROR_NO_DEVICE, _lib.ERROR_UNSUPPORTED_ARCH, _lib.ERROR_CUDA, _lib.ERROR_INTERNAL,
+                      _lib.ERROR_NCCL):
             assert type(exc) is RuntimeError
         else:
             assert type(exc) is ValueError
