@@ -4,7 +4,7 @@
 // is folded into a float32 state by the merge kernel (api/merge.h).
 #include <algorithm>
 #include <cstring>
-#include <set>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -43,6 +43,9 @@ struct Geometry {
   flashcore_dtype dtype = FLASHCORE_DTYPE_BF16, out_dtype = FLASHCORE_DTYPE_BF16;
   int64_t esize = 2, osize = 2;
   int device = 0, cc = 0;  // the current device and its compute capability
+  // The kernel config of each block shape (q_len, k_len, causal) of the ring (ring_config; nullptr: the library's
+  // choice), chosen once by forward_workspace, which sizes the workspace for exactly these.
+  std::map<std::tuple<int64_t, int64_t, bool>, const char*> configs;
 
   int64_t kv_elems(int64_t len) const { return batch * len * hkv * d; }  // one of K, V of a shard
 };
@@ -234,27 +237,27 @@ const char* ring_config(const flashcore_attention_params& piece, int device, int
   return nullptr;
 }
 
-// The forward workspace the blocks of these ranks need (the largest over their distinct shapes).
-flashcore_status forward_workspace(const Geometry& g, const flashcore_attention_params& local, int cc,
-                                   uint64_t& bytes, std::string& message) {
-  std::set<std::tuple<int64_t, int64_t, bool>> shapes;
+// The config of every block shape of the ring (into g.configs) and the forward workspace they need (the largest).
+flashcore_status forward_workspace(Geometry& g, const flashcore_attention_params& local, uint64_t& bytes,
+                                   std::string& message) {
+  g.configs.clear();
   for (int r = 0; r < g.world; ++r) {
     for (int s = 0; s < g.world; ++s) {
       Piece pc;
-      if (step_piece(g.layout, g.causal, g.seqlen, g.world, r, s, pc)) shapes.emplace(pc.q_len, pc.k_len, pc.causal);
+      if (step_piece(g.layout, g.causal, g.seqlen, g.world, r, s, pc)) g.configs.emplace(std::make_tuple(pc.q_len, pc.k_len, pc.causal), nullptr);
     }
   }
   bytes = 0;
-  for (const auto& [q_len, k_len, causal] : shapes) {
+  for (auto& [shape, config] : g.configs) {
     flashcore_attention_params p = local;
-    p.seqlen_q = q_len;
-    p.seqlen_k = k_len;
-    p.causal = causal ? 1 : 0;
+    p.seqlen_q = std::get<0>(shape);
+    p.seqlen_k = std::get<1>(shape);
+    p.causal = std::get<2>(shape) ? 1 : 0;
     p.workspace = nullptr;
     p.workspace_size = 0;
-    p.kernel_config = ring_config(p, g.device, cc);
+    config = p.kernel_config = ring_config(p, g.device, g.cc);
     size_t size = 0;
-    if (flashcore_status s = backend::workspace_size(p, cc, size, message); s != FLASHCORE_SUCCESS) return s;
+    if (flashcore_status s = backend::workspace_size(p, g.cc, size, message); s != FLASHCORE_SUCCESS) return s;
     bytes = std::max<uint64_t>(bytes, size);
   }
   return FLASHCORE_SUCCESS;
@@ -347,7 +350,7 @@ struct Rank {
     bool wrote_all = false;
     if (step_piece(g.layout, g.causal, g.seqlen, g.world, rank, step, pc)) {
       flashcore_attention_params p = piece_params(g, *local, ws, l, buffer, kv_len, pc);
-      p.kernel_config = ring_config(p, g.device, g.cc);
+      p.kernel_config = g.configs.at(std::make_tuple(pc.q_len, pc.k_len, pc.causal));
       if (flashcore_status s = flashcore_attention_forward(&p, reinterpret_cast<flashcore_stream_t>(stream));
           s != FLASHCORE_SUCCESS) {
         message = "ring step " + std::to_string(step) + ": " + flashcore_last_error();
@@ -432,7 +435,7 @@ flashcore_status prepare(const flashcore_attention_params* const* users, const s
   g.cc = cc;
   if (cudaGetDevice(&g.device) != cudaSuccess) (void)cudaGetLastError();
   uint64_t fwd = 0;
-  if (flashcore_status s = forward_workspace(g, locals[0], cc, fwd, message); s != FLASHCORE_SUCCESS) return s;
+  if (flashcore_status s = forward_workspace(g, locals[0], fwd, message); s != FLASHCORE_SUCCESS) return s;
   layout = layout_of(g, fwd);
   return FLASHCORE_SUCCESS;
 }
@@ -565,6 +568,7 @@ flashcore_status run_simulated(const Geometry& g, const Layout& l, const std::ve
 // world_size 1: the plain forward, with ring's workspace as its own.
 flashcore_status run_single(const flashcore_attention_params& local, const Layout& l, const flashcore_ring_params& ring,
                             cudaStream_t stream, std::string& message) {
+  if (flashcore_status s = check_workspace(ring, l.fwd_bytes, message); s != FLASHCORE_SUCCESS) return s;
   flashcore_attention_params p = local;
   p.workspace = l.fwd_bytes > 0 ? ring.workspace : nullptr;
   p.workspace_size = l.fwd_bytes;
@@ -672,11 +676,8 @@ flashcore_status flashcore_ring_attention_forward(const flashcore_attention_para
     }
     const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
     if (g.world == 1) {
-      if (flashcore_status s = dist::check_workspace(ring, layout.fwd_bytes, message); s != FLASHCORE_SUCCESS) return fail(s);
-      if (flashcore_status s = dist::run_single(locals[0], layout, ring, cuda_stream, message); s != FLASHCORE_SUCCESS) {
-        return fail(s);
-      }
-      return FLASHCORE_SUCCESS;
+      const flashcore_status s = dist::run_single(locals[0], layout, ring, cuda_stream, message);
+      return s == FLASHCORE_SUCCESS ? s : fail(s);
     }
     if (flashcore_status s = dist::check_workspace(ring, layout.total, message); s != FLASHCORE_SUCCESS) return fail(s);
     const dist::Rank me = dist::make_rank(g, layout, locals[0], ring.rank, static_cast<char*>(ring.workspace));
@@ -707,11 +708,8 @@ flashcore_status flashcore_ring_attention_simulate(const flashcore_attention_par
     }
     const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
     if (g.world == 1) {
-      if (flashcore_status s = dist::check_workspace(*ring, layout.fwd_bytes, message); s != FLASHCORE_SUCCESS) return fail(s);
-      if (flashcore_status s = dist::run_single(locals[0], layout, *ring, cuda_stream, message); s != FLASHCORE_SUCCESS) {
-        return fail(s);
-      }
-      return FLASHCORE_SUCCESS;
+      const flashcore_status s = dist::run_single(locals[0], layout, *ring, cuda_stream, message);
+      return s == FLASHCORE_SUCCESS ? s : fail(s);
     }
     const uint64_t per_rank = layout.total;
     if (flashcore_status s = dist::check_workspace(*ring, per_rank * static_cast<uint64_t>(g.world), message);
