@@ -188,6 +188,62 @@ class CapabilitiesStruct(ctypes.Structure):
     ]
 
 
+class LseStridesStruct(ctypes.Structure):
+    """flashcore_lse_strides: element strides of a (batch, num_heads, seqlen) float32 LSE."""
+
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("head", ctypes.c_int64),
+        ("seq", ctypes.c_int64),
+    ]
+
+
+class MergeParamsStruct(ctypes.Structure):
+    """flashcore_merge_params (since 0.2): fold one partial (O, LSE) into a float32 state."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("batch", ctypes.c_int64),
+        ("seqlen", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("o_part", ctypes.c_void_p),
+        ("o_part_strides", TensorStridesStruct),
+        ("part_dtype", ctypes.c_int),  # flashcore_dtype
+        ("lse_part", ctypes.c_void_p),  # const float*
+        ("lse_part_strides", LseStridesStruct),
+        ("o_acc", ctypes.c_void_p),  # float*
+        ("o_acc_strides", TensorStridesStruct),
+        ("lse_acc", ctypes.c_void_p),  # float*
+        ("lse_acc_strides", LseStridesStruct),
+        ("init", ctypes.c_int32),
+        ("out_dtype", ctypes.c_int),  # flashcore_dtype
+        ("o_out", ctypes.c_void_p),
+        ("o_out_strides", TensorStridesStruct),
+    ]
+
+
+RING_ZIGZAG = 0  # flashcore_ring_layout (include/flashcore/ring.h)
+RING_CONTIGUOUS = 1
+RING_SERIALIZE = 1  # flashcore_ring_params::flags
+
+
+class RingParamsStruct(ctypes.Structure):
+    """flashcore_ring_params (include/flashcore/ring.h)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("world_size", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("layout", ctypes.c_int),  # flashcore_ring_layout
+        ("seqlen_global", ctypes.c_int64),
+        ("nccl_comm", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_size", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
     """What the loaded library was compiled with, and whether the current device can run it."""
@@ -279,6 +335,13 @@ def _declare(cdll: ctypes.CDLL) -> frozenset:
              ctypes.POINTER(ctypes.c_int32)],
         ),
         "flashcore_attention_selected_config": (ctypes.c_int, [params_p, ctypes.c_char_p, ctypes.c_uint64]),
+        "flashcore_merge_params_init": (None, [ctypes.POINTER(MergeParamsStruct)]),
+        "flashcore_attention_merge": (ctypes.c_int, [ctypes.POINTER(MergeParamsStruct), ctypes.c_void_p]),
+        "flashcore_ring_params_init": (None, [ctypes.POINTER(RingParamsStruct)]),
+        "flashcore_ring_shard": (
+            ctypes.c_int,
+            [ctypes.POINTER(RingParamsStruct), ctypes.c_int32] + [ctypes.POINTER(ctypes.c_int64)] * 4,
+        ),
     }
     present = set()
     for name, (restype, argtypes) in {**required, **optional}.items():
@@ -444,6 +507,37 @@ class Library:
         """Enqueue the forward pass on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream)."""
         status = self._cdll.flashcore_attention_forward(ctypes.byref(params), ctypes.c_void_p(stream or None))
         self.check(status, "flashcore_attention_forward")
+
+
+    # -- merge and ring (since 0.2) --------------------------------------------------------------------------------
+
+    def _require(self, name: str) -> None:
+        if name not in self._optional:
+            raise RuntimeError(f"FlashCore: {self.path} (version {self.version_string()}) has no {name}; "
+                               "a newer library is needed")
+
+    def new_merge_params(self) -> MergeParamsStruct:
+        self._require("flashcore_merge_params_init")
+        params = MergeParamsStruct()
+        self._cdll.flashcore_merge_params_init(ctypes.byref(params))
+        return params
+
+    def merge(self, params: MergeParamsStruct, stream: int) -> None:
+        """Enqueue flashcore_attention_merge on `stream` (a cudaStream_t as an integer)."""
+        self._require("flashcore_attention_merge")
+        status = self._cdll.flashcore_attention_merge(ctypes.byref(params), ctypes.c_void_p(stream or None))
+        self.check(status, "flashcore_attention_merge")
+
+    def ring_shard(self, seqlen_global: int, world_size: int, rank: int, layout: int) -> Tuple[Tuple[int, int], ...]:
+        """flashcore_ring_shard: `rank`'s rows as ((start0, len0), (start1, len1)) (len1 = 0 for CONTIGUOUS)."""
+        self._require("flashcore_ring_shard")
+        ring = RingParamsStruct()
+        self._cdll.flashcore_ring_params_init(ctypes.byref(ring))
+        ring.world_size, ring.layout, ring.seqlen_global = world_size, layout, seqlen_global
+        out = [ctypes.c_int64() for _ in range(4)]
+        status = self._cdll.flashcore_ring_shard(ctypes.byref(ring), rank, *(ctypes.byref(x) for x in out))
+        self.check(status, "flashcore_ring_shard")
+        return ((out[0].value, out[1].value), (out[2].value, out[3].value))
 
 
 def fill_params(

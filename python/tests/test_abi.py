@@ -15,7 +15,11 @@ STRUCTS = {
     "flashcore_tensor_strides": _lib.TensorStridesStruct,
     "flashcore_attention_params": _lib.AttentionParamsStruct,
     "flashcore_capabilities": _lib.CapabilitiesStruct,
+    "flashcore_lse_strides": _lib.LseStridesStruct,
+    "flashcore_merge_params": _lib.MergeParamsStruct,
+    "flashcore_ring_params": _lib.RingParamsStruct,  # include/flashcore/ring.h
 }
+RING_HEADER = REPO_ROOT / "include" / "flashcore" / "ring.h"
 
 C_TYPES = {
     "char": ctypes.c_char,
@@ -26,6 +30,8 @@ C_TYPES = {
     "float": ctypes.c_float,
     "flashcore_dtype": ctypes.c_int,  # a C enum
     "flashcore_tensor_strides": _lib.TensorStridesStruct,
+    "flashcore_lse_strides": _lib.LseStridesStruct,
+    "flashcore_ring_layout": ctypes.c_int,  # a C enum
 }
 
 
@@ -62,7 +68,8 @@ def parse_define(header, name):
 @pytest.mark.parametrize("struct_name", sorted(STRUCTS))
 def test_struct_fields_match_header(header_text, struct_name):
     struct = STRUCTS[struct_name]
-    parsed = parse_struct(header_text, struct_name)
+    text = RING_HEADER.read_text() if struct_name == "flashcore_ring_params" else header_text
+    parsed = parse_struct(text, struct_name)
     assert [f[0] for f in parsed] == [f[0] for f in struct._fields_], "field names/order differ from the header"
     for (field, ctype, pointer, length), (_, py_type) in zip(parsed, struct._fields_):
         if pointer:
@@ -89,6 +96,10 @@ def test_enums_match_header(header_text):
     assert _lib.MAX_CAPS == parse_define(header_text, "FLASHCORE_MAX_CAPS")
     assert _lib.ATTENTION_PARAMS_V1_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V1_SIZE")
     assert _lib.CAPABILITIES_V1_SIZE == parse_define(header_text, "FLASHCORE_CAPABILITIES_V1_SIZE")
+    ring = RING_HEADER.read_text()
+    assert parse_enum(ring, "flashcore_ring_layout") == {"FLASHCORE_RING_ZIGZAG": _lib.RING_ZIGZAG,
+                                                         "FLASHCORE_RING_CONTIGUOUS": _lib.RING_CONTIGUOUS}
+    assert int(re.search(r"#define\s+FLASHCORE_RING_SERIALIZE\s+(\d+)u", ring).group(1)) == _lib.RING_SERIALIZE
 
 
 def test_version_has_one_source(header_text):
@@ -135,7 +146,7 @@ def test_layout_matches_c_compiler(header_text, c_compiler, tmp_path):
             lines.append(f'printf("{struct_name} {field} %zu\\n", offsetof({struct_name}, {field}));')
     source = tmp_path / "layout.c"
     source.write_text(
-        "#include <stddef.h>\n#include <stdio.h>\n#include \"flashcore/flashcore.h\"\n"
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"flashcore/flashcore.h\"\n#include \"flashcore/ring.h\"\n"
         "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n"
     )
     exe = tmp_path / "layout"
