@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 2
+#define FLASHCORE_VERSION_MINOR 3
 #define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
@@ -71,8 +71,8 @@ typedef enum flashcore_dtype {
   FLASHCORE_DTYPE_FP16 = 0,
   FLASHCORE_DTYPE_BF16 = 1,
   FLASHCORE_DTYPE_FP32 = 2,     /* host reference only; no GPU kernel */
-  FLASHCORE_DTYPE_FP8_E4M3 = 3, /* reserved for the 8-bit path */
-  FLASHCORE_DTYPE_FP8_E5M2 = 4  /* reserved for the 8-bit path */
+  FLASHCORE_DTYPE_FP8_E4M3 = 3, /* since 0.3: 8-bit Q, K, V (sm90 backend), O in FP16 or BF16 [SAME: BF16] */
+  FLASHCORE_DTYPE_FP8_E5M2 = 4  /* reserved */
 } flashcore_dtype;
 
 /* Strides are in elements of the tensor's dtype. */
@@ -166,7 +166,31 @@ typedef struct flashcore_attention_params {
   flashcore_tensor_strides k_new_strides; /* elements, dim stride 1 [zero] */
   flashcore_tensor_strides v_new_strides;
   int64_t seqlen_new;                    /* new rows per sequence, > 0 with k_new [0] */
+
+  /* ---- Since 0.3. A caller compiled against 0.2 passes FLASHCORE_ATTENTION_PARAMS_V2_SIZE; these take their
+   * defaults then. ---- */
+  /* 8-bit attention (dtype FLASHCORE_DTYPE_FP8_E4M3, sm90 backend): Q, K, V hold e4m3 values x such that the real
+   * value is x * descale, with one float32 factor per (batch, KV head) -- query head h uses the factor of its KV
+   * head h / (num_heads_q / num_heads_kv) -- as FlashAttention-3's q_descale / k_descale / v_descale. Device
+   * arrays (batch, num_heads_kv), contiguous, 4-byte aligned, read by the kernel only [NULL: 1 for every entry].
+   * O is written in out_dtype (FP16 or BF16; FLASHCORE_DTYPE_SAME means BF16). The 8-bit kernel reads V with the
+   * key index innermost: the call transposes V into the workspace first, so an 8-bit call needs a workspace
+   * (flashcore_attention_workspace_size). Not with the serving layouts (seqused_k, cu_seqlens_*, block_table,
+   * k_new) yet. */
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int32_t precision;  /* FLASHCORE_PRECISION_*: how a 16-bit (FP16 / BF16) call computes [FLASHCORE_PRECISION_NATIVE] */
+  int32_t reserved2;  /* must be 0 [0] */
 } flashcore_attention_params;
+
+/* flashcore_attention_params::precision (since 0.3). */
+#define FLASHCORE_PRECISION_NATIVE 0 /* attention in the input dtype */
+#define FLASHCORE_PRECISION_FP8 1    /* 16-bit Q, K, V are quantized to e4m3 in the workspace (one scale per batch and
+                                        KV head, the tensor's absolute maximum mapped to 448, by a fused kernel on the
+                                        same stream) and the 8-bit kernel runs on them; O in the input dtype unless
+                                        out_dtype says otherwise. q_descale, k_descale, v_descale must be NULL.
+                                        Needs a workspace. Dense batches only. */
 
 /* flashcore_attention_params::flags: FLASHCORE_FLAG_* bits, none defined yet (FLASHCORE_FLAGS_ALL is the mask of the
  * bits this header knows; a library refuses bits it does not know with FLASHCORE_ERROR_INVALID_ARGUMENT). */
@@ -174,10 +198,13 @@ typedef struct flashcore_attention_params {
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
- * defaults), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
+ * defaults), FLASHCORE_ATTENTION_PARAMS_V2_SIZE (a 0.2 caller: the fields since 0.3 take theirs), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
  * built against a newer header) provided every byte past the library's sizeof is zero, i.e. the caller left
  * the fields this library does not know at their defaults. Anything else is FLASHCORE_ERROR_INVALID_ARGUMENT. */
 #define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
+/* struct_size of the 0.2 layout (everything up to seqlen_new): also accepted, the fields since 0.3 take their
+ * defaults. */
+#define FLASHCORE_ATTENTION_PARAMS_V2_SIZE 448
 
 /* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
  * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept

@@ -215,8 +215,9 @@ struct Selected {
 // causal kernel config (the packed call is non-causal, another key); the portable backend runs calls as given.
 flashcore_attention_params as_run(const flashcore_attention_params& p, int cc) {
   const Backend* b = find(cc);
-  const bool pack =
-      b != nullptr && b->id == Id::kSm90 && api::gqa_packable(p) && (p.kernel_config == nullptr || p.causal == 0);
+  const bool pack = b != nullptr && b->id == Id::kSm90 && api::gqa_packable(p) &&
+                    (p.kernel_config == nullptr || p.causal == 0) && !is_8bit(p.dtype) &&
+                    p.precision == FLASHCORE_PRECISION_NATIVE;
   return pack ? api::gqa_packed(p) : p;
 }
 
@@ -289,9 +290,67 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
   return true;
 }
 
+namespace {
+// precision = FP8 (flashcore.h): the 16-bit call runs as an 8-bit one on e4m3 copies in the workspace, laid out as
+//   [0, 256) zero | amax[3][B*Hkv], descale[3][B*Hkv] | Q8 (B, Sq, Hq, D) | K8 (B, Sk, Hkv, D) | the 8-bit call's
+//   workspace (256 bytes, then the transposed V, written by the quantization)
+// every part 256-byte aligned.
+struct Fp8Layout {
+  size_t scales = 0, q8 = 0, k8 = 0, inner = 0, inner_bytes = 0, total = 0;
+};
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+Fp8Layout fp8_layout(const flashcore_attention_params& p) {
+  Fp8Layout l;
+  const size_t bh = static_cast<size_t>(p.batch * p.num_heads_kv);
+  l.scales = 256;
+  l.q8 = l.scales + align256(6 * bh * sizeof(float));
+  l.k8 = l.q8 + align256(static_cast<size_t>(p.batch * p.seqlen_q * p.num_heads_q * p.head_dim));
+  l.inner = l.k8 + align256(static_cast<size_t>(p.batch * p.seqlen_k * p.num_heads_kv * p.head_dim));
+  l.inner_bytes = 256 + sm90::fp8_vt_bytes(p);
+  l.total = l.inner + l.inner_bytes;
+  return l;
+}
+
+// The 8-bit call a precision = FP8 call runs: e4m3 Q and K (contiguous, in the workspace), the computed descales,
+// O in the input dtype unless out_dtype says otherwise. V is read only by the quantization (the transposed V).
+flashcore_attention_params fp8_call(const flashcore_attention_params& p, const Fp8Layout& l) {
+  flashcore_attention_params q = p;
+  char* ws = static_cast<char*>(p.workspace);
+  const int64_t bh = p.batch * p.num_heads_kv;
+  q.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+  q.out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  q.precision = FLASHCORE_PRECISION_NATIVE;
+  q.q = ws + l.q8;
+  q.k = ws + l.k8;
+  q.q_strides = {p.seqlen_q * p.num_heads_q * p.head_dim, p.num_heads_q * p.head_dim, p.head_dim, 1};
+  q.k_strides = {p.seqlen_k * p.num_heads_kv * p.head_dim, p.num_heads_kv * p.head_dim, p.head_dim, 1};
+  const float* descale = reinterpret_cast<const float*>(ws + l.scales) + 3 * bh;
+  q.q_descale = descale;
+  q.k_descale = descale + bh;
+  q.v_descale = descale + 2 * bh;
+  q.workspace = ws + l.inner;
+  q.workspace_size = l.inner_bytes;
+  return q;
+}
+}  // namespace
+
 flashcore_status workspace_size(const flashcore_attention_params& params, int cc, size_t& bytes,
                                 std::string& error) {
   const flashcore_attention_params p = as_run(params, cc);
+  if (p.precision == FLASHCORE_PRECISION_FP8) {
+    flashcore_attention_params probe = p;  // (only the row's existence matters here)
+    probe.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    probe.out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+    probe.precision = FLASHCORE_PRECISION_NATIVE;
+    int device = 0;
+    (void)cudaGetDevice(&device);
+    Selected row;
+    if (const flashcore_status st = select_row(probe, device, cc, UINT64_MAX, row, error); st != FLASHCORE_SUCCESS) {
+      return st;
+    }
+    bytes = fp8_layout(p).total;
+    return FLASHCORE_SUCCESS;
+  }
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -315,6 +374,51 @@ flashcore_status workspace_size(const flashcore_attention_params& params, int cc
 flashcore_status forward(const flashcore_attention_params& params, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
   const flashcore_attention_params p = as_run(params, cc);
+  if (p.precision == FLASHCORE_PRECISION_FP8) {
+    const Backend* b = backend_or_error(cc, error);
+    if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+    if (b->id != Id::kSm90) {
+      error = std::string("precision = FP8 needs the sm90 backend (Hopper); this device is served by ") + b->name;
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    const Fp8Layout l = fp8_layout(p);
+    if (p.workspace == nullptr || p.workspace_size < l.total) {
+      error = "precision = FP8 needs " + std::to_string(l.total) + " bytes of workspace for the e4m3 copies of Q, K " +
+              "and V (flashcore_attention_workspace_size); workspace_size = " + std::to_string(p.workspace_size);
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    const flashcore_attention_params p8 = fp8_call(p, l);
+    Selected row;
+    if (const flashcore_status st = select_row(p8, device, cc, p8.workspace_size, row, error); st != FLASHCORE_SUCCESS) {
+      return st;
+    }
+    int sms = 0;
+    if (const cudaError_t err = api::sm_count(device, sms); err != cudaSuccess) {
+      error = api::cuda_message("cannot query the device", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
+    char* ws = static_cast<char*>(p.workspace);
+    kernels::Fp8PrepParams prep{};
+    prep.batch = static_cast<int>(p.batch);
+    prep.seqlen_q = static_cast<int>(p.seqlen_q);
+    prep.seqlen_k = static_cast<int>(p.seqlen_k);
+    prep.heads_q = static_cast<int>(p.num_heads_q);
+    prep.heads_kv = static_cast<int>(p.num_heads_kv);
+    prep.head_dim = static_cast<int>(p.head_dim);
+    prep.q = kernels::Fp8Tensor{p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
+    prep.k = kernels::Fp8Tensor{p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
+    prep.v = kernels::Fp8Tensor{p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
+    prep.amax = reinterpret_cast<float*>(ws + l.scales);
+    prep.descale = prep.amax + 3 * p.batch * p.num_heads_kv;
+    prep.q8 = reinterpret_cast<uint8_t*>(ws + l.q8);
+    prep.k8 = reinterpret_cast<uint8_t*>(ws + l.k8);
+    prep.vt = reinterpret_cast<uint8_t*>(ws + l.inner + 256);
+    if (const cudaError_t err = sm90::launch_fp8_quantize(prep, p.dtype, sms, stream); err != cudaSuccess) {
+      error = api::cuda_message("FP8 quantization launch failed", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
+    return sm90::launch(*row.sm90, p8, softmax_scale, device, stream, error, prep.vt);
+  }
   Selected row;
   const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
   if (const flashcore_status st = select_row(p, device, cc, capacity, row, error); st != FLASHCORE_SUCCESS) {
@@ -328,7 +432,12 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
 
 flashcore_status selected_config(const flashcore_attention_params& params, int device, int cc, const char*& name,
                                  std::string& error) {
-  const flashcore_attention_params p = as_run(params, cc);
+  flashcore_attention_params p = as_run(params, cc);
+  if (p.precision == FLASHCORE_PRECISION_FP8) {  // the 8-bit row the call runs
+    p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+    p.out_dtype = resolved_out_dtype(params.dtype, params.out_dtype);
+    p.precision = FLASHCORE_PRECISION_NATIVE;
+  }
   Selected row;
   const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
   const flashcore_status st = select_row(p, device, cc, capacity, row, error);

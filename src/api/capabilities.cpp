@@ -46,7 +46,7 @@ flashcore_capabilities full_capabilities() {
   flashcore_capabilities caps;
   std::memset(&caps, 0, sizeof(caps));
   caps.struct_size = sizeof(caps);
-  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3}) {
     if (flashcore::backend::compiled_head_dims(dt, nullptr, 0) > 0) caps.dtypes[caps.num_dtypes++] = dt;
   }
   caps.num_head_dims = std::min(flashcore::backend::compiled_head_dims(FLASHCORE_DTYPE_SAME, caps.head_dims,
@@ -60,9 +60,12 @@ flashcore_capabilities full_capabilities() {
   caps.device_supported = caps.device_arch > 0 && backend != nullptr && caps.num_dtypes > 0;
 
   caps.params_struct_size = sizeof(flashcore_attention_params);
-  // O is written in the input dtype for now: the output dtypes are the compiled input dtypes.
-  caps.num_out_dtypes = caps.num_dtypes;
-  std::copy(caps.dtypes, caps.dtypes + caps.num_dtypes, caps.out_dtypes);
+  // O is written in a 16-bit dtype: the input dtype of 16-bit kernels, fp16 or bf16 for 8-bit ones.
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+    bool any = false;
+    for (int i = 0; i < caps.num_dtypes; ++i) any = any || caps.dtypes[i] == dt || caps.dtypes[i] == FLASHCORE_DTYPE_FP8_E4M3;
+    if (any) caps.out_dtypes[caps.num_out_dtypes++] = dt;
+  }
   for (size_t i = 0; backend != nullptr && backend[i] != '\0' && i + 1 < sizeof(caps.device_backend); ++i) {
     caps.device_backend[i] = backend[i];  // truncated if need be; the zeroed tail keeps it NUL-terminated
   }

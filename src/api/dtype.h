@@ -32,9 +32,15 @@ constexpr int64_t dtype_size(flashcore_dtype dtype) {
   return 0;
 }
 
-// The dtype O is written in: out_dtype, or dtype when out_dtype is FLASHCORE_DTYPE_SAME.
+// True for the 8-bit input dtypes.
+constexpr bool is_8bit(flashcore_dtype dtype) {
+  return dtype == FLASHCORE_DTYPE_FP8_E4M3 || dtype == FLASHCORE_DTYPE_FP8_E5M2;
+}
+
+// The dtype O is written in: out_dtype, or for FLASHCORE_DTYPE_SAME the input dtype (BF16 for 8-bit inputs).
 constexpr flashcore_dtype resolved_out_dtype(flashcore_dtype dtype, flashcore_dtype out_dtype) {
-  return out_dtype == FLASHCORE_DTYPE_SAME ? dtype : out_dtype;
+  if (out_dtype != FLASHCORE_DTYPE_SAME) return out_dtype;
+  return is_8bit(dtype) ? FLASHCORE_DTYPE_BF16 : dtype;
 }
 
 // TMA needs 16-byte strides: the batch/seq/head strides must be multiples of this many elements.

@@ -68,8 +68,7 @@ void flashcore_attention_params_init_sized(flashcore_attention_params* params, u
   std::memset(&p, 0, sizeof(p));
   p.q_strides.dim = p.k_strides.dim = p.v_strides.dim = p.o_strides.dim = 1;
   flashcore::api::set_post_v1_defaults(p);
-  const size_t copied = struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE ? flashcore::api::kParamsV1FieldBytes
-                                                                          : sizeof(p);
+  const size_t copied = flashcore::api::field_bytes_of(struct_size);
   auto* out = reinterpret_cast<unsigned char*>(params);
   std::memset(out, 0, struct_size);
   std::memcpy(out, &p, copied);

@@ -5,7 +5,7 @@
 namespace flashcore::api {
 
 bool accepted_params_size(uint32_t struct_size) {
-  return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE ||
+  return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE ||
          (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
 }
 
@@ -32,6 +32,21 @@ void set_post_v1_defaults(flashcore_attention_params& p) {
   p.k_new_strides = flashcore_tensor_strides{0, 0, 0, 1};
   p.v_new_strides = flashcore_tensor_strides{0, 0, 0, 1};
   p.seqlen_new = 0;
+  set_post_v2_defaults(p);
+}
+
+void set_post_v2_defaults(flashcore_attention_params& p) {
+  p.q_descale = nullptr;
+  p.k_descale = nullptr;
+  p.v_descale = nullptr;
+  p.precision = FLASHCORE_PRECISION_NATIVE;
+  p.reserved2 = 0;
+}
+
+size_t field_bytes_of(uint32_t struct_size) {
+  if (struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) return kParamsV1FieldBytes;
+  if (struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE) return kParamsV2FieldBytes;
+  return sizeof(flashcore_attention_params);
 }
 
 flashcore_status upgrade_params(const flashcore_attention_params* user, flashcore_attention_params& out,
@@ -50,6 +65,9 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
   if (size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) {
     std::memcpy(&out, user, kParamsV1FieldBytes);
     set_post_v1_defaults(out);
+  } else if (size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE) {
+    std::memcpy(&out, user, kParamsV2FieldBytes);
+    set_post_v2_defaults(out);
   } else if (size == kCurrent) {
     std::memcpy(&out, user, kCurrent);
   } else if (size > kCurrent && size <= kMaxParamsStructSize) {
@@ -65,7 +83,8 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
     std::memcpy(&out, user, kCurrent);
   } else {
     message = "params->struct_size = " + std::to_string(size) + " is not an accepted size: " +
-              std::to_string(FLASHCORE_ATTENTION_PARAMS_V1_SIZE) + " (the 0.1 layout), " + std::to_string(kCurrent) +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V1_SIZE) + " (the 0.1 layout), " +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V2_SIZE) + " (the 0.2 layout), " + std::to_string(kCurrent) +
               " (sizeof(flashcore_attention_params) of this library), or " + std::to_string(kCurrent + 1) + ".." +
               std::to_string(kMaxParamsStructSize) +
               " with zero bytes past " + std::to_string(kCurrent) + " (call flashcore_attention_params_init first)";

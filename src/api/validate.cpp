@@ -161,7 +161,7 @@ flashcore_status check_self_overlap(const Tensor& t, std::string& message) {
 
 std::string compiled_dtypes() {
   std::string out;
-  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3}) {
     if (dtype_compiled(dt)) out += cat(out.empty() ? "" : ", ", dtype_name(dt));
   }
   return out.empty() ? "none" : out;
@@ -284,6 +284,49 @@ flashcore_status check_serving_fields(const flashcore_attention_params& p, std::
 }
 }  // namespace
 
+namespace {
+// The fields since 0.3: 8-bit descales and the precision of 16-bit calls (flashcore.h).
+flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::string& message) {
+  if (p.reserved2 != 0) {
+    message = cat("reserved2 = ", p.reserved2, " must be 0");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.precision != FLASHCORE_PRECISION_NATIVE && p.precision != FLASHCORE_PRECISION_FP8) {
+    message = cat("precision = ", p.precision, " must be FLASHCORE_PRECISION_NATIVE (0) or FLASHCORE_PRECISION_FP8 (1)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const char* descale = p.q_descale != nullptr ? "q_descale"
+                        : p.k_descale != nullptr ? "k_descale"
+                        : p.v_descale != nullptr ? "v_descale"
+                                                 : nullptr;
+  if (descale != nullptr && !is_8bit(p.dtype)) {
+    message = cat(descale, " is set but dtype = ", dtype_name(p.dtype), ": descales apply to 8-bit inputs only",
+                  p.precision == FLASHCORE_PRECISION_FP8 ? " (precision = FP8 computes its own)" : "");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.precision == FLASHCORE_PRECISION_FP8 && is_8bit(p.dtype)) {
+    message = cat("precision = FLASHCORE_PRECISION_FP8 is for 16-bit inputs; dtype = ", dtype_name(p.dtype),
+                  " is already 8-bit (use FLASHCORE_PRECISION_NATIVE)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (is_8bit(p.dtype) || p.precision == FLASHCORE_PRECISION_FP8) {
+    const std::pair<const char*, const void*> serving[] = {{"seqused_k", p.seqused_k},
+                                                           {"cu_seqlens_q", p.cu_seqlens_q},
+                                                           {"cu_seqlens_k", p.cu_seqlens_k},
+                                                           {"block_table", p.block_table},
+                                                           {"k_new", p.k_new}};
+    for (const auto& [name, ptr] : serving) {
+      if (ptr != nullptr) {
+        message = cat(name, " is set, but ", is_8bit(p.dtype) ? "8-bit inputs" : "precision = FP8",
+                      " take dense batches only (no serving layouts yet)");
+        return FLASHCORE_ERROR_INVALID_ARGUMENT;
+      }
+    }
+  }
+  return FLASHCORE_SUCCESS;
+}
+}  // namespace
+
 flashcore_status validate_arguments(const flashcore_attention_params* params, std::string& message) {
   if (params == nullptr) {
     message = "params is NULL";
@@ -297,6 +340,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   }
 
   if (const flashcore_status s = check_serving_fields(p, message); s != FLASHCORE_SUCCESS) return s;
+  if (const flashcore_status s = check_8bit_fields(p, message); s != FLASHCORE_SUCCESS) return s;
 
   // The tensors as the kernels address them: packed (varlen) Q/O and K/V are one batch entry of total rows (their
   // batch strides are ignored); a paged K/V is num_pages entries of page_size rows.
@@ -356,8 +400,13 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   }
   // A dtype without a size (unknown enum value, FLASHCORE_DTYPE_SAME) is rejected below; size it as 1 byte here.
   const int64_t elem_size = std::max<int64_t>(dtype_size(p.dtype), 1);
+  // O is in the output dtype (which differs from the input's for 8-bit inputs).
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  const int64_t o_elem_size = std::max<int64_t>(dtype_size(out_dtype), 1);
   for (const Tensor& t : tensors) {
-    if (const flashcore_status s = check_overflow(t, elem_size, message); s != FLASHCORE_SUCCESS) return s;
+    if (const flashcore_status s = check_overflow(t, &t == &o ? o_elem_size : elem_size, message); s != FLASHCORE_SUCCESS) {
+      return s;
+    }
   }
   int64_t lse_count = 0, lse_bytes = 0;
   uintptr_t lse_end = 0;
@@ -399,16 +448,23 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   // What this build compiled.
   if (!dtype_compiled(p.dtype)) {
-    const bool gpu_dtype = p.dtype == FLASHCORE_DTYPE_FP16 || p.dtype == FLASHCORE_DTYPE_BF16;
+    const bool gpu_dtype = p.dtype == FLASHCORE_DTYPE_FP16 || p.dtype == FLASHCORE_DTYPE_BF16 ||
+                           p.dtype == FLASHCORE_DTYPE_FP8_E4M3;
     message = cat("dtype = ", static_cast<int>(p.dtype), " (", dtype_name(p.dtype), ") ",
                   gpu_dtype ? "is not compiled into this build (FLASHCORE_DTYPES)" : "has no GPU kernel",
                   "; compiled dtypes: ", compiled_dtypes());
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
   }
-  if (p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype) {
+  if (is_8bit(p.dtype)) {
+    if (out_dtype != FLASHCORE_DTYPE_BF16 && out_dtype != FLASHCORE_DTYPE_FP16) {
+      message = cat("out_dtype = ", static_cast<int>(p.out_dtype), " (", dtype_name(p.out_dtype), ") for dtype = ",
+                    dtype_name(p.dtype), ": 8-bit inputs write O in fp16 or bf16 (FLASHCORE_DTYPE_SAME: bf16)");
+      return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
+    }
+  } else if (p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype) {
     message = cat("out_dtype = ", static_cast<int>(p.out_dtype), " (", dtype_name(p.out_dtype), ") differs from dtype = ",
                   static_cast<int>(p.dtype), " (", dtype_name(p.dtype),
-                  "); this build writes O in the input dtype only (use FLASHCORE_DTYPE_SAME)");
+                  "); 16-bit inputs write O in the input dtype (use FLASHCORE_DTYPE_SAME)");
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
   }
   if (p.head_dim > INT_MAX || !backend::is_compiled(p.dtype, static_cast<int>(p.head_dim))) {
@@ -427,6 +483,15 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     }
   }
 
+  const std::pair<const char*, const void*> descales[] = {{"q_descale", p.q_descale},
+                                                          {"k_descale", p.k_descale},
+                                                          {"v_descale", p.v_descale}};
+  for (const auto& [name, ptr] : descales) {
+    if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0) {
+      message = cat(name, " = ", hex(ptr), " is not 4-byte aligned (float32 entries)");
+      return FLASHCORE_ERROR_MISALIGNED_POINTER;
+    }
+  }
   const std::pair<const char*, const int32_t*> int_arrays[] = {{"seqused_k", p.seqused_k},
                                                                {"cu_seqlens_q", p.cu_seqlens_q},
                                                                {"cu_seqlens_k", p.cu_seqlens_k},
@@ -440,7 +505,9 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   // Strides.
   for (const Tensor& t : tensors) {
-    if (const flashcore_status s = check_strides(t, p.dtype, message); s != FLASHCORE_SUCCESS) return s;
+    if (const flashcore_status s = check_strides(t, &t == &o ? out_dtype : p.dtype, message); s != FLASHCORE_SUCCESS) {
+      return s;
+    }
   }
 
   // KV-cache append: k_new / v_new are read while K and V are written, then O is written.
@@ -460,7 +527,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
       if (const flashcore_status st = check_strides(t, p.dtype, message); st != FLASHCORE_SUCCESS) return st;
       const Span span = span_of(t, elem_size);
       for (int i = 1; i < 4; ++i) {  // k, v (written by the append), o
-        const Span other = span_of(tensors[i], elem_size);
+        const Span other = span_of(tensors[i], i == 3 ? o_elem_size : elem_size);
         if (span.overlaps(other)) {
           message = cat(describe(t.name, span), " overlaps ", describe(tensors[i].name, other));
           return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
@@ -486,7 +553,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   }
 
   // Outputs must not overlap the inputs, each other, or themselves.
-  const Span o_span = span_of(o, elem_size);
+  const Span o_span = span_of(o, o_elem_size);
   for (int i = 0; i < 3; ++i) {
     const Span s = span_of(tensors[i], elem_size);
     if (o_span.overlaps(s)) {
@@ -498,7 +565,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   if (p.lse != nullptr) {
     const Span lse_span{reinterpret_cast<uintptr_t>(p.lse), lse_end};
     for (const Tensor& t : tensors) {
-      const Span s = span_of(t, elem_size);
+      const Span s = span_of(t, &t == &o ? o_elem_size : elem_size);
       if (lse_span.overlaps(s)) {
         message = cat(describe("lse", lse_span), " overlaps ", describe(t.name, s));
         return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
@@ -604,7 +671,10 @@ flashcore_status validate_device(const flashcore_attention_params& p, int& devic
                                                           {"cu_seqlens_k", p.cu_seqlens_k},
                                                           {"block_table", p.block_table},
                                                           {"k_new", p.k_new},
-                                                          {"v_new", p.v_new}};
+                                                          {"v_new", p.v_new},
+                                                          {"q_descale", p.q_descale},
+                                                          {"k_descale", p.k_descale},
+                                                          {"v_descale", p.v_descale}};
   for (const auto& [name, ptr] : pointers) {
     if (ptr == nullptr) continue;  // the optional pointers may be NULL
     if (const flashcore_status s = check_device_pointer(name, ptr, device, message); s != FLASHCORE_SUCCESS) return s;

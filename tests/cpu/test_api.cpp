@@ -180,8 +180,19 @@ TEST(AttentionForward, NoDeviceThrowsNoDevice) {
 std::vector<flashcore_dtype> configured_dtypes() {
   std::vector<flashcore_dtype> out;
   const std::string list = "," FLASHCORE_TEST_DTYPES ",";
-  for (auto [name, dt] : {std::pair{",fp16,", FLASHCORE_DTYPE_FP16}, std::pair{",bf16,", FLASHCORE_DTYPE_BF16}}) {
+  for (auto [name, dt] : {std::pair{",fp16,", FLASHCORE_DTYPE_FP16}, std::pair{",bf16,", FLASHCORE_DTYPE_BF16},
+                          std::pair{",e4m3,", FLASHCORE_DTYPE_FP8_E4M3}}) {
     if (list.find(name) != std::string::npos) out.push_back(dt);
+  }
+  return out;
+}
+// O's dtypes: each 16-bit input dtype, and both 16-bit dtypes when 8-bit kernels are built (they write either).
+std::vector<flashcore_dtype> configured_out_dtypes() {
+  const std::vector<flashcore_dtype> in = configured_dtypes();
+  auto has = [&](flashcore_dtype dt) { return std::find(in.begin(), in.end(), dt) != in.end(); };
+  std::vector<flashcore_dtype> out;
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+    if (has(dt) || has(FLASHCORE_DTYPE_FP8_E4M3)) out.push_back(dt);
   }
   return out;
 }
@@ -208,7 +219,7 @@ TEST(Capabilities, MatchBuildConfigurationAndDevice) {
   const flashcore::Capabilities caps = flashcore::capabilities();
   EXPECT_EQ(caps.dtypes, configured_dtypes());
   EXPECT_EQ(caps.head_dims, configured_head_dims());
-  EXPECT_EQ(caps.out_dtypes, configured_dtypes());  // O in the input dtype only, for now
+  EXPECT_EQ(caps.out_dtypes, configured_out_dtypes());
   EXPECT_EQ(caps.archs, flashcore::testing::configured_archs());
   EXPECT_EQ(caps.device_arch, device_arch_from_cuda());
   if (std::getenv("FLASHCORE_BACKEND") == nullptr) {  // a forced backend is tested in test_backend_table.cpp
@@ -419,7 +430,7 @@ TEST(Capabilities, InBetweenSizesGetTheWholeFieldsThatFit) {
   ASSERT_EQ(flashcore_get_capabilities(caps), FLASHCORE_SUCCESS) << flashcore_last_error();
   EXPECT_EQ(caps->struct_size, size);
   EXPECT_EQ(caps->params_struct_size, sizeof(flashcore_attention_params));
-  EXPECT_EQ(caps->num_out_dtypes, caps->num_dtypes);
+  EXPECT_EQ(caps->num_out_dtypes, static_cast<int32_t>(configured_out_dtypes().size()));
   for (size_t i = offsetof(flashcore_capabilities, out_dtypes); i < size; ++i) EXPECT_EQ(buf[i], 0) << i;
   for (size_t i = size; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xC3) << i;
 }

@@ -76,7 +76,7 @@ bool overlap(Range a, Range b) { return a.begin < b.end && b.begin < a.end; }
 Range range_of(const View& t, int64_t elem) { return {t.ptr, t.ptr + (last_offset(t) + 1) * elem}; }
 
 bool compiled(int dtype, int64_t head_dim) {
-  if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16) return false;
+  if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16 && dtype != FLASHCORE_DTYPE_FP8_E4M3) return false;
   return head_dim > 0 && head_dim <= 1024 &&
          flashcore::backend::is_compiled(static_cast<flashcore_dtype>(dtype), static_cast<int>(head_dim));
 }
@@ -87,9 +87,10 @@ bool dtype_compiled(int dtype) {
 }
 
 flashcore_status oracle(const flashcore_attention_params& given) {
-  // Accepted layouts: the current one, and the 0.1 one, whose caller has none of the 0.2 fields (defaults).
+  // Accepted layouts: the current one, the 0.1 one, whose caller has none of the 0.2 fields (defaults), and the 0.2
+  // one (the fields since 0.3 are never mutated here: zero, their defaults, either way).
   if (given.struct_size != sizeof(flashcore_attention_params) &&
-      given.struct_size != FLASHCORE_ATTENTION_PARAMS_V1_SIZE)
+      given.struct_size != FLASHCORE_ATTENTION_PARAMS_V1_SIZE && given.struct_size != FLASHCORE_ATTENTION_PARAMS_V2_SIZE)
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   flashcore_attention_params p = given;
   if (given.struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) {
@@ -112,11 +113,16 @@ flashcore_status oracle(const flashcore_attention_params& given) {
     if (s > INT32_MAX) return FLASHCORE_ERROR_SIZE_OVERFLOW;
   if (p.seqlen_q > int64_t{INT32_MAX} - 512 || p.seqlen_k > int64_t{INT32_MAX} - 512) return FLASHCORE_ERROR_SIZE_OVERFLOW;
   const int64_t elem = bytes_of(p.dtype);
+  // O is in the output dtype: out_dtype, or for SAME the input dtype (bf16 for 8-bit inputs).
+  const bool eight_bit = p.dtype == FLASHCORE_DTYPE_FP8_E4M3 || p.dtype == FLASHCORE_DTYPE_FP8_E5M2;
+  const int out = p.out_dtype != FLASHCORE_DTYPE_SAME ? p.out_dtype : (eight_bit ? FLASHCORE_DTYPE_BF16 : p.dtype);
+  const int64_t o_elem = bytes_of(out);
   const View t[4] = {view(p.q, p.q_strides, p.batch, p.seqlen_q, p.num_heads_q, p.head_dim),
                      view(p.k, p.k_strides, p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim),
                      view(p.v, p.v_strides, p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim),
                      view(p.o, p.o_strides, p.batch, p.seqlen_q, p.num_heads_q, p.head_dim)};
   for (const View& x : t) {
+    const int64_t elem = &x == &t[3] ? o_elem : bytes_of(p.dtype);
     for (int d = 0; d < 3; ++d)
       if (x.stride[d] > 0 && static_cast<i128>(x.stride[d]) * elem >= (i128{1} << 40)) return FLASHCORE_ERROR_SIZE_OVERFLOW;
     const i128 off = last_offset(x);
@@ -135,7 +141,8 @@ flashcore_status oracle(const flashcore_attention_params& given) {
   if (p.num_heads_q % p.num_heads_kv != 0) return FLASHCORE_ERROR_INVALID_HEAD_RATIO;
 
   if (!dtype_compiled(p.dtype)) return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
-  if (p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype) return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
+  if (eight_bit && out != FLASHCORE_DTYPE_FP16 && out != FLASHCORE_DTYPE_BF16) return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
+  if (!eight_bit && p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype) return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
 
   if (!compiled(p.dtype, p.head_dim)) return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
 
@@ -144,6 +151,7 @@ flashcore_status oracle(const flashcore_attention_params& given) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return FLASHCORE_ERROR_MISALIGNED_POINTER;
 
   for (const View& x : t) {
+    const int64_t elem = &x == &t[3] ? o_elem : bytes_of(p.dtype);
     if (x.stride[3] != 1) return FLASHCORE_ERROR_INVALID_STRIDE;
     for (int d = 0; d < 3; ++d) {
       const int64_t s = x.stride[d];
@@ -157,7 +165,7 @@ flashcore_status oracle(const flashcore_attention_params& given) {
   if (p.causal != 0 && p.causal != 1) return FLASHCORE_ERROR_INVALID_ARGUMENT;
   if (p.reserved != 0) return FLASHCORE_ERROR_INVALID_ARGUMENT;
 
-  const Range o = range_of(t[3], elem);
+  const Range o = range_of(t[3], o_elem);
   for (int i = 0; i < 3; ++i)
     if (overlap(o, range_of(t[i], elem))) return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
   // O must not reach one element twice: with O's dimensions of size > 1 ordered by stride, each stride must
@@ -174,7 +182,7 @@ flashcore_status oracle(const flashcore_attention_params& given) {
   if (p.lse) {
     const Range lse{reinterpret_cast<uintptr_t>(p.lse), reinterpret_cast<uintptr_t>(p.lse) + lse_count * 4};
     for (const View& x : t)
-      if (overlap(lse, range_of(x, elem))) return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
+      if (overlap(lse, range_of(x, &x == &t[3] ? o_elem : elem))) return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
   }
   return FLASHCORE_SUCCESS;
 }
@@ -202,7 +210,9 @@ void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 flashcore_attention_params valid_problem(Gen& g, flashcore_dtype dtype, int head_dim) {
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
-  p.out_dtype = g.chance(0.8) ? FLASHCORE_DTYPE_SAME : dtype;
+  const bool eight_bit = dtype == FLASHCORE_DTYPE_FP8_E4M3;  // O in fp16 or bf16 (SAME: bf16)
+  p.out_dtype = g.chance(0.8) ? FLASHCORE_DTYPE_SAME
+                              : (eight_bit ? g.pick<flashcore_dtype>({FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) : dtype);
   p.dtype = dtype;
   p.head_dim = head_dim;
   p.batch = g.uniform(1, 4);
@@ -212,7 +222,7 @@ flashcore_attention_params valid_problem(Gen& g, flashcore_dtype dtype, int head
   p.num_heads_q = p.num_heads_kv * g.uniform(1, 4);
   flashcore_attention_params_set_contiguous(&p, g.chance(0.5) ? 1 : 0);
   if (g.chance(0.3)) {  // padded rows
-    const int64_t pad = 8 * g.uniform(1, 4);
+    const int64_t pad = (eight_bit ? 16 : 8) * g.uniform(1, 4);
     for (flashcore_tensor_strides* s : {&p.q_strides, &p.o_strides}) {
       if (s->seq > s->head) s->seq += pad, s->batch += pad * p.seqlen_q;
       else s->head += pad, s->batch += pad * p.num_heads_q;
@@ -360,7 +370,7 @@ TEST(FuzzValidation, AgreesWithTheOracle) {
   const uint64_t seed = env_or("FLASHCORE_FUZZ_SEED", 20240611);
   const int64_t cases = static_cast<int64_t>(env_or("FLASHCORE_FUZZ_CASES", 20000));
   std::vector<std::pair<flashcore_dtype, int>> compiled_pairs;
-  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3})
     for (int hd : kHeadDims)
       if (compiled(dt, hd)) compiled_pairs.push_back({dt, hd});
   ASSERT_FALSE(compiled_pairs.empty()) << "this build compiled no kernel at all";

@@ -123,17 +123,28 @@ const KernelRow* varlen_row(const flashcore_attention_params& p) {
 }
 
 bool needs_workspace(const KernelRow& row) {
-  return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv;
+  return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv ||
+         is_8bit(row.dtype);
 }
+
+size_t fp8_vt_bytes(const flashcore_attention_params& p) {
+  return static_cast<size_t>(p.batch * p.num_heads_kv * p.head_dim * kernels::fp8_vt_padded_keys(p.seqlen_k));
+}
+
+namespace {
+// An 8-bit call's workspace: 256 bytes kept zero (flashcore.h), then the transposed V.
+constexpr size_t kFp8VtOffset = 256;
+}  // namespace
 
 
 size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
   if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
+  if (is_8bit(row.dtype)) return kFp8VtOffset + fp8_vt_bytes(p);
   return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
 }
 
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
-                        cudaStream_t stream, std::string& error) {
+                        cudaStream_t stream, std::string& error, const uint8_t* prepared_vt) {
   int sms = 0;
   cudaError_t err = api::sm_count(device, sms);
   if (err != cudaSuccess) {
@@ -170,10 +181,21 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const int kv_box = paged ? slice_rows : kv_box_rows(row.shape);
+  // 8-bit: the kernel reads V transposed (kernel_params.h), from the workspace: written by the transpose kernel below,
+  // or already by the quantization of a precision = FP8 call (prepared_vt).
+  const bool eight_bit = is_8bit(row.dtype);
+  const int64_t vt_keys = kernels::fp8_vt_padded_keys(p.seqlen_k);
+  uint8_t* vt = eight_bit ? static_cast<uint8_t*>(p.workspace) + kFp8VtOffset : nullptr;
+  if (prepared_vt != nullptr) vt = const_cast<uint8_t*>(prepared_vt);
+  const flashcore_tensor_strides vt_strides{p.num_heads_kv * p.head_dim * vt_keys, vt_keys, p.head_dim * vt_keys, 1};
+  const TensorMapArgs v_map =
+      eight_bit ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch,
+                                vt_strides, static_cast<int>(p.head_dim)}
+                : TensorMapArgs{"v", p.v, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.v_strides, kv_box};
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.q_strides, row.shape.block_m},
       {"k", p.k, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},
-      {"v", p.v, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.v_strides, kv_box},
+      v_map,
       {"o", p.o, out_dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.o_strides, 64},
   };
   CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
@@ -215,6 +237,10 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(tiles);
   fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
+  fp.q_descale = p.q_descale;
+  fp.k_descale = p.k_descale;
+  fp.v_descale = p.v_descale;
+  fp.num_heads_kv = static_cast<int>(p.num_heads_kv);
 
   if (split) {
     if (tiles * plan.splits > 0x7fffffffLL - 4096) {
@@ -261,6 +287,23 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     err = launch_append(a, sms, stream);
     if (err != cudaSuccess) {
       error = api::cuda_message("KV-cache append launch failed", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
+  }
+
+  if (eight_bit && prepared_vt == nullptr) {  // V transposed into the workspace first, on the same stream
+    kernels::Fp8PrepParams prep{};
+    prep.batch = static_cast<int>(p.batch);
+    prep.seqlen_q = static_cast<int>(p.seqlen_q);
+    prep.seqlen_k = static_cast<int>(p.seqlen_k);
+    prep.heads_q = static_cast<int>(p.num_heads_q);
+    prep.heads_kv = static_cast<int>(p.num_heads_kv);
+    prep.head_dim = static_cast<int>(p.head_dim);
+    prep.v = kernels::Fp8Tensor{p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
+    prep.vt = vt;
+    err = launch_fp8_transpose_v(prep, stream);
+    if (err != cudaSuccess) {
+      error = api::cuda_message("8-bit V transpose launch failed", err);
       return FLASHCORE_ERROR_CUDA;
     }
   }

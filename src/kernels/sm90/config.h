@@ -58,6 +58,9 @@ struct KernelConfig {
   static constexpr int kChunks = kPlan.chunks;
   static constexpr int kQChunkBytes = kPlan.q_chunk_bytes;
   static constexpr int kKVChunkBytes = kPlan.kv_chunk_bytes;
+  // 8-bit V, transposed (VLayout::kDimMajor): rows are head-dim columns, 128 keys per 128-byte row chunk.
+  static constexpr int kVTChunks = kBlockN / kSmemRowBytes;
+  static constexpr int kVTChunkBytes = kHeadDim * kSmemRowBytes;
   static constexpr int kQBytes = kPlan.q_bytes;
   static constexpr int kKVTileBytes = kPlan.kv_tile_bytes;
   static constexpr int kOutChunkCols = kPlan.out_chunk_cols;
@@ -79,13 +82,14 @@ struct KernelConfig {
   // warpgroup after the store has read the staged O.
   static constexpr int kQReleaseArrivals = kSeparateO ? kConsumerThreads : kConsumerWarpgroups;
 
-  static_assert(kElemBytes == 2 && kOutElemBytes == 2,
-                "16-bit inputs and outputs only: 8-bit P packing and a K-major V come with the 8-bit path");
+  static_assert((kElemBytes == 2 || kElemBytes == 1) && kOutElemBytes == 2, "16- or 8-bit inputs, 16-bit O");
+  static_assert(kElemBytes == 2 || kBlockN % kSmemRowBytes == 0, "8-bit: the transposed V tile is whole 128-key chunks");
+  static_assert(kElemBytes == 2 || (!kSplitKv && !kPersistent), "8-bit: one CTA per tile only (for now)");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");
   static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
                 "one 64-row slice per consumer warpgroup, at most 3");
-  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % 16 == 0");
+  static_assert(kBlockN % kMmaK == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % (MMA k) == 0");
   static_assert(kSmemBytes <= kSmemLimitBytes, "tile does not fit in shared memory");
   static_assert(!kPingPong || kConsumerWarpgroups >= 2, "ping-pong needs two or more consumer warpgroups");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");

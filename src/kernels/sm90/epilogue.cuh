@@ -67,7 +67,11 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
   const int wg_thread = threadIdx.x % 128;
 
   float inv_sum[2], lse[2];
-  st.softmax.finalize(p.scale_log2, inv_sum, lse);
+  st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse);
+  if constexpr (Cfg::kElemBytes == 1) {
+    inv_sum[0] *= st.o_scale;
+    inv_sum[1] *= st.o_scale;
+  }
   if constexpr (Cfg::kSplitKv) {
     store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
     // O is written by the combine kernel. The CTA's next part (split CTAs are persistent) takes the Q stage: hand

@@ -50,6 +50,13 @@ struct FwdParams {
   void* o;
   int64_t o_stride_seq_bytes, o_stride_head_bytes;
   int64_t lse_stride_batch, lse_stride_head;
+  // 8-bit inputs: per (batch, KV head) factors, (batch, num_heads_kv) contiguous, NULL = 1 (flashcore.h). tma_v then
+  // maps the transposed V in the workspace: (keys, head_dim, Hkv, B), keys innermost, permuted within groups of 32
+  // (kernels::p8_key_of_slot), box (128 keys, head_dim rows).
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int num_heads_kv;
 };
 
 }  // namespace flashcore::sm90

@@ -9,6 +9,7 @@
 #include "flashcore/flashcore.h"
 #include "kernels/common/append_params.h"
 #include "kernels/common/combine_params.h"
+#include "kernels/common/fp8_prep_params.h"
 #include "kernels/sm90/kernel_row.h"
 
 namespace flashcore::sm90 {
@@ -48,8 +49,18 @@ cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_
 // The KV-cache append kernel (kernels/common/append_kv.cuh), run before the attention of a call with k_new.
 cudaError_t launch_append(const kernels::AppendParams& a, int sms, cudaStream_t stream);
 
+// 8-bit preparation (kernels/common/fp8_prep.cuh): the transposed V of an 8-bit call; for a precision = FP8 call, the
+// whole quantization of 16-bit (`dtype`) Q, K, V (amax, e4m3 Q and K, descales, transposed V).
+cudaError_t launch_fp8_transpose_v(const kernels::Fp8PrepParams& p, cudaStream_t stream);
+cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& p, flashcore_dtype dtype, int sms, cudaStream_t stream);
+
+// Bytes an 8-bit call's workspace holds past its first 256 (zero-filled) bytes: the transposed V.
+size_t fp8_vt_bytes(const flashcore_attention_params& p);
+
 // Encode the tensor maps and launch `row` on `device`. `p` has passed validation; `softmax_scale` is resolved.
+// An 8-bit row reads V transposed from the workspace (fp8_vt_bytes past its first 256 bytes), written first by a
+// transpose kernel -- or, when prepared_vt is given, already there (the quantization of a precision = FP8 call).
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
-                        cudaStream_t stream, std::string& error);
+                        cudaStream_t stream, std::string& error, const uint8_t* prepared_vt = nullptr);
 
 }  // namespace flashcore::sm90

@@ -22,7 +22,36 @@ template <class Cfg>
 struct ConsumerState {
   float o[Cfg::kHeadDim / 2];  // m64 x head_dim fp32 accumulator fragment
   kernels::OnlineSoftmax<Cfg::kBlockN> softmax;
+  float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs
+  float o_scale;     // 8-bit inputs: the tile's V descale (O = o_scale * P V / sum)
 };
+
+// A tile's score scale and O factor, for 8-bit inputs: the call's scale times the descales of the tile's (batch, KV
+// head) (NULL: 1). 16-bit inputs read p.scale_log2 where they use it (score_scale), as before the 8-bit path.
+template <class Cfg>
+__device__ __forceinline__ void tile_scales(const FwdParams& p, const Tile& tile, ConsumerState<Cfg>& st) {
+  if constexpr (Cfg::kElemBytes == 1) {
+    st.scale_log2 = p.scale_log2;
+    st.o_scale = 1.f;
+    const int64_t idx = static_cast<int64_t>(tile.batch) * p.num_heads_kv + tile.head / p.head_ratio;
+    if (p.q_descale != nullptr) st.scale_log2 *= __ldg(p.q_descale + idx);
+    if (p.k_descale != nullptr) st.scale_log2 *= __ldg(p.k_descale + idx);
+    if (p.v_descale != nullptr) st.o_scale = __ldg(p.v_descale + idx);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ float score_scale(const FwdParams& p, const ConsumerState<Cfg>& st) {
+  if constexpr (Cfg::kElemBytes == 1) {
+    return st.scale_log2;
+  } else {
+    return p.scale_log2;
+  }
+}
+
+// P as MMA A fragments: one group of 4 registers per k-step of the P V GEMM.
+template <class Cfg>
+inline constexpr int kPSteps = Cfg::kBlockN / Cfg::kMmaK;
 
 // The consumers' positions in the Q, K and V pipelines; they persist across the tiles of a persistent CTA.
 template <class Cfg>
@@ -47,24 +76,36 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const uint
   wgmma_commit_group();
 }
 
-// P as wgmma A fragments (kernels::pack_p_fragments), for all k-steps before the first P*V wgmma so that no
-// register is written between the wgmma.fence and the MMAs.
+// P as wgmma A fragments (kernels::pack_p_fragments, or its 8-bit form with the key permutation of element.cuh),
+// for all k-steps before the first P*V wgmma so that no register is written between the wgmma.fence and the MMAs.
 template <class Cfg>
-__device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], uint32_t (&a)[Cfg::kBlockN / 16][4]) {
-  kernels::pack_p_fragments<typename Cfg::Element, Cfg::kBlockN>(p, a);
+__device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], uint32_t (&a)[kPSteps<Cfg>][4]) {
+  if constexpr (Cfg::kElemBytes == 1) {
+    kernels::pack_p_fragments_8bit<typename Cfg::Element, Cfg::kBlockN>(p, a);
+  } else {
+    kernels::pack_p_fragments<typename Cfg::Element, Cfg::kBlockN>(p, a);
+  }
 }
 
 // O(64 x D) += P(64 x kBlockN, registers) * V_tile(kBlockN x D). V is key-major here (VLayout::kKeyMajor: its
 // rows are the k dimension, an N-major B operand): leading byte offset = distance between row chunks, stride
 // byte offset = distance between groups of 8 key rows.
+// 8-bit (VLayout::kDimMajor): V is stored transposed, rows = head-dim columns with 128 keys per 128-byte row chunk,
+// a K-major B operand like K in gemm_qk: k-step t is a 32-byte move inside chunk t / 4.
 template <class Cfg>
-__device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uint32_t (&a)[Cfg::kBlockN / 16][4],
+__device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uint32_t (&a)[kPSteps<Cfg>][4],
                                         const uint8_t* v_tile) {
-  static_assert(Cfg::kVLayout == VLayout::kKeyMajor, "a dim-major V (8-bit) needs the K-major B form");
   wgmma_fence();
 #pragma unroll
-  for (int t = 0; t < Cfg::kBlockN / 16; ++t) {
-    const uint64_t db = make_smem_desc_sw128(v_tile + t * 16 * Cfg::kRowBytes, Cfg::kKVChunkBytes, 1024);
+  for (int t = 0; t < kPSteps<Cfg>; ++t) {
+    uint64_t db;
+    if constexpr (Cfg::kVLayout == VLayout::kKeyMajor) {
+      db = make_smem_desc_sw128(v_tile + t * 16 * Cfg::kRowBytes, Cfg::kKVChunkBytes, 1024);
+    } else {
+      constexpr int kStepsPerChunk = Cfg::kRowBytes / Cfg::kMmaK;
+      db = make_smem_desc_sw128(v_tile + (t / kStepsPerChunk) * Cfg::kVTChunkBytes + (t % kStepsPerChunk) * 32, 16,
+                                1024);
+    }
     WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>::mma(o, a[t], db, 1);
   }
   wgmma_commit_group();
@@ -83,7 +124,7 @@ inline constexpr uint32_t kZeroVBarrier = 1 + 2 * Cfg::kConsumerWarpgroups;
 template <class Cfg>
 __device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const Tile& tile, int v_block,
                                                      const uint8_t* v_tile) {
-  if (!p.zero_v_tail) return;
+  if (Cfg::kElemBytes == 1 || !p.zero_v_tail) return;  // (8-bit calls have no serving layouts)
   const int64_t left = tile.seq.seqlen_k - static_cast<int64_t>(v_block) * Cfg::kBlockN;  // same in the whole CTA
   if (left >= Cfg::kBlockN) return;
   const int valid = left > 0 ? static_cast<int>(left) : 0;
@@ -125,6 +166,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
                                                   ConsumerPipes<Cfg>& pipes) {
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) st.o[i] = 0.f;
+  tile_scales<Cfg>(p, tile, st);
   // Q: taken for every tile (producer.cuh); a tile with no key block has nothing to compute.
   // (The wait comes after the first ping-pong hand-over below: waiting first cost 2-3% on short non-causal
   // sequences, perf-notes v9.)
@@ -146,7 +188,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
       kernels::apply_mask<Cfg::kBlockN, Cfg::kCausal>(
           s, tile.seq, row0, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
     }
-    st.softmax.update(s, p.scale_log2, rescale);
+    st.softmax.update(s, score_scale<Cfg>(p, st), rescale);
   };
   // The Q tile may go as soon as the tile's last S GEMM has read it, when O has its own staging buffer.
   auto after_s_gemm = [&](int n_block) {
@@ -163,7 +205,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   bars.q.wait(pipes.q);
 
   float s[Cfg::kBlockN / 2];
-  uint32_t p_frag[Cfg::kBlockN / 16][4];
+  uint32_t p_frag[kPSteps<Cfg>][4];
   float rescale[2];
 
   int n_block = tile.keys.end - 1;

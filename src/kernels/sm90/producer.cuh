@@ -29,6 +29,19 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* s
   }
 }
 
+// 8-bit V, transposed in the workspace (kernel_params.h: tma_v): key block [key0, key0 + kBlockN) as kVTChunks boxes
+// of 128 keys x head_dim rows; box c lands at smem + c * kVTChunkBytes, a K-major B operand for gemm_pv.
+template <class Cfg>
+__device__ __forceinline__ void tma_load_vt(const CUtensorMap* map, uint8_t* smem, uint64_t* bar, int64_t key0,
+                                            int head, int batch) {
+#pragma unroll
+  for (int c = 0; c < Cfg::kVTChunks; ++c) {
+    const int32_t coords[4] = {static_cast<int32_t>(key0 + c * Cfg::kRowBytes), 0, head, batch};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem + c * Cfg::kVTChunkBytes,
+                                    map, coords, bar);
+  }
+}
+
 // The page holding key `key` of the tile's sequence: keys past the sequence's count (whose table entries may be
 // garbage) and ids outside the pool give page num_pages, past the tensor map's end, where TMA fills zeros and still
 // counts the bytes.
@@ -128,9 +141,14 @@ struct Producer {
           &p.tma_k, smem + Cfg::kSmemKOffset + stage_offset, bars.k.commit_tx(kv_state, Cfg::kKVTileBytes), row,
           kv_head, kv_batch);
       bars.v.acquire(kv_state);
-      tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
-          &p.tma_v, smem + Cfg::kSmemVOffset + stage_offset, bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row,
-          kv_head, kv_batch);
+      if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
+        tma_load_vt<Cfg>(&p.tma_v, smem + Cfg::kSmemVOffset + stage_offset,
+                         bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row, kv_head, kv_batch);
+      } else {
+        tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
+            &p.tma_v, smem + Cfg::kSmemVOffset + stage_offset, bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row,
+            kv_head, kv_batch);
+      }
       kv_state.advance();
     }
   }

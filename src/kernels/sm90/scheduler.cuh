@@ -32,8 +32,9 @@ __device__ __forceinline__ void packed_sequence(const int32_t* cu, int64_t total
 // cache's lengths). A query block past its sequence's end visits no key and stores nothing.
 // Packed (varlen) and paged layouts run on every schedule but the dynamic one: its producer keeps the tile-id ring
 // state in 24 registers, and the extra sequence and page state spilled there (the host never sends it such calls).
+// Nor do 8-bit kernels (the host refuses 8-bit calls with serving layouts).
 template <class Cfg>
-inline constexpr bool kServingLayouts = Cfg::kSchedule != Schedule::kDynamicPersistent;
+inline constexpr bool kServingLayouts = Cfg::kSchedule != Schedule::kDynamicPersistent && Cfg::kElemBytes == 2;
 
 template <class Cfg>
 __device__ __forceinline__ Tile decode_cache_tile(const FwdParams& p, int tile_idx) {

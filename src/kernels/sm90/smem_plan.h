@@ -62,7 +62,8 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.k_offset = p.q_offset + p.q_bytes;
   p.v_offset = p.k_offset + shape.stages * p.kv_tile_bytes;
   p.kv_end = p.v_offset + shape.stages * p.kv_tile_bytes;
-  p.separate_o = p.persistent && p.kv_end + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes;
+  // (8-bit inputs: O, in 16 bits, does not fit in the Q tile and always gets its own buffer.)
+  p.separate_o = (p.persistent || p.out_bytes > p.q_bytes) && p.kv_end + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes;
   p.o_offset = p.separate_o ? p.kv_end : p.q_offset;
   p.barrier_offset = p.kv_end + (p.separate_o ? p.out_bytes : 0);
   p.smem_bytes = p.barrier_offset + kSmemSlackBytes;

@@ -1,0 +1,153 @@
+// The 8-bit preparation kernels (fp8_prep_params.h). Plain CUDA (no Hopper-only instruction); memory-bound passes
+// over Q, K, V launched before the attention on the same stream.
+//   fp8_amax_kernel      : |x| maxima per (batch, KV head) of 16-bit Q, K, V (precision = FP8)
+//   fp8_quantize_kernel  : e4m3 copies of Q and K scaled by 448 / amax, and the descales (precision = FP8)
+//   fp8_transpose_v_kernel: V -> the transposed, key-permuted e4m3 layout the attention kernel reads (from 8-bit V
+//                          as is, or from 16-bit V scaled by 448 / amax)
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/common/element.cuh"
+#include "kernels/common/fp8_prep_params.h"
+
+namespace flashcore::kernels {
+
+inline constexpr float kE4m3Max = 448.f;
+
+// Scale for quantizing with absolute maximum `amax` (0 -> 1: an all-zero tensor stays zero).
+__device__ __forceinline__ float quant_scale(float amax) { return amax > 0.f ? kE4m3Max / amax : 1.f; }
+
+__device__ __forceinline__ uint8_t to_e4m3(float x) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+// grid (batch * heads_kv, ceil(seqlen / 32), 3 tensors), 256 threads: rows [32 y, 32 y + 32) of the KV head's
+// heads (all query heads of the group for Q). NaN does not raise the maximum (fmaxf): it stays NaN when quantized.
+template <class T>
+__global__ void __launch_bounds__(256) fp8_amax_kernel(const Fp8PrepParams p) {
+  const int tensor = blockIdx.z;
+  const Fp8Tensor& t = tensor == 0 ? p.q : (tensor == 1 ? p.k : p.v);
+  const int seqlen = tensor == 0 ? p.seqlen_q : p.seqlen_k;
+  const int group = tensor == 0 ? p.heads_q / p.heads_kv : 1;
+  const int b = blockIdx.x / p.heads_kv, hkv = blockIdx.x % p.heads_kv;
+  const int row0 = blockIdx.y * 32;
+  float m = 0.f;
+  if (row0 < seqlen) {
+    const int rows = min(32, seqlen - row0);
+    const int units_per_row = p.head_dim / 8;  // 8 elements (16 bytes) per unit
+    const int units = rows * group * units_per_row;
+    const T* base = static_cast<const T*>(t.data) + b * t.stride_batch;
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+      const int r = u / (group * units_per_row), rest = u % (group * units_per_row);
+      const int h = hkv * group + rest / units_per_row, c = (rest % units_per_row) * 8;
+      const uint4 raw = *reinterpret_cast<const uint4*>(base + (row0 + r) * t.stride_seq + h * t.stride_head + c);
+      const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(static_cast<float>(x[i])));
+    }
+  }
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  __shared__ float warp_max[8];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < 8; ++w) m = fmaxf(m, warp_max[w]);
+    // Non-negative floats order like their bit patterns as ints.
+    atomicMax(reinterpret_cast<int*>(p.amax + tensor * p.batch * p.heads_kv + blockIdx.x), __float_as_int(m));
+  }
+}
+
+// Grid-stride over 8-element units of Q, then K; block 0 also writes the descales.
+template <class T>
+__global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p) {
+  const int bh = p.batch * p.heads_kv;
+  if (blockIdx.x == 0) {
+    for (int i = threadIdx.x; i < 3 * bh; i += blockDim.x) {
+      const float a = p.amax[i];
+      p.descale[i] = a > 0.f ? a / kE4m3Max : 1.f;
+    }
+  }
+  const int units_per_row = p.head_dim / 8;
+  const int64_t q_units = int64_t{p.batch} * p.seqlen_q * p.heads_q * units_per_row;
+  const int64_t k_units = int64_t{p.batch} * p.seqlen_k * p.heads_kv * units_per_row;
+  const int group = p.heads_q / p.heads_kv;
+  for (int64_t u = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u < q_units + k_units;
+       u += int64_t{gridDim.x} * blockDim.x) {
+    const bool is_q = u < q_units;
+    const int64_t v = is_q ? u : u - q_units;
+    const int heads = is_q ? p.heads_q : p.heads_kv, seqlen = is_q ? p.seqlen_q : p.seqlen_k;
+    const int c = static_cast<int>(v % units_per_row) * 8;
+    const int64_t row = v / units_per_row;  // (b, s, h) flattened
+    const int h = static_cast<int>(row % heads);
+    const int64_t bs = row / heads;
+    const int s = static_cast<int>(bs % seqlen), b = static_cast<int>(bs / seqlen);
+    const Fp8Tensor& t = is_q ? p.q : p.k;
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const T*>(t.data) + b * t.stride_batch +
+                                                      s * t.stride_seq + h * t.stride_head + c);
+    const T* x = reinterpret_cast<const T*>(&raw);
+    const float scale = quant_scale(p.amax[(is_q ? 0 : 1) * p.batch * p.heads_kv + b * p.heads_kv + h / (is_q ? group : 1)]);
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo |= uint32_t{to_e4m3(static_cast<float>(x[i]) * scale)} << (8 * i);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) hi |= uint32_t{to_e4m3(static_cast<float>(x[4 + i]) * scale)} << (8 * i);
+    uint8_t* dst = (is_q ? p.q8 : p.k8) + v * 8;
+    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+  }
+}
+
+// grid (padded_keys / 128, heads_kv, batch), 256 threads: one 128-key tile of one (batch, KV head). The tile is
+// staged in shared memory as e4m3 bytes [key][head_dim] (from 8-bit V as is; from 16-bit V scaled by 448 / amax),
+// then written out as head_dim rows of 128 bytes, slot c of a row holding key p8_key_of_slot(c) of its group of 32.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParams p) {
+  constexpr int kPitch = kHeadDim + 16;  // bytes per staged key row (the pad spreads a column over the banks)
+  __shared__ __align__(16) uint8_t tile[128 * kPitch];
+  const int key0 = blockIdx.x * 128, h = blockIdx.y, b = blockIdx.z;
+  const T* src = static_cast<const T*>(p.v.data) + b * p.v.stride_batch + h * p.v.stride_head;
+  float scale = 1.f;
+  if constexpr (sizeof(T) == 2) scale = quant_scale(p.amax[2 * p.batch * p.heads_kv + b * p.heads_kv + h]);
+  constexpr int kUnitElems = 16 / sizeof(T);  // elements per 16-byte load
+  constexpr int kUnitsPerRow = kHeadDim / kUnitElems;
+  for (int u = threadIdx.x; u < 128 * kUnitsPerRow; u += blockDim.x) {
+    const int r = u / kUnitsPerRow, c = (u % kUnitsPerRow) * kUnitElems;
+    const int key = key0 + r;
+    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+    if (key < p.seqlen_k) raw = *reinterpret_cast<const uint4*>(src + key * p.v.stride_seq + c);
+    if constexpr (sizeof(T) == 1) {
+      *reinterpret_cast<uint4*>(tile + r * kPitch + c) = raw;
+    } else {
+      const T* x = reinterpret_cast<const T*>(&raw);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) lo |= uint32_t{to_e4m3(static_cast<float>(x[i]) * scale)} << (8 * i);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) hi |= uint32_t{to_e4m3(static_cast<float>(x[4 + i]) * scale)} << (8 * i);
+      *reinterpret_cast<uint2*>(tile + r * kPitch + c) = make_uint2(lo, hi);
+    }
+  }
+  __syncthreads();
+  const int64_t padded = fp8_vt_padded_keys(p.seqlen_k);
+  uint8_t* dst = p.vt + ((int64_t{b} * p.heads_kv + h) * kHeadDim) * padded + key0;
+  for (int u = threadIdx.x; u < kHeadDim * 8; u += blockDim.x) {
+    const int d = u / 8, c0 = (u % 8) * 16;
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = c0 + 4 * i + j;
+        const int key = (c & ~31) + p8_key_of_slot(c & 31);
+        w[i] |= uint32_t{tile[key * kPitch + d]} << (8 * j);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + int64_t{d} * padded + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+}  // namespace flashcore::kernels
