@@ -7,6 +7,8 @@ python/flashcore/_lib.py (one mirror of the header, tested against it and a C co
     lib = FlashCoreLib("build/lib/libflashcore.so")
     params = lib.params_for(q, k, v, o, lse=None, causal=True)   # torch tensors (any strides)
     lib.forward(params, torch.cuda.current_stream().cuda_stream)
+    params = lib.params_for(q8, k8, v8, o, bhsd=False, descales=(qd, kd, vd))  # e4m3 inputs, O in o's dtype
+    params = lib.params_for(q, k, v, o, precision=PRECISION_FP8)  # 16-bit inputs quantized by the library
 """
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ if _PYTHON_DIR not in sys.path:
 from flashcore import _lib  # noqa: E402  (needs the sys.path entry above)
 from flashcore._lib import (  # noqa: E402,F401  (re-exported for users of this module)
     DTYPE_BF16,
+    DTYPE_FP8_E4M3,
     DTYPE_FP16,
+    PRECISION_FP8,
+    PRECISION_NATIVE,
     AttentionParamsStruct as AttentionParams,
     CapabilitiesStruct as Capabilities,
     TensorStridesStruct as TensorStrides,
@@ -69,11 +74,15 @@ class FlashCoreLib:
         return (s[0], s[2], s[1], s[3]) if bhsd else (s[0], s[1], s[2], s[3])
 
     def params_for(self, q, k, v, o, lse=None, causal: bool = False, bhsd: bool = True,
-                   softmax_scale: float = 0.0) -> AttentionParams:
-        """Validated params for torch tensors q, k, v, o indexed (B, H, S, D) when bhsd, else (B, S, H, D)."""
+                   softmax_scale: float = 0.0, descales=(None, None, None),
+                   precision: int = PRECISION_NATIVE) -> AttentionParams:
+        """Validated params for torch tensors q, k, v, o indexed (B, H, S, D) when bhsd, else (B, S, H, D).
+
+        8-bit: q, k, v float8_e4m3fn with descales (q, k, v: each None or a contiguous float32 (B, Hkv) tensor), or
+        16-bit q, k, v with precision=PRECISION_FP8. O's dtype is o's (out_dtype is set when it differs from q's)."""
         import torch  # only needed here
 
-        dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16}
+        dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16, torch.float8_e4m3fn: DTYPE_FP8_E4M3}
         if q.dtype not in dtypes:
             raise ValueError(f"unsupported dtype {q.dtype}")
         if bhsd:
@@ -91,15 +100,30 @@ class FlashCoreLib:
             causal=causal,
             softmax_scale=softmax_scale,
         )
-        self.library.validate(params)
-        # The workspace the call needs (a tuned config may use the dynamic scheduler): zero-filled, kept alive here.
+        if o.dtype != q.dtype:
+            params.out_dtype = dtypes[o.dtype]
+        for field, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+            if descale is not None:
+                if descale.dtype != torch.float32 or not descale.is_contiguous():
+                    raise ValueError(f"{field} must be a contiguous float32 tensor")
+                setattr(params, field, descale.data_ptr())
+        if precision != PRECISION_NATIVE:
+            params.precision = precision
+        # The workspace the call needs (a tuned config may use the dynamic scheduler; an 8-bit call transposes V into
+        # it): zero-filled, kept alive here. workspace_size validates the params like forward; validate then checks
+        # them with the workspace in place.
         size = self.library.workspace_size(params)
         if size:
             buf = torch.zeros(size, dtype=torch.uint8, device=q.device)
             self._workspaces.append(buf)
             params.workspace = buf.data_ptr()
             params.workspace_size = size
+        self.library.validate(params)
         return params
 
     def forward(self, params: AttentionParams, stream: int) -> None:
         self.library.forward(params, stream)
+
+    def release_workspaces(self) -> None:
+        """Drop the workspaces of earlier params_for calls (their params must not be used afterwards)."""
+        self._workspaces.clear()

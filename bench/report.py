@@ -14,9 +14,11 @@ TFLOPS = 4*B*H*S*S*D / t, halved for causal.
     python3 bench/report.py --out report            # grid, bf16 and fp16
     python3 bench/report.py --quick --dtype bf16    # a few cells, a smoke run
     python3 bench/report.py --serving               # and bench/serving.py's decode and varlen tables
+    python3 bench/report.py --fp8 --no-grid         # only the FP8 section: FlashCore e4m3 vs FA3 FP8, accuracy
 
 Writes OUT/performance_report.md, OUT/metrics.json and OUT/tflops_<dtype>_d<D>_<mask>.png; with --serving also
-a Serving section, metrics.json "serving" and OUT/serving_decode_gbps.png, OUT/serving_varlen_tflops.png.
+a Serving section, metrics.json "serving" and OUT/serving_decode_gbps.png, OUT/serving_varlen_tflops.png; with
+--fp8 an FP8 section (speed on the grid's shapes and an accuracy table) and metrics.json "fp8".
 A system that fails on a cell records null there (with the error in metrics.json), never a crash.
 """
 from __future__ import annotations
@@ -54,6 +56,13 @@ SERVING_TABLES = ("decode", "varlen")
 SERVING_LABELS = {"flashcore": "FlashCore", "flashcore_nosplit": "FlashCore no split", "fa3_dense": "FA3 dense",
                   "flashcore_paged64": "FlashCore paged64", "fa3_paged64": "FA3 paged64",
                   "cudnn_dense": "cuDNN dense"}
+# --fp8: the 8-bit systems, measured on the grid's shapes (bshd inputs, quantized per (batch, KV head)).
+FP8_SYSTEMS = ("fc_e4m3", "fc_fp8", "fa3_fp8")
+FP8_LABELS = {"fc_e4m3": "FlashCore e4m3", "fc_fp8": "FlashCore precision=fp8 (bf16 in)", "fa3_fp8": "FA3 FP8",
+              "sdpa_bf16": "bf16 SDPA (no quantization)"}
+FP8_ACC_S = 8192  # the accuracy table: seqlen 8k, batch = 16384 / 8k, heads = 2048 / D, no mask
+FP8_OUTLIER_FRACTION = 1e-3  # "outliers" inputs: 0.1% of the entries replaced by N(0, 10^2) samples
+FP8_OUTLIER_STD = 10.0
 SERVING_STYLES = {"flashcore": ("tab:red", None), "flashcore_nosplit": ("tab:orange", None),
                   "fa3_dense": ("tab:purple", None), "flashcore_paged64": ("tab:red", "//"),
                   "fa3_paged64": ("tab:purple", "//"), "cudnn_dense": ("tab:blue", None)}
@@ -187,6 +196,8 @@ class Runner:
     def build(self, name, sets, causal):
         """(fn, sdpa_backend or None) for system `name`; raises when the system is unavailable."""
         torch = self.torch
+        if name in FP8_SYSTEMS:
+            return self.build_fp8(name, sets, causal), None
         if name in ("cudnn", "fa2"):
             F = self.F
 
@@ -311,6 +322,161 @@ class Runner:
         return cell
 
 
+    # -- FP8 (--fp8) ------------------------------------------------------------------------------------------------
+
+    def make_fp8_sets(self, B, H, S, D, seed):
+        """Buffer sets of bshd inputs for the 8-bit systems: {"bf16": (q, k, v), "e4m3": (q8, k8, v8),
+        "descale": (qd, kd, vd)}, the e4m3 tensors quantized from the bf16 ones per (batch, KV head) with the
+        largest magnitude mapped to 448 (flashcore.quantize_fp8, as FA3's FP8 users do). Rotated like make_sets,
+        counting what an e4m3 call touches (Q, K, V e4m3 read, O bf16 written)."""
+        torch = self.torch
+        from flashcore import quantize_fp8  # python/ is on sys.path (flashcore_ctypes)
+        touched = 5 * B * H * S * D
+        nsets = 1 if self.args.no_rotate else (2 * self.l2) // touched + 1
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(seed)
+        sets = []
+        for _ in range(nsets):
+            bf16 = tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+                         for _ in range(3))
+            quantized = [quantize_fp8(t) for t in bf16]
+            sets.append({"bf16": bf16, "e4m3": tuple(x for x, _ in quantized),
+                         "descale": tuple(d for _, d in quantized)})
+        return sets
+
+    def build_fp8(self, name, sets, causal):
+        """fn(i) for an 8-bit system on buffer set i, returning O (B, S, H, D) bf16."""
+        torch = self.torch
+        if name == "fa3_fp8":
+            if self.fa3 is None:
+                raise RuntimeError("flash_attn_interface not importable")
+            fa3 = self.fa3
+
+            def fa3_call(i):
+                (q8, k8, v8), (qd, kd, vd) = sets[i]["e4m3"], sets[i]["descale"]
+                out = fa3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+                return out[0] if isinstance(out, tuple) else out
+            return fa3_call
+        if self.fc is None:
+            raise RuntimeError("libflashcore.so not loaded")
+        from flashcore_ctypes import PRECISION_FP8
+        params, outs = [], []
+        for st in sets:
+            q, k, v = st["bf16"]
+            o = torch.full_like(q, float("nan"))  # poisoned, as in the grid
+            B, S, H, _ = q.shape
+            lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+            if name == "fc_e4m3":
+                params.append(self.fc.params_for(*st["e4m3"], o, lse=lse, causal=causal, bhsd=False,
+                                                 descales=st["descale"]))
+            else:  # fc_fp8: the bf16 tensors, quantized by the library inside the call (timed)
+                params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=False,
+                                                 precision=PRECISION_FP8))
+            outs.append(o)
+        fc = self.fc
+        self.last_config[name] = fc.library.selected_config(params[0])
+
+        def fc_call(i):
+            fc.forward(params[i], torch.cuda.current_stream().cuda_stream)
+            return outs[i]
+        return fc_call
+
+    def run_fp8_cell(self, B, H, S, D, causal, seed=0):
+        """The 8-bit systems on one grid shape, sharing inputs: times, TFLOPS, and how far FlashCore's outputs are
+        from FA3 FP8's (relative RMS difference on set 0)."""
+        torch = self.torch
+        cell = {"B": B, "H": H, "S": S, "D": D, "causal": causal, "systems": {}}
+        try:
+            sets = self.make_fp8_sets(B, H, S, D, seed)
+        except Exception as e:  # noqa: BLE001
+            cell["error"] = short_error(e)
+            return cell
+        cell["rotate_sets"] = len(sets)
+        outs: Dict[str, object] = {}
+        self.last_config = {}
+        for name in FP8_SYSTEMS:
+            if name == "fa3_fp8" and self.fa3 is None:
+                continue
+            times, out, err = self.run_system(name, sets, causal, graph=False)
+            rec: dict = {"error": err}
+            if times:
+                med = statistics.median(times)
+                rec.update({"median_ms": med, "mean_ms": statistics.fmean(times), "min_ms": min(times),
+                            "tflops": tflops_of(B, H, S, D, causal, med)})
+            else:
+                rec.update({"median_ms": None, "tflops": None})
+            if name in self.last_config:
+                rec["config"] = self.last_config[name]
+            if out is not None:
+                rec["finite"] = bool(torch.isfinite(out).all().item())
+                outs[name] = out
+            cell["systems"][name] = rec
+        if "fa3_fp8" in outs:
+            for name in ("fc_e4m3", "fc_fp8"):
+                if name in outs:
+                    cell["systems"][name]["rel_diff_vs_fa3"] = rel_rmse(outs[name], outs["fa3_fp8"])
+        del outs, sets
+        if self.fc is not None:
+            self.fc.release_workspaces()
+        torch.cuda.empty_cache()
+        return cell
+
+    def fp8_accuracy(self, D, outliers: bool, seed: int) -> dict:
+        """Relative RMSE of O against the float64 attention of the unquantized (bf16) inputs, for FA3 FP8 and
+        FlashCore e4m3 (both on the inputs quantized per (batch, KV head), absmax -> 448), FlashCore precision="fp8"
+        (bf16 in) and bf16 SDPA, at seqlen FP8_ACC_S, no mask."""
+        torch = self.torch
+        from flashcore import quantize_fp8
+        from flashcore_ctypes import DTYPE_FP8_E4M3, PRECISION_FP8
+        S, B, H = FP8_ACC_S, 16384 // FP8_ACC_S, 2048 // D
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(seed)
+        bf16 = []
+        for _ in range(3):
+            x = torch.randn(B, S, H, D, device="cuda", generator=gen)
+            if outliers:
+                mask = torch.rand(x.shape, device="cuda", generator=gen) < FP8_OUTLIER_FRACTION
+                x = torch.where(mask, FP8_OUTLIER_STD * torch.randn(x.shape, device="cuda", generator=gen), x)
+            bf16.append(x.to(torch.bfloat16))
+        q, k, v = bf16
+        ref = attention_fp64(torch, q, k, v)
+        quantized = [quantize_fp8(t) for t in bf16]
+        (q8, k8, v8), descales = tuple(x for x, _ in quantized), tuple(d for _, d in quantized)
+        row: dict = {"D": D, "inputs": "outliers" if outliers else "normal", "B": B, "H": H, "S": S, "errors": {}}
+        runs = {"sdpa_bf16": lambda: self.F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)}
+        if self.fa3 is not None:
+            def fa3_run():
+                out = self.fa3.flash_attn_func(q8, k8, v8, q_descale=descales[0], k_descale=descales[1],
+                                               v_descale=descales[2])
+                return out[0] if isinstance(out, tuple) else out
+            runs["fa3_fp8"] = fa3_run
+        if self.fc is not None and self.fc.library.kernel_configs(DTYPE_FP8_E4M3, D, False):
+            def fc_run(precision):
+                o = torch.full_like(q, float("nan"))
+                if precision:
+                    params = self.fc.params_for(q, k, v, o, bhsd=False, precision=PRECISION_FP8)
+                else:
+                    params = self.fc.params_for(q8, k8, v8, o, bhsd=False, descales=descales)
+                self.fc.forward(params, torch.cuda.current_stream().cuda_stream)
+                torch.cuda.synchronize()
+                self.fc.release_workspaces()
+                return o
+            runs["fc_e4m3"] = lambda: fc_run(False)
+            runs["fc_fp8"] = lambda: fc_run(True)
+        for name, run in runs.items():
+            try:
+                with torch.no_grad():
+                    out = run()
+                row[name] = rel_rmse(out, ref)
+            except Exception as e:  # noqa: BLE001 - a failing system records null
+                row[name] = None
+                row["errors"][name] = short_error(e)
+        del ref, bf16, quantized
+        torch.cuda.empty_cache()
+        return row
+
+
 class _nullcontext:
     def __enter__(self):
         return None
@@ -426,6 +592,181 @@ def serving_markdown(res: dict) -> List[str]:
 
 
 # ------------------------------------------------------------------------------------------------------
+# FP8 (--fp8): FlashCore's 8-bit path against FlashAttention-3's FP8, speed and accuracy
+
+def rel_rmse(out, ref) -> float:
+    """RMS(out - ref) / RMS(ref), accumulated in float64; inf when out is not finite (e.g. the NaN poison)."""
+    if not bool(out.isfinite().all().item()):
+        return float("inf")
+    ref = ref.double()
+    num = (out.double() - ref).pow(2).mean().sqrt().item()
+    den = ref.pow(2).mean().sqrt().item()
+    return num / den if den > 0 else float("inf")
+
+
+def attention_fp64(torch, q, k, v, max_scores: int = 2**27):
+    """Non-causal attention in float64 of bshd q (B, Sq, H, D), k, v (B, Sk, H, D): (B, Sq, H, D), computed one
+    batch entry and block of query rows at a time (at most max_scores float64 scores at once)."""
+    B, Sq, H, D = q.shape
+    Sk = k.shape[1]
+    out = torch.empty(B, Sq, H, D, device=q.device, dtype=torch.float64)
+    rows = max(1, max_scores // (H * Sk))
+    for b in range(B):
+        kb, vb = (t[b].double().transpose(0, 1) for t in (k, v))  # (H, Sk, D)
+        for start in range(0, Sq, rows):
+            qb = q[b, start:start + rows].double().transpose(0, 1)  # (H, rows, D)
+            probs = torch.softmax((qb @ kb.transpose(1, 2)) / math.sqrt(D), dim=-1)
+            out[b, start:start + rows] = (probs @ vb).transpose(0, 1)
+            del probs
+    return out
+
+
+def run_fp8(args, runner) -> tuple:
+    """Measures the FP8 section: on the grid's shapes (head dims GRID_D, seqlens of --quick or the full grid, both
+    masks) FlashCore e4m3 on pre-quantized inputs, FlashCore precision="fp8" from bf16 (quantization included in the
+    time) and FA3 FP8 (when imported) on the same tensors; then the accuracy table. Returns (result, status)."""
+    fc = runner.fc
+    res: dict = {"cells": [], "accuracy": [], "notes": [], "fa3": runner.fa3 is not None}
+    if fc is None:
+        res["skipped"] = "FlashCore not loaded (see the FlashCore line)"
+        return res, 0
+    from flashcore_ctypes import DTYPE_FP8_E4M3
+    caps = fc.library.capabilities()
+    if "float8_e4m3fn" not in caps.dtypes:
+        res["skipped"] = f"the library has no e4m3 kernels (compiled dtypes: {', '.join(caps.dtypes)})"
+        return res, 0
+    if caps.device_backend != "sm90":
+        res["skipped"] = (f"the 8-bit path needs the sm90 backend; this GPU (sm_{caps.device_arch}) is served by "
+                          f"{caps.device_backend or 'none'!r}")
+        return res, 0
+    if runner.fa3 is None:
+        res["notes"].append("FA3 FP8 not measured: flash_attn_interface is not importable here or fa3 is not in "
+                            "--systems")
+    seqs = QUICK_S if args.quick else GRID_S
+    kernels = {(D, c): bool(fc.library.kernel_configs(DTYPE_FP8_E4M3, D, c)) for D in GRID_D for c in (False, True)}
+    res["head_dims"] = [D for D in GRID_D if kernels[(D, False)] or kernels[(D, True)]]
+    for D in GRID_D:
+        for causal in (False, True):
+            if not kernels[(D, causal)]:
+                res["notes"].append(f"head dim {D}{' causal' if causal else ''}: FlashCore has no 8-bit kernel "
+                                    "(flashcore_list_kernel_configs lists none); not measured")
+    todo = [(D, S, c) for D in GRID_D for S in seqs for c in (False, True) if kernels[(D, c)]]
+    status, t0 = 0, time.time()
+    try:
+        for n, (D, S, causal) in enumerate(todo):
+            B, H = 16384 // S, 2048 // D
+            log(f"[fp8 {n + 1}/{len(todo)}] D={D} S={S} B={B} H={H} causal={int(causal)}")
+            cell = runner.run_fp8_cell(B, H, S, D, causal, seed=5000 + n)
+            res["cells"].append(cell)
+            log("    " + " ".join(f"{s}={fmt(r.get('tflops'))}" for s, r in cell["systems"].items()))
+        for n, D in enumerate(GRID_D):
+            for outliers in (False, True):
+                log(f"[fp8 accuracy] D={D} S={FP8_ACC_S} inputs={'outliers' if outliers else 'normal'}")
+                row = runner.fp8_accuracy(D, outliers, seed=6000 + 2 * n + int(outliers))
+                res["accuracy"].append(row)
+                log("    " + " ".join(f"{s}={fmt(row.get(s), '{:.4f}')}" for s in FP8_LABELS if s in row))
+    except KeyboardInterrupt:
+        log("report: FP8 section interrupted; writing what was measured")
+        res["error"] = "interrupted"
+        status = 130
+    except Exception as e:  # noqa: BLE001 - e.g. a sticky CUDA error: keep what was measured
+        log(f"report: FP8 section stopped early: {short_error(e)}")
+        traceback.print_exc()
+        res["error"] = short_error(e)
+        status = 1
+    res["elapsed_s"] = time.time() - t0
+    return res, status
+
+
+def fp8_markdown(res: dict) -> List[str]:
+    """The report's FP8 section (markdown lines) from run_fp8's result."""
+    L = ["## FP8 (e4m3): FlashCore vs FlashAttention-3 FP8\n"]
+    if res.get("skipped"):
+        L.append(f"Not measured: {res['skipped']}.\n")
+        return L
+    if res.get("error"):
+        L.append(f"Stopped early ({res['error']}): the rows below are those measured.\n")
+    L.append("Method: the grid's shapes (batch = 16384/S, heads = 2048/D, MHA), bshd inputs. FA3 FP8 and FlashCore "
+             "e4m3 get the same e4m3 tensors and descales: torch.randn bf16 inputs quantized per (batch, KV head) "
+             "with the absolute maximum mapped to 448 (flashcore.quantize_fp8), as FA3's FP8 users do. FlashCore "
+             "precision=\"fp8\" gets the bf16 tensors and its time includes the library's quantization. O in bf16. "
+             "Median of the CUDA-event-timed calls after the warm-up, as in the grid; TFLOPS = 4*B*H*S*S*D/t, halved "
+             "for causal.\n")
+    for note in res.get("notes", []):
+        L.append(f"- {note}")
+    if res.get("notes"):
+        L.append("")
+    cells = res.get("cells", [])
+    have_fa3 = any(cell_tflops(c, "fa3_fp8") is not None for c in cells)
+    if cells:
+        hdr = ["D", "mask", "S", "B×H", "FC e4m3", "FC fp8 (bf16 in)"]
+        if have_fa3:
+            hdr += ["FA3 FP8", "FC e4m3 / FA3", "FC fp8 / FA3", "FC e4m3 vs FA3 (rel. diff)"]
+        hdr.append("FC e4m3 config")
+        L.append("TFLOPS:\n")
+        L.append("| " + " | ".join(hdr) + " |")
+        L.append("|" + "---|" * len(hdr))
+        for c in cells:
+            e4m3, auto, fa3 = (cell_tflops(c, s) for s in FP8_SYSTEMS)
+            vals = [str(c["D"]), "causal" if c["causal"] else "none", str(c["S"]), f"{c['B']}×{c['H']}",
+                    fmt(e4m3), fmt(auto)]
+            if have_fa3:
+                diff = (c["systems"].get("fc_e4m3") or {}).get("rel_diff_vs_fa3")
+                vals += [fmt(fa3), fmt(ratio(e4m3, fa3), "{:.2f}"), fmt(ratio(auto, fa3), "{:.2f}"),
+                         "non-finite" if diff == float("inf") else fmt(diff, "{:.3f}")]
+            vals.append((c["systems"].get("fc_e4m3") or {}).get("config") or "")
+            L.append("| " + " | ".join(vals) + " |")
+        L.append("")
+        if have_fa3:
+            parts = []
+            for D in sorted({c["D"] for c in cells}):
+                rows = [c for c in cells if c["D"] == D]
+                e4m3 = geomean([ratio(cell_tflops(c, "fc_e4m3"), cell_tflops(c, "fa3_fp8")) for c in rows])
+                auto = geomean([ratio(cell_tflops(c, "fc_fp8"), cell_tflops(c, "fa3_fp8")) for c in rows])
+                parts.append(f"d{D}: FC e4m3 / FA3 FP8 {fmt(e4m3, '{:.2f}')}, FC fp8 (bf16 in) / FA3 FP8 "
+                             f"{fmt(auto, '{:.2f}')}")
+            L.append("Geometric means per head dim: " + "; ".join(parts) + ".\n")
+        nonfinite = [f"{s} d{c['D']} S={c['S']} {'causal' if c['causal'] else 'none'}" for c in cells
+                     for s, r in c["systems"].items() if r.get("finite") is False]
+        if nonfinite:
+            L.append("Non-finite outputs: " + ", ".join(nonfinite) + ".\n")
+        errs = sorted({f"{s}: {r['error']}" for c in cells for s, r in c["systems"].items() if r.get("error")}
+                      | {f"cell d{c['D']} S={c['S']}: {c['error']}" for c in cells if c.get("error")})
+        if errs:
+            L.append("<details><summary>errors (- cells)</summary>\n")
+            L += [f"- {e}" for e in errs[:40]]
+            L.append("\n</details>\n")
+    else:
+        L.append("No FP8 cell measured.\n")
+
+    acc = res.get("accuracy", [])
+    if acc:
+        L.append("### FP8 accuracy: relative RMSE of O against float64 attention of the unquantized inputs\n")
+        L.append(f"Seqlen {FP8_ACC_S}, batch {16384 // FP8_ACC_S}, heads 2048/D, no mask; bf16 inputs: N(0, 1), or "
+                 f"N(0, 1) with {FP8_OUTLIER_FRACTION:.1%} of the entries of q, k and v replaced by N(0, "
+                 f"{FP8_OUTLIER_STD:g}²) outliers. Metric: RMS(O - ref) / RMS(ref), ref in float64 from the bf16 "
+                 "inputs. FA3 FP8 and FlashCore e4m3 run on the inputs quantized per (batch, KV head) (absmax -> "
+                 "448); FlashCore precision=\"fp8\" quantizes the bf16 inputs itself (the same scaling); bf16 SDPA is "
+                 "PyTorch's default backend on the bf16 inputs.\n")
+        cols = [(r["D"], r["inputs"]) for r in acc]
+        L.append("| system | " + " | ".join(f"d{D} {'outliers' if i == 'outliers' else 'N(0,1)'}" for D, i in cols)
+                 + " |")
+        L.append("|---|" + "---|" * len(cols))
+        for name in ("fa3_fp8", "fc_e4m3", "fc_fp8", "sdpa_bf16"):
+            if not any(name in r for r in acc):
+                continue
+            vals = ["non-finite" if r.get(name) == float("inf") else fmt(r.get(name), "{:.4f}") for r in acc]
+            L.append(f"| {FP8_LABELS[name]} | " + " | ".join(vals) + " |")
+        L.append("")
+        errs = sorted({f"{s} d{r['D']} {r['inputs']}: {e}" for r in acc for s, e in r.get("errors", {}).items()})
+        if errs:
+            L.append("<details><summary>errors (- entries)</summary>\n")
+            L += [f"- {e}" for e in errs[:40]]
+            L.append("\n</details>\n")
+    return L
+
+
+# ------------------------------------------------------------------------------------------------------
 # Report
 
 def fmt(v: Optional[float], spec: str = "{:.0f}") -> str:
@@ -461,13 +802,15 @@ def cell_tflops(cell: dict, system: str) -> Optional[float]:
 
 
 def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], anchors: dict,
-                   plots: List[str], serving_lines: Optional[List[str]] = None) -> None:
+                   plots: List[str], serving_lines: Optional[List[str]] = None,
+                   fp8_lines: Optional[List[str]] = None) -> None:
     have_fa3 = any(cell_tflops(c, "fa3") is not None for c in cells)
     L = []
     L.append("# FlashCore performance report\n")
     L.append(f"- GPU: {meta['gpu']} ({meta['sms']} SMs, L2 {meta['l2_mib']:.0f} MiB)")
     L.append(f"- PyTorch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; FlashCore {meta['flashcore']}")
-    L.append(f"- FA3: {'measured (flash_attn_interface)' if have_fa3 else 'not importable here; column FA3 (anchor) is from the anchor file'}")
+    if cells:
+        L.append(f"- FA3: {'measured (flash_attn_interface)' if have_fa3 else 'not importable here; column FA3 (anchor) is from the anchor file'}")
     L.append(f"- Anchors: {anchors.get('path') or 'not found'} ({anchors.get('machine') or ''})")
     L.append(f"- Method: {meta['method']}")
     L.append(f"- Run time: {meta['elapsed_s']:.0f} s; date {meta['date']}\n")
@@ -562,6 +905,9 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
 
     if serving_lines:
         L += serving_lines
+
+    if fp8_lines:
+        L += fp8_lines
 
     if plots:
         L.append("## Plots\n")
@@ -721,6 +1067,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help=f"with --serving: comma list of {', '.join(SERVING_TABLES)}")
     ap.add_argument("--serving-head-dim", type=int, default=128, help="with --serving: decode head dim")
     ap.add_argument("--serving-heads", default="32,8", help="with --serving: decode query heads, KV heads")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also measure the FP8 section: FlashCore e4m3 (pre-quantized inputs, descales per (batch, KV "
+                         "head)), FlashCore precision=fp8 from bf16 (quantization timed) and FA3 FP8 (when "
+                         "flash_attn_interface imports and fa3 is in --systems) on the grid's head dims and seqlens "
+                         "(--quick: its seqlens), both masks; then an accuracy table (seqlen 8k, N(0,1) and outlier "
+                         "inputs, against float64 attention of the unquantized inputs). Needs the sm90 backend and a "
+                         "library with e4m3 kernels; metrics.json 'fp8'")
+    ap.add_argument("--no-grid", dest="grid", action="store_false",
+                    help="skip the bf16/fp16 grid and the small shapes (to run --fp8 or --serving alone)")
     args = ap.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in args.systems if s not in SYSTEMS]
@@ -789,6 +1144,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     cells: List[dict] = []
     small: List[dict] = []
     status = 0
+    if not args.grid:
+        todo, args.small = [], False
     try:
         for n, (dt, D, S, causal) in enumerate(todo):
             B, H = 16384 // S, 2048 // D
@@ -820,6 +1177,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             serving_res = {"tables": args.serving_tables, "decode": [], "varlen": [],
                            "skipped": "the grid stopped early"}
+    fp8_res = None
+    if args.fp8:
+        if status == 0:
+            fp8_res, status = run_fp8(args, runner)
+        else:
+            fp8_res = {"cells": [], "accuracy": [], "skipped": "the measurements before it stopped early"}
     meta["elapsed_s"] = time.time() - t_start
 
     plots = make_plots(args.out, cells, anchors, dtypes) if args.plots else []
@@ -828,6 +1191,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     metrics = {"meta": meta, "anchors_file": anchors["path"], "cells": [], "small_shapes": small}
     if serving_res is not None:
         metrics["serving"] = serving_res
+    if fp8_res is not None:
+        metrics["fp8"] = fp8_res
     for c in cells:
         a = anchors["grid"].get((c["dtype"], c["D"], c["S"], c["causal"]), {})
         fc_t = cell_tflops(c, "flashcore")
@@ -841,7 +1206,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(json_safe(metrics), f, indent=1, allow_nan=False, default=str)
     write_markdown(os.path.join(args.out, "performance_report.md"), meta, cells, small, anchors, plots,
-                   serving_markdown(serving_res) if serving_res is not None else None)
+                   serving_markdown(serving_res) if serving_res is not None else None,
+                   fp8_markdown(fp8_res) if fp8_res is not None else None)
     log(f"report: wrote {args.out}/performance_report.md, metrics.json, {len(plots)} plot(s) "
         f"in {meta['elapsed_s']:.0f} s")
     return status

@@ -1,13 +1,17 @@
 """FlashCore: fused attention for NVIDIA Hopper (sm_90a), bound to PyTorch through the C ABI with ctypes.
 
 Importing this package needs neither PyTorch, a GPU nor the native library. The torch ops (``attention``,
-``sdpa``, ``attention_fwd``) are imported on first access; the library is loaded on first call.
+``sdpa``, ``attention_fwd``, ``quantize_fp8``, ...) are imported on first access; the library is loaded on first
+call.
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)          # (B, S, H, D), like flash_attn_func
     out = flashcore.sdpa(q, k, v, is_causal=True)            # (B, H, S, D), like F.scaled_dot_product_attention
     out = flashcore.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k)  # packed, like flash_attn_varlen_func
     out = flashcore.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)  # paged
+    q8, qd = flashcore.quantize_fp8(q)                       # e4m3 + descale per (batch, KV head)
+    out = flashcore.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)  # 8-bit, bf16 out (sm90)
+    out = flashcore.attention(q, k, v, precision="fp8")      # 16-bit in, quantized by the library
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ _TORCH_EXPORTS = (
     "attention_kvcache_fwd",
     "varlen_attention",
     "varlen_attention_fwd",
+    "quantize_fp8",
 )
 
 __all__ = [

@@ -23,7 +23,7 @@ LIBRARY_FILE = "libflashcore.so"
 # The package version, and the version of the header these bindings mirror (FLASHCORE_VERSION_* of
 # include/flashcore/flashcore.h, the single source: tests/test_abi.py holds this line to it). pyproject.toml and
 # flashcore.__version__ read it from here. The loaded library must share the major.
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 ABI_VERSION = tuple(int(part) for part in __version__.split("."))
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -86,7 +86,11 @@ DTYPE_FP16 = 0
 DTYPE_BF16 = 1
 DTYPE_FP32 = 2
 DTYPE_FP8_E4M3 = 3
-DTYPE_FP8_E5M2 = 4
+DTYPE_FP8_E5M2 = 4  # reserved
+
+# flashcore_attention_params::precision (since 0.3): how a 16-bit call computes.
+PRECISION_NATIVE = 0  # attention in the input dtype
+PRECISION_FP8 = 1  # Q, K, V quantized to e4m3 in the workspace (one scale per batch and KV head), the 8-bit kernel
 
 # flashcore_dtype -> the name torch gives the dtype (torch.<name>).
 DTYPE_NAMES = {
@@ -99,6 +103,7 @@ DTYPE_NAMES = {
 
 MAX_CAPS = 16  # FLASHCORE_MAX_CAPS
 ATTENTION_PARAMS_V1_SIZE = 240  # FLASHCORE_ATTENTION_PARAMS_V1_SIZE: a 0.1 library's struct_size
+ATTENTION_PARAMS_V2_SIZE = 448  # FLASHCORE_ATTENTION_PARAMS_V2_SIZE: a 0.2 library's struct_size
 CAPABILITIES_V1_SIZE = 216  # FLASHCORE_CAPABILITIES_V1_SIZE
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,6 +169,13 @@ class AttentionParamsStruct(ctypes.Structure):
         ("k_new_strides", TensorStridesStruct),
         ("v_new_strides", TensorStridesStruct),
         ("seqlen_new", ctypes.c_int64),
+        # Since 0.3 (a 0.2 library is passed struct_size ATTENTION_PARAMS_V2_SIZE and never reads these).
+        # 8-bit attention: float32 device arrays (batch, num_heads_kv), contiguous; NULL means 1.
+        ("q_descale", ctypes.c_void_p),  # const float*
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("precision", ctypes.c_int32),  # PRECISION_*
+        ("reserved2", ctypes.c_int32),
     ]
 
 
@@ -369,19 +381,21 @@ class Library:
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
         # The struct_size to pass: the library reports its own (capabilities.params_struct_size, since 0.2). A
-        # library as new as this mirror or newer accepts the mirror's size; a 0.1 library takes the 0.1 layout,
-        # which is the mirror's prefix (it never reads the fields since 0.2).
+        # library as new as this mirror or newer accepts the mirror's size; a 0.2 (0.1) library takes the 0.2
+        # (0.1) layout, which is the mirror's prefix: it never reads the fields added later, and the bindings never
+        # set them for it (has_params_field).
         mirror = ctypes.sizeof(AttentionParamsStruct)
         library_size = self._raw_capabilities().params_struct_size or ATTENTION_PARAMS_V1_SIZE
         if library_size >= mirror:
             self.params_struct_size = mirror
-        elif library_size == ATTENTION_PARAMS_V1_SIZE:
-            self.params_struct_size = ATTENTION_PARAMS_V1_SIZE
+        elif library_size in (ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE):
+            self.params_struct_size = library_size
         else:
             raise RuntimeError(
                 f"FlashCore: ABI mismatch with {path}: it reports sizeof(flashcore_attention_params) = "
-                f"{library_size}, neither the 0.1 layout ({ATTENTION_PARAMS_V1_SIZE}) nor at least this mirror's "
-                f"{mirror}; rebuild the library or update the bindings"
+                f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}) nor the 0.2 layout "
+                f"({ATTENTION_PARAMS_V2_SIZE}) nor at least this mirror's {mirror}; rebuild the library or update "
+                f"the bindings"
             )
         probe = self.new_params()
         strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
@@ -391,6 +405,7 @@ class Library:
                 f"{[s.dim for s in strides]} (expected 1); rebuild the library or update the bindings"
             )
         self._compiled: Optional[Tuple[Tuple[str, ...], Tuple[int, ...]]] = None
+        self._out_dtypes: Optional[Tuple[str, ...]] = None
 
     # -- plain calls ----------------------------------------------------------------------------------------------
 
@@ -455,6 +470,23 @@ class Library:
             caps = self.capabilities()
             self._compiled = (caps.dtypes, caps.head_dims)
         return self._compiled
+
+    def compiled_out_dtypes(self) -> Tuple[str, ...]:
+        """Dtype names O can be written in besides the input dtype (() for a 0.1 library); queried once."""
+        if self._out_dtypes is None:
+            self._out_dtypes = self.capabilities().out_dtypes
+        return self._out_dtypes
+
+    def has_params_field(self, name: str) -> bool:
+        """Whether the loaded library reads the params field `name`: a 0.1 library knows none of the fields since
+        0.2 (out_dtype lies in the 0.1 struct's tail padding, which it ignores), a 0.2 library none of those since 0.3
+        (descales, precision)."""
+        known = {
+            ATTENTION_PARAMS_V1_SIZE: AttentionParamsStruct.out_dtype.offset,
+            ATTENTION_PARAMS_V2_SIZE: ATTENTION_PARAMS_V2_SIZE,
+        }.get(self.params_struct_size, self.params_struct_size)
+        field = getattr(AttentionParamsStruct, name)
+        return field.offset + field.size <= known
 
     # -- attention ------------------------------------------------------------------------------------------------
 

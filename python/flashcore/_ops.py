@@ -1,10 +1,12 @@
-"""PyTorch ops: the `flashcore::attention_fwd` custom op and the `attention` / `sdpa` front ends.
+"""PyTorch ops: the `flashcore::attention_fwd` custom op and the `attention` / `sdpa` front ends, and
+`quantize_fp8` (per (batch, KV head) e4m3 quantization for the 8-bit path).
 
 Importing this module imports torch and registers the custom ops; it does not load the native library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional, Tuple, Union
 
@@ -13,7 +15,7 @@ import torch
 from . import _lib
 
 __all__ = ["attention", "sdpa", "attention_fwd", "attention_with_kvcache", "attention_kvcache_fwd",
-           "varlen_attention", "varlen_attention_fwd", "BACKWARD_NOT_IMPLEMENTED"]
+           "varlen_attention", "varlen_attention_fwd", "quantize_fp8", "BACKWARD_NOT_IMPLEMENTED"]
 
 BACKWARD_NOT_IMPLEMENTED = "FlashCore: backward is not implemented yet (forward only)"
 
@@ -21,7 +23,15 @@ BACKWARD_NOT_IMPLEMENTED = "FlashCore: backward is not implemented yet (forward 
 SOFTMAX_SCALE_MIN = 2.0**-100
 SOFTMAX_SCALE_MAX = 2.0**100
 
+# 16-bit inputs (every entry point); the 8-bit input dtype (flashcore.attention only, sm90 backend).
 _DTYPE_CODES = {torch.float16: _lib.DTYPE_FP16, torch.bfloat16: _lib.DTYPE_BF16}
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3 value: quantize_fp8 maps each group's absolute maximum to it
+_INPUT_DTYPE_CODES = {**_DTYPE_CODES, FP8_DTYPE: _lib.DTYPE_FP8_E4M3}
+# out_dtype: the dtypes O can be written in.
+_OUT_DTYPE_CODES = dict(_DTYPE_CODES)
+# precision= of flashcore.attention -> flashcore_attention_params::precision.
+PRECISIONS = {None: _lib.PRECISION_NATIVE, "native": _lib.PRECISION_NATIVE, "fp8": _lib.PRECISION_FP8}
 
 # Dimension order of each layout, as indices of (batch, seq, head, dim) in the tensor.
 _LAYOUTS = {"bshd": "(batch, seqlen, num_heads, head_dim)", "bhsd": "(batch, num_heads, seqlen, head_dim)"}
@@ -47,18 +57,24 @@ def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True) -> None:
+def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp8: bool = False) -> None:
     """Raise ValueError / TypeError for anything the kernel cannot take, before touching the library.
     kv_batch=False: k and v are a paged cache (num_pages, page_size, Hkv, D), whose first dimension is not q's
-    batch."""
+    batch. allow_fp8: float8_e4m3fn inputs are accepted (flashcore.attention's dense calls only)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"FlashCore: {name} must be 4-D {_LAYOUTS[layout]}, got shape {tuple(t.shape)}")
-    if q.dtype not in _DTYPE_CODES:
-        raise TypeError(f"FlashCore: q must be float16 or bfloat16, got {q.dtype}")
+    if q.dtype == FP8_DTYPE and not allow_fp8:
+        raise TypeError(
+            "FlashCore: float8_e4m3fn inputs are supported by flashcore.attention on dense batches only (not by "
+            "sdpa, KV-cache, paged, variable-length or ring calls); got q of dtype torch.float8_e4m3fn"
+        )
+    if q.dtype not in _DTYPE_CODES and q.dtype != FP8_DTYPE:
+        raise TypeError(f"FlashCore: q must be float16 or bfloat16 (or float8_e4m3fn for flashcore.attention), got "
+                        f"{q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"FlashCore: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
@@ -106,21 +122,155 @@ def _check_supported(q: torch.Tensor, head_dim: int) -> _lib.Library:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The 8-bit path (flashcore.attention only): float8_e4m3fn inputs with descales, or precision="fp8".
+
+
+def _check_precision(precision) -> int:
+    """flashcore.attention's precision= (None, "native", "fp8") as the C ABI's FLASHCORE_PRECISION_* code."""
+    if precision is not None and not isinstance(precision, str):
+        raise TypeError(f"FlashCore: precision must be None, 'native' or 'fp8', got {type(precision).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"FlashCore: precision must be None, 'native' or 'fp8', got {precision!r}")
+    return PRECISIONS[precision]
+
+
+def _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision: int) -> torch.dtype:
+    """Checks of the descales, out_dtype and precision (tensor metadata only); returns O's dtype: out_dtype, else
+    bfloat16 for float8_e4m3fn inputs and the input dtype for 16-bit ones."""
+    if out_dtype is not None and out_dtype not in _OUT_DTYPE_CODES:
+        raise TypeError(f"FlashCore: out_dtype must be torch.float16, torch.bfloat16 or None, got {out_dtype}")
+    if precision not in (_lib.PRECISION_NATIVE, _lib.PRECISION_FP8):
+        raise ValueError(f"FlashCore: precision must be PRECISION_NATIVE ({_lib.PRECISION_NATIVE}) or PRECISION_FP8 "
+                         f"({_lib.PRECISION_FP8}), got {precision}")
+    descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    if q.dtype != FP8_DTYPE:
+        given = [name for name, d in descales if d is not None]
+        if given:
+            raise ValueError(
+                f"FlashCore: {given[0]} is for float8_e4m3fn inputs only (q is {q.dtype}); with precision='fp8' "
+                "FlashCore computes the scales of 16-bit inputs itself"
+            )
+        return q.dtype if out_dtype is None else out_dtype
+    if precision == _lib.PRECISION_FP8:
+        raise ValueError("FlashCore: precision='fp8' quantizes 16-bit inputs; q, k and v are already float8_e4m3fn "
+                         "(leave precision at None)")
+    batch, heads_kv = q.shape[0], k.shape[2]
+    for name, d in descales:
+        if d is None:
+            continue
+        if not isinstance(d, torch.Tensor):
+            raise TypeError(f"FlashCore: {name} must be a torch.Tensor or None, got {type(d).__name__}")
+        if d.dtype != torch.float32:
+            raise TypeError(f"FlashCore: {name} must be float32, got {d.dtype}")
+        if d.dim() != 2 or d.shape[0] != batch or d.shape[1] != heads_kv:
+            raise ValueError(f"FlashCore: {name} must have shape (batch, num_heads_kv) = ({batch}, {heads_kv}), got "
+                             f"{tuple(d.shape)}")
+        if d.device != q.device:
+            raise ValueError(f"FlashCore: {name} is on {d.device}, q on {q.device}")
+    return torch.bfloat16 if out_dtype is None else out_dtype
+
+
+# (id(lib), device index, causal) -> (lib, head dims with an 8-bit kernel): fixed for a library and device.
+_FP8_HEAD_DIMS: dict = {}
+
+
+def _fp8_head_dims(lib: _lib.Library, device: torch.device, causal: bool) -> Tuple[int, ...]:
+    """The compiled head dims that have an 8-bit kernel config for `causal` on `device`, asked once."""
+    key = (id(lib), device.index, bool(causal))
+    hit = _FP8_HEAD_DIMS.get(key)
+    if hit is not None and hit[0] is lib:
+        return hit[1]
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        dims = tuple(d for d in lib.compiled()[1] if lib.kernel_configs(_lib.DTYPE_FP8_E4M3, d, causal))
+    _FP8_HEAD_DIMS[key] = (lib, dims)
+    return dims
+
+
+def _check_extended_supported(lib: _lib.Library, q: torch.Tensor, causal: bool, out_dtype: torch.dtype,
+                              precision: int) -> None:
+    """What the library must offer beyond a plain 16-bit call: an output dtype other than the input's, the 8-bit
+    path (float8_e4m3fn inputs or precision="fp8") and its head dims on q's device."""
+    if out_dtype != q.dtype:
+        if not lib.has_params_field("out_dtype"):
+            raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) predates out_dtype; a 0.2 "
+                               "library or newer is needed")
+        name = str(out_dtype).replace("torch.", "")
+        if q.dtype != FP8_DTYPE and name not in lib.compiled_out_dtypes():
+            raise TypeError(f"FlashCore: out_dtype {out_dtype} is not compiled into {lib.path} (compiled output "
+                            f"dtypes: {list(lib.compiled_out_dtypes())})")
+    if q.dtype != FP8_DTYPE and precision == _lib.PRECISION_NATIVE:
+        return
+    if not lib.has_params_field("precision"):
+        raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) predates the 8-bit path "
+                           "(descales, precision='fp8'); a 0.3 library or newer is needed")
+    dtypes = lib.compiled()[0]
+    if "float8_e4m3fn" not in dtypes:
+        raise TypeError(f"FlashCore: the 8-bit path (float8_e4m3fn) is not compiled into {lib.path} (compiled: "
+                        f"{list(dtypes)})")
+    head_dim = q.shape[3]
+    fp8_dims = _fp8_head_dims(lib, q.device, causal)
+    if head_dim not in fp8_dims:
+        raise ValueError(
+            f"FlashCore: head_dim {head_dim} has no 8-bit kernel{' (causal)' if causal else ''} on this device "
+            f"(8-bit head dims here: {list(fp8_dims)}; the 8-bit path needs the sm90 backend)"
+        )
+
+
+def quantize_fp8(x: torch.Tensor, layout: str = "bshd", num_heads_kv: Optional[int] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantize q, k or v for flashcore.attention's 8-bit path (plain torch ops, no library call).
+
+    x: a 4-D float tensor in `layout` ("bshd": (B, S, H, D); "bhsd": (B, H, S, D)). One scale per (batch, KV head):
+    the absolute maximum of each group maps to 448, the largest e4m3 value. num_heads_kv: the KV heads, when x is a
+    query tensor with more heads (GQA: query head h belongs to KV head h // (H // num_heads_kv), whose scale it
+    shares, as the kernel reads it); default H. Returns (x_e4m3 (float8_e4m3fn, x's shape, contiguous), descale
+    (float32 (B, num_heads_kv), contiguous)) such that x ~= x_e4m3 * descale; a group of zeros gets descale 1.
+    x must be finite (an inf or NaN makes its group NaN)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"FlashCore: x must be a torch.Tensor, got {type(x).__name__}")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"FlashCore: layout must be 'bshd' or 'bhsd', got {layout!r}")
+    if x.dim() != 4:
+        raise ValueError(f"FlashCore: x must be 4-D {_LAYOUTS[layout]}, got shape {tuple(x.shape)}")
+    if not x.is_floating_point() or x.dtype in (FP8_DTYPE, torch.float8_e5m2):
+        raise TypeError(f"FlashCore: x must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    batch, _, heads, _ = _dims(x, layout)
+    heads_kv = heads if num_heads_kv is None else num_heads_kv
+    if isinstance(heads_kv, bool) or not isinstance(heads_kv, (int, torch.SymInt)):
+        raise TypeError(f"FlashCore: num_heads_kv must be an int or None, got {type(num_heads_kv).__name__}")
+    if heads_kv <= 0 or heads % heads_kv != 0:
+        raise ValueError(f"FlashCore: x's {heads} heads must be a multiple of num_heads_kv ({heads_kv})")
+    x = x.detach()  # rounding has no gradient
+    seq_axis, head_axis = (1, 2) if layout == "bshd" else (2, 1)
+    amax = x.abs().amax(dim=(seq_axis, 3)).float()  # (B, H)
+    amax = amax.reshape(batch, heads_kv, heads // heads_kv).amax(dim=2)  # (B, Hkv)
+    descale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).contiguous()
+    per_head = descale.repeat_interleave(heads // heads_kv, dim=1)  # (B, H)
+    shape = [batch, 1, 1, 1]
+    shape[head_axis] = heads
+    scaled = x.float() / per_head.reshape(shape)
+    x_e4m3 = scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).contiguous()
+    return x_e4m3, descale
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Strides: what the C ABI takes as is, and the copy otherwise.
 
 
 def abi_strides(t: torch.Tensor) -> Optional[Tuple[int, int, int, int]]:
     """Element strides of a 4-D tensor as the C ABI wants them, or None if it cannot take the tensor as is.
 
-    The ABI needs the last stride to be 1, the others positive multiples of 8 elements and a 16-byte aligned
-    pointer. The stride of a size-1 dimension is never used, so it is replaced by one the ABI accepts."""
+    The ABI needs the last stride to be 1, the others positive multiples of 16 bytes (8 elements of 16-bit data,
+    16 of float8_e4m3fn) and a 16-byte aligned pointer. The stride of a size-1 dimension is never used, so it is
+    replaced by one the ABI accepts."""
+    align = max(1, 16 // t.element_size())
     sizes, strides = list(t.shape), list(t.stride())
     extent = 1 + sum(st * (sz - 1) for sz, st in zip(sizes, strides) if sz > 1)
-    filler = (max(extent, 8) + 7) // 8 * 8
+    filler = (max(extent, align) + align - 1) // align * align
     strides = [filler if sz == 1 else st for sz, st in zip(sizes, strides)]
     if sizes[3] == 1:
         strides[3] = 1
-    if strides[3] != 1 or any(st <= 0 or st % 8 != 0 for st in strides[:3]):
+    if strides[3] != 1 or any(st <= 0 or st % align != 0 for st in strides[:3]):
         return None
     if t.data_ptr() % 16 != 0:
         return None
@@ -135,7 +285,7 @@ def kernel_operand(t: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int, int, 
     # .contiguous() would return `t` itself for a contiguous but misaligned view: clone always copies.
     copy = t.clone(memory_format=torch.contiguous_format)
     strides = abi_strides(copy)
-    if strides is None:  # only when head_dim is not a multiple of 8, which no compiled kernel supports
+    if strides is None:  # only when a head_dim row is not a multiple of 16 bytes, which no compiled kernel supports
         raise ValueError(f"FlashCore: cannot lay out a tensor of shape {tuple(t.shape)} for the kernel")
     return copy, strides, True
 
@@ -146,7 +296,9 @@ def kernel_operand(t: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int, int, 
 
 def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None, *,
                   block_table=None, num_splits: int = 0, cu_seqlens_q=None, cu_seqlens_k=None,
-                  max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None):
+                  max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+                  descales: Tuple[Optional[torch.Tensor], ...] = (None, None, None),
+                  precision: int = _lib.PRECISION_NATIVE):
     """The C params of one forward call on tensors the ABI takes as they are (see kernel_operand), without a
     workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
     per-sequence key counts (a KV cache's lengths).
@@ -158,7 +310,12 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
       - packed Q (cu_seqlens_q: int32 (B + 1,), with max_seqlen_q): q, out (total_q, Hq, D); lse (Hq, total_q).
       - packed K/V (cu_seqlens_k: int32 (B + 1,), with max_seqlen_k): k, v (total_k, Hkv, D).
     The batch strides of packed tensors are ignored by the library; the one passed is a valid filler.
-    num_splits: 0 the library's choice, 1 never split, n > 1 at most n parts."""
+    num_splits: 0 the library's choice, 1 never split, n > 1 at most n parts.
+
+    8-bit (dense only): q, k, v float8_e4m3fn with descales (q_descale, k_descale, v_descale), each None or a
+    contiguous float32 (B, Hkv) device tensor; or 16-bit q, k, v with precision=PRECISION_FP8. O's dtype is out's
+    (out_dtype is set when it differs from q's). The fields since 0.2 / 0.3 are written only when used, so a 0.1 or
+    0.2 library's struct is never written past its struct_size by a call it can serve."""
     varlen_q, varlen_k, paged = cu_seqlens_q is not None, cu_seqlens_k is not None, block_table is not None
     if varlen_k and paged:
         raise ValueError("FlashCore: cu_seqlens_k and block_table cannot be combined (a paged cache's lengths come "
@@ -186,7 +343,7 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
         pointers=(q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), out4.data_ptr(), lse.data_ptr() if has_lse else 0),
         strides=tuple(strides),
         sizes=(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim),
-        dtype=_DTYPE_CODES[q.dtype],
+        dtype=_INPUT_DTYPE_CODES[q.dtype],
         causal=causal,
         softmax_scale=softmax_scale,
         lse_capacity=lse.numel() if has_lse else None,
@@ -207,6 +364,15 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
         params.page_size = k4.shape[1]
         params.num_pages = k4.shape[0]
     params.num_splits = int(num_splits)
+    if out4.dtype != q4.dtype:
+        params.out_dtype = _OUT_DTYPE_CODES[out4.dtype]
+    for field, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if descale is not None:
+            if descale.dtype != torch.float32 or not descale.is_contiguous():
+                raise ValueError(f"FlashCore: kernel_params needs a contiguous float32 {field}")
+            setattr(params, field, descale.data_ptr())
+    if precision != _lib.PRECISION_NATIVE:
+        params.precision = int(precision)
     return params
 
 
@@ -271,38 +437,56 @@ def _workspace(device: torch.device, stream, size: int) -> torch.Tensor:
     return buf
 
 
-def _empty_outputs(q: torch.Tensor, return_lse: bool):
+def _empty_outputs(q: torch.Tensor, return_lse: bool, out_dtype: Optional[torch.dtype] = None):
     batch, seqlen_q, heads_q, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
+    out = q.new_empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype if out_dtype is None else out_dtype)
     lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
 
 @torch.library.custom_op("flashcore::attention_fwd", mutates_args=())
 def attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, return_lse: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, return_lse: bool,
+    q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+    precision: int = _lib.PRECISION_NATIVE
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """FlashCore forward, (B, S, H, D) layout. softmax_scale 0.0 means 1/sqrt(head_dim).
 
-    Returns (out (B, Sq, Hq, D) contiguous in q's dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
+    8-bit (since 0.3; the arguments after return_lse have defaults, so the 0.2 call is unchanged): q, k, v
+    float8_e4m3fn with optional float32 (B, Hkv) descales (real value = stored * descale; None means 1); or 16-bit
+    q, k, v with precision=PRECISION_FP8 (quantized to e4m3 by the library). out_dtype: float16 / bfloat16 / None
+    (None: q's dtype; bfloat16 for 8-bit inputs). The workspace is allocated (zero-filled) by the op.
+
+    Returns (out (B, Sq, Hq, D) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
     else an empty (0,) tensor (a custom op cannot return None)."""
-    _check_inputs(q, k, v, "bshd")
+    _check_inputs(q, k, v, "bshd", allow_fp8=True)
+    o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
     lib = _check_supported(q, q.shape[3])
-    out, lse = _empty_outputs(q, return_lse)
+    extended = q.dtype == FP8_DTYPE or precision != _lib.PRECISION_NATIVE or o_dtype != q.dtype
+    if extended:
+        _check_extended_supported(lib, q, causal, o_dtype, precision)
+    out, lse = _empty_outputs(q, return_lse, o_dtype)
     if out.numel() == 0:
         return out, lse
     if k.shape[1] == 0:  # no keys: every row sees nothing (O = 0, LSE = -inf), as for fully masked rows
         out.zero_()
         lse.fill_(-math.inf)
         return out, lse
-    _launch(lib, q, k, v, out, lse, causal, softmax_scale)
+    if not extended:
+        _launch(lib, q, k, v, out, lse, causal, softmax_scale)
+    else:
+        descales = tuple(None if d is None else d.contiguous() for d in (q_descale, k_descale, v_descale))
+        _launch(lib, q, k, v, out, lse, causal, softmax_scale, descales=descales, precision=precision)
     return out, lse
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse):
-    _check_inputs(q, k, v, "bshd")
-    return _empty_outputs(q, return_lse)
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse, q_descale=None, k_descale=None, v_descale=None,
+                        out_dtype=None, precision=_lib.PRECISION_NATIVE):
+    _check_inputs(q, k, v, "bshd", allow_fp8=True)
+    o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
+    return _empty_outputs(q, return_lse, o_dtype)
 
 
 def _check_cache_seqlens(cache_seqlens: torch.Tensor, q: torch.Tensor) -> None:
@@ -514,7 +698,8 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
     grad_q, grad_k, grad_v = attention_bwd(grad_out, q, k, v)
-    return grad_q, grad_k, grad_v, None, None, None
+    # causal, softmax_scale, return_lse, the three descales, out_dtype, precision: no gradient.
+    return (grad_q, grad_k, grad_v) + (None,) * 8
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -531,18 +716,45 @@ def attention(
     causal: bool = False,
     softmax_scale: Optional[float] = None,
     return_lse: bool = False,
+    *,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    precision: Optional[str] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention in FlashAttention's layout: q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), Hq a multiple of Hkv.
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + Sk - Sq), as in FlashAttention 2/3.
-    softmax_scale: defaults to 1/sqrt(D). Returns out (B, Sq, Hq, D) in q's dtype, and with return_lse=True
-    also lse (B, Hq, Sq) float32 (natural log of the softmax denominator; -inf for rows that see no key).
+    softmax_scale: defaults to 1/sqrt(D). Returns out (B, Sq, Hq, D) in q's dtype (see out_dtype), and with
+    return_lse=True also lse (B, Hq, Sq) float32 (natural log of the softmax denominator; -inf for rows that see no
+    key).
+
+    8-bit attention (sm90 backend; keyword-only arguments):
+      - q, k, v float8_e4m3fn: the real values are stored * descale, with q_descale, k_descale, v_descale float32
+        (B, Hkv) tensors on q's device (FlashAttention-3's names and shapes; query head h uses the factor of its KV
+        head h // (Hq // Hkv)); None means 1. quantize_fp8 makes such inputs. O defaults to bfloat16.
+      - 16-bit q, k, v with precision="fp8": the library quantizes them to e4m3 (one scale per batch and KV head,
+        absmax -> 448) in the op's workspace and runs the 8-bit kernel; no descales. O in q's dtype by default.
+    out_dtype: torch.float16 or torch.bfloat16 (None: the default above). precision: None or "native" (the input
+    dtype's kernel) or "fp8".
     """
     scale = _check_scale(softmax_scale)
-    _check_inputs(q, k, v, "bshd")
+    _check_inputs(q, k, v, "bshd", allow_fp8=True)
+    precision_code = _check_precision(precision)
+    o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision_code)
+    extended = q.dtype == FP8_DTYPE or precision_code != _lib.PRECISION_NATIVE or o_dtype != q.dtype
     if not torch.compiler.is_compiling():
-        _check_supported(q, q.shape[3])  # precise errors up front in eager mode; the op checks again when run
-    out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse))
+        # Precise errors up front in eager mode; the op checks again when run.
+        lib = _check_supported(q, q.shape[3])
+        if extended:
+            _check_extended_supported(lib, q, bool(causal), o_dtype, precision_code)
+    if not extended:  # the 0.2 call
+        out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse))
+    else:
+        default_dtype = torch.bfloat16 if q.dtype == FP8_DTYPE else q.dtype
+        out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
+                                 None if o_dtype == default_dtype else o_dtype, precision_code)
     return (out, lse) if return_lse else out
 
 

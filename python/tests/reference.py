@@ -1,4 +1,5 @@
-"""Reference attention in fp32 (torch SDPA's math backend on upcast inputs) and a CPU emulation of the op.
+"""Reference attention in fp32 (torch SDPA's math backend on upcast inputs) and in float64 (chunked), the
+dequantization of 8-bit inputs, and a CPU emulation of the op (8-bit calls included).
 
 Imports torch: use only from tests that already skipped without it."""
 
@@ -50,31 +51,98 @@ def reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
     return out.transpose(1, 2), lse
 
 
+def reference_fp64(q, k, v, causal=False, softmax_scale=None, max_scores=2**25):
+    """(out, lse) in float64 for (B, S, H, D) inputs of any float dtype: out (B, Sq, Hq, D), lse (B, Hq, Sq).
+
+    Computed on the inputs' device one batch entry and block of query rows at a time (at most `max_scores` scores
+    at once). Causal is bottom-right aligned; rows that see no key give 0 / -inf. GQA: query head h reads KV head
+    h // (Hq // Hkv)."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    out = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.float64, device=q.device)
+    lse = torch.full((batch, heads_q, seqlen_q), -math.inf, dtype=torch.float64, device=q.device)
+    if seqlen_k == 0 or seqlen_q == 0:
+        return out, lse
+    rows = max(1, max_scores // (heads_q * seqlen_k))
+    for b in range(batch):
+        kd = k[b].double().transpose(0, 1).repeat_interleave(heads_q // heads_kv, dim=0)  # (Hq, Sk, D)
+        vd = v[b].double().transpose(0, 1).repeat_interleave(heads_q // heads_kv, dim=0)
+        for start in range(0, seqlen_q, rows):
+            stop = min(seqlen_q, start + rows)
+            qd = q[b, start:stop].double().transpose(0, 1)  # (Hq, rows, D)
+            scores = (qd @ kd.transpose(-1, -2)) * scale
+            if causal:
+                i = torch.arange(start, stop, device=q.device)[:, None]
+                j = torch.arange(seqlen_k, device=q.device)[None, :]
+                scores = scores.masked_fill(~(j <= i + (seqlen_k - seqlen_q)), -math.inf)
+            block_lse = torch.logsumexp(scores, dim=-1)  # (Hq, rows)
+            empty = torch.isneginf(block_lse)[..., None]
+            probs = torch.where(empty, 0.0, torch.exp(scores - torch.where(empty, 0.0, block_lse[..., None])))
+            out[b, start:stop] = (probs @ vd).transpose(0, 1)
+            lse[b, :, start:stop] = block_lse
+    return out, lse
+
+
+def dequantize(x, descale, heads_kv=None):
+    """float64 values of an 8-bit (B, S, H, D) tensor: x * descale, descale float32 (B, Hkv) (None: 1), query head
+    h using the factor of KV head h // (H // Hkv)."""
+    if descale is None:
+        return x.double()
+    heads = x.shape[2]
+    per_head = descale.double().repeat_interleave(heads // descale.shape[1], dim=1)  # (B, H)
+    return x.double() * per_head[:, None, :, None]
+
+
+def rel_rmse(out, ref):
+    """Relative RMSE: RMS(out - ref) / RMS(ref), in float64."""
+    ref = ref.double()
+    return ((out.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
 def emulate_on_cpu(monkeypatch):
     """Run flashcore's torch ops on CPU tensors with reference() in place of the native library.
 
     Checks the Python wiring (validation, custom op, fake impl, autograd, torch.compile, the transformers
-    adapter) without a GPU; the kernel itself is not exercised."""
-    from flashcore import _ops
+    adapter) without a GPU; the kernel itself is not exercised. 8-bit calls are emulated by the float64 reference
+    of the dequantized inputs (precision="fp8": of the inputs quantized per (batch, KV head) by quantize_fp8, as
+    the library does); the emulated library has 8-bit kernels for head dims 128 and 256."""
+    from flashcore import _lib, _ops
 
     class _CompiledCaps:
         path = "<cpu emulation>"
 
         @staticmethod
         def compiled():
-            return ("float16", "bfloat16"), (64, 128, 256)
+            return ("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256)
 
     def check_supported(q, head_dim):
         if head_dim not in _CompiledCaps.compiled()[1]:
             raise ValueError(f"FlashCore: head_dim {head_dim} is not supported (emulation)")
         return _CompiledCaps
 
-    def launch(lib, q, k, v, out, lse, causal, softmax_scale):
-        o, l = reference(q, k, v, causal, softmax_scale or None)
+    def check_extended_supported(lib, q, causal, out_dtype, precision):
+        eight_bit = q.dtype == torch.float8_e4m3fn or precision == _lib.PRECISION_FP8
+        if eight_bit and q.shape[3] not in (128, 256):
+            raise ValueError(f"FlashCore: head_dim {q.shape[3]} has no 8-bit kernel (emulation)")
+
+    def launch(lib, q, k, v, out, lse, causal, softmax_scale, descales=(None, None, None),
+               precision=_lib.PRECISION_NATIVE):
+        if q.dtype == torch.float8_e4m3fn or precision == _lib.PRECISION_FP8:
+            if precision == _lib.PRECISION_FP8:
+                heads_kv = k.shape[2]
+                (q, qd), (k, kd), (v, vd) = (_ops.quantize_fp8(t, num_heads_kv=heads_kv) for t in (q, k, v))
+                descales = (qd, kd, vd)
+            q, k, v = (dequantize(t, d) for t, d in zip((q, k, v), descales))
+            o, l = reference_fp64(q, k, v, causal, softmax_scale or None)
+            l = l.float()
+        else:
+            o, l = reference(q, k, v, causal, softmax_scale or None)
         out.copy_(o.to(out.dtype))
         if lse.numel():
             lse.copy_(l)
 
     monkeypatch.setattr(_ops, "_check_device", lambda q, k, v: None)
     monkeypatch.setattr(_ops, "_check_supported", check_supported)
+    monkeypatch.setattr(_ops, "_check_extended_supported", check_extended_supported)
     monkeypatch.setattr(_ops, "_launch", launch)

@@ -95,6 +95,10 @@ def test_enums_match_header(header_text):
     assert set(_lib.DTYPE_NAMES) == set(dtypes.values()) - {_lib.DTYPE_SAME}
     assert _lib.MAX_CAPS == parse_define(header_text, "FLASHCORE_MAX_CAPS")
     assert _lib.ATTENTION_PARAMS_V1_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V1_SIZE")
+    assert _lib.ATTENTION_PARAMS_V2_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V2_SIZE")
+    assert _lib.PRECISION_NATIVE == parse_define(header_text, "FLASHCORE_PRECISION_NATIVE") == 0
+    assert _lib.PRECISION_FP8 == parse_define(header_text, "FLASHCORE_PRECISION_FP8") == 1
+    assert _lib.DTYPE_NAMES[_lib.DTYPE_FP8_E4M3] == "float8_e4m3fn" and _lib.DTYPE_FP8_E4M3 == 3
     assert _lib.CAPABILITIES_V1_SIZE == parse_define(header_text, "FLASHCORE_CAPABILITIES_V1_SIZE")
     ring = RING_HEADER.read_text()
     assert parse_enum(ring, "flashcore_ring_layout") == {"FLASHCORE_RING_ZIGZAG": _lib.RING_ZIGZAG,
@@ -119,6 +123,16 @@ def test_v1_prefix_of_the_mirror():
     """A 0.1 library is handed the mirror's first 240 bytes: the 0.1 fields must end there."""
     assert _lib.AttentionParamsStruct.out_dtype.offset == 236
     assert _lib.CapabilitiesStruct.params_struct_size.offset == _lib.CAPABILITIES_V1_SIZE
+
+
+def test_v2_prefix_of_the_mirror():
+    """A 0.2 library is handed the mirror's first 448 bytes: the 0.2 fields end there, the 0.3 ones follow."""
+    params = _lib.AttentionParamsStruct
+    assert params.seqlen_new.offset + params.seqlen_new.size == _lib.ATTENTION_PARAMS_V2_SIZE
+    assert params.q_descale.offset == _lib.ATTENTION_PARAMS_V2_SIZE
+    assert [name for name, _ in params._fields_][-5:] == ["q_descale", "k_descale", "v_descale", "precision",
+                                                          "reserved2"]
+    assert ctypes.sizeof(params) == 480
 
 
 def test_every_status_maps_to_an_exception():
@@ -228,11 +242,15 @@ def test_stub_loads_and_reports(use_library, stub_library):
     caps = flashcore.capabilities()
     params_size = ctypes.sizeof(_lib.AttentionParamsStruct)
     assert caps == _lib.Capabilities(
-        ("float16", "bfloat16"), (64, 128, 256), (90,), 0, False, ("float16", "bfloat16"), "", params_size
+        ("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256), (90,), 0, False, ("float16", "bfloat16"), "",
+        params_size
     )
     assert _lib.load().params_struct_size == params_size
     assert _lib.load().kernel_configs(_lib.DTYPE_BF16, 64, True) == ("default",)
-    assert _lib.load().compiled() == (("float16", "bfloat16"), (64, 128, 256))
+    assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 64, False) == ()  # the stub's 8-bit head dims: 128, 256
+    assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 128, True) == ("default",)
+    assert _lib.load().compiled() == (("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256))
+    assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2"))
 
 
 def test_params_reach_c_intact(use_library, stub_library):
@@ -262,7 +280,88 @@ def test_params_reach_c_intact(use_library, stub_library):
     assert (seen.dtype, seen.causal, seen.softmax_scale) == (_lib.DTYPE_BF16, 1, 0.125)
     assert seen.struct_size == ctypes.sizeof(_lib.AttentionParamsStruct)
     assert (seen.out_dtype, seen.lse_capacity, seen.workspace, seen.kernel_config) == (_lib.DTYPE_SAME, 0, None, None)
+    assert (seen.q_descale, seen.k_descale, seen.v_descale, seen.precision, seen.reserved2) == (
+        None, None, None, _lib.PRECISION_NATIVE, 0)
     assert lib.workspace_size(params) == 0
+
+
+def test_fp8_params_reach_c_intact(use_library, stub_library):
+    use_library(stub_library)
+    lib = _lib.load()
+    params = _lib.fill_params(
+        lib.new_params(),
+        pointers=(0x1000, 0x2000, 0x3000, 0x4000, 0),
+        strides=((16384, 1024, 128, 1),) * 4,
+        sizes=(2, 8, 8, 8, 2, 128),
+        dtype=_lib.DTYPE_FP8_E4M3,
+        causal=False,
+        softmax_scale=0.0,
+    )
+    params.out_dtype = _lib.DTYPE_FP16
+    params.q_descale, params.k_descale, params.v_descale = 0x5000, 0x5100, 0x5200
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert (seen.dtype, seen.out_dtype, seen.precision) == (_lib.DTYPE_FP8_E4M3, _lib.DTYPE_FP16, 0)
+    assert (seen.q_descale, seen.k_descale, seen.v_descale) == (0x5000, 0x5100, 0x5200)
+    params.q_descale = params.k_descale = params.v_descale = None
+    params.dtype, params.precision = _lib.DTYPE_BF16, _lib.PRECISION_FP8
+    lib.forward(params, 0)
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert (seen.dtype, seen.precision, seen.q_descale) == (_lib.DTYPE_BF16, _lib.PRECISION_FP8, None)
+
+
+@pytest.fixture
+def stub_v2_library(c_compiler, header_text, tmp_path_factory):
+    """The stub playing a 0.2 library (struct_size 448, no 8-bit dtype)."""
+    from conftest import build_stub
+
+    return build_stub(c_compiler, tmp_path_factory.mktemp("stub_v2"), "libflashcore_v2.so",
+                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V2_SIZE")
+
+
+def test_v1_library_knows_no_later_field(use_library, c_compiler, header_text, tmp_path):
+    """The stub playing a 0.1-sized library: struct_size 240; out_dtype (in the 0.1 struct's tail padding) and every
+    later field count as unknown."""
+    from conftest import build_stub
+
+    use_library(build_stub(c_compiler, tmp_path, "libflashcore_v1.so",
+                           "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V1_SIZE"))
+    lib = _lib.load()
+    assert lib.params_struct_size == _lib.ATTENTION_PARAMS_V1_SIZE
+    assert lib.has_params_field("softmax_scale")
+    assert not any(lib.has_params_field(name) for name in ("out_dtype", "workspace", "precision"))
+    params = lib.new_params()
+    assert params.struct_size == _lib.ATTENTION_PARAMS_V1_SIZE
+
+
+def test_v2_library_gets_the_v2_struct_size(use_library, stub_v2_library):
+    """A 0.2 library reports params_struct_size 448: it is passed struct_size 448, and the 0.3 fields (past its
+    struct) are neither known (has_params_field) nor seen by it."""
+    use_library(stub_v2_library)
+    lib = _lib.load()
+    assert lib.capabilities().params_struct_size == _lib.ATTENTION_PARAMS_V2_SIZE
+    assert lib.params_struct_size == _lib.ATTENTION_PARAMS_V2_SIZE
+    assert lib.has_params_field("seqlen_new") and lib.has_params_field("out_dtype")
+    assert not lib.has_params_field("q_descale") and not lib.has_params_field("precision")
+    assert "float8_e4m3fn" not in lib.compiled()[0]
+    params = _lib.fill_params(
+        lib.new_params(),
+        pointers=(0x1000, 0x2000, 0x3000, 0x4000, 0),
+        strides=((8192, 512, 64, 1),) * 4,
+        sizes=(2, 3, 5, 8, 8, 64),
+        dtype=_lib.DTYPE_BF16,
+        causal=True,
+        softmax_scale=0.0,
+    )
+    assert params.struct_size == _lib.ATTENTION_PARAMS_V2_SIZE
+    assert params.out_dtype == _lib.DTYPE_SAME  # set by the library's init of the 0.2 layout
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert seen.struct_size == _lib.ATTENTION_PARAMS_V2_SIZE
+    assert ctypes.string_at(ctypes.addressof(seen), _lib.ATTENTION_PARAMS_V2_SIZE) == ctypes.string_at(
+        ctypes.addressof(params), _lib.ATTENTION_PARAMS_V2_SIZE)
 
 
 def test_lse_capacity_is_passed_for_the_lse_allocated(use_library, stub_library):

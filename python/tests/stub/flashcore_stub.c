@@ -4,7 +4,9 @@
  * flashcore_attention_forward records the params it was given (see stub_last_params) and returns SUCCESS,
  * unless params->head_dim >= 1000, in which case it fails with status head_dim - 1000.
  * Compiled with -DSTUB_BAD_STRUCT_SIZE, flashcore_get_capabilities reports a params_struct_size that is neither the
- * 0.1 layout nor the current one. */
+ * 0.1 layout nor the current one. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V2_SIZE it plays a 0.2
+ * library: it reports that params_struct_size, accepts only that struct_size, reads (and records) only that many
+ * bytes, and compiles no 8-bit dtype. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,15 +16,19 @@ static flashcore_attention_params g_last;
 static void* g_last_stream;
 static char g_error[256];
 
+#ifndef STUB_PARAMS_SIZE
+#define STUB_PARAMS_SIZE sizeof(flashcore_attention_params)
+#endif
+
 #define STUB_STR2(x) #x
 #define STUB_STR(x) STUB_STR2(x)
 #define STUB_VERSION \
   STUB_STR(FLASHCORE_VERSION_MAJOR) "." STUB_STR(FLASHCORE_VERSION_MINOR) "." STUB_STR(FLASHCORE_VERSION_PATCH)
 
 FLASHCORE_API void flashcore_attention_params_init_sized(flashcore_attention_params* params, uint32_t struct_size) {
-  if (!params || struct_size != sizeof(*params)) return;
-  memset(params, 0, sizeof(*params));
-  params->struct_size = (uint32_t)sizeof(*params);
+  if (!params || struct_size != STUB_PARAMS_SIZE) return;
+  memset(params, 0, STUB_PARAMS_SIZE);
+  params->struct_size = (uint32_t)STUB_PARAMS_SIZE;
   params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
   params->out_dtype = FLASHCORE_DTYPE_SAME;
 }
@@ -49,9 +55,9 @@ FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashco
 
 FLASHCORE_API flashcore_status flashcore_attention_validate(const flashcore_attention_params* params) {
   if (!params) return FLASHCORE_ERROR_NULL_POINTER;
-  if (params->struct_size != sizeof(*params)) {
+  if (params->struct_size != STUB_PARAMS_SIZE) {
     snprintf(g_error, sizeof(g_error), "struct_size = %u, expected %u", params->struct_size,
-             (unsigned)sizeof(*params));
+             (unsigned)STUB_PARAMS_SIZE);
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   return FLASHCORE_SUCCESS;
@@ -66,7 +72,8 @@ FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_atten
     snprintf(g_error, sizeof(g_error), "stub failure with status %d", (int)status);
     return status;
   }
-  g_last = *params;
+  memset(&g_last, 0, sizeof(g_last));
+  memcpy(&g_last, params, STUB_PARAMS_SIZE); /* what a library of this layout reads */
   g_last_stream = (void*)stream;
   g_error[0] = '\0';
   return FLASHCORE_SUCCESS;
@@ -96,6 +103,7 @@ FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities
   caps->num_dtypes = 2;
   caps->dtypes[0] = FLASHCORE_DTYPE_FP16;
   caps->dtypes[1] = FLASHCORE_DTYPE_BF16;
+  if (STUB_PARAMS_SIZE == sizeof(flashcore_attention_params)) caps->dtypes[caps->num_dtypes++] = FLASHCORE_DTYPE_FP8_E4M3;
   caps->num_head_dims = 3;
   caps->head_dims[0] = 64;
   caps->head_dims[1] = 128;
@@ -107,7 +115,7 @@ FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities
 #ifdef STUB_BAD_STRUCT_SIZE
   caps->params_struct_size = (uint32_t)sizeof(flashcore_attention_params) - 8u;
 #else
-  caps->params_struct_size = (uint32_t)sizeof(flashcore_attention_params);
+  caps->params_struct_size = (uint32_t)STUB_PARAMS_SIZE;
 #endif
   caps->num_out_dtypes = 2;
   caps->out_dtypes[0] = FLASHCORE_DTYPE_FP16;
@@ -129,8 +137,14 @@ FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcor
 
 FLASHCORE_API flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t head_dim, int32_t causal,
                                                              const char** names, int32_t capacity, int32_t* count) {
-  (void)dtype, (void)head_dim, (void)causal;
+  (void)causal;
   if (!count) return FLASHCORE_ERROR_NULL_POINTER;
+  /* 8-bit kernels for head dims 128 and 256 only (as the first sm90 8-bit build), none in a 0.2 stub. */
+  if (dtype == FLASHCORE_DTYPE_FP8_E4M3 &&
+      (STUB_PARAMS_SIZE != sizeof(flashcore_attention_params) || (head_dim != 128 && head_dim != 256))) {
+    *count = 0;
+    return FLASHCORE_SUCCESS;
+  }
   *count = 1;
   if (capacity > 0 && names) names[0] = "default";
   return FLASHCORE_SUCCESS;

@@ -54,6 +54,7 @@ struct KernelConfig {
   static constexpr int kConsumerRegs = kPlan.consumer_regs;
 
   static constexpr int kRowBytes = kSmemRowBytes;
+  static constexpr int kQKRowBytes = kPlan.qk_row_bytes;  // 128, or 64 for 8-bit head dim 64 (64-byte swizzle)
   static constexpr int kChunkCols = kPlan.chunk_cols;
   static constexpr int kChunks = kPlan.chunks;
   static constexpr int kQChunkBytes = kPlan.q_chunk_bytes;

@@ -69,8 +69,8 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const uint
 #pragma unroll
   for (int k = 0; k < Cfg::kHeadDim / Cfg::kMmaK; ++k) {
     const int chunk = k / kStepsPerChunk, kk = k % kStepsPerChunk;
-    const uint64_t da = make_smem_desc_sw128(q_slice + chunk * Cfg::kQChunkBytes + kk * 32, 16, 1024);
-    const uint64_t db = make_smem_desc_sw128(k_tile + chunk * Cfg::kKVChunkBytes + kk * 32, 16, 1024);
+    const uint64_t da = make_smem_desc_kmajor<Cfg::kQKRowBytes>(q_slice + chunk * Cfg::kQChunkBytes + kk * 32);
+    const uint64_t db = make_smem_desc_kmajor<Cfg::kQKRowBytes>(k_tile + chunk * Cfg::kKVChunkBytes + kk * 32);
     WgmmaSS<typename Cfg::Element, Cfg::kBlockN>::mma(s, da, db, k > 0 ? 1 : 0);
   }
   wgmma_commit_group();
@@ -180,7 +180,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   const int warp_in_wg = (threadIdx.x / 32) % 4;
   const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
                        warp_in_wg * 16 + lane / 4;
-  const uint8_t* q_slice = smem + Cfg::kSmemQOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kRowBytes;
+  const uint8_t* q_slice = smem + Cfg::kSmemQOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes;
   auto k_tile = [&](int stage) { return smem + Cfg::kSmemKOffset + stage * Cfg::kKVTileBytes; };
   auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kKVTileBytes; };
   auto softmax_step = [&](float (&s)[Cfg::kBlockN / 2], int n_block, float (&rescale)[2]) {

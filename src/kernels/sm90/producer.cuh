@@ -11,7 +11,7 @@
 
 namespace flashcore::sm90 {
 
-// Load a (kRows x head_dim) tile as boxes of (one 128-byte row chunk x kBoxRows rows), slice by slice, the chunks of
+// Load a (kRows x head_dim) tile as boxes of (one 128-byte row chunk -- 64 bytes for 8-bit head dim 64 -- x kBoxRows rows), slice by slice, the chunks of
 // a slice back to back; chunk c of row r lands at smem + c * kChunkBytes + r * 128 (the 128B swizzle is a function
 // of the address, so slices of 8k rows compose into the same layout as one box).
 template <class Cfg, int kChunkBytes, int kRows, int kBoxRows>
@@ -24,7 +24,7 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* s
     for (int c = 0; c < Cfg::kChunks; ++c) {
       const int32_t coords[4] = {c * Cfg::kChunkCols, static_cast<int32_t>(row + r), head, batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                      smem + c * kChunkBytes + r * Cfg::kRowBytes, map, coords, bar);
+                                      smem + c * kChunkBytes + r * Cfg::kQKRowBytes, map, coords, bar);
     }
   }
 }

@@ -36,6 +36,24 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* smem_ptr, u
   return desc;
 }
 
+// The same for a 64-byte-swizzled operand (bits 62-63 = 2): 64-byte rows, the pattern repeats every 8 rows (512 B).
+__device__ __forceinline__ uint64_t make_smem_desc_sw64(const void* smem_ptr, uint32_t leading_byte_offset,
+                                                        uint32_t stride_byte_offset) {
+  return (make_smem_desc_sw128(smem_ptr, leading_byte_offset, stride_byte_offset) & ~(uint64_t{3} << 62)) |
+         (uint64_t{2} << 62);
+}
+
+// A K-major operand stored in rows of kRowBytes (128 or 64), swizzled to that width; 8-row groups are contiguous.
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t make_smem_desc_kmajor(const void* smem_ptr) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte rows");
+  if constexpr (kRowBytes == 128) {
+    return make_smem_desc_sw128(smem_ptr, 16, 1024);
+  } else {
+    return make_smem_desc_sw64(smem_ptr, 16, 512);
+  }
+}
+
 // wgmma.fence: order register accesses of earlier instructions before the next wgmma.mma_async.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

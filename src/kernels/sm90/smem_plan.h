@@ -24,7 +24,9 @@ struct SmemPlan {
   int consumer_regs;
   bool persistent;  // the schedule walks several tiles per CTA
   // Tiles are stored as chunks of 128-byte rows: chunk c holds columns [c*chunk_cols, (c+1)*chunk_cols) of
-  // every row. Chunks are 1024-byte aligned. O is staged in the same layout, in its own element size.
+  // every row. Chunks are 1024-byte aligned. O is staged in the same layout, in its own element size. Q and K rows
+  // shorter than 128 bytes (8-bit head dim 64) are one chunk of 64-byte rows, 64-byte swizzled (qk_row_bytes).
+  int qk_row_bytes;
   int chunk_cols, chunks;
   int out_chunk_cols, out_chunks;
   int q_chunk_bytes, kv_chunk_bytes, out_chunk_bytes;
@@ -47,12 +49,13 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.consumer_regs = consumer_regs(p.consumer_warpgroups);
   p.persistent = shape.schedule == Schedule::kStaticPersistent || shape.schedule == Schedule::kDynamicPersistent;
 
-  p.chunk_cols = kSmemRowBytes / elem_bytes;
+  p.qk_row_bytes = head_dim * elem_bytes < kSmemRowBytes ? head_dim * elem_bytes : kSmemRowBytes;
+  p.chunk_cols = p.qk_row_bytes / elem_bytes;
   p.chunks = head_dim / p.chunk_cols;
   p.out_chunk_cols = kSmemRowBytes / out_elem_bytes;
   p.out_chunks = head_dim / p.out_chunk_cols;
-  p.q_chunk_bytes = shape.block_m * kSmemRowBytes;
-  p.kv_chunk_bytes = shape.block_n * kSmemRowBytes;
+  p.q_chunk_bytes = shape.block_m * p.qk_row_bytes;
+  p.kv_chunk_bytes = shape.block_n * p.qk_row_bytes;
   p.out_chunk_bytes = shape.block_m * kSmemRowBytes;
   p.q_bytes = p.q_chunk_bytes * p.chunks;
   p.kv_tile_bytes = p.kv_chunk_bytes * p.chunks;

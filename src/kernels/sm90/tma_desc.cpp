@@ -52,10 +52,13 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   const cuuint64_t strides[3] = {stride_bytes(a.strides.seq, a.seqlen, elem),
                                  stride_bytes(a.strides.head, a.heads, elem),
                                  stride_bytes(a.strides.batch, a.batch, elem)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / elem), static_cast<cuuint32_t>(a.box_rows), 1, 1};
+  // One 128-byte row chunk per box row; a row of 64 bytes (8-bit head dim 64) is one box of 64-byte swizzled rows.
+  const int64_t row_elems = a.head_dim * elem < 128 ? a.head_dim : 128 / elem;
+  const CUtensorMapSwizzle swizzle = row_elems * elem == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_elems), static_cast<cuuint32_t>(a.box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult res = encode(map, type, 4, const_cast<void*>(a.base), dims, strides, box, elem_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     error = std::string("cuTensorMapEncodeTiled rejected tensor '") + a.name + "' (CUresult " +
