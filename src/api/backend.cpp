@@ -151,7 +151,10 @@ const char* backend_for_arch(int cc) {
   return b != nullptr ? b->name : nullptr;
 }
 
-int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char** out, int capacity) {
+int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char** names, int capacity) {
+  // The rows whose O is in the dtype's default output dtype (the input dtype; bf16 for 8-bit inputs; 8-bit configs are
+  // compiled for both 16-bit outputs with the same names).
+  const flashcore_dtype out = resolved_out_dtype(dtype, FLASHCORE_DTYPE_SAME);
   const Backend* b = find(cc);
   if (b == nullptr) return 0;
   std::vector<RowKey> rows = rows_of(b->id);
@@ -164,25 +167,25 @@ int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, con
   const char* def = nullptr;
   std::string ignored;
   if (b->id == Id::kSm90) {
-    const sm90::KernelRow* r = sm90::select(dtype, dtype, head_dim, causal, nullptr, ignored);
+    const sm90::KernelRow* r = sm90::select(dtype, out, head_dim, causal, nullptr, ignored);
     def = r != nullptr ? r->name : nullptr;
   }
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    const sm80::KernelRow* r = sm80::select(dtype, dtype, head_dim, causal, nullptr, cc, ignored);
+    const sm80::KernelRow* r = sm80::select(dtype, out, head_dim, causal, nullptr, cc, ignored);
     def = r != nullptr ? r->name : nullptr;
   }
 #endif
   int count = 0;
   for (int pass = 0; pass < 2; ++pass) {
     for (const RowKey& r : rows) {
-      if (r.dtype != dtype || r.out_dtype != dtype || r.head_dim != head_dim || r.causal != causal) continue;
+      if (r.dtype != dtype || r.out_dtype != out || r.head_dim != head_dim || r.causal != causal) continue;
       const bool is_def = def != nullptr && std::strcmp(r.name, def) == 0;
       if (is_def != (pass == 0)) continue;
 #ifdef FLASHCORE_HAVE_SM80
       if (b->id == Id::kSm80 && r.smem_bytes > sm80::smem_limit(cc)) continue;  // cannot launch here
 #endif
-      if (out != nullptr && count < capacity) out[count] = r.name;
+      if (names != nullptr && count < capacity) names[count] = r.name;
       ++count;
     }
   }
@@ -272,17 +275,18 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
 
 bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char* name,
                       bool* needs_workspace) {
+  const flashcore_dtype out = resolved_out_dtype(dtype, FLASHCORE_DTYPE_SAME);
   const Backend* b = find(cc);
   if (b == nullptr || name == nullptr) return false;
   std::string ignored;
   bool workspace = false;
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    if (sm80::select(dtype, dtype, head_dim, causal, name, cc, ignored) == nullptr) return false;
+    if (sm80::select(dtype, out, head_dim, causal, name, cc, ignored) == nullptr) return false;
   }
 #endif
   if (b->id == Id::kSm90) {
-    const sm90::KernelRow* row = sm90::select(dtype, dtype, head_dim, causal, name, ignored);
+    const sm90::KernelRow* row = sm90::select(dtype, out, head_dim, causal, name, ignored);
     if (row == nullptr) return false;
     workspace = sm90::needs_workspace(*row);
   }

@@ -85,7 +85,7 @@ struct KernelConfig {
 
   static_assert((kElemBytes == 2 || kElemBytes == 1) && kOutElemBytes == 2, "16- or 8-bit inputs, 16-bit O");
   static_assert(kElemBytes == 2 || kBlockN % kSmemRowBytes == 0, "8-bit: the transposed V tile is whole 128-key chunks");
-  static_assert(kElemBytes == 2 || (!kSplitKv && !kPersistent), "8-bit: one CTA per tile only (for now)");
+  static_assert(kElemBytes == 2 || !kSplitKv, "8-bit: no split-KV rows (yet)");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");
   static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
