@@ -4,7 +4,9 @@
 # compiled here.
 #
 #   tools/device_run.sh [--out DIR] [--anchors FILE] [--ab-base CLI] STAGE...
-#   stages: info tests check sanitize python tvla seeds grid report report-quick ab profile tune report-tuned
+#   stages: info tests check sanitize python tvla seeds grid report report-quick report-fp8 ab profile tune
+#           report-tuned
+#   report-fp8: the 8-bit tables only (FlashCore e4m3 and precision=fp8 against FA3 FP8, and the accuracy table).
 #   tune: flashcore tune (--build with the cubins carried in $CUBINS, default .dev/cubins; more options in
 #         $TUNE_ARGS) writing OUT/tuning.json; report-tuned: the report with that table installed
 #         (FLASHCORE_TUNING_TABLE; without a tune stage: the library's built-in table) and the default configs
@@ -50,6 +52,7 @@ for stage in "${stages[@]}"; do
       run cpu_tests "$bin/flashcore_cpu_tests" --gtest_brief=1
       run gpu_tests "$bin/flashcore_gpu_tests" --gtest_brief=1
       run abi_v1 env LD_LIBRARY_PATH="$PWD/build/lib" "$bin/flashcore_abi_v1_caller"
+      run abi_v2 env LD_LIBRARY_PATH="$PWD/build/lib" "$bin/flashcore_abi_v2_caller"
       run tune_test env FLASHCORE_KERNEL_SOURCES="$PWD/src" bash tools/test_tune_gpu.sh "$bin/flashcore" "${CUBINS:-.dev/cubins}" ;;
     check) run check_det "$bin/flashcore" check --quick --determinism 20 ;;
     tvla) run tvla "$bin/flashcore" tvla ;;
@@ -60,6 +63,8 @@ for stage in "${stages[@]}"; do
     grid) run grid "$bin/flashcore" bench grid --dtype bf16 --causal both --json "$out/grid.json" ;;
     report) run report python3 bench/report.py --dtype both --out "$out/report" "${anchor_args[@]}"; tar -C "$out" -czf "$out/report.tgz" report ;;
     report-quick) run report python3 bench/report.py --quick --dtype bf16 --out "$out/report" "${anchor_args[@]}" ;;
+    report-fp8) run report_fp8 python3 bench/report.py --fp8 --no-grid --dtype bf16 --systems flashcore,fa3 \
+      --out "$out/report_fp8" ;;
     tune)
       run tune env FLASHCORE_KERNEL_SOURCES="$PWD/src" "$bin/flashcore" tune --build --cubin-dir "${CUBINS:-.dev/cubins}" \
         --out "$out/tuning.json" --report "$out/tune_report.md" ${TUNE_ARGS:-} ;;

@@ -127,6 +127,30 @@ for d in fp16 bf16; do
     expect 2 "unsupported dtype $d: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype $d
   fi
 done
+# 8-bit: --dtype e4m3 (bench, check), --precision, --out-dtype; the 16-bit-only commands refuse e4m3
+usage_form bench --precision x
+usage_form bench --out-dtype fp32
+usage_form check --precision
+expect 2 "quantizes 16-bit inputs" 1 -- "$BIN" bench --shape "$S1" --dtype e4m3 --precision fp8
+expect 2 "quantizes 16-bit inputs" 1 -- "$BIN" check --shape "$S1" --dtype e4m3 --precision fp8
+expect 2 "out-dtype is for" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --out-dtype fp16
+expect 2 "out-dtype is for" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --out-dtype bf16
+expect 2 "16-bit inputs only" 1 -- "$BIN" tune --dtype e4m3
+expect 2 "16-bit inputs only" 1 -- "$BIN" tvla --dtype e4m3
+expect 2 "unknown option '--precision'" 1 -- "$BIN" tune --precision fp8
+for cmd in bench check; do
+  expect 0 "e4m3" 0 -- "$BIN" $cmd --help
+  expect 0 "--precision" 0 -- "$BIN" $cmd --help
+done
+HAVE_E4M3=0
+[[ ",$DTYPES," == *",fp8_e4m3,"* ]] && HAVE_E4M3=1
+if [[ $HAVE_E4M3 -eq 0 ]]; then
+  expect 2 "unsupported dtype e4m3: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype e4m3
+  expect 2 "not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --precision fp8
+  if [[ $have_check -eq 1 ]]; then
+    expect 2 "unsupported dtype e4m3: not compiled" 1 -- "$BIN" check --shape "$S1" --dtype e4m3
+  fi
+fi
 expect 2 "--causal" 1 -- "$BIN" bench --causal 2
 expect 2 "--layout" 1 -- "$BIN" bench --layout sbhd
 expect 2 "not an integer" 1 -- "$BIN" bench --iters abc
@@ -165,6 +189,15 @@ if [[ $have_check -eq 1 ]]; then
   nogpu check --shape "$S1" --dtype "$DT" --determinism 3
   nogpu check --quick --json "$tmp/check.json" --csv "$tmp/check.csv"
   nogpu bench --shape "$S1" --dtype "$DT" --check
+fi
+if [[ $HAVE_E4M3 -eq 1 ]]; then
+  nogpu bench --shape "$S1" --dtype e4m3 --out-dtype fp16
+  nogpu bench --shape "$S1" --dtype "$DT" --precision fp8 --json "$tmp/x.json"
+  if [[ $have_check -eq 1 ]]; then
+    nogpu check --shape "$S1" --dtype e4m3 --causal 1
+    nogpu check --shape "$S1" --dtype "$DT" --precision fp8
+    nogpu bench --shape "$S1" --dtype e4m3 --check
+  fi
 fi
 # the no-GPU message says why (no driver / driver too old / no GPU), not only a CUDA error name
 expect 3 "no Hopper GPU found: \(no NVIDIA driver found\|NVIDIA driver too old\|no GPU\)" 1 -- \

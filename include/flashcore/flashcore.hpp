@@ -5,6 +5,15 @@
 //   auto v = flashcore::TensorView::bshd(v_ptr, FLASHCORE_DTYPE_BF16, batch, seqlen_k, heads_kv, head_dim);
 //   auto o = flashcore::TensorView::bshd(o_ptr, FLASHCORE_DTYPE_BF16, batch, seqlen_q, heads_q, head_dim);
 //   flashcore::attention_forward(q, k, v, o, {/*causal=*/true}, stream);  // throws flashcore::Error
+//
+// 8-bit (e4m3) inputs: Q, K, V views of dtype FLASHCORE_DTYPE_FP8_E4M3 (strides in bytes), O a bf16 or fp16 view, the
+// descales in the options, and a zero-filled workspace of workspace_size() bytes (the library transposes V into it):
+//   flashcore::ForwardOptions opt;
+//   opt.q_descale = qd, opt.k_descale = kd, opt.v_descale = vd;  // device float (batch, heads_kv); nullptr: 1
+//   opt.workspace_size = flashcore::workspace_size(q8, k8, v8, o, opt);
+//   opt.workspace = ws;  // cudaMalloc'ed and cudaMemset to 0 once
+//   flashcore::attention_forward(q8, k8, v8, o, opt, stream);
+// 16-bit inputs computed in 8 bits: opt.precision = FLASHCORE_PRECISION_FP8 (no descales; a workspace too).
 #ifndef FLASHCORE_FLASHCORE_HPP_
 #define FLASHCORE_FLASHCORE_HPP_
 
@@ -75,6 +84,14 @@ struct ForwardOptions {
   const char* kernel_config = nullptr;  // a name from kernel_configs(); nullptr: the library's choice
   const int32_t* seqused_k = nullptr;   // device int32 (batch,): a KV cache's lengths (flashcore.h)
   int32_t num_splits = 0;               // split-KV parts: 0 the library's choice, 1 never, n at most n
+  // Since 0.3. 8-bit (FLASHCORE_DTYPE_FP8_E4M3) inputs: the real values are stored * descale, one float32 per (batch,
+  // KV head): device arrays (batch, heads_kv), contiguous, 4-byte aligned; nullptr means 1. 16-bit inputs: nullptr.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  // FLASHCORE_PRECISION_NATIVE, or FLASHCORE_PRECISION_FP8: 16-bit Q, K, V quantized to e4m3 by the library (per
+  // batch and KV head, into the workspace) and run by the 8-bit kernels; O stays in o's dtype.
+  int32_t precision = FLASHCORE_PRECISION_NATIVE;
   // Packed (varlen) batches, paged caches and appends: set the C fields of make_params()'s result directly
   // (cu_seqlens_q/k, total_q/k, block_table, page_size, num_pages, k_new, v_new, seqlen_new; see flashcore.h).
 };
@@ -114,7 +131,8 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.dtype = q.dtype;
   p.causal = options.causal ? 1 : 0;
   p.softmax_scale = options.softmax_scale;
-  // O in another dtype than the inputs is out_dtype (the library says which ones it supports).
+  // O in another dtype than the inputs is out_dtype (the library says which ones it supports; 8-bit inputs write
+  // O in bf16 or fp16, so their o view names it).
   p.out_dtype = o.dtype == q.dtype ? FLASHCORE_DTYPE_SAME : o.dtype;
   p.lse_capacity = options.lse == nullptr ? 0
                    : options.lse_capacity != 0 ? options.lse_capacity
@@ -124,6 +142,10 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.kernel_config = options.kernel_config;
   p.seqused_k = options.seqused_k;
   p.num_splits = options.num_splits;
+  p.q_descale = options.q_descale;
+  p.k_descale = options.k_descale;
+  p.v_descale = options.v_descale;
+  p.precision = options.precision;
   return p;
 }
 
@@ -141,7 +163,8 @@ inline void attention_forward(const TensorView& q, const TensorView& k, const Te
   check(flashcore_attention_forward(&p, stream));
 }
 
-// Bytes of device workspace attention_forward needs for these views on the current device (usually 0).
+// Bytes of device workspace attention_forward needs for these views on the current device (0 for most 16-bit
+// calls; every 8-bit or precision = FP8 call needs one). Zero-fill it before its first use.
 inline uint64_t workspace_size(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                                const ForwardOptions& options = {}) {
   const flashcore_attention_params p = make_params(q, k, v, o, options);

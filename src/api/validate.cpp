@@ -461,10 +461,12 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
                     dtype_name(p.dtype), ": 8-bit inputs write O in fp16 or bf16 (FLASHCORE_DTYPE_SAME: bf16)");
       return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
     }
-  } else if (p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype) {
+  } else if (p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype &&
+             !(p.precision == FLASHCORE_PRECISION_FP8 &&
+               (p.out_dtype == FLASHCORE_DTYPE_FP16 || p.out_dtype == FLASHCORE_DTYPE_BF16))) {
     message = cat("out_dtype = ", static_cast<int>(p.out_dtype), " (", dtype_name(p.out_dtype), ") differs from dtype = ",
                   static_cast<int>(p.dtype), " (", dtype_name(p.dtype),
-                  "); 16-bit inputs write O in the input dtype (use FLASHCORE_DTYPE_SAME)");
+                  "); 16-bit inputs write O in the input dtype (use FLASHCORE_DTYPE_SAME), or with precision = FP8 in fp16 or bf16");
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
   }
   if (p.head_dim > INT_MAX || !backend::is_compiled(p.dtype, static_cast<int>(p.head_dim))) {

@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "fp8_check.h"
 #include "nvml_sampler.h"
 #include "random_pool.h"
 #include "reference/reference.h"  // the fp16/bf16 conversions (flashcore_reference, linked through flashcore_check)
@@ -30,7 +31,24 @@ struct RowSpec {
   int64_t batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 128, seqlen_k = 128, head_dim = 64;
   flashcore_dtype dtype = FLASHCORE_DTYPE_BF16;
   bool causal = false;
+  int32_t precision = FLASHCORE_PRECISION_NATIVE;    // FP8: 16-bit inputs quantized by the library, timed with it
+  flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // as passed (SAME: bf16 for e4m3, the input dtype otherwise)
 };
+
+// 8-bit kernels run: e4m3 inputs, or 16-bit inputs with precision = FP8.
+bool runs_8bit(const RowSpec& r) {
+  return r.dtype == FLASHCORE_DTYPE_FP8_E4M3 || r.precision == FLASHCORE_PRECISION_FP8;
+}
+
+// The dtype column: "bf16", "e4m3" (O in bf16), "e4m3>fp16" (O in fp16), "bf16:fp8" (precision = FP8).
+std::string dtype_label(const RowSpec& r) {
+  std::string s = cli_dtype_name(r.dtype);
+  if (r.precision == FLASHCORE_PRECISION_FP8) s += ":fp8";
+  const flashcore_dtype out = flashcore::resolved_out_dtype(r.dtype, r.out_dtype);
+  if (out != (r.dtype == FLASHCORE_DTYPE_FP8_E4M3 ? FLASHCORE_DTYPE_BF16 : r.dtype))
+    s += std::string(">") + cli_dtype_name(out);
+  return s;
+}
 
 struct ShapeArg {
   std::string text;
@@ -104,6 +122,7 @@ ShapeArg parse_shape_arg(const std::string& text) {
 
 Options parse_options(int argc, char** argv, int first) {
   Options o;
+  o.problem.allow_8bit = true;
   Args a(argc, argv, first);
   while (!a.done()) {
     std::string f = a.next();
@@ -163,6 +182,10 @@ Options parse_options(int argc, char** argv, int first) {
 #ifndef FLASHCORE_CLI_HAVE_CHECK
   if (o.check) usage_error("--check: this flashcore was built without the check library");
 #endif
+  check_problem_flags(o.problem);
+  if (o.problem.out_dtype != FLASHCORE_DTYPE_SAME && o.problem.precision != FLASHCORE_PRECISION_FP8 &&
+      o.problem.dtypes != std::vector<flashcore_dtype>{FLASHCORE_DTYPE_FP8_E4M3})
+    usage_error("--out-dtype is for --dtype e4m3 or --precision fp8 (16-bit calls write O in their input dtype)");
   if (o.presets.empty() && o.shapes.empty()) o.presets.push_back("seeds");
   return o;
 }
@@ -171,7 +194,9 @@ Options parse_options(int argc, char** argv, int first) {
 std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& caps, int& skipped) {
   for (flashcore_dtype dt : o.problem.dtypes)
     if (!caps_has_dtype(caps, dt))
-      usage_error(std::string("unsupported dtype ") + dtype_name(dt) + ": not compiled into this FlashCore");
+      usage_error(std::string("unsupported dtype ") + cli_dtype_name(dt) + ": not compiled into this FlashCore");
+  if (o.problem.precision == FLASHCORE_PRECISION_FP8 && !caps_has_dtype(caps, FLASHCORE_DTYPE_FP8_E4M3))
+    usage_error("--precision fp8 runs the e4m3 kernels, which are not compiled into this FlashCore");
   for (const ShapeArg& s : o.shapes)
     if (!caps_has_head_dim(caps, s.head_dim))
       usage_error("unsupported head dim " + std::to_string(s.head_dim) + " in shape '" + s.text +
@@ -213,7 +238,10 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
       continue;
     }
     for (flashcore_dtype dt : o.problem.dtypes)
-      for (bool c : causal) rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c});
+      for (bool c : causal)
+        rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c,
+                        dt == FLASHCORE_DTYPE_FP8_E4M3 ? FLASHCORE_PRECISION_NATIVE : o.problem.precision,
+                        o.problem.out_dtype});
   }
   return rows;
 }
@@ -288,14 +316,19 @@ class RowRunner {
       throw RowError(e.what());
     }
 
-    const size_t q_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * 2;
-    const size_t kv_bytes = static_cast<size_t>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) * 2;
+    p.precision = r.precision;
+    p.out_dtype = r.out_dtype;
+    // Inputs of 1 (e4m3) or 2 bytes per element; O always 16-bit.
+    const size_t esize = static_cast<size_t>(flashcore::dtype_size(r.dtype));
+    const size_t q_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * esize;
+    const size_t kv_bytes = static_cast<size_t>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) * esize;
+    const size_t o_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * 2;
     const size_t lse_bytes = o_.lse ? static_cast<size_t>(r.batch * r.heads_q * r.seqlen_q) * 4 : 0;
     // Layout of one set: Q K V O [LSE], each 256-byte aligned.
     const size_t off_k = align256(q_bytes), off_v = off_k + align256(kv_bytes), off_o = off_v + align256(kv_bytes);
-    const size_t off_lse = off_o + align256(q_bytes);
+    const size_t off_lse = off_o + align256(o_bytes);
     const size_t set_bytes = off_lse + align256(lse_bytes);
-    const size_t touched = 2 * q_bytes + 2 * kv_bytes + lse_bytes;
+    const size_t touched = q_bytes + 2 * kv_bytes + o_bytes + lse_bytes;
     res.bytes_per_set = static_cast<int64_t>(touched);
 
     size_t sets = 1;
@@ -318,7 +351,18 @@ class RowRunner {
       pool_.fill(s, q_bytes, r.dtype, rng, stream_);
       pool_.fill(s + off_k, kv_bytes, r.dtype, rng, stream_);
       pool_.fill(s + off_v, kv_bytes, r.dtype, rng, stream_);
-      FC_CUDA(cudaMemsetAsync(s + off_o, 0, q_bytes, stream_));
+      FC_CUDA(cudaMemsetAsync(s + off_o, 0, o_bytes, stream_));
+    }
+    // e4m3 inputs: descales per (batch, KV head), (k / 64) / 64 with k in [32, 128] (the pool's values are N(0, 1) * 64:
+    // real values ~N(0, 1) * [0.5, 2]); shared by the sets.
+    if (r.dtype == FLASHCORE_DTYPE_FP8_E4M3) {
+      const size_t n = static_cast<size_t>(r.batch * r.heads_kv);
+      std::vector<float> host(3 * n);
+      for (float& x : host) x = static_cast<float>(32 + rng() % 97) / 4096.0f;
+      FC_CUDA(cudaMalloc(&descales_.ptr, host.size() * sizeof(float)));
+      FC_CUDA(cudaMemcpy(descales_.ptr, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+      const float* d = static_cast<const float*>(descales_.ptr);
+      p.q_descale = d, p.k_descale = d + n, p.v_descale = d + 2 * n;
     }
     FC_CUDA(cudaStreamSynchronize(stream_));
 
@@ -352,7 +396,7 @@ class RowRunner {
     res.ms = summarize(times);
     res.tflops = res.flops / (res.ms.median * 1e-3) / 1e12;
     res.kv_gbps = 2.0 * static_cast<double>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) *
-                  2.0 /* bytes per fp16/bf16 element */ / (res.ms.median * 1e-3) / 1e9;
+                  static_cast<double>(esize) /* bytes per input element */ / (res.ms.median * 1e-3) / 1e9;
     char config[128] = "";
     if (flashcore_attention_selected_config(&params_[0], config, sizeof config) == FLASHCORE_SUCCESS) {
       res.config = config;
@@ -487,6 +531,7 @@ class RowRunner {
   PowerSampler* sampler_;
   std::vector<flashcore_attention_params> params_;
   DeviceArena workspace_;
+  DeviceArena descales_;  // e4m3: q, k, v descales (3 x batch x heads_kv floats)
   PowerStats power_;
 };
 
@@ -502,9 +547,11 @@ std::string shape_text(const RowSpec& r) {
 }
 
 std::string repro_command(const Options& o, const RowSpec& r) {
-  std::string c = "flashcore bench --shape " + shape_text(r) + " --dtype " + dtype_name(r.dtype) + " --causal " +
+  std::string c = "flashcore bench --shape " + shape_text(r) + " --dtype " + cli_dtype_name(r.dtype) + " --causal " +
                   (r.causal ? "1" : "0") + " --layout " + (o.problem.bhsd ? "bhsd" : "bshd") + " --iters " +
                   std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup);
+  if (r.precision == FLASHCORE_PRECISION_FP8) c += " --precision fp8";
+  if (r.out_dtype != FLASHCORE_DTYPE_SAME) c += std::string(" --out-dtype ") + cli_dtype_name(r.out_dtype);
   if (o.graph) c += " --graph --graph-calls " + std::to_string(o.graph_calls);
   if (!o.rotate) c += " --no-rotate";
   if (!o.lse) c += " --no-lse";
@@ -531,7 +578,7 @@ double tflops_per_watt(const RowResult& r) {
   return r.tflops / r.power.power_mean_w;
 }
 
-const char* kTableFmt = "%-8s %-18s %-5s %-6s %10s %10s %10s %10s %8s %13s %7s %7s %6s %5s %7s %s\n";
+const char* kTableFmt = "%-8s %-18s %-9s %-6s %10s %10s %10s %10s %8s %13s %7s %7s %6s %5s %7s %s\n";
 
 void print_header(bool check) {
   std::printf(kTableFmt, "tag", "B,H,S,D[,Hkv,Sk]", "dtype", "causal", "median_ms", "mean_ms", "p99_ms", "min_ms",
@@ -545,7 +592,7 @@ void print_row(const RowResult& r, bool check, double hbm_peak_gbps) {
   if (check && r.checked) chk = r.check_status + (std::isfinite(r.check_o_err) ? " " + fmt("%.2e", r.check_o_err) : "");
   if (r.status != "ok") chk = r.status + ": " + r.message;
   const PowerStats& p = r.power;
-  std::printf(kTableFmt, r.spec.tag.c_str(), shape_text(r.spec).c_str(), dtype_name(r.spec.dtype),
+  std::printf(kTableFmt, r.spec.tag.c_str(), shape_text(r.spec).c_str(), dtype_label(r.spec).c_str(),
               r.spec.causal ? "1" : "0", fmt("%.4f", r.ms.median).c_str(), fmt("%.4f", r.ms.mean).c_str(),
               fmt("%.4f", r.ms.p99).c_str(), fmt("%.4f", r.ms.min).c_str(), fmt("%.1f", r.tflops).c_str(),
               (fmt("%.0f", r.kv_gbps) + (hbm_peak_gbps > 0 ? fmt("(%.0f%%)", 100 * r.kv_gbps / hbm_peak_gbps) : ""))
@@ -579,7 +626,9 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
     f << (i ? ",\n" : "\n") << "    {\"tag\": \"" << json_escape(s.tag) << "\", \"batch\": " << s.batch
       << ", \"heads_q\": " << s.heads_q << ", \"heads_kv\": " << s.heads_kv << ", \"seqlen_q\": " << s.seqlen_q
       << ", \"seqlen_k\": " << s.seqlen_k << ", \"head_dim\": " << s.head_dim << ", \"dtype\": \""
-      << dtype_name(s.dtype) << "\", \"causal\": " << (s.causal ? "true" : "false") << ", \"status\": \"" << r.status
+      << dtype_name(s.dtype) << "\", \"out_dtype\": \"" << dtype_name(flashcore::resolved_out_dtype(s.dtype, s.out_dtype))
+      << "\", \"precision\": \"" << (s.precision == FLASHCORE_PRECISION_FP8 ? "fp8" : "native")
+      << "\", \"causal\": " << (s.causal ? "true" : "false") << ", \"status\": \"" << r.status
       << "\", \"message\": \"" << json_escape(r.message) << "\", \"median_ms\": " << json_num(r.ms.median)
       << ", \"mean_ms\": " << json_num(r.ms.mean) << ", \"p99_ms\": " << json_num(r.ms.p99)
       << ", \"min_ms\": " << json_num(r.ms.min) << ", \"flops\": " << json_num(r.flops)
@@ -609,7 +658,8 @@ void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
   std::ofstream f(path);
   if (!f) throw CliError(kExitFailure, "cannot write " + path);
   f << "tag,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,dtype,causal,status,median_ms,mean_ms,p99_ms,min_ms,"
-       "tflops,power_mean_w,power_peak_w,sm_clock_mean_mhz,temp_max_c,tflops_per_w,check,check_o_err,repro\n";
+       "tflops,power_mean_w,power_peak_w,sm_clock_mean_mhz,temp_max_c,tflops_per_w,check,check_o_err,repro,out_dtype,"
+       "precision\n";
   auto num = [](double v) { return std::isfinite(v) ? json_num(v) : std::string(); };
   for (const RowResult& r : rows) {
     const RowSpec& s = r.spec;
@@ -620,13 +670,35 @@ void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
       << num(r.tflops) << "," << (p.valid ? num(p.power_mean_w) : "") << "," << (p.valid ? num(p.power_peak_w) : "")
       << "," << (p.valid ? num(p.sm_clock_mean_mhz) : "") << "," << (p.valid ? std::to_string(p.temp_max_c) : "")
       << "," << num(tflops_per_watt(r)) << "," << (r.checked ? r.check_status : "") << ","
-      << num(r.check_o_err) << ",\"" << r.repro << "\"\n";
+      << num(r.check_o_err) << ",\"" << r.repro << "\"," << dtype_name(flashcore::resolved_out_dtype(s.dtype, s.out_dtype))
+      << "," << (s.precision == FLASHCORE_PRECISION_FP8 ? "fp8" : "native") << "\n";
   }
   if (!f) throw CliError(kExitFailure, "error writing " + path);
 }
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 void check_row(const Options& o, RowResult& r) {
+  if (runs_8bit(r.spec)) {  // the 8-bit rule (fp8_check.h)
+    fp8::Case c;
+    c.name = "bench-" + r.spec.tag;
+    c.batch = r.spec.batch, c.seqlen_q = r.spec.seqlen_q, c.seqlen_k = r.spec.seqlen_k;
+    c.heads_q = r.spec.heads_q, c.heads_kv = r.spec.heads_kv, c.head_dim = r.spec.head_dim;
+    c.causal = r.spec.causal, c.bhsd = o.problem.bhsd, c.with_lse = o.lse;
+    c.dtype = r.spec.dtype, c.precision = r.spec.precision, c.out_dtype = r.spec.out_dtype;
+    const fp8::Result res = fp8::run_case(c, o.seed, 1);
+    r.checked = true;
+    r.check_status = res.skipped ? "skip" : (res.passed ? "pass" : "FAIL");
+    r.check_o_err = res.o_err;
+    r.check_o_tol = res.o_tol;
+    r.check_lse_err = res.lse_err;
+    r.check_message = res.message;
+    if (!res.skipped) {
+      char rmse[96];
+      std::snprintf(rmse, sizeof rmse, "relative RMSE %.3g (tolerance %.3g)", res.rel_rmse, res.rel_rmse_tol);
+      r.check_message = r.check_message.empty() ? rmse : std::string(rmse) + "; " + r.check_message;
+    }
+    return;
+  }
   namespace ck = flashcore::check;
   ck::Case c;
   c.name = "bench-" + r.spec.tag;
@@ -654,7 +726,7 @@ void check_row(const Options& o, RowResult& r) {
 
 void print_bench_help() {
   std::printf(
-      "usage: flashcore bench [seeds|grid]... [--shape B,H,S,D[,Hkv[,Sk]]]... [options]\n"
+      "usage: flashcore bench [seeds|grid|decode]... [--shape B,H,S,D[,Hkv[,Sk]]]... [options]\n"
       "\n"
       "Times flashcore_attention_forward with CUDA events (median of --iters calls after --warmup calls),\n"
       "rotating among enough input buffer sets that each timed cycle touches more than 2x the L2 cache.\n"
@@ -667,14 +739,20 @@ void print_bench_help() {
       "                   d128, 32 query heads, 8 KV heads (the serving issue's rows; KV_GB/s is the figure)\n"
       "options:\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable)\n"
-      "  --dtype D        fp16 | bf16 | both (default bf16)\n"
+      "  --dtype D        fp16 | bf16 | both | e4m3 (default bf16). e4m3: 8-bit Q, K, V (random N(0,1)*64 in\n"
+      "                   e4m3) with random per-(batch, KV head) descales in [1/128, 1/32], O in bf16, a\n"
+      "                   zero-filled workspace (the library transposes V into it, inside the timed call)\n"
+      "  --precision P    native | fp8 (default native). fp8: 16-bit inputs quantized to e4m3 by the library and\n"
+      "                   run by the 8-bit kernels; the quantization is timed with the attention\n"
+      "  --out-dtype D    bf16 | fp16: O of --dtype e4m3 (default bf16) or of --precision fp8 (default the input)\n"
       "  --causal C       0 | 1 | both (default: both for presets, 0 for --shape only)\n"
       "  --layout L       bshd | bhsd (default bshd)\n"
       "  --iters N        timed calls (default 30)\n"
       "  --warmup N       untimed calls first (default 10)\n"
       "  --graph          CUDA-graph mode: --graph-calls K calls per graph (default 20); time per call\n"
       "                   without launch overhead\n"
-      "  --check          check each row against the reference (flashcore::check::run_case)\n"
+      "  --check          check each row against the reference (flashcore::check::run_case; e4m3 and\n"
+      "                   --precision fp8 rows: the 8-bit rule of flashcore check)\n"
       "  --no-rotate      reuse one buffer set (L2-warm numbers)\n"
       "  --no-lse         do not write the log-sum-exp output\n"
       "  --power-ms N     keep the GPU busy >= N ms per row while NVML samples power (default 200; 0 = off)\n"
@@ -685,8 +763,11 @@ void print_bench_help() {
       "  --seed N         input seed (default 1234)\n"
       "  --quiet          no progress line on stderr\n"
       "\n"
-      "TFLOPS = 4*B*H*Sq*Sk*D / median (halved for causal with Sq == Sk; visible pairs when Sq != Sk).\n"
-      "KV_GB/s = bytes of K and V (B*Sk*Hkv*D*2 each) / median, with the share of the DRAM peak in brackets.\n");
+      "TFLOPS = 4*B*H*Sq*Sk*D / median (halved for causal with Sq == Sk; visible pairs when Sq != Sk), the\n"
+      "same count for every dtype.\n"
+      "KV_GB/s = bytes of K and V (B*Sk*Hkv*D*s each, s = 2, or 1 for e4m3) / median, with the share of the\n"
+      "DRAM peak in brackets.\n"
+      "dtype column: bf16, fp16, e4m3 (O in bf16), e4m3>fp16 (O in fp16), bf16:fp8 (--precision fp8).\n");
 }
 
 int run_bench(int argc, char** argv, int first) {

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "fp8_check.h"
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 #include "check/check.h"
@@ -16,20 +17,35 @@ void print_check_help() {
   std::printf(
       "usage: flashcore check [--quick | --shape B,H,S,D[,Hkv[,Sk]]...] [options]\n"
       "\n"
-      "Runs FlashCore against the float64 CPU reference (flashcore::check::run_case), one line per case.\n"
-      "Without --shape: the full case list, or the small subset with --quick.\n"
+      "Runs FlashCore against the float64 CPU reference, one line per case: 16-bit cases through\n"
+      "flashcore::check::run_case, 8-bit cases (e4m3 inputs with per-(batch, KV head) descales, and\n"
+      "--precision fp8: 16-bit inputs quantized by the library) through their own runner.\n"
+      "Without --shape: the full case list, or the small subset with --quick; both end with the 8-bit cases\n"
+      "when this build has e4m3 kernels.\n"
       "options:\n"
       "  --quick          small shapes of every dtype x head dim x causal (for sanitizers / smoke runs)\n"
-      "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable); uses --dtype, --causal, --layout\n"
-      "  --dtype D        fp16 | bf16 | both (default bf16; --shape only)\n"
+      "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable); uses --dtype, --causal, --layout, --precision,\n"
+      "                   --out-dtype\n"
+      "  --dtype D        fp16 | bf16 | both | e4m3 (default bf16; --shape only)\n"
+      "  --precision P    native | fp8 (default native; --shape only): fp8 runs 16-bit inputs through the\n"
+      "                   8-bit kernels (quantized by the library)\n"
+      "  --out-dtype D    bf16 | fp16: O of e4m3 cases (default bf16) or of --precision fp8 (default the input\n"
+      "                   dtype); --shape only\n"
       "  --causal C       0 | 1 | both (default both; --shape only)\n"
       "  --layout L       bshd | bhsd (default bshd; --shape only)\n"
-      "  --filter TEXT    only cases whose name or description contains TEXT\n"
+      "  --filter TEXT    only cases whose name or description contains TEXT (8-bit cases: \"e4m3\", \"fp8\")\n"
       "  --determinism N  also require bit-identical output over N runs\n"
       "  --seed N         input seed (default 1)\n"
       "  --device N       CUDA device (default 0)\n"
       "  --json FILE      write every case (shape, errors, tolerances, verdict, message) as JSON\n"
       "  --csv FILE       write every case as CSV, one row per case\n"
+      "\n"
+      "tolerances: 16-bit cases: max |O - ref| <= 2 * (the low-precision model's error) + 1e-3 (fp16) / 4e-3 (bf16),\n"
+      "LSE likewise (relative). 8-bit cases (P is rounded to e4m3 in the kernel): e4m3 inputs against the\n"
+      "reference of the dequantized inputs: relative RMSE of O <= 0.035, max |O - ref| <= 0.08 * max |ref| + 1e-2,\n"
+      "|LSE - ref| <= 2e-2 + 2e-3 * |ref|; --precision fp8 against the reference of the unquantized inputs:\n"
+      "relative RMSE <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25. Every case: O and LSE\n"
+      "written and finite, O = 0 / LSE = -inf on rows that see no key.\n"
       "\n"
       "exit status: 0 all passed (or skipped), 1 a case failed, 2 bad arguments, 3 no Hopper GPU\n");
 }
@@ -49,6 +65,7 @@ struct CheckOptions {
 
 // Returns false when --help was printed.
 bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
+  o.problem.allow_8bit = true;
   Args a(argc, argv, first);
   while (!a.done()) {
     std::string f = a.next();
@@ -78,6 +95,10 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
     }
   }
   if (o.quick && !o.shapes.empty()) usage_error("--quick and --shape are exclusive");
+  check_problem_flags(o.problem);
+  if (o.problem.out_dtype != FLASHCORE_DTYPE_SAME && o.problem.precision != FLASHCORE_PRECISION_FP8 &&
+      o.problem.dtypes != std::vector<flashcore_dtype>{FLASHCORE_DTYPE_FP8_E4M3})
+    usage_error("--out-dtype is for --dtype e4m3 or --precision fp8 (16-bit calls write O in their input dtype)");
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   return true;
 }
@@ -98,17 +119,65 @@ namespace ck = flashcore::check;
 
 namespace {
 
-struct CaseRow {
+// One case of the run: a 16-bit one (flashcore::check) or an 8-bit one (fp8_check.h).
+struct Item {
+  bool eight = false;
   ck::Case c;
-  ck::Result r;
-  uint64_t seed = 0;
+  fp8::Case f;
+  const std::string& name() const { return eight ? f.name : c.name; }
+  std::string description() const { return eight ? fp8::describe(f) : ck::describe(c); }
 };
 
-const char* verdict_word(const ck::Result& r) { return r.skipped ? "skipped" : (r.passed ? "passed" : "failed"); }
+// What the report files and the console line say of a case, whichever runner ran it.
+struct CaseRow {
+  std::string name, description, dtype, out_dtype, precision, shape, layout;
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
+  bool causal = false, with_lse = true;
+  uint64_t seed = 0;
+  bool skipped = false, passed = false, deterministic = true;
+  double o_err = NAN, o_tol = NAN, lse_err = NAN, lse_tol = NAN;
+  double rel_rmse = NAN, rel_rmse_tol = NAN;  // 8-bit cases only
+  std::string message;
+};
 
-std::string shape_text(const ck::Case& c) {
-  return std::to_string(c.batch) + "," + std::to_string(c.heads_q) + "," + std::to_string(c.seqlen_q) + "," +
-         std::to_string(c.head_dim) + "," + std::to_string(c.heads_kv) + "," + std::to_string(c.seqlen_k);
+const char* verdict_word(const CaseRow& r) { return r.skipped ? "skipped" : (r.passed ? "passed" : "failed"); }
+
+std::string shape_text(int64_t b, int64_t hq, int64_t sq, int64_t d, int64_t hkv, int64_t sk) {
+  return std::to_string(b) + "," + std::to_string(hq) + "," + std::to_string(sq) + "," + std::to_string(d) + "," +
+         std::to_string(hkv) + "," + std::to_string(sk);
+}
+
+CaseRow run_item(const Item& it, uint64_t seed, int repeats) {
+  CaseRow row;
+  row.name = it.name();
+  row.description = it.description();
+  row.seed = seed;
+  if (it.eight) {
+    const fp8::Case& c = it.f;
+    row.dtype = dtype_name(c.dtype);
+    row.out_dtype = dtype_name(fp8::resolved_out_dtype(c));
+    row.precision = fp8::precision_name(c);
+    row.batch = c.batch, row.heads_q = c.heads_q, row.heads_kv = c.heads_kv, row.seqlen_q = c.seqlen_q;
+    row.seqlen_k = c.seqlen_k, row.head_dim = c.head_dim, row.causal = c.causal, row.with_lse = c.with_lse;
+    row.layout = c.bhsd ? "bhsd" : "bshd";
+    const fp8::Result r = fp8::run_case(c, seed, repeats);
+    row.skipped = r.skipped, row.passed = r.passed, row.deterministic = r.deterministic, row.message = r.message;
+    row.o_err = r.o_err, row.o_tol = r.o_tol, row.lse_err = r.lse_err, row.lse_tol = r.lse_tol;
+    row.rel_rmse = r.rel_rmse, row.rel_rmse_tol = r.rel_rmse_tol;
+  } else {
+    const ck::Case& c = it.c;
+    row.dtype = dtype_name(c.dtype);
+    row.out_dtype = row.dtype;
+    row.precision = "native";
+    row.batch = c.batch, row.heads_q = c.heads_q, row.heads_kv = c.heads_kv, row.seqlen_q = c.seqlen_q;
+    row.seqlen_k = c.seqlen_k, row.head_dim = c.head_dim, row.causal = c.causal, row.with_lse = c.with_lse;
+    row.layout = c.layout == ck::Layout::BHSD ? "bhsd" : "bshd";
+    const ck::Result r = ck::run_case(c, seed, repeats);
+    row.skipped = r.skipped, row.passed = r.passed, row.deterministic = r.deterministic, row.message = r.message;
+    row.o_err = r.o_err, row.o_tol = r.o_tol, row.lse_err = r.lse_err, row.lse_tol = r.lse_tol;
+  }
+  row.shape = shape_text(row.batch, row.heads_q, row.seqlen_q, row.head_dim, row.heads_kv, row.seqlen_k);
+  return row;
 }
 
 std::string num(double v) {
@@ -130,21 +199,21 @@ void write_json(const std::string& path, const CheckOptions& o, const DeviceInfo
   f << "  \"summary\": {\"passed\": " << passed << ", \"failed\": " << failed << ", \"skipped\": " << skipped
     << "},\n  \"cases\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
-    const ck::Case& c = rows[i].c;
-    const ck::Result& r = rows[i].r;
+    const CaseRow& r = rows[i];
     const bool ran = !r.skipped;
-    f << (i ? ",\n" : "\n") << "    {\"name\": \"" << json_escape(c.name) << "\", \"description\": \""
-      << json_escape(ck::describe(c)) << "\", \"dtype\": \"" << dtype_name(c.dtype) << "\", \"shape\": \""
-      << shape_text(c) << "\", \"batch\": " << c.batch << ", \"heads_q\": " << c.heads_q
-      << ", \"heads_kv\": " << c.heads_kv << ", \"seqlen_q\": " << c.seqlen_q << ", \"seqlen_k\": " << c.seqlen_k
-      << ", \"head_dim\": " << c.head_dim << ", \"causal\": " << (c.causal ? "true" : "false")
-      << ", \"layout\": \"" << (c.layout == ck::Layout::BHSD ? "bhsd" : "bshd") << "\", \"seed\": " << rows[i].seed
-      << ", \"status\": \"" << verdict_word(r) << "\""
+    f << (i ? ",\n" : "\n") << "    {\"name\": \"" << json_escape(r.name) << "\", \"description\": \""
+      << json_escape(r.description) << "\", \"dtype\": \"" << r.dtype << "\", \"shape\": \"" << r.shape
+      << "\", \"batch\": " << r.batch << ", \"heads_q\": " << r.heads_q << ", \"heads_kv\": " << r.heads_kv
+      << ", \"seqlen_q\": " << r.seqlen_q << ", \"seqlen_k\": " << r.seqlen_k << ", \"head_dim\": " << r.head_dim
+      << ", \"causal\": " << (r.causal ? "true" : "false") << ", \"layout\": \"" << r.layout << "\", \"seed\": "
+      << r.seed << ", \"status\": \"" << verdict_word(r) << "\""
       << ", \"o_err\": " << (ran ? num(r.o_err) : "null") << ", \"o_tol\": " << (ran ? num(r.o_tol) : "null")
-      << ", \"lse_err\": " << (ran && c.with_lse ? num(r.lse_err) : "null")
-      << ", \"lse_tol\": " << (ran && c.with_lse ? num(r.lse_tol) : "null") << ", \"deterministic\": "
+      << ", \"lse_err\": " << (ran && r.with_lse ? num(r.lse_err) : "null")
+      << ", \"lse_tol\": " << (ran && r.with_lse ? num(r.lse_tol) : "null") << ", \"deterministic\": "
       << (ran && o.repeats > 1 ? (r.deterministic ? "true" : "false") : "null") << ", \"message\": \""
-      << json_escape(r.message) << "\"}";
+      << json_escape(r.message) << "\", \"out_dtype\": \"" << r.out_dtype << "\", \"precision\": \"" << r.precision
+      << "\", \"rel_rmse\": " << (ran ? num(r.rel_rmse) : "null")
+      << ", \"rel_rmse_tol\": " << (ran ? num(r.rel_rmse_tol) : "null") << "}";
   }
   f << "\n  ]\n}\n";
   if (!f) throw CliError(kExitFailure, "error writing " + path);
@@ -153,18 +222,17 @@ void write_json(const std::string& path, const CheckOptions& o, const DeviceInfo
 void write_csv(const std::string& path, const CheckOptions& o, const std::vector<CaseRow>& rows) {
   std::ofstream f(path);
   if (!f) throw CliError(kExitFailure, "cannot write " + path);
-  f << "name,dtype,shape,causal,layout,seed,o_err,o_tol,lse_err,lse_tol,deterministic,status,message\n";
+  f << "name,dtype,shape,causal,layout,seed,o_err,o_tol,lse_err,lse_tol,deterministic,status,message,out_dtype,"
+       "precision,rel_rmse,rel_rmse_tol\n";
   auto cell = [](bool have, double v) { return have && std::isfinite(v) ? num(v) : std::string(); };
-  for (const CaseRow& row : rows) {
-    const ck::Case& c = row.c;
-    const ck::Result& r = row.r;
+  for (const CaseRow& r : rows) {
     const bool ran = !r.skipped;
-    f << csv_field(c.name) << "," << dtype_name(c.dtype) << "," << csv_field(shape_text(c)) << ","
-      << (c.causal ? 1 : 0) << "," << (c.layout == ck::Layout::BHSD ? "bhsd" : "bshd") << "," << row.seed << ","
-      << cell(ran, r.o_err) << "," << cell(ran, r.o_tol) << "," << cell(ran && c.with_lse, r.lse_err) << ","
-      << cell(ran && c.with_lse, r.lse_tol) << ","
+    f << csv_field(r.name) << "," << r.dtype << "," << csv_field(r.shape) << "," << (r.causal ? 1 : 0) << ","
+      << r.layout << "," << r.seed << "," << cell(ran, r.o_err) << "," << cell(ran, r.o_tol) << ","
+      << cell(ran && r.with_lse, r.lse_err) << "," << cell(ran && r.with_lse, r.lse_tol) << ","
       << (ran && o.repeats > 1 ? (r.deterministic ? "yes" : "no") : "") << "," << verdict_word(r) << ","
-      << csv_field(r.message) << "\n";
+      << csv_field(r.message) << "," << r.out_dtype << "," << r.precision << "," << cell(ran, r.rel_rmse) << ","
+      << cell(ran, r.rel_rmse_tol) << "\n";
   }
   if (!f) throw CliError(kExitFailure, "error writing " + path);
 }
@@ -179,13 +247,22 @@ int run_check(int argc, char** argv, int first) {
   const int repeats = o.repeats;
 
   flashcore_capabilities caps = capabilities();
-  std::vector<ck::Case> list;
+  const bool have_e4m3 = caps_has_dtype(caps, FLASHCORE_DTYPE_FP8_E4M3);
+  std::vector<Item> list;
+  bool left_out_8bit = false;
   if (shapes.empty()) {
-    list = ck::cases(o.quick);
+    for (const ck::Case& c : ck::cases(o.quick)) list.push_back({false, c, {}});
+    if (have_e4m3) {
+      for (const fp8::Case& c : fp8::cases(o.quick)) list.push_back({true, {}, c});
+    } else {
+      left_out_8bit = true;
+    }
   } else {
     for (flashcore_dtype dt : o.problem.dtypes)
       if (!caps_has_dtype(caps, dt))
-        usage_error(std::string("unsupported dtype ") + dtype_name(dt) + ": not compiled into this FlashCore");
+        usage_error(std::string("unsupported dtype ") + cli_dtype_name(dt) + ": not compiled into this FlashCore");
+    if (o.problem.precision == FLASHCORE_PRECISION_FP8 && !have_e4m3)
+      usage_error("--precision fp8 runs the e4m3 kernels, which are not compiled into this FlashCore");
     for (const std::string& s : shapes) {
       for (flashcore_dtype dt : o.problem.dtypes) {
         for (bool c : o.problem.causal) {
@@ -195,24 +272,37 @@ int run_check(int argc, char** argv, int first) {
           if (!caps_has_head_dim(caps, cs.head_dim))
             usage_error("unsupported head dim " + std::to_string(cs.head_dim) + " in shape '" + s +
                         "' (compiled: " + caps_head_dims_string(caps) + ")");
+          if (dt == FLASHCORE_DTYPE_FP8_E4M3 || o.problem.precision == FLASHCORE_PRECISION_FP8) {
+            fp8::Case f;
+            f.batch = cs.batch, f.heads_q = cs.heads_q, f.heads_kv = cs.heads_kv, f.seqlen_q = cs.seqlen_q;
+            f.seqlen_k = cs.seqlen_k, f.head_dim = cs.head_dim, f.causal = c, f.bhsd = o.problem.bhsd;
+            f.dtype = dt;
+            f.precision = dt == FLASHCORE_DTYPE_FP8_E4M3 ? FLASHCORE_PRECISION_NATIVE : o.problem.precision;
+            f.out_dtype = o.problem.out_dtype;
+            f.name = "shape " + s;
+            list.push_back({true, {}, f});
+            continue;
+          }
           cs.dtype = dt;
           cs.causal = c;
           cs.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
           cs.name = "shape " + s;
-          list.push_back(cs);
+          list.push_back({false, cs, {}});
         }
       }
     }
   }
   if (!filter.empty()) {
-    std::vector<ck::Case> kept;
-    for (const ck::Case& c : list)
-      if (c.name.find(filter) != std::string::npos || ck::describe(c).find(filter) != std::string::npos)
-        kept.push_back(c);
+    std::vector<Item> kept;
+    for (const Item& it : list)
+      if (it.name().find(filter) != std::string::npos || it.description().find(filter) != std::string::npos)
+        kept.push_back(it);
     list.swap(kept);
   }
 
   const DeviceInfo dev = require_hopper(o.device);
+  if (left_out_8bit)
+    std::fprintf(stderr, "flashcore check: note: no e4m3 kernels in this build: the 8-bit cases are left out\n");
 
   int passed = 0, failed = 0, skipped = 0;
   std::vector<CaseRow> rows;
@@ -222,9 +312,8 @@ int run_check(int argc, char** argv, int first) {
   };
   try {
     for (size_t i = 0; i < list.size(); ++i) {
-      const ck::Case& c = list[i];
-      ck::Result r = ck::run_case(c, o.seed + i, repeats);
-      rows.push_back({c, r, o.seed + i});
+      const CaseRow r = run_item(list[i], o.seed + i, repeats);
+      rows.push_back(r);
       const char* verdict = r.skipped ? "SKIP" : (r.passed ? "PASS" : "FAIL");
       if (r.skipped)
         ++skipped;
@@ -232,10 +321,11 @@ int run_check(int argc, char** argv, int first) {
         ++passed;
       else
         ++failed;
-      std::printf("%s  %-28s %s", verdict, c.name.c_str(), ck::describe(c).c_str());
+      std::printf("%s  %-28s %s", verdict, r.name.c_str(), r.description.c_str());
       if (!r.skipped) {
+        if (std::isfinite(r.rel_rmse_tol)) std::printf("  rmse=%.3e/%.3e", r.rel_rmse, r.rel_rmse_tol);
         std::printf("  o_err=%.3e/%.3e", r.o_err, r.o_tol);
-        if (c.with_lse) std::printf(" lse_err=%.3e/%.3e", r.lse_err, r.lse_tol);
+        if (r.with_lse) std::printf(" lse_err=%.3e/%.3e", r.lse_err, r.lse_tol);
         if (repeats > 1) std::printf(" deterministic=%s", r.deterministic ? "yes" : "NO");
       }
       if (!r.message.empty()) std::printf("  (%s)", r.message.c_str());

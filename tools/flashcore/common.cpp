@@ -86,11 +86,32 @@ std::vector<std::string> split(const std::string& text, char sep) {
   return out;
 }
 
-std::vector<flashcore_dtype> parse_dtypes(const std::string& text) {
+std::vector<flashcore_dtype> parse_dtypes(const std::string& text, bool allow_8bit) {
   if (text == "fp16") return {FLASHCORE_DTYPE_FP16};
   if (text == "bf16") return {FLASHCORE_DTYPE_BF16};
   if (text == "both") return {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16};
-  usage_error("unsupported dtype '" + text + "' (expected fp16, bf16 or both)");
+  if (text == "e4m3" || text == "fp8_e4m3") {
+    if (allow_8bit) return {FLASHCORE_DTYPE_FP8_E4M3};
+    usage_error("unsupported dtype '" + text + "': this command runs 16-bit inputs only (expected fp16, bf16 or both)");
+  }
+  usage_error("unsupported dtype '" + text +
+              (allow_8bit ? "' (expected fp16, bf16, both or e4m3)" : "' (expected fp16, bf16 or both)"));
+}
+
+int32_t parse_precision(const std::string& text) {
+  if (text == "native") return FLASHCORE_PRECISION_NATIVE;
+  if (text == "fp8") return FLASHCORE_PRECISION_FP8;
+  usage_error("--precision: '" + text + "' (expected native or fp8)");
+}
+
+flashcore_dtype parse_out_dtype(const std::string& text) {
+  if (text == "bf16") return FLASHCORE_DTYPE_BF16;
+  if (text == "fp16") return FLASHCORE_DTYPE_FP16;
+  usage_error("--out-dtype: '" + text + "' (expected bf16 or fp16)");
+}
+
+const char* cli_dtype_name(flashcore_dtype dtype) {
+  return dtype == FLASHCORE_DTYPE_FP8_E4M3 ? "e4m3" : dtype_name(dtype);
 }
 
 std::vector<bool> parse_causal(const std::string& text) {
@@ -108,7 +129,11 @@ bool parse_layout_bhsd(const std::string& text) {
 
 bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
   if (flag == "--dtype")
-    p.dtypes = parse_dtypes(a.value(flag));
+    p.dtypes = parse_dtypes(a.value(flag), p.allow_8bit);
+  else if (p.allow_8bit && flag == "--precision")
+    p.precision = parse_precision(a.value(flag));
+  else if (p.allow_8bit && flag == "--out-dtype")
+    p.out_dtype = parse_out_dtype(a.value(flag));
   else if (flag == "--causal")
     p.causal = parse_causal(a.value(flag));
   else if (flag == "--layout")
@@ -116,6 +141,14 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
   else
     return false;
   return true;
+}
+
+void check_problem_flags(const ProblemFlags& p) {
+  if (p.precision == FLASHCORE_PRECISION_FP8) {
+    for (flashcore_dtype dt : p.dtypes)
+      if (dt == FLASHCORE_DTYPE_FP8_E4M3)
+        usage_error("--precision fp8 quantizes 16-bit inputs; --dtype e4m3 is 8-bit already (use --precision native)");
+  }
 }
 
 flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,

@@ -70,22 +70,35 @@ class Args {
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min_value, int64_t max_value);
 std::vector<std::string> split(const std::string& text, char sep);
 
-// "fp16" / "bf16" / "both" -> list of dtypes; usage_error otherwise.
-std::vector<flashcore_dtype> parse_dtypes(const std::string& text);
+// "fp16" / "bf16" / "both" -> list of dtypes, and with allow_8bit also "e4m3" (alias "fp8_e4m3"); usage_error
+// otherwise.
+std::vector<flashcore_dtype> parse_dtypes(const std::string& text, bool allow_8bit = false);
+// "native" / "fp8" -> FLASHCORE_PRECISION_*.
+int32_t parse_precision(const std::string& text);
+// "bf16" / "fp16" -> the dtype (O of 8-bit calls).
+flashcore_dtype parse_out_dtype(const std::string& text);
+// The short dtype word of the command line: "fp16", "bf16", "e4m3".
+const char* cli_dtype_name(flashcore_dtype dtype);
 // "0" / "1" / "both" -> list.
 std::vector<bool> parse_causal(const std::string& text);
 // "bshd" -> false, "bhsd" -> true.
 bool parse_layout_bhsd(const std::string& text);
 using flashcore::dtype_name;  // src/api/dtype.h
 
-// The problem flags shared by bench and check: --dtype, --causal, --layout.
+// The problem flags shared by bench, check and tune: --dtype, --causal, --layout; with allow_8bit (bench, check)
+// also --dtype e4m3, --precision and --out-dtype.
 struct ProblemFlags {
   std::vector<flashcore_dtype> dtypes{FLASHCORE_DTYPE_BF16};
   std::vector<bool> causal;  // empty: not given (each command has its default)
   bool bhsd = false;
+  bool allow_8bit = false;                           // set by the command before parsing
+  int32_t precision = FLASHCORE_PRECISION_NATIVE;    // --precision: of the 16-bit dtypes
+  flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // --out-dtype (SAME: not given)
 };
 // Consumes the value of `flag` when it is one of them and returns true; false for any other flag.
 bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p);
+// After parsing (allow_8bit commands): --precision fp8 needs 16-bit dtypes; usage_error otherwise.
+void check_problem_flags(const ProblemFlags& p);
 
 // Params for a problem of these sizes with contiguous strides ("bshd", or "bhsd" when `bhsd`); pointers unset.
 // Throws CliError(kExitFailure) naming flashcore_last_error() when the library refuses the sizes.

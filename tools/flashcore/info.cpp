@@ -63,6 +63,7 @@ void write_json(const std::string& path, const flashcore_capabilities& caps, boo
     << "], \"out_dtypes\": [" << dtypes_text(caps.out_dtypes, caps.num_out_dtypes, ", ", "\"")
     << "], \"params_struct_size\": " << caps.params_struct_size
     << ", \"params_v1_size\": " << FLASHCORE_ATTENTION_PARAMS_V1_SIZE
+    << ", \"params_v2_size\": " << FLASHCORE_ATTENTION_PARAMS_V2_SIZE
     << ", \"check_built\": " << (kHaveCheck ? "true" : "false") << "},\n";
   if (!have_dev) {
     f << "  \"device\": null,\n  \"device_reason\": \"" << json_escape(reason) << "\"\n}\n";
@@ -110,8 +111,8 @@ int run_info(int argc, char** argv, int first) {
   std::printf("head dims: %s\n", caps_head_dims_string(caps).c_str());
   std::printf("archs:     %s\n", or_none(ints_text(caps.archs, caps.num_archs, ",", "sm_")).c_str());
   std::printf("O dtypes:  %s\n", or_none(dtypes_text(caps.out_dtypes, caps.num_out_dtypes, ",", "")).c_str());
-  std::printf("abi:       params struct %u bytes (0.1 layout: %d)\n", caps.params_struct_size,
-              FLASHCORE_ATTENTION_PARAMS_V1_SIZE);
+  std::printf("abi:       params struct %u bytes (0.1 layout: %d, 0.2 layout: %d)\n", caps.params_struct_size,
+              FLASHCORE_ATTENTION_PARAMS_V1_SIZE, FLASHCORE_ATTENTION_PARAMS_V2_SIZE);
   std::printf("check:     %s\n", kHaveCheck ? "built in" : "not built");
   std::printf("cuda:      runtime %s, driver %s\n", cuda_runtime_version().c_str(), cuda_driver_version().c_str());
 

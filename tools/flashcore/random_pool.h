@@ -1,6 +1,6 @@
 // Random inputs for timing: a device pool of normal values per dtype, copied from random offsets into the
 // buffers under test (fast for multi-GB rotations; the data is random normal, never zeros). Used by `bench`
-// and `tune`.
+// and `tune`. e4m3: N(0, 1) * 64 rounded to e4m3 (saturated; the range quantized tensors use, |x| mostly < 256).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common.h"
+#include "fp8_check.h"            // the e4m3 encoder
 #include "reference/reference.h"  // the fp16/bf16 conversions
 
 namespace fccli {
@@ -23,36 +24,46 @@ class RandomPool {
       if (p) cudaFree(p);
   }
   const void* get(flashcore_dtype dt) {
-    void*& p = pools_[dt == FLASHCORE_DTYPE_FP16 ? 0 : 1];
+    void*& p = pools_[slot(dt)];
     if (!p) {
       std::mt19937_64 gen(seed_ + static_cast<uint64_t>(dt));
       std::normal_distribution<float> normal(0.0f, 1.0f);
+      if (dt == FLASHCORE_DTYPE_FP8_E4M3) {
+        std::vector<uint8_t> host(kElems);
+        for (size_t i = 0; i < kElems; ++i) host[i] = fp8::float_to_e4m3(64.0f * normal(gen));
+        FC_CUDA(cudaMalloc(&p, kElems));
+        FC_CUDA(cudaMemcpy(p, host.data(), kElems, cudaMemcpyHostToDevice));
+        return p;
+      }
       std::vector<uint16_t> host(kElems);
       for (size_t i = 0; i < kElems; ++i) {
         float x = normal(gen);
-        host[i] = dt == FLASHCORE_DTYPE_FP16 ? flashcore::reference::float_to_half(x) : flashcore::reference::float_to_bf16(x);
+        host[i] = dt == FLASHCORE_DTYPE_FP16 ? flashcore::reference::float_to_half(x)
+                                             : flashcore::reference::float_to_bf16(x);
       }
       FC_CUDA(cudaMalloc(&p, kElems * 2));
       FC_CUDA(cudaMemcpy(p, host.data(), kElems * 2, cudaMemcpyHostToDevice));
     }
     return p;
   }
-  // Fill `bytes` (even) at dst from random offsets of the pool.
+  // Fill `bytes` (even for the 16-bit dtypes) at dst from random offsets of the pool.
   void fill(void* dst, size_t bytes, flashcore_dtype dt, std::mt19937_64& rng, cudaStream_t stream) {
     const char* src = static_cast<const char*>(get(dt));
+    const size_t esize = dt == FLASHCORE_DTYPE_FP8_E4M3 ? 1 : 2;
     char* out = static_cast<char*>(dst);
     size_t done = 0;
     while (done < bytes) {
-      size_t off = (rng() % (kElems / 2)) * 2;
-      size_t n = std::min(bytes - done, kElems * 2 - off);
+      size_t off = (rng() % (kElems / 2)) * esize;
+      size_t n = std::min(bytes - done, kElems * esize - off);
       FC_CUDA(cudaMemcpyAsync(out + done, src + off, n, cudaMemcpyDeviceToDevice, stream));
       done += n;
     }
   }
 
  private:
+  static int slot(flashcore_dtype dt) { return dt == FLASHCORE_DTYPE_FP16 ? 0 : dt == FLASHCORE_DTYPE_FP8_E4M3 ? 2 : 1; }
   uint64_t seed_;
-  void* pools_[2] = {nullptr, nullptr};
+  void* pools_[3] = {nullptr, nullptr, nullptr};
 };
 
 }  // namespace fccli

@@ -1,0 +1,341 @@
+/* FROZEN copy of include/flashcore/flashcore.h as it was in 0.2 (last changed in commit d20dfaf; the 0.3 fields came
+ * with 502ace1), include guard renamed. tests/abi/old_caller_v2.c is compiled against it to prove that a 0.2 caller
+ * keeps working with the current library. Never edit it. */
+/*
+ * FlashCore: fused attention for NVIDIA Hopper (sm_90a), and for Ampere and Ada (compute capability 8.x)
+ * through the portable backend. The environment variable FLASHCORE_BACKEND (sm80, sm90, auto) overrides which
+ * backend serves the current device; FLASHCORE_BACKEND=sm80 runs the portable kernels on Hopper.
+ *
+ * The C ABI. No C++ and no PyTorch are needed to use it; it never throws and never aborts.
+ *
+ *   O = softmax(softmax_scale * Q K^T [+ causal mask]) V      (per batch, per query head)
+ *
+ * Tensors live in device memory. Each of Q, K, V, O is described by a base pointer and element
+ * strides for batch, sequence, head and the last (head_dim) dimension. The last dimension must be
+ * contiguous (stride 1); the other strides must be multiples of 8 elements (the tensor memory
+ * accelerator needs 16-byte strides). Both (B, S, H, D) and (B, H, S, D) layouts, or any other
+ * arrangement expressible with these strides, are accepted without copies.
+ *
+ * Causal convention (as in FlashAttention 2/3): the mask is aligned to the bottom-right corner.
+ * Query i (0-based, 0 <= i < seqlen_q) sees key j iff j <= i + seqlen_k - seqlen_q. When
+ * seqlen_q == seqlen_k this is the usual lower-triangular mask. A query row that sees no key
+ * (possible when seqlen_q > seqlen_k) yields O = 0 and LSE = -inf.
+ *
+ * GQA / MQA: num_heads_q must be a multiple of num_heads_kv; query head h reads KV head
+ * h / (num_heads_q / num_heads_kv).
+ *
+ * LSE (optional): float32, contiguous (batch, num_heads_q, seqlen_q), natural logarithm of the
+ * softmax denominator, log(sum_j exp(scale * q.k_j)).
+ */
+#ifndef FLASHCORE_TESTS_ABI_FLASHCORE_V2_H_
+#define FLASHCORE_TESTS_ABI_FLASHCORE_V2_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FLASHCORE_API
+#else
+#define FLASHCORE_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASHCORE_VERSION_MAJOR 0
+#define FLASHCORE_VERSION_MINOR 2
+#define FLASHCORE_VERSION_PATCH 0
+
+/* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
+typedef struct CUstream_st* flashcore_stream_t;
+
+typedef enum flashcore_status {
+  FLASHCORE_SUCCESS = 0,
+  FLASHCORE_ERROR_NULL_POINTER = 1,         /* a required pointer is NULL */
+  FLASHCORE_ERROR_INVALID_SIZE = 2,         /* a size is zero or negative */
+  FLASHCORE_ERROR_SIZE_OVERFLOW = 3,        /* a size or extent overflows 64-bit or hardware limits */
+  FLASHCORE_ERROR_INVALID_HEAD_RATIO = 4,   /* num_heads_q is not a multiple of num_heads_kv */
+  FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM = 5, /* head_dim not compiled in (see capabilities) */
+  FLASHCORE_ERROR_UNSUPPORTED_DTYPE = 6,    /* dtype not compiled in (see capabilities) */
+  FLASHCORE_ERROR_MISALIGNED_POINTER = 7,   /* a tensor pointer is not 16-byte aligned */
+  FLASHCORE_ERROR_INVALID_STRIDE = 8,       /* stride not a positive multiple of 8, or last-dim stride != 1 */
+  FLASHCORE_ERROR_OVERLAPPING_OUTPUT = 9,   /* O (or LSE) overlaps Q, K or V (or each other) */
+  FLASHCORE_ERROR_NO_DEVICE = 10,           /* no CUDA device is visible */
+  FLASHCORE_ERROR_UNSUPPORTED_ARCH = 11,    /* the current GPU has no compiled kernel */
+  FLASHCORE_ERROR_INVALID_ARGUMENT = 12,    /* anything else: bad struct_size, NaN/negative scale, ... */
+  FLASHCORE_ERROR_CUDA = 13,                /* a CUDA runtime/driver call failed (message has details) */
+  FLASHCORE_ERROR_INTERNAL = 14,            /* a bug in FlashCore: please report */
+  FLASHCORE_ERROR_NCCL = 15                 /* since 0.2: NCCL could not be loaded, or an NCCL call failed */
+} flashcore_status;
+
+typedef enum flashcore_dtype {
+  FLASHCORE_DTYPE_SAME = -1,    /* out_dtype only: O has the input dtype */
+  FLASHCORE_DTYPE_FP16 = 0,
+  FLASHCORE_DTYPE_BF16 = 1,
+  FLASHCORE_DTYPE_FP32 = 2,     /* host reference only; no GPU kernel */
+  FLASHCORE_DTYPE_FP8_E4M3 = 3, /* reserved for the 8-bit path */
+  FLASHCORE_DTYPE_FP8_E5M2 = 4  /* reserved for the 8-bit path */
+} flashcore_dtype;
+
+/* Strides are in elements of the tensor's dtype. */
+typedef struct flashcore_tensor_strides {
+  int64_t batch;
+  int64_t seq;
+  int64_t head;
+  int64_t dim; /* must be 1 */
+} flashcore_tensor_strides;
+
+typedef struct flashcore_attention_params {
+  uint32_t struct_size; /* = sizeof(flashcore_attention_params); set by flashcore_attention_params_init */
+
+  const void* q; /* (batch, seqlen_q, num_heads_q, head_dim) through q_strides */
+  const void* k; /* (batch, seqlen_k, num_heads_kv, head_dim) through k_strides */
+  const void* v; /* (batch, seqlen_k, num_heads_kv, head_dim) through v_strides */
+  void* o;       /* (batch, seqlen_q, num_heads_q, head_dim) through o_strides; same dtype as q */
+  float* lse;    /* optional: NULL, or float32 (batch, num_heads_q, seqlen_q) contiguous */
+
+  flashcore_tensor_strides q_strides;
+  flashcore_tensor_strides k_strides;
+  flashcore_tensor_strides v_strides;
+  flashcore_tensor_strides o_strides;
+
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int64_t num_heads_q;
+  int64_t num_heads_kv;
+  int64_t head_dim;
+
+  flashcore_dtype dtype;
+  int32_t causal;      /* 0: no mask; 1: causal, bottom-right aligned (see above) */
+  float softmax_scale; /* 0 means 1/sqrt(head_dim) */
+
+  /* ---- Since 0.2. A caller compiled against 0.1 passes the smaller struct_size of its struct; the library
+   * then uses the default in [brackets] for every field below (and for every field added later). ---- */
+  flashcore_dtype out_dtype; /* dtype of O [FLASHCORE_DTYPE_SAME: the input dtype] */
+  int32_t reserved;          /* must be 0 [0] */
+  int64_t lse_capacity;      /* floats the lse buffer holds; checked against what is written [0: not given] */
+  void* workspace;           /* device memory of at least flashcore_attention_workspace_size() bytes [NULL] */
+  uint64_t workspace_size;   /* bytes at workspace [0] */
+  const char* kernel_config; /* a name from flashcore_list_kernel_configs, for tuning and tests [NULL: the
+                                library's choice] */
+  const int32_t* seqused_k;  /* device memory, int32 (batch,): sequence b's keys are the first seqused_k[b] rows
+                                of K/V (a KV cache's lengths, FlashAttention's cache_seqlens / seqused_k), read on
+                                the device and clamped to [0, seqlen_k]; causal alignment is bottom-right against
+                                that length. The rows past it are never read into O or LSE, even if they hold NaN.
+                                A sequence with no key gets O = 0 and LSE = -inf. sm90 backend only; 4-byte
+                                aligned [NULL: seqlen_k keys for every sequence] */
+
+  /* Serving: packed variable-length batches and paged KV caches (sm90 backend only; the sm80 backend returns
+   * FLASHCORE_ERROR_INVALID_ARGUMENT). Device int32 arrays must be 4-byte aligned; their contents are read by the
+   * kernel only (no host synchronisation, so a CUDA graph replays with new contents), and clamped to the
+   * tensors' extents: out-of-range entries cannot make the kernel read or write outside Q, K, V, O or LSE. */
+  const int32_t* cu_seqlens_q; /* device (batch + 1,), cu_seqlens_q[0] = 0, nondecreasing: sequence b's queries are
+                                  rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of Q and O, which are packed
+                                  (total_q, num_heads_q, head_dim) (their batch strides are ignored). seqlen_q is
+                                  then the longest sequence's length: rows past it are not computed. LSE is
+                                  (num_heads_q, total_q). Causal alignment is bottom-right per sequence; an output
+                                  tile never writes past its own sequence [NULL: dense Q and O] */
+  const int32_t* cu_seqlens_k; /* device (batch + 1,): the same for K and V (total_k rows; batch strides ignored);
+                                  seqlen_k is the longest sequence's key count; with seqused_k, sequence b uses the
+                                  first min(seqused_k[b], its length) keys. Not with block_table [NULL] */
+  int64_t total_q;             /* rows of the packed Q and O; required (> 0) with cu_seqlens_q [0] */
+  int64_t total_k;             /* rows of the packed K and V; required (> 0) with cu_seqlens_k [0] */
+  const int32_t* block_table;  /* device (batch, block_table_stride): a paged KV cache. K and V are then
+                                  (num_pages, page_size, num_heads_kv, head_dim) through k_strides / v_strides
+                                  (their batch stride is the page stride), and key j of sequence b lies in row
+                                  j % page_size of page block_table[b * block_table_stride + j / page_size].
+                                  seqlen_k is the longest sequence's key count (its entries per row:
+                                  ceil(seqlen_k / page_size)); seqused_k gives each sequence's count. Entries for
+                                  keys past a sequence's count are never read, nor are their pages; a page id
+                                  outside [0, num_pages) reads as zeros [NULL: dense K and V] */
+  int64_t block_table_stride;  /* elements between the rows of block_table, >= ceil(seqlen_k / page_size)
+                                  [0: exactly that] */
+  int64_t page_size;           /* rows per page: a multiple of 16, at most 65536; required with block_table [0] */
+  int64_t num_pages;           /* pages in K and V; required (> 0) with block_table [0] */
+  int32_t num_splits;          /* split-KV parts for decode-shaped calls (at most 64 query rows per KV head after
+                                  GQA packing, a workspace given): 0 the library's choice (split_plan: full waves),
+                                  1 never split, n > 1 at most n parts (fewer when there are fewer key blocks).
+                                  Not with cu_seqlens_q [0] */
+  uint32_t flags;              /* FLASHCORE_FLAG_* bits (none yet: must be 0) [0] */
+  /* Append to a KV cache in the same call: the seqlen_new new rows of K and V (per sequence, all KV heads) are
+   * written into the cache (K and V, dense or paged, are then written to!) at key positions
+   * [seqused_k[b], seqused_k[b] + seqlen_new) of sequence b, by a copy kernel on the same stream before the
+   * attention, which then sees seqused_k[b] + seqlen_new keys (clamped to seqlen_k; rows that would land past
+   * seqlen_k are dropped). seqused_k itself is not updated. Requires seqused_k; not with cu_seqlens_k. */
+  const void* k_new;                     /* (batch, seqlen_new, num_heads_kv, head_dim), dtype [NULL: no append] */
+  const void* v_new;                     /* same shape [NULL] */
+  flashcore_tensor_strides k_new_strides; /* elements, dim stride 1 [zero] */
+  flashcore_tensor_strides v_new_strides;
+  int64_t seqlen_new;                    /* new rows per sequence, > 0 with k_new [0] */
+} flashcore_attention_params;
+
+/* flashcore_attention_params::flags: FLASHCORE_FLAG_* bits, none defined yet (FLASHCORE_FLAGS_ALL is the mask of the
+ * bits this header knows; a library refuses bits it does not know with FLASHCORE_ERROR_INVALID_ARGUMENT). */
+#define FLASHCORE_FLAGS_ALL 0u
+
+/* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
+ * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
+ * defaults), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
+ * built against a newer header) provided every byte past the library's sizeof is zero, i.e. the caller left
+ * the fields this library does not know at their defaults. Anything else is FLASHCORE_ERROR_INVALID_ARGUMENT. */
+#define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
+
+/* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
+ * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept
+ * (see FLASHCORE_ATTENTION_PARAMS_V1_SIZE); otherwise nothing is written and flashcore_last_error() says why.
+ * Writes nothing past struct_size bytes. */
+FLASHCORE_API void flashcore_attention_params_init_sized(flashcore_attention_params* params, uint32_t struct_size);
+
+/* Zero the struct, set struct_size and dim strides to 1 and out_dtype to FLASHCORE_DTYPE_SAME.
+ * A macro over flashcore_attention_params_init_sized with the caller's sizeof, so that the library never writes
+ * more than the caller's struct holds. The exported function of this name is the 0.1 one: it initialises a 0.1
+ * struct (FLASHCORE_ATTENTION_PARAMS_V1_SIZE bytes), which is what a caller built against 0.1 passes it. */
+FLASHCORE_API void flashcore_attention_params_init(flashcore_attention_params* params);
+#define flashcore_attention_params_init(params) \
+  flashcore_attention_params_init_sized((params), (uint32_t)sizeof(flashcore_attention_params))
+
+/* Fill contiguous strides for Q, K, V and O in (B, S, H, D) layout ("bshd", FlashAttention's) or
+ * (B, H, S, D) layout ("bhsd", PyTorch SDPA's) from the sizes already set in params.
+ * Returns FLASHCORE_ERROR_NULL_POINTER (params NULL), _INVALID_ARGUMENT (struct_size, bhsd_layout not 0/1),
+ * _INVALID_SIZE (a size <= 0) or _SIZE_OVERFLOW (a size > INT32_MAX). batch is not needed. Writes only the
+ * four stride fields, so a 0.1 struct (struct_size FLASHCORE_ATTENTION_PARAMS_V1_SIZE) is fine too. */
+FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params,
+                                                                         int bhsd_layout);
+
+/* Validate params (no device work). Returns the status forward would return for argument errors;
+ * FLASHCORE_SUCCESS means the arguments are acceptable (device checks are done by forward). */
+FLASHCORE_API flashcore_status flashcore_attention_validate(const flashcore_attention_params* params);
+
+/* Run the forward pass, enqueued on `stream`. Asynchronous: returns once the kernel is launched.
+ * On any error nothing is written to O or LSE and the reason is in flashcore_last_error(). */
+FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_attention_params* params,
+                                                           flashcore_stream_t stream);
+
+/* Bytes of device workspace flashcore_attention_forward needs for these params on the current device (0 for
+ * most calls: the dynamic scheduler's counter, split-KV partials for decode-shaped calls). Validates params like
+ * forward. The workspace must be zero-filled before its first use; FlashCore leaves its first 256 bytes zero-filled
+ * after every call (the rest is scratch), so one buffer serves every later call on its stream. */
+FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params,
+                                                                  uint64_t* bytes);
+
+/* Name of the kernel config flashcore_attention_forward would run for these params on the current device, e.g.
+ * "128x128x2-pp-static": the one kernel_config names; for a call that names none on a Hopper (sm90) device, the
+ * tuning table's choice for the call's sequence-length bucket, else the library's default. Tuning tables are
+ * made by `flashcore tune` and read at first use: $FLASHCORE_TUNING_TABLE, else tuning-<gpu>-<SMs>sm.json in
+ * $FLASHCORE_CACHE_DIR, $XDG_CACHE_HOME/flashcore or ~/.cache/flashcore, else the table built into the library
+ * for this GPU; FLASHCORE_TUNING=off ignores them all. As in forward, a workspace counts as given when workspace
+ * is not NULL and workspace_size > 0 (a config that needs one is chosen only then). Validates params like
+ * forward. Writes the name, NUL-terminated, to `name`. Returns _NULL_POINTER (name NULL), _INVALID_ARGUMENT
+ * (capacity too small for the name and its NUL), or what forward returns for the same params before launching;
+ * on failure `name` holds "" (when capacity > 0). */
+FLASHCORE_API flashcore_status flashcore_attention_selected_config(const flashcore_attention_params* params, char* name,
+                                                                   uint64_t capacity);
+
+/* Names of the kernel configs compiled for (dtype, head_dim, causal) on the current device, the default first.
+ * Writes at most `capacity` pointers (static strings) to `names` and the total count to `count` (0 when nothing
+ * is compiled for that combination; names may be NULL when capacity is 0). Returns _NULL_POINTER (count NULL,
+ * or names NULL with capacity > 0), _INVALID_ARGUMENT (capacity < 0, causal not 0/1), _NO_DEVICE,
+ * _UNSUPPORTED_ARCH or _CUDA (the device checks of forward). */
+FLASHCORE_API flashcore_status flashcore_list_kernel_configs(flashcore_dtype dtype, int32_t head_dim, int32_t causal,
+                                                             const char** names, int32_t capacity, int32_t* count);
+
+/* Static description of a status code, e.g. "invalid stride". Never NULL. */
+FLASHCORE_API const char* flashcore_status_string(flashcore_status status);
+
+/* Thread-local message of the last failing call on this thread, naming the offending argument and
+ * its value, e.g. "q_strides.seq = 12 is not a multiple of 8 elements". "" when none. Never NULL. */
+FLASHCORE_API const char* flashcore_last_error(void);
+
+/* Version of the library that is loaded (may differ from the header's macros). */
+FLASHCORE_API void flashcore_version(int* major, int* minor, int* patch);
+FLASHCORE_API const char* flashcore_version_string(void);
+
+/* ---- Merging partial attention results (since 0.2) ----
+ * Attention over a key set split into parts (ring attention's steps, cascade / shared-prefix decoding) is the
+ * LSE-weighted average of the parts' outputs:  LSE = log(exp(LSE_a) + exp(LSE_b)),
+ * O = exp(LSE_a - LSE) O_a + exp(LSE_b - LSE) O_b. flashcore_attention_merge folds one part (O_part, LSE_part,
+ * as flashcore_attention_forward writes them) into a float32 running state (O_acc, LSE_acc), in place, and can
+ * also write the merged O in a 16-bit dtype. A row with LSE = -inf in both has O = 0, LSE = -inf. */
+
+/* Element strides of a (batch, num_heads, seqlen) float32 LSE tensor. */
+typedef struct flashcore_lse_strides {
+  int64_t batch;
+  int64_t head;
+  int64_t seq;
+} flashcore_lse_strides;
+
+typedef struct flashcore_merge_params {
+  uint32_t struct_size; /* = sizeof(flashcore_merge_params); set by flashcore_merge_params_init */
+  int64_t batch;
+  int64_t seqlen;       /* query rows */
+  int64_t num_heads;
+  int64_t head_dim;     /* 64, 128 or 256 */
+
+  /* The part to fold in: O_part (batch, seqlen, num_heads, head_dim) in part_dtype (FP16, BF16 or FP32), and its
+   * LSE. NULL o_part (with NULL lse_part) folds nothing: the call then only writes o_out from the state. */
+  const void* o_part;
+  flashcore_tensor_strides o_part_strides;
+  flashcore_dtype part_dtype;
+  const float* lse_part;
+  flashcore_lse_strides lse_part_strides;
+
+  /* The running state, float32, read and written in place. With init = 1 it is not read: the part becomes the
+   * state (o_part is then required). */
+  float* o_acc;
+  flashcore_tensor_strides o_acc_strides;
+  float* lse_acc;
+  flashcore_lse_strides lse_acc_strides;
+  int32_t init;
+
+  /* Optional: the merged O, also written to o_out (FP16 or BF16), e.g. at the last part [NULL: not written]. */
+  flashcore_dtype out_dtype;
+  void* o_out;
+  flashcore_tensor_strides o_out_strides;
+} flashcore_merge_params;
+
+/* Zero params, set struct_size and the dim strides to 1. */
+FLASHCORE_API void flashcore_merge_params_init(flashcore_merge_params* params);
+
+/* Enqueue the merge on `stream`. Checks like forward (sizes, dtypes, strides: dim stride 1, 16-byte aligned rows,
+ * no overlap between outputs and inputs other than the in-place state); returns before any device work on error. */
+FLASHCORE_API flashcore_status flashcore_attention_merge(const flashcore_merge_params* params,
+                                                         flashcore_stream_t stream);
+
+#define FLASHCORE_MAX_CAPS 16
+
+typedef struct flashcore_capabilities {
+  uint32_t struct_size;                  /* set by caller to sizeof(flashcore_capabilities) */
+  int32_t num_dtypes;
+  flashcore_dtype dtypes[FLASHCORE_MAX_CAPS];  /* GPU dtypes compiled in */
+  int32_t num_head_dims;
+  int32_t head_dims[FLASHCORE_MAX_CAPS];       /* head dims compiled in */
+  int32_t num_archs;
+  int32_t archs[FLASHCORE_MAX_CAPS];           /* compute capabilities compiled in, e.g. 90 for sm_90a, 80 86 89 */
+  int32_t device_arch;                   /* compute capability of the current device, 0 if none */
+  int32_t device_supported;              /* 1 if the current device can run a compiled kernel */
+  /* ---- Since 0.2 (absent from a 0.1 caller's smaller struct, and then not written) ---- */
+  uint32_t params_struct_size;           /* sizeof(flashcore_attention_params) of the loaded library */
+  int32_t num_out_dtypes;
+  flashcore_dtype out_dtypes[FLASHCORE_MAX_CAPS]; /* output dtypes compiled in (besides FLASHCORE_DTYPE_SAME) */
+  char device_backend[16];               /* backend serving the current device ("sm90", "sm80"), "" if none */
+} flashcore_capabilities;
+
+/* struct_size of the 0.1 layout of flashcore_capabilities. */
+#define FLASHCORE_CAPABILITIES_V1_SIZE 216
+
+/* Zero caps and set struct_size (call before flashcore_get_capabilities). */
+FLASHCORE_API void flashcore_capabilities_init(flashcore_capabilities* caps);
+
+/* Fill caps (struct_size must be set, to sizeof of any released layout; flashcore_capabilities_init does it).
+ * struct_size may be anything from FLASHCORE_CAPABILITIES_V1_SIZE to sizeof(flashcore_capabilities): the
+ * first struct_size bytes are zeroed and every field that fits in them entirely is filled; nothing past them is
+ * written, and struct_size is left as given. Never fails for lack of a GPU: device_arch is then 0. */
+FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHCORE_TESTS_ABI_FLASHCORE_V2_H_ */
