@@ -15,7 +15,11 @@
 
 namespace flashcore::kernels {
 
-template <int kCols>  // columns of the score tile (block_n)
+// kExactLargeOffsets (the 8-bit kernels, whose descales can make scores huge): a row whose scaled max m * scale is
+// 2^15 or more computes exp2((x - m) * scale) instead of exp2(x * scale - m * scale), whose rounded offset would be off
+// by up to half an ulp of 2^15 and more (|scores| ~ 1e10 made every P of a row tiny, and P's e4m3 rounding then
+// pushed O past the range of V). The branch is per row and per block; ordinary rows take the one-FFMA form.
+template <int kCols, bool kExactLargeOffsets = false>  // columns of the score tile (block_n)
 struct OnlineSoftmax {
   static constexpr int kRegs = kCols / 2;
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) running maxima
@@ -38,13 +42,25 @@ struct OnlineSoftmax {
       row_max[i] = m;
       const float offset = m_safe * scale_log2;
       float sum = 0.f;
+      if (kExactLargeOffsets && !(fabsf(offset) < 32768.f)) {
 #pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
+        for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[acc_index(j, i, e)];
-          x = exp2_approx(fmaf(x, scale_log2, -offset));
-          sum += x;
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[acc_index(j, i, e)];
+            x = exp2_approx((x - m_safe) * scale_log2);
+            sum += x;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[acc_index(j, i, e)];
+            x = exp2_approx(fmaf(x, scale_log2, -offset));
+            sum += x;
+          }
         }
       }
       row_sum[i] = row_sum[i] * rescale[i] + sum;
