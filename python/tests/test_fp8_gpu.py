@@ -23,6 +23,8 @@ E4M3 = torch.float8_e4m3fn
 RMSE_8BIT = 0.035
 MAX_ERR_8BIT = (0.08, 1e-2)  # max |O - ref| <= a * max |ref| + b
 LSE_ATOL = 2e-2
+# The 8-bit MMA accumulates Q K^T with fewer bits than fp32: the LSE error grows with the scores' magnitude.
+LSE_RTOL = 2e-3
 RMSE_PRECISION_FP8 = 0.07
 
 
@@ -109,7 +111,7 @@ def check_8bit(out, lse, q8, k8, v8, descales, causal, softmax_scale=None):
         assert lse.shape == (q8.shape[0], q8.shape[2], q8.shape[1]) and lse.dtype == torch.float32
         finite = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse), finite) and torch.all(torch.isneginf(lse[~finite]))
-        torch.testing.assert_close(lse[finite].double(), ref_lse[finite], atol=LSE_ATOL, rtol=0)
+        torch.testing.assert_close(lse[finite].double(), ref_lse[finite], atol=LSE_ATOL, rtol=LSE_RTOL)
     return err
 
 
@@ -131,7 +133,8 @@ def test_e4m3_matches_reference(caps, cuda, poisoned, head_dim, causal, heads, s
     batch = 1 if max(seqlens) > 1024 else 2
     (q8, k8, v8), descales = _quantized(*_inputs(cuda, torch.bfloat16, batch, seqlen_q, seqlen_k, *heads, head_dim,
                                                  spread=True))
-    assert len({round(d, 6) for d in descales[0].flatten().tolist()}) > 1, "expected descales != 1 and distinct"
+    if descales[0].numel() > 1:  # (one batch entry and one KV head: a single descale)
+        assert len({round(d, 6) for d in descales[0].flatten().tolist()}) > 1, "expected distinct descales"
     out, lse = _fp8_call(q8, k8, v8, descales, causal=causal, return_lse=True, out_dtype=out_dtype)
     assert out.dtype == (out_dtype or torch.bfloat16)
     check_8bit(out, lse, q8, k8, v8, descales, causal)
@@ -190,7 +193,7 @@ def test_precision_fp8_matches_unquantized_reference(caps, cuda, poisoned, dtype
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     # Scores of quantized q and k (a single key's lse is its score, off by up to a few percent of it).
-    torch.testing.assert_close(lse[finite].double(), ref_lse[finite], atol=0.25, rtol=0)
+    torch.testing.assert_close(lse[finite].double(), ref_lse[finite], atol=0.25, rtol=LSE_RTOL)
 
 
 def test_out_dtype_of_a_16bit_call(caps, cuda, poisoned):

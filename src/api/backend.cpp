@@ -296,11 +296,12 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
 
 namespace {
 // precision = FP8 (flashcore.h): the 16-bit call runs as an 8-bit one on e4m3 copies in the workspace, laid out as
-//   [0, 256) zero | amax[3][B*Hkv], descale[3][B*Hkv] | Q8 (B, Sq, Hq, D) | K8 (B, Sk, Hkv, D) | the 8-bit call's
-//   workspace (256 bytes, then the transposed V, written by the quantization)
-// every part 256-byte aligned.
+//   [0, 256) zero | amax[3][B*Hkv], descale[3][B*Hkv] | Q8 (B, Sq, Hq, D) | K8 (B, Sk, Hkv, D) | the transposed V
+// every part 256-byte aligned. The 8-bit call gets the whole workspace: its dynamic scheduler's counter is in the
+// first 256 bytes, which stay zero between calls whatever their shapes (a counter inside the shape-dependent part
+// would start from the scratch bytes of an earlier call), and it reads the transposed V where the quantization put it.
 struct Fp8Layout {
-  size_t scales = 0, q8 = 0, k8 = 0, inner = 0, inner_bytes = 0, total = 0;
+  size_t scales = 0, q8 = 0, k8 = 0, vt = 0, total = 0;
 };
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 Fp8Layout fp8_layout(const flashcore_attention_params& p) {
@@ -309,9 +310,8 @@ Fp8Layout fp8_layout(const flashcore_attention_params& p) {
   l.scales = 256;
   l.q8 = l.scales + align256(6 * bh * sizeof(float));
   l.k8 = l.q8 + align256(static_cast<size_t>(p.batch * p.seqlen_q * p.num_heads_q * p.head_dim));
-  l.inner = l.k8 + align256(static_cast<size_t>(p.batch * p.seqlen_k * p.num_heads_kv * p.head_dim));
-  l.inner_bytes = 256 + sm90::fp8_vt_bytes(p);
-  l.total = l.inner + l.inner_bytes;
+  l.vt = l.k8 + align256(static_cast<size_t>(p.batch * p.seqlen_k * p.num_heads_kv * p.head_dim));
+  l.total = l.vt + sm90::fp8_vt_bytes(p);
   return l;
 }
 
@@ -332,8 +332,7 @@ flashcore_attention_params fp8_call(const flashcore_attention_params& p, const F
   q.q_descale = descale;
   q.k_descale = descale + bh;
   q.v_descale = descale + 2 * bh;
-  q.workspace = ws + l.inner;
-  q.workspace_size = l.inner_bytes;
+  // q.workspace, q.workspace_size: the caller's whole workspace (Fp8Layout)
   return q;
 }
 }  // namespace
@@ -416,7 +415,7 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
     prep.descale = prep.amax + 3 * p.batch * p.num_heads_kv;
     prep.q8 = reinterpret_cast<uint8_t*>(ws + l.q8);
     prep.k8 = reinterpret_cast<uint8_t*>(ws + l.k8);
-    prep.vt = reinterpret_cast<uint8_t*>(ws + l.inner + 256);
+    prep.vt = reinterpret_cast<uint8_t*>(ws + l.vt);
     if (const cudaError_t err = sm90::launch_fp8_quantize(prep, p.dtype, sms, stream); err != cudaSuccess) {
       error = api::cuda_message("FP8 quantization launch failed", err);
       return FLASHCORE_ERROR_CUDA;
