@@ -242,7 +242,10 @@ def quantize_fp8(x: torch.Tensor, layout: str = "bshd", num_heads_kv: Optional[i
         raise ValueError(f"FlashCore: x's {heads} heads must be a multiple of num_heads_kv ({heads_kv})")
     x = x.detach()  # rounding has no gradient
     seq_axis, head_axis = (1, 2) if layout == "bshd" else (2, 1)
-    amax = x.abs().amax(dim=(seq_axis, 3)).float()  # (B, H)
+    if x.shape[seq_axis] == 0 or x.shape[3] == 0:  # nothing to scale: descale 1
+        amax = torch.zeros(batch, heads, dtype=torch.float32, device=x.device)
+    else:
+        amax = x.abs().amax(dim=(seq_axis, 3)).float()  # (B, H)
     amax = amax.reshape(batch, heads_kv, heads // heads_kv).amax(dim=2)  # (B, Hkv)
     descale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).contiguous()
     per_head = descale.repeat_interleave(heads // heads_kv, dim=1)  # (B, H)

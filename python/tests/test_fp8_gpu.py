@@ -197,14 +197,16 @@ def test_precision_fp8_matches_unquantized_reference(caps, cuda, poisoned, dtype
 
 
 def test_out_dtype_of_a_16bit_call(caps, cuda, poisoned):
-    """out_dtype works without 8-bit too (a 0.2 field): bf16 in, fp16 out, close to the bf16-out result."""
+    """A native 16-bit call writes O in its input dtype: another out_dtype is refused with a message naming it; with
+    precision="fp8" it is allowed (bf16 in, fp16 out)."""
     q, k, v = _inputs(cuda, torch.bfloat16, 2, 100, 100, 8, 2, 128)
-    if "float16" not in caps.out_dtypes:
-        pytest.skip(f"no float16 output compiled (out dtypes: {caps.out_dtypes})")
-    out = flashcore.attention(q, k, v, causal=True, out_dtype=torch.float16)
+    with pytest.raises((TypeError, ValueError), match="out_dtype"):
+        flashcore.attention(q, k, v, causal=True, out_dtype=torch.float16)
+    _need(cuda, 128, True)
+    out = flashcore.attention(q, k, v, causal=True, out_dtype=torch.float16, precision="fp8")
     assert out.dtype == torch.float16
     ref, _ = reference_fp64(q, k, v, causal=True)
-    assert rel_rmse(out, ref) < 1e-2
+    assert rel_rmse(out, ref) < RMSE_PRECISION_FP8
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -122,7 +122,12 @@ def test_fa3_conventions(caps, cuda):
         from flash_attn_interface import flash_attn_varlen_func
     except ImportError:
         return  # shapes only; the FA3 comparison needs the serving build on PYTHONPATH
-    fa_out, fa_lse = flash_attn_varlen_func(q, k, v, cq, ck, 512, 700, causal=True, return_attn_probs=True)
+    try:
+        fa_out, fa_lse = flash_attn_varlen_func(q, k, v, cq, ck, 512, 700, causal=True, return_attn_probs=True)
+    except RuntimeError as e:  # the prefill build of FA3 (shared/fa3/prefill) has no varlen kernels
+        if "does not support varlen" in str(e):
+            pytest.skip(f"the FA3 build on PYTHONPATH has no varlen: {e}")
+        raise
     assert fa_out.shape == out.shape and fa_lse.shape == lse.shape
     torch.testing.assert_close(out, fa_out, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, fa_lse, atol=LSE_ATOL, rtol=LSE_RTOL)
