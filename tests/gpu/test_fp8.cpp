@@ -1238,3 +1238,67 @@ TEST_F(Fp8Errors, GoodCallAfterErrors) {
   const Verdict v = compare(p, h, o, lse, 1);
   EXPECT_TRUE(v.passed) << report(p, v, 1) << "\n  " << v.why;
 }
+
+// One workspace, zero-filled once, shared by precision = FP8 calls of different shapes on the causal (dynamic
+// schedule) default, as the Python op and a serving engine use it: every call must find its scheduler's counter zero.
+// (The counter once sat at a shape-dependent offset: the second shape read scratch bytes of the first and ran tiles
+// that do not exist, an illegal address; found by the Python suite on the H200.) The first shape's output must come
+// back bit-identical after the other shape ran in between.
+TEST(Fp8Workspace, SharedAcrossShapesOfPrecisionFp8Calls) {
+  FLASHCORE_REQUIRE_FP8(128, true);
+  struct Shape {
+    int64_t b, s, hq, hkv;
+  };
+  const Shape shapes[3] = {{2, 300, 8, 2}, {1, 1000, 4, 4}, {2, 300, 8, 2}};
+  auto params_for = [](const Shape& sh, const void* q, const void* k, const void* v, void* o) {
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.q = q, p.k = k, p.v = v, p.o = o;
+    p.batch = sh.b, p.seqlen_q = sh.s, p.seqlen_k = sh.s, p.num_heads_q = sh.hq, p.num_heads_kv = sh.hkv;
+    p.head_dim = 128, p.dtype = FLASHCORE_DTYPE_BF16, p.causal = 1, p.precision = FLASHCORE_PRECISION_FP8;
+    flashcore_attention_params_set_contiguous(&p, 0);
+    return p;
+  };
+  // Buffers for the largest shape; inputs ~ N(0, 1) in bf16.
+  const size_t elems = 2 * 1000 * 8 * 128;
+  std::vector<uint16_t> host(elems);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (uint16_t& x : host) {
+    const float f = normal(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *ws = nullptr;
+  for (void** ptr : {&q, &k, &v, &o}) ASSERT_EQ(cudaMalloc(ptr, elems * 2), cudaSuccess);
+  for (void* ptr : {q, k, v}) ASSERT_EQ(cudaMemcpy(ptr, host.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  uint64_t ws_bytes = 0;
+  for (const Shape& sh : shapes) {
+    const flashcore_attention_params p = params_for(sh, q, k, v, o);
+    uint64_t bytes = 0;
+    ASSERT_EQ(flashcore_attention_workspace_size(&p, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+    ws_bytes = std::max(ws_bytes, bytes);
+  }
+  ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ws, 0, ws_bytes), cudaSuccess);
+  std::vector<std::vector<uint16_t>> outs;
+  for (const Shape& sh : shapes) {
+    flashcore_attention_params p = params_for(sh, q, k, v, o);
+    p.workspace = ws, p.workspace_size = ws_bytes;
+    const size_t n = static_cast<size_t>(sh.b * sh.s * sh.hq * 128);
+    ASSERT_EQ(cudaMemset(o, 0xff, n * 2), cudaSuccess);  // NaN poison
+    ASSERT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "a precision = FP8 call after one of another shape failed";
+    std::vector<uint16_t> out(n);
+    ASSERT_EQ(cudaMemcpy(out.data(), o, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (uint16_t x : out) ASSERT_NE(x, 0xffffu) << "an O element was left unwritten";
+    outs.push_back(std::move(out));
+  }
+  uint8_t head[256];
+  ASSERT_EQ(cudaMemcpy(head, ws, sizeof(head), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(std::all_of(head, head + sizeof(head), [](uint8_t x) { return x == 0; }))
+      << "the workspace's first 256 bytes must stay zero";
+  EXPECT_TRUE(outs[0] == outs[2]) << "the first shape's O changed after a call of another shape on the same workspace";
+  for (void* ptr : {q, k, v, o, ws}) cudaFree(ptr);
+}
