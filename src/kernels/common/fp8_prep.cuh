@@ -103,9 +103,12 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p
 // grid (padded_keys / 128, heads_kv, batch), 256 threads: one 128-key tile of one (batch, KV head). The tile is
 // staged in shared memory as e4m3 bytes [key][head_dim] (from 8-bit V as is; from 16-bit V scaled by 448 / amax),
 // then written out as head_dim rows of 128 bytes, slot c of a row holding key p8_key_of_slot(c) of its group of 32.
+// Write-out: a thread takes 4 head-dim rows x 4 slots (one 32-bit word per row): it loads the 4 keys' words of those
+// rows (keys 2q, 2q+1, 8+2q, 9+2q of the slot quad, element.cuh) and transposes the 4 x 4 bytes with byte permutes.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParams p) {
-  constexpr int kPitch = kHeadDim + 16;  // bytes per staged key row (the pad spreads a column over the banks)
+  // Bytes per staged key row: one word more than the row, so that row r + 1 starts one bank further.
+  constexpr int kPitch = kHeadDim + 4;
   __shared__ __align__(16) uint8_t tile[128 * kPitch];
   const int key0 = blockIdx.x * 128, h = blockIdx.y, b = blockIdx.z;
   const T* src = static_cast<const T*>(p.v.data) + b * p.v.stride_batch + h * p.v.stride_head;
@@ -118,8 +121,9 @@ __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParam
     const int key = key0 + r;
     uint4 raw = make_uint4(0u, 0u, 0u, 0u);
     if (key < p.seqlen_k) raw = *reinterpret_cast<const uint4*>(src + key * p.v.stride_seq + c);
+    uint32_t* row = reinterpret_cast<uint32_t*>(tile + r * kPitch + c);
     if constexpr (sizeof(T) == 1) {
-      *reinterpret_cast<uint4*>(tile + r * kPitch + c) = raw;
+      row[0] = raw.x, row[1] = raw.y, row[2] = raw.z, row[3] = raw.w;
     } else {
       const T* x = reinterpret_cast<const T*>(&raw);
       uint32_t lo = 0, hi = 0;
@@ -127,26 +131,32 @@ __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParam
       for (int i = 0; i < 4; ++i) lo |= uint32_t{to_e4m3(static_cast<float>(x[i]) * scale)} << (8 * i);
 #pragma unroll
       for (int i = 0; i < 4; ++i) hi |= uint32_t{to_e4m3(static_cast<float>(x[4 + i]) * scale)} << (8 * i);
-      *reinterpret_cast<uint2*>(tile + r * kPitch + c) = make_uint2(lo, hi);
+      row[0] = lo, row[1] = hi;
     }
   }
   __syncthreads();
   const int64_t padded = fp8_vt_padded_keys(p.seqlen_k);
   uint8_t* dst = p.vt + ((int64_t{b} * p.heads_kv + h) * kHeadDim) * padded + key0;
-  for (int u = threadIdx.x; u < kHeadDim * 8; u += blockDim.x) {
-    const int d = u / 8, c0 = (u % 8) * 16;
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      w[i] = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = c0 + 4 * i + j;
-        const int key = (c & ~31) + p8_key_of_slot(c & 31);
-        w[i] |= uint32_t{tile[key * kPitch + d]} << (8 * j);
-      }
-    }
-    *reinterpret_cast<uint4*>(dst + int64_t{d} * padded + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+  for (int u = threadIdx.x; u < (kHeadDim / 4) * 32; u += blockDim.x) {
+    // A warp: the 8 slot quads of one group of 32 keys x 4 groups of 4 rows, so that its 32 loads hit 32 banks: the
+    // pitch is 1 mod 32 words, the quads' first keys are 0, 2, 4, 6, 16, 18, 20, 22 (+ 32 per group), and the row
+    // groups are b, b + 1, b + 8, b + 9 (in words), which fills the gaps.
+    const int lane = u % 32, warp_item = u / 32;
+    const int quad = (warp_item % 4) * 8 + lane % 8;  // slots 4 quad .. 4 quad + 3
+    const int set = warp_item / 4, base = (set / 4) * 16 + (set % 4) * 2;
+    const int d0 = 4 * (base + (lane / 8) % 2 + 8 * (lane / 16));  // rows d0 .. d0 + 3
+    const int k0 = (4 * quad & ~31) + p8_key_of_slot(4 * quad & 31);  // keys k0, k0 + 1, k0 + 8, k0 + 9
+    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + k0 * kPitch + d0);
+    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + (k0 + 1) * kPitch + d0);
+    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(tile + (k0 + 8) * kPitch + d0);
+    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(tile + (k0 + 9) * kPitch + d0);
+    const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);  // rows d0, d0+1 | d0+2, d0+3
+    const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
+    uint32_t* out = reinterpret_cast<uint32_t*>(dst + int64_t{d0} * padded + 4 * quad);
+    out[0] = __byte_perm(t0, t2, 0x5410);
+    out[padded / 4] = __byte_perm(t0, t2, 0x7632);
+    out[2 * (padded / 4)] = __byte_perm(t1, t3, 0x5410);
+    out[3 * (padded / 4)] = __byte_perm(t1, t3, 0x7632);
   }
 }
 
