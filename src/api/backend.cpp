@@ -315,15 +315,22 @@ Fp8Layout fp8_layout(const flashcore_attention_params& p) {
   return l;
 }
 
-// The 8-bit call a precision = FP8 call runs: e4m3 Q and K (contiguous, in the workspace), the computed descales,
-// O in the input dtype unless out_dtype says otherwise. V is read only by the quantization (the transposed V).
-flashcore_attention_params fp8_call(const flashcore_attention_params& p, const Fp8Layout& l) {
+// The key of the 8-bit row a precision = FP8 call runs: e4m3 inputs, O in the input dtype unless out_dtype says
+// otherwise (workspace_size and selected_config need no more than this).
+flashcore_attention_params as_8bit(const flashcore_attention_params& p) {
   flashcore_attention_params q = p;
-  char* ws = static_cast<char*>(p.workspace);
-  const int64_t bh = p.batch * p.num_heads_kv;
   q.dtype = FLASHCORE_DTYPE_FP8_E4M3;
   q.out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   q.precision = FLASHCORE_PRECISION_NATIVE;
+  return q;
+}
+
+// The whole 8-bit call: e4m3 Q and K (contiguous, in the workspace) and the computed descales. V is read only by the
+// quantization (the transposed V).
+flashcore_attention_params fp8_call(const flashcore_attention_params& p, const Fp8Layout& l) {
+  flashcore_attention_params q = as_8bit(p);
+  char* ws = static_cast<char*>(p.workspace);
+  const int64_t bh = p.batch * p.num_heads_kv;
   q.q = ws + l.q8;
   q.k = ws + l.k8;
   q.q_strides = {p.seqlen_q * p.num_heads_q * p.head_dim, p.num_heads_q * p.head_dim, p.head_dim, 1};
@@ -341,10 +348,7 @@ flashcore_status workspace_size(const flashcore_attention_params& params, int cc
                                 std::string& error) {
   const flashcore_attention_params p = as_run(params, cc);
   if (p.precision == FLASHCORE_PRECISION_FP8) {
-    flashcore_attention_params probe = p;  // (only the row's existence matters here)
-    probe.dtype = FLASHCORE_DTYPE_FP8_E4M3;
-    probe.out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
-    probe.precision = FLASHCORE_PRECISION_NATIVE;
+    const flashcore_attention_params probe = as_8bit(p);  // (only the row's existence matters here)
     int device = 0;
     (void)cudaGetDevice(&device);
     Selected row;
@@ -401,16 +405,7 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
       return FLASHCORE_ERROR_CUDA;
     }
     char* ws = static_cast<char*>(p.workspace);
-    kernels::Fp8PrepParams prep{};
-    prep.batch = static_cast<int>(p.batch);
-    prep.seqlen_q = static_cast<int>(p.seqlen_q);
-    prep.seqlen_k = static_cast<int>(p.seqlen_k);
-    prep.heads_q = static_cast<int>(p.num_heads_q);
-    prep.heads_kv = static_cast<int>(p.num_heads_kv);
-    prep.head_dim = static_cast<int>(p.head_dim);
-    prep.q = kernels::Fp8Tensor{p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
-    prep.k = kernels::Fp8Tensor{p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
-    prep.v = kernels::Fp8Tensor{p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
+    kernels::Fp8PrepParams prep = sm90::fp8_prep_params(p);
     prep.amax = reinterpret_cast<float*>(ws + l.scales);
     prep.descale = prep.amax + 3 * p.batch * p.num_heads_kv;
     prep.q8 = reinterpret_cast<uint8_t*>(ws + l.q8);
@@ -435,12 +430,9 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
 
 flashcore_status selected_config(const flashcore_attention_params& params, int device, int cc, const char*& name,
                                  std::string& error) {
-  flashcore_attention_params p = as_run(params, cc);
-  if (p.precision == FLASHCORE_PRECISION_FP8) {  // the 8-bit row the call runs
-    p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
-    p.out_dtype = resolved_out_dtype(params.dtype, params.out_dtype);
-    p.precision = FLASHCORE_PRECISION_NATIVE;
-  }
+  const flashcore_attention_params run = as_run(params, cc);
+  // A precision = FP8 call runs an 8-bit row.
+  const flashcore_attention_params p = run.precision == FLASHCORE_PRECISION_FP8 ? as_8bit(run) : run;
   Selected row;
   const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
   const flashcore_status st = select_row(p, device, cc, capacity, row, error);

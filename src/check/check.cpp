@@ -14,6 +14,7 @@
 // Beyond the tolerances: no output element may keep its NaN poison, O must be finite everywhere and 0
 // on fully masked rows, LSE must be finite except exactly -inf on fully masked rows.
 #include "check/check.h"
+#include "check/check_util.h"
 
 #include <cuda_runtime_api.h>
 
@@ -426,12 +427,7 @@ std::vector<Case> cases(bool quick) {
 // ------------------------------------------------------------------------------------------------
 namespace {
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using detail::splitmix;
 
 // Counter-based N(0,1) (Box-Muller), so that tensors are filled in parallel yet reproducibly.
 void fill_normal(std::vector<uint16_t>& dst, flashcore_dtype dt, uint64_t seed, uint64_t tensor, float scale) {
@@ -475,25 +471,8 @@ std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
 
 namespace {
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-};
-
-struct OwnedStream {
-  cudaStream_t stream = nullptr;
-  OwnedStream() = default;
-  OwnedStream(const OwnedStream&) = delete;
-  OwnedStream& operator=(const OwnedStream&) = delete;
-  ~OwnedStream() {
-    if (stream) cudaStreamDestroy(stream);
-  }
-};
+using detail::DeviceBuffer;
+using detail::OwnedStream;
 
 bool cuda_ok(cudaError_t e, const char* what, Result& r) {
   if (e == cudaSuccess) return true;

@@ -1,4 +1,4 @@
-// The 8-bit cases of `flashcore check` (tools/flashcore/fp8_check.h) without a device: the case lists cover the 8-bit
+// The 8-bit cases of `flashcore check` (src/check/check_fp8.h) without a device: the case lists cover the 8-bit
 // requirements and stay affordable for the reference, names are unique and safe, the e4m3 codec is exact, the row
 // sampling and tolerances are the documented ones, and without a GPU a case is skipped with the reason.
 #include <gtest/gtest.h>
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "fp8_check.h"
+#include "check/check_fp8.h"
 #include "gpu/gpu_skip.h"
 
-namespace fp8 = fccli::fp8;
+namespace fp8 = flashcore::check::fp8;
 
 namespace {
 

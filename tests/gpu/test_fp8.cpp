@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "check/check.h"
+#include "check/check_fp8.h"
 #include "flashcore/flashcore.h"
 #include "gpu_skip.h"
 #include "reference/reference.h"
@@ -44,32 +45,10 @@ namespace {
 
 namespace ref = flashcore::reference;
 
-// ------------------------------------------------------------------------------------------------
-// e4m3 (the "fn" variant: no infinities, NaN = S.1111.111, largest finite 448), exact host codec
-// ------------------------------------------------------------------------------------------------
-float e4m3_to_float(uint8_t b) {
-  const int e = (b >> 3) & 0xF, m = b & 7;
-  if (e == 0xF && m == 7) return std::numeric_limits<float>::quiet_NaN();
-  const float v = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
-  return (b & 0x80) ? -v : v;
-}
-
-// Round to nearest even, saturating to +-448 (as __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)); NaN -> 0x7F.
-uint8_t float_to_e4m3(float x) {
-  if (std::isnan(x)) return 0x7F;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const float a = std::fabs(x);
-  if (a >= 448.0f) return sign | 0x7E;
-  if (a < 0x1p-6f) {  // subnormal: multiples of 2^-9; 8 * 2^-9 is the smallest normal, whose code is 0x08
-    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
-  }
-  int e = 0;
-  const float f = std::frexp(a, &e);  // a = (2f) * 2^(e - 1), 2f in [1, 2)
-  int exp = e - 1;
-  int m = static_cast<int>(std::nearbyint((2.0f * f - 1.0f) * 8.0f));
-  if (m == 8) m = 0, ++exp;
-  return sign | static_cast<uint8_t>(((exp + 7) << 3) | m);  // a < 448 rounds to 448 (exp 8, m 6) at most
-}
+// The exact host e4m3 codec and the skip reason are the check library's (src/check/check_fp8.h), which `flashcore
+// check` uses too.
+using flashcore::check::fp8::e4m3_to_float;
+using flashcore::check::fp8::float_to_e4m3;
 
 // ------------------------------------------------------------------------------------------------
 // Problems
@@ -484,29 +463,7 @@ void emulate(const Problem& p, const HostData& h, std::vector<uint16_t>& o, std:
 // "" when e4m3 kernels for (head_dim, causal) run on this device; otherwise why not.
 std::string fp8_skip_reason(int64_t head_dim, bool causal) {
   if (const std::string& why = flashcore::testing::gpu_skip_reason(); !why.empty()) return "GPU test skipped: " + why;
-  flashcore_capabilities caps;
-  flashcore_capabilities_init(&caps);
-  if (flashcore_get_capabilities(&caps) != FLASHCORE_SUCCESS) return flashcore_last_error();
-  if (std::string(caps.device_backend) != "sm90") {
-    return std::string("the 8-bit path needs the sm90 backend; this device (sm_") + std::to_string(caps.device_arch) +
-           ") is served by \"" + caps.device_backend + "\"";
-  }
-  int32_t count = 0;
-  const flashcore_status st = flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP8_E4M3, static_cast<int32_t>(head_dim),
-                                                            causal ? 1 : 0, nullptr, 0, &count);
-  if (st != FLASHCORE_SUCCESS) return flashcore_last_error();
-  if (count == 0) {
-    std::string dims;
-    for (int d : {64, 128, 256}) {
-      int32_t n = 0;
-      if (flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP8_E4M3, d, causal ? 1 : 0, nullptr, 0, &n) == FLASHCORE_SUCCESS &&
-          n > 0)
-        dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-    }
-    return "no e4m3 kernel for head_dim " + std::to_string(head_dim) + (causal ? " causal" : "") +
-           " in this build (e4m3 head dims: " + (dims.empty() ? "none" : dims) + ")";
-  }
-  return "";
+  return flashcore::check::fp8::skip_reason(head_dim, causal);
 }
 
 #define FLASHCORE_REQUIRE_FP8(head_dim, causal)                                            \

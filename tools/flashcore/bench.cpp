@@ -14,7 +14,7 @@
 
 #include "commands.h"
 #include "common.h"
-#include "fp8_check.h"
+#include "check/check_fp8.h"
 #include "nvml_sampler.h"
 #include "random_pool.h"
 #include "reference/reference.h"  // the fp16/bf16 conversions (flashcore_reference, linked through flashcore_check)
@@ -24,6 +24,7 @@
 #endif
 
 namespace fccli {
+namespace fp8 = flashcore::check::fp8;
 namespace {
 
 struct RowSpec {
@@ -678,7 +679,7 @@ void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 void check_row(const Options& o, RowResult& r) {
-  if (runs_8bit(r.spec)) {  // the 8-bit rule (fp8_check.h)
+  if (runs_8bit(r.spec)) {  // the 8-bit rule (check/check_fp8.h)
     fp8::Case c;
     c.name = "bench-" + r.spec.tag;
     c.batch = r.spec.batch, c.seqlen_q = r.spec.seqlen_q, c.seqlen_k = r.spec.seqlen_k;

@@ -5,13 +5,14 @@
 
 #include "commands.h"
 #include "common.h"
-#include "fp8_check.h"
+#include "check/check_fp8.h"
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 #include "check/check.h"
 #endif
 
 namespace fccli {
+namespace fp8 = flashcore::check::fp8;
 
 void print_check_help() {
   std::printf(
@@ -119,7 +120,7 @@ namespace ck = flashcore::check;
 
 namespace {
 
-// One case of the run: a 16-bit one (flashcore::check) or an 8-bit one (fp8_check.h).
+// One case of the run: a 16-bit one (flashcore::check) or an 8-bit one (check/check_fp8.h).
 struct Item {
   bool eight = false;
   ck::Case c;

@@ -10,10 +10,11 @@
 #include <cuda_runtime_api.h>
 
 #include "common.h"
-#include "fp8_check.h"            // the e4m3 encoder
+#include "check/check_fp8.h"            // the e4m3 encoder
 #include "reference/reference.h"  // the fp16/bf16 conversions
 
 namespace fccli {
+namespace fp8 = flashcore::check::fp8;
 
 class RandomPool {
  public:

@@ -127,6 +127,20 @@ bool needs_workspace(const KernelRow& row) {
          is_8bit(row.dtype);
 }
 
+kernels::Fp8PrepParams fp8_prep_params(const flashcore_attention_params& p) {
+  kernels::Fp8PrepParams prep{};
+  prep.batch = static_cast<int>(p.batch);
+  prep.seqlen_q = static_cast<int>(p.seqlen_q);
+  prep.seqlen_k = static_cast<int>(p.seqlen_k);
+  prep.heads_q = static_cast<int>(p.num_heads_q);
+  prep.heads_kv = static_cast<int>(p.num_heads_kv);
+  prep.head_dim = static_cast<int>(p.head_dim);
+  prep.q = kernels::Fp8Tensor{p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
+  prep.k = kernels::Fp8Tensor{p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
+  prep.v = kernels::Fp8Tensor{p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
+  return prep;
+}
+
 size_t fp8_vt_bytes(const flashcore_attention_params& p) {
   return static_cast<size_t>(p.batch * p.num_heads_kv * p.head_dim * kernels::fp8_vt_padded_keys(p.seqlen_k));
 }
@@ -292,14 +306,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   }
 
   if (eight_bit && prepared_vt == nullptr) {  // V transposed into the workspace first, on the same stream
-    kernels::Fp8PrepParams prep{};
-    prep.batch = static_cast<int>(p.batch);
-    prep.seqlen_q = static_cast<int>(p.seqlen_q);
-    prep.seqlen_k = static_cast<int>(p.seqlen_k);
-    prep.heads_q = static_cast<int>(p.num_heads_q);
-    prep.heads_kv = static_cast<int>(p.num_heads_kv);
-    prep.head_dim = static_cast<int>(p.head_dim);
-    prep.v = kernels::Fp8Tensor{p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
+    kernels::Fp8PrepParams prep = fp8_prep_params(p);
     prep.vt = vt;
     err = launch_fp8_transpose_v(prep, stream);
     if (err != cudaSuccess) {

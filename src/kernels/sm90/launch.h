@@ -54,6 +54,9 @@ cudaError_t launch_append(const kernels::AppendParams& a, int sms, cudaStream_t 
 cudaError_t launch_fp8_transpose_v(const kernels::Fp8PrepParams& p, cudaStream_t stream);
 cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& p, flashcore_dtype dtype, int sms, cudaStream_t stream);
 
+// The sizes and the Q, K, V tensors of `p` as the preparation kernels take them (the output pointers left NULL).
+kernels::Fp8PrepParams fp8_prep_params(const flashcore_attention_params& p);
+
 // Bytes an 8-bit call's workspace holds past its first 256 (zero-filled) bytes: the transposed V.
 size_t fp8_vt_bytes(const flashcore_attention_params& p);
 

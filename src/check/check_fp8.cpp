@@ -1,5 +1,5 @@
-// The 8-bit cases of `flashcore check`: list, runner and comparison (fp8_check.h).
-#include "fp8_check.h"
+// The 8-bit cases of `flashcore check`: list, runner and comparison (check_fp8.h).
+#include "check/check_fp8.h"
 
 #include <cuda_runtime_api.h>
 
@@ -14,9 +14,11 @@
 #include <sstream>
 
 #include "api/dtype.h"
+#include "check/check.h"
+#include "check/check_util.h"
 #include "reference/reference.h"
 
-namespace fccli::fp8 {
+namespace flashcore::check::fp8 {
 
 namespace ref = flashcore::reference;
 
@@ -161,33 +163,13 @@ std::vector<Case> cases(bool quick) {
 // ------------------------------------------------------------------------------------------------
 // Rows, tolerances
 // ------------------------------------------------------------------------------------------------
-namespace {
+using detail::splitmix;
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
+// The 16-bit sweep's rule, on the same sizes.
 std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
-  const int64_t Sq = c.seqlen_q, Sk = c.seqlen_k;
-  if (Sq * Sk <= 256 * 256 || Sq <= 64) return {};
-  std::set<int64_t> rows;
-  auto add = [&](int64_t r) {
-    if (r >= 0 && r < Sq) rows.insert(r);
-  };
-  for (int64_t r : {int64_t{0}, int64_t{1}, Sq - 2, Sq - 1}) add(r);
-  for (int64_t edge : {64, 128, 192, 256}) add(edge - 1), add(edge);
-  const int64_t last_tile = Sq - Sq % 64;
-  add(last_tile - 1), add(last_tile);
-  if (c.causal && Sq > Sk) add(Sq - Sk - 1), add(Sq - Sk), add(Sq - Sk + 1);
-  std::mt19937_64 rng(splitmix(seed ^ 0x5eed));
-  std::uniform_int_distribution<int64_t> pick(0, Sq - 1);
-  while (static_cast<int64_t>(rows.size()) < std::min<int64_t>(64, Sq)) rows.insert(pick(rng));
-  return {rows.begin(), rows.end()};
+  flashcore::check::Case same;
+  same.seqlen_q = c.seqlen_q, same.seqlen_k = c.seqlen_k, same.causal = c.causal;
+  return flashcore::check::checked_rows(same, seed);
 }
 
 Tolerance tolerance(const Case& c) {
@@ -218,25 +200,7 @@ std::string skip_reason(int64_t head_dim, bool causal) {
 
 namespace {
 
-struct DeviceMem {
-  void* ptr = nullptr;
-  DeviceMem() = default;
-  DeviceMem(const DeviceMem&) = delete;
-  DeviceMem& operator=(const DeviceMem&) = delete;
-  ~DeviceMem() {
-    if (ptr) cudaFree(ptr);
-  }
-};
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() = default;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() {
-    if (s) cudaStreamDestroy(s);
-  }
-};
+using DeviceMem = detail::DeviceBuffer;
 
 void append(std::string& msg, const std::string& part) { msg += (msg.empty() ? "" : "; ") + part; }
 
@@ -387,26 +351,26 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
   }
 
   // Run `repeats` times, O and LSE poisoned (0xFF bytes: NaN) before every call.
-  Stream stream;
-  if (!cuda_ok(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", r)) return r;
+  detail::OwnedStream stream;
+  if (!cuda_ok(cudaStreamCreateWithFlags(&stream.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", r)) return r;
   std::vector<uint16_t> ho(static_cast<size_t>(nq)), first_o;
   std::vector<float> hlse(static_cast<size_t>(nlse)), first_lse;
   for (int rep = 0; rep < std::max(1, repeats); ++rep) {
-    if (!cuda_ok(cudaMemsetAsync(dout.ptr, 0xFF, ho.size() * 2, stream.s), "cudaMemsetAsync(o)", r) ||
-        (nlse && !cuda_ok(cudaMemsetAsync(dlse.ptr, 0xFF, hlse.size() * 4, stream.s), "cudaMemsetAsync(lse)", r)))
+    if (!cuda_ok(cudaMemsetAsync(dout.ptr, 0xFF, ho.size() * 2, stream.stream), "cudaMemsetAsync(o)", r) ||
+        (nlse && !cuda_ok(cudaMemsetAsync(dlse.ptr, 0xFF, hlse.size() * 4, stream.stream), "cudaMemsetAsync(lse)", r)))
       return r;
-    const flashcore_status fs = flashcore_attention_forward(&p, reinterpret_cast<flashcore_stream_t>(stream.s));
+    const flashcore_status fs = flashcore_attention_forward(&p, reinterpret_cast<flashcore_stream_t>(stream.stream));
     if (fs != FLASHCORE_SUCCESS) {
       r.message =
           std::string("flashcore_attention_forward: ") + flashcore_status_string(fs) + ": " + flashcore_last_error();
       return r;
     }
     if (!cuda_ok(cudaGetLastError(), "kernel launch", r) ||
-        !cuda_ok(cudaMemcpyAsync(ho.data(), dout.ptr, ho.size() * 2, cudaMemcpyDeviceToHost, stream.s),
+        !cuda_ok(cudaMemcpyAsync(ho.data(), dout.ptr, ho.size() * 2, cudaMemcpyDeviceToHost, stream.stream),
                  "cudaMemcpyAsync(o)", r) ||
-        (nlse && !cuda_ok(cudaMemcpyAsync(hlse.data(), dlse.ptr, hlse.size() * 4, cudaMemcpyDeviceToHost, stream.s),
+        (nlse && !cuda_ok(cudaMemcpyAsync(hlse.data(), dlse.ptr, hlse.size() * 4, cudaMemcpyDeviceToHost, stream.stream),
                           "cudaMemcpyAsync(lse)", r)) ||
-        !cuda_ok(cudaStreamSynchronize(stream.s), "cudaStreamSynchronize (kernel execution)", r))
+        !cuda_ok(cudaStreamSynchronize(stream.stream), "cudaStreamSynchronize (kernel execution)", r))
       return r;
     if (rep == 0) {
       first_o = ho, first_lse = hlse;
@@ -492,4 +456,4 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
   return r;
 }
 
-}  // namespace fccli::fp8
+}  // namespace flashcore::check::fp8

@@ -16,7 +16,7 @@
 
 #include "flashcore/flashcore.h"
 
-namespace fccli::fp8 {
+namespace flashcore::check::fp8 {
 
 // e4m3 ("fn": no infinities, NaN = S.1111.111, largest finite 448), exact on the host.
 float e4m3_to_float(uint8_t bits);
@@ -87,4 +87,4 @@ Result run_case(const Case& c, uint64_t seed, int repeats = 1);
 // kernel compiled for it).
 std::string skip_reason(int64_t head_dim, bool causal);
 
-}  // namespace fccli::fp8
+}  // namespace flashcore::check::fp8
