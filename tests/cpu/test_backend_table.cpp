@@ -123,7 +123,7 @@ TEST(BackendTable, CompiledArchsIncludeThePortableTargets) {
 }
 
 // The portable rows offered on a device are those that fit its shared memory; the default (listed first) is the
-// default candidate with the most shared memory that fits (src/kernels/sm80/configs.txt).
+// first default candidate, in src/kernels/sm80/configs.txt order, that fits.
 TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
   if (!sm80_has(80) || !sm80_has(86)) GTEST_SKIP() << "needs sm_80 and sm_86 in FLASHCORE_SM80_ARCHS";
   ScopedBackendEnv env(nullptr);
@@ -132,15 +132,19 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
     for (bool causal : {false, true}) {
       EXPECT_EQ(configs(86, dt, 256, causal), std::vector<std::string>({"64x32x2"}));  // 99 KB
       EXPECT_EQ(configs(89, dt, 256, causal), std::vector<std::string>({"64x32x2"}));
-      EXPECT_EQ(configs(80, dt, 256, causal), std::vector<std::string>({"64x32x3", "64x32x2"}));  // 163 KB
+      EXPECT_EQ(configs(80, dt, 256, causal), std::vector<std::string>({"128x64x1", "128x32x2", "64x32x2"}));
     }
   }
   if (compiled(dt, 128)) {
-    EXPECT_EQ(configs(86, dt, 128, true), std::vector<std::string>({"128x64x2"}));
-    EXPECT_EQ(configs(80, dt, 128, false), std::vector<std::string>({"128x64x3", "128x64x2"}));
+    // 128 x 128 (160 KB) where it fits, else 128 x 64 (the first default row that fits).
+    for (bool causal : {false, true}) {
+      EXPECT_EQ(configs(86, dt, 128, causal), std::vector<std::string>({"128x64x2", "128x32x2-w4"}));
+      EXPECT_EQ(configs(89, dt, 128, causal), std::vector<std::string>({"128x64x2", "128x32x2-w4"}));
+      EXPECT_EQ(configs(80, dt, 128, causal), std::vector<std::string>({"128x128x2", "128x64x2", "128x32x2-w4"}));
+    }
   }
   if (compiled(dt, 64)) {
-    EXPECT_EQ(configs(89, dt, 64, false), std::vector<std::string>({"128x64x2"}));
+    EXPECT_EQ(configs(89, dt, 64, false), std::vector<std::string>({"128x64x2-w4", "128x64x2"}));
   }
   // Hopper lists its own (sm90) rows unless the portable backend is forced.
   if (compiled(dt, 128)) {
@@ -149,7 +153,7 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
     EXPECT_EQ(std::find(hopper.begin(), hopper.end(), "128x64x2"), hopper.end());
     if (sm80_has(90)) {
       ScopedBackendEnv forced("sm80");
-      EXPECT_EQ(configs(90, dt, 128, true), std::vector<std::string>({"128x64x3", "128x64x2"}));  // 227 KB
+      EXPECT_EQ(configs(90, dt, 128, true), std::vector<std::string>({"128x128x2", "128x64x2", "128x32x2-w4"}));
     }
   }
   EXPECT_TRUE(configs(100, FLASHCORE_DTYPE_BF16, 128, false).empty());

@@ -95,7 +95,7 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
       return nullptr;
     }
     if (!fits(*r, cc)) continue;
-    if (config == nullptr && r->is_default && (best == nullptr || r->smem_bytes > best->smem_bytes)) best = r;
+    if (config == nullptr && r->is_default && best == nullptr) best = r;  // the first default that fits
     names += (names.empty() ? "" : ", ") + std::string(r->name);
   }
   if (best != nullptr) return best;

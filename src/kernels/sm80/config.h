@@ -6,9 +6,12 @@
 //     using OutElement = __nv_bfloat16;       // O
 //     static constexpr int kHeadDim = 128;
 //     static constexpr bool kCausal = true;
-//     static constexpr TileShape kShape = {128, 64, 2};
+//     static constexpr TileShape kShape = {128, 64, 2, 4};  // block_m, block_n, stages, warps
 //   };
 //
+// Each warp owns kRowsPerWarp = block_m / warps query rows: one or two m16 row tiles (kMTiles). Two row tiles share
+// every K and V fragment a warp loads from shared memory, which halves the ldmatrix traffic per MMA (the
+// FlashAttention-2 layout: 4 warps x 32 rows for head dims 64 and 128).
 // Shared memory holds the Q tile and a ring of kStages (K tile, V tile) pairs; every tile is rows of kHeadDim
 // elements, stored with the 16-byte-unit XOR swizzle of smem.cuh. No alignment beyond 16 bytes is needed.
 #pragma once
@@ -34,12 +37,15 @@ struct KernelConfig {
   static constexpr int kOutElemBytes = kernels::ElemTraits<OutElement>::kBytes;
   static constexpr int kMmaK = kernels::kMmaK<Element>;  // 16: mma.sync m16n8k16
 
-  static constexpr int kWarps = kBlockM / 16;  // each warp owns 16 query rows
+  static constexpr int kWarps = kShape.warps;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 row tiles per warp
 
-  // Q stays in registers (A fragments of every k-step) when that leaves room for the O accumulator; for
-  // d256 (128 O registers) Q fragments are read from shared memory with ldmatrix at every k-step instead.
-  static constexpr bool kQInRegs = kHeadDim <= 128;
+  // Q stays in registers (A fragments of every k-step) when that leaves room for the O accumulators (kHeadDim / 2
+  // per row tile) and the scores; otherwise (d256, or two row tiles at d128) the Q fragments are read from shared
+  // memory with ldmatrix at every k-step.
+  static constexpr bool kQInRegs = kMTiles * kHeadDim <= 128;
 
   static constexpr int kRowBytes = kHeadDim * kElemBytes;  // one tile row
   static constexpr int kRowUnits = kRowBytes / 16;         // 16-byte units per row (cp.async, ldmatrix rows)
@@ -56,9 +62,11 @@ struct KernelConfig {
 
   static_assert(kElemBytes == 2 && kOutElemBytes == 2, "16-bit inputs and outputs only (mma.sync m16n8k16)");
   static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (the swizzle permutes 8 units of 16 B)");
-  static_assert(kBlockM % 16 == 0 && (kWarps == 4 || kWarps == 8), "block_m is 64 or 128: 4 or 8 warps");
+  static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
+  static_assert(kMTiles * 16 * kWarps == kBlockM && (kMTiles == 1 || kMTiles == 2),
+                "block_m = warps x 16 or warps x 32 rows");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n: a multiple of 16 up to 128");
-  static_assert(kStages >= 2 && kStages <= 4, "the K/V ring needs 2..4 stages");
+  static_assert(kStages >= 1 && kStages <= 4, "1 (single K and V buffers) to 4 stages");
   static_assert(kBlockM * kRowUnits % kThreads == 0 && kBlockN * kRowUnits % kThreads == 0,
                 "tiles must split evenly into 16-byte units per thread");
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory of any supported GPU");

@@ -1,4 +1,4 @@
-// Epilogue: normalize O, convert it to the output element type, stage it in the warp's own 16 rows of the Q
+// Epilogue: normalize O, convert it to the output element type, stage it in the warp's own kRowsPerWarp rows of the Q
 // tile (no other warp reads them, and this warp's last read of Q is behind it), then write whole 16-byte units
 // to global memory, predicated on row < seqlen_q. LSE (natural log, fp32) goes straight from registers.
 #pragma once
@@ -21,26 +21,30 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
 
-  float inv_sum[2], lse[2];
-  st.softmax.finalize(p.scale_log2, inv_sum, lse);
-
+  float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
   uint8_t* stage = smem + Cfg::kSmemQOffset;
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+  for (int t = 0; t < Cfg::kMTiles; ++t) {
+    st.softmax[t].finalize(p.scale_log2, inv_sum[t], lse[t]);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = warp * 16 + lane / 4 + 8 * i;
-      const uint32_t packed = Out::pack2(st.o[acc_index(j, i, 0)] * inv_sum[i], st.o[acc_index(j, i, 1)] * inv_sum[i]);
-      *reinterpret_cast<uint32_t*>(stage + swizzled_offset<Cfg::kRowBytes>(r, j) + 4 * (lane % 4)) = packed;
+    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = tile_row0<Cfg>(warp, t) + lane / 4 + 8 * i;
+        const uint32_t packed = Out::pack2(st.o[t][acc_index(j, i, 0)] * inv_sum[t][i],
+                                           st.o[t][acc_index(j, i, 1)] * inv_sum[t][i]);
+        *reinterpret_cast<uint32_t*>(stage + swizzled_offset<Cfg::kRowBytes>(r, j) + 4 * (lane % 4)) = packed;
+      }
     }
   }
   __syncwarp();
 
-  // The warp's 16 rows x kRowUnits units, 32 lanes: lane-consecutive units of a row go to consecutive addresses.
-  const int64_t warp_row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warp * 16;  // within the sequence
+  // The warp's kRowsPerWarp rows x kRowUnits units, 32 lanes: lane-consecutive units of a row go to consecutive
+  // addresses.
+  const int64_t warp_row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + tile_row0<Cfg>(warp, 0);
   uint8_t* o_slice = const_cast<uint8_t*>(slice_base<Cfg>(p.o, tile.batch, tile.head));
   const int64_t o_row_bytes = p.o.seq_stride * Cfg::kOutElemBytes;
-  constexpr int kUnitsPerLane = 16 * Cfg::kRowUnits / 32;
+  constexpr int kUnitsPerLane = Cfg::kRowsPerWarp * Cfg::kRowUnits / 32;
 #pragma unroll
   for (int u = 0; u < kUnitsPerLane; ++u) {
     const int c = lane + 32 * u;
@@ -48,17 +52,21 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
     const int unit = c % Cfg::kRowUnits;
     const int64_t row = warp_row0 + r;
     if (row < tile.seq.seqlen_q) {
-      const uint4 v = *reinterpret_cast<const uint4*>(stage + swizzled_offset<Cfg::kRowBytes>(warp * 16 + r, unit));
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(stage + swizzled_offset<Cfg::kRowBytes>(tile_row0<Cfg>(warp, 0) + r, unit));
       *reinterpret_cast<uint4*>(o_slice + (tile.seq.q_row0 + row) * o_row_bytes + unit * 16) = v;
     }
   }
 
   if (p.lse != nullptr && lane % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t row = warp_row0 + lane / 4 + 8 * i;
-      if (row < tile.seq.seqlen_q) {
-        p.lse[(static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * tile.seq.seqlen_q + row] = lse[i];
+    for (int t = 0; t < Cfg::kMTiles; ++t) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t row = warp_row0 + 16 * t + lane / 4 + 8 * i;
+        if (row < tile.seq.seqlen_q) {
+          p.lse[(static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * tile.seq.seqlen_q + row] = lse[t][i];
+        }
       }
     }
   }

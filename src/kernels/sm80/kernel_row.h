@@ -8,12 +8,12 @@
 namespace flashcore::sm80 {
 
 struct KernelRow {
-  const char* name;  // the config's name, e.g. "128x64x2" (unique per dtype/head dim/causal)
+  const char* name;  // the config's name, e.g. "128x64x2-w4" (unique per dtype/head dim/causal)
   flashcore_dtype dtype;
   flashcore_dtype out_dtype;
   int head_dim;
   bool causal;
-  bool is_default;  // a default candidate: the largest one that fits the device's shared memory is chosen
+  bool is_default;  // a default candidate: the first one (configs.txt order) that fits the device's shared memory wins
   TileShape shape;
   int threads;
   int smem_bytes;

@@ -29,7 +29,7 @@ int smem_limit(int cc);
 bool fits(const KernelRow& row, int cc);
 
 // The row for (dtype, out dtype, head dim, causal) on `cc`: the one named `config` when it is not NULL, else
-// the default candidate with the most shared memory that fits. nullptr (with a message in `error`) when none.
+// the first default candidate (configs.txt order) that fits. nullptr (with a message in `error`) when none.
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
                         const char* config, int cc, std::string& error);
 

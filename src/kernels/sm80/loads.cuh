@@ -25,18 +25,22 @@ template <class Cfg, int kRows>
 __device__ __forceinline__ void load_tile(uint32_t dst, const uint8_t* slice, int64_t seq_stride, int64_t row0,
                                           int64_t seqlen) {
   constexpr int kUnits = kRows * Cfg::kRowUnits / Cfg::kThreads;
-  static_assert(kUnits * Cfg::kThreads == kRows * Cfg::kRowUnits, "the tile must split evenly over the threads");
+  constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kRowUnits;  // rows one pass of the CTA's threads copies
+  static_assert(kUnits * Cfg::kThreads == kRows * Cfg::kRowUnits && kRowsPerPass * Cfg::kRowUnits == Cfg::kThreads,
+                "the tile must split evenly over the threads, whole rows per pass");
   const int64_t row_bytes = seq_stride * Cfg::kElemBytes;
-#pragma unroll
+  const int r0 = static_cast<int>(threadIdx.x) / Cfg::kRowUnits;  // this thread's row in each pass; its unit is fixed
+  const int unit = static_cast<int>(threadIdx.x) % Cfg::kRowUnits;
+  slice += unit * 16;
+  // Not unrolled: unrolled, the compiler keeps every pass's 64-bit source offset in registers across the main loop
+  // (32 of them for a 4-warp head-dim-128 K/V pair), which made the 32-rows-per-warp configs spill.
+#pragma unroll 1
   for (int i = 0; i < kUnits; ++i) {
-    const int c = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
-    const int r = c / Cfg::kRowUnits;
-    const int unit = c % Cfg::kRowUnits;
-    const int64_t row = row0 + r;
+    const int64_t row = row0 + r0 + i * kRowsPerPass;
     const bool valid = row < seqlen;
     // An out-of-range row reads nothing, but its source address must still be a valid one: row 0.
-    const uint8_t* src = slice + (valid ? row : int64_t{0}) * row_bytes + unit * 16;
-    cp_async_16(dst + swizzled_offset<Cfg::kRowBytes>(r, unit), src, valid);
+    const uint8_t* src = slice + (valid ? row : int64_t{0}) * row_bytes;
+    cp_async_16(dst + swizzled_offset<Cfg::kRowBytes>(r0 + i * kRowsPerPass, unit), src, valid);
   }
 }
 

@@ -10,9 +10,24 @@ namespace flashcore::sm80 {
 
 // Byte offset of logical 16-byte unit `unit` of row `row` (row relative to the tile's first row).
 template <int kRowBytes>
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int unit) {
+__host__ __device__ __forceinline__ uint32_t swizzled_offset(int row, int unit) {
   static_assert(kRowBytes % 128 == 0, "rows must hold a multiple of 8 units of 16 bytes");
   return static_cast<uint32_t>(row * kRowBytes + ((unit ^ (row & 7)) << 4));
+}
+
+// The same offset in the form the ldmatrix loops use. Every ldmatrix lane reads a row with row % 8 == lane % 8 and
+// unit u2 + c, where u2 is even and known at compile time (2 x k-step) and c (0 or 1) is a bit of the lane id. Then
+// (u2 + c) ^ r == u2 ^ (r ^ c), so with the lane's constant key = ((row % 8) ^ c) << 4 the offset is
+//   row * kRowBytes + (u2 & ~7) * 16 + (key ^ (u2 & 7) * 16):
+// an add of compile-time constants and an XOR with one of four of them, instead of a per-unit offset that the
+// compiler would otherwise keep in a register for every unit of the row (perf-notes: portable backend).
+__host__ __device__ __forceinline__ uint32_t lane_swizzle_key(int row, int c) {
+  return static_cast<uint32_t>(((row & 7) ^ c) << 4);
+}
+
+template <int kRowBytes>
+__host__ __device__ __forceinline__ uint32_t swizzled_offset_even(uint32_t row_bytes, uint32_t key, int u2) {
+  return row_bytes + static_cast<uint32_t>((u2 & ~7) << 4) + (key ^ static_cast<uint32_t>((u2 & 7) << 4));
 }
 
 }  // namespace flashcore::sm80

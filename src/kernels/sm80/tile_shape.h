@@ -4,9 +4,10 @@
 namespace flashcore::sm80 {
 
 struct TileShape {
-  int block_m;  // query rows per CTA: 16 per warp (4 or 8 warps)
+  int block_m;  // query rows per CTA
   int block_n;  // keys per K/V tile
   int stages;   // depth of the cp.async K/V ring (>= 2)
+  int warps;    // 4 or 8; each warp owns block_m / warps query rows (16 or 32: one or two m16 row tiles)
 };
 
 }  // namespace flashcore::sm80
