@@ -136,11 +136,12 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
     }
   }
   if (compiled(dt, 128)) {
-    // 128 x 128 (160 KB) where it fits, else 128 x 64 (the first default row that fits).
+    // The 4-warp 128 x 64 (100 KB) where it fits, else the 8-warp 128 x 64 (the first default row that fits).
     for (bool causal : {false, true}) {
       EXPECT_EQ(configs(86, dt, 128, causal), std::vector<std::string>({"128x64x2", "128x32x2-w4"}));
       EXPECT_EQ(configs(89, dt, 128, causal), std::vector<std::string>({"128x64x2", "128x32x2-w4"}));
-      EXPECT_EQ(configs(80, dt, 128, causal), std::vector<std::string>({"128x128x2", "128x64x2", "128x32x2-w4"}));
+      EXPECT_EQ(configs(80, dt, 128, causal),
+                std::vector<std::string>({"128x64x2-w4", "128x128x2", "128x64x2", "128x32x2-w4"}));
     }
   }
   if (compiled(dt, 64)) {
@@ -153,7 +154,8 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
     EXPECT_EQ(std::find(hopper.begin(), hopper.end(), "128x64x2"), hopper.end());
     if (sm80_has(90)) {
       ScopedBackendEnv forced("sm80");
-      EXPECT_EQ(configs(90, dt, 128, true), std::vector<std::string>({"128x128x2", "128x64x2", "128x32x2-w4"}));
+      EXPECT_EQ(configs(90, dt, 128, true),
+                std::vector<std::string>({"128x64x2-w4", "128x128x2", "128x64x2", "128x32x2-w4"}));
     }
   }
   EXPECT_TRUE(configs(100, FLASHCORE_DTYPE_BF16, 128, false).empty());

@@ -54,7 +54,12 @@ struct KernelConfig {
   static constexpr int kSmemQOffset = 0;
   static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;                    // stage s: + s * kKVTileBytes
   static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;     // stage s: + s * kKVTileBytes
-  static constexpr int kSmemBytes = kSmemVOffset + kStages * kKVTileBytes;
+  // Two row tiles with head_dim + block_n >= 192 fill the 255-register budget (O and S accumulators): their row
+  // statistics (max and sum of both rows of each tile, 16 bytes per thread and tile) then wait in shared memory between
+  // key blocks (mainloop.cuh). Without it these configs spilled on sm_80/86/89.
+  static constexpr bool kSoftmaxInSmem = kMTiles == 2 && kHeadDim + kBlockN >= 192;
+  static constexpr int kSmemSoftmaxOffset = kSmemVOffset + kStages * kKVTileBytes;
+  static constexpr int kSmemBytes = kSmemSoftmaxOffset + (kSoftmaxInSmem ? kMTiles * kThreads * 16 : 0);
 
   // cp.async work per thread: 16-byte units of a Q tile and of a K (or V) tile.
   static constexpr int kQUnitsPerThread = kBlockM * kRowUnits / kThreads;

@@ -141,6 +141,24 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kHeadDim /
   }
 }
 
+// Cfg::kSoftmaxInSmem: where a thread's row statistics (OnlineSoftmax's maxima and sums) wait between key blocks, one
+// 16-byte slot per (row tile, thread), so that they hold no register across the GEMMs. Loaded before each softmax step
+// and stored after it (the __syncthreads of every block keeps the compiler from carrying them in registers instead).
+template <class Cfg>
+struct SoftmaxStats {
+  uint8_t* base;
+  __device__ __forceinline__ float4* slot(int t) const {
+    return reinterpret_cast<float4*>(base) + t * Cfg::kThreads + threadIdx.x;
+  }
+  __device__ __forceinline__ void load(kernels::OnlineSoftmax<Cfg::kBlockN>& sm, int t) const {
+    const float4 v = *slot(t);
+    sm.row_max[0] = v.x, sm.row_max[1] = v.y, sm.row_sum[0] = v.z, sm.row_sum[1] = v.w;
+  }
+  __device__ __forceinline__ void store(const kernels::OnlineSoftmax<Cfg::kBlockN>& sm, int t) const {
+    *slot(t) = make_float4(sm.row_max[0], sm.row_max[1], sm.row_sum[0], sm.row_sum[1]);
+  }
+};
+
 // The tile's main loop. kStages == 1: single K and V buffers in FlashAttention-2's order (below). Otherwise a ring;
 // pipeline (per thread, cp.async groups in commit order):
 //   group "Q", then one group per key block, the first kStages - 1 of them issued before the loop;
@@ -206,6 +224,11 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   float s[Cfg::kMTiles][Cfg::kBlockN / 2];
   uint32_t pa[Cfg::kMTiles][Cfg::kBlockN / 16][4];
   float rescale[2];
+  const SoftmaxStats<Cfg> stats{smem + Cfg::kSmemSoftmaxOffset};
+  if constexpr (Cfg::kSoftmaxInSmem) {
+#pragma unroll
+    for (int t = 0; t < Cfg::kMTiles; ++t) stats.store(st.softmax[t], t);
+  }
   // The scores S of key block n_block, masked, through the online softmax (O rescaled), as P fragments.
   auto softmax_to_p = [&](int n_block) {
     const bool masked =
@@ -216,7 +239,9 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
         kernels::apply_mask<Cfg::kBlockN, Cfg::kCausal>(
             s[t], tile.seq, row0 + 16 * t, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
       }
+      if constexpr (Cfg::kSoftmaxInSmem) stats.load(st.softmax[t], t);
       st.softmax[t].update(s[t], p.scale_log2, rescale);
+      if constexpr (Cfg::kSoftmaxInSmem) stats.store(st.softmax[t], t);
       kernels::rescale_rows<Cfg::kHeadDim>(st.o[t], rescale);
       convert_p<Cfg>(s[t], pa[t]);
     }
@@ -252,6 +277,10 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
       gemm_pv<Cfg>(st.o, pa, v_tile(stage), lane);
       stage = stage == Cfg::kStages - 1 ? 0 : stage + 1;
     }
+  }
+  if constexpr (Cfg::kSoftmaxInSmem) {
+#pragma unroll
+    for (int t = 0; t < Cfg::kMTiles; ++t) stats.load(st.softmax[t], t);
   }
 }
 
