@@ -40,7 +40,8 @@ template <class Cfg>
 __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], uint32_t q_tile, int row_base, int lane, int kk) {
   const int m = lane / 8;
   const int row = row_base + (lane % 8) + 8 * (m % 2);
-  ldmatrix_x4(a, q_tile + swizzled_offset_even<Cfg::kRowBytes>(row * Cfg::kRowBytes, lane_swizzle_key(row, m / 2), 2 * kk));
+  const uint32_t key = lane_swizzle_key(row, m / 2);
+  ldmatrix_x4(a, q_tile + swizzled_offset_even<Cfg::kRowBytes>(row * Cfg::kRowBytes, key, 2 * kk));
 }
 
 // The warp's Q operand: every (row tile, k-step) A fragment in registers (kQInRegs), or read from the Q tile when
@@ -55,7 +56,9 @@ struct QOperand<Cfg, true> {
 #pragma unroll
     for (int t = 0; t < Cfg::kMTiles; ++t) {
 #pragma unroll
-      for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) load_q_frag<Cfg>(a[t][kk], q_tile, tile_row0<Cfg>(warp, t), lane, kk);
+      for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
+        load_q_frag<Cfg>(a[t][kk], q_tile, tile_row0<Cfg>(warp, t), lane, kk);
+      }
     }
   }
   __device__ __forceinline__ void frag(uint32_t (&out)[4], int t, int kk) const {
@@ -131,7 +134,8 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kHeadDim /
 #pragma unroll
     for (int dp = 0; dp < Cfg::kHeadDim / 16; ++dp) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, v_tile + swizzled_offset_even<Cfg::kRowBytes>((16 * kk + row) * Cfg::kRowBytes, key, 2 * dp));
+      const uint32_t offset = swizzled_offset_even<Cfg::kRowBytes>((16 * kk + row) * Cfg::kRowBytes, key, 2 * dp);
+      ldmatrix_x4_trans(b, v_tile + offset);
 #pragma unroll
       for (int t = 0; t < Cfg::kMTiles; ++t) {
         Mma::mma(&o[t][acc_index(2 * dp, 0, 0)], pa[t][kk], b[0], b[1]);
