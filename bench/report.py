@@ -251,6 +251,21 @@ class Runner:
             return fc_call, None
         raise ValueError(name)
 
+    def system_record(self, name, times, err, shape) -> dict:
+        """A cell's record for one system: its error (None when it ran), the median, mean and minimum ms and TFLOPS
+        of `times` (None without times), and the kernel config the library ran, when it said. shape: B, H, S, D,
+        causal."""
+        rec: dict = {"error": err}
+        if times:
+            med = statistics.median(times)
+            rec.update({"median_ms": med, "mean_ms": statistics.fmean(times), "min_ms": min(times),
+                        "tflops": tflops_of(*shape, med)})
+        else:
+            rec.update({"median_ms": None, "tflops": None})
+        if name in self.last_config:
+            rec["config"] = self.last_config[name]
+        return rec
+
     def run_system(self, name, sets, causal, graph: bool):
         """Returns (times_ms or None, float copy of the output of set 0 or None, error or None)."""
         torch = self.torch
@@ -291,16 +306,7 @@ class Runner:
             if name not in self.args.systems or (name == "fa3" and self.fa3 is None):
                 continue
             times, out, err = self.run_system(name, sets, causal, graph)
-            rec: dict = {"error": err}
-            if times:
-                med = statistics.median(times)
-                rec.update({"median_ms": med, "mean_ms": statistics.fmean(times), "min_ms": min(times),
-                            "tflops": tflops_of(B, H, S, D, causal, med)})
-            else:
-                rec.update({"median_ms": None, "tflops": None})
-            if name in self.last_config:
-                rec["config"] = self.last_config[name]  # the kernel config the library ran
-            cell["systems"][name] = rec
+            cell["systems"][name] = rec = self.system_record(name, times, err, (B, H, S, D, causal))
             if out is not None:
                 refs[name] = out
         # FlashCore against SDPA on set 0 (the first SDPA backend that ran).
@@ -398,15 +404,7 @@ class Runner:
             if name == "fa3_fp8" and self.fa3 is None:
                 continue
             times, out, err = self.run_system(name, sets, causal, graph=False)
-            rec: dict = {"error": err}
-            if times:
-                med = statistics.median(times)
-                rec.update({"median_ms": med, "mean_ms": statistics.fmean(times), "min_ms": min(times),
-                            "tflops": tflops_of(B, H, S, D, causal, med)})
-            else:
-                rec.update({"median_ms": None, "tflops": None})
-            if name in self.last_config:
-                rec["config"] = self.last_config[name]
+            rec = self.system_record(name, times, err, (B, H, S, D, causal))
             if out is not None:
                 rec["finite"] = bool(torch.isfinite(out).all().item())
                 outs[name] = out

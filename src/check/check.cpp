@@ -565,12 +565,7 @@ std::string skip_reason_for_device() {
 // Hopper, the suite skips them visibly instead of failing).
 std::string serving_skip_reason(const Case& c) {
   if (!is_serving(c) && c.seqused_k.empty()) return "";
-  flashcore_capabilities caps;
-  flashcore_capabilities_init(&caps);
-  if (flashcore_get_capabilities(&caps) != FLASHCORE_SUCCESS) return flashcore_last_error();
-  if (std::string(caps.device_backend) == "sm90") return "";
-  return std::string("serving layouts (packed varlen, paged KV, KV-cache lengths) need the sm90 backend; this device "
-                     "is served by \"") + caps.device_backend + "\"";
+  return detail::sm90_skip_reason("serving layouts (packed varlen, paged KV, KV-cache lengths) need");
 }
 
 }  // namespace
@@ -840,23 +835,8 @@ struct ServingDevice {
 
   // flashcore_attention_validate (skip on what is not compiled in) and the workspace.
   bool prepare(Result& r) {
-    const flashcore_status vs = flashcore_attention_validate(&p);
-    if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
-      r.skipped = true;
-      r.message = std::string(flashcore_status_string(vs)) + ": " + flashcore_last_error();
-      return false;
-    }
-    if (vs != FLASHCORE_SUCCESS) {
-      r.message = std::string("flashcore_attention_validate: ") + flashcore_status_string(vs) + ": " + flashcore_last_error();
-      return false;
-    }
     uint64_t bytes = 0;
-    const flashcore_status ws_status = flashcore_attention_workspace_size(&p, &bytes);
-    if (ws_status != FLASHCORE_SUCCESS) {
-      r.message = std::string("flashcore_attention_workspace_size: ") + flashcore_status_string(ws_status) + ": " +
-                  flashcore_last_error();
-      return false;
-    }
+    if (!detail::validate_and_size(p, bytes, r)) return false;
     if (bytes > 0) {
       if (!cuda_ok(cudaMalloc(&ws.ptr, bytes), "cudaMalloc(workspace)", r) ||
           !cuda_ok(cudaMemset(ws.ptr, 0, bytes), "cudaMemset(workspace)", r))
@@ -1404,16 +1384,8 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   p.kernel_config = c.kernel_config;
   p.num_splits = c.num_splits;
 
-  const flashcore_status vs = flashcore_attention_validate(&p);
-  if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
-    r.skipped = true;
-    r.message = std::string(flashcore_status_string(vs)) + ": " + flashcore_last_error();
-    return r;
-  }
-  if (vs != FLASHCORE_SUCCESS) {
-    r.message = std::string("flashcore_attention_validate: ") + flashcore_status_string(vs) + ": " + flashcore_last_error();
-    return r;
-  }
+  uint64_t ws_bytes = 0;
+  if (!detail::validate_and_size(p, ws_bytes, r)) return r;
   if (c.dtype != FLASHCORE_DTYPE_FP16 && c.dtype != FLASHCORE_DTYPE_BF16) {
     r.message = std::string("check: the harness has no input generator for dtype ") + dtype_name(c.dtype);
     return r;
@@ -1421,13 +1393,6 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
 
   // The config's workspace (the dynamic scheduler's tile counter), zero-filled as the ABI requires.
   DeviceBuffer dws;
-  uint64_t ws_bytes = 0;
-  const flashcore_status ws = flashcore_attention_workspace_size(&p, &ws_bytes);
-  if (ws != FLASHCORE_SUCCESS) {
-    r.message = std::string("flashcore_attention_workspace_size: ") + flashcore_status_string(ws) + ": " +
-                flashcore_last_error();
-    return r;
-  }
   if (ws_bytes > 0) {
     if (!cuda_ok(cudaMalloc(&dws.ptr, ws_bytes), "cudaMalloc(workspace)", r) ||
         !cuda_ok(cudaMemset(dws.ptr, 0, ws_bytes), "cudaMemset(workspace)", r))

@@ -185,11 +185,7 @@ std::string skip_reason(int64_t head_dim, bool causal) {
   // The library's own device checks first (driver, device, backend table), as any caller would see them.
   if (flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, 0, nullptr, 0, &count) != FLASHCORE_SUCCESS)
     return flashcore_last_error();
-  flashcore_capabilities caps;
-  flashcore_capabilities_init(&caps);
-  if (flashcore_get_capabilities(&caps) != FLASHCORE_SUCCESS) return flashcore_last_error();
-  if (std::string(caps.device_backend) != "sm90")
-    return std::string("the 8-bit path needs the sm90 backend; this device is served by \"") + caps.device_backend + "\"";
+  if (std::string why = detail::sm90_skip_reason("the 8-bit path needs"); !why.empty()) return why;
   if (flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP8_E4M3, static_cast<int32_t>(head_dim), causal ? 1 : 0, nullptr,
                                     0, &count) != FLASHCORE_SUCCESS)
     return flashcore_last_error();
@@ -327,22 +323,8 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
   p.q_descale = static_cast<const float*>(dqd.ptr);
   p.k_descale = static_cast<const float*>(dkd.ptr);
   p.v_descale = static_cast<const float*>(dvd.ptr);
-  const flashcore_status vs = flashcore_attention_validate(&p);
-  if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
-    r.skipped = true;
-    r.message = std::string(flashcore_status_string(vs)) + ": " + flashcore_last_error();
-    return r;
-  }
-  if (vs != FLASHCORE_SUCCESS) {
-    r.message = std::string("flashcore_attention_validate: ") + flashcore_status_string(vs) + ": " + flashcore_last_error();
-    return r;
-  }
   uint64_t ws_bytes = 0;
-  if (const flashcore_status ws = flashcore_attention_workspace_size(&p, &ws_bytes); ws != FLASHCORE_SUCCESS) {
-    r.message = std::string("flashcore_attention_workspace_size: ") + flashcore_status_string(ws) + ": " +
-                flashcore_last_error();
-    return r;
-  }
+  if (!detail::validate_and_size(p, ws_bytes, r)) return r;
   if (ws_bytes > 0) {
     if (!cuda_ok(cudaMalloc(&dws.ptr, ws_bytes), "cudaMalloc(workspace)", r) ||
         !cuda_ok(cudaMemset(dws.ptr, 0, ws_bytes), "cudaMemset(workspace)", r))

@@ -1,9 +1,12 @@
-// Internals shared by the 16-bit (check.cpp) and 8-bit (check_fp8.cpp) correctness runners: the seed mixer and
-// owners of device memory and streams.
+// Internals shared by the 16-bit (check.cpp) and 8-bit (check_fp8.cpp) correctness runners: the seed mixer, owners
+// of device memory and streams, the backend requirement of sm90-only cases, and the validate / workspace-size steps.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+
+#include "flashcore/flashcore.h"
 
 namespace flashcore::check::detail {
 
@@ -33,5 +36,39 @@ struct OwnedStream {
     if (stream) cudaStreamDestroy(stream);
   }
 };
+
+// "" when the backend serving the current device is sm90; otherwise why a case needing it (`what`, e.g. "the 8-bit
+// path needs") is skipped.
+inline std::string sm90_skip_reason(const char* what) {
+  flashcore_capabilities caps;
+  flashcore_capabilities_init(&caps);
+  if (flashcore_get_capabilities(&caps) != FLASHCORE_SUCCESS) return flashcore_last_error();
+  if (std::string(caps.device_backend) == "sm90") return "";
+  return std::string(what) + " the sm90 backend; this device is served by \"" + caps.device_backend + "\"";
+}
+
+// flashcore_attention_validate, then flashcore_attention_workspace_size into `bytes`, as the runners use them: true
+// when both succeed. A case this build does not compile (unsupported head dim or dtype) is skipped (r.skipped, the
+// reason in r.message); any other status fails with the call and the library's message. R: check::Result or
+// check::fp8::Result.
+template <class R>
+bool validate_and_size(const flashcore_attention_params& p, uint64_t& bytes, R& r) {
+  const flashcore_status vs = flashcore_attention_validate(&p);
+  if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
+    r.skipped = true;
+    r.message = std::string(flashcore_status_string(vs)) + ": " + flashcore_last_error();
+    return false;
+  }
+  if (vs != FLASHCORE_SUCCESS) {
+    r.message = std::string("flashcore_attention_validate: ") + flashcore_status_string(vs) + ": " + flashcore_last_error();
+    return false;
+  }
+  if (const flashcore_status ws = flashcore_attention_workspace_size(&p, &bytes); ws != FLASHCORE_SUCCESS) {
+    r.message = std::string("flashcore_attention_workspace_size: ") + flashcore_status_string(ws) + ": " +
+                flashcore_last_error();
+    return false;
+  }
+  return true;
+}
 
 }  // namespace flashcore::check::detail

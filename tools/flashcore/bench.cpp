@@ -678,6 +678,17 @@ void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
 }
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
+// A row's check columns from either checker's result (check::Result or check::fp8::Result).
+template <class CheckResult>
+void record_check(const CheckResult& res, RowResult& r) {
+  r.checked = true;
+  r.check_status = res.skipped ? "skip" : (res.passed ? "pass" : "FAIL");
+  r.check_o_err = res.o_err;
+  r.check_o_tol = res.o_tol;
+  r.check_lse_err = res.lse_err;
+  r.check_message = res.message;
+}
+
 void check_row(const Options& o, RowResult& r) {
   if (runs_8bit(r.spec)) {  // the 8-bit rule (check/check_fp8.h)
     fp8::Case c;
@@ -687,12 +698,7 @@ void check_row(const Options& o, RowResult& r) {
     c.causal = r.spec.causal, c.bhsd = o.problem.bhsd, c.with_lse = o.lse;
     c.dtype = r.spec.dtype, c.precision = r.spec.precision, c.out_dtype = r.spec.out_dtype;
     const fp8::Result res = fp8::run_case(c, o.seed, 1);
-    r.checked = true;
-    r.check_status = res.skipped ? "skip" : (res.passed ? "pass" : "FAIL");
-    r.check_o_err = res.o_err;
-    r.check_o_tol = res.o_tol;
-    r.check_lse_err = res.lse_err;
-    r.check_message = res.message;
+    record_check(res, r);
     if (!res.skipped) {
       char rmse[96];
       std::snprintf(rmse, sizeof rmse, "relative RMSE %.3g (tolerance %.3g)", res.rel_rmse, res.rel_rmse_tol);
@@ -713,13 +719,7 @@ void check_row(const Options& o, RowResult& r) {
   c.causal = r.spec.causal;
   c.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
   c.with_lse = o.lse;
-  ck::Result res = ck::run_case(c, o.seed, 1);
-  r.checked = true;
-  r.check_status = res.skipped ? "skip" : (res.passed ? "pass" : "FAIL");
-  r.check_o_err = res.o_err;
-  r.check_o_tol = res.o_tol;
-  r.check_lse_err = res.lse_err;
-  r.check_message = res.message;
+  record_check(ck::run_case(c, o.seed, 1), r);
 }
 #endif
 
