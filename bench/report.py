@@ -57,8 +57,9 @@ SERVING_LABELS = {"flashcore": "FlashCore", "flashcore_nosplit": "FlashCore no s
                   "flashcore_paged64": "FlashCore paged64", "fa3_paged64": "FA3 paged64",
                   "cudnn_dense": "cuDNN dense"}
 # --fp8: the 8-bit systems, measured on the grid's shapes (bshd inputs, quantized per (batch, KV head)).
-FP8_SYSTEMS = ("fc_e4m3", "fc_fp8", "fa3_fp8")
+FP8_SYSTEMS = ("fc_e4m3", "fc_fp8", "fa3_fp8", "fc_int8")  # fc_int8: precision="int8" (the high-accuracy mode)
 FP8_LABELS = {"fc_e4m3": "FlashCore e4m3", "fc_fp8": "FlashCore precision=fp8 (bf16 in)", "fa3_fp8": "FA3 FP8",
+              "fc_int8": "FlashCore precision=int8 (bf16 in)",
               "sdpa_bf16": "bf16 SDPA (no quantization)"}
 FP8_ACC_S = 8192  # the accuracy table: seqlen 8k, batch = 16384 / 8k, heads = 2048 / D, no mask
 FP8_OUTLIER_FRACTION = 1e-3  # "outliers" inputs: 0.1% of the entries replaced by N(0, 10^2) samples
@@ -365,7 +366,7 @@ class Runner:
             return fa3_call
         if self.fc is None:
             raise RuntimeError("libflashcore.so not loaded")
-        from flashcore_ctypes import PRECISION_FP8
+        from flashcore_ctypes import PRECISION_FP8, PRECISION_INT8
         params, outs = [], []
         for st in sets:
             q, k, v = st["bf16"]
@@ -375,9 +376,9 @@ class Runner:
             if name == "fc_e4m3":
                 params.append(self.fc.params_for(*st["e4m3"], o, lse=lse, causal=causal, bhsd=False,
                                                  descales=st["descale"]))
-            else:  # fc_fp8: the bf16 tensors, quantized by the library inside the call (timed)
+            else:  # fc_fp8 / fc_int8: the bf16 tensors, quantized by the library inside the call (timed)
                 params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=False,
-                                                 precision=PRECISION_FP8))
+                                                 precision=PRECISION_INT8 if name == "fc_int8" else PRECISION_FP8))
             outs.append(o)
         fc = self.fc
         self.last_config[name] = fc.library.selected_config(params[0])
@@ -403,6 +404,8 @@ class Runner:
         for name in FP8_SYSTEMS:
             if name == "fa3_fp8" and self.fa3 is None:
                 continue
+            if name == "fc_int8" and not self.int8_kernels(D, causal):
+                continue
             times, out, err = self.run_system(name, sets, causal, graph=False)
             rec = self.system_record(name, times, err, (B, H, S, D, causal))
             if out is not None:
@@ -410,7 +413,7 @@ class Runner:
                 outs[name] = out
             cell["systems"][name] = rec
         if "fa3_fp8" in outs:
-            for name in ("fc_e4m3", "fc_fp8"):
+            for name in ("fc_e4m3", "fc_fp8", "fc_int8"):
                 if name in outs:
                     cell["systems"][name]["rel_diff_vs_fa3"] = rel_rmse(outs[name], outs["fa3_fp8"])
         del outs, sets
@@ -418,6 +421,14 @@ class Runner:
             self.fc.release_workspaces()
         torch.cuda.empty_cache()
         return cell
+
+    def int8_kernels(self, D, causal) -> bool:
+        """Whether the library has an int8 Q K^T kernel (precision="int8") for (D, causal); False for a 0.3 library."""
+        from flashcore_ctypes import DTYPE_INT8
+        try:
+            return bool(self.fc.library.kernel_configs(DTYPE_INT8, D, causal))
+        except Exception:  # noqa: BLE001 - an older library rejects the dtype
+            return False
 
     def fp8_accuracy(self, D, outliers: bool, seed: int) -> dict:
         """Relative RMSE of O against the float64 attention of the unquantized (bf16) inputs, for FA3 FP8 and
@@ -462,6 +473,17 @@ class Runner:
                 return o
             runs["fc_e4m3"] = lambda: fc_run(False)
             runs["fc_fp8"] = lambda: fc_run(True)
+        if self.fc is not None and self.int8_kernels(D, False):
+            from flashcore_ctypes import PRECISION_INT8
+
+            def int8_run():
+                o = torch.full_like(q, float("nan"))
+                params = self.fc.params_for(q, k, v, o, bhsd=False, precision=PRECISION_INT8)
+                self.fc.forward(params, torch.cuda.current_stream().cuda_stream)
+                torch.cuda.synchronize()
+                self.fc.release_workspaces()
+                return o
+            runs["fc_int8"] = int8_run
         for name, run in runs.items():
             try:
                 with torch.no_grad():
@@ -697,20 +719,21 @@ def fp8_markdown(res: dict) -> List[str]:
     cells = res.get("cells", [])
     have_fa3 = any(cell_tflops(c, "fa3_fp8") is not None for c in cells)
     if cells:
-        hdr = ["D", "mask", "S", "B×H", "FC e4m3", "FC fp8 (bf16 in)"]
+        hdr = ["D", "mask", "S", "B×H", "FC e4m3", "FC fp8 (bf16 in)", "FC int8 (bf16 in)"]
         if have_fa3:
-            hdr += ["FA3 FP8", "FC e4m3 / FA3", "FC fp8 / FA3", "FC e4m3 vs FA3 (rel. diff)"]
+            hdr += ["FA3 FP8", "FC e4m3 / FA3", "FC fp8 / FA3", "FC int8 / FA3", "FC e4m3 vs FA3 (rel. diff)"]
         hdr.append("FC e4m3 config")
         L.append("TFLOPS:\n")
         L.append("| " + " | ".join(hdr) + " |")
         L.append("|" + "---|" * len(hdr))
         for c in cells:
-            e4m3, auto, fa3 = (cell_tflops(c, s) for s in FP8_SYSTEMS)
+            e4m3, auto, fa3, int8 = (cell_tflops(c, s) for s in FP8_SYSTEMS)
             vals = [str(c["D"]), "causal" if c["causal"] else "none", str(c["S"]), f"{c['B']}×{c['H']}",
-                    fmt(e4m3), fmt(auto)]
+                    fmt(e4m3), fmt(auto), fmt(int8)]
             if have_fa3:
                 diff = (c["systems"].get("fc_e4m3") or {}).get("rel_diff_vs_fa3")
                 vals += [fmt(fa3), fmt(ratio(e4m3, fa3), "{:.2f}"), fmt(ratio(auto, fa3), "{:.2f}"),
+                         fmt(ratio(int8, fa3), "{:.2f}"),
                          "non-finite" if diff == float("inf") else fmt(diff, "{:.3f}")]
             vals.append((c["systems"].get("fc_e4m3") or {}).get("config") or "")
             L.append("| " + " | ".join(vals) + " |")
@@ -721,8 +744,9 @@ def fp8_markdown(res: dict) -> List[str]:
                 rows = [c for c in cells if c["D"] == D]
                 e4m3 = geomean([ratio(cell_tflops(c, "fc_e4m3"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 auto = geomean([ratio(cell_tflops(c, "fc_fp8"), cell_tflops(c, "fa3_fp8")) for c in rows])
+                int8 = geomean([ratio(cell_tflops(c, "fc_int8"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 parts.append(f"d{D}: FC e4m3 / FA3 FP8 {fmt(e4m3, '{:.2f}')}, FC fp8 (bf16 in) / FA3 FP8 "
-                             f"{fmt(auto, '{:.2f}')}")
+                             f"{fmt(auto, '{:.2f}')}, FC int8 (bf16 in) / FA3 FP8 {fmt(int8, '{:.2f}')}")
             L.append("Geometric means per head dim: " + "; ".join(parts) + ".\n")
         nonfinite = [f"{s} d{c['D']} S={c['S']} {'causal' if c['causal'] else 'none'}" for c in cells
                      for s, r in c["systems"].items() if r.get("finite") is False]
@@ -744,13 +768,14 @@ def fp8_markdown(res: dict) -> List[str]:
                  f"N(0, 1) with {FP8_OUTLIER_FRACTION:.1%} of the entries of q, k and v replaced by N(0, "
                  f"{FP8_OUTLIER_STD:g}²) outliers. Metric: RMS(O - ref) / RMS(ref), ref in float64 from the bf16 "
                  "inputs. FA3 FP8 and FlashCore e4m3 run on the inputs quantized per (batch, KV head) (absmax -> "
-                 "448); FlashCore precision=\"fp8\" quantizes the bf16 inputs itself (the same scaling); bf16 SDPA is "
-                 "PyTorch's default backend on the bf16 inputs.\n")
+                 "448); FlashCore precision=\"fp8\" quantizes the bf16 inputs itself (the same scaling); FlashCore "
+                 "precision=\"int8\" quantizes q per token and k (less its mean) per 128 keys to int8 and runs P V in "
+                 "bf16; bf16 SDPA is PyTorch's default backend on the bf16 inputs.\n")
         cols = [(r["D"], r["inputs"]) for r in acc]
         L.append("| system | " + " | ".join(f"d{D} {'outliers' if i == 'outliers' else 'N(0,1)'}" for D, i in cols)
                  + " |")
         L.append("|---|" + "---|" * len(cols))
-        for name in ("fa3_fp8", "fc_e4m3", "fc_fp8", "sdpa_bf16"):
+        for name in ("fa3_fp8", "fc_e4m3", "fc_fp8", "fc_int8", "sdpa_bf16"):
             if not any(name in r for r in acc):
                 continue
             vals = ["non-finite" if r.get(name) == float("inf") else fmt(r.get(name), "{:.4f}") for r in acc]

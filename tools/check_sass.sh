@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that every compiled forward kernel is what its name says (CI runs this; no GPU needed):
 #   - its SASS contains HGMMA (16-bit wgmma; QGMMA, the 8-bit wgmma, for the e4m3 rows *_e4m3_*, which must have no
-#     HGMMA) and UTMALDG (TMA loads), and UTMASTG (TMA stores) except the split-KV
+#     HGMMA; IGMMA, the int8 wgmma of Q K^T, and HGMMA, the 16-bit P V, for the int8 rows *_i8_*) and UTMALDG (TMA
+#     loads), and UTMASTG (TMA stores) except the split-KV
 #     kernels (rows named *_split_*), which write fp32 partials with plain stores for the combine kernel;
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
@@ -32,35 +33,39 @@ expected=$(grep -c "^FLASHCORE_SM90_ROW" "$BUILD_DIR/generated/kernels/sm90/rows
 sass="$BUILD_DIR/flashcore.sass"
 cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
 
-# One summary line per kernel: name, HGMMA count, QGMMA count, UTMALDG count, UTMASTG count, LDL/STL count.
+# One summary line per kernel: name, HGMMA, QGMMA, IGMMA, UTMALDG, UTMASTG and LDL/STL counts.
 report=$(awk '
-  /Function : / { if (name != "") print name, h, q, l, s, loc; name = $NF; h = q = l = s = loc = 0; next }
+  /Function : / { if (name != "") print name, h, q, i, l, s, loc; name = $NF; h = q = i = l = s = loc = 0; next }
   name != "" && /HGMMA/   { h++ }
   name != "" && /QGMMA/   { q++ }
+  name != "" && /IGMMA/   { i++ }
   name != "" && /UTMALDG/ { l++ }
   name != "" && /UTMASTG/ { s++ }
   name != "" && /[^A-Z](LDL|STL)[. ]/ { loc++ }
-  END { if (name != "") print name, h, q, l, s, loc }
+  END { if (name != "") print name, h, q, i, l, s, loc }
 ' "$sass" | grep flashcore_fwd_sm90_kernel | sort -u)
 
 found=$(printf '%s\n' "$report" | grep -c . || true)
 echo "check_sass: $found forward kernel(s) in $lib (expected $expected from the generated instantiations)"
 [[ "$found" -eq "$expected" && "$found" -gt 0 ]] || err "found $found forward kernels, expected $expected"
 
-while read -r name h q l s loc; do
+while read -r name h q i l s loc; do
   [[ -z "${name:-}" ]] && continue
   demangled=$(echo "$name" | c++filt 2>/dev/null || echo "$name")
   status="ok"
   if [[ "$demangled" == *_e4m3_* ]]; then
     [[ "$q" -gt 0 ]] || { err "$demangled: no QGMMA (8-bit wgmma)"; status="FAIL"; }
     [[ "$h" -eq 0 ]] || { err "$demangled: 8-bit kernel with $h HGMMA"; status="FAIL"; }
+  elif [[ "$demangled" == *_i8_* ]]; then
+    [[ "$i" -gt 0 ]] || { err "$demangled: no IGMMA (int8 wgmma of Q K^T)"; status="FAIL"; }
+    [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA (16-bit P V)"; status="FAIL"; }
   else
     [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA"; status="FAIL"; }
   fi
   [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
   [[ "$s" -gt 0 || "$demangled" == *_split_* ]] || { err "$demangled: no UTMASTG"; status="FAIL"; }
   [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
-  printf 'check_sass: %-4s HGMMA=%-4s QGMMA=%-4s UTMALDG=%-3s UTMASTG=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$q" "$l" "$s" "$loc" \
+  printf 'check_sass: %-4s HGMMA=%-4s QGMMA=%-4s IGMMA=%-3s UTMALDG=%-3s UTMASTG=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$q" "$i" "$l" "$s" "$loc" \
     "$demangled"
 done <<<"$report"
 

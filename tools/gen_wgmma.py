@@ -38,14 +38,37 @@ TYPES = [("bf16", "__nv_bfloat16"), ("f16", "__half")]
 # 8-bit: k32 per MMA, both operands K-major (no transpose immediates); only the shapes of configs_fp8.txt.
 _8BIT_BLOCK_N, _8BIT_HEAD_DIMS = shapes_from_configs(CONFIGS_8BIT)
 TYPES_8BIT = [("e4m3", "__nv_fp8_e4m3")]
+# int8 Q K^T (precision = INT8, configs_i8.txt): s32 accumulators, SS form only (P V runs in 16 bits).
+CONFIGS_I8 = os.path.join(os.path.dirname(CONFIGS), "configs_i8.txt")
+_I8_BLOCK_N, _ = shapes_from_configs(CONFIGS_I8)
 
 
 def acc_list(n_regs, first=0):
     return ", ".join(f"%{first + i}" for i in range(n_regs))
 
 
-def acc_constraints(n_regs):
-    return ", ".join(f'"+f"(d[{i}])' for i in range(n_regs))
+def acc_constraints(n_regs, kind="f"):
+    return ", ".join(f'"+{kind}"(d[{i}])' for i in range(n_regs))
+
+
+def emit_int8(out, n):
+    """S(64xN, s32) (+)= A(64x32 s8, smem desc, K-major) * B(32xN s8, smem desc, K-major): integer wgmma has no
+    scale or transpose immediates."""
+    r = n // 2
+    out.append(f"template <> struct WgmmaSS<int8_t, {n}> {{")
+    out.append(f"  static constexpr int kAccRegs = {r};")
+    out.append(f"  __device__ __forceinline__ static void mma(uint32_t (&d)[{r}], uint64_t desc_a, uint64_t desc_b, "
+               "int scale_d) {")
+    out.append("    asm volatile(")
+    out.append('        "{\\n.reg .pred p;\\n"')
+    out.append(f'        "setp.ne.b32 p, %{r + 2}, 0;\\n"')
+    out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8 "')
+    out.append(f'        "{{{acc_list(r)}}}, "')
+    out.append(f'        "%{r}, %{r + 1}, p;\\n}}\\n"')
+    out.append(f"        : {acc_constraints(r, 'r')}")
+    out.append('        : "l"(desc_a), "l"(desc_b), "r"(scale_d));')
+    out.append("  }")
+    out.append("};")
 
 
 def emit(out, kind, n, ptx_t, ctype, k=16):
@@ -83,6 +106,7 @@ def main():
            "// WgmmaSS<T, N>: D(64xN, f32) (+)= A(64x16, smem desc, K-major) * B(16xN, smem desc, K-major)",
            "// WgmmaRS<T, N>: D(64xN, f32) (+)= A(64x16, registers)          * B(16xN, smem desc, N-major)",
            "// 8-bit T (e4m3): k = 32 instead of 16, and B is K-major in both forms.",
+           "// int8_t: WgmmaSS only, s32 accumulators (uint32_t registers), k = 32.",
            "// scale_d = 0 overwrites D, 1 accumulates.", ""]
     for ptx_t, ctype in TYPES:
         for kind, shapes in (("SS", SS_N), ("RS", RS_N)):
@@ -94,6 +118,9 @@ def main():
             for n in shapes:
                 emit(out, kind, n, ptx_t, ctype, k=32)
                 out.append("")
+    for n in _I8_BLOCK_N:
+        emit_int8(out, n)
+        out.append("")
     sys.stdout.write("\n".join(out))
 
 

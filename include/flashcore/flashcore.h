@@ -72,7 +72,9 @@ typedef enum flashcore_dtype {
   FLASHCORE_DTYPE_BF16 = 1,
   FLASHCORE_DTYPE_FP32 = 2,     /* host reference only; no GPU kernel */
   FLASHCORE_DTYPE_FP8_E4M3 = 3, /* since 0.3: 8-bit Q, K, V (sm90 backend), O in FP16 or BF16 [SAME: BF16] */
-  FLASHCORE_DTYPE_FP8_E5M2 = 4  /* reserved */
+  FLASHCORE_DTYPE_FP8_E5M2 = 4, /* reserved */
+  FLASHCORE_DTYPE_INT8 = 5      /* since 0.3: the key of the int8 Q K^T kernels that FLASHCORE_PRECISION_INT8 runs
+                                   (flashcore_list_kernel_configs); not a call's dtype yet */
 } flashcore_dtype;
 
 /* Strides are in elements of the tensor's dtype. */
@@ -191,6 +193,14 @@ typedef struct flashcore_attention_params {
                                         same stream) and the 8-bit kernel runs on them; O in the input dtype unless
                                         out_dtype says otherwise. q_descale, k_descale, v_descale must be NULL.
                                         Needs a workspace. Dense batches only. */
+#define FLASHCORE_PRECISION_INT8 2   /* since 0.3, the high-accuracy 8-bit mode (sm90 backend): 16-bit Q and K are
+                                        quantized to int8 in the workspace, Q with one scale per token and K, less its
+                                        mean over the keys of its (batch, KV head) (which leaves the softmax and, once
+                                        added back, the LSE unchanged), with one scale per block of 128 keys; Q K^T
+                                        runs on the int8 tensor cores (s32), P V in the input dtype on V as given. About
+                                        4x less error than FLASHCORE_PRECISION_FP8. O in the input dtype (out_dtype
+                                        SAME or the input dtype). q_descale, k_descale, v_descale must be NULL. Needs a
+                                        workspace. Dense batches only. */
 
 /* flashcore_attention_params::flags: FLASHCORE_FLAG_* bits, none defined yet (FLASHCORE_FLAGS_ALL is the mask of the
  * bits this header knows; a library refuses bits it does not know with FLASHCORE_ERROR_INVALID_ARGUMENT). */

@@ -87,10 +87,12 @@ DTYPE_BF16 = 1
 DTYPE_FP32 = 2
 DTYPE_FP8_E4M3 = 3
 DTYPE_FP8_E5M2 = 4  # reserved
+DTYPE_INT8 = 5  # since 0.3: the key of the int8 Q K^T kernels precision=INT8 runs (not a call's dtype)
 
 # flashcore_attention_params::precision (since 0.3): how a 16-bit call computes.
 PRECISION_NATIVE = 0  # attention in the input dtype
 PRECISION_FP8 = 1  # Q, K, V quantized to e4m3 in the workspace (one scale per batch and KV head), the 8-bit kernel
+PRECISION_INT8 = 2  # since 0.3: Q (per token) and K (smoothed, per 128 keys) quantized to int8, Q K^T in int8, P V in 16 bits
 
 # flashcore_dtype -> the name torch gives the dtype (torch.<name>).
 DTYPE_NAMES = {

@@ -31,7 +31,8 @@ _INPUT_DTYPE_CODES = {**_DTYPE_CODES, FP8_DTYPE: _lib.DTYPE_FP8_E4M3}
 # out_dtype: the dtypes O can be written in.
 _OUT_DTYPE_CODES = dict(_DTYPE_CODES)
 # precision= of flashcore.attention -> flashcore_attention_params::precision.
-PRECISIONS = {None: _lib.PRECISION_NATIVE, "native": _lib.PRECISION_NATIVE, "fp8": _lib.PRECISION_FP8}
+PRECISIONS = {None: _lib.PRECISION_NATIVE, "native": _lib.PRECISION_NATIVE, "fp8": _lib.PRECISION_FP8,
+              "int8": _lib.PRECISION_INT8}
 
 # Dimension order of each layout, as indices of (batch, seq, head, dim) in the tensor.
 _LAYOUTS = {"bshd": "(batch, seqlen, num_heads, head_dim)", "bhsd": "(batch, num_heads, seqlen, head_dim)"}
@@ -126,11 +127,11 @@ def _check_supported(q: torch.Tensor, head_dim: int) -> _lib.Library:
 
 
 def _check_precision(precision) -> int:
-    """flashcore.attention's precision= (None, "native", "fp8") as the C ABI's FLASHCORE_PRECISION_* code."""
+    """flashcore.attention's precision= (None, "native", "fp8", "int8") as the C ABI's FLASHCORE_PRECISION_* code."""
     if precision is not None and not isinstance(precision, str):
-        raise TypeError(f"FlashCore: precision must be None, 'native' or 'fp8', got {type(precision).__name__}")
+        raise TypeError(f"FlashCore: precision must be None, 'native', 'fp8' or 'int8', got {type(precision).__name__}")
     if precision not in PRECISIONS:
-        raise ValueError(f"FlashCore: precision must be None, 'native' or 'fp8', got {precision!r}")
+        raise ValueError(f"FlashCore: precision must be None, 'native', 'fp8' or 'int8', got {precision!r}")
     return PRECISIONS[precision]
 
 
@@ -139,21 +140,25 @@ def _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision
     bfloat16 for float8_e4m3fn inputs and the input dtype for 16-bit ones."""
     if out_dtype is not None and out_dtype not in _OUT_DTYPE_CODES:
         raise TypeError(f"FlashCore: out_dtype must be torch.float16, torch.bfloat16 or None, got {out_dtype}")
-    if precision not in (_lib.PRECISION_NATIVE, _lib.PRECISION_FP8):
-        raise ValueError(f"FlashCore: precision must be PRECISION_NATIVE ({_lib.PRECISION_NATIVE}) or PRECISION_FP8 "
-                         f"({_lib.PRECISION_FP8}), got {precision}")
+    if precision not in (_lib.PRECISION_NATIVE, _lib.PRECISION_FP8, _lib.PRECISION_INT8):
+        raise ValueError(f"FlashCore: precision must be PRECISION_NATIVE ({_lib.PRECISION_NATIVE}), PRECISION_FP8 "
+                         f"({_lib.PRECISION_FP8}) or PRECISION_INT8 ({_lib.PRECISION_INT8}), got {precision}")
     descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     if q.dtype != FP8_DTYPE:
         given = [name for name, d in descales if d is not None]
         if given:
             raise ValueError(
                 f"FlashCore: {given[0]} is for float8_e4m3fn inputs only (q is {q.dtype}); with precision='fp8' "
-                "FlashCore computes the scales of 16-bit inputs itself"
+                "or 'int8' FlashCore computes the scales of 16-bit inputs itself"
             )
+        if precision == _lib.PRECISION_INT8 and out_dtype is not None and out_dtype != q.dtype:
+            raise TypeError(f"FlashCore: precision='int8' writes O in the input dtype ({q.dtype}: P V runs in it); "
+                            f"got out_dtype={out_dtype}")
         return q.dtype if out_dtype is None else out_dtype
-    if precision == _lib.PRECISION_FP8:
-        raise ValueError("FlashCore: precision='fp8' quantizes 16-bit inputs; q, k and v are already float8_e4m3fn "
-                         "(leave precision at None)")
+    if precision != _lib.PRECISION_NATIVE:
+        name = "fp8" if precision == _lib.PRECISION_FP8 else "int8"
+        raise ValueError(f"FlashCore: precision='{name}' quantizes 16-bit inputs; q, k and v are already "
+                         "float8_e4m3fn (leave precision at None)")
     batch, heads_kv = q.shape[0], k.shape[2]
     for name, d in descales:
         if d is None:
@@ -203,6 +208,18 @@ def _check_extended_supported(lib: _lib.Library, q: torch.Tensor, causal: bool, 
     if not lib.has_params_field("precision"):
         raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) predates the 8-bit path "
                            "(descales, precision='fp8'); a 0.3 library or newer is needed")
+    if precision == _lib.PRECISION_INT8:
+        head_dim = q.shape[3]
+        with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+            try:
+                names = lib.kernel_configs(_lib.DTYPE_INT8, head_dim, causal)
+            except Exception:  # a 0.3 library: no int8 kernel key
+                names = ()
+        if not names:
+            raise ValueError(f"FlashCore: precision='int8' has no kernel for head_dim {head_dim}"
+                             f"{' (causal)' if causal else ''} in {lib.path} on this device (it needs a 0.3 library with int8 kernels "
+                             "built with the i8 dtype, and the sm90 backend)")
+        return
     dtypes = lib.compiled()[0]
     if "float8_e4m3fn" not in dtypes:
         raise TypeError(f"FlashCore: the 8-bit path (float8_e4m3fn) is not compiled into {lib.path} (compiled: "
@@ -739,8 +756,11 @@ def attention(
         head h // (Hq // Hkv)); None means 1. quantize_fp8 makes such inputs. O defaults to bfloat16.
       - 16-bit q, k, v with precision="fp8": the library quantizes them to e4m3 (one scale per batch and KV head,
         absmax -> 448) in the op's workspace and runs the 8-bit kernel; no descales. O in q's dtype by default.
+      - 16-bit q, k, v with precision="int8" (the high-accuracy 8-bit mode): q is quantized to int8 per token, k less
+        its mean over the keys per 128-key block; Q K^T runs on the int8 tensor cores, P V in q's dtype on v as given.
+        About 4x less error than "fp8" (docs/perf-notes.md); O in q's dtype.
     out_dtype: torch.float16 or torch.bfloat16 (None: the default above). precision: None or "native" (the input
-    dtype's kernel) or "fp8".
+    dtype's kernel), "fp8" or "int8".
     """
     scale = _check_scale(softmax_scale)
     _check_inputs(q, k, v, "bshd", allow_fp8=True)

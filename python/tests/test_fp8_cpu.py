@@ -40,10 +40,10 @@ def _quantized(q, k, v):
 
 
 def test_constants_and_exports():
-    assert (_lib.PRECISION_NATIVE, _lib.PRECISION_FP8) == (0, 1)
+    assert (_lib.PRECISION_NATIVE, _lib.PRECISION_FP8, _lib.PRECISION_INT8, _lib.DTYPE_INT8) == (0, 1, 2, 5)
     assert _lib.DTYPE_FP8_E4M3 == 3 and _lib.DTYPE_NAMES[_lib.DTYPE_FP8_E4M3] == str(E4M3).replace("torch.", "")
     assert _ops._INPUT_DTYPE_CODES[E4M3] == _lib.DTYPE_FP8_E4M3
-    assert _ops.PRECISIONS == {None: 0, "native": 0, "fp8": 1}
+    assert _ops.PRECISIONS == {None: 0, "native": 0, "fp8": 1, "int8": 2}
     assert _ops.FP8_MAX == torch.finfo(E4M3).max == 448.0
     assert flashcore.quantize_fp8 is _ops.quantize_fp8
     assert "quantize_fp8" in dir(flashcore)
@@ -162,8 +162,9 @@ def _fp8_args(**overrides):
         (lambda a: {**a, "v_descale": torch.ones(1, 2)}, ValueError, r"v_descale must have shape .* got \(1, 2\)"),
         (lambda a: {**a, "v_descale": torch.ones(2, 2, device="meta")}, ValueError, "v_descale is on meta"),
         (lambda a: {**a, "precision": "fp8"}, ValueError, "already float8_e4m3fn"),
-        (lambda a: {**a, "precision": "int8"}, ValueError, "precision must be None, 'native' or 'fp8'"),
-        (lambda a: {**a, "precision": 1}, TypeError, "precision must be None, 'native' or 'fp8'"),
+        (lambda a: {**a, "precision": "int8"}, ValueError, "already float8_e4m3fn"),
+        (lambda a: {**a, "precision": "int4"}, ValueError, "precision must be None, 'native', 'fp8' or 'int8'"),
+        (lambda a: {**a, "precision": 1}, TypeError, "precision must be None, 'native', 'fp8' or 'int8'"),
         (lambda a: {**a, "out_dtype": torch.float32}, TypeError, "out_dtype must be torch.float16, torch.bfloat16"),
         (lambda a: {**a, "out_dtype": "bf16"}, TypeError, "out_dtype must be"),
         (lambda a: {**a, "k": a["k"].bfloat16()}, TypeError, "same dtype"),
@@ -173,7 +174,7 @@ def _fp8_args(**overrides):
          "head_dim 64 has no 8-bit kernel"),
     ],
     ids=["q-descale-fp16", "k-descale-fp64", "v-descale-float", "q-descale-query-heads", "k-descale-1d",
-         "v-descale-batch", "v-descale-device", "precision-fp8", "precision-int8", "precision-int", "out-fp32",
+         "v-descale-batch", "v-descale-device", "precision-fp8", "precision-int8", "precision-int4", "precision-int", "out-fp32",
          "out-str", "mixed-dtypes", "e5m2", "head-dim-64"],
 )
 def test_fp8_argument_errors(emulated, make, exc, match):

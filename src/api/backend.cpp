@@ -342,11 +342,134 @@ flashcore_attention_params fp8_call(const flashcore_attention_params& p, const F
   // q.workspace, q.workspace_size: the caller's whole workspace (Fp8Layout)
   return q;
 }
+// precision = INT8 (flashcore.h): int8 copies of Q and K and their statistics in the workspace (int8_prep_params.h):
+//   [0, 256) zero | q_scale | k_scale | k_partial | k_mean | lse_shift | Q8 (B, Sq, Hq, D) | K8 (B, Sk, Hkv, D)
+// every part 256-byte aligned; the int8 call gets the whole workspace (its dynamic scheduler's counter is in the first
+// 256 bytes, as for precision = FP8) and reads V as the caller gave it.
+struct Int8Layout {
+  size_t q_scale = 0, k_scale = 0, k_partial = 0, k_mean = 0, lse_shift = 0, q8 = 0, k8 = 0, total = 0;
+};
+Int8Layout int8_layout(const flashcore_attention_params& p) {
+  Int8Layout l;
+  const size_t bhq = static_cast<size_t>(p.batch * p.num_heads_q), bhk = static_cast<size_t>(p.batch * p.num_heads_kv);
+  const size_t d = static_cast<size_t>(p.head_dim), f = sizeof(float);
+  l.q_scale = 256;
+  l.k_scale = l.q_scale + align256(bhq * static_cast<size_t>(p.seqlen_q) * f);
+  l.k_partial = l.k_scale + align256(bhk * static_cast<size_t>(kernels::int8_key_blocks(p.seqlen_k)) * f);
+  l.k_mean = l.k_partial + align256(bhk * static_cast<size_t>(kernels::int8_sum_chunks(p.seqlen_k)) * d * f);
+  l.lse_shift = l.k_mean + align256(bhk * d * f);
+  l.q8 = l.lse_shift + align256(bhq * static_cast<size_t>(p.seqlen_q) * f);
+  l.k8 = l.q8 + align256(bhq * static_cast<size_t>(p.seqlen_q) * d);
+  l.total = l.k8 + align256(bhk * static_cast<size_t>(p.seqlen_k) * d);
+  return l;
+}
+
+// The key of the int8 row a precision = INT8 call runs: int8 Q and K, V and O in the input dtype.
+flashcore_attention_params as_int8(const flashcore_attention_params& p) {
+  flashcore_attention_params q = p;
+  q.dtype = FLASHCORE_DTYPE_INT8;
+  q.out_dtype = p.dtype;
+  q.precision = FLASHCORE_PRECISION_NATIVE;
+  return q;
+}
+
+flashcore_attention_params int8_call(const flashcore_attention_params& p, const Int8Layout& l) {
+  flashcore_attention_params q = as_int8(p);
+  char* ws = static_cast<char*>(p.workspace);
+  q.q = ws + l.q8;
+  q.k = ws + l.k8;
+  q.q_strides = {p.seqlen_q * p.num_heads_q * p.head_dim, p.num_heads_q * p.head_dim, p.head_dim, 1};
+  q.k_strides = {p.seqlen_k * p.num_heads_kv * p.head_dim, p.num_heads_kv * p.head_dim, p.head_dim, 1};
+  q.q_descale = reinterpret_cast<const float*>(ws + l.q_scale);  // per token (the int8 rows' meaning, mainloop.cuh)
+  q.k_descale = reinterpret_cast<const float*>(ws + l.k_scale);  // per 128-key block
+  return q;
+}
+
+kernels::Int8PrepParams int8_prep_params(const flashcore_attention_params& p, const Int8Layout& l, float softmax_scale) {
+  kernels::Int8PrepParams prep{};
+  prep.batch = static_cast<int>(p.batch);
+  prep.seqlen_q = static_cast<int>(p.seqlen_q);
+  prep.seqlen_k = static_cast<int>(p.seqlen_k);
+  prep.heads_q = static_cast<int>(p.num_heads_q);
+  prep.heads_kv = static_cast<int>(p.num_heads_kv);
+  prep.head_dim = static_cast<int>(p.head_dim);
+  prep.q = kernels::Fp8Tensor{p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
+  prep.k = kernels::Fp8Tensor{p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
+  char* ws = static_cast<char*>(p.workspace);
+  prep.q8 = reinterpret_cast<int8_t*>(ws + l.q8);
+  prep.k8 = reinterpret_cast<int8_t*>(ws + l.k8);
+  prep.q_scale = reinterpret_cast<float*>(ws + l.q_scale);
+  prep.k_scale = reinterpret_cast<float*>(ws + l.k_scale);
+  prep.k_partial = reinterpret_cast<float*>(ws + l.k_partial);
+  prep.k_mean = reinterpret_cast<float*>(ws + l.k_mean);
+  prep.lse_shift = p.lse != nullptr ? reinterpret_cast<float*>(ws + l.lse_shift) : nullptr;
+  prep.lse = p.lse;
+  prep.softmax_scale = softmax_scale;
+  return prep;
+}
+
+// The whole precision = INT8 call on the sm90 backend: quantize, attend, shift the LSE back.
+flashcore_status int8_forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
+                              cudaStream_t stream, std::string& error) {
+  const Int8Layout l = int8_layout(p);
+  if (p.workspace == nullptr || p.workspace_size < l.total) {
+    error = "precision = INT8 needs " + std::to_string(l.total) + " bytes of workspace for the int8 copies of Q and K " +
+            "(flashcore_attention_workspace_size); workspace_size = " + std::to_string(p.workspace_size);
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const flashcore_attention_params p8 = int8_call(p, l);
+  Selected row;
+  if (const flashcore_status st = select_row(p8, device, cc, p8.workspace_size, row, error); st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  int sms = 0;
+  if (const cudaError_t err = api::sm_count(device, sms); err != cudaSuccess) {
+    error = api::cuda_message("cannot query the device", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  const kernels::Int8PrepParams prep = int8_prep_params(p, l, softmax_scale);
+  if (const cudaError_t err = sm90::launch_int8_quantize(prep, p.dtype, sms, stream); err != cudaSuccess) {
+    error = api::cuda_message("INT8 quantization launch failed", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  if (const flashcore_status st = sm90::launch(*row.sm90, p8, softmax_scale, device, stream, error);
+      st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  if (p.lse != nullptr) {
+    if (const cudaError_t err = sm90::launch_int8_lse_shift(prep, sms, stream); err != cudaSuccess) {
+      error = api::cuda_message("INT8 LSE shift launch failed", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+// A precision other than NATIVE needs the sm90 backend.
+flashcore_status require_sm90(const char* what, int cc, std::string& error) {
+  const Backend* b = backend_or_error(cc, error);
+  if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  if (b->id != Id::kSm90) {
+    error = std::string(what) + " needs the sm90 backend (Hopper); this device is served by " + b->name;
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  return FLASHCORE_SUCCESS;
+}
 }  // namespace
 
 flashcore_status workspace_size(const flashcore_attention_params& params, int cc, size_t& bytes,
                                 std::string& error) {
   const flashcore_attention_params p = as_run(params, cc);
+  if (p.precision == FLASHCORE_PRECISION_INT8) {
+    int device = 0;
+    (void)cudaGetDevice(&device);
+    Selected row;
+    if (const flashcore_status st = select_row(as_int8(p), device, cc, UINT64_MAX, row, error); st != FLASHCORE_SUCCESS) {
+      return st;
+    }
+    bytes = int8_layout(p).total;
+    return FLASHCORE_SUCCESS;
+  }
   if (p.precision == FLASHCORE_PRECISION_FP8) {
     const flashcore_attention_params probe = as_8bit(p);  // (only the row's existence matters here)
     int device = 0;
@@ -381,13 +504,12 @@ flashcore_status workspace_size(const flashcore_attention_params& params, int cc
 flashcore_status forward(const flashcore_attention_params& params, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error) {
   const flashcore_attention_params p = as_run(params, cc);
+  if (p.precision == FLASHCORE_PRECISION_INT8) {
+    if (const flashcore_status st = require_sm90("precision = INT8", cc, error); st != FLASHCORE_SUCCESS) return st;
+    return int8_forward(p, softmax_scale, device, cc, stream, error);
+  }
   if (p.precision == FLASHCORE_PRECISION_FP8) {
-    const Backend* b = backend_or_error(cc, error);
-    if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
-    if (b->id != Id::kSm90) {
-      error = std::string("precision = FP8 needs the sm90 backend (Hopper); this device is served by ") + b->name;
-      return FLASHCORE_ERROR_INVALID_ARGUMENT;
-    }
+    if (const flashcore_status st = require_sm90("precision = FP8", cc, error); st != FLASHCORE_SUCCESS) return st;
     const Fp8Layout l = fp8_layout(p);
     if (p.workspace == nullptr || p.workspace_size < l.total) {
       error = "precision = FP8 needs " + std::to_string(l.total) + " bytes of workspace for the e4m3 copies of Q, K " +
@@ -431,8 +553,10 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
 flashcore_status selected_config(const flashcore_attention_params& params, int device, int cc, const char*& name,
                                  std::string& error) {
   const flashcore_attention_params run = as_run(params, cc);
-  // A precision = FP8 call runs an 8-bit row.
-  const flashcore_attention_params p = run.precision == FLASHCORE_PRECISION_FP8 ? as_8bit(run) : run;
+  // A precision = FP8 call runs an 8-bit row, a precision = INT8 call an int8 one.
+  const flashcore_attention_params p = run.precision == FLASHCORE_PRECISION_FP8    ? as_8bit(run)
+                                       : run.precision == FLASHCORE_PRECISION_INT8 ? as_int8(run)
+                                                                                   : run;
   Selected row;
   const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
   const flashcore_status st = select_row(p, device, cc, capacity, row, error);

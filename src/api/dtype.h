@@ -15,6 +15,7 @@ constexpr const char* dtype_name(flashcore_dtype dtype) {
     case FLASHCORE_DTYPE_FP32: return "fp32";
     case FLASHCORE_DTYPE_FP8_E4M3: return "fp8_e4m3";
     case FLASHCORE_DTYPE_FP8_E5M2: return "fp8_e5m2";
+    case FLASHCORE_DTYPE_INT8: return "int8";
   }
   return "unknown";
 }
@@ -26,7 +27,8 @@ constexpr int64_t dtype_size(flashcore_dtype dtype) {
     case FLASHCORE_DTYPE_BF16: return 2;
     case FLASHCORE_DTYPE_FP32: return 4;
     case FLASHCORE_DTYPE_FP8_E4M3:
-    case FLASHCORE_DTYPE_FP8_E5M2: return 1;
+    case FLASHCORE_DTYPE_FP8_E5M2:
+    case FLASHCORE_DTYPE_INT8: return 1;
     case FLASHCORE_DTYPE_SAME: return 0;
   }
   return 0;
@@ -37,10 +39,13 @@ constexpr bool is_8bit(flashcore_dtype dtype) {
   return dtype == FLASHCORE_DTYPE_FP8_E4M3 || dtype == FLASHCORE_DTYPE_FP8_E5M2;
 }
 
+// The int8 Q K^T kernels' key (precision = INT8): int8 Q and K, V and O in a 16-bit dtype.
+constexpr bool is_int8_qk(flashcore_dtype dtype) { return dtype == FLASHCORE_DTYPE_INT8; }
+
 // The dtype O is written in: out_dtype, or for FLASHCORE_DTYPE_SAME the input dtype (BF16 for 8-bit inputs).
 constexpr flashcore_dtype resolved_out_dtype(flashcore_dtype dtype, flashcore_dtype out_dtype) {
   if (out_dtype != FLASHCORE_DTYPE_SAME) return out_dtype;
-  return is_8bit(dtype) ? FLASHCORE_DTYPE_BF16 : dtype;
+  return is_8bit(dtype) || is_int8_qk(dtype) ? FLASHCORE_DTYPE_BF16 : dtype;
 }
 
 // TMA needs 16-byte strides: the batch/seq/head strides must be multiples of this many elements.

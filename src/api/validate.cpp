@@ -178,7 +178,8 @@ std::string compiled_head_dims(flashcore_dtype dtype) {
 }  // namespace
 
 bool dtype_compiled(flashcore_dtype dtype) {
-  return dtype != FLASHCORE_DTYPE_SAME && backend::compiled_head_dims(dtype, nullptr, 0) > 0;
+  // (INT8 keys the kernels of precision = INT8; it is not a call's dtype.)
+  return dtype != FLASHCORE_DTYPE_SAME && !is_int8_qk(dtype) && backend::compiled_head_dims(dtype, nullptr, 0) > 0;
 }
 
 float resolve_softmax_scale(const flashcore_attention_params& p) {
@@ -291,25 +292,28 @@ flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::str
     message = cat("reserved2 = ", p.reserved2, " must be 0");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  if (p.precision != FLASHCORE_PRECISION_NATIVE && p.precision != FLASHCORE_PRECISION_FP8) {
-    message = cat("precision = ", p.precision, " must be FLASHCORE_PRECISION_NATIVE (0) or FLASHCORE_PRECISION_FP8 (1)");
+  if (p.precision != FLASHCORE_PRECISION_NATIVE && p.precision != FLASHCORE_PRECISION_FP8 &&
+      p.precision != FLASHCORE_PRECISION_INT8) {
+    message = cat("precision = ", p.precision,
+                  " must be FLASHCORE_PRECISION_NATIVE (0), FLASHCORE_PRECISION_FP8 (1) or FLASHCORE_PRECISION_INT8 (2)");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
+  const char* precision_name = p.precision == FLASHCORE_PRECISION_INT8 ? "precision = INT8" : "precision = FP8";
   const char* descale = p.q_descale != nullptr ? "q_descale"
                         : p.k_descale != nullptr ? "k_descale"
                         : p.v_descale != nullptr ? "v_descale"
                                                  : nullptr;
   if (descale != nullptr && !is_8bit(p.dtype)) {
     message = cat(descale, " is set but dtype = ", dtype_name(p.dtype), ": descales apply to 8-bit inputs only",
-                  p.precision == FLASHCORE_PRECISION_FP8 ? " (precision = FP8 computes its own)" : "");
+                  p.precision != FLASHCORE_PRECISION_NATIVE ? cat(" (", precision_name, " computes its own)") : "");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  if (p.precision == FLASHCORE_PRECISION_FP8 && is_8bit(p.dtype)) {
-    message = cat("precision = FLASHCORE_PRECISION_FP8 is for 16-bit inputs; dtype = ", dtype_name(p.dtype),
+  if (p.precision != FLASHCORE_PRECISION_NATIVE && is_8bit(p.dtype)) {
+    message = cat(precision_name, " is for 16-bit inputs; dtype = ", dtype_name(p.dtype),
                   " is already 8-bit (use FLASHCORE_PRECISION_NATIVE)");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  if (is_8bit(p.dtype) || p.precision == FLASHCORE_PRECISION_FP8) {
+  if (is_8bit(p.dtype) || p.precision != FLASHCORE_PRECISION_NATIVE) {
     const std::pair<const char*, const void*> serving[] = {{"seqused_k", p.seqused_k},
                                                            {"cu_seqlens_q", p.cu_seqlens_q},
                                                            {"cu_seqlens_k", p.cu_seqlens_k},
@@ -317,7 +321,7 @@ flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::str
                                                            {"k_new", p.k_new}};
     for (const auto& [name, ptr] : serving) {
       if (ptr != nullptr) {
-        message = cat(name, " is set, but ", is_8bit(p.dtype) ? "8-bit inputs" : "precision = FP8",
+        message = cat(name, " is set, but ", is_8bit(p.dtype) ? "8-bit inputs" : precision_name,
                       " take dense batches only (no serving layouts yet)");
         return FLASHCORE_ERROR_INVALID_ARGUMENT;
       }
@@ -451,7 +455,10 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     const bool gpu_dtype = p.dtype == FLASHCORE_DTYPE_FP16 || p.dtype == FLASHCORE_DTYPE_BF16 ||
                            p.dtype == FLASHCORE_DTYPE_FP8_E4M3;
     message = cat("dtype = ", static_cast<int>(p.dtype), " (", dtype_name(p.dtype), ") ",
-                  gpu_dtype ? "is not compiled into this build (FLASHCORE_DTYPES)" : "has no GPU kernel",
+                  gpu_dtype            ? "is not compiled into this build (FLASHCORE_DTYPES)"
+                  : is_int8_qk(p.dtype) ? "keys the kernels of precision = FLASHCORE_PRECISION_INT8 and is not a call's "
+                                          "dtype (pass 16-bit Q, K, V with precision = FLASHCORE_PRECISION_INT8)"
+                                        : "has no GPU kernel",
                   "; compiled dtypes: ", compiled_dtypes());
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
   }

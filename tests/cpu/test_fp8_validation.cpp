@@ -136,8 +136,8 @@ class Fp8Validation : public ::testing::Test {
 };
 
 // ---- precision ----
-TEST_F(Fp8Validation, PrecisionMustBeNativeOrFp8) {
-  for (int32_t bad : {2, 3, -1, 255, INT32_MAX, INT32_MIN}) {
+TEST_F(Fp8Validation, PrecisionMustBeNativeFp8OrInt8) {
+  for (int32_t bad : {3, -1, 255, INT32_MAX, INT32_MIN}) {
     SCOPED_TRACE(bad);
     p.precision = bad;
     expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"precision = " + std::to_string(bad)});
@@ -171,13 +171,36 @@ TEST_F(Fp8Validation, PrecisionFp8OutDtypeMayBeTheOther16BitDtype) {
 }
 
 TEST_F(Fp8Validation, PrecisionFp8IsFor16BitInputsOnly) {
-  for (flashcore_dtype eight : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2}) {
-    SCOPED_TRACE(eight);
-    flashcore_attention_params bad = p;
-    bad.dtype = eight;
-    bad.precision = FLASHCORE_PRECISION_FP8;
-    expect_error(&bad, FLASHCORE_ERROR_INVALID_ARGUMENT, {"precision"});
-  }
+  for (int32_t precision : {FLASHCORE_PRECISION_FP8, FLASHCORE_PRECISION_INT8})
+    for (flashcore_dtype eight : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2}) {
+      SCOPED_TRACE(std::to_string(eight) + " precision " + std::to_string(precision));
+      flashcore_attention_params bad = p;
+      bad.dtype = eight;
+      bad.precision = precision;
+      expect_error(&bad, FLASHCORE_ERROR_INVALID_ARGUMENT, {"precision"});
+    }
+}
+
+// precision = INT8 (the high-accuracy 8-bit mode): a 16-bit call's arguments, O in the input dtype only (P V runs in
+// it), no descales; dtype INT8 is the kernels' key, not a call's dtype.
+TEST_F(Fp8Validation, PrecisionInt8) {
+  EXPECT_EQ(FLASHCORE_PRECISION_INT8, 2);
+  EXPECT_EQ(FLASHCORE_DTYPE_INT8, 5);
+  p.precision = FLASHCORE_PRECISION_INT8;
+  expect_accepted(p);
+  p.causal = 1, p.lse = nullptr;
+  expect_accepted(p);
+  p.out_dtype = dtype16;
+  expect_accepted(p);
+  flashcore_attention_params other = p;
+  other.out_dtype = dtype16 == FLASHCORE_DTYPE_BF16 ? FLASHCORE_DTYPE_FP16 : FLASHCORE_DTYPE_BF16;
+  expect_error(&other, FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"out_dtype"});
+  flashcore_attention_params descaled = p;
+  descaled.k_descale = descale(1);
+  expect_error(&descaled, FLASHCORE_ERROR_INVALID_ARGUMENT, {"k_descale", "precision = INT8"});
+  flashcore_attention_params int8 = p;
+  int8.dtype = FLASHCORE_DTYPE_INT8, int8.precision = FLASHCORE_PRECISION_NATIVE;
+  expect_error(&int8, FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"int8", "FLASHCORE_PRECISION_INT8"});
 }
 
 TEST_F(Fp8Validation, Reserved2MustBeZero) {
@@ -236,12 +259,12 @@ TEST_F(Fp8Validation, ServingLayoutsAreRejected) {
          q.num_pages = 2;
        }},
   };
-  for (int mode = 0; mode < 2; ++mode) {  // precision = FP8 on the 16-bit problem; an e4m3 problem
+  for (int mode = 0; mode < 3; ++mode) {  // precision = FP8 / INT8 on the 16-bit problem; an e4m3 problem
     for (const Layout& l : layouts) {
-      SCOPED_TRACE(std::string(l.name) + (mode ? " e4m3" : " precision=FP8"));
+      SCOPED_TRACE(std::string(l.name) + (mode == 1 ? " e4m3" : mode == 2 ? " precision=INT8" : " precision=FP8"));
       flashcore_attention_params q = p;
-      if (mode == 0) {
-        q.precision = FLASHCORE_PRECISION_FP8;
+      if (mode != 1) {
+        q.precision = mode == 2 ? FLASHCORE_PRECISION_INT8 : FLASHCORE_PRECISION_FP8;
       } else {
         q.dtype = FLASHCORE_DTYPE_FP8_E4M3;
       }
@@ -498,13 +521,13 @@ TEST_F(Fp8Validation, CppMakeParamsCarriesTheFieldsSince03) {
   EXPECT_NO_THROW(flashcore::validate(q16, k16, v16, o16b, fp8));
 
   // The library's rules come back as flashcore::Error with the status and the message naming the field.
-  fp8.precision = 2;
+  fp8.precision = 3;
   try {
     flashcore::validate(q16, k16, v16, o16b, fp8);
-    ADD_FAILURE() << "precision = 2 was accepted";
+    ADD_FAILURE() << "precision = 3 was accepted";
   } catch (const flashcore::Error& e) {
     EXPECT_EQ(e.status(), FLASHCORE_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(e.what()).find("precision = 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("precision = 3"), std::string::npos) << e.what();
   }
   fp8.precision = FLASHCORE_PRECISION_NATIVE;
   fp8.k_descale = kd;  // a descale with 16-bit inputs

@@ -9,6 +9,8 @@
 //                     the tensor cores; the LSE sums the unrounded P)
 //   precision = FP8:  relative RMSE of O <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25
 //                     (the scores of quantized Q and K are off by up to a few percent of themselves)
+//   precision = INT8: relative RMSE of O <= 0.025, max |O - ref| <= 0.08 * max |ref| + 1e-2, |LSE - ref| <= 0.1
+//                     (int8 Q per token and K per 128 keys: scores off by ~1% of their spread; P V in 16 bits)
 // Every case also requires: O and LSE poisoned (0xFF bytes: NaN) before each call and every element written, O
 // finite, O = 0 and LSE = -inf exactly on rows that see no key (causal, seqlen_q > seqlen_k), the padding between
 // O's heads untouched, and two runs bit-identical. A CPU-only part (E4m3Codec, Fp8Harness) checks the e4m3 codec
@@ -85,7 +87,9 @@ std::string describe(const Problem& p) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s%s -> %s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld%s%s%s%s%s%s",
                 eight_bit(p) ? "e4m3" : (p.in == FLASHCORE_DTYPE_BF16 ? "bf16" : "fp16"),
-                p.precision == FLASHCORE_PRECISION_FP8 ? " (precision=FP8)" : "",
+                p.precision == FLASHCORE_PRECISION_FP8    ? " (precision=FP8)"
+                : p.precision == FLASHCORE_PRECISION_INT8 ? " (precision=INT8)"
+                                                          : "",
                 p.out == FLASHCORE_DTYPE_BF16 ? "bf16" : "fp16", static_cast<long long>(p.B),
                 static_cast<long long>(p.Hq), static_cast<long long>(p.Hkv), static_cast<long long>(p.Sq),
                 static_cast<long long>(p.Sk), static_cast<long long>(p.D), p.causal ? " causal" : "",
@@ -222,8 +226,10 @@ struct Tolerance {
 };
 constexpr Tolerance kTol8Bit{0.035, 0.08, 1e-2, 2e-2, 2e-3};
 constexpr Tolerance kTolPrecisionFp8{0.07, 0.2, 2e-2, 0.25, 0.0};
+constexpr Tolerance kTolPrecisionInt8{0.025, 0.08, 1e-2, 0.1, 0.0};
 
 Tolerance tolerance_of(const Problem& p) {
+  if (p.precision == FLASHCORE_PRECISION_INT8) return kTolPrecisionInt8;
   return p.precision == FLASHCORE_PRECISION_FP8 ? kTolPrecisionFp8 : kTol8Bit;
 }
 
@@ -465,6 +471,27 @@ std::string fp8_skip_reason(int64_t head_dim, bool causal) {
   if (const std::string& why = flashcore::testing::gpu_skip_reason(); !why.empty()) return "GPU test skipped: " + why;
   return flashcore::check::fp8::skip_reason(head_dim, causal);
 }
+
+// "" when the int8 Q K^T kernels of precision = INT8 serve (head_dim, causal) on this device; otherwise why not.
+std::string int8_skip_reason(int64_t head_dim, bool causal) {
+  if (const std::string& why = flashcore::testing::gpu_skip_reason(); !why.empty()) return "GPU test skipped: " + why;
+  if (const std::string why = flashcore::check::fp8::skip_reason(head_dim, causal); !why.empty()) return why;
+  int32_t count = 0;
+  const flashcore_status st = flashcore_list_kernel_configs(FLASHCORE_DTYPE_INT8, static_cast<int32_t>(head_dim),
+                                                            causal ? 1 : 0, nullptr, 0, &count);
+  if (st != FLASHCORE_SUCCESS || count == 0) {
+    return "no int8 Q K^T kernel (precision = INT8) for head_dim " + std::to_string(head_dim) +
+           (causal ? " causal" : "") + " in this build (FLASHCORE_DTYPES without i8?)";
+  }
+  return "";
+}
+
+#define FLASHCORE_REQUIRE_INT8(head_dim, causal)                                            \
+  do {                                                                                      \
+    if (const std::string why_ = int8_skip_reason((head_dim), (causal)); !why_.empty()) {   \
+      GTEST_SKIP() << why_;                                                                 \
+    }                                                                                       \
+  } while (0)
 
 #define FLASHCORE_REQUIRE_FP8(head_dim, causal)                                            \
   do {                                                                                     \
@@ -710,7 +737,8 @@ std::vector<Problem> fp8_cases() {
   return list;
 }
 
-std::vector<Problem> precision_cases() {
+std::vector<Problem> precision_cases(int32_t precision = FLASHCORE_PRECISION_FP8) {
+  const char* prefix = precision == FLASHCORE_PRECISION_INT8 ? "int8_" : "precision_";
   std::vector<Problem> list;
   int n = 0;
   const int64_t shapes[][4] = {{1, 1, 4, 4}, {113, 113, 4, 4}, {17, 300, 8, 2}, {300, 113, 4, 2}, {4097, 4097, 2, 2}};
@@ -721,9 +749,9 @@ std::vector<Problem> precision_cases() {
           if (s[0] == 4097 && (n++ % 3) != 0) continue;  // a few of the long ones
           Problem p = make(D, causal, s[0] > 1000 ? 1 : 2, s[2], s[3], s[0], s[1], in);
           p.in = in;
-          p.precision = FLASHCORE_PRECISION_FP8;
+          p.precision = precision;
           p.out_same = true;  // O in the input dtype
-          p.name = sanitize(std::string("precision_") + (in == FLASHCORE_DTYPE_BF16 ? "bf16" : "fp16") + "_d" +
+          p.name = sanitize(std::string(prefix) + (in == FLASHCORE_DTYPE_BF16 ? "bf16" : "fp16") + "_d" +
                             std::to_string(D) + (causal ? "_causal" : "_full") + "_q" + std::to_string(s[0]) + "_k" +
                             std::to_string(s[1]) + "_h" + std::to_string(s[2]) + "x" + std::to_string(s[3]));
           list.push_back(p);
@@ -899,7 +927,7 @@ TEST(Fp8Harness, CaseListsCoverTheRequirements) {
   EXPECT_TRUE(any([](const Problem& p) { return p.bhsd; }));
   EXPECT_TRUE(any([](const Problem& p) { return p.in_pad > 0 && p.out_pad > 0; }));
   std::vector<std::string> names;
-  for (const auto& l : {fp8_cases(), precision_cases()})
+  for (const auto& l : {fp8_cases(), precision_cases(), precision_cases(FLASHCORE_PRECISION_INT8)})
     for (const Problem& p : l) names.push_back(p.name);
   std::sort(names.begin(), names.end());
   EXPECT_EQ(std::adjacent_find(names.begin(), names.end()), names.end()) << "duplicate case names";
@@ -931,6 +959,21 @@ TEST_P(Fp8PrecisionForward, MatchesUnquantizedReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Fp8PrecisionForward, testing::ValuesIn(precision_cases()), param_name);
+
+class Int8PrecisionForward : public testing::TestWithParam<Problem> {};
+
+// precision = INT8 (int8 Q K^T, P V in 16 bits) from 16-bit inputs, against the float64 attention of the unquantized
+// inputs, with the tighter tolerance above.
+TEST_P(Int8PrecisionForward, MatchesUnquantizedReference) {
+  const Problem& p = GetParam();
+  FLASHCORE_REQUIRE_INT8(p.D, p.causal);
+  if (const std::string why = arguments_skip_reason(p); !why.empty()) GTEST_SKIP() << why;
+  const Verdict v = run_and_compare(p);
+  EXPECT_TRUE(v.passed) << report(p, v, seed_of(p.name)) << "\n  " << v.why;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Int8PrecisionForward, testing::ValuesIn(precision_cases(FLASHCORE_PRECISION_INT8)),
+                         param_name);
 
 // ================================================================================================
 // GPU: special inputs

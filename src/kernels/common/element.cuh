@@ -44,6 +44,12 @@ struct ElemTraits<__nv_fp8_e4m3> {
   }
 };
 
+// int8 (precision = INT8): Q and K only, quantized before the attention (int8_prep.cuh); P and V stay 16-bit.
+template <>
+struct ElemTraits<int8_t> {
+  static constexpr int kBytes = 1;
+};
+
 // Tensor-core k-step: one MMA consumes 32 bytes of each K-major row (16 elements of 16 bits, 32 of 8 bits).
 template <class T>
 inline constexpr int kMmaK = 32 / ElemTraits<T>::kBytes;

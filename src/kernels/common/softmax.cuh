@@ -9,6 +9,7 @@
 // LSE = -Inf.
 #pragma once
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/common/fragment.cuh"
 #include "kernels/common/warp.cuh"
@@ -19,6 +20,11 @@ namespace flashcore::kernels {
 // 2^15 or more computes exp2((x - m) * scale) instead of exp2(x * scale - m * scale), whose rounded offset would be off
 // by up to half an ulp of 2^15 and more (|scores| ~ 1e10 made every P of a row tiny, and P's e4m3 rounding then
 // pushed O past the range of V). The branch is per row and per block; ordinary rows take the one-FFMA form.
+// int8 scores as floats: an s32 x with |x| < 2^22 added to the bits of 1.5 * 2^23 is the float 1.5 * 2^23 + x, exactly
+// (one integer add instead of a conversion, which would share the exponential unit's 16 results per clock).
+inline constexpr float kInt8Magic = 12582912.f;  // 1.5 * 2^23
+__device__ __forceinline__ float int8_bits_to_float(uint32_t x) { return __uint_as_float(x + 0x4B400000u); }
+
 template <int kCols, bool kExactLargeOffsets = false>  // columns of the score tile (block_n)
 struct OnlineSoftmax {
   static constexpr int kRegs = kCols / 2;
@@ -61,6 +67,40 @@ struct OnlineSoftmax {
             x = exp2_approx(fmaf(x, scale_log2, -offset));
             sum += x;
           }
+        }
+      }
+      row_sum[i] = row_sum[i] * rescale[i] + sum;
+    }
+  }
+
+  // int8 Q K^T (precision = INT8): s holds s32 dot products as the bit patterns of kInt8Magic + value (int8_bits_
+  // to_float), sc[i] the block's score scale of row i in log2 units (Q's token scale x the block's K scale x
+  // softmax scale x log2 e; it changes from block to block), so the running maxima are kept scaled here (finalize
+  // then takes scale 1). The exponent (x - magic) * sc - m is one FFMA: x * sc - (magic * sc + m), whose rounded
+  // offset is off by at most half an ulp of magic * sc, i.e. 0.4 integer units of the dot product (the scores are
+  // integers of up to 127^2 * head_dim).
+  __device__ __forceinline__ void update_int8(float (&s)[kRegs], const float (&sc)[2], float (&rescale)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+        mx = fmaxf(mx, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
+      }
+      mx = quad_max(mx);
+      const float m = fmaxf(row_max[i], (mx - kInt8Magic) * sc[i]);  // -inf - magic stays -inf
+      const float m_safe = (m == -INFINITY) ? 0.f : m;
+      rescale[i] = exp2_approx(row_max[i] - m_safe);
+      row_max[i] = m;
+      const float offset = fmaf(kInt8Magic, sc[i], m_safe);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[acc_index(j, i, e)];
+          x = exp2_approx(fmaf(x, sc[i], -offset));
+          sum += x;
         }
       }
       row_sum[i] = row_sum[i] * rescale[i] + sum;

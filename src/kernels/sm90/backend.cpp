@@ -205,7 +205,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   const TensorMapArgs v_map =
       eight_bit ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch,
                                 vt_strides, static_cast<int>(p.head_dim)}
-                : TensorMapArgs{"v", p.v, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.v_strides, kv_box};
+                : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, p.head_dim, kv_rows, p.num_heads_kv,
+                                kv_entries, p.v_strides, kv_box};  // (int8 Q K^T: V in O's 16-bit dtype)
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.q_strides, row.shape.block_m},
       {"k", p.k, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},

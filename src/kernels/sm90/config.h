@@ -11,6 +11,7 @@
 //   };
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/element.cuh"
 #include "kernels/sm90/smem_plan.h"
@@ -35,17 +36,27 @@ struct KernelConfig {
   static constexpr bool kSplitKv = kSchedule == Schedule::kSplitKv;
   static constexpr int kKVBoxRows = kv_box_rows(kShape);  // rows per K/V TMA box (tile_shape.h)
 
+  // Element is the type of Q and K (the S GEMM). Three families:
+  //   16-bit: Q, K, V, P in Element;
+  //   e4m3 (kFp8): Q, K, V, P in 8 bits, V transposed in the workspace (VLayout::kDimMajor), descales per head;
+  //   int8 Q K^T (kInt8QK, precision = INT8): Q, K int8 with per-token / per-64-key-block scales, S in s32;
+  //   P and V in the 16-bit OutElement, V as stored.
+  static constexpr bool kInt8QK = std::is_same_v<Element, int8_t>;
+  using PVElement = std::conditional_t<kInt8QK, OutElement, Element>;
   static constexpr int kElemBytes = kernels::ElemTraits<Element>::kBytes;
+  static constexpr bool kFp8 = kElemBytes == 1 && !kInt8QK;
+  static constexpr int kVElemBytes = kernels::ElemTraits<PVElement>::kBytes;
   static constexpr int kOutElemBytes = kernels::ElemTraits<OutElement>::kBytes;
-  static constexpr int kMmaK = kernels::kMmaK<Element>;
-  static constexpr VLayout kVLayout = kElemBytes == 2 ? VLayout::kKeyMajor : VLayout::kDimMajor;
+  static constexpr int kMmaK = kernels::kMmaK<Element>;       // S GEMM k-step
+  static constexpr int kPVMmaK = kernels::kMmaK<PVElement>;   // P V GEMM k-step
+  static constexpr VLayout kVLayout = kFp8 ? VLayout::kDimMajor : VLayout::kKeyMajor;
 
   // Skip the O rescale when no row max of a warp changed (mainloop.cuh): pays only where O >> S per thread, and
   // makes the time depend on the data, so it is a config column (configs.txt: rescale vote/always).
   static constexpr bool kSkipUnitRescale = kShape.rescale_vote;
 
   // Launch shape and shared-memory layout (smem_plan.h, shared with the host).
-  static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes);
+  static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes);
   static constexpr int kConsumerWarpgroups = kPlan.consumer_warpgroups;
   static constexpr int kRowsPerWarpgroup = sm90::kRowsPerWarpgroup;
   static constexpr int kThreads = kPlan.threads;
@@ -62,8 +73,13 @@ struct KernelConfig {
   // 8-bit V, transposed (VLayout::kDimMajor): rows are head-dim columns, 128 keys per 128-byte row chunk.
   static constexpr int kVTChunks = kBlockN / kSmemRowBytes;
   static constexpr int kVTChunkBytes = kHeadDim * kSmemRowBytes;
+  // V's row chunks (16-bit V of an int8 Q K^T config: 64 columns per chunk while Q and K have 128).
+  static constexpr int kVChunkCols = kPlan.v_chunk_cols;
+  static constexpr int kVChunks = kPlan.v_chunks;
+  static constexpr int kVChunkBytes = kPlan.v_chunk_bytes;
   static constexpr int kQBytes = kPlan.q_bytes;
-  static constexpr int kKVTileBytes = kPlan.kv_tile_bytes;
+  static constexpr int kKTileBytes = kPlan.k_tile_bytes;
+  static constexpr int kVTileBytes = kPlan.v_tile_bytes;
   static constexpr int kOutChunkCols = kPlan.out_chunk_cols;
   static constexpr int kOutChunks = kPlan.out_chunks;
   static constexpr int kOutChunkBytes = kPlan.out_chunk_bytes;
@@ -84,13 +100,14 @@ struct KernelConfig {
   static constexpr int kQReleaseArrivals = kSeparateO ? kConsumerThreads : kConsumerWarpgroups;
 
   static_assert((kElemBytes == 2 || kElemBytes == 1) && kOutElemBytes == 2, "16- or 8-bit inputs, 16-bit O");
-  static_assert(kElemBytes == 2 || kBlockN % kSmemRowBytes == 0, "8-bit: the transposed V tile is whole 128-key chunks");
+  static_assert(!kFp8 || kBlockN % kSmemRowBytes == 0, "8-bit: the transposed V tile is whole 128-key chunks");
   static_assert(kElemBytes == 2 || !kSplitKv, "8-bit: no split-KV rows (yet)");
+  static_assert(!kInt8QK || (kBlockN % 64 == 0 && kVElemBytes == 2), "int8 Q K^T: one K scale per 64 keys, 16-bit V");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");
   static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
                 "one 64-row slice per consumer warpgroup, at most 3");
-  static_assert(kBlockN % kMmaK == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % (MMA k) == 0");
+  static_assert(kBlockN % kPVMmaK == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % (MMA k) == 0");
   static_assert(kSmemBytes <= kSmemLimitBytes, "tile does not fit in shared memory");
   static_assert(!kPingPong || kConsumerWarpgroups >= 2, "ping-pong needs two or more consumer warpgroups");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");

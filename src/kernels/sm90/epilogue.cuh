@@ -68,7 +68,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
 
   float inv_sum[2], lse[2];
   st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse);
-  if constexpr (Cfg::kElemBytes == 1) {
+  if constexpr (Cfg::kFp8) {
     inv_sum[0] *= st.o_scale;
     inv_sum[1] *= st.o_scale;
   }

@@ -21,16 +21,17 @@ using kernels::acc_index;
 template <class Cfg>
 struct ConsumerState {
   float o[Cfg::kHeadDim / 2];  // m64 x head_dim fp32 accumulator fragment
-  kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kElemBytes == 1> softmax;
+  kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8> softmax;
   float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs
   float o_scale;     // 8-bit inputs: the tile's V descale (O = o_scale * P V / sum)
+  float q_scale[2];  // int8 Q K^T: the token scales of the thread's two rows, times p.scale_log2
 };
 
 // A tile's score scale and O factor, for 8-bit inputs: the call's scale times the descales of the tile's (batch, KV
 // head) (NULL: 1). 16-bit inputs read p.scale_log2 where they use it (score_scale), as before the 8-bit path.
 template <class Cfg>
 __device__ __forceinline__ void tile_scales(const FwdParams& p, const Tile& tile, ConsumerState<Cfg>& st) {
-  if constexpr (Cfg::kElemBytes == 1) {
+  if constexpr (Cfg::kFp8) {
     st.scale_log2 = p.scale_log2;
     st.o_scale = 1.f;
     const int64_t idx = static_cast<int64_t>(tile.batch) * p.num_heads_kv + tile.head / p.head_ratio;
@@ -42,16 +43,38 @@ __device__ __forceinline__ void tile_scales(const FwdParams& p, const Tile& tile
 
 template <class Cfg>
 __device__ __forceinline__ float score_scale(const FwdParams& p, const ConsumerState<Cfg>& st) {
-  if constexpr (Cfg::kElemBytes == 1) {
+  if constexpr (Cfg::kFp8) {
     return st.scale_log2;
+  } else if constexpr (Cfg::kInt8QK) {
+    return 1.f;  // the running maxima are scaled already (OnlineSoftmax::update_int8)
   } else {
     return p.scale_log2;
   }
 }
 
+// int8 Q K^T (precision = INT8): the scales of FwdParams::q_descale (per query token, (B, Hq, Sq)) and k_descale (per
+// 128-key block of a KV head, (B, Hkv, ceil(Sk / 128))). A thread's rows past seqlen_q take 1.
+template <class Cfg>
+__device__ __forceinline__ void int8_row_scales(const FwdParams& p, const Tile& tile, int64_t row0,
+                                                ConsumerState<Cfg>& st) {
+  const int64_t base = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.seqlen_q;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t row = row0 + 8 * i;
+    st.q_scale[i] = (row < p.seqlen_q ? __ldg(p.q_descale + base + row) : 1.f) * p.scale_log2;
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ float int8_key_block_scale(const FwdParams& p, const Tile& tile, int n_block) {
+  const int64_t blocks = (p.seqlen_k + 127) / 128;
+  const int64_t kv = static_cast<int64_t>(tile.batch) * p.num_heads_kv + tile.head / p.head_ratio;
+  return __ldg(p.k_descale + kv * blocks + (static_cast<int64_t>(n_block) * Cfg::kBlockN) / 128);
+}
+
 // P as MMA A fragments: one group of 4 registers per k-step of the P V GEMM.
 template <class Cfg>
-inline constexpr int kPSteps = Cfg::kBlockN / Cfg::kMmaK;
+inline constexpr int kPSteps = Cfg::kBlockN / Cfg::kPVMmaK;
 
 // The consumers' positions in the Q, K and V pipelines; they persist across the tiles of a persistent CTA.
 template <class Cfg>
@@ -71,7 +94,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const uint
     const int chunk = k / kStepsPerChunk, kk = k % kStepsPerChunk;
     const uint64_t da = make_smem_desc_kmajor<Cfg::kQKRowBytes>(q_slice + chunk * Cfg::kQChunkBytes + kk * 32);
     const uint64_t db = make_smem_desc_kmajor<Cfg::kQKRowBytes>(k_tile + chunk * Cfg::kKVChunkBytes + kk * 32);
-    WgmmaSS<typename Cfg::Element, Cfg::kBlockN>::mma(s, da, db, k > 0 ? 1 : 0);
+    if constexpr (Cfg::kInt8QK) {  // s32 dot products in the same registers (int8 scores: mainloop)
+      WgmmaSS<int8_t, Cfg::kBlockN>::mma(reinterpret_cast<uint32_t(&)[Cfg::kBlockN / 2]>(s), da, db, k > 0 ? 1 : 0);
+    } else {
+      WgmmaSS<typename Cfg::Element, Cfg::kBlockN>::mma(s, da, db, k > 0 ? 1 : 0);
+    }
   }
   wgmma_commit_group();
 }
@@ -80,10 +107,10 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const uint
 // for all k-steps before the first P*V wgmma so that no register is written between the wgmma.fence and the MMAs.
 template <class Cfg>
 __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], uint32_t (&a)[kPSteps<Cfg>][4]) {
-  if constexpr (Cfg::kElemBytes == 1) {
+  if constexpr (Cfg::kFp8) {
     kernels::pack_p_fragments_8bit<typename Cfg::Element, Cfg::kBlockN>(p, a);
   } else {
-    kernels::pack_p_fragments<typename Cfg::Element, Cfg::kBlockN>(p, a);
+    kernels::pack_p_fragments<typename Cfg::PVElement, Cfg::kBlockN>(p, a);
   }
 }
 
@@ -100,13 +127,13 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
   for (int t = 0; t < kPSteps<Cfg>; ++t) {
     uint64_t db;
     if constexpr (Cfg::kVLayout == VLayout::kKeyMajor) {
-      db = make_smem_desc_sw128(v_tile + t * 16 * Cfg::kRowBytes, Cfg::kKVChunkBytes, 1024);
+      db = make_smem_desc_sw128(v_tile + t * 16 * Cfg::kRowBytes, Cfg::kVChunkBytes, 1024);
     } else {
       constexpr int kStepsPerChunk = Cfg::kRowBytes / Cfg::kMmaK;
       db = make_smem_desc_sw128(v_tile + (t / kStepsPerChunk) * Cfg::kVTChunkBytes + (t % kStepsPerChunk) * 32, 16,
                                 1024);
     }
-    WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>::mma(o, a[t], db, 1);
+    WgmmaRS<typename Cfg::PVElement, Cfg::kHeadDim>::mma(o, a[t], db, 1);
   }
   wgmma_commit_group();
 }
@@ -130,9 +157,9 @@ __device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const T
   const int valid = left > 0 ? static_cast<int>(left) : 0;
   const int units_per_chunk = (Cfg::kBlockN - valid) * (Cfg::kRowBytes / 16);
   uint8_t* base = const_cast<uint8_t*>(v_tile) + valid * Cfg::kRowBytes;
-  for (int u = static_cast<int>(threadIdx.x) - 128; u < units_per_chunk * Cfg::kChunks; u += Cfg::kConsumerThreads) {
+  for (int u = static_cast<int>(threadIdx.x) - 128; u < units_per_chunk * Cfg::kVChunks; u += Cfg::kConsumerThreads) {
     const int chunk = u / units_per_chunk, rest = u % units_per_chunk;
-    *reinterpret_cast<uint4*>(base + chunk * Cfg::kKVChunkBytes + rest * 16) = make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(base + chunk * Cfg::kVChunkBytes + rest * 16) = make_uint4(0u, 0u, 0u, 0u);
   }
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before wgmma's (async proxy) reads
   kernels::named_barrier_sync(kZeroVBarrier<Cfg>, Cfg::kConsumerThreads);
@@ -181,15 +208,27 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
                        warp_in_wg * 16 + lane / 4;
   const uint8_t* q_slice = smem + Cfg::kSmemQOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes;
-  auto k_tile = [&](int stage) { return smem + Cfg::kSmemKOffset + stage * Cfg::kKVTileBytes; };
-  auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kKVTileBytes; };
-  auto softmax_step = [&](float (&s)[Cfg::kBlockN / 2], int n_block, float (&rescale)[2]) {
+  auto k_tile = [&](int stage) { return smem + Cfg::kSmemKOffset + stage * Cfg::kKTileBytes; };
+  auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kVTileBytes; };
+  if constexpr (Cfg::kInt8QK) int8_row_scales<Cfg>(p, tile, row0, st);
+  // k_scale: int8 Q K^T only, the block's K scale (read before its S GEMM is waited for).
+  auto softmax_step = [&](float (&s)[Cfg::kBlockN / 2], int n_block, float (&rescale)[2], float k_scale) {
+    if constexpr (Cfg::kInt8QK) {
+#pragma unroll
+      for (int i = 0; i < Cfg::kBlockN / 2; ++i) s[i] = kernels::int8_bits_to_float(__float_as_uint(s[i]));
+    }
     if (kernels::block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(tile.seq, n_block, tile.m_block)) {
       kernels::apply_mask<Cfg::kBlockN, Cfg::kCausal>(
           s, tile.seq, row0, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
     }
-    st.softmax.update(s, score_scale<Cfg>(p, st), rescale);
+    if constexpr (Cfg::kInt8QK) {
+      const float sc[2] = {st.q_scale[0] * k_scale, st.q_scale[1] * k_scale};
+      st.softmax.update_int8(s, sc, rescale);
+    } else {
+      st.softmax.update(s, score_scale<Cfg>(p, st), rescale);
+    }
   };
+  auto key_scale = [&](int n_block) { return Cfg::kInt8QK ? int8_key_block_scale<Cfg>(p, tile, n_block) : 1.f; };
   // The Q tile may go as soon as the tile's last S GEMM has read it, when O has its own staging buffer.
   auto after_s_gemm = [&](int n_block) {
     bars.k.release(pipes.k);
@@ -209,6 +248,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   float rescale[2];
 
   int n_block = tile.keys.end - 1;
+  float k_scale = key_scale(n_block);
   bars.k.wait(pipes.k);
   turn.wait_turn();
   gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
@@ -216,10 +256,11 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   wgmma_wait_group<0>();
   fence_regs(s);
   after_s_gemm(n_block);
-  softmax_step(s, n_block, rescale);
+  softmax_step(s, n_block, rescale, k_scale);
   convert_p<Cfg>(s, p_frag);
 
   for (--n_block; n_block >= tile.keys.begin; --n_block) {
+    k_scale = key_scale(n_block);
     bars.k.wait(pipes.k);
     bars.v.wait(pipes.v);
     zero_v_rows_past_end<Cfg>(p, tile, n_block + 1, v_tile(pipes.v.stage));
@@ -232,7 +273,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     wgmma_wait_group<1>();  // S_j is done; P V may still run
     fence_regs(s);
     after_s_gemm(n_block);
-    softmax_step(s, n_block, rescale);
+    softmax_step(s, n_block, rescale, k_scale);
 
     wgmma_wait_group<0>();
     fence_regs(st.o);

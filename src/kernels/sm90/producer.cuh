@@ -11,20 +11,25 @@
 
 namespace flashcore::sm90 {
 
-// Load a (kRows x head_dim) tile as boxes of (one 128-byte row chunk -- 64 bytes for 8-bit head dim 64 -- x kBoxRows rows), slice by slice, the chunks of
-// a slice back to back; chunk c of row r lands at smem + c * kChunkBytes + r * 128 (the 128B swizzle is a function
-// of the address, so slices of 8k rows compose into the same layout as one box).
-template <class Cfg, int kChunkBytes, int kRows, int kBoxRows>
+// Load a (kRows x head_dim) tile as boxes of (one 128-byte row chunk -- 64 bytes for 8-bit head dim 64 -- x kBoxRows
+// rows), slice by slice, the chunks of a slice back to back; chunk c of row r lands at smem + c * kChunkBytes + r *
+// row bytes (the 128B swizzle is a function of the address, so slices of 8k rows compose into the same layout as one
+// box). kV: V's chunks (Cfg::kVChunks of kVChunkCols columns, 128-byte rows), which differ from Q's and K's in an
+// int8 Q K^T config (16-bit V).
+template <class Cfg, int kChunkBytes, int kRows, int kBoxRows, bool kV = false>
 __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* smem, uint64_t* bar, int64_t row,
                                               int head, int batch) {
   static_assert(kRows % kBoxRows == 0 && kBoxRows % 8 == 0, "whole 8-row swizzle atoms per box");
+  constexpr int kChunks = kV ? Cfg::kVChunks : Cfg::kChunks;
+  constexpr int kChunkCols = kV ? Cfg::kVChunkCols : Cfg::kChunkCols;
+  constexpr int kRowBytes = kV ? Cfg::kRowBytes : Cfg::kQKRowBytes;
 #pragma unroll
   for (int r = 0; r < kRows; r += kBoxRows) {
 #pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c) {
-      const int32_t coords[4] = {c * Cfg::kChunkCols, static_cast<int32_t>(row + r), head, batch};
+    for (int c = 0; c < kChunks; ++c) {
+      const int32_t coords[4] = {c * kChunkCols, static_cast<int32_t>(row + r), head, batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                      smem + c * kChunkBytes + r * Cfg::kQKRowBytes, map, coords, bar);
+                                      smem + c * kChunkBytes + r * kRowBytes, map, coords, bar);
     }
   }
 }
@@ -88,13 +93,12 @@ struct Producer {
   __device__ __forceinline__ void load_paged_blocks(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                                     SharedBarriers<Cfg>& bars, int kv_head, int32_t first_page) {
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
-      const int stage_offset = kv_state.stage * Cfg::kKVTileBytes;
       bars.k.acquire(kv_state);
-      tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + stage_offset,
-                          bars.k.commit_tx(kv_state, Cfg::kKVTileBytes), tile, n_block, kv_head, first_page);
+      tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
+                          bars.k.commit_tx(kv_state, Cfg::kKTileBytes), tile, n_block, kv_head, first_page);
       bars.v.acquire(kv_state);
-      tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + stage_offset,
-                          bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), tile, n_block, kv_head, first_page);
+      tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes,
+                          bars.v.commit_tx(kv_state, Cfg::kVTileBytes), tile, n_block, kv_head, first_page);
       kv_state.advance();
       if (n_block > tile.keys.begin) first_page = page_of(p, tile, (n_block - 1) * Cfg::kBlockN);
     }
@@ -135,19 +139,17 @@ struct Producer {
     }
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
       const int64_t row = kv_row(tile, n_block);
-      const int stage_offset = kv_state.stage * Cfg::kKVTileBytes;
+      uint8_t* k_stage = smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes;
+      uint8_t* v_stage = smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes;
       bars.k.acquire(kv_state);
       tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
-          &p.tma_k, smem + Cfg::kSmemKOffset + stage_offset, bars.k.commit_tx(kv_state, Cfg::kKVTileBytes), row,
-          kv_head, kv_batch);
+          &p.tma_k, k_stage, bars.k.commit_tx(kv_state, Cfg::kKTileBytes), row, kv_head, kv_batch);
       bars.v.acquire(kv_state);
       if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
-        tma_load_vt<Cfg>(&p.tma_v, smem + Cfg::kSmemVOffset + stage_offset,
-                         bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row, kv_head, kv_batch);
+        tma_load_vt<Cfg>(&p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
       } else {
-        tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
-            &p.tma_v, smem + Cfg::kSmemVOffset + stage_offset, bars.v.commit_tx(kv_state, Cfg::kKVTileBytes), row,
-            kv_head, kv_batch);
+        tma_load_tile<Cfg, Cfg::kVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows, true>(
+            &p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
       }
       kv_state.advance();
     }

@@ -30,7 +30,10 @@ struct SmemPlan {
   int chunk_cols, chunks;
   int out_chunk_cols, out_chunks;
   int q_chunk_bytes, kv_chunk_bytes, out_chunk_bytes;
-  int q_bytes, kv_tile_bytes, out_bytes;
+  // V in its own element size (v_elem_bytes: 2 for an int8 Q K^T config, else the Q/K size; 8-bit V is stored
+  // transposed, the same bytes per tile).
+  int v_chunk_cols, v_chunks, v_chunk_bytes;
+  int q_bytes, k_tile_bytes, v_tile_bytes, out_bytes;
   // Byte offsets from the 1024-byte aligned base.
   int q_offset, k_offset, v_offset, kv_end;
   // A persistent grid gives the staged O a buffer of its own when that fits: the Q tile is then released as
@@ -41,7 +44,9 @@ struct SmemPlan {
   int smem_bytes;  // the dynamic shared memory to launch with
 };
 
-constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_bytes, int out_elem_bytes) {
+constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_bytes, int out_elem_bytes,
+                             int v_elem_bytes = 0) {
+  if (v_elem_bytes == 0) v_elem_bytes = elem_bytes;
   SmemPlan p{};
   p.consumer_warpgroups = shape.block_m / kRowsPerWarpgroup;
   p.threads = 128 * (p.consumer_warpgroups + 1);
@@ -57,14 +62,18 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.q_chunk_bytes = shape.block_m * p.qk_row_bytes;
   p.kv_chunk_bytes = shape.block_n * p.qk_row_bytes;
   p.out_chunk_bytes = shape.block_m * kSmemRowBytes;
+  p.v_chunk_cols = v_elem_bytes == elem_bytes ? p.chunk_cols : kSmemRowBytes / v_elem_bytes;
+  p.v_chunks = head_dim / p.v_chunk_cols;
+  p.v_chunk_bytes = v_elem_bytes == elem_bytes ? p.kv_chunk_bytes : shape.block_n * kSmemRowBytes;
   p.q_bytes = p.q_chunk_bytes * p.chunks;
-  p.kv_tile_bytes = p.kv_chunk_bytes * p.chunks;
+  p.k_tile_bytes = p.kv_chunk_bytes * p.chunks;
+  p.v_tile_bytes = p.v_chunk_bytes * p.v_chunks;
   p.out_bytes = p.out_chunk_bytes * p.out_chunks;
 
   p.q_offset = 0;
   p.k_offset = p.q_offset + p.q_bytes;
-  p.v_offset = p.k_offset + shape.stages * p.kv_tile_bytes;
-  p.kv_end = p.v_offset + shape.stages * p.kv_tile_bytes;
+  p.v_offset = p.k_offset + shape.stages * p.k_tile_bytes;
+  p.kv_end = p.v_offset + shape.stages * p.v_tile_bytes;
   // (8-bit inputs: O, in 16 bits, does not fit in the Q tile and always gets its own buffer.)
   p.separate_o = (p.persistent || p.out_bytes > p.q_bytes) && p.kv_end + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes;
   p.o_offset = p.separate_o ? p.kv_end : p.q_offset;

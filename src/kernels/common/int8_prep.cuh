@@ -1,0 +1,177 @@
+// The int8 preparation kernels of precision = INT8 (int8_prep_params.h): memory-bound passes over 16-bit Q and K,
+// launched before the attention on the same stream, and the LSE shift after it. Deterministic: every sum runs in a
+// fixed order (no atomics), so that reruns are bit-exact.
+//   int8_k_sum_kernel   : K's per-channel sums over chunks of kInt8SumChunk keys, per (batch, KV head)
+//   int8_quantize_k_kernel: K's mean (from the sums), then per 128-key block: K - mean, its amax, int8 values, scale
+//   int8_quantize_q_kernel: per query token (one warp per row): amax, int8 values, scale, and q . k_mean for the LSE
+//   int8_lse_shift_kernel: LSE += softmax_scale * q . k_mean (the smoothing's shift, added back)
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/common/int8_prep_params.h"
+
+namespace flashcore::kernels {
+
+// The quantization step of a row or block: amax / 127; 1 for all zeros; NaN if any value was NaN or infinite.
+__device__ __forceinline__ float int8_step(float amax, bool non_finite) {
+  return non_finite ? __int_as_float(0x7fffffff) : (amax > 0.f ? amax / 127.f : 1.f);
+}
+
+__device__ __forceinline__ uint32_t int8_pack4(float a, float b, float c, float d) {
+  auto q = [](float x) { return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(max(-127, min(127, __float2int_rn(x)))))); };
+  return q(a) | (q(b) << 8) | (q(c) << 16) | (q(d) << 24);
+}
+
+template <class T>
+__device__ __forceinline__ void load8(const T* src, float (&x)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = static_cast<float>(v[i]);
+}
+
+// grid (batch * heads_kv, sum chunks), 256 threads: thread (unit u, row r) adds rows r, r + R, ... of the chunk, 8
+// channels; the R rows' sums are then added in row order in shared memory.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) int8_k_sum_kernel(const Int8PrepParams p) {
+  constexpr int kUnits = kHeadDim / 8, kRowsPar = 256 / kUnits;
+  __shared__ float part[kRowsPar][kHeadDim];
+  const int bh = blockIdx.x, b = bh / p.heads_kv, h = bh % p.heads_kv;
+  const int u = threadIdx.x % kUnits, r = threadIdx.x / kUnits;
+  const int key0 = blockIdx.y * kInt8SumChunk, key1 = min(key0 + kInt8SumChunk, p.seqlen_k);
+  const T* base = static_cast<const T*>(p.k.data) + b * p.k.stride_batch + h * p.k.stride_head + u * 8;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int key = key0 + r; key < key1; key += kRowsPar) {
+    float x[8];
+    load8(base + key * p.k.stride_seq, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += x[i];
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) part[r][u * 8 + i] = acc[i];
+  __syncthreads();
+  for (int c = threadIdx.x; c < kHeadDim; c += 256) {
+    float s = 0.f;
+    for (int i = 0; i < kRowsPar; ++i) s += part[i][c];
+    p.k_partial[(static_cast<int64_t>(bh) * gridDim.y + blockIdx.y) * kHeadDim + c] = s;
+  }
+}
+
+// grid (batch * heads_kv, key blocks), 256 threads.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepParams p) {
+  constexpr int kUnits = kHeadDim / 8, kRowsPar = 256 / kUnits;
+  __shared__ float mean[kHeadDim];
+  __shared__ float warp_max[8];
+  __shared__ int warp_bad[8];
+  const int bh = blockIdx.x, b = bh / p.heads_kv, h = bh % p.heads_kv;
+  const int chunks = static_cast<int>(int8_sum_chunks(p.seqlen_k));
+  for (int c = threadIdx.x; c < kHeadDim; c += 256) {
+    float s = 0.f;
+    for (int i = 0; i < chunks; ++i) s += p.k_partial[(static_cast<int64_t>(bh) * chunks + i) * kHeadDim + c];
+    mean[c] = s / static_cast<float>(p.seqlen_k);
+    if (blockIdx.y == 0) p.k_mean[static_cast<int64_t>(bh) * kHeadDim + c] = mean[c];
+  }
+  __syncthreads();
+  const int u = threadIdx.x % kUnits, r = threadIdx.x / kUnits;
+  const int key0 = blockIdx.y * kInt8KeyBlock, key1 = min(key0 + kInt8KeyBlock, p.seqlen_k);
+  const T* base = static_cast<const T*>(p.k.data) + b * p.k.stride_batch + h * p.k.stride_head + u * 8;
+  float amax = 0.f;
+  bool bad = false;
+  for (int key = key0 + r; key < key1; key += kRowsPar) {
+    float x[8];
+    load8(base + key * p.k.stride_seq, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float y = x[i] - mean[u * 8 + i];
+      amax = fmaxf(amax, fabsf(y));
+      bad |= !isfinite(y);
+    }
+  }
+  for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  bad = __any_sync(0xffffffffu, bad);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax, warp_bad[threadIdx.x / 32] = bad;
+  __syncthreads();
+  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]), bad |= warp_bad[w] != 0;
+  const float step = int8_step(amax, bad);
+  const float inv = 1.f / step;
+  if (threadIdx.x == 0) p.k_scale[static_cast<int64_t>(bh) * gridDim.y + blockIdx.y] = step;
+  for (int key = key0 + r; key < key1; key += kRowsPar) {
+    float x[8];
+    load8(base + key * p.k.stride_seq, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = (x[i] - mean[u * 8 + i]) * inv;
+    int8_t* dst = p.k8 + ((static_cast<int64_t>(b) * p.seqlen_k + key) * p.heads_kv + h) * kHeadDim + u * 8;
+    *reinterpret_cast<uint2*>(dst) = make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+  }
+}
+
+// One warp per query row (b, s, h), grid-stride; lane i holds elements [i * E, i * E + E), E = head_dim / 32.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) int8_quantize_q_kernel(const Int8PrepParams p) {
+  constexpr int kE = kHeadDim / 32;  // 2, 4 or 8 elements: 4, 8 or 16 bytes per lane
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_q * p.heads_q;
+  const int group = p.heads_q / p.heads_kv;
+  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x) / 32; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * 8) {
+    const int h = static_cast<int>(row % p.heads_q);
+    const int64_t bs = row / p.heads_q;
+    const int s = static_cast<int>(bs % p.seqlen_q), b = static_cast<int>(bs / p.seqlen_q);
+    const T* src = static_cast<const T*>(p.q.data) + b * p.q.stride_batch + s * p.q.stride_seq + h * p.q.stride_head +
+                   lane * kE;
+    float x[kE];
+    if constexpr (kE == 8) {
+      load8(src, x);
+    } else {
+      using Raw = std::conditional_t<kE == 4, uint2, uint32_t>;
+      const Raw raw = *reinterpret_cast<const Raw*>(src);
+      const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kE; ++i) x[i] = static_cast<float>(v[i]);
+    }
+    float amax = 0.f;
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < kE; ++i) amax = fmaxf(amax, fabsf(x[i])), bad |= !isfinite(x[i]);
+    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    bad = __any_sync(0xffffffffu, bad);
+    const float step = int8_step(amax, bad);
+    const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
+    if (lane == 0) p.q_scale[stat] = step;
+    if (p.lse_shift != nullptr) {
+      const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + lane * kE;
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < kE; ++i) dot = fmaf(x[i], km[i], dot);
+      for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (lane == 0) p.lse_shift[stat] = dot;
+    }
+    const float inv = 1.f / step;
+    int8_t* dst = p.q8 + row * kHeadDim + lane * kE;
+    if constexpr (kE == 2) {
+      const uint32_t w = int8_pack4(x[0] * inv, x[1] * inv, 0.f, 0.f);
+      *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
+    } else if constexpr (kE == 4) {
+      *reinterpret_cast<uint32_t*>(dst) = int8_pack4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
+    } else {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(int8_pack4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv),
+                                                  int8_pack4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv));
+    }
+  }
+}
+
+// Grid-stride over the LSE entries (batch, heads_q, seqlen_q): -inf (a row with no key) and NaN stay as they are.
+__global__ void __launch_bounds__(256) int8_lse_shift_kernel(const Int8PrepParams p) {
+  const int64_t n = static_cast<int64_t>(p.batch) * p.heads_q * p.seqlen_q;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * 256) {
+    p.lse[i] = fmaf(p.softmax_scale, p.lse_shift[i], p.lse[i]);
+  }
+}
+
+}  // namespace flashcore::kernels
