@@ -3,7 +3,7 @@
 // fixed order (no atomics), so that reruns are bit-exact.
 //   int8_k_sum_kernel   : K's per-channel sums over chunks of kInt8SumChunk keys, per (batch, KV head)
 //   int8_quantize_k_kernel: K's mean (from the sums), then per 128-key block: K - mean, its amax, int8 values, scale
-//   int8_quantize_q_kernel: per query token (one warp per row): amax, int8 values, scale, and q . k_mean for the LSE
+//   int8_quantize_q_kernel: per query token (head_dim / 8 lanes per row): amax, int8 values, scale, q . k_mean
 //   int8_lse_shift_kernel: LSE += softmax_scale * q . k_mean (the smoothing's shift, added back)
 #pragma once
 #include <cuda_bf16.h>
@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/common/int8_prep_params.h"
 
@@ -111,58 +110,55 @@ __global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepPara
   }
 }
 
-// One warp per query row (b, s, h), grid-stride; lane i holds elements [i * E, i * E + E), E = head_dim / 32.
+// kLanes = head_dim / 8 lanes per query row (b, s, h), each with one 16-byte load of 8 elements (a warp takes 32 /
+// kLanes rows at once); grid-stride over groups of rows. Row statistics are reduced over the row's lanes.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) int8_quantize_q_kernel(const Int8PrepParams p) {
-  constexpr int kE = kHeadDim / 32;  // 2, 4 or 8 elements: 4, 8 or 16 bytes per lane
-  const int lane = threadIdx.x % 32;
+  constexpr int kLanes = kHeadDim / 8;  // 8, 16 or 32
+  const int sub = threadIdx.x % kLanes;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_q * p.heads_q;
   const int group = p.heads_q / p.heads_kv;
-  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x) / 32; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * 8) {
-    const int h = static_cast<int>(row % p.heads_q);
-    const int64_t bs = row / p.heads_q;
+  const int64_t rows_per_pass = static_cast<int64_t>(gridDim.x) * (256 / kLanes);
+  // Every lane of a warp runs the same number of passes (the shuffles below need all 32): rows past the end are
+  // computed on row 0 and not stored.
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x) / kLanes;
+  const int64_t warp_first = (static_cast<int64_t>(blockIdx.x) * 256 + (threadIdx.x & ~31)) / kLanes;
+  for (int64_t pass_row = warp_first; pass_row < rows; pass_row += rows_per_pass) {
+    const int64_t row = first + (pass_row - warp_first);
+    const bool live = row < rows;
+    const int64_t r = live ? row : 0;
+    const int h = static_cast<int>(r % p.heads_q);
+    const int64_t bs = r / p.heads_q;
     const int s = static_cast<int>(bs % p.seqlen_q), b = static_cast<int>(bs / p.seqlen_q);
-    const T* src = static_cast<const T*>(p.q.data) + b * p.q.stride_batch + s * p.q.stride_seq + h * p.q.stride_head +
-                   lane * kE;
-    float x[kE];
-    if constexpr (kE == 8) {
-      load8(src, x);
-    } else {
-      using Raw = std::conditional_t<kE == 4, uint2, uint32_t>;
-      const Raw raw = *reinterpret_cast<const Raw*>(src);
-      const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kE; ++i) x[i] = static_cast<float>(v[i]);
-    }
+    float x[8];
+    load8(static_cast<const T*>(p.q.data) + b * p.q.stride_batch + s * p.q.stride_seq + h * p.q.stride_head + sub * 8,
+          x);
     float amax = 0.f;
     bool bad = false;
 #pragma unroll
-    for (int i = 0; i < kE; ++i) amax = fmaxf(amax, fabsf(x[i])), bad |= !isfinite(x[i]);
-    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    bad = __any_sync(0xffffffffu, bad);
-    const float step = int8_step(amax, bad);
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i])), bad |= !isfinite(x[i]);
+    int any_bad = bad;
+    for (int off = kLanes / 2; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, off);
+    }
+    const float step = int8_step(amax, any_bad != 0);
     const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
-    if (lane == 0) p.q_scale[stat] = step;
     if (p.lse_shift != nullptr) {
-      const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + lane * kE;
+      const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + sub * 8;
       float dot = 0.f;
 #pragma unroll
-      for (int i = 0; i < kE; ++i) dot = fmaf(x[i], km[i], dot);
-      for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      if (lane == 0) p.lse_shift[stat] = dot;
+      for (int i = 0; i < 8; ++i) dot = fmaf(x[i], km[i], dot);
+      for (int off = kLanes / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (live && sub == 0) p.lse_shift[stat] = dot;
     }
+    if (!live) continue;
+    if (sub == 0) p.q_scale[stat] = step;
     const float inv = 1.f / step;
-    int8_t* dst = p.q8 + row * kHeadDim + lane * kE;
-    if constexpr (kE == 2) {
-      const uint32_t w = int8_pack4(x[0] * inv, x[1] * inv, 0.f, 0.f);
-      *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
-    } else if constexpr (kE == 4) {
-      *reinterpret_cast<uint32_t*>(dst) = int8_pack4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
-    } else {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(int8_pack4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv),
-                                                  int8_pack4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv));
-    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] *= inv;
+    *reinterpret_cast<uint2*>(p.q8 + row * kHeadDim + sub * 8) =
+        make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
   }
 }
 

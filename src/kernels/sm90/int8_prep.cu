@@ -26,7 +26,8 @@ cudaError_t quantize(const kernels::Int8PrepParams& p, int sms, cudaStream_t str
                  dim3(bh, static_cast<unsigned>(kernels::int8_key_blocks(p.seqlen_k))), stream, p);
   }
   const int64_t rows = int64_t{p.batch} * p.seqlen_q * p.heads_q;
-  const int64_t blocks = (rows + 7) / 8, cap = int64_t{sms > 0 ? sms : 1} * 16;
+  const int64_t rows_per_block = 256 / (kHeadDim / 8);
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block, cap = int64_t{sms > 0 ? sms : 1} * 16;
   if (err == cudaSuccess) {
     err = launch(reinterpret_cast<const void*>(&kernels::int8_quantize_q_kernel<T, kHeadDim>),
                  dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
