@@ -36,7 +36,8 @@ from flashcore._lib import (  # noqa: E402,F401  (re-exported for users of this 
 )
 
 # Short names as the CLI and the report spell them.
-DTYPE_NAMES = {DTYPE_FP16: "fp16", DTYPE_BF16: "bf16", _lib.DTYPE_FP32: "fp32", _lib.DTYPE_FP8_E4M3: "fp8_e4m3"}
+DTYPE_NAMES = {DTYPE_FP16: "fp16", DTYPE_BF16: "bf16", _lib.DTYPE_FP32: "fp32", _lib.DTYPE_FP8_E4M3: "fp8_e4m3",
+               _lib.DTYPE_FP8_E5M2: "fp8_e5m2", _lib.DTYPE_INT8: "int8"}
 
 
 def default_library_path() -> str:

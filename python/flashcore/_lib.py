@@ -101,6 +101,7 @@ DTYPE_NAMES = {
     DTYPE_FP32: "float32",
     DTYPE_FP8_E4M3: "float8_e4m3fn",
     DTYPE_FP8_E5M2: "float8_e5m2",
+    DTYPE_INT8: "int8",  # the kernels of precision=INT8 (not a call's dtype)
 }
 
 MAX_CAPS = 16  # FLASHCORE_MAX_CAPS
