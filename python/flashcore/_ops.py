@@ -175,20 +175,30 @@ def _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision
     return torch.bfloat16 if out_dtype is None else out_dtype
 
 
-# (id(lib), device index, causal) -> (lib, head dims with an 8-bit kernel): fixed for a library and device.
-_FP8_HEAD_DIMS: dict = {}
+# (id(lib), device index, causal, kernel dtype) -> (lib, head dims with such a kernel): fixed for a library and device.
+_KERNEL_HEAD_DIMS: dict = {}
 
 
-def _fp8_head_dims(lib: _lib.Library, device: torch.device, causal: bool) -> Tuple[int, ...]:
-    """The compiled head dims that have an 8-bit kernel config for `causal` on `device`, asked once."""
-    key = (id(lib), device.index, bool(causal))
-    hit = _FP8_HEAD_DIMS.get(key)
+def _kernel_head_dims(lib: _lib.Library, device: torch.device, causal: bool,
+                      dtype: int = _lib.DTYPE_FP8_E4M3) -> Tuple[int, ...]:
+    """The compiled head dims that have a kernel config of `dtype` (DTYPE_FP8_E4M3: the 8-bit path, DTYPE_INT8:
+    precision="int8") for `causal` on `device`, asked once. A library that does not know `dtype` has none."""
+    key = (id(lib), device.index, bool(causal), dtype)
+    hit = _KERNEL_HEAD_DIMS.get(key)
     if hit is not None and hit[0] is lib:
         return hit[1]
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        dims = tuple(d for d in lib.compiled()[1] if lib.kernel_configs(_lib.DTYPE_FP8_E4M3, d, causal))
-    _FP8_HEAD_DIMS[key] = (lib, dims)
+        try:
+            dims = tuple(d for d in lib.compiled()[1] if lib.kernel_configs(dtype, d, causal))
+        except (RuntimeError, TypeError, ValueError):  # e.g. DTYPE_INT8 on a library from before precision="int8"
+            dims = ()
+    _KERNEL_HEAD_DIMS[key] = (lib, dims)
     return dims
+
+
+def _fp8_head_dims(lib: _lib.Library, device: torch.device, causal: bool) -> Tuple[int, ...]:
+    """The compiled head dims that have an 8-bit (e4m3) kernel config for `causal` on `device`."""
+    return _kernel_head_dims(lib, device, causal, _lib.DTYPE_FP8_E4M3)
 
 
 def _check_extended_supported(lib: _lib.Library, q: torch.Tensor, causal: bool, out_dtype: torch.dtype,
@@ -209,16 +219,11 @@ def _check_extended_supported(lib: _lib.Library, q: torch.Tensor, causal: bool, 
         raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) predates the 8-bit path "
                            "(descales, precision='fp8'); a 0.3 library or newer is needed")
     if precision == _lib.PRECISION_INT8:
-        head_dim = q.shape[3]
-        with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
-            try:
-                names = lib.kernel_configs(_lib.DTYPE_INT8, head_dim, causal)
-            except Exception:  # a 0.3 library: no int8 kernel key
-                names = ()
-        if not names:
-            raise ValueError(f"FlashCore: precision='int8' has no kernel for head_dim {head_dim}"
-                             f"{' (causal)' if causal else ''} in {lib.path} on this device (it needs a 0.3 library with int8 kernels "
-                             "built with the i8 dtype, and the sm90 backend)")
+        int8_dims = _kernel_head_dims(lib, q.device, causal, _lib.DTYPE_INT8)
+        if q.shape[3] not in int8_dims:
+            raise ValueError(f"FlashCore: precision='int8' has no kernel for head_dim {q.shape[3]}"
+                             f"{' (causal)' if causal else ''} in {lib.path} on this device (int8 head dims here: "
+                             f"{list(int8_dims)}; it needs a library built with the i8 dtype, and the sm90 backend)")
         return
     dtypes = lib.compiled()[0]
     if "float8_e4m3fn" not in dtypes:

@@ -47,6 +47,15 @@ def stub_library(c_compiler, header_text, tmp_path_factory):
     return build_stub(c_compiler, tmp_path_factory.mktemp("stub"), "libflashcore_stub.so")
 
 
+@pytest.fixture(scope="session")
+def cuda():
+    """The current CUDA device as a torch.device; skips without torch or a GPU visible to it."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to PyTorch")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 @pytest.fixture
 def use_library(monkeypatch):
     """use_library(path): point FLASHCORE_LIBRARY at `path` for one test, then forget the loaded library."""

@@ -17,13 +17,6 @@ ATOL = {torch.float16: 1e-3, torch.bfloat16: 5e-3}
 
 
 @pytest.fixture(scope="module")
-def cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU visible to PyTorch")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.fixture(scope="module")
 def caps(cuda):
     try:
         caps = flashcore.capabilities()

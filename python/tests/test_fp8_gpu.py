@@ -29,13 +29,6 @@ RMSE_PRECISION_FP8 = 0.07
 
 
 @pytest.fixture(scope="module")
-def cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU visible to PyTorch")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.fixture(scope="module")
 def caps(cuda):
     try:
         caps = flashcore.capabilities()

@@ -13,19 +13,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import flashcore  # noqa: E402
-from flashcore import _lib  # noqa: E402
+from flashcore import _lib, _ops  # noqa: E402
 from reference import reference_fp64, rel_rmse  # noqa: E402
 
 RMSE_INT8 = 0.025
 RMSE_PRECISION_FP8 = 0.07
 LSE_ATOL = 0.1
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU visible to PyTorch")
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +33,11 @@ def lib(cuda):
     return _lib.load()
 
 
-def _need(lib, head_dim, causal):
-    try:
-        names = lib.kernel_configs(_lib.DTYPE_INT8, head_dim, causal)
-    except RuntimeError as exc:
-        pytest.skip(f"this library has no int8 kernel key: {exc}")
-    if not names:
-        pytest.skip(f"no int8 Q K^T kernel for head_dim {head_dim}{' causal' if causal else ''} in this build")
+def _need(lib, cuda, head_dim, causal):
+    dims = _ops._kernel_head_dims(lib, cuda, causal, _lib.DTYPE_INT8)
+    if head_dim not in dims:
+        pytest.skip(f"no int8 Q K^T kernel for head_dim {head_dim}{' causal' if causal else ''} in this build "
+                    f"(int8 head dims: {dims})")
 
 
 def _inputs(device, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, seed=0, k_bias=0.0):
@@ -68,7 +59,7 @@ SEQLENS = [(1, 1), (17, 300), (113, 113), (300, 113), (4097, 4097)]
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_matches_unquantized_reference(lib, cuda, dtype, head_dim, causal, heads, seqlens):
-    _need(lib, head_dim, causal)
+    _need(lib, cuda, head_dim, causal)
     seqlen_q, seqlen_k = seqlens
     batch = 1 if max(seqlens) > 1024 else 2
     q, k, v = _inputs(cuda, dtype, batch, seqlen_q, seqlen_k, *heads, head_dim)
@@ -89,13 +80,13 @@ def test_more_accurate_than_precision_fp8(lib, cuda, head_dim):
     """The mode's reason to exist: on the same inputs, at least 3x less error than precision="fp8" (the issue's bar
     against FlashAttention-3's FP8, whose error precision="fp8" matches), and a K with a large shared offset (which
     the smoothing removes) costs it nothing."""
-    _need(lib, head_dim, False)
+    _need(lib, cuda, head_dim, False)
     for bias in (0.0, 8.0):
         q, k, v = _inputs(cuda, torch.bfloat16, 2, 1024, 1024, 4, 4, head_dim, seed=3, k_bias=bias)
         ref, _ = reference_fp64(q, k, v)
         err8 = rel_rmse(flashcore.attention(q, k, v, precision="int8"), ref)
         assert err8 <= RMSE_INT8, f"k bias {bias}: relative RMSE {err8:.4f}"
-        if bias == 0.0 and lib.kernel_configs(_lib.DTYPE_FP8_E4M3, head_dim, False):
+        if bias == 0.0 and head_dim in _ops._fp8_head_dims(lib, cuda, False):
             errf = rel_rmse(flashcore.attention(q, k, v, precision="fp8"), ref)
             assert 3 * err8 <= errf, f"int8 {err8:.4f} vs fp8 {errf:.4f}"
 
@@ -103,7 +94,7 @@ def test_more_accurate_than_precision_fp8(lib, cuda, head_dim):
 def test_rows_without_keys_and_nan_inputs(lib, cuda):
     """Causal with seqlen_q > seqlen_k: the first rows see no key (O = 0, LSE = -inf). A NaN in q makes its row NaN
     and no other; a NaN in k makes every row that sees its key block NaN (int8 has no NaN: the scale carries it)."""
-    _need(lib, 128, True)
+    _need(lib, cuda, 128, True)
     q, k, v = _inputs(cuda, torch.bfloat16, 1, 300, 200, 4, 2, 128)
     out, lse = flashcore.attention(q, k, v, causal=True, precision="int8", return_lse=True)
     empty = 100
@@ -119,7 +110,7 @@ def test_rows_without_keys_and_nan_inputs(lib, cuda):
 
 
 def test_bit_identical_reruns(lib, cuda):
-    _need(lib, 128, True)
+    _need(lib, cuda, 128, True)
     q, k, v = _inputs(cuda, torch.bfloat16, 2, 700, 900, 8, 2, 128, k_bias=2.0)
     first = flashcore.attention(q, k, v, causal=True, precision="int8", return_lse=True)
     big = _inputs(cuda, torch.bfloat16, 2, 3000, 3000, 8, 8, 128, seed=2)
@@ -136,7 +127,7 @@ def test_out_dtype_must_be_the_input_dtype(lib, cuda):
 
 
 def test_torch_compile_and_cuda_graphs(lib, cuda):
-    _need(lib, 128, True)
+    _need(lib, cuda, 128, True)
     q, k, v = _inputs(cuda, torch.float16, 2, 256, 256, 4, 4, 128)
     eager = flashcore.attention(q, k, v, causal=True, precision="int8")
     compiled = torch.compile(lambda a, b, c: flashcore.attention(a, b, c, causal=True, precision="int8"),

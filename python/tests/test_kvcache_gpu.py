@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import flashcore  # noqa: E402
 from reference import reference  # noqa: E402
-from test_attention_gpu import ATOL, caps, cuda, _need  # noqa: E402,F401  (fixtures)
+from test_attention_gpu import ATOL, caps, _need  # noqa: E402,F401  (fixtures; cuda: conftest.py)
 
 
 def _cache(device, dtype, batch, capacity, heads_q, heads_kv, head_dim, seqlen_q, lengths, seed=0):

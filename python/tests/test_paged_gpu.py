@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import flashcore  # noqa: E402
 from reference import reference  # noqa: E402
-from test_attention_gpu import ATOL, caps, cuda, _need  # noqa: E402,F401  (fixtures)
+from test_attention_gpu import ATOL, caps, _need  # noqa: E402,F401  (fixtures; cuda: conftest.py)
 from test_paged_cpu import paginate  # noqa: E402
 from test_varlen_cpu import ref_sequence  # noqa: E402
 

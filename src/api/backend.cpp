@@ -408,24 +408,43 @@ kernels::Int8PrepParams int8_prep_params(const flashcore_attention_params& p, co
   return prep;
 }
 
+// The common steps of a precision = FP8 / INT8 call: the caller's workspace must hold the quantized copies
+// (`holds`, `needed` bytes) ...
+flashcore_status check_quantized_workspace(const char* what, const char* holds, size_t needed,
+                                           const flashcore_attention_params& p, std::string& error) {
+  if (p.workspace != nullptr && p.workspace_size >= needed) return FLASHCORE_SUCCESS;
+  error = std::string(what) + " needs " + std::to_string(needed) + " bytes of workspace for " + holds +
+          " (flashcore_attention_workspace_size); workspace_size = " + std::to_string(p.workspace_size);
+  return FLASHCORE_ERROR_INVALID_ARGUMENT;
+}
+
+// ... and the quantized call `q` needs its kernel row and the SM count (for the preparation kernels' grids).
+flashcore_status select_quantized_row(const flashcore_attention_params& q, int device, int cc, Selected& row,
+                                      int& sms, std::string& error) {
+  if (const flashcore_status st = select_row(q, device, cc, q.workspace_size, row, error); st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  if (const cudaError_t err = api::sm_count(device, sms); err != cudaSuccess) {
+    error = api::cuda_message("cannot query the device", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
 // The whole precision = INT8 call on the sm90 backend: quantize, attend, shift the LSE back.
 flashcore_status int8_forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                               cudaStream_t stream, std::string& error) {
   const Int8Layout l = int8_layout(p);
-  if (p.workspace == nullptr || p.workspace_size < l.total) {
-    error = "precision = INT8 needs " + std::to_string(l.total) + " bytes of workspace for the int8 copies of Q and K " +
-            "(flashcore_attention_workspace_size); workspace_size = " + std::to_string(p.workspace_size);
-    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  if (const flashcore_status st =
+          check_quantized_workspace("precision = INT8", "the int8 copies of Q and K", l.total, p, error);
+      st != FLASHCORE_SUCCESS) {
+    return st;
   }
   const flashcore_attention_params p8 = int8_call(p, l);
   Selected row;
-  if (const flashcore_status st = select_row(p8, device, cc, p8.workspace_size, row, error); st != FLASHCORE_SUCCESS) {
-    return st;
-  }
   int sms = 0;
-  if (const cudaError_t err = api::sm_count(device, sms); err != cudaSuccess) {
-    error = api::cuda_message("cannot query the device", err);
-    return FLASHCORE_ERROR_CUDA;
+  if (const flashcore_status st = select_quantized_row(p8, device, cc, row, sms, error); st != FLASHCORE_SUCCESS) {
+    return st;
   }
   const kernels::Int8PrepParams prep = int8_prep_params(p, l, softmax_scale);
   if (const cudaError_t err = sm90::launch_int8_quantize(prep, p.dtype, sms, stream); err != cudaSuccess) {
@@ -445,6 +464,13 @@ flashcore_status int8_forward(const flashcore_attention_params& p, float softmax
   return FLASHCORE_SUCCESS;
 }
 
+// The key of the row a precision = FP8 / INT8 call runs (the call itself for NATIVE).
+flashcore_attention_params as_quantized(const flashcore_attention_params& p) {
+  if (p.precision == FLASHCORE_PRECISION_FP8) return as_8bit(p);
+  if (p.precision == FLASHCORE_PRECISION_INT8) return as_int8(p);
+  return p;
+}
+
 // A precision other than NATIVE needs the sm90 backend.
 flashcore_status require_sm90(const char* what, int cc, std::string& error) {
   const Backend* b = backend_or_error(cc, error);
@@ -460,25 +486,15 @@ flashcore_status require_sm90(const char* what, int cc, std::string& error) {
 flashcore_status workspace_size(const flashcore_attention_params& params, int cc, size_t& bytes,
                                 std::string& error) {
   const flashcore_attention_params p = as_run(params, cc);
-  if (p.precision == FLASHCORE_PRECISION_INT8) {
+  if (p.precision != FLASHCORE_PRECISION_NATIVE) {  // (only the row's existence matters here)
     int device = 0;
     (void)cudaGetDevice(&device);
     Selected row;
-    if (const flashcore_status st = select_row(as_int8(p), device, cc, UINT64_MAX, row, error); st != FLASHCORE_SUCCESS) {
+    if (const flashcore_status st = select_row(as_quantized(p), device, cc, UINT64_MAX, row, error);
+        st != FLASHCORE_SUCCESS) {
       return st;
     }
-    bytes = int8_layout(p).total;
-    return FLASHCORE_SUCCESS;
-  }
-  if (p.precision == FLASHCORE_PRECISION_FP8) {
-    const flashcore_attention_params probe = as_8bit(p);  // (only the row's existence matters here)
-    int device = 0;
-    (void)cudaGetDevice(&device);
-    Selected row;
-    if (const flashcore_status st = select_row(probe, device, cc, UINT64_MAX, row, error); st != FLASHCORE_SUCCESS) {
-      return st;
-    }
-    bytes = fp8_layout(p).total;
+    bytes = p.precision == FLASHCORE_PRECISION_INT8 ? int8_layout(p).total : fp8_layout(p).total;
     return FLASHCORE_SUCCESS;
   }
   int device = 0;
@@ -511,20 +527,16 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
   if (p.precision == FLASHCORE_PRECISION_FP8) {
     if (const flashcore_status st = require_sm90("precision = FP8", cc, error); st != FLASHCORE_SUCCESS) return st;
     const Fp8Layout l = fp8_layout(p);
-    if (p.workspace == nullptr || p.workspace_size < l.total) {
-      error = "precision = FP8 needs " + std::to_string(l.total) + " bytes of workspace for the e4m3 copies of Q, K " +
-              "and V (flashcore_attention_workspace_size); workspace_size = " + std::to_string(p.workspace_size);
-      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    if (const flashcore_status st =
+            check_quantized_workspace("precision = FP8", "the e4m3 copies of Q, K and V", l.total, p, error);
+        st != FLASHCORE_SUCCESS) {
+      return st;
     }
     const flashcore_attention_params p8 = fp8_call(p, l);
     Selected row;
-    if (const flashcore_status st = select_row(p8, device, cc, p8.workspace_size, row, error); st != FLASHCORE_SUCCESS) {
-      return st;
-    }
     int sms = 0;
-    if (const cudaError_t err = api::sm_count(device, sms); err != cudaSuccess) {
-      error = api::cuda_message("cannot query the device", err);
-      return FLASHCORE_ERROR_CUDA;
+    if (const flashcore_status st = select_quantized_row(p8, device, cc, row, sms, error); st != FLASHCORE_SUCCESS) {
+      return st;
     }
     char* ws = static_cast<char*>(p.workspace);
     kernels::Fp8PrepParams prep = sm90::fp8_prep_params(p);
@@ -554,9 +566,7 @@ flashcore_status selected_config(const flashcore_attention_params& params, int d
                                  std::string& error) {
   const flashcore_attention_params run = as_run(params, cc);
   // A precision = FP8 call runs an 8-bit row, a precision = INT8 call an int8 one.
-  const flashcore_attention_params p = run.precision == FLASHCORE_PRECISION_FP8    ? as_8bit(run)
-                                       : run.precision == FLASHCORE_PRECISION_INT8 ? as_int8(run)
-                                                                                   : run;
+  const flashcore_attention_params p = as_quantized(run);
   Selected row;
   const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : 0;
   const flashcore_status st = select_row(p, device, cc, capacity, row, error);

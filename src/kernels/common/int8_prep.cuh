@@ -13,16 +13,22 @@
 #include <cstdint>
 
 #include "kernels/common/int8_prep_params.h"
+#include "kernels/common/warp.cuh"
 
 namespace flashcore::kernels {
 
+// |x| for the amax of a row or block, with a NaN or an infinity counted as +inf (fmaxf would drop a NaN), so that
+// int8_step() can tell them apart from finite data.
+__device__ __forceinline__ float amax_term(float x) { return isfinite(x) ? fabsf(x) : INFINITY; }
+
 // The quantization step of a row or block: amax / 127; 1 for all zeros; NaN if any value was NaN or infinite.
-__device__ __forceinline__ float int8_step(float amax, bool non_finite) {
-  return non_finite ? __int_as_float(0x7fffffff) : (amax > 0.f ? amax / 127.f : 1.f);
+__device__ __forceinline__ float int8_step(float amax) {
+  return amax == INFINITY ? __int_as_float(0x7fffffff) : (amax > 0.f ? amax / 127.f : 1.f);
 }
 
+// Four values rounded to int8 in [-127, 127], byte i = value i.
 __device__ __forceinline__ uint32_t int8_pack4(float a, float b, float c, float d) {
-  auto q = [](float x) { return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(max(-127, min(127, __float2int_rn(x)))))); };
+  auto q = [](float x) { return static_cast<uint32_t>(max(-127, min(127, __float2int_rn(x)))) & 0xffu; };
   return q(a) | (q(b) << 8) | (q(c) << 16) | (q(d) << 24);
 }
 
@@ -67,7 +73,6 @@ __global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepPara
   constexpr int kUnits = kHeadDim / 8, kRowsPar = 256 / kUnits;
   __shared__ float mean[kHeadDim];
   __shared__ float warp_max[8];
-  __shared__ int warp_bad[8];
   const int bh = blockIdx.x, b = bh / p.heads_kv, h = bh % p.heads_kv;
   const int chunks = static_cast<int>(int8_sum_chunks(p.seqlen_k));
   for (int c = threadIdx.x; c < kHeadDim; c += 256) {
@@ -81,23 +86,17 @@ __global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepPara
   const int key0 = blockIdx.y * kInt8KeyBlock, key1 = min(key0 + kInt8KeyBlock, p.seqlen_k);
   const T* base = static_cast<const T*>(p.k.data) + b * p.k.stride_batch + h * p.k.stride_head + u * 8;
   float amax = 0.f;
-  bool bad = false;
   for (int key = key0 + r; key < key1; key += kRowsPar) {
     float x[8];
     load8(base + key * p.k.stride_seq, x);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float y = x[i] - mean[u * 8 + i];
-      amax = fmaxf(amax, fabsf(y));
-      bad |= !isfinite(y);
-    }
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i] - mean[u * 8 + i]));
   }
-  for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  bad = __any_sync(0xffffffffu, bad);
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax, warp_bad[threadIdx.x / 32] = bad;
+  amax = lanes_max<32>(amax);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
   __syncthreads();
-  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]), bad |= warp_bad[w] != 0;
-  const float step = int8_step(amax, bad);
+  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float step = int8_step(amax);
   const float inv = 1.f / step;
   if (threadIdx.x == 0) p.k_scale[static_cast<int64_t>(bh) * gridDim.y + blockIdx.y] = step;
   for (int key = key0 + r; key < key1; key += kRowsPar) {
@@ -134,22 +133,16 @@ __global__ void __launch_bounds__(256) int8_quantize_q_kernel(const Int8PrepPara
     load8(static_cast<const T*>(p.q.data) + b * p.q.stride_batch + s * p.q.stride_seq + h * p.q.stride_head + sub * 8,
           x);
     float amax = 0.f;
-    bool bad = false;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i])), bad |= !isfinite(x[i]);
-    int any_bad = bad;
-    for (int off = kLanes / 2; off > 0; off /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, off);
-    }
-    const float step = int8_step(amax, any_bad != 0);
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i]));
+    const float step = int8_step(lanes_max<kLanes>(amax));
     const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
     if (p.lse_shift != nullptr) {
       const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + sub * 8;
       float dot = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) dot = fmaf(x[i], km[i], dot);
-      for (int off = kLanes / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      dot = lanes_sum<kLanes>(dot);
       if (live && sub == 0) p.lse_shift[stat] = dot;
     }
     if (!live) continue;

@@ -28,4 +28,19 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Max and sum over aligned groups of kLanes consecutive lanes (a power of two up to 32); every lane of the warp
+// must take part.
+template <int kLanes>
+__device__ __forceinline__ float lanes_max(float x) {
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+template <int kLanes>
+__device__ __forceinline__ float lanes_sum(float x) {
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
 }  // namespace flashcore::kernels

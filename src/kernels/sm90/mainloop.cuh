@@ -65,11 +65,10 @@ __device__ __forceinline__ void int8_row_scales(const FwdParams& p, const Tile& 
   }
 }
 
-template <class Cfg>
-__device__ __forceinline__ float int8_key_block_scale(const FwdParams& p, const Tile& tile, int n_block) {
-  const int64_t blocks = (p.seqlen_k + 127) / 128;
+// The tile's KV head's K scales (one per 128 keys), found once per tile; block n_block reads entry n_block * kBlockN / 128.
+__device__ __forceinline__ const float* int8_key_scales(const FwdParams& p, const Tile& tile) {
   const int64_t kv = static_cast<int64_t>(tile.batch) * p.num_heads_kv + tile.head / p.head_ratio;
-  return __ldg(p.k_descale + kv * blocks + (static_cast<int64_t>(n_block) * Cfg::kBlockN) / 128);
+  return p.k_descale + kv * ((p.seqlen_k + 127) / 128);
 }
 
 // P as MMA A fragments: one group of 4 registers per k-step of the P V GEMM.
@@ -228,7 +227,8 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
       st.softmax.update(s, score_scale<Cfg>(p, st), rescale);
     }
   };
-  auto key_scale = [&](int n_block) { return Cfg::kInt8QK ? int8_key_block_scale<Cfg>(p, tile, n_block) : 1.f; };
+  const float* k_scales = Cfg::kInt8QK ? int8_key_scales(p, tile) : nullptr;
+  auto key_scale = [&](int n_block) { return Cfg::kInt8QK ? __ldg(k_scales + n_block * Cfg::kBlockN / 128) : 1.f; };
   // The Q tile may go as soon as the tile's last S GEMM has read it, when O has its own staging buffer.
   auto after_s_gemm = [&](int n_block) {
     bars.k.release(pipes.k);
