@@ -11,6 +11,10 @@ drift does not favour whoever runs first.
 
     FLASHCORE_BACKEND=sm80 python3 bench/config_sweep.py --baseline fa2 --out sweep.md   # the portable backend
     python3 bench/config_sweep.py --head-dims 128 --seqlens 4096,8192 --baseline cudnn
+    python3 bench/config_sweep.py --precision int8 --baseline default --causal 0   # the int8 Q K^T rows
+
+--precision fp8 / int8: the 16-bit inputs go through the library's quantization (timed with the call, the same for
+every config) and the rows listed under the e4m3 / int8 key run by name; the baseline is then the library's default.
 
 Writes a markdown table (TFLOPS per config and the baseline, the best config's ratio) and a JSON file beside it.
 """
@@ -37,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--causal", choices=["0", "1", "both"], default="both")
     ap.add_argument("--baseline", choices=["fa2", "cudnn", "default"], default="fa2")
+    ap.add_argument("--precision", choices=["native", "fp8", "int8"], default="native",
+                    help="fp8 / int8: the library quantizes the inputs and runs its 8-bit rows (baseline: default)")
     ap.add_argument("--configs", default="", help="comma-separated config names (default: all the library lists)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -49,18 +55,23 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from flashcore_ctypes import DTYPE_BF16, DTYPE_FP16, FlashCoreLib
+    from flashcore_ctypes import (DTYPE_BF16, DTYPE_FP8_E4M3, DTYPE_FP16, DTYPE_INT8, PRECISION_FP8, PRECISION_INT8,
+                                  PRECISION_NATIVE, FlashCoreLib)
 
     fc = FlashCoreLib(args.lib)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     lib_dtype = {"bf16": DTYPE_BF16, "fp16": DTYPE_FP16}[args.dtype]
+    precision = {"native": PRECISION_NATIVE, "fp8": PRECISION_FP8, "int8": PRECISION_INT8}[args.precision]
+    key_dtype = {"native": lib_dtype, "fp8": DTYPE_FP8_E4M3, "int8": DTYPE_INT8}[args.precision]  # the rows' key
+    if args.precision != "native" and args.baseline != "default":
+        ap.error("--precision fp8 / int8 compares the library's own rows: use --baseline default")
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 50 * 2**20)
     causals = [False, True] if args.causal == "both" else [args.causal == "1"]
     wanted = [c for c in args.configs.split(",") if c]
     rows = []
     for D in (int(x) for x in args.head_dims.split(",")):
         for causal in causals:
-            configs = list(fc.library.kernel_configs(lib_dtype, D, causal))
+            configs = list(fc.library.kernel_configs(key_dtype, D, causal))
             if wanted:
                 configs = [c for c in configs if c in wanted]
             for S in (int(x) for x in args.seqlens.split(",")):
@@ -84,9 +95,8 @@ def main(argv=None) -> int:
                     cname = ctypes.create_string_buffer(name.encode()) if name else None
                     for q, k, v in sets:
                         o = torch.full_like(q, float("nan"))
-                        prm = fc.params_for(q, k, v, o, causal=causal, bhsd=True)
-                        if cname is not None:
-                            prm.kernel_config = ctypes.addressof(cname)
+                        prm = fc.params_for(q, k, v, o, causal=causal, bhsd=True, precision=precision,
+                                            kernel_config=ctypes.addressof(cname) if cname is not None else 0)
                         plist.append(prm)
                         outs.append(o)
                     keep.append((cname, plist, outs))
@@ -120,9 +130,11 @@ def main(argv=None) -> int:
                 fc.release_workspaces()
 
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(0), "dtype": args.dtype, "baseline": args.baseline,
+        json.dump({"device": torch.cuda.get_device_name(0), "dtype": args.dtype, "precision": args.precision,
+                   "baseline": args.baseline,
                    "backend_env": os.environ.get("FLASHCORE_BACKEND", ""), "rows": rows}, f, indent=1)
-    lines = [f"# Config sweep: {torch.cuda.get_device_name(0)}, {args.dtype}, baseline {args.baseline}, "
+    lines = [f"# Config sweep: {torch.cuda.get_device_name(0)}, {args.dtype}, precision {args.precision}, "
+             f"baseline {args.baseline}, "
              f"FLASHCORE_BACKEND={os.environ.get('FLASHCORE_BACKEND', '') or '(unset)'}", "",
              f"TFLOPS, median of {args.passes} x {args.iters} CUDA-event-timed calls; BAD = max |diff| from the "
              f"baseline above {args.tol}.", ""]

@@ -78,11 +78,13 @@ class FlashCoreLib:
 
     def params_for(self, q, k, v, o, lse=None, causal: bool = False, bhsd: bool = True,
                    softmax_scale: float = 0.0, descales=(None, None, None),
-                   precision: int = PRECISION_NATIVE) -> AttentionParams:
+                   precision: int = PRECISION_NATIVE, kernel_config: int = 0) -> AttentionParams:
         """Validated params for torch tensors q, k, v, o indexed (B, H, S, D) when bhsd, else (B, S, H, D).
 
         8-bit: q, k, v float8_e4m3fn with descales (q, k, v: each None or a contiguous float32 (B, Hkv) tensor), or
-        16-bit q, k, v with precision=PRECISION_FP8. O's dtype is o's (out_dtype is set when it differs from q's)."""
+        16-bit q, k, v with precision=PRECISION_FP8. O's dtype is o's (out_dtype is set when it differs from q's).
+        kernel_config: the address of a NUL-terminated config name (kept alive by the caller), or 0: the library's
+        choice; the workspace is sized for that config."""
         import torch  # only needed here
 
         dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16, torch.float8_e4m3fn: DTYPE_FP8_E4M3}
@@ -112,6 +114,8 @@ class FlashCoreLib:
                 setattr(params, field, descale.data_ptr())
         if precision != PRECISION_NATIVE:
             params.precision = precision
+        if kernel_config:
+            params.kernel_config = kernel_config
         # The workspace the call needs (a tuned config may use the dynamic scheduler; an 8-bit call transposes V into
         # it): zero-filled, kept alive here. workspace_size validates the params like forward; validate then checks
         # them with the workspace in place.

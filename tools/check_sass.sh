@@ -6,7 +6,10 @@
 #     kernels (rows named *_split_*), which write fp32 partials with plain stores for the combine kernel;
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
-#   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510) anywhere;
+#   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510-C7519) anywhere;
+#   - the softmax overlaps the P V GEMM in every kernel with two P register sets (config.h kTwoPSets, the same rule
+#     here from the row's name): at least 16 MUFU.EX2 between the wait for S (DEPBAR.LE gsb0, 0x1) and the wait for
+#     P V (DEPBAR.LE gsb0, 0x0) (perf-notes v18: ptxas had moved the second wait above the softmax);
 #   - src/kernels/sm90/wgmma_ops.inc matches tools/gen_wgmma.py.
 # Usage: bash tools/check_sass.sh [build-dir]      (default: build)
 set -uo pipefail
@@ -69,6 +72,31 @@ while read -r name h q i l s loc; do
     "$demangled"
 done <<<"$report"
 
+# Softmax / P V overlap: the most MUFU.EX2 between a wait for S and the next wait for P V, per kernel.
+overlap=$(awk '
+  /Function : / { if (name != "") print name, best; name = $NF; best = 0; open_ = 0; next }
+  name == "" { next }
+  /WARPGROUP.DEPBAR.LE gsb0, 0x1/ { open_ = 1; n = 0; next }
+  /WARPGROUP.DEPBAR.LE gsb0, 0x0/ { if (open_ && n > best) best = n; open_ = 0; next }
+  open_ && /MUFU.EX2/ { n++ }
+  END { if (name != "") print name, best }
+' "$sass" | grep flashcore_fwd_sm90_kernel | sort -u)
+two_sets=0
+while read -r name ex2; do
+  [[ -z "${name:-}" ]] && continue
+  # r_<dtype>[_o<out>]_d<D>_c<C>_<BM>x<BN>x<stages>_...: config.h's kTwoPSets (240 registers: block_m <= 128; O, S and
+  # two P sets within 192; a P set is block_n / 4 registers, block_n / 8 for e4m3).
+  if [[ "$name" =~ _d([0-9]+)_c[01]_([0-9]+)x([0-9]+)x ]]; then
+    D=${BASH_REMATCH[1]}; BM=${BASH_REMATCH[2]}; BN=${BASH_REMATCH[3]}
+    preg=$((BN / 4)); [[ "$name" == *_e4m3_* ]] && preg=$((BN / 8))
+    if [[ "$BM" -le 128 && $((D / 2 + BN / 2 + 2 * preg)) -le 192 ]]; then
+      two_sets=$((two_sets + 1))
+      [[ "$ex2" -ge 16 ]] || err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): two P sets, but only $ex2 MUFU.EX2 between the S and P V waits (the softmax does not overlap the P V GEMM)"
+    fi
+  fi
+done <<<"$overlap"
+echo "check_sass: softmax / P V overlap checked in $two_sets kernel(s) with two P register sets"
+
 # ptxas -v report: "Function properties for NAME" followed by "N bytes stack frame, N bytes spill stores, ...".
 log="$BUILD_DIR/build.log"
 if [[ ! -f "$log" ]]; then
@@ -87,9 +115,9 @@ else
     fi
   done <<<"$spills"
   echo "check_sass: ptxas reports for $nspill forward kernel(s): stack frame and spills checked"
-  if grep -E "C7508|C7510" "$log" >/dev/null; then
-    grep -E "C7508|C7510" "$log" | head -5
-    err "ptxas ignored setmaxnreg (C7508) or serialized wgmma (C7510)"
+  if grep -E "C7508|C751[0-9]" "$log" >/dev/null; then
+    grep -E "C7508|C751[0-9]" "$log" | head -5
+    err "ptxas ignored setmaxnreg (C7508) or serialized wgmma (C7510-C7519)"
   fi
 fi
 

@@ -175,6 +175,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   FwdParams fp{};
+  fp.never_block = -1;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   // Packed tensors are one batch entry of total rows; a paged K/V is num_pages entries of page_size rows, loaded in
   // slices that divide both the page and the key block.

@@ -63,6 +63,12 @@ struct KernelConfig {
   static constexpr int kConsumerThreads = kPlan.consumer_threads;
   static constexpr int kProducerRegs = sm90::kProducerRegs;
   static constexpr int kConsumerRegs = kPlan.consumer_regs;
+  // P in two register sets that take turns, so that the softmax overlaps the P V GEMM (mainloop.cuh, keep_allocated),
+  // where the second set fits: O, S and two P sets within 192 of 240 registers (ptxas spilled at d128 128x176, d256
+  // 128x80 and with three consumer warpgroups' 160). The other configs keep one set, and ptxas waits for the P V GEMM
+  // before their softmax.
+  static constexpr int kPRegs = kBlockN / kPVMmaK * 4;  // one set: 4 registers per P V k-step
+  static constexpr bool kTwoPSets = kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * kPRegs <= 192;
 
   static constexpr int kRowBytes = kSmemRowBytes;
   static constexpr int kQKRowBytes = kPlan.qk_row_bytes;  // 128, or 64 for 8-bit head dim 64 (64-byte swizzle)

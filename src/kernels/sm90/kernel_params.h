@@ -57,6 +57,9 @@ struct FwdParams {
   const float* k_descale;
   const float* v_descale;
   int num_heads_kv;
+  // -1, a key block no tile has: the branch that keeps the P V GEMM's P registers allocated until the GEMM is waited
+  // for (mainloop.cuh, keep_allocated) compares with it, so it never runs but ptxas cannot drop it.
+  int never_block;
 };
 
 }  // namespace flashcore::sm90

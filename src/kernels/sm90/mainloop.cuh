@@ -164,6 +164,24 @@ __device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const T
   kernels::named_barrier_sync(kZeroVBarrier<Cfg>, Cfg::kConsumerThreads);
 }
 
+// The softmax of block j must run while the P V GEMM of block j + 1 does; ptxas undid that twice (perf-notes v18):
+// - it counts a wgmma's register A operand as read when the wgmma issues, not when it completes, so it gave the
+//   registers of the running GEMM's P to the next block's P and then waited for the GEMM before packing into them;
+// - within one basic block it moves the wait for the P V GEMM up to the first instruction it can, before the softmax.
+// A branch between the softmax and that wait that reads the running P fixes both: it keeps the two P register sets
+// apart and ends the basic block. It tests FwdParams::never_block (-1, a block no tile has), so the fold never runs,
+// but ptxas cannot tell.
+template <class Cfg>
+__device__ __forceinline__ void keep_allocated(const FwdParams& p, int n_block, const uint32_t (&a)[kPSteps<Cfg>][4],
+                                               uint32_t* sink) {
+  if (n_block == p.never_block) {
+    uint32_t x = 0;
+#pragma unroll
+    for (int t = 0; t < kPSteps<Cfg>; ++t) x ^= a[t][0] ^ a[t][1] ^ a[t][2] ^ a[t][3];
+    *reinterpret_cast<volatile uint32_t*>(sink) = x;
+  }
+}
+
 // Round-robin turns between the consumer warpgroups (named barrier kBarrierBase + wg, 256 threads: the waiting
 // warpgroup and its predecessor): a warpgroup waits for its turn before issuing its GEMMs and hands the turn
 // on right after, so the tensor cores run one warpgroup's GEMMs while the others do their softmax.
@@ -244,7 +262,9 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   bars.q.wait(pipes.q);
 
   float s[Cfg::kBlockN / 2];
-  uint32_t p_frag[kPSteps<Cfg>][4];
+  // P in two register sets that take turns (p_a, p_b): the softmax of block j packs its P into the set the P V GEMM of
+  // block j + 1 is not reading (keep_allocated).
+  uint32_t p_a[kPSteps<Cfg>][4], p_b[Cfg::kTwoPSets ? kPSteps<Cfg> : 1][4];
   float rescale[2];
 
   int n_block = tile.keys.end - 1;
@@ -257,9 +277,10 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   fence_regs(s);
   after_s_gemm(n_block);
   softmax_step(s, n_block, rescale, k_scale);
-  convert_p<Cfg>(s, p_frag);
+  convert_p<Cfg>(s, p_a);
 
-  for (--n_block; n_block >= tile.keys.begin; --n_block) {
+  // One key block n_block: S = Q K^T and O += P_in V of the block before, the softmax of S while P V runs, P into p_out.
+  auto step = [&](const uint32_t(&p_in)[kPSteps<Cfg>][4], uint32_t(&p_out)[kPSteps<Cfg>][4]) {
     k_scale = key_scale(n_block);
     bars.k.wait(pipes.k);
     bars.v.wait(pipes.v);
@@ -267,13 +288,17 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     turn.wait_turn();
     gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
     fence_regs(st.o);
-    gemm_pv<Cfg>(st.o, p_frag, v_tile(pipes.v.stage));
+    gemm_pv<Cfg>(st.o, p_in, v_tile(pipes.v.stage));
     if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
 
     wgmma_wait_group<1>();  // S_j is done; P V may still run
     fence_regs(s);
     after_s_gemm(n_block);
     softmax_step(s, n_block, rescale, k_scale);
+    if constexpr (Cfg::kTwoPSets) {
+      convert_p<Cfg>(s, p_out);
+      keep_allocated<Cfg>(p, n_block, p_in, &bars.sink);
+    }
 
     wgmma_wait_group<0>();
     fence_regs(st.o);
@@ -285,17 +310,37 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     if (!Cfg::kSkipUnitRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
       kernels::rescale_rows<Cfg::kHeadDim>(st.o, rescale);
     }
-    convert_p<Cfg>(s, p_frag);
-  }
+    if constexpr (!Cfg::kTwoPSets) convert_p<Cfg>(s, p_out);  // (p_out is p_in: only after the wait)
+  };
+  // The first key block's P V.
+  auto last_pv = [&](const uint32_t(&p_in)[kPSteps<Cfg>][4]) {
+    bars.v.wait(pipes.v);
+    zero_v_rows_past_end<Cfg>(p, tile, tile.keys.begin, v_tile(pipes.v.stage));
+    fence_regs(st.o);
+    gemm_pv<Cfg>(st.o, p_in, v_tile(pipes.v.stage));
+    wgmma_wait_group<0>();
+    fence_regs(st.o);
+    bars.v.release(pipes.v);
+    pipes.v.advance();
+  };
 
-  bars.v.wait(pipes.v);
-  zero_v_rows_past_end<Cfg>(p, tile, tile.keys.begin, v_tile(pipes.v.stage));
-  fence_regs(st.o);
-  gemm_pv<Cfg>(st.o, p_frag, v_tile(pipes.v.stage));
-  wgmma_wait_group<0>();
-  fence_regs(st.o);
-  bars.v.release(pipes.v);
-  pipes.v.advance();
+  if constexpr (Cfg::kTwoPSets) {
+    for (--n_block;; --n_block) {  // unrolled by two, so that p_a and p_b swap roles at compile time
+      if (n_block < tile.keys.begin) {
+        last_pv(p_a);
+        break;
+      }
+      step(p_a, p_b);
+      if (--n_block < tile.keys.begin) {
+        last_pv(p_b);
+        break;
+      }
+      step(p_b, p_a);
+    }
+  } else {
+    for (--n_block; n_block >= tile.keys.begin; --n_block) step(p_a, p_a);
+    last_pv(p_a);
+  }
 }
 
 }  // namespace flashcore::sm90

@@ -74,6 +74,7 @@ struct SharedBarriers {
   Pipeline<Cfg::kStages> v;
   Pipeline<kTileStages> tile;
   int tile_id[kTileStages];
+  uint32_t sink;  // written only by keep_allocated's branch, which never runs (mainloop.cuh)
 
   __device__ __forceinline__ void init() {
     q.init(1, Cfg::kQReleaseArrivals);
