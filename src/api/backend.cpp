@@ -386,15 +386,7 @@ flashcore_attention_params int8_call(const flashcore_attention_params& p, const 
 }
 
 kernels::Int8PrepParams int8_prep_params(const flashcore_attention_params& p, const Int8Layout& l, float softmax_scale) {
-  kernels::Int8PrepParams prep{};
-  prep.batch = static_cast<int>(p.batch);
-  prep.seqlen_q = static_cast<int>(p.seqlen_q);
-  prep.seqlen_k = static_cast<int>(p.seqlen_k);
-  prep.heads_q = static_cast<int>(p.num_heads_q);
-  prep.heads_kv = static_cast<int>(p.num_heads_kv);
-  prep.head_dim = static_cast<int>(p.head_dim);
-  prep.q = kernels::Fp8Tensor{p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
-  prep.k = kernels::Fp8Tensor{p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
+  kernels::Int8PrepParams prep = sm90::prep_shape<kernels::Int8PrepParams>(p);
   char* ws = static_cast<char*>(p.workspace);
   prep.q8 = reinterpret_cast<int8_t*>(ws + l.q8);
   prep.k8 = reinterpret_cast<int8_t*>(ws + l.k8);

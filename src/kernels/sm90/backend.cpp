@@ -128,15 +128,7 @@ bool needs_workspace(const KernelRow& row) {
 }
 
 kernels::Fp8PrepParams fp8_prep_params(const flashcore_attention_params& p) {
-  kernels::Fp8PrepParams prep{};
-  prep.batch = static_cast<int>(p.batch);
-  prep.seqlen_q = static_cast<int>(p.seqlen_q);
-  prep.seqlen_k = static_cast<int>(p.seqlen_k);
-  prep.heads_q = static_cast<int>(p.num_heads_q);
-  prep.heads_kv = static_cast<int>(p.num_heads_kv);
-  prep.head_dim = static_cast<int>(p.head_dim);
-  prep.q = kernels::Fp8Tensor{p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
-  prep.k = kernels::Fp8Tensor{p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
+  kernels::Fp8PrepParams prep = prep_shape<kernels::Fp8PrepParams>(p);
   prep.v = kernels::Fp8Tensor{p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
   return prep;
 }

@@ -67,8 +67,8 @@ struct KernelConfig {
   // where the second set fits: O, S and two P sets within 192 of 240 registers (ptxas spilled at d128 128x176, d256
   // 128x80 and with three consumer warpgroups' 160). The other configs keep one set, and ptxas waits for the P V GEMM
   // before their softmax.
-  static constexpr int kPRegs = kBlockN / kPVMmaK * 4;  // one set: 4 registers per P V k-step
-  static constexpr bool kTwoPSets = kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * kPRegs <= 192;
+  static constexpr int kPSteps = kBlockN / kPVMmaK;  // P V k-steps; a P set is 4 registers per step
+  static constexpr bool kTwoPSets = kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= 192;
 
   static constexpr int kRowBytes = kSmemRowBytes;
   static constexpr int kQKRowBytes = kPlan.qk_row_bytes;  // 128, or 64 for 8-bit head dim 64 (64-byte swizzle)

@@ -5,16 +5,6 @@
 namespace flashcore::sm90 {
 namespace {
 
-cudaError_t launch(const void* kernel, dim3 grid, cudaStream_t stream, const kernels::Fp8PrepParams& p) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(256);
-  config.stream = stream;
-  kernels::Fp8PrepParams params = p;
-  void* args[] = {&params};
-  return cudaLaunchKernelExC(&config, kernel, args);  // the launch's own status
-}
-
 template <class T>
 const void* transpose_kernel(int head_dim) {
   switch (head_dim) {
@@ -34,7 +24,7 @@ dim3 transpose_grid(const kernels::Fp8PrepParams& p) {
 
 cudaError_t launch_fp8_transpose_v(const kernels::Fp8PrepParams& p, cudaStream_t stream) {
   const void* kernel = transpose_kernel<uint8_t>(p.head_dim);
-  return kernel == nullptr ? cudaErrorInvalidValue : launch(kernel, transpose_grid(p), stream, p);
+  return kernel == nullptr ? cudaErrorInvalidValue : launch_prep(kernel, transpose_grid(p), stream, p);
 }
 
 cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& p, flashcore_dtype dtype, int sms, cudaStream_t stream) {
@@ -45,21 +35,21 @@ cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& p, flashcore_dtype
   const int max_seq = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
   const dim3 amax_grid(static_cast<unsigned>(bh), static_cast<unsigned>((max_seq + 31) / 32), 3);
   if (err == cudaSuccess) {
-    err = launch(bf16 ? reinterpret_cast<const void*>(&kernels::fp8_amax_kernel<__nv_bfloat16>)
+    err = launch_prep(bf16 ? reinterpret_cast<const void*>(&kernels::fp8_amax_kernel<__nv_bfloat16>)
                       : reinterpret_cast<const void*>(&kernels::fp8_amax_kernel<__half>),
-                 amax_grid, stream, p);
+                      amax_grid, stream, p);
   }
   const int64_t units = (int64_t{p.batch} * p.seqlen_q * p.heads_q + int64_t{p.batch} * p.seqlen_k * p.heads_kv) *
                         (p.head_dim / 8);
   const int64_t blocks = (units + 255) / 256, cap = int64_t{sms > 0 ? sms : 1} * 8;
   if (err == cudaSuccess) {
-    err = launch(bf16 ? reinterpret_cast<const void*>(&kernels::fp8_quantize_kernel<__nv_bfloat16>)
+    err = launch_prep(bf16 ? reinterpret_cast<const void*>(&kernels::fp8_quantize_kernel<__nv_bfloat16>)
                       : reinterpret_cast<const void*>(&kernels::fp8_quantize_kernel<__half>),
-                 dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
+                      dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
   }
   if (err == cudaSuccess) {
     const void* kernel = bf16 ? transpose_kernel<__nv_bfloat16>(p.head_dim) : transpose_kernel<__half>(p.head_dim);
-    err = kernel == nullptr ? cudaErrorInvalidValue : launch(kernel, transpose_grid(p), stream, p);
+    err = kernel == nullptr ? cudaErrorInvalidValue : launch_prep(kernel, transpose_grid(p), stream, p);
   }
   return err;
 }

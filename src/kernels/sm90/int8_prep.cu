@@ -5,32 +5,22 @@
 namespace flashcore::sm90 {
 namespace {
 
-cudaError_t launch(const void* kernel, dim3 grid, cudaStream_t stream, const kernels::Int8PrepParams& p) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(256);
-  config.stream = stream;
-  kernels::Int8PrepParams params = p;
-  void* args[] = {&params};
-  return cudaLaunchKernelExC(&config, kernel, args);  // the launch's own status
-}
-
 // The three passes of one (element type, head dim): K sums, K quantization, Q quantization.
 template <class T, int kHeadDim>
 cudaError_t quantize(const kernels::Int8PrepParams& p, int sms, cudaStream_t stream) {
   const unsigned bh = static_cast<unsigned>(p.batch * p.heads_kv);
-  cudaError_t err = launch(reinterpret_cast<const void*>(&kernels::int8_k_sum_kernel<T, kHeadDim>),
-                           dim3(bh, static_cast<unsigned>(kernels::int8_sum_chunks(p.seqlen_k))), stream, p);
+  cudaError_t err = launch_prep(reinterpret_cast<const void*>(&kernels::int8_k_sum_kernel<T, kHeadDim>),
+                                dim3(bh, static_cast<unsigned>(kernels::int8_sum_chunks(p.seqlen_k))), stream, p);
   if (err == cudaSuccess) {
-    err = launch(reinterpret_cast<const void*>(&kernels::int8_quantize_k_kernel<T, kHeadDim>),
-                 dim3(bh, static_cast<unsigned>(kernels::int8_key_blocks(p.seqlen_k))), stream, p);
+    err = launch_prep(reinterpret_cast<const void*>(&kernels::int8_quantize_k_kernel<T, kHeadDim>),
+                      dim3(bh, static_cast<unsigned>(kernels::int8_key_blocks(p.seqlen_k))), stream, p);
   }
   const int64_t rows = int64_t{p.batch} * p.seqlen_q * p.heads_q;
   const int64_t rows_per_block = 256 / (kHeadDim / 8);
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block, cap = int64_t{sms > 0 ? sms : 1} * 16;
   if (err == cudaSuccess) {
-    err = launch(reinterpret_cast<const void*>(&kernels::int8_quantize_q_kernel<T, kHeadDim>),
-                 dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
+    err = launch_prep(reinterpret_cast<const void*>(&kernels::int8_quantize_q_kernel<T, kHeadDim>),
+                      dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
   }
   return err;
 }
@@ -56,8 +46,8 @@ cudaError_t launch_int8_quantize(const kernels::Int8PrepParams& p, flashcore_dty
 cudaError_t launch_int8_lse_shift(const kernels::Int8PrepParams& p, int sms, cudaStream_t stream) {
   const int64_t n = int64_t{p.batch} * p.heads_q * p.seqlen_q;
   const int64_t blocks = (n + 255) / 256, cap = int64_t{sms > 0 ? sms : 1} * 8;
-  return launch(reinterpret_cast<const void*>(&kernels::int8_lse_shift_kernel),
-                dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
+  return launch_prep(reinterpret_cast<const void*>(&kernels::int8_lse_shift_kernel),
+                     dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
 }
 
 }  // namespace flashcore::sm90

@@ -15,6 +15,35 @@
 
 namespace flashcore::sm90 {
 
+// The call's shape and its 16-bit Q and K, as the preparation kernels of precision = FP8 / INT8 take them (the fields
+// Fp8PrepParams and Int8PrepParams share); the rest of Prep is zero.
+template <class Prep>
+Prep prep_shape(const flashcore_attention_params& p) {
+  Prep prep{};
+  prep.batch = static_cast<int>(p.batch);
+  prep.seqlen_q = static_cast<int>(p.seqlen_q);
+  prep.seqlen_k = static_cast<int>(p.seqlen_k);
+  prep.heads_q = static_cast<int>(p.num_heads_q);
+  prep.heads_kv = static_cast<int>(p.num_heads_kv);
+  prep.head_dim = static_cast<int>(p.head_dim);
+  prep.q = kernels::Fp8Tensor{p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
+  prep.k = kernels::Fp8Tensor{p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
+  return prep;
+}
+
+// One launch of a 256-thread preparation kernel that takes its parameter struct by value (fp8_prep.cu, int8_prep.cu);
+// returns the launch's own status.
+template <class Params>
+cudaError_t launch_prep(const void* kernel, dim3 grid, cudaStream_t stream, const Params& p) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  Params params = p;
+  void* args[] = {&params};
+  return cudaLaunchKernelExC(&config, kernel, args);
+}
+
 // Every kernel compiled into this library (generated rows.inc), in configs.txt order.
 const KernelRow* const* rows(int& count);
 

@@ -73,7 +73,7 @@ __device__ __forceinline__ const float* int8_key_scales(const FwdParams& p, cons
 
 // P as MMA A fragments: one group of 4 registers per k-step of the P V GEMM.
 template <class Cfg>
-inline constexpr int kPSteps = Cfg::kBlockN / Cfg::kPVMmaK;
+inline constexpr int kPSteps = Cfg::kPSteps;
 
 // The consumers' positions in the Q, K and V pipelines; they persist across the tiles of a persistent CTA.
 template <class Cfg>
