@@ -25,7 +25,15 @@ namespace flashcore::kernels {
 inline constexpr float kInt8Magic = 12582912.f;  // 1.5 * 2^23
 __device__ __forceinline__ float int8_bits_to_float(uint32_t x) { return __uint_as_float(x + 0x4B400000u); }
 
-template <int kCols, bool kExactLargeOffsets = false>  // columns of the score tile (block_n)
+// kLazyRescale (configs.txt rescale "vote"; not for e4m3 P): a row keeps its running max while a block's max exceeds
+// it by at most kLazySlackLog2 in log2 units, so P stays below 2^kLazySlackLog2 = 256 (exact in bf16 / fp16 range,
+// O and the sums are fp32) and the rescale factor is exactly 1; once the maxima settle, nearly every block then
+// leaves every row's max alone and the main loop's warp vote skips the O rescale (FlashAttention-4's conditional
+// rescaling). O and the LSE use the same kept max throughout, so the result is the softmax up to rounding, and is
+// deterministic.
+inline constexpr float kLazySlackLog2 = 8.f;
+
+template <int kCols, bool kExactLargeOffsets = false, bool kLazyRescale = false>  // kCols: score tile columns
 struct OnlineSoftmax {
   static constexpr int kRegs = kCols / 2;
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) running maxima
@@ -42,6 +50,8 @@ struct OnlineSoftmax {
         m = fmaxf(m, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
       }
       m = quad_max(m);
+      // (-inf - -inf is NaN, not above the slack: a row with no key yet stays at -inf)
+      if (kLazyRescale && !((m - row_max[i]) * scale_log2 > kLazySlackLog2)) m = row_max[i];
       // A row that has seen only masked keys keeps max -inf; use 0 so that exp2(-inf - 0) = 0.
       const float m_safe = (m == -INFINITY) ? 0.f : m;
       rescale[i] = exp2_approx((row_max[i] - m_safe) * scale_log2);
@@ -88,7 +98,8 @@ struct OnlineSoftmax {
         mx = fmaxf(mx, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
       }
       mx = quad_max(mx);
-      const float m = fmaxf(row_max[i], (mx - kInt8Magic) * sc[i]);  // -inf - magic stays -inf
+      float m = fmaxf(row_max[i], (mx - kInt8Magic) * sc[i]);  // -inf - magic stays -inf
+      if (kLazyRescale && !(m - row_max[i] > kLazySlackLog2)) m = row_max[i];  // (scaled maxima: log2 units)
       const float m_safe = (m == -INFINITY) ? 0.f : m;
       rescale[i] = exp2_approx(row_max[i] - m_safe);
       row_max[i] = m;

@@ -51,8 +51,9 @@ struct KernelConfig {
   static constexpr int kPVMmaK = kernels::kMmaK<PVElement>;   // P V GEMM k-step
   static constexpr VLayout kVLayout = kFp8 ? VLayout::kDimMajor : VLayout::kKeyMajor;
 
-  // Skip the O rescale when no row max of a warp changed (mainloop.cuh): pays only where O >> S per thread, and
-  // makes the time depend on the data, so it is a config column (configs.txt: rescale vote/always).
+  // Skip the O rescale when no row max of a warp changed (mainloop.cuh), with maxima kept within a slack of 2^8 (16-bit
+  // and int8 P: softmax.cuh, kLazyRescale). It makes the time depend on the data, so it is a config column
+  // (configs.txt: rescale vote/always).
   static constexpr bool kSkipUnitRescale = kShape.rescale_vote;
 
   // Launch shape and shared-memory layout (smem_plan.h, shared with the host).

@@ -21,7 +21,7 @@ using kernels::acc_index;
 template <class Cfg>
 struct ConsumerState {
   float o[Cfg::kHeadDim / 2];  // m64 x head_dim fp32 accumulator fragment
-  kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8> softmax;
+  kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8, Cfg::kSkipUnitRescale && !Cfg::kFp8> softmax;
   float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs
   float o_scale;     // 8-bit inputs: the tile's V descale (O = o_scale * P V / sum)
   float q_scale[2];  // int8 Q K^T: the token scales of the thread's two rows, times p.scale_log2
@@ -83,16 +83,17 @@ struct ConsumerPipes {
 };
 
 // S(64 x kBlockN) = Q_slice(64 x D) * K_tile(kBlockN x D)^T. Both K-major, 128B-swizzled chunks of one
-// 128-byte row; one MMA k-step is a 32-byte move of the start address inside a chunk.
+// 128-byte row; one MMA k-step is a 32-byte move of the start address inside a chunk. q and k: descriptors of the
+// Q slice and of the K tile (OperandDescs).
 template <class Cfg>
-__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], const uint8_t* q_slice, const uint8_t* k_tile) {
+__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], SmemDesc q, SmemDesc k_tile) {
   constexpr int kStepsPerChunk = Cfg::kChunkCols / Cfg::kMmaK;
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < Cfg::kHeadDim / Cfg::kMmaK; ++k) {
     const int chunk = k / kStepsPerChunk, kk = k % kStepsPerChunk;
-    const uint64_t da = make_smem_desc_kmajor<Cfg::kQKRowBytes>(q_slice + chunk * Cfg::kQChunkBytes + kk * 32);
-    const uint64_t db = make_smem_desc_kmajor<Cfg::kQKRowBytes>(k_tile + chunk * Cfg::kKVChunkBytes + kk * 32);
+    const uint64_t da = (q + (chunk * Cfg::kQChunkBytes + kk * 32)).u64();
+    const uint64_t db = (k_tile + (chunk * Cfg::kKVChunkBytes + kk * 32)).u64();
     if constexpr (Cfg::kInt8QK) {  // s32 dot products in the same registers (int8 scores: mainloop)
       WgmmaSS<int8_t, Cfg::kBlockN>::mma(reinterpret_cast<uint32_t(&)[Cfg::kBlockN / 2]>(s), da, db, k > 0 ? 1 : 0);
     } else {
@@ -118,24 +119,39 @@ __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], ui
 // byte offset = distance between groups of 8 key rows.
 // 8-bit (VLayout::kDimMajor): V is stored transposed, rows = head-dim columns with 128 keys per 128-byte row chunk,
 // a K-major B operand like K in gemm_qk: k-step t is a 32-byte move inside chunk t / 4.
+// v_tile: the V tile's descriptor (OperandDescs).
 template <class Cfg>
 __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uint32_t (&a)[kPSteps<Cfg>][4],
-                                        const uint8_t* v_tile) {
+                                        SmemDesc v_tile) {
   wgmma_fence();
 #pragma unroll
   for (int t = 0; t < kPSteps<Cfg>; ++t) {
-    uint64_t db;
+    uint32_t offset;
     if constexpr (Cfg::kVLayout == VLayout::kKeyMajor) {
-      db = make_smem_desc_sw128(v_tile + t * 16 * Cfg::kRowBytes, Cfg::kVChunkBytes, 1024);
+      offset = t * 16 * Cfg::kRowBytes;
     } else {
       constexpr int kStepsPerChunk = Cfg::kRowBytes / Cfg::kMmaK;
-      db = make_smem_desc_sw128(v_tile + (t / kStepsPerChunk) * Cfg::kVTChunkBytes + (t % kStepsPerChunk) * 32, 16,
-                                1024);
+      offset = (t / kStepsPerChunk) * Cfg::kVTChunkBytes + (t % kStepsPerChunk) * 32;
     }
-    WgmmaRS<typename Cfg::PVElement, Cfg::kHeadDim>::mma(o, a[t], db, 1);
+    WgmmaRS<typename Cfg::PVElement, Cfg::kHeadDim>::mma(o, a[t], (v_tile + offset).u64(), 1);
   }
   wgmma_commit_group();
 }
+
+// The shared-memory descriptors of the consumer's GEMM operands, built once per tile: a warpgroup's Q slice, and
+// the K and V tiles of stage 0, which a stage moves by whole tiles.
+template <class Cfg>
+struct OperandDescs {
+  SmemDesc q, k0, v0;
+  __device__ __forceinline__ OperandDescs(const uint8_t* smem, int warpgroup)
+      : q(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemQOffset +
+                                                  warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes)),
+        k0(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemKOffset)),
+        v0(Cfg::kVLayout == VLayout::kKeyMajor ? make_smem_desc_sw128(smem + Cfg::kSmemVOffset, Cfg::kVChunkBytes, 1024)
+                                               : make_smem_desc_sw128(smem + Cfg::kSmemVOffset, 16, 1024)) {}
+  __device__ __forceinline__ SmemDesc k(int stage) const { return k0 + stage * Cfg::kKTileBytes; }
+  __device__ __forceinline__ SmemDesc v(int stage) const { return v0 + stage * Cfg::kVTileBytes; }
+};
 
 // A sequence's rows past its keys can lie inside the tensor (a KV cache's unused rows, the next sequence of a packed
 // batch, the rest of a page: FwdParams::zero_v_tail), so TMA loads whatever they hold: the mask makes P = 0 there,
@@ -224,8 +240,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   const int warp_in_wg = (threadIdx.x / 32) % 4;
   const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
                        warp_in_wg * 16 + lane / 4;
-  const uint8_t* q_slice = smem + Cfg::kSmemQOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes;
-  auto k_tile = [&](int stage) { return smem + Cfg::kSmemKOffset + stage * Cfg::kKTileBytes; };
+  const OperandDescs<Cfg> desc(smem, warpgroup);
   auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kVTileBytes; };
   if constexpr (Cfg::kInt8QK) int8_row_scales<Cfg>(p, tile, row0, st);
   // k_scale: int8 Q K^T only, the block's K scale (read before its S GEMM is waited for).
@@ -271,7 +286,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   float k_scale = key_scale(n_block);
   bars.k.wait(pipes.k);
   turn.wait_turn();
-  gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
+  gemm_qk<Cfg>(s, desc.q, desc.k(pipes.k.stage));
   if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
   wgmma_wait_group<0>();
   fence_regs(s);
@@ -286,9 +301,9 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     bars.v.wait(pipes.v);
     zero_v_rows_past_end<Cfg>(p, tile, n_block + 1, v_tile(pipes.v.stage));
     turn.wait_turn();
-    gemm_qk<Cfg>(s, q_slice, k_tile(pipes.k.stage));
+    gemm_qk<Cfg>(s, desc.q, desc.k(pipes.k.stage));
     fence_regs(st.o);
-    gemm_pv<Cfg>(st.o, p_in, v_tile(pipes.v.stage));
+    gemm_pv<Cfg>(st.o, p_in, desc.v(pipes.v.stage));
     if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
 
     wgmma_wait_group<1>();  // S_j is done; P V may still run
@@ -304,9 +319,9 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     fence_regs(st.o);
     bars.v.release(pipes.v);
     pipes.v.advance();
-    // Once the running maxima settle, most blocks change no row max of a warp, and the rescale is a multiply by
-    // exactly 1. Skipping it pays where the O fragment dwarfs the S fragment (d256; docs/perf-notes.md, v8).
-    // The result is bit-identical either way.
+    // Rescale "vote" rows: once the running maxima settle, most blocks change no row max of a warp (kept within a
+    // slack of 2^8 in 16-bit and int8 P: OnlineSoftmax, kLazyRescale), and the rescale is a multiply by exactly 1
+    // that the warp skips (docs/perf-notes.md, v8 and v19).
     if (!Cfg::kSkipUnitRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
       kernels::rescale_rows<Cfg::kHeadDim>(st.o, rescale);
     }
@@ -317,7 +332,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     bars.v.wait(pipes.v);
     zero_v_rows_past_end<Cfg>(p, tile, tile.keys.begin, v_tile(pipes.v.stage));
     fence_regs(st.o);
-    gemm_pv<Cfg>(st.o, p_in, v_tile(pipes.v.stage));
+    gemm_pv<Cfg>(st.o, p_in, desc.v(pipes.v.stage));
     wgmma_wait_group<0>();
     fence_regs(st.o);
     bars.v.release(pipes.v);

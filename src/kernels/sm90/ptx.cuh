@@ -54,6 +54,22 @@ __device__ __forceinline__ uint64_t make_smem_desc_kmajor(const void* smem_ptr) 
   }
 }
 
+// A descriptor as two 32-bit words, for operands whose start address moves by known byte offsets (k-steps, pipeline
+// stages): the fixed fields are built once, and a move adds offset >> 4 to the low word (one integer add per wgmma
+// instead of rebuilding the descriptor: perf-notes v19). Shared-memory addresses stay below 2^18, so the start
+// address field (bits 0-13) never carries into the leading byte offset. Offsets must be multiples of 16.
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ explicit SmemDesc(uint64_t d) : lo(static_cast<uint32_t>(d)), hi(static_cast<uint32_t>(d >> 32)) {}
+  __device__ __forceinline__ SmemDesc(uint32_t l, uint32_t h) : lo(l), hi(h) {}
+  __device__ __forceinline__ SmemDesc operator+(uint32_t byte_offset) const { return {lo + (byte_offset >> 4), hi}; }
+  __device__ __forceinline__ uint64_t u64() const {
+    uint64_t d;
+    asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo), "r"(hi));
+    return d;
+  }
+};
+
 // wgmma.fence: order register accesses of earlier instructions before the next wgmma.mma_async.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
