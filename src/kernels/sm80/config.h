@@ -41,6 +41,10 @@ struct KernelConfig {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
   static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 row tiles per warp
+  // The lazy rescale (mainloop.cuh, Softmax): measured per head dim on an H200 running this code (perf-notes v19):
+  // +2..5% at 128, -2..3% at 64 and -7..8% at 256 (there the branch keeps the rescale FMULs from filling the mma
+  // issue gaps), so head dim 128 only.
+  static constexpr bool kLazyRescale = kHeadDim == 128;
 
   // Q stays in registers (A fragments of every k-step) when that leaves room for the O accumulators (kHeadDim / 2
   // per row tile) and the scores; otherwise (d256, or two row tiles at d128) the Q fragments are read from shared

@@ -21,11 +21,17 @@ namespace flashcore::sm80 {
 
 using kernels::acc_index;
 
+// The online softmax; with Cfg::kLazyRescale (softmax.cuh: row maxima kept within 2^8), most key blocks leave every
+// row max of a warp alone and the warp skips the O rescale, at kBlockN 64 as many FMULs per block as the block has
+// exponentials at head dim 128 (perf-notes v19).
+template <class Cfg>
+using Softmax = kernels::OnlineSoftmax<Cfg::kBlockN, false, Cfg::kLazyRescale>;
+
 // What a warp carries from the main loop into the epilogue, per row tile t (rows warp * kRowsPerWarp + 16 t ..).
 template <class Cfg>
 struct WarpState {
   float o[Cfg::kMTiles][Cfg::kHeadDim / 2];  // 16 x head_dim fp32 accumulators: kHeadDim / 8 tiles of m16n8
-  kernels::OnlineSoftmax<Cfg::kBlockN> softmax[Cfg::kMTiles];
+  Softmax<Cfg> softmax[Cfg::kMTiles];
 };
 
 // First row (within the CTA's tile) of the warp's row tile t.
@@ -154,11 +160,11 @@ struct SoftmaxStats {
   __device__ __forceinline__ float4* slot(int t) const {
     return reinterpret_cast<float4*>(base) + t * Cfg::kThreads + threadIdx.x;
   }
-  __device__ __forceinline__ void load(kernels::OnlineSoftmax<Cfg::kBlockN>& sm, int t) const {
+  __device__ __forceinline__ void load(Softmax<Cfg>& sm, int t) const {
     const float4 v = *slot(t);
     sm.row_max[0] = v.x, sm.row_max[1] = v.y, sm.row_sum[0] = v.z, sm.row_sum[1] = v.w;
   }
-  __device__ __forceinline__ void store(const kernels::OnlineSoftmax<Cfg::kBlockN>& sm, int t) const {
+  __device__ __forceinline__ void store(const Softmax<Cfg>& sm, int t) const {
     *slot(t) = make_float4(sm.row_max[0], sm.row_max[1], sm.row_sum[0], sm.row_sum[1]);
   }
 };
@@ -246,7 +252,9 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
       if constexpr (Cfg::kSoftmaxInSmem) stats.load(st.softmax[t], t);
       st.softmax[t].update(s[t], p.scale_log2, rescale);
       if constexpr (Cfg::kSoftmaxInSmem) stats.store(st.softmax[t], t);
-      kernels::rescale_rows<Cfg::kHeadDim>(st.o[t], rescale);
+      if (!Cfg::kLazyRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
+        kernels::rescale_rows<Cfg::kHeadDim>(st.o[t], rescale);
+      }
       convert_p<Cfg>(s[t], pa[t]);
     }
   };
