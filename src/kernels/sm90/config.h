@@ -55,6 +55,7 @@ struct KernelConfig {
   // and int8 P: softmax.cuh, kLazyRescale). It makes the time depend on the data, so it is a config column
   // (configs.txt: rescale vote/always).
   static constexpr bool kSkipUnitRescale = kShape.rescale_vote;
+  static constexpr bool kLazyRescale = kSkipUnitRescale && !kFp8;  // e4m3 P keeps the exact max
 
   // Launch shape and shared-memory layout (smem_plan.h, shared with the host).
   static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes);
