@@ -97,6 +97,18 @@ while read -r name ex2; do
 done <<<"$overlap"
 echo "check_sass: softmax / P V overlap checked in $two_sets kernel(s) with two P register sets"
 
+# Every forward kernel has a key-block loop with MMAs and exponentials (tools/sass_loops.py); its per-class
+# instruction counts go to $BUILD_DIR/main_loops.md (the static audit of perf-notes v20).
+loops_md="$BUILD_DIR/main_loops.md"
+if python3 tools/sass_loops.py "$sass" --function flashcore_fwd_sm90_kernel --markdown >"$loops_md"; then
+  nloops=$(grep -c '^| r_' "$loops_md" || true)
+  nkern=$(grep '^| r_' "$loops_md" | cut -d'|' -f2 | sort -u | wc -l)
+  [[ "$nkern" -ge "$expected" ]] || err "tools/sass_loops.py found a main loop in $nkern forward kernels, expected $expected"
+  echo "check_sass: main loops of $nkern forward kernel(s) ($nloops loops) in $loops_md"
+else
+  err "tools/sass_loops.py failed on $sass"
+fi
+
 # ptxas -v report: "Function properties for NAME" followed by "N bytes stack frame, N bytes spill stores, ...".
 log="$BUILD_DIR/build.log"
 if [[ ! -f "$log" ]]; then
