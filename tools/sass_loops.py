@@ -12,7 +12,7 @@ the loop counts both ways (what is skipped at run time is counted too), so compa
   python3 tools/sass_loops.py ../shared/fa3/prefill/flash_attn_3/_C.abi3.so --function hdim128_bf16
   python3 tools/sass_loops.py OBJ --markdown     (a table per kernel, for docs/perf-notes.md)
 
---function matches a regex against the cubin name and the (mangled) kernel name. Needs cuobjdump (PATH, or
+--function matches a regex against the (mangled) kernel name. Needs cuobjdump (PATH, or
 tools/setup_deps.sh's <build>/.tools/env.sh).
 """
 import argparse
@@ -24,33 +24,40 @@ import signal
 import subprocess
 import sys
 
-# Instruction classes, first match wins (opcode without predicate and modifiers after the first dot kept).
+# Instruction classes (name, short name for --blocks, opcode pattern); first match wins.
 CLASSES = [
-    ("mma", re.compile(r"^(HGMMA|QGMMA|IGMMA|BGMMA|HMMA|IMMA)")),
-    ("wgmma sync", re.compile(r"^WARPGROUP\.")),
-    ("exp2 (MUFU.EX2)", re.compile(r"^MUFU\.EX2")),
-    ("other MUFU", re.compile(r"^MUFU")),
-    ("fp32 mul/fma/add", re.compile(r"^(FMUL|FFMA|FADD|FMUL2|FFMA2|FADD2)")),
-    ("max/min", re.compile(r"^(FMNMX|FSEL|FSETP)")),
-    ("convert/pack", re.compile(r"^(F2FP|F2F|I2F|F2I|PRMT)")),
-    ("shuffle/vote", re.compile(r"^(SHFL|VOTE|REDUX|MATCH)")),
-    ("barrier/mbarrier", re.compile(r"^(BAR|SYNCS|MEMBAR|FENCE|ARRIVES|WARPSYNC|NANOSLEEP)")),
-    ("uniform", re.compile(r"^(U[A-Z0-9]+|R2UR|S2UR|VOTEU)")),
-    ("integer/predicate", re.compile(r"^(IADD3|IMAD|LEA|LOP3|SHF|ISETP|SEL|PLOP3|IABS|IMNMX|P2R|R2P|VIMNMX)")),
-    ("move", re.compile(r"^(MOV|S2R|CS2R)")),
-    ("memory", re.compile(r"^(LD|ST|LDS|STS|LDG|STG|LDSM|STSM|UTMA|UBLKCP|ATOM|RED|LDGSTS)")),
-    ("branch", re.compile(r"^(BRA|BSSY|BSYNC|EXIT|RET|CALL|JMP|WARPSYNC|YIELD)")),
+    ("mma", "mma", re.compile(r"^(HGMMA|QGMMA|IGMMA|BGMMA|HMMA|IMMA)")),
+    ("wgmma sync", "wg", re.compile(r"^WARPGROUP\.")),
+    ("exp2 (MUFU.EX2)", "ex2", re.compile(r"^MUFU\.EX2")),
+    ("other MUFU", "mufu", re.compile(r"^MUFU")),
+    ("fp32 mul/fma/add", "fp", re.compile(r"^(FMUL|FFMA|FADD|FMUL2|FFMA2|FADD2)")),
+    ("max/min", "max", re.compile(r"^(FMNMX|FSEL|FSETP)")),
+    ("convert/pack", "cvt", re.compile(r"^(F2FP|F2F|I2F|F2I|PRMT)")),
+    ("shuffle/vote", "shfl", re.compile(r"^(SHFL|VOTE|REDUX|MATCH)")),
+    ("barrier/mbarrier", "bar", re.compile(r"^(BAR|SYNCS|MEMBAR|FENCE|ARRIVES|WARPSYNC|NANOSLEEP)")),
+    ("uniform", "uni", re.compile(r"^(U[A-Z0-9]+|R2UR|S2UR|VOTEU)")),
+    ("integer/predicate", "int", re.compile(r"^(IADD3|IMAD|LEA|LOP3|SHF|ISETP|SEL|PLOP3|IABS|IMNMX|P2R|R2P|VIMNMX)")),
+    ("move", "mov", re.compile(r"^(MOV|S2R|CS2R)")),
+    ("memory", "mem", re.compile(r"^(LD|ST|LDS|STS|LDG|STG|LDSM|STSM|UTMA|UBLKCP|ATOM|RED|LDGSTS)")),
+    ("branch", "bra", re.compile(r"^(BRA|BSSY|BSYNC|EXIT|RET|CALL|JMP|YIELD)")),
 ]
+NAMES = [name for name, _short, _rx in CLASSES] + ["other"]
+SHORT = {name: short for name, short, _rx in CLASSES} | {"other": "oth"}
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 FUNC = re.compile(r"Function : (\S+)")
-CUBIN = re.compile(r"code for sm_(\d+)|ELF file\s+\d+:\s*(\S+)")
 
 
 def classify(op):
-    for name, rx in CLASSES:
+    for name, _short, rx in CLASSES:
         if rx.match(op):
             return name
     return "other"
+
+
+def branch_target(op, operands):
+    """The target address of a BRA, or None."""
+    m = re.search(r"0x([0-9a-f]+)", operands) if op.startswith("BRA") else None
+    return int(m.group(1), 16) if m else None
 
 
 def read_sass(path):
@@ -85,13 +92,8 @@ def mma_loops(body, need_exp2=True):
     index = {addr: i for i, (addr, *_rest) in enumerate(body)}
     loops = []
     for i, (addr, _pred, op, operands) in enumerate(body):
-        if not op.startswith("BRA"):
-            continue
-        m = re.search(r"0x([0-9a-f]+)", operands)
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        if target >= addr or target not in index:
+        target = branch_target(op, operands)
+        if target is None or target >= addr or target not in index:
             continue
         insns = body[index[target]:i + 1]
         classes = {classify(o) for _a, _p, o, _x in insns}
@@ -120,11 +122,7 @@ def summarize(insns):
 
 def basic_blocks(body, insns):
     """Splits a loop's instructions at branch targets and after branches."""
-    targets = set()
-    for _a, _p, op, operands in body:
-        m = re.search(r"0x([0-9a-f]+)", operands) if op.startswith("BRA") else None
-        if m:
-            targets.add(int(m.group(1), 16))
+    targets = {branch_target(op, operands) for _a, _p, op, operands in body} - {None}
     blocks, cur = [], []
     for ins in insns:
         if ins[0] in targets and cur:
@@ -152,11 +150,6 @@ def main_loops(path, rx, all_loops=False):
     return out
 
 
-SHORT = {"mma": "mma", "wgmma sync": "wg", "exp2 (MUFU.EX2)": "ex2", "other MUFU": "mufu", "fp32 mul/fma/add": "fp",
-         "max/min": "max", "convert/pack": "cvt", "shuffle/vote": "shfl", "barrier/mbarrier": "bar", "uniform": "uni",
-         "integer/predicate": "int", "move": "mov", "memory": "mem", "branch": "bra", "other": "oth"}
-
-
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # (piped into head)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,7 +166,6 @@ def main():
     if not loops:
         print("sass_loops: no main loop found (no kernel matched, or none has a loop with MMAs and exp2)")
         return 1
-    names = [n for n, _ in CLASSES] + ["other"]
     if args.compare:
         base = main_loops(args.compare, rx, args.all_loops)
         ratios = []
@@ -189,22 +181,22 @@ def main():
             print(f"\n{len(ratios)} kernels: geomean {g:.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
         return 0
     if args.markdown:
-        print("| kernel | loop | instructions | instr / exp2 | " + " | ".join(names) + " |")
-        print("|" + "---|" * (4 + len(names)))
+        print("| kernel | loop | instructions | instr / exp2 | " + " | ".join(NAMES) + " |")
+        print("|" + "---|" * (4 + len(NAMES)))
     for k, ls in loops.items():
         for start, end, insns, body in ls:
             counts, ex2 = summarize(insns)
             per = f"{len(insns) / ex2:.2f}" if ex2 else "-"
             if args.markdown:
                 print(f"| {k} | {start:#x}-{end:#x} | {len(insns)} | {per} | "
-                      + " | ".join(str(counts.get(n, 0)) for n in names) + " |")
+                      + " | ".join(str(counts.get(n, 0)) for n in NAMES) + " |")
                 continue
             print(f"{k}\n  loop {start:#x}-{end:#x}: {len(insns)} instructions, "
                   f"{counts.get('mma', 0)} mma, {ex2} exp2, {per} per exp2")
-            print("  " + ", ".join(f"{n} {counts[n]}" for n in names if counts.get(n)))
+            print("  " + ", ".join(f"{n} {counts[n]}" for n in NAMES if counts.get(n)))
             if args.blocks:
                 for blk in basic_blocks(body, insns):
-                    c = collections.Counter(classify(op) for _a, _p, op, _x in blk)
+                    c = summarize(blk)[0]
                     last = blk[-1]
                     print(f"    {blk[0][0]:#07x} {len(blk):4d}: "
                           + " ".join(f"{SHORT[n]}={v}" for n, v in c.most_common())
