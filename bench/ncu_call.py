@@ -1,0 +1,44 @@
+"""One attention call of one system between cudaProfilerStart/Stop, for Nsight Compute with
+--profile-from-start off. Everything else (inputs, warm-up) runs outside the profiled range.
+
+  ncu --profile-from-start off ... python3 bench/ncu_call.py SYSTEM B,Hq,Hkv,Sq,Sk,D [--causal]
+
+SYSTEM: flashcore, cudnn, fa3 (flash_attn_interface on PYTHONPATH), read (a plain read of K and V: torch sum,
+the streaming reference for decode shapes). Tensors are (B, S, H, D) bf16, the layout of bench/serving.py.
+"""
+import argparse
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ap = argparse.ArgumentParser()
+ap.add_argument("system", choices=["flashcore", "cudnn", "fa3", "read"])
+ap.add_argument("shape", help="B,Hq,Hkv,Sq,Sk,D")
+ap.add_argument("--causal", action="store_true")
+ap.add_argument("--warmup", type=int, default=3)
+a = ap.parse_args()
+B, Hq, Hkv, Sq, Sk, D = map(int, a.shape.split(","))
+q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+if a.system == "flashcore":
+    import flashcore
+    fn = lambda: flashcore.attention(q, k, v, causal=a.causal)
+elif a.system == "cudnn":
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    def fn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal, enable_gqa=Hq != Hkv)
+elif a.system == "fa3":
+    from flash_attn_interface import flash_attn_func
+    fn = lambda: flash_attn_func(q, k, v, causal=a.causal)
+else:
+    fn = lambda: (k.sum(dtype=torch.float32), v.sum(dtype=torch.float32))
+for _ in range(a.warmup):
+    fn()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStart()
+fn()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStop()
+print("done", a.system, a.shape)
