@@ -56,16 +56,29 @@ __device__ __forceinline__ int32_t page_of(const FwdParams& p, const Tile& tile,
   return page < 0 || page >= p.num_pages ? p.num_pages : page;
 }
 
+// The pages of a key block's first two slices, read a block ahead (their latency hidden behind the ring's waits).
+struct BlockPages {
+  int32_t first = 0, second = 0;
+};
+
+__device__ __forceinline__ BlockPages block_pages(const FwdParams& p, const Tile& tile, int key0, int block_n) {
+  BlockPages pages;
+  pages.first = page_of(p, tile, key0);
+  if (p.kv_slice_rows < block_n) pages.second = page_of(p, tile, key0 + p.kv_slice_rows);
+  return pages;
+}
+
 // A paged cache's key block: slices of p.kv_slice_rows rows (whole 8-row swizzle atoms, dividing the page), each
-// from its own page; the first slice's page was read by the caller ahead of time (its latency hidden), the others
-// are read here (K's from L2 or L1, V's from L1).
+// from its own page; the first two slices' pages were read by the caller ahead of time (a page of 64 keys or more
+// makes at most two slices of a 128-key block), the others (pages of 16 or 32 keys) are read here (K's from L2 or
+// L1, V's from L1).
 template <class Cfg>
 __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtensorMap* map, uint8_t* smem, uint64_t* bar,
-                                               const Tile& tile, int n_block, int kv_head, int32_t first_page) {
+                                               const Tile& tile, int n_block, int kv_head, BlockPages pages) {
   const int key0 = n_block * Cfg::kBlockN;  // < seqlen_k + kBlockN: fits in int (validation caps seqlen_k)
 #pragma unroll 1
   for (int r = 0; r < Cfg::kBlockN; r += p.kv_slice_rows) {
-    const int32_t page = r == 0 ? first_page : page_of(p, tile, key0 + r);
+    const int32_t page = r == 0 ? pages.first : r == p.kv_slice_rows ? pages.second : page_of(p, tile, key0 + r);
     const int32_t row_in_page = (key0 + r) % p.page_size;
 #pragma unroll
     for (int c = 0; c < Cfg::kChunks; ++c) {
@@ -91,16 +104,16 @@ struct Producer {
   // spill in the dynamic schedule). Each block's first page is read before the waits for its stages (the previous
   // block's loads are already issued), so a table read is rarely on the critical path.
   __device__ __forceinline__ void load_paged_blocks(const FwdParams& p, const Tile& tile, uint8_t* smem,
-                                                    SharedBarriers<Cfg>& bars, int kv_head, int32_t first_page) {
+                                                    SharedBarriers<Cfg>& bars, int kv_head, BlockPages pages) {
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
       bars.k.acquire(kv_state);
       tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
-                          bars.k.commit_tx(kv_state, Cfg::kKTileBytes), tile, n_block, kv_head, first_page);
+                          bars.k.commit_tx(kv_state, Cfg::kKTileBytes), tile, n_block, kv_head, pages);
       bars.v.acquire(kv_state);
       tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes,
-                          bars.v.commit_tx(kv_state, Cfg::kVTileBytes), tile, n_block, kv_head, first_page);
+                          bars.v.commit_tx(kv_state, Cfg::kVTileBytes), tile, n_block, kv_head, pages);
       kv_state.advance();
-      if (n_block > tile.keys.begin) first_page = page_of(p, tile, (n_block - 1) * Cfg::kBlockN);
+      if (n_block > tile.keys.begin) pages = block_pages(p, tile, (n_block - 1) * Cfg::kBlockN, Cfg::kBlockN);
     }
   }
 
@@ -109,11 +122,11 @@ struct Producer {
   // blocks (all rows masked) commits it without a load, and its consumers may stage their zero O there.
   __device__ __forceinline__ void load_tile(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                             SharedBarriers<Cfg>& bars) {
-    // A paged cache: the first block's page is read before the wait for the Q stage.
-    int32_t first_page = 0;
+    // A paged cache: the first block's pages are read before the wait for the Q stage.
+    BlockPages first_pages;
     if constexpr (kServingLayouts<Cfg>) {
       if (p.block_table != nullptr && tile.keys.count() > 0) {
-        first_page = page_of(p, tile, (tile.keys.end - 1) * Cfg::kBlockN);
+        first_pages = block_pages(p, tile, (tile.keys.end - 1) * Cfg::kBlockN, Cfg::kBlockN);
       }
     }
     bars.q.acquire(q_state);
@@ -133,7 +146,7 @@ struct Producer {
 
     if constexpr (kServingLayouts<Cfg>) {  // not on the dynamic schedule (scheduler.cuh)
       if (p.block_table != nullptr) {
-        load_paged_blocks(p, tile, smem, bars, kv_head, first_page);
+        load_paged_blocks(p, tile, smem, bars, kv_head, first_pages);
         return;
       }
     }

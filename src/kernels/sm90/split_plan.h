@@ -17,9 +17,10 @@ struct SplitPlan {
 
 // tiles: query tiles without splitting (batch * heads * m_blocks); key_blocks: key blocks of the longest range.
 // Each CTA holds an SM alone, so what matters is the last wave: the count s (at least two key blocks per split, at
-// most 128) is the smallest whose wave efficiency tiles * s / (waves * sms) is within 85% of the best one's, and
+// most 128) is the smallest whose wave efficiency tiles * s / (waves * sms) is within 95% of the best one's, and
 // then trimmed so that no split is empty for the longest range. Fewer splits mean fewer pipeline fills and a
-// cheaper combine.
+// cheaper combine, but a decode call is bound by the bandwidth of the SMs it keeps busy: at 1 x 8k (8 tiles) 16
+// splits beat the 13 that an 85% rule gave by 3% dense and 10% paged (perf-notes v21, bench/decode_splits.py).
 inline int64_t wave_efficiency_permille(int64_t ctas, int sms) {
   const int64_t waves = kernels::ceil_div(ctas, static_cast<int64_t>(sms));
   return waves == 0 ? 0 : 1000 * ctas / (waves * sms);
@@ -38,7 +39,7 @@ inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t 
     const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(128, key_blocks / 2));
     int64_t best = 0;
     for (int64_t s = 1; s <= cap; ++s) best = std::max(best, wave_efficiency_permille(tiles * s, sms));
-    while (splits < cap && wave_efficiency_permille(tiles * splits, sms) * 100 < best * 85) ++splits;
+    while (splits < cap && wave_efficiency_permille(tiles * splits, sms) * 100 < best * 95) ++splits;
   }
   plan.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, splits)));
   plan.splits = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, plan.blocks_per_split)));
