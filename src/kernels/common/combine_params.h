@@ -14,6 +14,7 @@ struct CombineParams {
   int64_t seqlen_q;
   int heads;
   int splits;
+  int warps_per_row;  // 1 (four rows per CTA of 128 threads) or 4 (one row per CTA, its splits dealt over the warps)
 };
 
 }  // namespace flashcore::kernels

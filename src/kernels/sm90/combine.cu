@@ -25,8 +25,12 @@ cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_
                        : out_dtype == FLASHCORE_DTYPE_FP16 ? combine_kernel<__half>(head_dim)
                                                           : nullptr;
   if (kernel == nullptr) return cudaErrorInvalidValue;
+  kernels::CombineParams params = c;
+  // Eight splits or more: a CTA per row, four warps sharing its splits (at 1 x 8k, 32 rows of 16 splits, the
+  // combine took 7.9 us on 8 CTAs of one warp per row; perf-notes v21b). Fewer: a warp per row.
+  params.warps_per_row = c.splits >= 8 ? 4 : 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((c.rows + 3) / 4));
+  config.gridDim = dim3(static_cast<unsigned>((c.rows * params.warps_per_row + 3) / 4));
   config.blockDim = dim3(128);
   config.stream = stream;
   // Programmatic dependent launch: the combine is set up while the forward kernel's last CTAs finish (each one
@@ -36,7 +40,6 @@ cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  kernels::CombineParams params = c;
   void* args[] = {&params};
   return cudaLaunchKernelExC(&config, kernel, args);
 }
