@@ -321,7 +321,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     error = api::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  if (split) {  // merge the splits into O (and LSE) on the same stream
+  if (split && plan.splits > 1) {  // merge the splits into O (and LSE) on the same stream (one part wrote O itself)
     kernels::CombineParams c{};
     c.o_partial = fp.o_partial;
     c.lse_partial = fp.lse_partial;

@@ -73,14 +73,19 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
     inv_sum[1] *= st.o_scale;
   }
   if constexpr (Cfg::kSplitKv) {
-    store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
-    // O is written by the combine kernel. The CTA's next part (split CTAs are persistent) takes the Q stage: hand
-    // it back once every thread of the warpgroup is past its last GEMM (with a separate O buffer the main loop did).
-    if (!Cfg::kSeparateO) {
-      kernels::named_barrier_sync(1 + warpgroup, 128);
-      if (wg_thread == 0) bars.q.release(pipes.q);
+    if (p.num_splits > 1) {
+      store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
+      // O is written by the combine kernel. The CTA's next part (split CTAs are persistent) takes the Q stage: hand
+      // it back once every thread of the warpgroup is past its last GEMM (with a separate O buffer the main loop
+      // did).
+      if (!Cfg::kSeparateO) {
+        kernels::named_barrier_sync(1 + warpgroup, 128);
+        if (wg_thread == 0) bars.q.release(pipes.q);
+      }
+      return;
     }
-    return;
+    // One part (the plan's choice when the tiles alone fill the GPU): O is final here, and the dense store below
+    // writes it; the host launches no combine (perf-notes v21c).
   }
 
   // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma has
