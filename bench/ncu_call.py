@@ -3,6 +3,7 @@
 
   ncu --profile-from-start off ... python3 bench/ncu_call.py SYSTEM B,Hq,Hkv,Sq,Sk,D [--causal]
 
+--paged P (flashcore): the same K and V in a paged cache of page P, pages shuffled.
 SYSTEM: flashcore, cudnn, fa3 (flash_attn_interface on PYTHONPATH), read (a plain read of K and V: torch sum,
 the streaming reference for decode shapes). Tensors are (B, S, H, D) bf16, the layout of bench/serving.py.
 """
@@ -16,12 +17,25 @@ ap.add_argument("system", choices=["flashcore", "cudnn", "fa3", "read"])
 ap.add_argument("shape", help="B,Hq,Hkv,Sq,Sk,D")
 ap.add_argument("--causal", action="store_true")
 ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--paged", type=int, default=0, help="flashcore: a paged cache of this page size (decode shapes), "
+                "pages in a random order, through attention_with_kvcache")
 a = ap.parse_args()
 B, Hq, Hkv, Sq, Sk, D = map(int, a.shape.split(","))
 q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16)
 v = torch.randn_like(k)
-if a.system == "flashcore":
+if a.system == "flashcore" and a.paged:
+    import flashcore
+    P = a.paged
+    npb = Sk // P
+    table = torch.randperm(B * npb, device="cuda", dtype=torch.int32).reshape(B, npb)
+    kp = torch.empty(B * npb, P, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    vp = torch.empty_like(kp)
+    kp[table.flatten().long()] = k.reshape(B * npb, P, Hkv, D)
+    vp[table.flatten().long()] = v.reshape(B * npb, P, Hkv, D)
+    lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+    fn = lambda: flashcore.attention_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table, causal=a.causal)
+elif a.system == "flashcore":
     import flashcore
     fn = lambda: flashcore.attention(q, k, v, causal=a.causal)
 elif a.system == "cudnn":

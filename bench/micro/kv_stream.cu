@@ -12,7 +12,9 @@
 //   bulk:    1D cp.async.bulk (a whole block per tensor for bhsd, one 256-byte row per copy for bshd).
 //
 //   kv_stream MODE B S H [--layout bshd|bhsd] [--stages N] [--block-n N] [--box-rows N] [--box-cols 64|128]
-//             [--promo 0|64|128|256] [--hold CYCLES] [--splits N]
+//             [--promo 0|64|128|256] [--hold CYCLES] [--splits N] [--head-dim 64|128] [--paged 1]
+//   --paged 1 (tma only): the cache in pages of block_n keys, (pages, block_n, H, d), visited in the order of a
+//   random block table (one per batch, shared by its heads), each page number read a block ahead.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda/ptx>
@@ -28,8 +30,6 @@
 
 namespace {
 
-constexpr int kD = 128;            // head dim: 256-byte rows
-constexpr int kRowBytes = kD * 2;  // bf16
 constexpr int kThreads = 128;
 constexpr int kMaxStages = 8;
 
@@ -38,6 +38,9 @@ struct Args {
   bool bhsd = false;
   int stages = 3, block_n = 128, box_rows = 32, hold = 0, splits = 1;
   int promo = 256, box_cols = 64;  // TMA: L2 promotion bytes (0: none); box columns (128: no swizzle, whole rows)
+  int d = 128;                     // head dim (64 or 128)
+  const int* pages = nullptr;      // tma with --paged: the cache is (B * S / block_n pages, block_n, H, d), a page
+                                   // per key block, and block n of batch b is page pages[b * S / block_n + n]
 };
 
 __device__ __forceinline__ void spin(int cycles) {
@@ -54,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) tma_stream(const __grid_constant__ C
   extern __shared__ uint8_t raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
-  const int tile = a.block_n * kRowBytes;
+  const int tile = a.block_n * (a.d * 2);
   const int split = blockIdx.x % a.splits, bh = blockIdx.x / a.splits;
   const int h = bh % a.H, b = bh / a.H;
   const int keys = a.S / a.splits, key0 = split * keys, nblocks = keys / a.block_n;
@@ -70,9 +73,12 @@ __global__ void __launch_bounds__(kThreads) tma_stream(const __grid_constant__ C
   float acc = 0.f;
   if (warp == 0) {
     if (lane == 0) {
+      const int* table = a.pages == nullptr ? nullptr : a.pages + int64_t(b) * (a.S / a.block_n) + key0 / a.block_n;
+      int page = table == nullptr ? 0 : __ldg(table);
       for (int n = 0; n < nblocks; ++n) {
         const int s = n % a.stages;
         const uint32_t phase = (n / a.stages) & 1;
+        const int next_page = table != nullptr && n + 1 < nblocks ? __ldg(table + n + 1) : 0;  // a block ahead
         while (!cuda::ptx::mbarrier_try_wait_parity(&empty[s], phase ^ 1u)) {
         }
         cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
@@ -81,8 +87,9 @@ __global__ void __launch_bounds__(kThreads) tma_stream(const __grid_constant__ C
         for (int t = 0; t < 2; ++t) {
           const CUtensorMap* map = t == 0 ? &mk : &mv;
           for (int r = 0; r < a.block_n; r += a.box_rows) {
-            for (int c = 0; c < kD / a.box_cols; ++c) {
-              const int32_t coords[4] = {c * a.box_cols, key0 + n * a.block_n + r, h, b};
+            for (int c = 0; c < a.d / a.box_cols; ++c) {
+              const int32_t coords[4] = {c * a.box_cols, table != nullptr ? r : key0 + n * a.block_n + r, h,
+                                         table != nullptr ? page : b};
               cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                               k_stage + t * tile + c * a.block_n * a.box_cols * 2 +
                                                   r * a.box_cols * 2,
@@ -90,6 +97,7 @@ __global__ void __launch_bounds__(kThreads) tma_stream(const __grid_constant__ C
             }
           }
         }
+        page = next_page;
       }
     }
   } else {
@@ -115,12 +123,12 @@ __global__ void __launch_bounds__(kThreads) bulk_stream(const uint8_t* k, const 
   extern __shared__ uint8_t raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
-  const int tile = a.block_n * kRowBytes;
+  const int tile = a.block_n * (a.d * 2);
   const int split = blockIdx.x % a.splits, bh = blockIdx.x / a.splits;
   const int h = bh % a.H, b = bh / a.H;
   const int keys = a.S / a.splits, key0 = split * keys, nblocks = keys / a.block_n;
-  const int64_t row_stride = a.bhsd ? kRowBytes : int64_t(a.H) * kRowBytes;
-  const int64_t base = a.bhsd ? (int64_t(b) * a.H + h) * a.S * kRowBytes : (int64_t(b) * a.S * a.H + h) * kRowBytes;
+  const int64_t row_stride = a.bhsd ? (a.d * 2) : int64_t(a.H) * (a.d * 2);
+  const int64_t base = a.bhsd ? (int64_t(b) * a.H + h) * a.S * (a.d * 2) : (int64_t(b) * a.S * a.H + h) * (a.d * 2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < a.stages; ++s) {
@@ -151,8 +159,8 @@ __global__ void __launch_bounds__(kThreads) bulk_stream(const uint8_t* k, const 
           }
         } else {
           for (int r = lane; r < a.block_n; r += 32) {
-            cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst + r * kRowBytes,
-                                     src + r * row_stride, kRowBytes, &full[s]);
+            cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst + r * (a.d * 2),
+                                     src + r * row_stride, (a.d * 2), &full[s]);
           }
         }
       }
@@ -200,25 +208,25 @@ __device__ __forceinline__ void cp_async_wait_runtime(int n) {
 // One stage: block_n rows of K then of V, 16 pieces of 16 bytes per row; thread t takes pieces t, t + 128, ...
 __device__ __forceinline__ void cp_stage(const Args& a, const uint8_t* k, const uint8_t* v, int64_t row_stride,
                                          int64_t row0, uint8_t* dst) {
-  const int pieces = a.block_n * 16;
+  const int per_row = a.d * 2 / 16, pieces = a.block_n * per_row;
   for (int t = 0; t < 2; ++t) {
     const uint8_t* src = t == 0 ? k : v;
     for (int i = threadIdx.x; i < pieces; i += kThreads) {
-      const int r = i / 16, c = i % 16;
-      cp_async16(dst + t * a.block_n * kRowBytes + r * kRowBytes + c * 16, src + (row0 + r) * row_stride + c * 16);
+      const int r = i / per_row, c = i % per_row;
+      cp_async16(dst + t * a.block_n * (a.d * 2) + r * (a.d * 2) + c * 16, src + (row0 + r) * row_stride + c * 16);
     }
   }
 }
 
 __global__ void __launch_bounds__(kThreads) cp_stream(const uint8_t* k, const uint8_t* v, Args a, float* sink) {
   extern __shared__ uint8_t raw[];
-  const int tile = a.block_n * kRowBytes;
+  const int tile = a.block_n * (a.d * 2);
   const int split = blockIdx.x % a.splits, bh = blockIdx.x / a.splits;
   const int h = bh % a.H, b = bh / a.H;
   const int keys = a.S / a.splits, key0 = split * keys, nblocks = keys / a.block_n;
   // Row `key` of head h, batch b: bshd at ((b * S + key) * H + h) * 256, bhsd at ((b * H + h) * S + key) * 256.
-  const int64_t row_stride = a.bhsd ? kRowBytes : int64_t(a.H) * kRowBytes;
-  const int64_t base = a.bhsd ? (int64_t(b) * a.H + h) * a.S * kRowBytes : (int64_t(b) * a.S * a.H + h) * kRowBytes;
+  const int64_t row_stride = a.bhsd ? (a.d * 2) : int64_t(a.H) * (a.d * 2);
+  const int64_t base = a.bhsd ? (int64_t(b) * a.H + h) * a.S * (a.d * 2) : (int64_t(b) * a.S * a.H + h) * (a.d * 2);
   const uint8_t* kb = k + base;
   const uint8_t* vb = v + base;
   float acc = 0.f;
@@ -258,16 +266,22 @@ CUtensorMap make_map(void* base, const Args& a) {
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
   // Dims {col, seq, head, batch}; strides in bytes of dims 1..3.
-  const cuuint64_t dims[4] = {kD, cuuint64_t(a.S), cuuint64_t(a.H), cuuint64_t(a.B)};
+  cuuint64_t dims[4] = {cuuint64_t(a.d), cuuint64_t(a.S), cuuint64_t(a.H), cuuint64_t(a.B)};
   cuuint64_t strides[3];
-  if (a.bhsd) {
-    strides[0] = kRowBytes;
-    strides[1] = cuuint64_t(a.S) * kRowBytes;
-    strides[2] = cuuint64_t(a.H) * a.S * kRowBytes;
+  if (a.pages != nullptr) {  // (pages, block_n, H, d)
+    dims[1] = cuuint64_t(a.block_n);
+    dims[3] = cuuint64_t(a.B) * (a.S / a.block_n);
+    strides[0] = cuuint64_t(a.H) * (a.d * 2);
+    strides[1] = (a.d * 2);
+    strides[2] = cuuint64_t(a.block_n) * a.H * (a.d * 2);
+  } else if (a.bhsd) {
+    strides[0] = (a.d * 2);
+    strides[1] = cuuint64_t(a.S) * (a.d * 2);
+    strides[2] = cuuint64_t(a.H) * a.S * (a.d * 2);
   } else {
-    strides[0] = cuuint64_t(a.H) * kRowBytes;
-    strides[1] = kRowBytes;
-    strides[2] = cuuint64_t(a.S) * a.H * kRowBytes;
+    strides[0] = cuuint64_t(a.H) * (a.d * 2);
+    strides[1] = (a.d * 2);
+    strides[2] = cuuint64_t(a.S) * a.H * (a.d * 2);
   }
   const cuuint32_t box[4] = {cuuint32_t(a.box_cols), cuuint32_t(a.box_rows), 1, 1};
   const CUtensorMapL2promotion promo = a.promo == 0    ? CU_TENSOR_MAP_L2_PROMOTION_NONE
@@ -297,6 +311,7 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   Args a;
+  bool paged = false;
   a.B = std::atoi(argv[2]);
   a.S = std::atoi(argv[3]);
   a.H = std::atoi(argv[4]);
@@ -310,13 +325,16 @@ int main(int argc, char** argv) {
     else if (k == "--splits") a.splits = std::atoi(v.c_str());
     else if (k == "--promo") a.promo = std::atoi(v.c_str());
     else if (k == "--box-cols") a.box_cols = std::atoi(v.c_str());
+    else if (k == "--head-dim") a.d = std::atoi(v.c_str());
+    else if (k == "--paged") paged = std::atoi(v.c_str()) != 0;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
-  if (a.stages > kMaxStages || a.S % (a.splits * a.block_n) != 0 || a.block_n % a.box_rows != 0) {
+  if (a.stages > kMaxStages || a.S % (a.splits * a.block_n) != 0 || a.block_n % a.box_rows != 0 ||
+      (a.d != 64 && a.d != 128) || (paged && mode != "tma")) {
     std::fprintf(stderr, "bad arguments\n");
     return 2;
   }
-  const size_t bytes = size_t(a.B) * a.S * a.H * kRowBytes;
+  const size_t bytes = size_t(a.B) * a.S * a.H * (a.d * 2);
   uint8_t *k = nullptr, *v = nullptr;
   float* sink = nullptr;
   CHECK(cudaMalloc(&k, bytes));
@@ -324,8 +342,22 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&sink, 4));
   CHECK(cudaMemset(k, 0x3c, bytes));
   CHECK(cudaMemset(v, 0x3c, bytes));
+  int* table = nullptr;
+  if (paged) {  // a random permutation of the pages, shared by the heads of a batch (a serving engine's block table)
+    const int n = a.B * (a.S / a.block_n);
+    std::vector<int> perm(n);
+    for (int i = 0; i < n; ++i) perm[i] = i;
+    uint64_t x = 88172645463325252ull;
+    for (int i = n - 1; i > 0; --i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::swap(perm[i], perm[x % (i + 1)]);
+    }
+    CHECK(cudaMalloc(&table, n * sizeof(int)));
+    CHECK(cudaMemcpy(table, perm.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+    a.pages = table;
+  }
   const int grid = a.B * a.H * a.splits;
-  const int smem = a.stages * 2 * a.block_n * kRowBytes + 1024;
+  const int smem = a.stages * 2 * a.block_n * (a.d * 2) + 1024;
   CUtensorMap mk{}, mv{};
   if (mode == "tma") {
     mk = make_map(k, a);
@@ -357,9 +389,9 @@ int main(int argc, char** argv) {
   CHECK(cudaGetLastError());
   std::sort(ms.begin(), ms.end());
   const double t = ms[ms.size() / 2] * 1e-3;
-  std::printf("%-7s %s B=%d S=%d H=%d stages=%d block_n=%d box=%dx%d promo=%d hold=%d splits=%d grid=%d smem=%d: "
+  std::printf("%-7s d%d%s %s B=%d S=%d H=%d stages=%d block_n=%d box=%dx%d promo=%d hold=%d splits=%d grid=%d smem=%d: "
               "%.1f us, %.0f GB/s\n",
-              mode.c_str(), a.bhsd ? "bhsd" : "bshd", a.B, a.S, a.H, a.stages, a.block_n, a.box_cols, a.box_rows,
+              mode.c_str(), a.d, paged ? " paged" : "", a.bhsd ? "bhsd" : "bshd", a.B, a.S, a.H, a.stages, a.block_n, a.box_cols, a.box_rows,
               a.promo, a.hold, a.splits, grid, smem, t * 1e6, 2.0 * bytes / t / 1e9);
   return 0;
 }

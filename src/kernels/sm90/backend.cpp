@@ -228,6 +228,10 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.block_table = p.block_table;
   fp.block_table_stride = p.block_table_stride > 0 ? p.block_table_stride : kernels::ceil_div(p.seqlen_k, p.page_size > 0 ? p.page_size : 1);
   fp.page_size = static_cast<int>(p.page_size);
+  fp.page_shift = -1;  // producer.cuh: shift and mask for a power-of-two page size
+  for (int s = 0; s < 31; ++s) {
+    if (p.page_size == (int64_t{1} << s)) fp.page_shift = s;
+  }
   fp.num_pages = static_cast<int>(p.num_pages);
   fp.kv_slice_rows = slice_rows;
   fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;

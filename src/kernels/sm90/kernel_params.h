@@ -42,6 +42,7 @@ struct FwdParams {
   const int32_t* block_table;  // nullptr: dense or packed K/V
   int64_t block_table_stride;
   int page_size;
+  int page_shift;  // log2(page_size) when it is a power of two (every engine's case), else -1: key / page_size
   int num_pages;
   int kv_slice_rows;
   bool zero_v_tail;  // V rows past a sequence's keys lie inside the tensor (seqused_k, packed or paged K/V)

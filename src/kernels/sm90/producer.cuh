@@ -50,9 +50,20 @@ __device__ __forceinline__ void tma_load_vt(const CUtensorMap* map, uint8_t* sme
 // The page holding key `key` of the tile's sequence: keys past the sequence's count (whose table entries may be
 // garbage) and ids outside the pool give page num_pages, past the tensor map's end, where TMA fills zeros and still
 // counts the bytes.
+// Key -> (table entry, row in the page) by shift and mask for a power-of-two page: the producer thread does this for
+// every slice, and at head dim 64 two integer divisions per slice made it slower than the key blocks it feeds (paged
+// 25% under dense; perf-notes v21d).
+__device__ __forceinline__ int page_entry(const FwdParams& p, int key) {
+  return p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+}
+__device__ __forceinline__ int row_in_page(const FwdParams& p, int key) {
+  return p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
+}
+
 __device__ __forceinline__ int32_t page_of(const FwdParams& p, const Tile& tile, int key) {
   if (key >= tile.seq.seqlen_k) return p.num_pages;
-  const int32_t page = __ldg(p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride + key / p.page_size);
+  const int32_t page =
+      __ldg(p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride + page_entry(p, key));
   return page < 0 || page >= p.num_pages ? p.num_pages : page;
 }
 
@@ -79,10 +90,10 @@ __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtenso
 #pragma unroll 1
   for (int r = 0; r < Cfg::kBlockN; r += p.kv_slice_rows) {
     const int32_t page = r == 0 ? pages.first : r == p.kv_slice_rows ? pages.second : page_of(p, tile, key0 + r);
-    const int32_t row_in_page = (key0 + r) % p.page_size;
+    const int32_t row = row_in_page(p, key0 + r);
 #pragma unroll
     for (int c = 0; c < Cfg::kChunks; ++c) {
-      const int32_t coords[4] = {c * Cfg::kChunkCols, row_in_page, kv_head, page};
+      const int32_t coords[4] = {c * Cfg::kChunkCols, row, kv_head, page};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                       smem + c * Cfg::kKVChunkBytes + r * Cfg::kRowBytes, map, coords, bar);
     }
