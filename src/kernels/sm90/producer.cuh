@@ -47,9 +47,6 @@ __device__ __forceinline__ void tma_load_vt(const CUtensorMap* map, uint8_t* sme
   }
 }
 
-// The page holding key `key` of the tile's sequence: keys past the sequence's count (whose table entries may be
-// garbage) and ids outside the pool give page num_pages, past the tensor map's end, where TMA fills zeros and still
-// counts the bytes.
 // Key -> (table entry, row in the page) by shift and mask for a power-of-two page: the producer thread does this for
 // every slice, and at head dim 64 two integer divisions per slice made it slower than the key blocks it feeds (paged
 // 25% under dense; perf-notes v21d).
@@ -60,6 +57,9 @@ __device__ __forceinline__ int row_in_page(const FwdParams& p, int key) {
   return p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
 }
 
+// The page holding key `key` of the tile's sequence: keys past the sequence's count (whose table entries may be
+// garbage) and ids outside the pool give page num_pages, past the tensor map's end, where TMA fills zeros and still
+// counts the bytes.
 __device__ __forceinline__ int32_t page_of(const FwdParams& p, const Tile& tile, int key) {
   if (key >= tile.seq.seqlen_k) return p.num_pages;
   const int32_t page =
@@ -112,7 +112,7 @@ struct Producer {
   }
 
   // A paged cache's key blocks: a loop of its own (sharing the dense loop's body cost the producer's 24 registers a
-  // spill in the dynamic schedule). Each block's first page is read before the waits for its stages (the previous
+  // spill in the dynamic schedule). Each block's first two pages are read before the waits for its stages (the previous
   // block's loads are already issued), so a table read is rarely on the critical path.
   __device__ __forceinline__ void load_paged_blocks(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                                     SharedBarriers<Cfg>& bars, int kv_head, BlockPages pages) {
