@@ -12,14 +12,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashcore  # noqa: E402
-from serving import graph_time_us  # noqa: E402
+from serving import graph_time_us, paged_cache  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--head-dim", type=int, default=128)
 ap.add_argument("--rows", default="1x8192,8x8192,32x4096,128x2048")
 ap.add_argument("--splits", default="0,1,4,8,13,16,24,32,48,64")
 a = ap.parse_args()
-D, Hq, Hkv, PAGE = a.head_dim, 32, 8, 64
+D, Hq, Hkv = a.head_dim, 32, 8
 splits = [int(s) for s in a.splits.split(",")]
 print(f"{'row':>10} {'layout':>6} " + " ".join(f"{s:>7}" for s in splits) + "   (GB/s of K and V; column = num_splits)")
 for row in a.rows.split(","):
@@ -28,12 +28,7 @@ for row in a.rows.split(","):
     kc = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
     lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
-    nblk = Sk // PAGE
-    table = torch.randperm(B * nblk, device="cuda", dtype=torch.int32).reshape(B, nblk)
-    kp = torch.empty(B * nblk, PAGE, Hkv, D, device="cuda", dtype=torch.bfloat16)
-    vp = torch.empty_like(kp)
-    kp[table.flatten().long()] = kc.reshape(B * nblk, PAGE, Hkv, D)
-    vp[table.flatten().long()] = vc.reshape(B * nblk, PAGE, Hkv, D)
+    table, kp, vp = paged_cache(kc, vc)  # page 64, as bench/serving.py
     gb = 2 * kc.numel() * kc.element_size() / 1e9
     for name, args in (("dense", (q, kc, vc)), ("paged", (q, kp, vp))):
         kw = {"cache_seqlens": lens} | ({"block_table": table} if name == "paged" else {})

@@ -8,6 +8,8 @@ SYSTEM: flashcore, cudnn, fa3 (flash_attn_interface on PYTHONPATH), read (a plai
 the streaming reference for decode shapes). Tensors are (B, S, H, D) bf16, the layout of bench/serving.py.
 """
 import argparse
+import os
+import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -26,13 +28,9 @@ k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16)
 v = torch.randn_like(k)
 if a.system == "flashcore" and a.paged:
     import flashcore
-    P = a.paged
-    npb = Sk // P
-    table = torch.randperm(B * npb, device="cuda", dtype=torch.int32).reshape(B, npb)
-    kp = torch.empty(B * npb, P, Hkv, D, device="cuda", dtype=torch.bfloat16)
-    vp = torch.empty_like(kp)
-    kp[table.flatten().long()] = k.reshape(B * npb, P, Hkv, D)
-    vp[table.flatten().long()] = v.reshape(B * npb, P, Hkv, D)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serving import paged_cache
+    table, kp, vp = paged_cache(k, v, a.paged)
     lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
     fn = lambda: flashcore.attention_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table, causal=a.causal)
 elif a.system == "flashcore":

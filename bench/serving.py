@@ -178,6 +178,19 @@ def iter_decode(head_dim=128, heads=(32, 8), configs=(), shapes=DECODE_ROWS, fa3
         yield row
 
 
+def paged_cache(kc, vc, page=PAGE):
+    """The dense caches kc, vc (B, Sk, Hkv, D) copied into pages of `page` keys in a shuffled order: returns the
+    block table (B, Sk / page) int32 and the paged K and V (B * Sk / page, page, Hkv, D)."""
+    B, Sk, Hkv, D = kc.shape
+    nblk = Sk // page
+    table = torch.randperm(B * nblk, device=kc.device, dtype=torch.int32).reshape(B, nblk)
+    kp = torch.empty(B * nblk, page, Hkv, D, device=kc.device, dtype=kc.dtype)
+    vp = torch.empty_like(kp)
+    kp[table.flatten().long()] = kc.reshape(B * nblk, page, Hkv, D)
+    vp[table.flatten().long()] = vc.reshape(B * nblk, page, Hkv, D)
+    return table, kp, vp
+
+
 def decode_row(B, Sk, head_dim=128, hq=32, hkv=8, configs=(), fa3=True, cudnn=True, keep_going=False):
     """One decode row: batch B, cache length Sk (a multiple of PAGE); see iter_decode."""
     dt, D, Hq, Hkv = torch.bfloat16, head_dim, hq, hkv
@@ -214,12 +227,7 @@ def decode_row(B, Sk, head_dim=128, hq=32, hkv=8, configs=(), fa3=True, cudnn=Tr
     # Paged caches (page 64): the same K/V, pages shuffled through a block table; FlashCore's and FA3's columns
     # read the same pages.
     lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
-    nblk = Sk // PAGE
-    table = torch.randperm(B * nblk, device="cuda", dtype=torch.int32).reshape(B, nblk)
-    kp = torch.empty(B * nblk, PAGE, Hkv, D, device="cuda", dtype=dt)
-    vp = torch.empty_like(kp)
-    kp[table.flatten().long()] = kc.reshape(B * nblk, PAGE, Hkv, D)
-    vp[table.flatten().long()] = vc.reshape(B * nblk, PAGE, Hkv, D)
+    table, kp, vp = paged_cache(kc, vc)
 
     def fc_paged():
         return flashcore.attention_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table, causal=True)

@@ -49,135 +49,152 @@ __device__ __forceinline__ void spin(int cycles) {
   }
 }
 
+// The slice a CTA streams: batch b, head h, key blocks [key0, key0 + nblocks * block_n) (split `blockIdx % splits`
+// of the keys); row `key` of K or V at base + key * row_stride bytes (bshd: ((b * S + key) * H + h) rows, bhsd:
+// ((b * H + h) * S + key) rows).
+struct Slice {
+  int b, h, key0, nblocks;
+  int64_t base, row_stride;
+};
+
+__device__ __forceinline__ Slice slice_of(const Args& a) {
+  Slice sl;
+  const int split = blockIdx.x % a.splits, bh = blockIdx.x / a.splits;
+  sl.h = bh % a.H;
+  sl.b = bh / a.H;
+  const int keys = a.S / a.splits;
+  sl.key0 = split * keys;
+  sl.nblocks = keys / a.block_n;
+  const int64_t row = a.d * 2;
+  sl.row_stride = a.bhsd ? row : int64_t(a.H) * row;
+  sl.base = a.bhsd ? (int64_t(sl.b) * a.H + sl.h) * a.S * row : (int64_t(sl.b) * a.S * a.H + sl.h) * row;
+  return sl;
+}
+
+__device__ __forceinline__ uint8_t* aligned_1k(uint8_t* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// The mbarrier ring of the tma and bulk modes: one producer arrival (with the transaction bytes) per full barrier,
+// one arrival per consumer warp on the empty ones.
+__device__ __forceinline__ void init_ring(const Args& a, uint64_t* full, uint64_t* empty) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < a.stages; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], 1);
+      cuda::ptx::mbarrier_init(&empty[s], kThreads / 32 - 1);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// Producer side of block n: wait for its stage to be free; returns the stage.
+__device__ __forceinline__ int acquire_stage(const Args& a, uint64_t* empty, int n) {
+  const int s = n % a.stages;
+  wait_parity(&empty[s], ((n / a.stages) & 1) ^ 1u);
+  return s;
+}
+
+// Consumer warps (1..3): wait for each block, read a word of it, hold it `hold` cycles, hand it back.
+__device__ __forceinline__ float consume_ring(const Args& a, const uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                              int nblocks) {
+  const int tile = a.block_n * a.d * 2;
+  float acc = 0.f;
+  for (int n = 0; n < nblocks; ++n) {
+    const int s = n % a.stages;
+    wait_parity(&full[s], (n / a.stages) & 1);
+    acc += reinterpret_cast<const float*>(smem + s * 2 * tile)[threadIdx.x];
+    if (a.hold > 0) spin(a.hold);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+      cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, &empty[s]);
+    }
+  }
+  return acc;
+}
+
 // Stage s of the ring: K at s * 2 * tile, V right after; within a tile, column chunk c (64 columns, 128 bytes)
 // at c * block_n * 128, row r of the chunk at r * 128 (the 128B-swizzled K-major layout wgmma reads).
 __global__ void __launch_bounds__(kThreads) tma_stream(const __grid_constant__ CUtensorMap mk,
                                                       const __grid_constant__ CUtensorMap mv, Args a,
                                                       float* sink) {
   extern __shared__ uint8_t raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = aligned_1k(raw);
   __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
-  const int tile = a.block_n * (a.d * 2);
-  const int split = blockIdx.x % a.splits, bh = blockIdx.x / a.splits;
-  const int h = bh % a.H, b = bh / a.H;
-  const int keys = a.S / a.splits, key0 = split * keys, nblocks = keys / a.block_n;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < a.stages; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 1);
-      cuda::ptx::mbarrier_init(&empty[s], 3);
-    }
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-  }
-  __syncthreads();
+  const int tile = a.block_n * a.d * 2;
+  const Slice sl = slice_of(a);
+  init_ring(a, full, empty);
   float acc = 0.f;
-  if (warp == 0) {
-    if (lane == 0) {
-      const int* table = a.pages == nullptr ? nullptr : a.pages + int64_t(b) * (a.S / a.block_n) + key0 / a.block_n;
-      int page = table == nullptr ? 0 : __ldg(table);
-      for (int n = 0; n < nblocks; ++n) {
-        const int s = n % a.stages;
-        const uint32_t phase = (n / a.stages) & 1;
-        const int next_page = table != nullptr && n + 1 < nblocks ? __ldg(table + n + 1) : 0;  // a block ahead
-        while (!cuda::ptx::mbarrier_try_wait_parity(&empty[s], phase ^ 1u)) {
-        }
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                             &full[s], 2 * tile);
-        uint8_t* k_stage = smem + s * 2 * tile;
-        for (int t = 0; t < 2; ++t) {
-          const CUtensorMap* map = t == 0 ? &mk : &mv;
-          for (int r = 0; r < a.block_n; r += a.box_rows) {
-            for (int c = 0; c < a.d / a.box_cols; ++c) {
-              const int32_t coords[4] = {c * a.box_cols, table != nullptr ? r : key0 + n * a.block_n + r, h,
-                                         table != nullptr ? page : b};
-              cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                              k_stage + t * tile + c * a.block_n * a.box_cols * 2 +
-                                                  r * a.box_cols * 2,
-                                              map, coords, &full[s]);
-            }
+  if (threadIdx.x == 0) {
+    const int* table =
+        a.pages == nullptr ? nullptr : a.pages + int64_t(sl.b) * (a.S / a.block_n) + sl.key0 / a.block_n;
+    int page = table == nullptr ? 0 : __ldg(table);
+    for (int n = 0; n < sl.nblocks; ++n) {
+      const int next_page = table != nullptr && n + 1 < sl.nblocks ? __ldg(table + n + 1) : 0;  // a block ahead
+      const int s = acquire_stage(a, empty, n);
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           &full[s], 2 * tile);
+      for (int t = 0; t < 2; ++t) {
+        const CUtensorMap* map = t == 0 ? &mk : &mv;
+        for (int r = 0; r < a.block_n; r += a.box_rows) {
+          for (int c = 0; c < a.d / a.box_cols; ++c) {
+            const int32_t coords[4] = {c * a.box_cols, table != nullptr ? r : sl.key0 + n * a.block_n + r, sl.h,
+                                       table != nullptr ? page : sl.b};
+            cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                            smem + (2 * s + t) * tile + (c * a.block_n + r) * a.box_cols * 2, map,
+                                            coords, &full[s]);
           }
         }
-        page = next_page;
       }
+      page = next_page;
     }
-  } else {
-    for (int n = 0; n < nblocks; ++n) {
-      const int s = n % a.stages;
-      const uint32_t phase = (n / a.stages) & 1;
-      while (!cuda::ptx::mbarrier_try_wait_parity(&full[s], phase)) {
-      }
-      acc += reinterpret_cast<const float*>(smem + s * 2 * tile)[threadIdx.x];
-      if (a.hold > 0) spin(a.hold);
-      __syncwarp();
-      if (lane == 0) {
-        cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, &empty[s]);
-      }
-    }
+  } else if (threadIdx.x >= 32) {
+    acc = consume_ring(a, smem, full, empty, sl.nblocks);
   }
   if (acc == 12345.f) sink[0] = acc;  // keeps the reads
 }
 
-// bulk: 1D cp.async.bulk. bhsd: one copy of block_n * 256 contiguous bytes per tensor and block; bshd: one 256-byte
-// copy per row, issued by the 32 lanes of warp 0.
+// bulk: 1D cp.async.bulk. bhsd: one copy of block_n contiguous rows per tensor and block; bshd: one row per copy,
+// issued by the 32 lanes of warp 0.
 __global__ void __launch_bounds__(kThreads) bulk_stream(const uint8_t* k, const uint8_t* v, Args a, float* sink) {
   extern __shared__ uint8_t raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = aligned_1k(raw);
   __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
-  const int tile = a.block_n * (a.d * 2);
-  const int split = blockIdx.x % a.splits, bh = blockIdx.x / a.splits;
-  const int h = bh % a.H, b = bh / a.H;
-  const int keys = a.S / a.splits, key0 = split * keys, nblocks = keys / a.block_n;
-  const int64_t row_stride = a.bhsd ? (a.d * 2) : int64_t(a.H) * (a.d * 2);
-  const int64_t base = a.bhsd ? (int64_t(b) * a.H + h) * a.S * (a.d * 2) : (int64_t(b) * a.S * a.H + h) * (a.d * 2);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < a.stages; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 1);
-      cuda::ptx::mbarrier_init(&empty[s], 3);
-    }
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-  }
-  __syncthreads();
+  const int row = a.d * 2, tile = a.block_n * row;
+  const Slice sl = slice_of(a);
+  const int lane = threadIdx.x % 32;
+  init_ring(a, full, empty);
   float acc = 0.f;
-  if (warp == 0) {
-    for (int n = 0; n < nblocks; ++n) {
-      const int s = n % a.stages;
-      const uint32_t phase = (n / a.stages) & 1;
-      while (!cuda::ptx::mbarrier_try_wait_parity(&empty[s], phase ^ 1u)) {
-      }
+  if (threadIdx.x < 32) {
+    for (int n = 0; n < sl.nblocks; ++n) {
+      const int s = acquire_stage(a, empty, n);
       if (lane == 0) {
         cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                              &full[s], 2 * tile);
       }
       __syncwarp();
       for (int t = 0; t < 2; ++t) {
-        const uint8_t* src = (t == 0 ? k : v) + base + (key0 + int64_t(n) * a.block_n) * row_stride;
-        uint8_t* dst = smem + s * 2 * tile + t * tile;
+        const uint8_t* src = (t == 0 ? k : v) + sl.base + (sl.key0 + int64_t(n) * a.block_n) * sl.row_stride;
+        uint8_t* dst = smem + (2 * s + t) * tile;
         if (a.bhsd) {
           if (lane == 0) {
             cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src, tile, &full[s]);
           }
         } else {
           for (int r = lane; r < a.block_n; r += 32) {
-            cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst + r * (a.d * 2),
-                                     src + r * row_stride, (a.d * 2), &full[s]);
+            cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst + r * row,
+                                     src + r * sl.row_stride, row, &full[s]);
           }
         }
       }
     }
   } else {
-    for (int n = 0; n < nblocks; ++n) {
-      const int s = n % a.stages;
-      const uint32_t phase = (n / a.stages) & 1;
-      while (!cuda::ptx::mbarrier_try_wait_parity(&full[s], phase)) {
-      }
-      acc += reinterpret_cast<const float*>(smem + s * 2 * tile)[threadIdx.x];
-      if (a.hold > 0) spin(a.hold);
-      __syncwarp();
-      if (lane == 0) {
-        cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, &empty[s]);
-      }
-    }
+    acc = consume_ring(a, smem, full, empty, sl.nblocks);
   }
   if (acc == 12345.f) sink[0] = acc;
 }
@@ -205,39 +222,33 @@ __device__ __forceinline__ void cp_async_wait_runtime(int n) {
   }
 }
 
-// One stage: block_n rows of K then of V, 16 pieces of 16 bytes per row; thread t takes pieces t, t + 128, ...
-__device__ __forceinline__ void cp_stage(const Args& a, const uint8_t* k, const uint8_t* v, int64_t row_stride,
-                                         int64_t row0, uint8_t* dst) {
-  const int per_row = a.d * 2 / 16, pieces = a.block_n * per_row;
+// One stage: block_n rows of K then of V, in 16-byte pieces; thread t takes pieces t, t + 128, ...
+__device__ __forceinline__ void cp_stage(const Args& a, const Slice& sl, const uint8_t* k, const uint8_t* v, int n,
+                                         uint8_t* dst) {
+  const int row = a.d * 2, per_row = row / 16, pieces = a.block_n * per_row;
+  const int64_t row0 = sl.key0 + int64_t(n) * a.block_n;
   for (int t = 0; t < 2; ++t) {
-    const uint8_t* src = t == 0 ? k : v;
+    const uint8_t* src = (t == 0 ? k : v) + sl.base;
     for (int i = threadIdx.x; i < pieces; i += kThreads) {
       const int r = i / per_row, c = i % per_row;
-      cp_async16(dst + t * a.block_n * (a.d * 2) + r * (a.d * 2) + c * 16, src + (row0 + r) * row_stride + c * 16);
+      cp_async16(dst + (t * a.block_n + r) * row + c * 16, src + (row0 + r) * sl.row_stride + c * 16);
     }
   }
 }
 
 __global__ void __launch_bounds__(kThreads) cp_stream(const uint8_t* k, const uint8_t* v, Args a, float* sink) {
   extern __shared__ uint8_t raw[];
-  const int tile = a.block_n * (a.d * 2);
-  const int split = blockIdx.x % a.splits, bh = blockIdx.x / a.splits;
-  const int h = bh % a.H, b = bh / a.H;
-  const int keys = a.S / a.splits, key0 = split * keys, nblocks = keys / a.block_n;
-  // Row `key` of head h, batch b: bshd at ((b * S + key) * H + h) * 256, bhsd at ((b * H + h) * S + key) * 256.
-  const int64_t row_stride = a.bhsd ? (a.d * 2) : int64_t(a.H) * (a.d * 2);
-  const int64_t base = a.bhsd ? (int64_t(b) * a.H + h) * a.S * (a.d * 2) : (int64_t(b) * a.S * a.H + h) * (a.d * 2);
-  const uint8_t* kb = k + base;
-  const uint8_t* vb = v + base;
+  const int tile = a.block_n * a.d * 2;
+  const Slice sl = slice_of(a);
   float acc = 0.f;
   // Ring of `stages` stages, stages - 1 in flight ahead of the one being read (the sm80 scheme).
-  for (int n = 0; n < a.stages - 1 && n < nblocks; ++n) {
-    cp_stage(a, kb, vb, row_stride, key0 + n * a.block_n, raw + n * 2 * tile);
+  for (int n = 0; n < a.stages - 1 && n < sl.nblocks; ++n) {
+    cp_stage(a, sl, k, v, n, raw + n * 2 * tile);
     cp_async_commit();
   }
-  for (int n = 0; n < nblocks; ++n) {
+  for (int n = 0; n < sl.nblocks; ++n) {
     const int ahead = n + a.stages - 1;
-    if (ahead < nblocks) cp_stage(a, kb, vb, row_stride, key0 + ahead * a.block_n, raw + (ahead % a.stages) * 2 * tile);
+    if (ahead < sl.nblocks) cp_stage(a, sl, k, v, ahead, raw + (ahead % a.stages) * 2 * tile);
     cp_async_commit();
     cp_async_wait_runtime(a.stages - 1);  // block n's group done, stages - 1 newer ones may be in flight
     __syncthreads();
@@ -266,22 +277,23 @@ CUtensorMap make_map(void* base, const Args& a) {
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
   // Dims {col, seq, head, batch}; strides in bytes of dims 1..3.
+  const cuuint64_t row = cuuint64_t(a.d) * 2;  // bytes
   cuuint64_t dims[4] = {cuuint64_t(a.d), cuuint64_t(a.S), cuuint64_t(a.H), cuuint64_t(a.B)};
   cuuint64_t strides[3];
   if (a.pages != nullptr) {  // (pages, block_n, H, d)
     dims[1] = cuuint64_t(a.block_n);
     dims[3] = cuuint64_t(a.B) * (a.S / a.block_n);
-    strides[0] = cuuint64_t(a.H) * (a.d * 2);
-    strides[1] = (a.d * 2);
-    strides[2] = cuuint64_t(a.block_n) * a.H * (a.d * 2);
+    strides[0] = cuuint64_t(a.H) * row;
+    strides[1] = row;
+    strides[2] = cuuint64_t(a.block_n) * a.H * row;
   } else if (a.bhsd) {
-    strides[0] = (a.d * 2);
-    strides[1] = cuuint64_t(a.S) * (a.d * 2);
-    strides[2] = cuuint64_t(a.H) * a.S * (a.d * 2);
+    strides[0] = row;
+    strides[1] = cuuint64_t(a.S) * row;
+    strides[2] = cuuint64_t(a.H) * a.S * row;
   } else {
-    strides[0] = cuuint64_t(a.H) * (a.d * 2);
-    strides[1] = (a.d * 2);
-    strides[2] = cuuint64_t(a.S) * a.H * (a.d * 2);
+    strides[0] = cuuint64_t(a.H) * row;
+    strides[1] = row;
+    strides[2] = cuuint64_t(a.S) * a.H * row;
   }
   const cuuint32_t box[4] = {cuuint32_t(a.box_cols), cuuint32_t(a.box_rows), 1, 1};
   const CUtensorMapL2promotion promo = a.promo == 0    ? CU_TENSOR_MAP_L2_PROMOTION_NONE
