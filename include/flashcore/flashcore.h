@@ -123,11 +123,11 @@ typedef struct flashcore_attention_params {
                                 of K/V (a KV cache's lengths, FlashAttention's cache_seqlens / seqused_k), read on
                                 the device and clamped to [0, seqlen_k]; causal alignment is bottom-right against
                                 that length. The rows past it are never read into O or LSE, even if they hold NaN.
-                                A sequence with no key gets O = 0 and LSE = -inf. sm90 backend only; 4-byte
+                                A sequence with no key gets O = 0 and LSE = -inf. Both backends; 4-byte
                                 aligned [NULL: seqlen_k keys for every sequence] */
 
-  /* Serving: packed variable-length batches and paged KV caches (sm90 backend only; the sm80 backend returns
-   * FLASHCORE_ERROR_INVALID_ARGUMENT). Device int32 arrays must be 4-byte aligned; their contents are read by the
+  /* Serving: packed variable-length batches and paged KV caches (both backends since 0.3; split-KV decode is sm90
+   * only: the portable backend runs one CTA per query block). Device int32 arrays must be 4-byte aligned; their contents are read by the
    * kernel only (no host synchronisation, so a CUDA graph replays with new contents), and clamped to the
    * tensors' extents: out-of-range entries cannot make the kernel read or write outside Q, K, V, O or LSE. */
   const int32_t* cu_seqlens_q; /* device (batch + 1,), cu_seqlens_q[0] = 0, nondecreasing: sequence b's queries are

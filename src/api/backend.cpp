@@ -234,17 +234,6 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   const bool causal = p.causal != 0;
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    const std::pair<const char*, const void*> serving[] = {{"seqused_k (a KV cache's lengths)", p.seqused_k},
-                                                           {"cu_seqlens_q (packed queries)", p.cu_seqlens_q},
-                                                           {"cu_seqlens_k (packed keys)", p.cu_seqlens_k},
-                                                           {"block_table (a paged KV cache)", p.block_table},
-                                                           {"k_new (a KV-cache append)", p.k_new}};
-    for (const auto& [what, ptr] : serving) {
-      if (ptr != nullptr) {
-        error = std::string(what) + " is not supported by the sm80 backend yet; pass NULL, or run on an sm90 GPU";
-        return FLASHCORE_ERROR_INVALID_ARGUMENT;
-      }
-    }
     out.sm80 = sm80::select(p.dtype, out_dtype, hd, causal, p.kernel_config, cc, error);
     if (out.sm80 == nullptr) return no_row_status(p);
     out.name = out.sm80->name;

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "kernels/common/tile_math.h"
+
 namespace flashcore::api {
 namespace {
 
@@ -101,6 +103,24 @@ flashcore_status prepare_kernel(const void* kernel, int device, int smem_bytes, 
   }
   mark_prepared(kernel, device);
   return FLASHCORE_SUCCESS;
+}
+
+void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_params& p) {
+  const bool varlen_q = p.cu_seqlens_q != nullptr;
+  s.seqused_k = p.seqused_k;
+  s.seqused_k_add = 0;
+  s.cu_seqlens_q = p.cu_seqlens_q;
+  s.cu_seqlens_k = p.cu_seqlens_k;
+  s.total_q = p.total_q;
+  s.total_k = p.total_k;
+  s.block_table = p.block_table;
+  s.block_table_stride = p.block_table_stride > 0 ? p.block_table_stride
+                                                  : kernels::ceil_div(p.seqlen_k, p.page_size > 0 ? p.page_size : 1);
+  s.page_size = static_cast<int>(p.page_size);
+  s.page_shift = kernels::page_shift_of(p.page_size);
+  s.num_pages = static_cast<int>(p.num_pages);
+  s.lse_stride_head = varlen_q ? p.total_q : p.seqlen_q;  // LSE: (batch, Hq, seqlen_q), or (Hq, total_q) when packed
+  s.lse_stride_batch = varlen_q ? 0 : p.num_heads_q * p.seqlen_q;
 }
 
 }  // namespace flashcore::api

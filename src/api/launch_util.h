@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashcore/flashcore.h"
+#include "kernels/common/serving_layout.h"
 
 namespace flashcore::api {
 
@@ -23,5 +24,8 @@ cudaError_t sm_count(int device, int& sms);
 flashcore_status prepare_kernel(const void* kernel, int device, int smem_bytes, const char* what,
                                 const std::function<std::string(const cudaFuncAttributes&)>& image_error,
                                 std::string& error);
+
+// The call's serving layouts as the kernels read them (every field but seqused_k_add, which the append sets).
+void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_params& p);
 
 }  // namespace flashcore::api

@@ -560,13 +560,6 @@ std::string skip_reason_for_device() {
   return "";
 }
 
-// Serving layouts (packed varlen, paged KV, a KV cache's lengths) run on the sm90 backend only: "" there, else why
-// the case is skipped (the portable backend refuses them with a message; forced with FLASHCORE_BACKEND=sm80 on
-// Hopper, the suite skips them visibly instead of failing).
-std::string serving_skip_reason(const Case& c) {
-  if (!is_serving(c) && c.seqused_k.empty()) return "";
-  return detail::sm90_skip_reason("serving layouts (packed varlen, paged KV, KV-cache lengths) need");
-}
 
 }  // namespace
 
@@ -1084,10 +1077,6 @@ Result run_graph_replay(const Case& captured, const Case& replayed, uint64_t see
     r.skipped = true, r.message = why;
     return r;
   }
-  if (std::string why = serving_skip_reason(captured); !why.empty()) {
-    r.skipped = true, r.message = why;
-    return r;
-  }
   if (!is_serving(captured) || !is_serving(replayed)) {
     r.message = "invalid graph test: both cases must be serving cases (varlen_q, varlen_k or page_size)";
     return r;
@@ -1183,10 +1172,6 @@ Result run_graph_replay(const Case& captured, const Case& replayed, uint64_t see
 Result run_case(const Case& c, uint64_t seed, int repeats) {
   Result r;
   if (std::string why = skip_reason_for_device(); !why.empty()) {
-    r.skipped = true, r.message = why;
-    return r;
-  }
-  if (std::string why = serving_skip_reason(c); !why.empty()) {
     r.skipped = true, r.message = why;
     return r;
   }
@@ -1336,11 +1321,9 @@ class RingShards {
 Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_stream_t fstream) {
   Result r;
   r.seed = seed;
-  for (const std::string& why : {skip_reason_for_device(), serving_skip_reason(c)}) {
-    if (!why.empty()) {
-      r.skipped = true, r.message = why;
-      return r;
-    }
+  if (std::string why = skip_reason_for_device(); !why.empty()) {
+    r.skipped = true, r.message = why;
+    return r;
   }
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(fstream);
   if (is_serving(c)) return run_serving(c, seed, repeats, stream);

@@ -1,7 +1,9 @@
 // The tile arithmetic of src/kernels/common/tile_math.h is host-callable: check it where it used to wrap.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/common/tile_math.h"
 
@@ -36,4 +38,53 @@ TEST(TileMath, CausalKeyLimitIsBottomRightAligned) {
   seq.seqlen_q = INT32_MAX - 512, seq.seqlen_k = 1;
   EXPECT_EQ(seq.key_limit(seq.seqlen_q - 1, true), 1);
   EXPECT_EQ(seq.key_limit(0, true), 0);
+}
+
+// The causal tile order (tile.cuh) must visit every (slice, query block) exactly once, keep each section's slices
+// together, and give a section's heavier query blocks lower tile indices than its lighter ones; a wrong order would
+// not fail a numerical test (every tile is still computed, just late), so it is checked here.
+TEST(TileMath, CausalTileOrderIsAPermutationLongestFirstPerSection) {
+  using flashcore::kernels::lpt_section_slices;
+  using flashcore::kernels::lpt_tile_slot;
+  for (int slices : {1, 3, 16, 32, 33, 256}) {
+    for (int m_blocks : {1, 2, 7, 64}) {
+      for (int section : {1, 2, 4, 5, 16, 1000}) {
+        const int per = section < slices ? section : slices;
+        std::vector<int> seen(static_cast<size_t>(slices) * m_blocks, -1);
+        for (int t = 0; t < slices * m_blocks; ++t) {
+          int slice = -1, m = -1;
+          lpt_tile_slot(t, m_blocks, slices, per, slice, m);
+          ASSERT_GE(slice, 0);
+          ASSERT_LT(slice, slices);
+          ASSERT_GE(m, 0);
+          ASSERT_LT(m, m_blocks);
+          int& at = seen[static_cast<size_t>(slice) * m_blocks + m];
+          ASSERT_EQ(at, -1) << "tile " << t << " repeats slice " << slice << " block " << m;
+          at = t;
+          ASSERT_EQ(slice / per, t / (per * m_blocks)) << "section of tile " << t;
+        }
+        for (int s = 0; s < slices; ++s) {
+          for (int m = 1; m < m_blocks; ++m) {
+            // Within a slice, block m (lighter) comes after block m - 1, and after every heavier block of its section.
+            const int first = s / per * per;
+            for (int o = first; o < std::min(first + per, slices); ++o) {
+              EXPECT_LT(seen[static_cast<size_t>(o) * m_blocks + m - 1], seen[static_cast<size_t>(s) * m_blocks + m]);
+            }
+          }
+        }
+      }
+    }
+  }
+  // Section size: K and V of the section's Q heads within the 32 MB budget, at least one slice, at most all.
+  EXPECT_EQ(lpt_section_slices(8192, 128, 2, 1, 32, 64), 8);    // 4 MB of K/V per head
+  EXPECT_EQ(lpt_section_slices(8192, 128, 2, 4, 128, 64), 32);  // GQA 4:1: a Q head's share is 1 MB
+  EXPECT_EQ(lpt_section_slices(1 << 20, 256, 2, 1, 8, 8192), 1);  // a head larger than the budget
+  EXPECT_EQ(lpt_section_slices(2048, 64, 2, 1, 16, 16), 16);     // everything fits
+  EXPECT_EQ(lpt_section_slices(0, 64, 2, 1, 16, 8), 16);
+  // Fewer than kLptMinBlocks query blocks: one slice per section, i.e. the head-major order.
+  EXPECT_EQ(lpt_section_slices(512, 128, 2, 1, 512, 4), 1);
+  int slice = -1, m = -1;
+  lpt_tile_slot(13, 4, 512, 1, slice, m);
+  EXPECT_EQ(slice, 3);
+  EXPECT_EQ(m, 1);
 }

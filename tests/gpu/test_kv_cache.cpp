@@ -35,7 +35,7 @@ void expect_passes(const Case& c, uint64_t seed) {
 }
 
 TEST(KvCache, LengthsAndNaNPaddingAcrossShapes) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   int runs = 0;
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
     for (int hd : {64, 128, 256}) {
@@ -54,7 +54,7 @@ TEST(KvCache, LengthsAndNaNPaddingAcrossShapes) {
 }
 
 TEST(KvCache, EveryD128ConfigKeepsNaNOut) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   int runs = 0;
   for (bool causal : {false, true}) {
     std::vector<std::string> configs;
@@ -71,7 +71,7 @@ TEST(KvCache, EveryD128ConfigKeepsNaNOut) {
 }
 
 TEST(KvCache, SequsedMustBeAlignedDeviceMemory) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   std::vector<void*> bufs(4, nullptr);
   for (void*& b : bufs) ASSERT_EQ(cudaMalloc(&b, 4 * 64 * 64 * 2), cudaSuccess);
   int32_t* used = nullptr;

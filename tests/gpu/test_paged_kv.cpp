@@ -160,7 +160,7 @@ std::vector<Param> paged_extras() {
 class PagedKvCase : public testing::TestWithParam<Param> {};
 
 TEST_P(PagedKvCase, MatchesReferenceAndRerunsBitExact) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   const Case& c = GetParam().c;
   const check::Result r = check::run_case(c, case_seed(GetParam().name), /*repeats=*/2);
   if (r.skipped) GTEST_SKIP() << check::describe(c) << ": " << r.message;
@@ -191,7 +191,7 @@ TEST(PagedKv, CaseListsHavePagedCases) {
 
 // Every config compiled for bf16 d128 on paged decode (GQA 4) and paged chunked prefill.
 TEST(PagedKv, EveryD128ConfigPasses) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   int runs = 0;
   for (bool causal : {false, true}) {
     std::vector<std::string> configs;
@@ -226,7 +226,7 @@ void expect_graph_passes(const Case& captured, const Case& replayed, const std::
 // One forward captured in a CUDA graph, replayed with the captured table, then with a new page order, new seqused_k
 // (and, with varlen Q, new cu_seqlens_q of the same total) and new inputs: all read on the device at replay time.
 TEST(PagedKv, GraphReplaysWithNewTableAndLengths) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   // Decode, GQA 4 (packed, possibly split-KV), page 64.
   expect_graph_passes(paged_case(FLASHCORE_DTYPE_BF16, 128, false, 8, 2, 1, 64, kCache5),
                       paged_case(FLASHCORE_DTYPE_BF16, 128, false, 8, 2, 1, 64, {4097, 113, 0, 1, 17}), "graph decode");

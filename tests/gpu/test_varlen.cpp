@@ -143,7 +143,7 @@ std::vector<Param> varlen_extras() {
 class VarlenCase : public testing::TestWithParam<Param> {};
 
 TEST_P(VarlenCase, MatchesReferenceAndRerunsBitExact) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   expect_passes(GetParam().c, GetParam().name, /*repeats=*/2);
 }
 
@@ -162,7 +162,7 @@ TEST(Varlen, CaseListsHaveVarlenCases) {
 // Every config compiled for bf16 d128 (except the split-KV rows: num_splits > 1 is not available with cu_seqlens_q)
 // on a varlen Q + K + seqused_k batch.
 TEST(Varlen, EveryD128ConfigPasses) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   int runs = 0;
   for (bool causal : {false, true}) {
     std::vector<std::string> configs;
@@ -196,7 +196,7 @@ void expect_graph_passes(const Case& captured, const Case& replayed, const std::
 // One forward captured in a CUDA graph, replayed with the captured lengths, then with new cu_seqlens_q / cu_seqlens_k
 // (and seqused_k) contents of the same totals: the lengths must be read on the device at replay time.
 TEST(Varlen, GraphReplaysWithNewLengths) {
-  FLASHCORE_REQUIRE_BACKEND("sm90");  // serving layouts: sm90 only (the portable backend refuses them)
+  FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   const std::vector<int32_t> lq2 = {300, 0, 113, 17, 1}, lk2 = {333, 50, 0, 40, 5};  // the same sums
   expect_graph_passes(varlen_case(FLASHCORE_DTYPE_BF16, 128, true, 8, 2, kLq5, kLk5),
                       varlen_case(FLASHCORE_DTYPE_BF16, 128, true, 8, 2, lq2, lk2), "graph qk");

@@ -2,6 +2,10 @@
 #pragma once
 #include <cstdint>
 
+#include <cuda_runtime_api.h>
+
+#include "flashcore/flashcore.h"
+
 namespace flashcore::kernels {
 
 // Row t of sequence b's new keys/values (all heads) goes to key position seqused_k[b] + t of the cache: row `pos` of
@@ -23,5 +27,10 @@ struct AppendParams {
   int heads;
   int row_units;
 };
+
+// Host (append.cu): append p.k_new / p.v_new to the cache of call p (flashcore.h, k_new) on `stream`, before its
+// attention; block_table_stride as the attention kernel reads the table. The launch's own status.
+cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_table_stride, int sms,
+                          cudaStream_t stream);
 
 }  // namespace flashcore::kernels

@@ -13,14 +13,20 @@ struct Tile {
   int split = 0;  // split-KV: which part of the tile's key range (keys is that part)
 };
 
-// Tile order: query blocks fastest, so the CTAs running at once share one head's K/V in L2. Causal tiles go
-// heaviest first within a head (the bottom query blocks see the most keys). Params: any backend's kernel
-// parameters with num_m_blocks, num_heads_q, seqlen_q and seqlen_k.
+// Tile order. Non-causal (equal tiles): query blocks fastest, so the CTAs running at once share one head's K/V in
+// L2. Causal: longest first within L2-sized sections of (batch, head) slices (tile_math.h, lpt_section_slices):
+// section-major, then query block (heaviest, i.e. the bottom one, first), then slice. Params: any backend's kernel
+// parameters with num_m_blocks, num_heads_q, num_slices (batch x num_heads_q), section_slices, seqlen_q, seqlen_k.
 template <class Cfg, class Params>
 __device__ __forceinline__ Tile decode_dense_tile(const Params& p, int tile_idx) {
   Tile t;
-  const int hb = tile_idx / p.num_m_blocks;
-  const int m_idx = tile_idx - hb * p.num_m_blocks;
+  int hb, m_idx;
+  if constexpr (Cfg::kCausal) {
+    lpt_tile_slot(tile_idx, p.num_m_blocks, p.num_slices, p.section_slices, hb, m_idx);
+  } else {
+    hb = tile_idx / p.num_m_blocks;
+    m_idx = tile_idx - hb * p.num_m_blocks;
+  }
   t.head = hb % p.num_heads_q;
   t.batch = hb / p.num_heads_q;
   t.m_block = Cfg::kCausal ? p.num_m_blocks - 1 - m_idx : m_idx;
@@ -28,6 +34,49 @@ __device__ __forceinline__ Tile decode_dense_tile(const Params& p, int tile_idx)
   t.seq.seqlen_k = p.seqlen_k;
   t.keys = key_range(t.seq, t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
   return t;
+}
+
+__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// Sequence b of a packed tensor: its first row and its length, from cu_seqlens clamped to [0, total].
+__device__ __forceinline__ void packed_sequence(const int32_t* cu, int64_t total, int batch, int64_t& row0,
+                                                int64_t& len) {
+  row0 = clamp64(cu[batch], 0, total);
+  len = clamp64(cu[batch + 1], row0, total) - row0;
+}
+
+// A tile of a batch in any layout: query block, head and sequence from the index (the grid covers the longest
+// sequence, p.seqlen_q rows, for every sequence); the sequence's rows and lengths from cu_seqlens (packed tensors)
+// and seqused_k (a KV cache's lengths). A query block past its sequence's end visits no key and stores nothing.
+// kServing false: dense batches only (kernels without the packed paths). Params: a backend's kernel parameters with
+// the serving fields of flashcore.h (cu_seqlens_q/k, total_q/k, seqused_k, seqused_k_add).
+template <class Cfg, bool kServing, class Params>
+__device__ __forceinline__ Tile decode_cache_tile(const Params& p, int tile_idx) {
+  Tile t = decode_dense_tile<Cfg>(p, tile_idx);
+  const bool varlen_q = kServing && p.cu_seqlens_q != nullptr;
+  const bool varlen_k = kServing && p.cu_seqlens_k != nullptr;
+  if (!varlen_q && !varlen_k && p.seqused_k == nullptr) return t;
+  if (varlen_q) packed_sequence(p.cu_seqlens_q, p.total_q, t.batch, t.seq.q_row0, t.seq.seqlen_q);
+  if (varlen_k) packed_sequence(p.cu_seqlens_k, p.total_k, t.batch, t.seq.k_row0, t.seq.seqlen_k);
+  if (p.seqused_k != nullptr) {
+    const int64_t used = clamp64(p.seqused_k[t.batch], 0, t.seq.seqlen_k) + p.seqused_k_add;
+    t.seq.seqlen_k = used < t.seq.seqlen_k ? used : t.seq.seqlen_k;
+  }
+  t.keys = key_range(t.seq, t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
+  if (static_cast<int64_t>(t.m_block) * Cfg::kBlockM >= t.seq.seqlen_q) t.keys = KeyRange{};
+  return t;
+}
+
+// A paged cache's key -> (block-table entry, row in the page), by shift and mask for a power-of-two page (every
+// engine's case: integer division made the sm90 producer thread slower than the key blocks it feeds at head dim 64,
+// perf-notes v21d). Params: page_shift (tile_math.h, page_shift_of) and page_size.
+template <class Params>
+__device__ __forceinline__ int page_entry(const Params& p, int key) {
+  return p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+}
+template <class Params>
+__device__ __forceinline__ int row_in_page(const Params& p, int key) {
+  return p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
 }
 
 }  // namespace flashcore::kernels

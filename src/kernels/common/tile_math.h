@@ -14,6 +14,49 @@ namespace flashcore::kernels {
 
 FLASHCORE_HD constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Causal tile order (tile.cuh): (batch, head) slices are grouped into sections whose K and V fit in an L2 budget
+// (kL2SectionBytes, as FlashAttention-3's scheduler; both Hopper and Ampere parts have 40-60 MB of L2), and within
+// a section every slice's heaviest query block comes first, then every slice's next one, and so on (longest
+// processing time first). With one query block after another per head, the last head's heaviest tiles started when
+// most of the grid was done and ran alone: on the H200 the order gained 4-14% on d128/d256 causal 2k-8k. Below
+// kLptMinBlocks query blocks the tiles are short, the imbalance small, and the head-major order's L2 reuse (a head's
+// tiles run together) was worth more (d128 causal 512: -7% with sections): one slice per section is that order.
+// Returns the slices per section (perf-notes v22).
+inline constexpr int64_t kL2SectionBytes = int64_t{32} << 20;
+inline constexpr int64_t kLptMinBlocks = 8;
+FLASHCORE_HD int64_t lpt_section_slices(int64_t seqlen_k, int64_t head_dim, int64_t elem_bytes, int64_t head_ratio,
+                                        int64_t slices, int64_t num_m_blocks) {
+  if (num_m_blocks < kLptMinBlocks) return 1;
+  const int64_t kv_bytes = 2 * seqlen_k * head_dim * elem_bytes / (head_ratio > 0 ? head_ratio : 1);  // per Q head
+  const int64_t n = kv_bytes > 0 ? kL2SectionBytes / kv_bytes : slices;
+  return n < 1 ? 1 : (n < slices ? n : (slices > 0 ? slices : 1));
+}
+
+// log2(page_size) when the page size is a power of two, else -1 (page lookups then divide: tile.cuh, page_entry).
+FLASHCORE_HD int page_shift_of(int64_t page_size) {
+  for (int s = 0; s < 31; ++s) {
+    if (page_size == (int64_t{1} << s)) return s;
+  }
+  return -1;
+}
+
+// The (slice, query-block index) of causal tile `tile_idx` in that order; m_idx 0 is a slice's heaviest block.
+FLASHCORE_HD void lpt_tile_slot(int tile_idx, int num_m_blocks, int num_slices, int section_slices, int& slice,
+                                int& m_idx) {
+  if (section_slices == 1) {  // the head-major order (short tiles): one division, not two
+    slice = tile_idx / num_m_blocks;
+    m_idx = tile_idx - slice * num_m_blocks;
+    return;
+  }
+  const int per_section = section_slices * num_m_blocks;
+  const int section = tile_idx / per_section;
+  const int first = section * section_slices;
+  const int n = num_slices - first < section_slices ? num_slices - first : section_slices;  // the last may be short
+  const int r = tile_idx - section * per_section;
+  m_idx = r / n;
+  slice = first + (r - m_idx * n);
+}
+
 // The sequence a tile belongs to. Dense batches: every sequence has the tensor's lengths and starts at row 0
 // of its batch entry. Variable-length batches set the offsets of the packed sequence (rows of the tensor).
 struct SeqInfo {

@@ -10,6 +10,7 @@
 
 #include "api/dtype.h"
 #include "api/launch_util.h"
+#include "kernels/common/append_params.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/launch.h"
@@ -132,9 +133,25 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(tiles);
+  fp.num_slices = static_cast<int>(p.num_heads_q * p.batch);
+  fp.section_slices = static_cast<int>(kernels::lpt_section_slices(p.seqlen_k, p.head_dim, dtype_size(p.dtype),
+                                                                   fp.head_ratio, fp.num_slices, m_blocks));
   fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
 
+  api::set_serving_layout(fp, p);  // seqused_k, packed, paged (one batch entry of total rows, or the pages)
+
   if (const flashcore_status st = prepare(row, device, cc, error); st != FLASHCORE_SUCCESS) return st;
+
+  if (p.k_new != nullptr) {  // append the new rows to the cache first, on the same stream
+    int sms = 0;
+    cudaError_t err = api::sm_count(device, sms);
+    if (err == cudaSuccess) err = kernels::launch_append(p, fp.block_table_stride, sms, stream);
+    if (err != cudaSuccess) {
+      error = api::cuda_message("KV-cache append launch failed", err);
+      return FLASHCORE_ERROR_CUDA;
+    }
+    fp.seqused_k_add = static_cast<int>(p.seqlen_new);
+  }
 
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(tiles));

@@ -42,7 +42,7 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   // The warp's kRowsPerWarp rows x kRowUnits units, 32 lanes: lane-consecutive units of a row go to consecutive
   // addresses.
   const int64_t warp_row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + tile_row0<Cfg>(warp, 0);
-  uint8_t* o_slice = const_cast<uint8_t*>(slice_base<Cfg>(p.o, tile.batch, tile.head));
+  uint8_t* o_slice = const_cast<uint8_t*>(slice_base<Cfg>(p.o, p.cu_seqlens_q != nullptr ? 0 : tile.batch, tile.head));
   const int64_t o_row_bytes = p.o.seq_stride * Cfg::kOutElemBytes;
   constexpr int kUnitsPerLane = Cfg::kRowsPerWarp * Cfg::kRowUnits / 32;
 #pragma unroll
@@ -65,7 +65,7 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
       for (int i = 0; i < 2; ++i) {
         const int64_t row = warp_row0 + 16 * t + lane / 4 + 8 * i;
         if (row < tile.seq.seqlen_q) {
-          p.lse[(static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * tile.seq.seqlen_q + row] = lse[t][i];
+          p.lse[tile.batch * p.lse_stride_batch + tile.head * p.lse_stride_head + tile.seq.q_row0 + row] = lse[t][i];
         }
       }
     }

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/common/serving_layout.h"
+
 namespace flashcore::sm80 {
 
 struct TensorRef {
@@ -13,7 +15,8 @@ struct TensorRef {
   int64_t head_stride;
 };
 
-struct FwdParams {
+// The serving layouts (seqused_k, packed, paged; LSE strides): kernels/common/serving_layout.h.
+struct FwdParams : kernels::ServingLayout {
   TensorRef q, k, v, o;  // o.ptr is written (const only to share the type)
   float* lse;            // optional, (B, Hq, Sq) contiguous
   int64_t seqlen_q;
@@ -22,6 +25,8 @@ struct FwdParams {
   int head_ratio;        // num_heads_q / num_heads_kv
   int num_m_blocks;      // ceil(seqlen_q / kBlockM)
   int num_tiles;         // num_m_blocks * num_heads_q * batch (= gridDim.x)
+  int num_slices;      // batch * num_heads_q
+  int section_slices;  // causal tile order: slices per L2 section (tile_math.h, lpt_section_slices)
   float scale_log2;      // softmax_scale * log2(e)
 };
 

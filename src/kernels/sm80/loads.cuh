@@ -8,6 +8,7 @@
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/ptx.cuh"
 #include "kernels/sm80/smem.cuh"
+#include "kernels/sm80/tile.cuh"
 
 namespace flashcore::sm80 {
 
@@ -19,11 +20,27 @@ __device__ __forceinline__ const uint8_t* slice_base(const TensorRef& t, int bat
              Cfg::kElemBytes;
 }
 
+// A paged cache's rows (flashcore.h, block_table): key j of the tile's sequence is row j % page_size of page
+// table[j / page_size]; the slice passed with it is the KV head's row 0 of page 0.
+struct PagedRows {
+  const int32_t* table;  // the sequence's row of the block table
+  int64_t page_bytes;    // K or V's batch (page) stride in bytes
+  const FwdParams* p;    // page_size / page_shift / num_pages
+};
+// (Passed as a flag and a reference, never as a maybe-null pointer: that put the struct in local memory.)
+
 // Copy rows [row0, row0 + kRows) of a slice (row stride `seq_stride` elements, `seqlen` rows) into the tile at
-// shared address `dst`, swizzled (smem.cuh). Rows at or past `seqlen` are zero-filled.
+// shared address `dst`, swizzled (smem.cuh). Rows at or past `seqlen` are zero-filled, and so are (paged) rows whose
+// page id lies outside [0, num_pages): the sm90 producer's TMA reads such rows as zeros too.
+// Two paths. A dense tile wholly inside the sequence (every key block but a tail) walks one source pointer by a
+// fixed row step and, when a pass covers whole groups of 8 rows, writes at a fixed shared step (the swizzle of a
+// thread's rows repeats every 8): a 64-bit add per copy. The bounds-checked loop for every tile cost ~22 integer
+// instructions per 16-byte copy, about a third of a d256 block's instructions (perf-notes v22). A tail tile, and
+// every tile of a paged cache, checks (and looks up) row by row; one loop for both kept the dense kernels' registers
+// (a paged loop of its own in the main loop cost 2-3% on dense calls).
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_tile(uint32_t dst, const uint8_t* slice, int64_t seq_stride, int64_t row0,
-                                          int64_t seqlen) {
+                                          int64_t seqlen, bool is_paged = false, const PagedRows& paged = {}) {
   constexpr int kUnits = kRows * Cfg::kRowUnits / Cfg::kThreads;
   constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kRowUnits;  // rows one pass of the CTA's threads copies
   static_assert(kUnits * Cfg::kThreads == kRows * Cfg::kRowUnits && kRowsPerPass * Cfg::kRowUnits == Cfg::kThreads,
@@ -32,15 +49,34 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const uint8_t* slice, in
   const int r0 = static_cast<int>(threadIdx.x) / Cfg::kRowUnits;  // this thread's row in each pass; its unit is fixed
   const int unit = static_cast<int>(threadIdx.x) % Cfg::kRowUnits;
   slice += unit * 16;
+  if (!is_paged && row0 + kRows <= seqlen) {
+    const uint8_t* src = slice + (row0 + r0) * row_bytes;
+    const int64_t step = kRowsPerPass * row_bytes;
+    const uint32_t dst0 = dst + swizzled_offset<Cfg::kRowBytes>(r0, unit);
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i, src += step) {
+      const uint32_t d = kRowsPerPass % 8 == 0 ? dst0 + i * kRowsPerPass * Cfg::kRowBytes
+                                               : dst + swizzled_offset<Cfg::kRowBytes>(r0 + i * kRowsPerPass, unit);
+      cp_async_16(d, src, true);
+    }
+    return;
+  }
   // Not unrolled: unrolled, the compiler keeps every pass's 64-bit source offset in registers across the main loop
   // (32 of them for a 4-warp head-dim-128 K/V pair), which made the 32-rows-per-warp configs spill.
 #pragma unroll 1
   for (int i = 0; i < kUnits; ++i) {
     const int64_t row = row0 + r0 + i * kRowsPerPass;
-    const bool valid = row < seqlen;
+    bool valid = row < seqlen;
+    int64_t offset = row * row_bytes;
+    if (is_paged) {  // keys past the sequence's count may have garbage table entries: not read
+      const int key = static_cast<int>(row);
+      const int32_t page = valid ? __ldg(paged.table + kernels::page_entry(*paged.p, key)) : -1;
+      valid = page >= 0 && page < paged.p->num_pages;
+      offset = page * paged.page_bytes + kernels::row_in_page(*paged.p, key) * row_bytes;
+    }
     // An out-of-range row reads nothing, but its source address must still be a valid one: row 0.
-    const uint8_t* src = slice + (valid ? row : int64_t{0}) * row_bytes;
-    cp_async_16(dst + swizzled_offset<Cfg::kRowBytes>(r0 + i * kRowsPerPass, unit), src, valid);
+    cp_async_16(dst + swizzled_offset<Cfg::kRowBytes>(r0 + i * kRowsPerPass, unit), slice + (valid ? offset : 0),
+                valid);
   }
 }
 

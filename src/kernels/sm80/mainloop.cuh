@@ -177,6 +177,8 @@ struct SoftmaxStats {
 //   iteration i - 1, whose stage is refilled next), issue the loads of the block kStages - 1 ahead into that
 //   stage and commit (an empty group when there is none, so the counting stays uniform), then compute.
 // Returns with no copy in flight; a tile without key blocks (rows that see no key) loads nothing.
+// A paged cache's K/V come through the block table (loads.cuh, PagedRows), in the same loop: a loop of its own per
+// kernel cost 17 MB of library (four images of every portable kernel) for 1-2% on dense calls (perf-notes v22).
 template <class Cfg>
 __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, uint8_t* smem, WarpState<Cfg>& st) {
 #pragma unroll
@@ -194,20 +196,25 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   auto k_tile = [&](int stage) { return smem_base + Cfg::kSmemKOffset + stage * Cfg::kKVTileBytes; };
   auto v_tile = [&](int stage) { return smem_base + Cfg::kSmemVOffset + stage * Cfg::kKVTileBytes; };
 
-  const uint8_t* q_slice = slice_base<Cfg>(p.q, tile.batch, tile.head);
-  const uint8_t* k_slice = slice_base<Cfg>(p.k, tile.batch, kv_head);
-  const uint8_t* v_slice = slice_base<Cfg>(p.v, tile.batch, kv_head);
+  // Packed (varlen) tensors are one batch entry of total rows (the sequence's rows start at q_row0 / k_row0); a paged
+  // K/V's batch entries are its pages (loads.cuh, PagedRows).
+  const uint8_t* q_slice = slice_base<Cfg>(p.q, p.cu_seqlens_q != nullptr ? 0 : tile.batch, tile.head);
+  const int kv_entry = p.cu_seqlens_k != nullptr || p.block_table != nullptr ? 0 : tile.batch;
+  const uint8_t* k_slice = slice_base<Cfg>(p.k, kv_entry, kv_head);
+  const uint8_t* v_slice = slice_base<Cfg>(p.v, kv_entry, kv_head);
   const int64_t q_row0 = tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM;
   const int64_t q_end = tile.seq.q_row0 + tile.seq.seqlen_q;
   const int64_t k_end = tile.seq.k_row0 + tile.seq.seqlen_k;
-  auto load_k = [&](int n_block, int stage) {
+  // A paged K/V: rows through the block table (the sequence's keys start at row 0; loads.cuh, PagedRows).
+  const int32_t* table = p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride;
+  const PagedRows k_pages{table, p.k.batch_stride * Cfg::kElemBytes, &p};
+  const PagedRows v_pages{table, p.v.batch_stride * Cfg::kElemBytes, &p};
+  auto load_kv_tile = [&](uint32_t dst, const uint8_t* slice, const TensorRef& t, const PagedRows& pages, int n_block) {
     const int64_t row0 = tile.seq.k_row0 + static_cast<int64_t>(n_block) * Cfg::kBlockN;
-    load_tile<Cfg, Cfg::kBlockN>(k_tile(stage), k_slice, p.k.seq_stride, row0, k_end);
+    load_tile<Cfg, Cfg::kBlockN>(dst, slice, t.seq_stride, row0, k_end, p.block_table != nullptr, pages);
   };
-  auto load_v = [&](int n_block, int stage) {
-    const int64_t row0 = tile.seq.k_row0 + static_cast<int64_t>(n_block) * Cfg::kBlockN;
-    load_tile<Cfg, Cfg::kBlockN>(v_tile(stage), v_slice, p.v.seq_stride, row0, k_end);
-  };
+  auto load_k = [&](int n_block, int stage) { load_kv_tile(k_tile(stage), k_slice, p.k, k_pages, n_block); };
+  auto load_v = [&](int n_block, int stage) { load_kv_tile(v_tile(stage), v_slice, p.v, v_pages, n_block); };
   auto load_kv = [&](int n_block, int stage) { load_k(n_block, stage), load_v(n_block, stage); };
 
   load_tile<Cfg, Cfg::kBlockM>(q_tile, q_slice, p.q.seq_stride, q_row0, q_end);

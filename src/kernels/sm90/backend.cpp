@@ -220,27 +220,13 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
   }
   fp.lse = p.lse;
-  fp.seqused_k = p.seqused_k;
-  fp.cu_seqlens_q = p.cu_seqlens_q;
-  fp.cu_seqlens_k = p.cu_seqlens_k;
-  fp.total_q = p.total_q;
-  fp.total_k = p.total_k;
-  fp.block_table = p.block_table;
-  fp.block_table_stride = p.block_table_stride > 0 ? p.block_table_stride : kernels::ceil_div(p.seqlen_k, p.page_size > 0 ? p.page_size : 1);
-  fp.page_size = static_cast<int>(p.page_size);
-  fp.page_shift = -1;  // producer.cuh: shift and mask for a power-of-two page size
-  for (int s = 0; s < 31; ++s) {
-    if (p.page_size == (int64_t{1} << s)) fp.page_shift = s;
-  }
-  fp.num_pages = static_cast<int>(p.num_pages);
+  api::set_serving_layout(fp, p);
   fp.kv_slice_rows = slice_rows;
   fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;
   fp.o = p.o;
   const int64_t out_bytes = dtype_size(out_dtype);
   fp.o_stride_seq_bytes = p.o_strides.seq * out_bytes;
   fp.o_stride_head_bytes = p.o_strides.head * out_bytes;
-  fp.lse_stride_head = q_rows;  // LSE: (batch, Hq, seqlen_q), or (Hq, total_q) for packed queries
-  fp.lse_stride_batch = varlen_q ? 0 : p.num_heads_q * p.seqlen_q;
   fp.tile_counter = static_cast<int*>(p.workspace);
   fp.seqlen_q = p.seqlen_q;
   fp.seqlen_k = p.seqlen_k;
@@ -248,6 +234,9 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(tiles);
+  fp.num_slices = static_cast<int>(p.num_heads_q * p.batch);
+  fp.section_slices = static_cast<int>(kernels::lpt_section_slices(p.seqlen_k, p.head_dim, dtype_size(p.dtype),
+                                                                   fp.head_ratio, fp.num_slices, m_blocks));
   fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
   fp.q_descale = p.q_descale;
   fp.k_descale = p.k_descale;
@@ -270,33 +259,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
 
   if (p.k_new != nullptr) {  // append the new rows to the cache first, on the same stream
-    const int64_t elem = dtype_size(p.dtype);
-    kernels::AppendParams a{};
-    const flashcore_tensor_strides* src[2] = {&p.k_new_strides, &p.v_new_strides};
-    const flashcore_tensor_strides* dst[2] = {&p.k_strides, &p.v_strides};
-    a.src[0] = static_cast<const char*>(p.k_new);
-    a.src[1] = static_cast<const char*>(p.v_new);
-    a.dst[0] = static_cast<char*>(const_cast<void*>(p.k));
-    a.dst[1] = static_cast<char*>(const_cast<void*>(p.v));
-    for (int t = 0; t < 2; ++t) {
-      const int64_t s3[3] = {src[t]->batch, src[t]->seq, src[t]->head}, d3[3] = {dst[t]->batch, dst[t]->seq, dst[t]->head};
-      for (int d = 0; d < 3; ++d) {
-        a.src_stride[t][d] = s3[d] * elem;
-        a.dst_stride[t][d] = d3[d] * elem;
-      }
-    }
-    a.seqused_k = p.seqused_k;
-    a.block_table = p.block_table;
-    a.block_table_stride = fp.block_table_stride;
-    a.page_size = p.page_size;
-    a.num_pages = p.num_pages;
-    a.capacity = p.seqlen_k;
-    a.rows = p.batch * p.seqlen_new * p.num_heads_kv;
-    a.seqlen_new = static_cast<int>(p.seqlen_new);
-    a.heads = static_cast<int>(p.num_heads_kv);
-    a.row_units = static_cast<int>(p.head_dim * elem / 16);
     fp.seqused_k_add = static_cast<int>(p.seqlen_new);
-    err = launch_append(a, sms, stream);
+    err = kernels::launch_append(p, fp.block_table_stride, sms, stream);
     if (err != cudaSuccess) {
       error = api::cuda_message("KV-cache append launch failed", err);
       return FLASHCORE_ERROR_CUDA;

@@ -5,9 +5,12 @@
 
 #include <cstdint>
 
+#include "kernels/common/serving_layout.h"
+
 namespace flashcore::sm90 {
 
-struct FwdParams {
+// The serving layouts (seqused_k, packed, paged; LSE strides): kernels/common/serving_layout.h.
+struct FwdParams : kernels::ServingLayout {
   CUtensorMap tma_q;  // (D, Sq, Hq, B), box (one 128-byte row chunk, kBlockM)
   CUtensorMap tma_k;  // (D, Sk, Hkv, B), box (chunk, kBlockN)
   CUtensorMap tma_v;  // (D, Sk, Hkv, B), box (chunk, kBlockN)
@@ -21,36 +24,23 @@ struct FwdParams {
   int head_ratio;     // num_heads_q / num_heads_kv
   int num_m_blocks;   // ceil(seqlen_q / kBlockM)
   int num_tiles;      // num_m_blocks * num_heads_q * batch (x num_splits for kSplitKv)
+  int num_slices;      // batch * num_heads_q
+  int section_slices;  // causal tile order: slices per L2 section (tile_math.h, lpt_section_slices)
   float scale_log2;   // softmax_scale * log2(e)
   // Split-KV only (Schedule::kSplitKv): per (batch, head, split) the partial O (fp32, [Sq][D], normalized by the
   // split's own sum) and LSE ([Sq], -inf for a split that sees no key), in the workspace; combine.cuh merges them.
   float* o_partial;
   float* lse_partial;
-  // KV cache lengths (flashcore_attention_params::seqused_k): keys of batch b are rows [0, seqused_k[b]) of its
-  // seqlen_k, clamped to [0, seqlen_k]; nullptr: seqlen_k for every b.
-  const int32_t* seqused_k;
-  int seqused_k_add;     // k_new's rows appended by this call before the attention: seqused_k[b] + seqused_k_add keys
   int num_splits;        // >= 1
   int blocks_per_split;  // key blocks per split
-  // Packed variable-length batches (flashcore.h): sequence b's rows are [cu[b], cu[b+1]) of the packed tensor (its
-  // TMA map has one batch entry of total rows); entries are clamped to [0, total]. nullptr: dense.
-  const int32_t* cu_seqlens_q;
-  const int32_t* cu_seqlens_k;
-  int64_t total_q, total_k;
-  // Paged KV cache: tma_k / tma_v map (D, page_size, Hkv, num_pages) with boxes of kv_slice_rows rows (a divisor of
-  // both page_size and kBlockN); key j of sequence b is row j % page_size of page block_table[b * stride + j / page_size].
-  const int32_t* block_table;  // nullptr: dense or packed K/V
-  int64_t block_table_stride;
-  int page_size;
-  int page_shift;  // log2(page_size) when it is a power of two (every engine's case), else -1: key / page_size
-  int num_pages;
+  // Paged KV cache (ServingLayout::block_table): tma_k / tma_v map (D, page_size, Hkv, num_pages) with boxes of
+  // kv_slice_rows rows (a divisor of both page_size and kBlockN). Packed batches: the TMA maps have one batch entry.
   int kv_slice_rows;
   bool zero_v_tail;  // V rows past a sequence's keys lie inside the tensor (seqused_k, packed or paged K/V)
-  // Where O and LSE go, for the stores TMA cannot clip (a packed tile that ends past its sequence): O's base and byte
-  // strides; LSE[batch * lse_stride_batch + head * lse_stride_head + q_row0 + row].
+  // Where O goes for the stores TMA cannot clip (a packed tile that ends past its sequence): O's base and byte strides
+  // (LSE's: ServingLayout).
   void* o;
   int64_t o_stride_seq_bytes, o_stride_head_bytes;
-  int64_t lse_stride_batch, lse_stride_head;
   // 8-bit inputs: per (batch, KV head) factors, (batch, num_heads_kv) contiguous, NULL = 1 (flashcore.h). tma_v then
   // maps the transposed V in the workspace: (keys, head_dim, Hkv, B), keys innermost, permuted within groups of 32
   // (kernels::p8_key_of_slot), box (128 keys, head_dim rows).

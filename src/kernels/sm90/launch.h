@@ -76,8 +76,6 @@ size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p
 cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_dtype, int head_dim,
                            cudaStream_t stream);
 
-// The KV-cache append kernel (kernels/common/append_kv.cuh), run before the attention of a call with k_new.
-cudaError_t launch_append(const kernels::AppendParams& a, int sms, cudaStream_t stream);
 
 // 8-bit preparation (kernels/common/fp8_prep.cuh): the transposed V of an 8-bit call; for a precision = FP8 call, the
 // whole quantization of 16-bit (`dtype`) Q, K, V (amax, e4m3 Q and K, descales, transposed V).

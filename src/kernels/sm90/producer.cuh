@@ -47,15 +47,8 @@ __device__ __forceinline__ void tma_load_vt(const CUtensorMap* map, uint8_t* sme
   }
 }
 
-// Key -> (table entry, row in the page) by shift and mask for a power-of-two page: the producer thread does this for
-// every slice, and at head dim 64 two integer divisions per slice made it slower than the key blocks it feeds (paged
-// 25% under dense; perf-notes v21d).
-__device__ __forceinline__ int page_entry(const FwdParams& p, int key) {
-  return p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
-}
-__device__ __forceinline__ int row_in_page(const FwdParams& p, int key) {
-  return p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
-}
+using kernels::page_entry;
+using kernels::row_in_page;
 
 // The page holding key `key` of the tile's sequence: keys past the sequence's count (whose table entries may be
 // garbage) and ids outside the pool give page num_pages, past the tensor map's end, where TMA fills zeros and still

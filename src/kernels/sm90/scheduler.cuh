@@ -18,18 +18,6 @@ using kernels::Tile;
 
 // Split-KV: tile index = dense tile * num_splits + split; split s visits key blocks
 // [begin + s * blocks_per_split, begin + (s + 1) * blocks_per_split) of the dense tile's range (possibly none).
-__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
-// Sequence b of a packed tensor: its first row and its length, from cu_seqlens clamped to [0, total].
-__device__ __forceinline__ void packed_sequence(const int32_t* cu, int64_t total, int batch, int64_t& row0,
-                                                int64_t& len) {
-  row0 = clamp64(cu[batch], 0, total);
-  len = clamp64(cu[batch + 1], row0, total) - row0;
-}
-
-// A tile of the batch: query block, head and sequence from the index (the grid covers the longest sequence, p.seqlen_q
-// rows, for every sequence); the sequence's rows and lengths from cu_seqlens (packed tensors) and seqused_k (a KV
-// cache's lengths). A query block past its sequence's end visits no key and stores nothing.
 // Packed (varlen) and paged layouts run on every schedule but the dynamic one: its producer keeps the tile-id ring
 // state in 24 registers, and the extra sequence and page state spilled there (the host never sends it such calls).
 // Nor do 8-bit kernels (the host refuses 8-bit calls with serving layouts).
@@ -38,19 +26,7 @@ inline constexpr bool kServingLayouts = Cfg::kSchedule != Schedule::kDynamicPers
 
 template <class Cfg>
 __device__ __forceinline__ Tile decode_cache_tile(const FwdParams& p, int tile_idx) {
-  Tile t = kernels::decode_dense_tile<Cfg>(p, tile_idx);
-  const bool varlen_q = kServingLayouts<Cfg> && p.cu_seqlens_q != nullptr;
-  const bool varlen_k = kServingLayouts<Cfg> && p.cu_seqlens_k != nullptr;
-  if (!varlen_q && !varlen_k && p.seqused_k == nullptr) return t;
-  if (varlen_q) packed_sequence(p.cu_seqlens_q, p.total_q, t.batch, t.seq.q_row0, t.seq.seqlen_q);
-  if (varlen_k) packed_sequence(p.cu_seqlens_k, p.total_k, t.batch, t.seq.k_row0, t.seq.seqlen_k);
-  if (p.seqused_k != nullptr) {
-    const int64_t used = clamp64(p.seqused_k[t.batch], 0, t.seq.seqlen_k) + p.seqused_k_add;
-    t.seq.seqlen_k = used < t.seq.seqlen_k ? used : t.seq.seqlen_k;
-  }
-  t.keys = kernels::key_range(t.seq, t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
-  if (static_cast<int64_t>(t.m_block) * Cfg::kBlockM >= t.seq.seqlen_q) t.keys = kernels::KeyRange{};
-  return t;
+  return kernels::decode_cache_tile<Cfg, kServingLayouts<Cfg>>(p, tile_idx);
 }
 
 template <class Cfg>

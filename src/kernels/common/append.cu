@@ -1,0 +1,47 @@
+// The KV-cache append kernel (append_kv.cuh): its parameters from the call and its host launch, compiled for every
+// backend's archs (src/CMakeLists.txt, FLASHCORE_COMMON_KERNEL_SOURCES).
+#include "api/dtype.h"
+#include "kernels/common/append_kv.cuh"
+
+namespace flashcore::kernels {
+
+cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_table_stride, int sms,
+                          cudaStream_t stream) {
+  const int64_t elem = dtype_size(p.dtype);
+  AppendParams a{};
+  const flashcore_tensor_strides* src[2] = {&p.k_new_strides, &p.v_new_strides};
+  const flashcore_tensor_strides* dst[2] = {&p.k_strides, &p.v_strides};
+  a.src[0] = static_cast<const char*>(p.k_new);
+  a.src[1] = static_cast<const char*>(p.v_new);
+  a.dst[0] = static_cast<char*>(const_cast<void*>(p.k));
+  a.dst[1] = static_cast<char*>(const_cast<void*>(p.v));
+  for (int t = 0; t < 2; ++t) {
+    const int64_t s3[3] = {src[t]->batch, src[t]->seq, src[t]->head}, d3[3] = {dst[t]->batch, dst[t]->seq, dst[t]->head};
+    for (int d = 0; d < 3; ++d) {
+      a.src_stride[t][d] = s3[d] * elem;
+      a.dst_stride[t][d] = d3[d] * elem;
+    }
+  }
+  a.seqused_k = p.seqused_k;
+  a.block_table = p.block_table;
+  a.block_table_stride = block_table_stride;
+  a.page_size = p.page_size;
+  a.num_pages = p.num_pages;
+  a.capacity = p.seqlen_k;
+  a.rows = p.batch * p.seqlen_new * p.num_heads_kv;
+  a.seqlen_new = static_cast<int>(p.seqlen_new);
+  a.heads = static_cast<int>(p.num_heads_kv);
+  a.row_units = static_cast<int>(p.head_dim * elem / 16);
+
+  const int64_t blocks = (a.rows * a.row_units + 255) / 256;
+  const int64_t cap = int64_t{sms > 0 ? sms : 1} * 8;  // grid-stride beyond a few waves
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks < cap ? blocks : cap));
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  void* args[] = {&a};
+  // The launch's own status, never an earlier error of the caller's.
+  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&flashcore_append_kv), args);
+}
+
+}  // namespace flashcore::kernels
