@@ -31,15 +31,15 @@ archs=$(cuobjdump --list-elf "$lib" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort 
 ptx=$(cuobjdump --list-ptx "$lib" 2>/dev/null | grep -c '^PTX file' || true)
 echo "parent_project: kernel images: ${archs:-none}; PTX entries: $ptx (parent's CMAKE_CUDA_ARCHITECTURES: 80;90)"
 [[ "$archs" == "sm_86 sm_90a " && "$ptx" -eq 0 ]] || fail "expected sm_86 and sm_90a SASS only"
-# Per object: the sm90 units hold sm_90a only, the portable units sm_86 only, the arch-neutral unit (merge.cu: the
-# merge of partial results and the row copy) both.
+# Per object: the sm90 units hold sm_90a only, the portable units sm_86 only, the arch-neutral units (merge.cu: the
+# merge of partial results and the row copy; append.cu: the KV-cache append) both.
 tmp=$(mktemp -d)
 (cd "$tmp" && ar x "$lib") || fail "cannot unpack $lib"
 for o in "$tmp"/*.cu.o; do
   got=$(cuobjdump --list-elf "$o" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')
   case "$(basename "$o")" in
     r80_*) want="sm_86 " ;;
-    merge.cu.o) want="sm_86 sm_90a " ;;
+    merge.cu.o | append.cu.o) want="sm_86 sm_90a " ;;
     *) want="sm_90a " ;;
   esac
   [[ "$got" == "$want" ]] || { rm -rf "$tmp"; fail "$(basename "$o") holds ${got:-none}, expected $want"; }
