@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "api/dtype.h"
 #include "kernels/common/tile_math.h"
 
 namespace flashcore::api {
@@ -103,6 +104,12 @@ flashcore_status prepare_kernel(const void* kernel, int device, int smem_bytes, 
   }
   mark_prepared(kernel, device);
   return FLASHCORE_SUCCESS;
+}
+
+void tile_order(const flashcore_attention_params& p, int64_t m_blocks, int& num_slices, int& section_slices) {
+  num_slices = static_cast<int>(p.num_heads_q * p.batch);
+  section_slices = static_cast<int>(kernels::lpt_section_slices(p.seqlen_k, p.head_dim, dtype_size(p.dtype),
+                                                                p.num_heads_q / p.num_heads_kv, num_slices, m_blocks));
 }
 
 void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_params& p) {

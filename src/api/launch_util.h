@@ -25,6 +25,10 @@ flashcore_status prepare_kernel(const void* kernel, int device, int smem_bytes, 
                                 const std::function<std::string(const cudaFuncAttributes&)>& image_error,
                                 std::string& error);
 
+// Causal tile order (kernels/common/tile_math.h): (batch, head) slices of the call and slices per L2 section for a
+// grid of m_blocks query blocks per slice.
+void tile_order(const flashcore_attention_params& p, int64_t m_blocks, int& num_slices, int& section_slices);
+
 // The call's serving layouts as the kernels read them (every field but seqused_k_add, which the append sets).
 void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_params& p);
 

@@ -206,7 +206,8 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   const int64_t q_end = tile.seq.q_row0 + tile.seq.seqlen_q;
   const int64_t k_end = tile.seq.k_row0 + tile.seq.seqlen_k;
   // A paged K/V: rows through the block table (the sequence's keys start at row 0; loads.cuh, PagedRows).
-  const int32_t* table = p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride;
+  const int32_t* table =  // (no arithmetic on a null table)
+      p.block_table != nullptr ? p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride : nullptr;
   const PagedRows k_pages{table, p.k.batch_stride * Cfg::kElemBytes, &p};
   const PagedRows v_pages{table, p.v.batch_stride * Cfg::kElemBytes, &p};
   auto load_kv_tile = [&](uint32_t dst, const uint8_t* slice, const TensorRef& t, const PagedRows& pages, int n_block) {

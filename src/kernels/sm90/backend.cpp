@@ -234,9 +234,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(tiles);
-  fp.num_slices = static_cast<int>(p.num_heads_q * p.batch);
-  fp.section_slices = static_cast<int>(kernels::lpt_section_slices(p.seqlen_k, p.head_dim, dtype_size(p.dtype),
-                                                                   fp.head_ratio, fp.num_slices, m_blocks));
+  api::tile_order(p, m_blocks, fp.num_slices, fp.section_slices);
   fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
   fp.q_descale = p.q_descale;
   fp.k_descale = p.k_descale;
