@@ -4,7 +4,7 @@
   ncu --profile-from-start off ... python3 bench/ncu_call.py SYSTEM B,Hq,Hkv,Sq,Sk,D [--causal]
 
 --paged P (flashcore): the same K and V in a paged cache of page P, pages shuffled.
-SYSTEM: flashcore, cudnn, fa3 (flash_attn_interface on PYTHONPATH), read (a plain read of K and V: torch sum,
+SYSTEM: flashcore, cudnn, fa2 (PyTorch SDPA's FlashAttention-2), fa3 (flash_attn_interface on PYTHONPATH), read (a plain read of K and V: torch sum,
 the streaming reference for decode shapes). Tensors are (B, S, H, D) bf16, the layout of bench/serving.py.
 """
 import argparse
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ap = argparse.ArgumentParser()
-ap.add_argument("system", choices=["flashcore", "cudnn", "fa3", "read"])
+ap.add_argument("system", choices=["flashcore", "cudnn", "fa2", "fa3", "read"])
 ap.add_argument("shape", help="B,Hq,Hkv,Sq,Sk,D")
 ap.add_argument("--causal", action="store_true")
 ap.add_argument("--warmup", type=int, default=3)
@@ -36,10 +36,11 @@ if a.system == "flashcore" and a.paged:
 elif a.system == "flashcore":
     import flashcore
     fn = lambda: flashcore.attention(q, k, v, causal=a.causal)
-elif a.system == "cudnn":
+elif a.system in ("cudnn", "fa2"):
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    backend = SDPBackend.CUDNN_ATTENTION if a.system == "cudnn" else SDPBackend.FLASH_ATTENTION
     def fn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal, enable_gqa=Hq != Hkv)
 elif a.system == "fa3":
     from flash_attn_interface import flash_attn_func

@@ -303,13 +303,26 @@ class Runner:
         cell["rotate_sets"] = len(sets)
         refs: Dict[str, object] = {}
         self.last_config = {}
-        for name in ("cudnn", "fa2", "fa3", "flashcore", "flashcore_default"):
-            if name not in self.args.systems or (name == "fa3" and self.fa3 is None):
-                continue
-            times, out, err = self.run_system(name, sets, causal, graph)
-            cell["systems"][name] = rec = self.system_record(name, times, err, (B, H, S, D, causal))
-            if out is not None:
-                refs[name] = out
+        names = [n for n in ("cudnn", "fa2", "fa3", "flashcore", "flashcore_default")
+                 if n in self.args.systems and not (n == "fa3" and self.fa3 is None)]
+        # --rounds R: the systems take turns R times on the same tensors; a system's median is over all its calls,
+        # so that a clock or temperature drift during the cell falls on every system alike.
+        all_times: Dict[str, List[float]] = {n: [] for n in names}
+        errors: Dict[str, Optional[str]] = {n: None for n in names}
+        for _ in range(max(1, self.args.rounds)):
+            for name in names:
+                if errors[name] is not None:
+                    continue
+                times, out, err = self.run_system(name, sets, causal, graph)
+                if err is not None:
+                    errors[name], all_times[name] = err, []
+                    continue
+                all_times[name] += times
+                if out is not None and name not in refs:
+                    refs[name] = out
+        for name in names:
+            cell["systems"][name] = self.system_record(name, all_times[name] or None, errors[name],
+                                                       (B, H, S, D, causal))
         # FlashCore against SDPA on set 0 (the first SDPA backend that ran).
         if "flashcore" in refs:
             for ref_name in ("fa2", "cudnn", "fa3"):
@@ -1069,6 +1082,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16", "both"], default="both")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="the systems of a cell take turns this many times; medians over all their calls")
     ap.add_argument("--lib", default=None, help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIBRARY)")
     ap.add_argument("--anchors", default=None, help="h200-anchors.json (default ../shared/anchors/)")
     ap.add_argument("--systems", default="flashcore,cudnn,fa2,fa3",
@@ -1156,9 +1171,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
         "l2_mib": runner.l2 / 2**20, "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "flashcore": fc_version, "python": platform.python_version(),
-        "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rotate": not args.no_rotate,
+        "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "rotate": not args.no_rotate,
         "method": (f"forward; batch = 16384/S, heads = 2048/D; torch.randn inputs (B,H,S,D), same tensors for all "
-                   f"systems; median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls; "
+                   f"systems; median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls"
+                   f"{f', systems taking turns {args.rounds} times per cell (median over all calls)' if args.rounds > 1 else ''}; "
                    f"{'one buffer set' if args.no_rotate else 'buffer sets rotated, > 2x L2 per cycle'}; "
                    "TFLOPS = 4*B*H*S*S*D/t, halved for causal"),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

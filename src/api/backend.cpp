@@ -172,7 +172,7 @@ int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, con
   }
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    const sm80::KernelRow* r = sm80::select(dtype, out, head_dim, causal, nullptr, cc, ignored);
+    const sm80::KernelRow* r = sm80::select(dtype, out, head_dim, causal, nullptr, cc, INT64_MAX, ignored);
     def = r != nullptr ? r->name : nullptr;
   }
 #endif
@@ -234,7 +234,7 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   const bool causal = p.causal != 0;
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    out.sm80 = sm80::select(p.dtype, out_dtype, hd, causal, p.kernel_config, cc, error);
+    out.sm80 = sm80::select(p.dtype, out_dtype, hd, causal, p.kernel_config, cc, p.seqlen_k, error);
     if (out.sm80 == nullptr) return no_row_status(p);
     out.name = out.sm80->name;
     return FLASHCORE_SUCCESS;
@@ -271,7 +271,7 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
   bool workspace = false;
 #ifdef FLASHCORE_HAVE_SM80
   if (b->id == Id::kSm80) {
-    if (sm80::select(dtype, out, head_dim, causal, name, cc, ignored) == nullptr) return false;
+    if (sm80::select(dtype, out, head_dim, causal, name, cc, INT64_MAX, ignored) == nullptr) return false;
   }
 #endif
   if (b->id == Id::kSm90) {

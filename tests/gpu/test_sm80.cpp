@@ -140,6 +140,38 @@ TEST(PortableBackend, Deterministic) {
   if (run == 0) GTEST_SKIP() << "none of the determinism shapes is compiled in";
 }
 
+// Default rows with conditions (src/kernels/sm80/configs.txt): at head dim 256, 64x64x1 where two of its CTAs fit on
+// an SM (sm_90 forced) for up to 4k keys non-causal and 8k causal, else 128x64x1 (sm_80/87/90).
+TEST(PortableBackend, Head256DefaultFollowsTheSequenceLengthAndTheDevice) {
+  REQUIRE_PORTABLE_GPU();
+  const int cc = device_cc();
+  if (cc != 80 && cc != 87 && cc != 90) GTEST_SKIP() << "the 128x64x1 rows need sm_80/87/90 shared memory";
+  if (!flashcore::backend::is_compiled(FLASHCORE_DTYPE_BF16, 256)) GTEST_SKIP() << "bf16 head dim 256 not compiled";
+  ForcePortable force;
+  // Four disjoint tensors of the largest shape below (validation checks that O overlaps no input).
+  const size_t bytes = size_t{16384} * 8 * 256 * 2;
+  std::vector<void*> bufs(4, nullptr);
+  for (void*& b : bufs) ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
+  const bool two_ctas = cc == 90;  // 2 x 97 KB of 228 KB per SM; sm_80/87 have 164 KB
+  const struct { int causal; int64_t seqlen; const char* expected; } cases[] = {
+      {0, 512, two_ctas ? "64x64x1" : "128x64x1"},  {0, 4096, two_ctas ? "64x64x1" : "128x64x1"},
+      {0, 4097, "128x64x1"},                         {0, 16384, "128x64x1"},
+      {1, 8192, two_ctas ? "64x64x1" : "128x64x1"}, {1, 8193, "128x64x1"},
+  };
+  for (const auto& c : cases) {
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
+    p.batch = 1, p.seqlen_q = c.seqlen, p.seqlen_k = c.seqlen, p.num_heads_q = 8, p.num_heads_kv = 8;
+    p.head_dim = 256, p.causal = c.causal, p.dtype = FLASHCORE_DTYPE_BF16;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+    char name[128] = "";
+    ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_STREQ(name, c.expected) << "causal " << c.causal << ", seqlen " << c.seqlen;
+  }
+  for (void* b : bufs) cudaFree(b);
+}
+
 // Every portable config the device can run (on Hopper, forced: all of them), not only the defaults.
 TEST(PortableBackend, EveryConfigPassesTheSuiteRules) {
   REQUIRE_PORTABLE_GPU();

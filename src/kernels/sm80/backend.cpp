@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -82,8 +83,17 @@ int smem_limit(int cc) {
 
 bool fits(const KernelRow& row, int cc) { return row.smem_bytes <= smem_limit(cc); }
 
+int ctas_per_sm(const KernelRow& row, int cc) {
+  // Shared memory per SM (the per-block limit plus the 1 KB the hardware reserves per block), less 1 KB per block;
+  // registers: 64 K per SM, at most 255 (allocated as 256) per thread, which every portable kernel approaches.
+  const int smem_per_sm = smem_limit(cc) + 1024;
+  const int by_smem = smem_per_sm / (row.smem_bytes + 1024);
+  const int by_regs = 65536 / (row.threads * 256);
+  return std::min(by_smem, by_regs);
+}
+
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, int cc, std::string& error) {
+                        const char* config, int cc, int64_t seqlen_k, std::string& error) {
   std::string names;
   const KernelRow* best = nullptr;
   for (const KernelRow* r : kRows) {
@@ -96,7 +106,11 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
       return nullptr;
     }
     if (!fits(*r, cc)) continue;
-    if (config == nullptr && r->is_default && best == nullptr) best = r;  // the first default that fits
+    // The first default candidate that fits and whose conditions the call and the device meet.
+    if (config == nullptr && r->is_default && best == nullptr &&
+        (r->max_seqlen_k == 0 || seqlen_k <= r->max_seqlen_k) && ctas_per_sm(*r, cc) >= r->min_ctas_per_sm) {
+      best = r;
+    }
     names += (names.empty() ? "" : ", ") + std::string(r->name);
   }
   if (best != nullptr) return best;

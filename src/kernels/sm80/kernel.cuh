@@ -30,10 +30,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm80_kernel(co
 }  // namespace flashcore::sm80
 
 // One row of the kernel table: the generated unit defines the row struct ROW (config.h) and names it here.
-#define FLASHCORE_SM80_DEFINE_ROW(ROW, NAME, DTYPE, OUT_DTYPE, IS_DEFAULT)                                       \
+#define FLASHCORE_SM80_DEFINE_ROW(ROW, NAME, DTYPE, OUT_DTYPE, IS_DEFAULT, MAX_SEQLEN_K, MIN_CTAS)            \
   namespace flashcore::sm80 {                                                                                   \
   extern const KernelRow kRow_##ROW = {                                                                         \
-      NAME, DTYPE, OUT_DTYPE, ROW::kHeadDim, ROW::kCausal, IS_DEFAULT, ROW::kShape,                             \
+      NAME, DTYPE, OUT_DTYPE, ROW::kHeadDim, ROW::kCausal, IS_DEFAULT, MAX_SEQLEN_K, MIN_CTAS, ROW::kShape,     \
       KernelConfig<ROW>::kThreads, KernelConfig<ROW>::kSmemBytes,                                               \
       reinterpret_cast<const void*>(&flashcore_fwd_sm80_kernel<KernelConfig<ROW>>)};                           \
   }

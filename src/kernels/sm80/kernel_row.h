@@ -13,7 +13,11 @@ struct KernelRow {
   flashcore_dtype out_dtype;
   int head_dim;
   bool causal;
-  bool is_default;  // a default candidate: the first one (configs.txt order) that fits the device's shared memory wins
+  bool is_default;  // a default candidate: the first one (configs.txt order) that fits the device and the call wins
+  // Conditions of a default candidate (configs.txt, "default(...)"): the call's seqlen_k at most max_seqlen_k (0: any),
+  // and at least min_ctas_per_sm CTAs of the row resident per SM on the device (shared memory and registers).
+  long long max_seqlen_k;
+  int min_ctas_per_sm;
   TileShape shape;
   int threads;
   int smem_bytes;

@@ -2,6 +2,7 @@
 // selection for a device and their launch (backend.cpp).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -28,10 +29,15 @@ int smem_limit(int cc);
 // True when `row` fits a device of compute capability `cc`.
 bool fits(const KernelRow& row, int cc);
 
+// CTAs of `row` resident per SM on compute capability `cc` (by shared memory and a full register budget).
+int ctas_per_sm(const KernelRow& row, int cc);
+
 // The row for (dtype, out dtype, head dim, causal) on `cc`: the one named `config` when it is not NULL, else
-// the first default candidate (configs.txt order) that fits. nullptr (with a message in `error`) when none.
+// the first default candidate (configs.txt order) that fits and whose conditions hold: `seqlen_k` at most the row's
+// max_seqlen_k, and at least its min_ctas_per_sm resident CTAs (pass INT64_MAX for the long-sequence default).
+// nullptr (with a message in `error`) when none.
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, int cc, std::string& error);
+                        const char* config, int cc, int64_t seqlen_k, std::string& error);
 
 // Launch `row` on `device` (compute capability `cc`). `p` has passed validation; `softmax_scale` is resolved.
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,

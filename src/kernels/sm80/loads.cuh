@@ -52,12 +52,18 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const uint8_t* slice, in
   if (!is_paged && row0 + kRows <= seqlen) {
     const uint8_t* src = slice + (row0 + r0) * row_bytes;
     const int64_t step = kRowsPerPass * row_bytes;
-    const uint32_t dst0 = dst + swizzled_offset<Cfg::kRowBytes>(r0, unit);
+    // The swizzle of a row depends on row % 8. Passes of 8 rows or more: every pass has the thread's first swizzle.
+    // Fewer (4 rows per pass: 4 warps at head dim 256), with r0 < kRowsPerPass: pass i's row is
+    // r0 + kRowsPerPass * (i % kCycle) + 8 * (i / kCycle), so kCycle shared offsets, each stepped by 8 rows.
+    constexpr int kCycle = kRowsPerPass % 8 == 0 ? 1 : 8 / kRowsPerPass;
+    static_assert(kRowsPerPass % 8 == 0 || 8 % kRowsPerPass == 0, "rows per pass must divide 8 or be a multiple");
+    uint32_t dst0[kCycle];
+#pragma unroll
+    for (int j = 0; j < kCycle; ++j) dst0[j] = dst + swizzled_offset<Cfg::kRowBytes>(r0 + j * kRowsPerPass, unit);
 #pragma unroll
     for (int i = 0; i < kUnits; ++i, src += step) {
-      const uint32_t d = kRowsPerPass % 8 == 0 ? dst0 + i * kRowsPerPass * Cfg::kRowBytes
-                                               : dst + swizzled_offset<Cfg::kRowBytes>(r0 + i * kRowsPerPass, unit);
-      cp_async_16(d, src, true);
+      const int rows_ahead = kCycle == 1 ? i * kRowsPerPass : 8 * (i / kCycle);
+      cp_async_16(dst0[i % kCycle] + rows_ahead * Cfg::kRowBytes, src, true);
     }
     return;
   }

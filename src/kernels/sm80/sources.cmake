@@ -58,12 +58,28 @@ foreach(_dt IN LISTS FLASHCORE_DTYPES)
     if(NOT _hd IN_LIST FLASHCORE_HEAD_DIMS)
       continue()
     endif()
+    # default: "default", "-", or "default(<condition>,...)" with conditions seqlen_k<=N and ctas>=N.
+    set(_maxsk 0)
+    set(_minctas 1)
     if(_def STREQUAL "default")
       set(_isdef true)
     elseif(_def STREQUAL "-")
       set(_isdef false)
+    elseif(_def MATCHES "^default\\((.+)\\)$")
+      set(_isdef true)
+      string(REPLACE "," ";" _conds "${CMAKE_MATCH_1}")
+      foreach(_cond IN LISTS _conds)
+        if(_cond MATCHES "^seqlen_k<=([0-9]+)$")
+          set(_maxsk ${CMAKE_MATCH_1})
+        elseif(_cond MATCHES "^ctas>=([0-9]+)$")
+          set(_minctas ${CMAKE_MATCH_1})
+        else()
+          message(FATAL_ERROR "src/kernels/sm80/configs.txt: unknown default condition '${_cond}' in '${_line}' "
+                              "(expected seqlen_k<=N or ctas>=N)")
+        endif()
+      endforeach()
     else()
-      message(FATAL_ERROR "src/kernels/sm80/configs.txt: default must be 'default' or '-' in '${_line}'")
+      message(FATAL_ERROR "src/kernels/sm80/configs.txt: default must be 'default', 'default(...)' or '-' in '${_line}'")
     endif()
     # 16 rows per warp: block_m x block_n x stages; 32 rows per warp: the same with "-w<warps>".
     math(EXPR _rows16 "${_bm} / 16")
@@ -86,7 +102,7 @@ struct ${_row} {
   static constexpr TileShape kShape = {${_bm}, ${_bn}, ${_st}, ${_wp}};
 };
 }  // namespace flashcore::sm80
-FLASHCORE_SM80_DEFINE_ROW(${_row}, \"${_name}\", ${_fc_enum_${_dt}}, ${_fc_enum_${_dt}}, ${_isdef})
+FLASHCORE_SM80_DEFINE_ROW(${_row}, \"${_name}\", ${_fc_enum_${_dt}}, ${_fc_enum_${_dt}}, ${_isdef}, ${_maxsk}, ${_minctas})
 ")
       _fc_write_if_changed(${_file} "${_content}")
       list(APPEND FLASHCORE_SM80_KERNEL_SOURCES ${_file})
