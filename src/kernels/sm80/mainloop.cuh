@@ -231,10 +231,14 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
     }
   }
 
-  // Q first: its group is the oldest, so waiting for all but the newest ones leaves the K/V in flight.
+  // Q first: its group is the oldest, so waiting for all but the newest ones leaves the K/V in flight. Single
+  // buffers with Q read from shared memory at every k-step (head dim 256) skip this wait: the loop's first one,
+  // for K, covers Q too.
   QOperand<Cfg> q;
-  cp_async_wait<Cfg::kStages == 1 ? 1 : Cfg::kStages - 1>();
-  __syncthreads();
+  if constexpr (Cfg::kStages > 1 || Cfg::kQInRegs) {
+    cp_async_wait<Cfg::kStages == 1 ? 1 : Cfg::kStages - 1>();
+    __syncthreads();
+  }
   q.load(q_tile, warp, lane);
 
   // This thread's first row of row tile 0 (its second is row0 + 8; tile t adds 16 t) within the sequence.
