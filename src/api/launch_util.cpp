@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "api/dtype.h"
+#include "kernels/common/append_params.h"
 #include "kernels/common/tile_math.h"
 
 namespace flashcore::api {
@@ -128,6 +129,20 @@ void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_par
   s.num_pages = static_cast<int>(p.num_pages);
   s.lse_stride_head = varlen_q ? p.total_q : p.seqlen_q;  // LSE: (batch, Hq, seqlen_q), or (Hq, total_q) when packed
   s.lse_stride_batch = varlen_q ? 0 : p.num_heads_q * p.seqlen_q;
+}
+
+flashcore_status append_new_kv(const flashcore_attention_params& p, int device, cudaStream_t stream,
+                               kernels::ServingLayout& s, std::string& error) {
+  if (p.k_new == nullptr) return FLASHCORE_SUCCESS;
+  int sms = 0;
+  cudaError_t err = sm_count(device, sms);
+  if (err == cudaSuccess) err = kernels::launch_append(p, s.block_table_stride, sms, stream);
+  if (err != cudaSuccess) {
+    error = cuda_message("KV-cache append launch failed", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  s.seqused_k_add = static_cast<int>(p.seqlen_new);
+  return FLASHCORE_SUCCESS;
 }
 
 }  // namespace flashcore::api

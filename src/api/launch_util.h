@@ -32,4 +32,9 @@ void tile_order(const flashcore_attention_params& p, int64_t m_blocks, int& num_
 // The call's serving layouts as the kernels read them (every field but seqused_k_add, which the append sets).
 void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_params& p);
 
+// A call with k_new / v_new: launch the append of the new rows into the cache on `stream` (before the forward, which
+// then reads seqlen_new more keys per sequence: s.seqused_k_add). Any backend; nothing to do without k_new.
+flashcore_status append_new_kv(const flashcore_attention_params& p, int device, cudaStream_t stream,
+                               kernels::ServingLayout& s, std::string& error);
+
 }  // namespace flashcore::api

@@ -11,7 +11,6 @@
 
 #include "api/dtype.h"
 #include "api/launch_util.h"
-#include "kernels/common/append_params.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/launch.h"
@@ -154,16 +153,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
 
   if (const flashcore_status st = prepare(row, device, cc, error); st != FLASHCORE_SUCCESS) return st;
 
-  if (p.k_new != nullptr) {  // append the new rows to the cache first, on the same stream
-    int sms = 0;
-    cudaError_t err = api::sm_count(device, sms);
-    if (err == cudaSuccess) err = kernels::launch_append(p, fp.block_table_stride, sms, stream);
-    if (err != cudaSuccess) {
-      error = api::cuda_message("KV-cache append launch failed", err);
-      return FLASHCORE_ERROR_CUDA;
-    }
-    fp.seqused_k_add = static_cast<int>(p.seqlen_new);
-  }
+  // New K/V rows go into the cache first, on the same stream.
+  if (const flashcore_status st = api::append_new_kv(p, device, stream, fp, error); st != FLASHCORE_SUCCESS) return st;
 
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(tiles));

@@ -256,14 +256,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   }
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
 
-  if (p.k_new != nullptr) {  // append the new rows to the cache first, on the same stream
-    fp.seqused_k_add = static_cast<int>(p.seqlen_new);
-    err = kernels::launch_append(p, fp.block_table_stride, sms, stream);
-    if (err != cudaSuccess) {
-      error = api::cuda_message("KV-cache append launch failed", err);
-      return FLASHCORE_ERROR_CUDA;
-    }
-  }
+  // New K/V rows go into the cache first, on the same stream.
+  if (const flashcore_status st = api::append_new_kv(p, device, stream, fp, error); st != FLASHCORE_SUCCESS) return st;
 
   if (eight_bit && prepared_vt == nullptr) {  // V transposed into the workspace first, on the same stream
     kernels::Fp8PrepParams prep = fp8_prep_params(p);
