@@ -40,7 +40,7 @@ sys.path.insert(0, HERE)
 
 # flashcore: the library's dispatch (a tuning table's choice when one is installed); flashcore_default: the built-in
 # default config of each cell, named explicitly (kernel_config), to measure a tuning table against the defaults.
-SYSTEMS = ["flashcore", "cudnn", "fa2", "fa3", "flashcore_default"]
+SYSTEMS = ["flashcore", "cudnn", "fa2", "fa3", "flashcore_default", "flashcore_b"]
 LABELS = {"flashcore": "FlashCore", "cudnn": "cuDNN (SDPA)", "fa2": "FA2 (SDPA)", "fa3": "FA3",
           "fa3_anchor": "FA3 (anchor)"}
 GRID_D = [64, 128, 256]
@@ -166,10 +166,11 @@ def time_graph(torch, fn: Callable[[int], None], nsets: int, iters: int, calls: 
 class Runner:
     """All systems on one problem, sharing the same input tensors."""
 
-    def __init__(self, args, torch, fc_lib, fa3_mod):
+    def __init__(self, args, torch, fc_lib, fa3_mod, fc_lib_b=None):
         self.args = args
         self.torch = torch
         self.fc = fc_lib
+        self.fc_b = fc_lib_b  # --lib-b: a second FlashCore library, system "flashcore_b" (A/B in one process)
         self.fa3 = fa3_mod
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
@@ -219,16 +220,17 @@ class Runner:
                 out = out[0] if isinstance(out, tuple) else out
                 return out.transpose(1, 2)
             return fa3_call, None
-        if name in ("flashcore", "flashcore_default"):
-            if self.fc is None:
-                raise RuntimeError("libflashcore.so not loaded")
+        if name in ("flashcore", "flashcore_default", "flashcore_b"):
+            lib = self.fc_b if name == "flashcore_b" else self.fc
+            if lib is None:
+                raise RuntimeError(f"the library of {name} is not loaded")
             params, outs = [], []
             config = None
             if name == "flashcore_default":
                 q0 = sets[0][0]
                 from flashcore_ctypes import DTYPE_BF16, DTYPE_FP16  # bench/ is on sys.path (main)
                 lib_dtype = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16}[q0.dtype]
-                names = self.fc.library.kernel_configs(lib_dtype, q0.shape[3], causal)
+                names = lib.library.kernel_configs(lib_dtype, q0.shape[3], causal)
                 if not names:
                     raise RuntimeError("the library lists no kernel configs")
                 import ctypes  # params.kernel_config is a const char*: keep the buffer alive in this closure
@@ -238,11 +240,11 @@ class Runner:
                 o = torch.full_like(q, float("nan"))
                 B, H, S, _ = q.shape
                 lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-                params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=True))
+                params.append(lib.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=True))
                 if config is not None:
                     params[-1].kernel_config = ctypes.addressof(config)
                 outs.append((o, lse))
-            fc = self.fc
+            fc = lib
             self.last_config[name] = fc.library.selected_config(params[0])
 
             def fc_call(i):
@@ -303,7 +305,7 @@ class Runner:
         cell["rotate_sets"] = len(sets)
         refs: Dict[str, object] = {}
         self.last_config = {}
-        names = [n for n in ("cudnn", "fa2", "fa3", "flashcore", "flashcore_default")
+        names = [n for n in ("cudnn", "fa2", "fa3", "flashcore", "flashcore_default", "flashcore_b")
                  if n in self.args.systems and not (n == "fa3" and self.fa3 is None)]
         # --rounds R: the systems take turns R times on the same tensors; a system's median is over all its calls,
         # so that a clock or temperature drift during the cell falls on every system alike.
@@ -1085,10 +1087,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="the systems of a cell take turns this many times; medians over all their calls")
     ap.add_argument("--lib", default=None, help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIBRARY)")
+    ap.add_argument("--lib-b", default=None, help="a second libflashcore.so, measured as system flashcore_b on the "
+                    "same tensors, taking turns with the others (an A/B of two builds in one process)")
+    ap.add_argument("--head-dims", default=None, help="comma list: only these head dims of the grid")
+    ap.add_argument("--seqlens", default=None, help="comma list: only these sequence lengths of the grid")
+    ap.add_argument("--masks", choices=["both", "none", "causal"], default="both", help="grid cells of this mask")
     ap.add_argument("--anchors", default=None, help="h200-anchors.json (default ../shared/anchors/)")
     ap.add_argument("--systems", default="flashcore,cudnn,fa2,fa3",
                     help="comma list of flashcore,cudnn,fa2,fa3,flashcore_default (the built-in default configs, "
-                         "to measure a tuning table)")
+                         "to measure a tuning table),flashcore_b (--lib-b)")
     ap.add_argument("--no-rotate", action="store_true", help="one buffer set (L2-warm)")
     ap.add_argument("--no-lse", action="store_true", help="FlashCore without the LSE output")
     ap.add_argument("--no-verify", dest="verify", action="store_false", help="skip the FlashCore error check")
@@ -1163,10 +1170,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             fa3 = None
 
     props = torch.cuda.get_device_properties(0)
-    runner = Runner(args, torch, fc, fa3)
+    fc_b = None
+    if "flashcore_b" in args.systems:
+        from flashcore_ctypes import FlashCoreLib
+        if not args.lib_b:
+            ap.error("system flashcore_b needs --lib-b")
+        fc_b = FlashCoreLib(args.lib_b)
+        fc_version += f"; B: {fc_b.version()} ({fc_b.path})"
+    runner = Runner(args, torch, fc, fa3, fc_b)
     dtypes = ["bf16", "fp16"] if args.dtype == "both" else [args.dtype]
     seqs = QUICK_S if args.quick else GRID_S
-    todo = [(dt, D, S, causal) for dt in dtypes for D in GRID_D for S in seqs for causal in (False, True)]
+    head_dims = [int(x) for x in args.head_dims.split(",")] if args.head_dims else GRID_D
+    if args.seqlens:
+        seqs = [int(x) for x in args.seqlens.split(",")]
+    masks = {"both": (False, True), "none": (False,), "causal": (True,)}[args.masks]
+    todo = [(dt, D, S, causal) for dt in dtypes for D in head_dims for S in seqs for causal in masks]
     meta = {
         "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
         "l2_mib": runner.l2 / 2**20, "torch": torch.__version__, "cuda": torch.version.cuda,

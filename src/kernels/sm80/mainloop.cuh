@@ -210,12 +210,29 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
       p.block_table != nullptr ? p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride : nullptr;
   const PagedRows k_pages{table, p.k.batch_stride * Cfg::kElemBytes, &p};
   const PagedRows v_pages{table, p.v.batch_stride * Cfg::kElemBytes, &p};
-  auto load_kv_tile = [&](uint32_t dst, const uint8_t* slice, const TensorRef& t, const PagedRows& pages, int n_block) {
+  // K and V tiles load in strictly decreasing key-block order, each block once: a cursor per tensor holds this
+  // thread's first source unit of the next block to load and steps back one block per load (loads.cuh, load_rows).
+  const int64_t k_row_bytes = p.k.seq_stride * Cfg::kElemBytes;
+  const int64_t v_row_bytes = p.v.seq_stride * Cfg::kElemBytes;
+  const int64_t last_row0 = tile.seq.k_row0 + static_cast<int64_t>(tile.keys.end - 1) * Cfg::kBlockN;
+  const uint8_t* k_next = thread_source<Cfg>(k_slice, last_row0, k_row_bytes);
+  const uint8_t* v_next = thread_source<Cfg>(v_slice, last_row0, v_row_bytes);
+  auto load_kv_tile = [&](uint32_t dst, const uint8_t*& next, const uint8_t* slice, int64_t row_bytes,
+                          const PagedRows& pages, int n_block) {
     const int64_t row0 = tile.seq.k_row0 + static_cast<int64_t>(n_block) * Cfg::kBlockN;
-    load_tile<Cfg, Cfg::kBlockN>(dst, slice, t.seq_stride, row0, k_end, p.block_table != nullptr, pages);
+    if (p.block_table == nullptr && row0 + Cfg::kBlockN <= k_end) {
+      load_rows<Cfg, Cfg::kBlockN>(dst, next, row_bytes);
+    } else {
+      load_checked<Cfg, Cfg::kBlockN>(dst, slice, row_bytes, row0, k_end, p.block_table != nullptr, pages);
+    }
+    next -= Cfg::kBlockN * row_bytes;
   };
-  auto load_k = [&](int n_block, int stage) { load_kv_tile(k_tile(stage), k_slice, p.k, k_pages, n_block); };
-  auto load_v = [&](int n_block, int stage) { load_kv_tile(v_tile(stage), v_slice, p.v, v_pages, n_block); };
+  auto load_k = [&](int n_block, int stage) {
+    load_kv_tile(k_tile(stage), k_next, k_slice, k_row_bytes, k_pages, n_block);
+  };
+  auto load_v = [&](int n_block, int stage) {
+    load_kv_tile(v_tile(stage), v_next, v_slice, v_row_bytes, v_pages, n_block);
+  };
   auto load_kv = [&](int n_block, int stage) { load_k(n_block, stage), load_v(n_block, stage); };
 
   load_tile<Cfg, Cfg::kBlockM>(q_tile, q_slice, p.q.seq_stride, q_row0, q_end);
