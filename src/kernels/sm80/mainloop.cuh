@@ -171,11 +171,13 @@ struct SoftmaxStats {
 
 // The tile's main loop. kStages == 1: single K and V buffers in FlashAttention-2's order (below). Otherwise a ring;
 // pipeline (per thread, cp.async groups in commit order):
-//   group "Q", then one group per key block, the first kStages - 1 of them issued before the loop;
+//   group "Q and the first K", group "the first V", then one group per key block, the first kStages - 2 of them
+//   issued before the loop;
 //   iteration i (key block keys.end - 1 - i, ring stage i % kStages): wait until its group has landed
 //   (cp.async.wait_group kStages - 2), __syncthreads (every thread's copies visible; every warp is done with
 //   iteration i - 1, whose stage is refilled next), issue the loads of the block kStages - 1 ahead into that
-//   stage and commit (an empty group when there is none, so the counting stays uniform), then compute.
+//   stage and commit (an empty group when there is none, so the counting stays uniform), then compute. The first
+//   iteration waits for its V only before P V (perf-notes v24).
 // Returns with no copy in flight; a tile without key blocks (rows that see no key) loads nothing.
 // A paged cache's K/V come through the block table (loads.cuh, PagedRows), in the same loop: a loop of its own per
 // kernel cost 17 MB of library (four images of every portable kernel) for 1-2% on dense calls (perf-notes v22).
@@ -236,21 +238,27 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   auto load_kv = [&](int n_block, int stage) { load_k(n_block, stage), load_v(n_block, stage); };
 
   load_tile<Cfg, Cfg::kBlockM>(q_tile, q_slice, p.q.seq_stride, q_row0, q_end);
-  cp_async_commit();
   if constexpr (Cfg::kStages == 1) {
+    cp_async_commit();
     load_k(tile.keys.end - 1, 0);  // single buffers: K of the first block only (its V comes in the loop)
     cp_async_commit();
   } else {
+    // Ring: Q and the first K in one group, the first V in the next, so that the first S = Q K^T need not wait for
+    // V (the loop's first iteration waits for it before P V); then the blocks kStages - 2 ahead.
+    load_k(tile.keys.end - 1, 0);
+    cp_async_commit();
+    load_v(tile.keys.end - 1, 0);
+    cp_async_commit();
 #pragma unroll
-    for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    for (int s = 1; s < Cfg::kStages - 1; ++s) {
       if (tile.keys.end - 1 - s >= tile.keys.begin) load_kv(tile.keys.end - 1 - s, s);
       cp_async_commit();
     }
   }
 
-  // Q first: its group is the oldest, so waiting for all but the newest ones leaves the K/V in flight. Single
-  // buffers with Q read from shared memory at every k-step (head dim 256) skip this wait: the loop's first one,
-  // for K, covers Q too.
+  // Q first: its group is the oldest, so waiting for all but the newest ones leaves the K/V in flight (ring: Q's
+  // group holds the first K too). Single buffers with Q read from shared memory at every k-step (head dim 256) skip
+  // this wait: the loop's first one, for K, covers Q too.
   QOperand<Cfg> q;
   if constexpr (Cfg::kStages > 1 || Cfg::kQInRegs) {
     cp_async_wait<Cfg::kStages == 1 ? 1 : Cfg::kStages - 1>();
@@ -306,15 +314,24 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
     }
     cp_async_wait<0>();  // (the last commit is an empty group)
   } else {
+    // The first iteration: Q and its K have been waited for above, and the stage its loads go to (kStages - 1) has
+    // never been read, so it skips the wait at the top; its V is waited for before P V instead.
     int stage = 0;
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
-      cp_async_wait<Cfg::kStages - 2>();
-      __syncthreads();
+      const bool first = n_block == tile.keys.end - 1;
+      if (!first) {
+        cp_async_wait<Cfg::kStages - 2>();
+        __syncthreads();
+      }
       const int ahead = n_block - (Cfg::kStages - 1);
       if (ahead >= tile.keys.begin) load_kv(ahead, stage == 0 ? Cfg::kStages - 1 : stage - 1);
       cp_async_commit();
       gemm_qk<Cfg>(s, q, k_tile(stage), lane);
       softmax_to_p(n_block);
+      if (first) {
+        cp_async_wait<Cfg::kStages - 1>();  // the first V (the groups of the blocks ahead may still be in flight)
+        __syncthreads();
+      }
       gemm_pv<Cfg>(st.o, pa, v_tile(stage), lane);
       stage = stage == Cfg::kStages - 1 ? 0 : stage + 1;
     }
