@@ -149,7 +149,9 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
     }
   }
   if (compiled(dt, 64)) {
-    EXPECT_EQ(configs(89, dt, 64, false), std::vector<std::string>({"128x64x2-w4", "128x64x2"}));
+    // The 3-stage ring (64 KB) is the default where two of its CTAs fit on an SM (sm_80/87/90), else the 2-stage one.
+    EXPECT_EQ(configs(89, dt, 64, false), std::vector<std::string>({"128x64x2-w4", "128x64x3-w4", "128x64x2"}));
+    EXPECT_EQ(configs(80, dt, 64, false), std::vector<std::string>({"128x64x3-w4", "128x64x2-w4", "128x64x2"}));
   }
   // Hopper lists its own (sm90) rows unless the portable backend is forced.
   if (compiled(dt, 128)) {

@@ -172,6 +172,30 @@ TEST(PortableBackend, Head256DefaultFollowsTheSequenceLengthAndTheDevice) {
   for (void* b : bufs) cudaFree(b);
 }
 
+// Head dim 64 takes the 3-stage ring (S of the next key block computed with P V) where two of its CTAs fit on an SM.
+TEST(PortableBackend, Head64DefaultIsTheOverlappedRingWhereTwoCtasFit) {
+  REQUIRE_PORTABLE_GPU();
+  if (!flashcore::backend::is_compiled(FLASHCORE_DTYPE_BF16, 64)) GTEST_SKIP() << "bf16 head dim 64 not compiled";
+  ForcePortable force;
+  const int cc = device_cc();
+  const bool two_ctas = cc == 80 || cc == 87 || cc == 90;  // 164 or 228 KB per SM; sm_86/89 have 100 KB
+  const size_t bytes = size_t{1024} * 8 * 64 * 2;
+  std::vector<void*> bufs(4, nullptr);
+  for (void*& b : bufs) ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
+  for (int causal : {0, 1}) {
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
+    p.batch = 1, p.seqlen_q = 1024, p.seqlen_k = 1024, p.num_heads_q = 8, p.num_heads_kv = 8;
+    p.head_dim = 64, p.causal = causal, p.dtype = FLASHCORE_DTYPE_BF16;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+    char name[128] = "";
+    ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_STREQ(name, two_ctas ? "128x64x3-w4" : "128x64x2-w4") << "causal " << causal;
+  }
+  for (void* b : bufs) cudaFree(b);
+}
+
 // Every portable config the device can run (on Hopper, forced: all of them), not only the defaults.
 TEST(PortableBackend, EveryConfigPassesTheSuiteRules) {
   REQUIRE_PORTABLE_GPU();

@@ -87,34 +87,52 @@ struct QOperand<Cfg, false> {
 // n dimension: one ldmatrix x4 (not transposed) gives the B fragments of two n8 tiles for one k-step: matrix m covers
 // keys 16 * np + 8 * (m / 2) .. +7 and unit 2 * kk + m % 2, i.e. b[0], b[1] of tile 2 np and b[0], b[1] of tile
 // 2 np + 1.
+// The lane's K row (+ 16 np) and swizzle key in gemm_qk's ldmatrix.
+struct KLane {
+  int row;
+  uint32_t key;
+  __device__ __forceinline__ explicit KLane(int lane)
+      : row(8 * (lane / 16) + (lane % 8)), key(lane_swizzle_key(row, (lane / 8) % 2)) {}
+};
+
+// One k-step (head-dim columns 16 kk ..) of it.
 template <class Cfg>
-__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kBlockN / 2], const QOperand<Cfg>& q,
-                                        uint32_t k_tile, int lane) {
+__device__ __forceinline__ void gemm_qk_step(float (&s)[Cfg::kMTiles][Cfg::kBlockN / 2], const QOperand<Cfg>& q,
+                                             uint32_t k_tile, const KLane& kl, int kk) {
   using Mma = Mma16816<typename Cfg::Element>;
+  const int row = kl.row;
+  const uint32_t key = kl.key;
+  uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+  for (int t = 0; t < Cfg::kMTiles; ++t) q.frag(a[t], t, kk);
+#pragma unroll
+  for (int np = 0; np < Cfg::kBlockN / 16; ++np) {
+    uint32_t b[4];
+    ldmatrix_x4(b, k_tile + swizzled_offset_even<Cfg::kRowBytes>((16 * np + row) * Cfg::kRowBytes, key, 2 * kk));
+#pragma unroll
+    for (int t = 0; t < Cfg::kMTiles; ++t) {
+      Mma::mma(&s[t][acc_index(2 * np, 0, 0)], a[t], b[0], b[1]);
+      Mma::mma(&s[t][acc_index(2 * np + 1, 0, 0)], a[t], b[2], b[3]);
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void zero_scores(float (&s)[Cfg::kMTiles][Cfg::kBlockN / 2]) {
 #pragma unroll
   for (int t = 0; t < Cfg::kMTiles; ++t) {
 #pragma unroll
     for (int i = 0; i < Cfg::kBlockN / 2; ++i) s[t][i] = 0.f;
   }
-  const int m = lane / 8;
-  const int row = 8 * (m / 2) + (lane % 8);  // + 16 np
-  const uint32_t key = lane_swizzle_key(row, m % 2);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kBlockN / 2], const QOperand<Cfg>& q,
+                                        uint32_t k_tile, int lane) {
+  zero_scores<Cfg>(s);
+  const KLane kl(lane);
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
-    uint32_t a[Cfg::kMTiles][4];
-#pragma unroll
-    for (int t = 0; t < Cfg::kMTiles; ++t) q.frag(a[t], t, kk);
-#pragma unroll
-    for (int np = 0; np < Cfg::kBlockN / 16; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4(b, k_tile + swizzled_offset_even<Cfg::kRowBytes>((16 * np + row) * Cfg::kRowBytes, key, 2 * kk));
-#pragma unroll
-      for (int t = 0; t < Cfg::kMTiles; ++t) {
-        Mma::mma(&s[t][acc_index(2 * np, 0, 0)], a[t], b[0], b[1]);
-        Mma::mma(&s[t][acc_index(2 * np + 1, 0, 0)], a[t], b[2], b[3]);
-      }
-    }
-  }
+  for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) gemm_qk_step<Cfg>(s, q, k_tile, kl, kk);
 }
 
 // P(16 x kBlockN) as A fragments: the m16n8 C layout of two adjacent tiles is the m16k16 A layout
@@ -127,27 +145,59 @@ __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], ui
 // O_t(16 x D) += P_t(16 x kBlockN) V_tile(kBlockN x D) for every row tile t. V rows are keys (the k dimension) and
 // its columns the n dimension, so B comes from ldmatrix.trans: matrix m covers keys 16 * kk + 8 * (m % 2) .. +7 and
 // unit 2 * dp + m / 2, i.e. b[0], b[1] of dim tile 2 dp and b[0], b[1] of dim tile 2 dp + 1.
+// The lane's V row (+ 16 kk) and swizzle key in gemm_pv's ldmatrix.trans.
+struct VLane {
+  int row;
+  uint32_t key;
+  __device__ __forceinline__ explicit VLane(int lane)
+      : row(8 * ((lane / 8) % 2) + (lane % 8)), key(lane_swizzle_key(row, lane / 16)) {}
+};
+
+template <class Cfg>
+__device__ __forceinline__ void gemm_pv_step(float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 2],
+                                             const uint32_t (&pa)[Cfg::kMTiles][Cfg::kBlockN / 16][4],
+                                             uint32_t v_tile, const VLane& vl, int kk) {
+  using Mma = Mma16816<typename Cfg::Element>;
+  const int row = vl.row;
+  const uint32_t key = vl.key;
+#pragma unroll
+  for (int dp = 0; dp < Cfg::kHeadDim / 16; ++dp) {
+    uint32_t b[4];
+    const uint32_t offset = swizzled_offset_even<Cfg::kRowBytes>((16 * kk + row) * Cfg::kRowBytes, key, 2 * dp);
+    ldmatrix_x4_trans(b, v_tile + offset);
+#pragma unroll
+    for (int t = 0; t < Cfg::kMTiles; ++t) {
+      Mma::mma(&o[t][acc_index(2 * dp, 0, 0)], pa[t][kk], b[0], b[1]);
+      Mma::mma(&o[t][acc_index(2 * dp + 1, 0, 0)], pa[t][kk], b[2], b[3]);
+    }
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 2],
                                         const uint32_t (&pa)[Cfg::kMTiles][Cfg::kBlockN / 16][4], uint32_t v_tile,
                                         int lane) {
-  using Mma = Mma16816<typename Cfg::Element>;
-  const int m = lane / 8;
-  const int row = 8 * (m % 2) + (lane % 8);  // + 16 kk
-  const uint32_t key = lane_swizzle_key(row, m / 2);
+  const VLane vl(lane);
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) gemm_pv_step<Cfg>(o, pa, v_tile, vl, kk);
+}
+
+// O += P_j V_j and S_{j-1} = Q K_{j-1}^T, k-steps alternating: an accumulator's next mma.sync comes twice as many
+// instructions after its last as in either GEMM alone (16 -> 32 at head dim 64), which the GEMMs one after the other
+// spent waiting on the mma latency (Nsight Compute: "wait" stalls at HMMA; perf-notes v24).
+template <class Cfg>
+__device__ __forceinline__ void gemm_pv_qk(float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 2],
+                                           const uint32_t (&pa)[Cfg::kMTiles][Cfg::kBlockN / 16][4], uint32_t v_tile,
+                                           float (&s)[Cfg::kMTiles][Cfg::kBlockN / 2], const QOperand<Cfg>& q,
+                                           uint32_t k_tile, int lane) {
+  constexpr int kPvSteps = Cfg::kBlockN / 16, kQkSteps = Cfg::kHeadDim / 16;
+  zero_scores<Cfg>(s);
+  const KLane kl(lane);
+  const VLane vl(lane);
 #pragma unroll
-    for (int dp = 0; dp < Cfg::kHeadDim / 16; ++dp) {
-      uint32_t b[4];
-      const uint32_t offset = swizzled_offset_even<Cfg::kRowBytes>((16 * kk + row) * Cfg::kRowBytes, key, 2 * dp);
-      ldmatrix_x4_trans(b, v_tile + offset);
-#pragma unroll
-      for (int t = 0; t < Cfg::kMTiles; ++t) {
-        Mma::mma(&o[t][acc_index(2 * dp, 0, 0)], pa[t][kk], b[0], b[1]);
-        Mma::mma(&o[t][acc_index(2 * dp + 1, 0, 0)], pa[t][kk], b[2], b[3]);
-      }
-    }
+  for (int i = 0; i < (kPvSteps > kQkSteps ? kPvSteps : kQkSteps); ++i) {
+    if (i < kPvSteps) gemm_pv_step<Cfg>(o, pa, v_tile, vl, i);
+    if (i < kQkSteps) gemm_qk_step<Cfg>(s, q, k_tile, kl, i);
   }
 }
 
@@ -313,6 +363,29 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
       gemm_pv<Cfg>(st.o, pa, v_tile(0), lane);
     }
     cp_async_wait<0>();  // (the last commit is an empty group)
+  } else if constexpr (Cfg::kOverlap) {
+    // Three stages, P V of block j with S of block j - 1 (gemm_pv_qk). Groups: [Q, K_0], [V_0], [block 1], then one
+    // per block. At the top of the step of block j (its S is done, its P waits): block j - 1 has landed (wait for
+    // every group: it was issued one step earlier), __syncthreads (every warp is done with the previous step, which
+    // read the stage refilled next), issue block j - 2 into the stage block j + 1 used.
+    gemm_qk<Cfg>(s, q, k_tile(0), lane);
+    softmax_to_p(tile.keys.end - 1);
+    int stage = 0;  // block n_block's
+    for (int n_block = tile.keys.end - 1; n_block > tile.keys.begin; --n_block) {
+      const int next = stage == 2 ? 0 : stage + 1;  // block n_block - 1's
+      cp_async_wait<0>();
+      __syncthreads();
+      if (n_block - 2 >= tile.keys.begin) load_kv(n_block - 2, next == 2 ? 0 : next + 1);
+      cp_async_commit();
+      gemm_pv_qk<Cfg>(st.o, pa, v_tile(stage), s, q, k_tile(next), lane);
+      softmax_to_p(n_block - 1);
+      stage = next;
+    }
+    if (tile.keys.count() == 1) {  // the first V has not been waited for
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    gemm_pv<Cfg>(st.o, pa, v_tile(stage), lane);
   } else {
     // The first iteration: Q and its K have been waited for above, and the stage its loads go to (kStages - 1) has
     // never been read, so it skips the wait at the top; its V is waited for before P V instead.
