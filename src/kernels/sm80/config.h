@@ -32,7 +32,7 @@ struct KernelConfig {
   static constexpr int kBlockM = kShape.block_m;
   static constexpr int kBlockN = kShape.block_n;
   static constexpr int kStages = kShape.stages;
-  // Three stages: the main loop overlaps P V of a key block with S of the next (mainloop.cuh, gemm_pv_qk).
+  // Three stages: the main loop overlaps P V of a key block with S of the next (gemm.cuh, gemm_pv_qk).
   static constexpr bool kOverlap = kStages == 3;
 
   static constexpr int kElemBytes = kernels::ElemTraits<Element>::kBytes;
