@@ -38,6 +38,16 @@ template <class Cfg>
 __device__ __forceinline__ int thread_unit() {
   return static_cast<int>(threadIdx.x) % Cfg::kRowUnits;
 }
+// How kRows rows split over the CTA: every thread copies one fixed 16-byte unit of kRowsPerPass-apart rows, kUnits of
+// them.
+template <class Cfg, int kRows>
+struct TileCopy {
+  static constexpr int kUnits = kRows * Cfg::kRowUnits / Cfg::kThreads;
+  static constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kRowUnits;  // rows one pass of the CTA's threads copies
+  static_assert(kUnits * Cfg::kThreads == kRows * Cfg::kRowUnits && kRowsPerPass * Cfg::kRowUnits == Cfg::kThreads,
+                "the tile must split evenly over the threads, whole rows per pass");
+};
+
 // This thread's first source unit of the tile whose row 0 is row `row0` of `slice` (rows of `row_bytes`).
 template <class Cfg>
 __device__ __forceinline__ const uint8_t* thread_source(const uint8_t* slice, int64_t row0, int64_t row_bytes) {
@@ -48,8 +58,8 @@ __device__ __forceinline__ const uint8_t* thread_source(const uint8_t* slice, in
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice, int64_t row_bytes, int64_t row0,
                                              int64_t seqlen, bool is_paged, const PagedRows& paged) {
-  constexpr int kUnits = kRows * Cfg::kRowUnits / Cfg::kThreads;
-  constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kRowUnits;
+  constexpr int kUnits = TileCopy<Cfg, kRows>::kUnits;
+  constexpr int kRowsPerPass = TileCopy<Cfg, kRows>::kRowsPerPass;
   const int r0 = thread_pass_row<Cfg>();
   const int unit = thread_unit<Cfg>();
   slice += unit * 16;
@@ -79,10 +89,8 @@ __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice,
 // the tile's row cost ~25 integer instructions per K or V tile, a tenth of a head-dim-64 key block's instructions.
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_rows(uint32_t dst, const uint8_t* src, int64_t row_bytes) {
-  constexpr int kUnits = kRows * Cfg::kRowUnits / Cfg::kThreads;
-  constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kRowUnits;  // rows one pass of the CTA's threads copies
-  static_assert(kUnits * Cfg::kThreads == kRows * Cfg::kRowUnits && kRowsPerPass * Cfg::kRowUnits == Cfg::kThreads,
-                "the tile must split evenly over the threads, whole rows per pass");
+  constexpr int kUnits = TileCopy<Cfg, kRows>::kUnits;
+  constexpr int kRowsPerPass = TileCopy<Cfg, kRows>::kRowsPerPass;
   const int r0 = thread_pass_row<Cfg>();
   const int unit = thread_unit<Cfg>();
   const int64_t step = kRowsPerPass * row_bytes;
