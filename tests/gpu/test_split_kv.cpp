@@ -30,11 +30,13 @@ std::vector<std::string> split_configs(flashcore_dtype dt, int hd, bool causal) 
 
 TEST(SplitKv, DecodeShapesPassTheSuiteRules) {
   FLASHCORE_REQUIRE_GPU();
-  // (batch, heads q, heads kv, Sq, Sk): one and a few query rows, long and odd key ranges, GQA 4:1 and 8:1, a
-  // single key, and Sq > Sk (causal rows with no key).
-  const struct { int64_t b, hq, hkv, sq, sk; } shapes[] = {
-      {1, 32, 8, 1, 65537}, {4, 16, 2, 1, 8191}, {2, 8, 8, 3, 20000}, {1, 4, 1, 1, 1},
-      {3, 8, 2, 5, 129},    {1, 8, 8, 70, 33},  {2, 4, 4, 64, 4096}, {48, 8, 8, 1, 1030},  // last: one part
+  // (batch, heads q, heads kv, Sq, Sk, num_splits): one and a few query rows, long and odd key ranges, GQA 4:1 and
+  // 8:1, a single key, Sq > Sk (causal rows with no key), one part, and both merges (split_plan.h): the tiles' last
+  // splits at 240 tiles (the last counter byte), the combine kernel at 248 tiles (no counter for them).
+  const struct { int64_t b, hq, hkv, sq, sk; int splits; } shapes[] = {
+      {1, 32, 8, 1, 65537, 0}, {4, 16, 2, 1, 8191, 0}, {2, 8, 8, 3, 20000, 0}, {1, 4, 1, 1, 1, 0},
+      {3, 8, 2, 5, 129, 0},    {1, 8, 8, 70, 33, 0},  {2, 4, 4, 64, 4096, 0}, {48, 8, 8, 1, 1030, 0},
+      {30, 8, 8, 1, 1030, 3},  {31, 8, 8, 1, 1030, 3},
   };
   int runs = 0;
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
@@ -46,6 +48,7 @@ TEST(SplitKv, DecodeShapesPassTheSuiteRules) {
             c.batch = s.b, c.heads_q = s.hq, c.heads_kv = s.hkv, c.seqlen_q = s.sq, c.seqlen_k = s.sk;
             c.head_dim = hd, c.dtype = dt, c.causal = causal;
             c.kernel_config = config.c_str();
+            c.num_splits = s.splits;
             const flashcore::check::Result r = flashcore::check::run_case(c, 777 + runs, /*repeats=*/2);
             EXPECT_TRUE(r.passed && r.deterministic) << config << ": " << flashcore::check::describe(c) << ": "
                                                      << r.message;
@@ -69,6 +72,7 @@ TEST(SplitKv, DispatchPicksTheSplitRowForDecodeWhenAWorkspaceIsGiven) {
   ASSERT_EQ(cudaMalloc(&bufs[1], kv_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&bufs[2], kv_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&bufs[3], q_bytes), cudaSuccess);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaMemset(bufs[i], 0, i == 0 ? q_bytes : kv_bytes), cudaSuccess);  // O = 0
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
   p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
@@ -89,8 +93,21 @@ TEST(SplitKv, DispatchPicksTheSplitRowForDecodeWhenAWorkspaceIsGiven) {
   p.workspace = workspace, p.workspace_size = ws;
   ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
   EXPECT_NE(std::string(name).find("-split"), std::string::npos) << name;
-  EXPECT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // Twice on one workspace: the tiles' last splits merge (64 tiles, split counters in the header), and the counters
+  // are back to zero after each call (flashcore.h: the first 256 bytes stay zero), so the second call merges too.
+  for (int call = 0; call < 2; ++call) {
+    ASSERT_EQ(cudaMemset(bufs[3], 0xff, q_bytes), cudaSuccess);
+    EXPECT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    unsigned char header[256];
+    ASSERT_EQ(cudaMemcpy(header, workspace, sizeof header, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(header[i], 0) << "call " << call << ": workspace byte " << i << " not zero";
+    std::vector<uint16_t> o(q_bytes / 2);
+    ASSERT_EQ(cudaMemcpy(o.data(), bufs[3], q_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    int unwritten = 0;
+    for (uint16_t x : o) unwritten += x == 0xffff ? 1 : 0;
+    EXPECT_EQ(unwritten, 0) << "call " << call << ": O elements still poisoned";
+  }
   cudaFree(workspace);
   for (void* b : bufs) cudaFree(b);
   unsetenv("FLASHCORE_TUNING");

@@ -11,6 +11,16 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
 __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// A named barrier that also ORs a predicate over its threads (barrier.red.or.pred): every thread gets the result.
+__device__ __forceinline__ bool named_barrier_or(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t result;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred p, %2, %3, p;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(result)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return result != 0;
+}
 
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;

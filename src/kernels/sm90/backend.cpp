@@ -225,6 +225,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;
   fp.o = p.o;
   const int64_t out_bytes = dtype_size(out_dtype);
+  fp.o_stride_batch_bytes = p.o_strides.batch * out_bytes;
   fp.o_stride_seq_bytes = p.o_strides.seq * out_bytes;
   fp.o_stride_head_bytes = p.o_strides.head * out_bytes;
   fp.tile_counter = static_cast<int*>(p.workspace);
@@ -253,6 +254,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     fp.num_splits = plan.splits;
     fp.blocks_per_split = plan.blocks_per_split;
     fp.num_tiles = static_cast<int>(tiles * plan.splits);
+    if (plan.fused_merge) fp.split_counters = reinterpret_cast<uint32_t*>(base + kSplitCounterOffset);
   }
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
 
@@ -281,7 +283,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     error = api::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  if (split && plan.splits > 1) {  // merge the splits into O (and LSE) on the same stream (one part wrote O itself)
+  // Merge the splits into O (and LSE) on the same stream, unless the tiles' last splits did (or one part wrote O).
+  if (split && plan.splits > 1 && !plan.fused_merge) {
     kernels::CombineParams c{};
     c.o_partial = fp.o_partial;
     c.lse_partial = fp.lse_partial;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cuda/ptx>
 
+#include "kernels/common/combine.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
 #include "kernels/common/warp.cuh"
@@ -15,7 +16,8 @@
 namespace flashcore::sm90 {
 
 // Split-KV: this split's O (normalized by its own sum, fp32) and LSE go to the workspace, rows [0, seqlen_q) of
-// (batch, head, split); the combine kernel (combine.cuh) weighs the splits by their LSE.
+// (batch, head, split); the tile's last split (merge_if_last_split) or the combine kernel (combine.cuh) weighs the
+// splits by their LSE.
 template <class Cfg>
 __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Tile& tile, int warpgroup,
                                                     const ConsumerState<Cfg>& st, const float (&inv_sum)[2],
@@ -40,6 +42,52 @@ __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Ti
   }
   // The combine kernel may now be scheduled (it waits for the whole grid before reading, combine.cuh).
   cudaTriggerProgrammaticLaunchCompletion();
+}
+
+// The merge fused into the split kernel (p.split_counters; split_plan.h): after storing its partials, a split counts
+// itself in its tile's byte of the workspace header, and the split that completes the count merges the tile's rows
+// into O and LSE (combine.cuh, one warp per row) and puts the byte back to 0 for the next call. Saves the combine
+// kernel's launch and its wait for the whole grid (perf-notes v25). Every thread fences its partial stores before
+// the count; the last split's thread 0 fences after it, and the merge reads the partials through L2. The result
+// does not depend on which split comes last: the merge reads the splits in order.
+template <class Cfg>
+__device__ __forceinline__ void merge_if_last_split(const FwdParams& p, const Tile& tile, int warpgroup) {
+  static_assert(Cfg::kConsumerWarpgroups == 1, "one count per split: the split rows have one consumer warpgroup");
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  using Out = typename Cfg::OutElement;
+  const int wg_thread = threadIdx.x % 128;
+  const uint32_t barrier = 1 + warpgroup;
+  __threadfence();
+  kernels::named_barrier_sync(barrier, 128);
+  bool last = false;
+  if (wg_thread == 0) {
+    const int64_t dense = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_m_blocks + tile.m_block;
+    uint32_t* word = p.split_counters + dense / 4;
+    const int shift = 8 * static_cast<int>(dense % 4);  // counts stay below 256: no carry into the next tile's byte
+    const uint32_t before = atomicAdd(word, 1u << shift);
+    last = ((before >> shift) & 0xffu) == static_cast<uint32_t>(p.num_splits - 1);
+    if (last) {
+      atomicSub(word, static_cast<uint32_t>(p.num_splits) << shift);
+      __threadfence();
+    }
+  }
+  if (!kernels::named_barrier_or(barrier, 128, last)) return;
+  const int64_t seqlen_q = tile.seq.seqlen_q;
+  const int64_t first = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_splits;
+  const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM;
+  const int64_t row_end = row0 + Cfg::kBlockM < seqlen_q ? row0 + Cfg::kBlockM : seqlen_q;
+  char* o_rows = static_cast<char*>(p.o) + tile.batch * p.o_stride_batch_bytes + tile.head * p.o_stride_head_bytes;
+  for (int64_t row = row0 + wg_thread / 32; row < row_end; row += 4) {
+    const kernels::SplitRows splits{p.lse_partial + first * seqlen_q + row,
+                                    p.o_partial + (first * seqlen_q + row) * kHeadDim, seqlen_q, p.num_splits};
+    float acc[kHeadDim / 64][2], max_lse;
+    const float total = kernels::merge_split_share<kHeadDim>(splits, 0, 1, acc, max_lse);
+    Out* o_row = reinterpret_cast<Out*>(o_rows + (tile.seq.q_row0 + row) * p.o_stride_seq_bytes);
+    float* lse = p.lse == nullptr ? nullptr
+                                  : p.lse + tile.batch * p.lse_stride_batch + tile.head * p.lse_stride_head +
+                                        tile.seq.q_row0 + row;
+    kernels::store_merged_row<Out, kHeadDim>(o_row, lse, acc, total, max_lse);
+  }
 }
 
 // The staged slice's first `rows` rows (16-byte units, un-swizzled) to O at sequence row `row`.
@@ -75,13 +123,14 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
   if constexpr (Cfg::kSplitKv) {
     if (p.num_splits > 1) {
       store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
-      // O is written by the combine kernel. The CTA's next part (split CTAs are persistent) takes the Q stage: hand
-      // it back once every thread of the warpgroup is past its last GEMM (with a separate O buffer the main loop
-      // did).
+      // The CTA's next part (split CTAs are persistent) takes the Q stage: hand it back once every thread of the
+      // warpgroup is past its last GEMM (with a separate O buffer the main loop did).
       if (!Cfg::kSeparateO) {
         kernels::named_barrier_sync(1 + warpgroup, 128);
         if (wg_thread == 0) bars.q.release(pipes.q);
       }
+      // O is written by the tile's last split, or by the combine kernel after the grid.
+      if (p.split_counters != nullptr) merge_if_last_split<Cfg>(p, tile, warpgroup);
       return;
     }
     // One part (the plan's choice when the tiles alone fill the GPU): O is final here, and the dense store below

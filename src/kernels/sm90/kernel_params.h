@@ -33,14 +33,18 @@ struct FwdParams : kernels::ServingLayout {
   float* lse_partial;
   int num_splits;        // >= 1
   int blocks_per_split;  // key blocks per split
+  // One byte per (dense) tile in the workspace's zero-filled header (split_plan.h): how many of the tile's splits
+  // have stored their partials; the split that brings it to num_splits merges the tile (epilogue.cuh) and puts it
+  // back to 0. nullptr: the combine kernel merges after the grid (more tiles than bytes, or more than 255 splits).
+  uint32_t* split_counters;
   // Paged KV cache (ServingLayout::block_table): tma_k / tma_v map (D, page_size, Hkv, num_pages) with boxes of
   // kv_slice_rows rows (a divisor of both page_size and kBlockN). Packed batches: the TMA maps have one batch entry.
   int kv_slice_rows;
   bool zero_v_tail;  // V rows past a sequence's keys lie inside the tensor (seqused_k, packed or paged K/V)
-  // Where O goes for the stores TMA cannot clip (a packed tile that ends past its sequence): O's base and byte strides
-  // (LSE's: ServingLayout).
+  // Where O goes for the stores TMA cannot clip (a packed tile that ends past its sequence) and for the split merge:
+  // O's base and byte strides (LSE's: ServingLayout).
   void* o;
-  int64_t o_stride_seq_bytes, o_stride_head_bytes;
+  int64_t o_stride_batch_bytes, o_stride_seq_bytes, o_stride_head_bytes;
   // 8-bit inputs: per (batch, KV head) factors, (batch, num_heads_kv) contiguous, NULL = 1 (flashcore.h). tma_v then
   // maps the transposed V in the workspace: (keys, head_dim, Hkv, B), keys innermost, permuted within groups of 32
   // (kernels::p8_key_of_slot), box (128 keys, head_dim rows).

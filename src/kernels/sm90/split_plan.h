@@ -12,8 +12,16 @@ namespace flashcore::sm90 {
 struct SplitPlan {
   int splits = 1;
   int blocks_per_split = 1;
-  size_t o_offset = 0, lse_offset = 0, bytes = 0;  // workspace layout: [16-byte header][O partials][LSE partials]
+  size_t o_offset = 0, lse_offset = 0, bytes = 0;  // workspace layout: [256-byte header][O partials][LSE partials]
+  bool fused_merge = false;  // the tiles' last splits merge them (split counters in the header), no combine kernel
 };
+
+// The split counters: one byte per tile in the workspace's zero-filled header (flashcore.h: its first 256 bytes stay
+// zero after every call), after the dynamic scheduler's 16 bytes. A count reaches the number of splits, so at most
+// 255 of them; a plan with more tiles or splits merges with the combine kernel after the grid.
+inline constexpr size_t kSplitCounterOffset = 16;
+inline constexpr int64_t kSplitCounterTiles = 256 - kSplitCounterOffset;
+inline constexpr int kSplitCounterMaxSplits = 255;
 
 // tiles: query tiles without splitting (batch * heads * m_blocks); key_blocks: key blocks of the longest range.
 // Each CTA holds an SM alone, so what matters is the last wave: the count s (at least two key blocks per split, at
@@ -43,6 +51,7 @@ inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t 
   }
   plan.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, splits)));
   plan.splits = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(key_blocks, plan.blocks_per_split)));
+  plan.fused_merge = plan.splits > 1 && tiles <= kSplitCounterTiles && plan.splits <= kSplitCounterMaxSplits;
   const size_t rows =
       static_cast<size_t>(batch_heads) * static_cast<size_t>(plan.splits) * static_cast<size_t>(seqlen_q);
   plan.o_offset = 256;  // the first 16 bytes are the dynamic scheduler's counter in every layout; keep 256 aligned
