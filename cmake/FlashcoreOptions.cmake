@@ -1,6 +1,6 @@
 # User-facing build options (see README.md, "Build options").
 set(FLASHCORE_HEAD_DIMS "64;128;256" CACHE STRING "Head dims to compile kernels for (subset of 64;128;256)")
-set(FLASHCORE_DTYPES "fp16;bf16;e4m3;i8" CACHE STRING "Dtypes to compile kernels for (subset of fp16;bf16;e4m3;i8; e4m3 and i8 (int8 Q K^T, precision = INT8): sm90 only)")
+set(FLASHCORE_DTYPES "fp16;bf16;e4m3;e5m2;i8" CACHE STRING "Dtypes to compile kernels for (subset of fp16;bf16;e4m3;e5m2;i8; e4m3, e5m2 and i8 (int8 Q K^T, precision = INT8): sm90 only)")
 set(FLASHCORE_CUDA_ARCHS "90a" CACHE STRING "CUDA archs to generate SASS of the sm90 (Hopper) kernels for (-gencode=arch=compute_X,code=sm_X)")
 option(FLASHCORE_BUILD_SM80 "Build the portable backend (mma.sync + cp.async) for compute capability 8.x" ON)
 set(FLASHCORE_SM80_ARCHS "80;86;89;90" CACHE STRING

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that every compiled forward kernel is what its name says (CI runs this; no GPU needed):
-#   - its SASS contains HGMMA (16-bit wgmma; QGMMA, the 8-bit wgmma, for the e4m3 rows *_e4m3_*, which must have no
+#   - its SASS contains HGMMA (16-bit wgmma; QGMMA, the 8-bit wgmma, for the e4m3 and e5m2 rows *_e4m3_* / *_e5m2_*, which must have no
 #     HGMMA; IGMMA, the int8 wgmma of Q K^T, and HGMMA, the 16-bit P V, for the int8 rows *_i8_*) and UTMALDG (TMA
 #     loads), and UTMASTG (TMA stores) except the split-KV
 #     kernels (rows named *_split_*), which write fp32 partials with plain stores for the combine kernel;
@@ -56,7 +56,7 @@ while read -r name h q i l s loc; do
   [[ -z "${name:-}" ]] && continue
   demangled=$(echo "$name" | c++filt 2>/dev/null || echo "$name")
   status="ok"
-  if [[ "$demangled" == *_e4m3_* ]]; then
+  if [[ "$demangled" == *_e4m3_* || "$demangled" == *_e5m2_* ]]; then
     [[ "$q" -gt 0 ]] || { err "$demangled: no QGMMA (8-bit wgmma)"; status="FAIL"; }
     [[ "$h" -eq 0 ]] || { err "$demangled: 8-bit kernel with $h HGMMA"; status="FAIL"; }
   elif [[ "$demangled" == *_i8_* ]]; then
@@ -88,7 +88,7 @@ while read -r name ex2; do
   # two P sets within 192; a P set is block_n / 4 registers, block_n / 8 for e4m3).
   if [[ "$name" =~ _d([0-9]+)_c[01]_([0-9]+)x([0-9]+)x ]]; then
     D=${BASH_REMATCH[1]}; BM=${BASH_REMATCH[2]}; BN=${BASH_REMATCH[3]}
-    preg=$((BN / 4)); [[ "$name" == *_e4m3_* ]] && preg=$((BN / 8))
+    preg=$((BN / 4)); [[ "$name" == *_e4m3_* || "$name" == *_e5m2_* ]] && preg=$((BN / 8))
     if [[ "$BM" -le 128 && $((D / 2 + BN / 2 + 2 * preg)) -le 192 ]]; then
       two_sets=$((two_sets + 1))
       [[ "$ex2" -ge 16 ]] || err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): two P sets, but only $ex2 MUFU.EX2 between the S and P V waits (the softmax does not overlap the P V GEMM)"

@@ -133,6 +133,8 @@ usage_form bench --out-dtype fp32
 usage_form check --precision
 expect 2 "quantizes 16-bit inputs" 1 -- "$BIN" bench --shape "$S1" --dtype e4m3 --precision fp8
 expect 2 "quantizes 16-bit inputs" 1 -- "$BIN" check --shape "$S1" --dtype e4m3 --precision fp8
+expect 2 "dtype e5m2 is 8-bit already" 1 -- "$BIN" bench --shape "$S1" --dtype e5m2 --precision fp8
+expect 2 "16-bit inputs only" 1 -- "$BIN" tune --dtype e5m2
 expect 2 "out-dtype is for" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --out-dtype fp16
 expect 2 "out-dtype is for" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --out-dtype bf16
 expect 2 "16-bit inputs only" 1 -- "$BIN" tune --dtype e4m3
@@ -144,6 +146,9 @@ for cmd in bench check; do
 done
 HAVE_E4M3=0
 [[ ",$DTYPES," == *",fp8_e4m3,"* ]] && HAVE_E4M3=1
+if [[ ",$DTYPES," != *",fp8_e5m2,"* ]]; then
+  expect 2 "unsupported dtype e5m2: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype e5m2
+fi
 if [[ $HAVE_E4M3 -eq 0 ]]; then
   expect 2 "unsupported dtype e4m3: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype e4m3
   expect 2 "not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --precision fp8

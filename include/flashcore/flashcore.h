@@ -72,7 +72,8 @@ typedef enum flashcore_dtype {
   FLASHCORE_DTYPE_BF16 = 1,
   FLASHCORE_DTYPE_FP32 = 2,     /* host reference only; no GPU kernel */
   FLASHCORE_DTYPE_FP8_E4M3 = 3, /* since 0.3: 8-bit Q, K, V (sm90 backend), O in FP16 or BF16 [SAME: BF16] */
-  FLASHCORE_DTYPE_FP8_E5M2 = 4, /* reserved */
+  FLASHCORE_DTYPE_FP8_E5M2 = 4, /* since 0.3: 8-bit Q, K, V in e5m2, as FP8_E4M3 (P stays e4m3: the P V GEMM is e4m3 x
+                                   e5m2) */
   FLASHCORE_DTYPE_INT8 = 5      /* since 0.3: the key of the int8 Q K^T kernels that FLASHCORE_PRECISION_INT8 runs
                                    (flashcore_list_kernel_configs); not a call's dtype yet */
 } flashcore_dtype;
@@ -171,7 +172,7 @@ typedef struct flashcore_attention_params {
 
   /* ---- Since 0.3. A caller compiled against 0.2 passes FLASHCORE_ATTENTION_PARAMS_V2_SIZE; these take their
    * defaults then. ---- */
-  /* 8-bit attention (dtype FLASHCORE_DTYPE_FP8_E4M3, sm90 backend): Q, K, V hold e4m3 values x such that the real
+  /* 8-bit attention (dtype FLASHCORE_DTYPE_FP8_E4M3 or _E5M2, sm90 backend): Q, K, V hold 8-bit values x such that the real
    * value is x * descale, with one float32 factor per (batch, KV head) -- query head h uses the factor of its KV
    * head h / (num_heads_q / num_heads_kv) -- as FlashAttention-3's q_descale / k_descale / v_descale. Device
    * arrays (batch, num_heads_kv), contiguous, 4-byte aligned, read by the kernel only [NULL: 1 for every entry].

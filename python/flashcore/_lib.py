@@ -86,7 +86,7 @@ DTYPE_FP16 = 0
 DTYPE_BF16 = 1
 DTYPE_FP32 = 2
 DTYPE_FP8_E4M3 = 3
-DTYPE_FP8_E5M2 = 4  # reserved
+DTYPE_FP8_E5M2 = 4  # since 0.3: e5m2 Q, K, V (P stays e4m3)
 DTYPE_INT8 = 5  # since 0.3: the key of the int8 Q K^T kernels precision=INT8 runs (not a call's dtype)
 
 # flashcore_attention_params::precision (since 0.3): how a 16-bit call computes.

@@ -27,7 +27,9 @@ SOFTMAX_SCALE_MAX = 2.0**100
 _DTYPE_CODES = {torch.float16: _lib.DTYPE_FP16, torch.bfloat16: _lib.DTYPE_BF16}
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value: quantize_fp8 maps each group's absolute maximum to it
-_INPUT_DTYPE_CODES = {**_DTYPE_CODES, FP8_DTYPE: _lib.DTYPE_FP8_E4M3}
+# The 8-bit input dtypes flashcore.attention takes (quantize_fp8 makes the first); P is e4m3 for both.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_INPUT_DTYPE_CODES = {**_DTYPE_CODES, FP8_DTYPE: _lib.DTYPE_FP8_E4M3, torch.float8_e5m2: _lib.DTYPE_FP8_E5M2}
 # out_dtype: the dtypes O can be written in.
 _OUT_DTYPE_CODES = dict(_DTYPE_CODES)
 # precision= of flashcore.attention -> flashcore_attention_params::precision.
@@ -61,21 +63,21 @@ def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp8: bool = False) -> None:
     """Raise ValueError / TypeError for anything the kernel cannot take, before touching the library.
     kv_batch=False: k and v are a paged cache (num_pages, page_size, Hkv, D), whose first dimension is not q's
-    batch. allow_fp8: float8_e4m3fn inputs are accepted (flashcore.attention's dense calls only)."""
+    batch. allow_fp8: float8_e4m3fn / float8_e5m2 inputs are accepted (flashcore.attention's dense calls only)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"FlashCore: {name} must be 4-D {_LAYOUTS[layout]}, got shape {tuple(t.shape)}")
-    if q.dtype == FP8_DTYPE and not allow_fp8:
+    if q.dtype in FP8_DTYPES and not allow_fp8:
         raise TypeError(
-            "FlashCore: float8_e4m3fn inputs are supported by flashcore.attention on dense batches only (not by "
-            "sdpa, KV-cache, paged, variable-length or ring calls); got q of dtype torch.float8_e4m3fn"
+            "FlashCore: float8_e4m3fn / float8_e5m2 inputs are supported by flashcore.attention on dense batches only "
+            f"(not by sdpa, KV-cache, paged, variable-length or ring calls); got q of dtype {q.dtype}"
         )
-    if q.dtype not in _DTYPE_CODES and q.dtype != FP8_DTYPE:
-        raise TypeError(f"FlashCore: q must be float16 or bfloat16 (or float8_e4m3fn for flashcore.attention), got "
-                        f"{q.dtype}")
+    if q.dtype not in _DTYPE_CODES and q.dtype not in FP8_DTYPES:
+        raise TypeError(f"FlashCore: q must be float16 or bfloat16 (or float8_e4m3fn / float8_e5m2 for "
+                        f"flashcore.attention), got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"FlashCore: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
@@ -137,18 +139,18 @@ def _check_precision(precision) -> int:
 
 def _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision: int) -> torch.dtype:
     """Checks of the descales, out_dtype and precision (tensor metadata only); returns O's dtype: out_dtype, else
-    bfloat16 for float8_e4m3fn inputs and the input dtype for 16-bit ones."""
+    bfloat16 for 8-bit inputs and the input dtype for 16-bit ones."""
     if out_dtype is not None and out_dtype not in _OUT_DTYPE_CODES:
         raise TypeError(f"FlashCore: out_dtype must be torch.float16, torch.bfloat16 or None, got {out_dtype}")
     if precision not in (_lib.PRECISION_NATIVE, _lib.PRECISION_FP8, _lib.PRECISION_INT8):
         raise ValueError(f"FlashCore: precision must be PRECISION_NATIVE ({_lib.PRECISION_NATIVE}), PRECISION_FP8 "
                          f"({_lib.PRECISION_FP8}) or PRECISION_INT8 ({_lib.PRECISION_INT8}), got {precision}")
     descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
-    if q.dtype != FP8_DTYPE:
+    if q.dtype not in FP8_DTYPES:
         given = [name for name, d in descales if d is not None]
         if given:
             raise ValueError(
-                f"FlashCore: {given[0]} is for float8_e4m3fn inputs only (q is {q.dtype}); with precision='fp8' "
+                f"FlashCore: {given[0]} is for 8-bit (float8) inputs only (q is {q.dtype}); with precision='fp8' "
                 "or 'int8' FlashCore computes the scales of 16-bit inputs itself"
             )
         if precision == _lib.PRECISION_INT8 and out_dtype is not None and out_dtype != q.dtype:
@@ -158,7 +160,7 @@ def _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision
     if precision != _lib.PRECISION_NATIVE:
         name = "fp8" if precision == _lib.PRECISION_FP8 else "int8"
         raise ValueError(f"FlashCore: precision='{name}' quantizes 16-bit inputs; q, k and v are already "
-                         "float8_e4m3fn (leave precision at None)")
+                         f"{str(q.dtype).replace('torch.', '')} (leave precision at None)")
     batch, heads_kv = q.shape[0], k.shape[2]
     for name, d in descales:
         if d is None:
@@ -196,24 +198,25 @@ def _kernel_head_dims(lib: _lib.Library, device: torch.device, causal: bool,
     return dims
 
 
-def _fp8_head_dims(lib: _lib.Library, device: torch.device, causal: bool) -> Tuple[int, ...]:
-    """The compiled head dims that have an 8-bit (e4m3) kernel config for `causal` on `device`."""
-    return _kernel_head_dims(lib, device, causal, _lib.DTYPE_FP8_E4M3)
+def _fp8_head_dims(lib: _lib.Library, device: torch.device, causal: bool,
+                   dtype: int = _lib.DTYPE_FP8_E4M3) -> Tuple[int, ...]:
+    """The compiled head dims that have an 8-bit kernel config of `dtype` (e4m3 or e5m2) for `causal` on `device`."""
+    return _kernel_head_dims(lib, device, causal, dtype)
 
 
 def _check_extended_supported(lib: _lib.Library, q: torch.Tensor, causal: bool, out_dtype: torch.dtype,
                               precision: int) -> None:
     """What the library must offer beyond a plain 16-bit call: an output dtype other than the input's, the 8-bit
-    path (float8_e4m3fn inputs or precision="fp8") and its head dims on q's device."""
+    path (float8_e4m3fn / float8_e5m2 inputs or precision="fp8") and its head dims on q's device."""
     if out_dtype != q.dtype:
         if not lib.has_params_field("out_dtype"):
             raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) predates out_dtype; a 0.2 "
                                "library or newer is needed")
         name = str(out_dtype).replace("torch.", "")
-        if q.dtype != FP8_DTYPE and name not in lib.compiled_out_dtypes():
+        if q.dtype not in FP8_DTYPES and name not in lib.compiled_out_dtypes():
             raise TypeError(f"FlashCore: out_dtype {out_dtype} is not compiled into {lib.path} (compiled output "
                             f"dtypes: {list(lib.compiled_out_dtypes())})")
-    if q.dtype != FP8_DTYPE and precision == _lib.PRECISION_NATIVE:
+    if q.dtype not in FP8_DTYPES and precision == _lib.PRECISION_NATIVE:
         return
     if not lib.has_params_field("precision"):
         raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) predates the 8-bit path "
@@ -226,11 +229,13 @@ def _check_extended_supported(lib: _lib.Library, q: torch.Tensor, causal: bool, 
                              f"{list(int8_dims)}; it needs a library built with the i8 dtype, and the sm90 backend)")
         return
     dtypes = lib.compiled()[0]
-    if "float8_e4m3fn" not in dtypes:
-        raise TypeError(f"FlashCore: the 8-bit path (float8_e4m3fn) is not compiled into {lib.path} (compiled: "
+    kernel_dtype = torch.float8_e5m2 if q.dtype == torch.float8_e5m2 else FP8_DTYPE  # precision="fp8": e4m3
+    kernel_name = str(kernel_dtype).replace("torch.", "")
+    if kernel_name not in dtypes:
+        raise TypeError(f"FlashCore: the 8-bit path ({kernel_name}) is not compiled into {lib.path} (compiled: "
                         f"{list(dtypes)})")
     head_dim = q.shape[3]
-    fp8_dims = _fp8_head_dims(lib, q.device, causal)
+    fp8_dims = _fp8_head_dims(lib, q.device, causal, _INPUT_DTYPE_CODES[kernel_dtype])
     if head_dim not in fp8_dims:
         raise ValueError(
             f"FlashCore: head_dim {head_dim} has no 8-bit kernel{' (causal)' if causal else ''} on this device "
@@ -488,7 +493,7 @@ def attention_fwd(
     _check_inputs(q, k, v, "bshd", allow_fp8=True)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
     lib = _check_supported(q, q.shape[3])
-    extended = q.dtype == FP8_DTYPE or precision != _lib.PRECISION_NATIVE or o_dtype != q.dtype
+    extended = q.dtype in FP8_DTYPES or precision != _lib.PRECISION_NATIVE or o_dtype != q.dtype
     if extended:
         _check_extended_supported(lib, q, causal, o_dtype, precision)
     out, lse = _empty_outputs(q, return_lse, o_dtype)
@@ -771,7 +776,7 @@ def attention(
     _check_inputs(q, k, v, "bshd", allow_fp8=True)
     precision_code = _check_precision(precision)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision_code)
-    extended = q.dtype == FP8_DTYPE or precision_code != _lib.PRECISION_NATIVE or o_dtype != q.dtype
+    extended = q.dtype in FP8_DTYPES or precision_code != _lib.PRECISION_NATIVE or o_dtype != q.dtype
     if not torch.compiler.is_compiling():
         # Precise errors up front in eager mode; the op checks again when run.
         lib = _check_supported(q, q.shape[3])
@@ -780,7 +785,7 @@ def attention(
     if not extended:  # the 0.2 call
         out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse))
     else:
-        default_dtype = torch.bfloat16 if q.dtype == FP8_DTYPE else q.dtype
+        default_dtype = torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype
         out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
                                  None if o_dtype == default_dtype else o_dtype, precision_code)
     return (out, lse) if return_lse else out

@@ -114,7 +114,7 @@ def emulate_on_cpu(monkeypatch):
 
         @staticmethod
         def compiled():
-            return ("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256)
+            return ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"), (64, 128, 256)
 
     def check_supported(q, head_dim):
         if head_dim not in _CompiledCaps.compiled()[1]:
@@ -122,13 +122,13 @@ def emulate_on_cpu(monkeypatch):
         return _CompiledCaps
 
     def check_extended_supported(lib, q, causal, out_dtype, precision):
-        eight_bit = q.dtype == torch.float8_e4m3fn or precision == _lib.PRECISION_FP8
+        eight_bit = q.dtype in _ops.FP8_DTYPES or precision == _lib.PRECISION_FP8
         if eight_bit and q.shape[3] not in (128, 256):
             raise ValueError(f"FlashCore: head_dim {q.shape[3]} has no 8-bit kernel (emulation)")
 
     def launch(lib, q, k, v, out, lse, causal, softmax_scale, descales=(None, None, None),
                precision=_lib.PRECISION_NATIVE):
-        if q.dtype == torch.float8_e4m3fn or precision == _lib.PRECISION_FP8:
+        if q.dtype in _ops.FP8_DTYPES or precision == _lib.PRECISION_FP8:
             if precision == _lib.PRECISION_FP8:
                 heads_kv = k.shape[2]
                 (q, qd), (k, kd), (v, vd) = (_ops.quantize_fp8(t, num_heads_kv=heads_kv) for t in (q, k, v))

@@ -168,14 +168,13 @@ def _fp8_args(**overrides):
         (lambda a: {**a, "out_dtype": torch.float32}, TypeError, "out_dtype must be torch.float16, torch.bfloat16"),
         (lambda a: {**a, "out_dtype": "bf16"}, TypeError, "out_dtype must be"),
         (lambda a: {**a, "k": a["k"].bfloat16()}, TypeError, "same dtype"),
-        (lambda a: {**a, "q": a["q"].to(torch.float8_e5m2), "k": a["k"].to(torch.float8_e5m2),
-                    "v": a["v"].to(torch.float8_e5m2)}, TypeError, "float16 or bfloat16"),
+        (lambda a: {**a, "q": a["q"].float().to(torch.float8_e5m2)}, TypeError, "same dtype"),
         (lambda a: {**a, "q": a["q"][..., :64], "k": a["k"][..., :64], "v": a["v"][..., :64]}, ValueError,
          "head_dim 64 has no 8-bit kernel"),
     ],
     ids=["q-descale-fp16", "k-descale-fp64", "v-descale-float", "q-descale-query-heads", "k-descale-1d",
          "v-descale-batch", "v-descale-device", "precision-fp8", "precision-int8", "precision-int4", "precision-int", "out-fp32",
-         "out-str", "mixed-dtypes", "e5m2", "head-dim-64"],
+         "out-str", "mixed-dtypes", "e5m2-with-e4m3", "head-dim-64"],
 )
 def test_fp8_argument_errors(emulated, make, exc, match):
     with pytest.raises(exc, match=match):
@@ -186,9 +185,9 @@ def test_fp8_argument_errors(emulated, make, exc, match):
 @pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])
 def test_descales_are_for_8bit_inputs_only(emulated, name):
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=f"{name} is for float8_e4m3fn inputs only"):
+    with pytest.raises(ValueError, match=f"{name} is for 8-bit \\(float8\\) inputs only"):
         flashcore.attention(q, k, v, **{name: torch.ones(2, 2)})
-    with pytest.raises(ValueError, match=f"{name} is for float8_e4m3fn inputs only"):
+    with pytest.raises(ValueError, match=f"{name} is for 8-bit \\(float8\\) inputs only"):
         flashcore.attention(q, k, v, precision="fp8", **{name: torch.ones(2, 2)})
     assert not emulated
 
@@ -203,7 +202,7 @@ def test_precision_fp8_needs_an_8bit_head_dim(emulated):
 def test_8bit_inputs_elsewhere_are_refused(emulated):
     """Only flashcore.attention's dense calls take float8_e4m3fn: sdpa, KV caches, varlen say so clearly."""
     (q8, k8, v8), _ = _quantized(*_qkv(sq=16, sk=16))
-    match = "float8_e4m3fn inputs are supported by flashcore.attention on dense batches only"
+    match = "float8_e4m3fn / float8_e5m2 inputs are supported by flashcore.attention on dense batches only"
     with pytest.raises(TypeError, match=match):
         flashcore.sdpa(q8.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2))
     with pytest.raises(TypeError, match=match):
@@ -238,6 +237,22 @@ def test_fp8_inputs_emulated(emulated, out_dtype, causal):
     (launch,) = emulated
     assert [d is args[f"{n}_descale"] for n, d in zip("qkv", launch["descales"])] == [True] * 3
     assert launch["precision"] == _lib.PRECISION_NATIVE
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_e5m2_inputs_emulated(emulated, causal):
+    """float8_e5m2 inputs take the same path as e4m3 ones (dtype code FP8_E5M2, descales in order, O in bf16)."""
+    args = _fp8_args()
+    for n in "qkv":
+        args[n] = args[n].float().to(torch.float8_e5m2)
+    out, lse = flashcore.attention(**args, causal=causal, return_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 17, 8, 128)
+    deq = [dequantize(args[n], args[f"{n}_descale"]) for n in "qkv"]
+    ref, ref_lse = reference_fp64(*deq, causal=causal)
+    assert rel_rmse(out, ref) < 1e-2
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-4)
+    (launch,) = emulated
+    assert [d is args[f"{n}_descale"] for n, d in zip("qkv", launch["descales"])] == [True] * 3
 
 
 def test_fp8_descales_default_to_one(emulated):
@@ -407,6 +422,10 @@ def test_fp8_params(use_library, stub_library):
     seen = _seen(lib)
     assert (seen.out_dtype, seen.q_descale, seen.k_descale, seen.v_descale) == (
         _lib.DTYPE_FP16, None, kd.data_ptr(), None)
+    params = _ops.kernel_params(lib, q8.float().to(torch.float8_e5m2), k8.float().to(torch.float8_e5m2),
+                                v8.float().to(torch.float8_e5m2), out, None, False, 0.0, descales=(qd, kd, vd))
+    lib.forward(params, 0)
+    assert (_seen(lib).dtype, _seen(lib).out_dtype) == (_lib.DTYPE_FP8_E5M2, _lib.DTYPE_BF16)
     with pytest.raises(ValueError, match="contiguous float32 q_descale"):
         _ops.kernel_params(lib, q8, k8, v8, out, None, False, 0.0, descales=(torch.ones(2, 4)[:, ::2], None, None))
 

@@ -133,6 +133,27 @@ def test_e4m3_matches_reference(caps, cuda, poisoned, head_dim, causal, heads, s
     check_8bit(out, lse, q8, k8, v8, descales, causal)
 
 
+@pytest.mark.parametrize("seqlens", [(113, 113), (1, 300), (300, 17), (4097, 4097)],
+                         ids=["sq113", "sq1-sk300", "sq300-sk17", "sq4097"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_e5m2_matches_reference(caps, cuda, poisoned, head_dim, causal, seqlens):
+    """float8_e5m2 q, k, v (P stays e4m3 in the kernel): the same path and tolerance as e4m3 inputs."""
+    if "float8_e5m2" not in caps.dtypes:
+        pytest.skip(f"the library has no e5m2 kernels (compiled dtypes: {caps.dtypes})")
+    dims = _ops._fp8_head_dims(_lib.load(), cuda, causal, _lib.DTYPE_FP8_E5M2)
+    if head_dim not in dims:
+        pytest.skip(f"no e5m2 kernel for head_dim {head_dim} (e5m2 head dims: {dims})")
+    seqlen_q, seqlen_k = seqlens
+    batch = 1 if max(seqlens) > 1024 else 2
+    q, k, v = _inputs(cuda, torch.float32, batch, seqlen_q, seqlen_k, 8, 2, head_dim, spread=True)
+    descales = tuple(torch.rand(batch, 2, device=cuda) / 16 + 1 / 32 for _ in range(3))  # stored ~ N(0, 1) * 16..32
+    q8, k8, v8 = (dequantize(t, 1 / d).float().to(torch.float8_e5m2) for t, d in zip((q, k, v), descales))
+    out, lse = _fp8_call(q8, k8, v8, descales, causal=causal, return_lse=True)
+    assert out.dtype == torch.bfloat16
+    check_8bit(out, lse, q8, k8, v8, descales, causal)
+
+
 def test_e4m3_without_descales(caps, cuda, poisoned):
     """None descales mean 1: e4m3 values used as they are; one descale given, the others 1."""
     _need(cuda, 128)
@@ -326,7 +347,7 @@ def test_errors_on_cuda(caps, cuda):
         flashcore.attention(q8, k8, v8, q_descale=qd, k_descale=kd.cpu(), v_descale=vd)
     with pytest.raises(ValueError, match="already float8_e4m3fn"):
         flashcore.attention(q8, k8, v8, precision="fp8")
-    with pytest.raises(ValueError, match="q_descale is for float8_e4m3fn inputs only"):
+    with pytest.raises(ValueError, match="q_descale is for 8-bit \\(float8\\) inputs only"):
         flashcore.attention(q8.bfloat16(), k8.bfloat16(), v8.bfloat16(), q_descale=qd)
     with pytest.raises(TypeError, match="dense batches only"):
         flashcore.attention_with_kvcache(q8, k8, v8, cache_seqlens=4)

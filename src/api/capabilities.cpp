@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/backend.h"
+#include "api/dtype.h"
 #include "api/error.h"
 #include "api/validate.h"
 #include "flashcore/flashcore.h"
@@ -46,7 +47,8 @@ flashcore_capabilities full_capabilities() {
   flashcore_capabilities caps;
   std::memset(&caps, 0, sizeof(caps));
   caps.struct_size = sizeof(caps);
-  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3}) {
+  for (flashcore_dtype dt :
+       {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2}) {
     if (flashcore::backend::compiled_head_dims(dt, nullptr, 0) > 0) caps.dtypes[caps.num_dtypes++] = dt;
   }
   caps.num_head_dims = std::min(flashcore::backend::compiled_head_dims(FLASHCORE_DTYPE_SAME, caps.head_dims,
@@ -63,7 +65,7 @@ flashcore_capabilities full_capabilities() {
   // O is written in a 16-bit dtype: the input dtype of 16-bit kernels, fp16 or bf16 for 8-bit ones.
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
     bool any = false;
-    for (int i = 0; i < caps.num_dtypes; ++i) any = any || caps.dtypes[i] == dt || caps.dtypes[i] == FLASHCORE_DTYPE_FP8_E4M3;
+    for (int i = 0; i < caps.num_dtypes; ++i) any = any || caps.dtypes[i] == dt || flashcore::is_8bit(caps.dtypes[i]);
     if (any) caps.out_dtypes[caps.num_out_dtypes++] = dt;
   }
   for (size_t i = 0; backend != nullptr && backend[i] != '\0' && i + 1 < sizeof(caps.device_backend); ++i) {

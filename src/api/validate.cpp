@@ -161,7 +161,8 @@ flashcore_status check_self_overlap(const Tensor& t, std::string& message) {
 
 std::string compiled_dtypes() {
   std::string out;
-  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3}) {
+  for (flashcore_dtype dt :
+       {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2}) {
     if (dtype_compiled(dt)) out += cat(out.empty() ? "" : ", ", dtype_name(dt));
   }
   return out.empty() ? "none" : out;
@@ -452,8 +453,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   // What this build compiled.
   if (!dtype_compiled(p.dtype)) {
-    const bool gpu_dtype = p.dtype == FLASHCORE_DTYPE_FP16 || p.dtype == FLASHCORE_DTYPE_BF16 ||
-                           p.dtype == FLASHCORE_DTYPE_FP8_E4M3;
+    const bool gpu_dtype = p.dtype == FLASHCORE_DTYPE_FP16 || p.dtype == FLASHCORE_DTYPE_BF16 || is_8bit(p.dtype);
     message = cat("dtype = ", static_cast<int>(p.dtype), " (", dtype_name(p.dtype), ") ",
                   gpu_dtype            ? "is not compiled into this build (FLASHCORE_DTYPES)"
                   : is_int8_qk(p.dtype) ? "keys the kernels of precision = FLASHCORE_PRECISION_INT8 and is not a call's "

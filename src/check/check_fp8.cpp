@@ -43,6 +43,39 @@ uint8_t float_to_e4m3(float x) {
   return sign | static_cast<uint8_t>(((exp + 7) << 3) | m);
 }
 
+float e5m2_to_float(uint8_t b) {
+  const int e = (b >> 2) & 0x1F, m = b & 3;
+  float v;
+  if (e == 0x1F) {
+    v = m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  } else {
+    v = e == 0 ? std::ldexp(static_cast<float>(m), -16) : std::ldexp(1.0f + static_cast<float>(m) / 4.0f, e - 15);
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+uint8_t float_to_e5m2(float x) {
+  if (std::isnan(x)) return 0x7F;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const float a = std::fabs(x);
+  if (a >= 57344.0f) return sign | 0x7B;
+  if (a < 0x1p-14f) return sign | static_cast<uint8_t>(std::nearbyint(a * 65536.0f));  // subnormal (4: code 0x04)
+  int e = 0;
+  const float f = std::frexp(a, &e);  // a = (2f) * 2^(e - 1)
+  int exp = e - 1;
+  int m = static_cast<int>(std::nearbyint((2.0f * f - 1.0f) * 4.0f));
+  if (m == 4) m = 0, ++exp;
+  if (exp > 15) return sign | 0x7B;  // rounded past the largest finite: saturate
+  return sign | static_cast<uint8_t>(((exp + 15) << 2) | m);
+}
+
+float fp8_to_float(uint8_t bits, flashcore_dtype dtype) {
+  return dtype == FLASHCORE_DTYPE_FP8_E5M2 ? e5m2_to_float(bits) : e4m3_to_float(bits);
+}
+uint8_t float_to_fp8(float x, flashcore_dtype dtype) {
+  return dtype == FLASHCORE_DTYPE_FP8_E5M2 ? float_to_e5m2(x) : float_to_e4m3(x);
+}
+
 bool is_precision_fp8(const Case& c) { return c.precision == FLASHCORE_PRECISION_FP8; }
 
 flashcore_dtype resolved_out_dtype(const Case& c) { return flashcore::resolved_out_dtype(c.dtype, c.out_dtype); }
@@ -54,13 +87,14 @@ namespace {
 const char* short_name(flashcore_dtype dt) {
   switch (dt) {
     case FLASHCORE_DTYPE_FP8_E4M3: return "e4m3";
+    case FLASHCORE_DTYPE_FP8_E5M2: return "e5m2";
     case FLASHCORE_DTYPE_BF16: return "bf16";
     case FLASHCORE_DTYPE_FP16: return "fp16";
     default: return flashcore::dtype_name(dt);
   }
 }
 
-bool eight_bit(const Case& c) { return c.dtype == FLASHCORE_DTYPE_FP8_E4M3; }
+bool eight_bit(const Case& c) { return flashcore::is_8bit(c.dtype); }
 
 }  // namespace
 
@@ -99,7 +133,7 @@ std::vector<Case> cases(bool quick) {
     c.head_dim = D, c.causal = causal, c.batch = B, c.heads_q = Hq, c.heads_kv = Hkv, c.seqlen_q = Sq, c.seqlen_k = Sk;
     c.dtype = dtype;
     c.out_dtype = out;
-    if (dtype != FLASHCORE_DTYPE_FP8_E4M3) c.precision = FLASHCORE_PRECISION_FP8;
+    if (!flashcore::is_8bit(dtype)) c.precision = FLASHCORE_PRECISION_FP8;
     list.push_back(c);
     return list.back();
   };
@@ -114,6 +148,8 @@ std::vector<Case> cases(bool quick) {
     add(256, false, 1, 4, 1, 33, 95, FLASHCORE_DTYPE_FP16);
     add(128, true, 1, 4, 2, 65, 65, SAME, FLASHCORE_DTYPE_BF16);
     add(128, false, 1, 2, 2, 33, 95, SAME, FLASHCORE_DTYPE_FP16);
+    add(64, true, 1, 4, 2, 113, 113, SAME, FLASHCORE_DTYPE_FP8_E5M2);
+    add(256, false, 1, 4, 1, 33, 95, FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_FP8_E5M2);
   } else {
     // 1. Head dim x causal x O dtype x seqlen (square), alternating layouts.
     const int64_t seqlens[] = {1, 17, 113, 1000, 4097};
@@ -151,6 +187,15 @@ std::vector<Case> cases(bool quick) {
         }
     add(128, true, 1, 2, 2, 4097, 4097, SAME, FLASHCORE_DTYPE_BF16);
     add(256, false, 1, 4, 2, 300, 113, SAME, FLASHCORE_DTYPE_FP16).bhsd = true;
+    // 5. e5m2 inputs: every head dim x causal at an odd length, GQA, Sq != Sk both ways, BHSD, O in fp16.
+    const flashcore_dtype e5m2 = FLASHCORE_DTYPE_FP8_E5M2;
+    for (int64_t D : dims)
+      for (bool causal : {false, true}) {
+        add(D, causal, 2, 8, 2, 113, 113, outs[n++ % 2], e5m2);
+        add(D, causal, 1, 4, 1, 17, 1000, outs[n++ % 2], e5m2).bhsd = true;
+        add(D, causal, 1, 4, 2, 1000, 17, SAME, e5m2);
+      }
+    add(128, true, 1, 2, 2, 4097, 4097, SAME, e5m2);
   }
   for (Case& c : list) {
     std::string name = case_name(c), base = name;
@@ -180,17 +225,18 @@ Tolerance tolerance(const Case& c) {
 // ------------------------------------------------------------------------------------------------
 // The runner
 // ------------------------------------------------------------------------------------------------
-std::string skip_reason(int64_t head_dim, bool causal) {
+std::string skip_reason(int64_t head_dim, bool causal, flashcore_dtype dtype) {
   int32_t count = 0;
   // The library's own device checks first (driver, device, backend table), as any caller would see them.
   if (flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 128, 0, nullptr, 0, &count) != FLASHCORE_SUCCESS)
     return flashcore_last_error();
   if (std::string why = detail::sm90_skip_reason("the 8-bit path needs"); !why.empty()) return why;
-  if (flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP8_E4M3, static_cast<int32_t>(head_dim), causal ? 1 : 0, nullptr,
-                                    0, &count) != FLASHCORE_SUCCESS)
+  if (flashcore_list_kernel_configs(dtype, static_cast<int32_t>(head_dim), causal ? 1 : 0, nullptr, 0, &count) !=
+      FLASHCORE_SUCCESS)
     return flashcore_last_error();
   if (count == 0)
-    return "no e4m3 kernel for head_dim " + std::to_string(head_dim) + (causal ? " causal" : "") + " in this build";
+    return std::string("no ") + short_name(dtype) + " kernel for head_dim " + std::to_string(head_dim) +
+           (causal ? " causal" : "") + " in this build";
   return "";
 }
 
@@ -240,7 +286,7 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
     r.message = "invalid case: " + describe(c);
     return r;
   }
-  if (std::string why = skip_reason(D, c.causal); !why.empty()) {
+  if (std::string why = skip_reason(D, c.causal, eight_bit(c) ? c.dtype : FLASHCORE_DTYPE_FP8_E4M3); !why.empty()) {
     r.skipped = true, r.message = why;
     return r;
   }
@@ -278,9 +324,9 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
             const size_t pos = static_cast<size_t>(at(st, b, i, h, d));
             const size_t dense = static_cast<size_t>(((b * S + i) * H + h) * D + d);
             if (e4m3) {
-              const uint8_t code = float_to_e4m3(64.0f * normal(rng));
+              const uint8_t code = float_to_fp8(64.0f * normal(rng), c.dtype);
               bytes[pos] = code;
-              real[dense] = e4m3_to_float(code) * descale[static_cast<size_t>(b * Hkv + (is_q ? h / group : h))];
+              real[dense] = fp8_to_float(code, c.dtype) * descale[static_cast<size_t>(b * Hkv + (is_q ? h / group : h))];
             } else {
               const uint16_t x = to_16bit(normal(rng), c.dtype);
               std::memcpy(&bytes[pos * 2], &x, 2);

@@ -22,6 +22,13 @@ namespace flashcore::check::fp8 {
 float e4m3_to_float(uint8_t bits);
 // Round to nearest even, saturating to +-448 (as __nv_cvt_float_to_fp8 with __NV_SATFINITE); NaN -> 0x7F.
 uint8_t float_to_e4m3(float x);
+// e5m2 (IEEE-like: S.11111.00 infinities, S.11111.xx NaN, largest finite 57344), exact on the host.
+float e5m2_to_float(uint8_t bits);
+// Round to nearest even, saturating to +-57344 (as __nv_cvt_float_to_fp8 with __NV_SATFINITE); NaN -> 0x7F.
+uint8_t float_to_e5m2(float x);
+// The codec of an 8-bit dtype (FLASHCORE_DTYPE_FP8_E4M3 or _E5M2).
+float fp8_to_float(uint8_t bits, flashcore_dtype dtype);
+uint8_t float_to_fp8(float x, flashcore_dtype dtype);
 
 struct Case {
   std::string name;  // [A-Za-z0-9_] (case_name)
@@ -29,8 +36,9 @@ struct Case {
   bool causal = false;
   bool bhsd = false;
   bool with_lse = true;
-  // FLASHCORE_DTYPE_FP8_E4M3: e4m3 inputs (~N(0, 1) * 64, saturated) with descales (k / 64) / 64, k uniform in
-  // [32, 128], per (batch, KV head): real values ~N(0, 1) * [0.5, 2]. FP16 / BF16: N(0, 1) inputs, run with precision.
+  // FLASHCORE_DTYPE_FP8_E4M3 / _E5M2: 8-bit inputs (~N(0, 1) * 64, rounded, saturated) with descales (k / 64) / 64, k
+  // uniform in [32, 128], per (batch, KV head): real values ~N(0, 1) * [0.5, 2]. FP16 / BF16: N(0, 1) inputs, run
+  // with precision.
   flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3;
   int32_t precision = FLASHCORE_PRECISION_NATIVE;  // FLASHCORE_PRECISION_FP8 with a 16-bit dtype
   flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // passed as is (SAME: bf16 for e4m3, the input dtype otherwise)
@@ -83,8 +91,8 @@ struct Result {
 // before every call, `repeats` calls (bit-identical), the comparison above. Runs on a private stream.
 Result run_case(const Case& c, uint64_t seed, int repeats = 1);
 
-// "" when an 8-bit case of (head_dim, causal) can run here; else why not (no device, not the sm90 backend, no e4m3
-// kernel compiled for it).
-std::string skip_reason(int64_t head_dim, bool causal);
+// "" when an 8-bit case of (head_dim, causal) can run here; else why not (no device, not the sm90 backend, no kernel
+// of the 8-bit dtype compiled for it; precision = FP8 runs the e4m3 kernels).
+std::string skip_reason(int64_t head_dim, bool causal, flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3);
 
 }  // namespace flashcore::check::fp8

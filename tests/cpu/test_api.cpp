@@ -181,7 +181,7 @@ std::vector<flashcore_dtype> configured_dtypes() {
   std::vector<flashcore_dtype> out;
   const std::string list = "," FLASHCORE_TEST_DTYPES ",";
   for (auto [name, dt] : {std::pair{",fp16,", FLASHCORE_DTYPE_FP16}, std::pair{",bf16,", FLASHCORE_DTYPE_BF16},
-                          std::pair{",e4m3,", FLASHCORE_DTYPE_FP8_E4M3}}) {
+                          std::pair{",e4m3,", FLASHCORE_DTYPE_FP8_E4M3}, std::pair{",e5m2,", FLASHCORE_DTYPE_FP8_E5M2}}) {
     if (list.find(name) != std::string::npos) out.push_back(dt);
   }
   return out;
@@ -192,7 +192,7 @@ std::vector<flashcore_dtype> configured_out_dtypes() {
   auto has = [&](flashcore_dtype dt) { return std::find(in.begin(), in.end(), dt) != in.end(); };
   std::vector<flashcore_dtype> out;
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
-    if (has(dt) || has(FLASHCORE_DTYPE_FP8_E4M3)) out.push_back(dt);
+    if (has(dt) || has(FLASHCORE_DTYPE_FP8_E4M3) || has(FLASHCORE_DTYPE_FP8_E5M2)) out.push_back(dt);
   }
   return out;
 }

@@ -24,6 +24,7 @@ bool any(const std::vector<fp8::Case>& list, Pred pred) {
 }
 
 bool e4m3(const fp8::Case& c) { return c.dtype == FLASHCORE_DTYPE_FP8_E4M3; }
+bool e5m2(const fp8::Case& c) { return c.dtype == FLASHCORE_DTYPE_FP8_E5M2; }
 
 }  // namespace
 
@@ -55,9 +56,20 @@ TEST(Fp8CheckCases, FullListCoversThe8BitRequirements) {
       EXPECT_TRUE(any(list, [&](const fp8::Case& c) {
         return c.dtype == in && c.causal == causal && c.precision == FLASHCORE_PRECISION_FP8;
       })) << "precision = FP8 from " << in;
+  // e5m2 inputs: every head dim x causal, GQA, MQA, Sq != Sk both ways, both O dtypes.
+  for (int64_t D : {64, 128, 256})
+    for (bool causal : {false, true})
+      EXPECT_TRUE(any(list, [&](const fp8::Case& c) { return e5m2(c) && c.head_dim == D && c.causal == causal; }))
+          << "e5m2 D=" << D << " causal=" << causal;
+  EXPECT_TRUE(any(list, [](const fp8::Case& c) { return e5m2(c) && c.heads_q == 8 && c.heads_kv == 2; }));
+  EXPECT_TRUE(any(list, [](const fp8::Case& c) { return e5m2(c) && c.heads_kv == 1 && c.heads_q > 1; }));
+  EXPECT_TRUE(any(list, [](const fp8::Case& c) { return e5m2(c) && c.causal && c.seqlen_q > c.seqlen_k; }));
+  EXPECT_TRUE(any(list, [](const fp8::Case& c) { return e5m2(c) && c.seqlen_q < c.seqlen_k; }));
+  for (flashcore_dtype out : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
+    EXPECT_TRUE(any(list, [&](const fp8::Case& c) { return e5m2(c) && fp8::resolved_out_dtype(c) == out; }));
   for (const fp8::Case& c : list) {
     // 8-bit dtype <=> native precision; 16-bit dtype <=> precision FP8 (16-bit native cases are flashcore::check's).
-    EXPECT_EQ(e4m3(c), c.precision == FLASHCORE_PRECISION_NATIVE) << c.name;
+    EXPECT_EQ(e4m3(c) || e5m2(c), c.precision == FLASHCORE_PRECISION_NATIVE) << c.name;
     EXPECT_EQ(c.heads_q % c.heads_kv, 0) << c.name;
   }
 }
@@ -75,6 +87,7 @@ TEST(Fp8CheckCases, QuickListIsSmallAndCoversHeadDimCausal) {
   EXPECT_TRUE(any(quick, [](const fp8::Case& c) { return c.causal && c.seqlen_q > c.seqlen_k; })) << "rows without keys";
   for (flashcore_dtype in : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
     EXPECT_TRUE(any(quick, [&](const fp8::Case& c) { return c.dtype == in && fp8::is_precision_fp8(c); }));
+  EXPECT_TRUE(any(quick, [](const fp8::Case& c) { return e5m2(c); })) << "e5m2 inputs";
   for (const auto& c : quick) EXPECT_LE(c.batch * c.heads_q * c.seqlen_q * c.seqlen_k, 64 * 1024) << c.name;
 }
 
@@ -85,8 +98,8 @@ TEST(Fp8CheckCases, NamesAreUniqueAndSafe) {
       EXPECT_FALSE(c.name.empty());
       EXPECT_TRUE(names.insert(c.name).second) << "duplicate name " << c.name;
       for (char ch : c.name) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_') << c.name;
-      // The --filter words of the help: e4m3 cases say "e4m3", precision = FP8 ones "fp8".
-      EXPECT_NE(c.name.find(e4m3(c) ? "e4m3" : "fp8"), std::string::npos) << c.name;
+      // The --filter words of the help: e4m3 cases say "e4m3", e5m2 ones "e5m2", precision = FP8 ones "fp8".
+      EXPECT_NE(c.name.find(e4m3(c) ? "e4m3" : e5m2(c) ? "e5m2" : "fp8"), std::string::npos) << c.name;
     }
   }
 }
@@ -171,6 +184,35 @@ TEST(Fp8CheckCases, E4m3CodecIsExact) {
   EXPECT_EQ(fp8::float_to_e4m3(464.0f), 0x7E);
   EXPECT_EQ(fp8::float_to_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7F);
   EXPECT_EQ(fp8::float_to_e4m3(-0.0f), 0x80);
+}
+
+TEST(Fp8CheckCases, E5m2CodecIsExact) {
+  for (int b = 0; b < 256; ++b) {
+    const float v = fp8::e5m2_to_float(static_cast<uint8_t>(b));
+    if ((b & 0x7F) > 0x7C) {
+      EXPECT_TRUE(std::isnan(v)) << b;
+      continue;
+    }
+    if ((b & 0x7F) == 0x7C) {
+      EXPECT_TRUE(std::isinf(v)) << b;
+      continue;
+    }
+    EXPECT_EQ(fp8::float_to_e5m2(v), b) << "code " << b << " = " << v;
+    EXPECT_EQ(fp8::fp8_to_float(static_cast<uint8_t>(b), FLASHCORE_DTYPE_FP8_E5M2), v);
+  }
+  EXPECT_EQ(fp8::e5m2_to_float(0x7B), 57344.0f);
+  EXPECT_EQ(fp8::e5m2_to_float(0x01), 0x1p-16f);
+  EXPECT_EQ(fp8::e5m2_to_float(0x04), 0x1p-14f);
+  EXPECT_EQ(fp8::e5m2_to_float(0x3C), 1.0f);
+  EXPECT_EQ(fp8::float_to_e5m2(1.125f), 0x3C) << "a tie rounds to even (1.0)";
+  EXPECT_EQ(fp8::float_to_e5m2(1.375f), 0x3E) << "a tie rounds to even (1.5)";
+  EXPECT_EQ(fp8::float_to_e5m2(0x1p-17f), 0x00) << "half the smallest subnormal: a tie, to even (0)";
+  EXPECT_EQ(fp8::float_to_e5m2(61440.0f), 0x7B) << "past the largest finite: saturates";
+  EXPECT_EQ(fp8::float_to_e5m2(1e9f), 0x7B);
+  EXPECT_EQ(fp8::float_to_e5m2(-std::numeric_limits<float>::infinity()), 0xFB);
+  EXPECT_EQ(fp8::float_to_e5m2(-0.0f), 0x80);
+  EXPECT_EQ(fp8::float_to_fp8(1.0f, FLASHCORE_DTYPE_FP8_E4M3), 0x38);
+  EXPECT_EQ(fp8::float_to_fp8(1.0f, FLASHCORE_DTYPE_FP8_E5M2), 0x3C);
 }
 
 TEST(Fp8CheckCases, WithoutADeviceACaseIsSkippedWithTheReason) {

@@ -76,7 +76,9 @@ bool overlap(Range a, Range b) { return a.begin < b.end && b.begin < a.end; }
 Range range_of(const View& t, int64_t elem) { return {t.ptr, t.ptr + (last_offset(t) + 1) * elem}; }
 
 bool compiled(int dtype, int64_t head_dim) {
-  if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16 && dtype != FLASHCORE_DTYPE_FP8_E4M3) return false;
+  if (dtype != FLASHCORE_DTYPE_FP16 && dtype != FLASHCORE_DTYPE_BF16 && dtype != FLASHCORE_DTYPE_FP8_E4M3 &&
+      dtype != FLASHCORE_DTYPE_FP8_E5M2)
+    return false;
   return head_dim > 0 && head_dim <= 1024 &&
          flashcore::backend::is_compiled(static_cast<flashcore_dtype>(dtype), static_cast<int>(head_dim));
 }
@@ -210,7 +212,7 @@ void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 flashcore_attention_params valid_problem(Gen& g, flashcore_dtype dtype, int head_dim) {
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
-  const bool eight_bit = dtype == FLASHCORE_DTYPE_FP8_E4M3;  // O in fp16 or bf16 (SAME: bf16)
+  const bool eight_bit = dtype == FLASHCORE_DTYPE_FP8_E4M3 || dtype == FLASHCORE_DTYPE_FP8_E5M2;  // O: fp16 / bf16
   p.out_dtype = g.chance(0.8) ? FLASHCORE_DTYPE_SAME
                               : (eight_bit ? g.pick<flashcore_dtype>({FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) : dtype);
   p.dtype = dtype;
@@ -370,7 +372,8 @@ TEST(FuzzValidation, AgreesWithTheOracle) {
   const uint64_t seed = env_or("FLASHCORE_FUZZ_SEED", 20240611);
   const int64_t cases = static_cast<int64_t>(env_or("FLASHCORE_FUZZ_CASES", 20000));
   std::vector<std::pair<flashcore_dtype, int>> compiled_pairs;
-  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3})
+  for (flashcore_dtype dt :
+       {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2})
     for (int hd : kHeadDims)
       if (compiled(dt, hd)) compiled_pairs.push_back({dt, hd});
   ASSERT_FALSE(compiled_pairs.empty()) << "this build compiled no kernel at all";

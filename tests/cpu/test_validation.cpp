@@ -240,8 +240,6 @@ TEST_F(Validation, GqaAndMqaRatiosAreFine) {
 TEST_F(Validation, DtypesWithoutGpuKernel) {
   p.dtype = FLASHCORE_DTYPE_FP32;
   expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 2", "fp32"});
-  p.dtype = FLASHCORE_DTYPE_FP8_E5M2;  // reserved: no kernel (e4m3 is covered by DtypeCompiledOrNotCompiledIn)
-  expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 4"});
   p.dtype = static_cast<flashcore_dtype>(99);
   expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 99"});
 }
@@ -249,7 +247,8 @@ TEST_F(Validation, DtypesWithoutGpuKernel) {
 // Every GPU dtype is either compiled (accepted with one of its head dims) or rejected as not compiled in: runs
 // (and can fail) in every build, whichever dtypes it compiled.
 TEST_F(Validation, DtypeCompiledOrNotCompiledIn) {
-  for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3}) {
+  for (flashcore_dtype dt :
+       {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2}) {
     SCOPED_TRACE(dt);
     int compiled_head_dim = flashcore::backend::is_compiled(dt, static_cast<int>(D)) ? static_cast<int>(D) : 0;
     for (int hd : kHeadDims) {

@@ -51,6 +51,8 @@ namespace ref = flashcore::reference;
 // check` uses too.
 using flashcore::check::fp8::e4m3_to_float;
 using flashcore::check::fp8::float_to_e4m3;
+using flashcore::check::fp8::float_to_fp8;
+using flashcore::check::fp8::fp8_to_float;
 
 // ------------------------------------------------------------------------------------------------
 // Problems
@@ -65,7 +67,7 @@ struct Problem {
   std::string name;
   int64_t B = 1, Sq = 128, Sk = 128, Hq = 2, Hkv = 2, D = 128;
   bool causal = false;
-  flashcore_dtype in = FLASHCORE_DTYPE_FP8_E4M3;  // FP16 / BF16 with precision = FP8
+  flashcore_dtype in = FLASHCORE_DTYPE_FP8_E4M3;  // or FP8_E5M2; FP16 / BF16 with precision = FP8
   int32_t precision = FLASHCORE_PRECISION_NATIVE;
   flashcore_dtype out = FLASHCORE_DTYPE_BF16;  // O's dtype
   bool out_same = false;                       // pass out_dtype = SAME (then `out` must be what SAME means)
@@ -80,13 +82,16 @@ struct Problem {
   const char* kernel_config = nullptr;
 };
 
-bool eight_bit(const Problem& p) { return p.in == FLASHCORE_DTYPE_FP8_E4M3; }
+bool eight_bit(const Problem& p) { return p.in == FLASHCORE_DTYPE_FP8_E4M3 || p.in == FLASHCORE_DTYPE_FP8_E5M2; }
 int64_t in_bytes(const Problem& p) { return eight_bit(p) ? 1 : 2; }
 
 std::string describe(const Problem& p) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s%s -> %s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld%s%s%s%s%s%s",
-                eight_bit(p) ? "e4m3" : (p.in == FLASHCORE_DTYPE_BF16 ? "bf16" : "fp16"),
+                p.in == FLASHCORE_DTYPE_FP8_E4M3   ? "e4m3"
+                : p.in == FLASHCORE_DTYPE_FP8_E5M2 ? "e5m2"
+                : p.in == FLASHCORE_DTYPE_BF16     ? "bf16"
+                                                   : "fp16",
                 p.precision == FLASHCORE_PRECISION_FP8    ? " (precision=FP8)"
                 : p.precision == FLASHCORE_PRECISION_INT8 ? " (precision=INT8)"
                                                           : "",
@@ -154,7 +159,7 @@ HostData make_inputs(const Problem& p, uint64_t seed) {
   h.kv_ext = extent(h.ks, p.B, p.Sk, p.Hkv, p.D);
   h.o_ext = extent(h.os, p.B, p.Sq, p.Hq, p.D);
   const int64_t eb = in_bytes(p);
-  const uint8_t pad_byte = eight_bit(p) ? 0x7F : 0xFF;  // NaN in e4m3; 0xFFFF is NaN in fp16 and bf16
+  const uint8_t pad_byte = eight_bit(p) ? 0x7F : 0xFF;  // NaN in e4m3 and e5m2; 0xFFFF is NaN in fp16 and bf16
   h.q.assign(static_cast<size_t>(h.q_ext * eb), pad_byte);
   h.k.assign(static_cast<size_t>(h.kv_ext * eb), pad_byte);
   h.v.assign(static_cast<size_t>(h.kv_ext * eb), pad_byte);
@@ -198,11 +203,11 @@ HostData make_inputs(const Problem& p, uint64_t seed) {
                 code = static_cast<uint8_t>(c < 127 ? c : c + 1);
                 if (coin(rng) == 0) code = (code & 0x80) | 0x7E;
               } else {
-                code = float_to_e4m3(p.sigma * normal(rng));
+                code = float_to_fp8(p.sigma * normal(rng), p.in);
               }
               if (zero) code = 0;
               bytes[at] = code;
-              value = e4m3_to_float(code) * descale_of(descale, b, hkv);
+              value = fp8_to_float(code, p.in) * descale_of(descale, b, hkv);
             } else {
               const uint16_t x = zero ? uint16_t{0} : to_16bit(normal(rng), p.in);
               std::memcpy(&bytes[at * 2], &x, 2);
@@ -403,7 +408,7 @@ Quantized quantize_like_the_library(const Problem& p, const HostData& h) {
 
 void emulate(const Problem& p, const HostData& h, std::vector<uint16_t>& o, std::vector<float>& lse) {
   float table[256];
-  for (int b = 0; b < 256; ++b) table[b] = e4m3_to_float(static_cast<uint8_t>(b));
+  for (int b = 0; b < 256; ++b) table[b] = fp8_to_float(static_cast<uint8_t>(b), eight_bit(p) ? p.in : FLASHCORE_DTYPE_FP8_E4M3);
   auto dec = [&](uint8_t b) { return table[b]; };
   Quantized z;
   if (eight_bit(p)) {  // the stored codes, densified, and the given descales
@@ -447,7 +452,7 @@ void emulate(const Problem& p, const HostData& h, std::vector<uint16_t>& o, std:
         for (int64_t j = 0; j < n; ++j) {
           const float pj = std::exp(s[static_cast<size_t>(j)] - m);
           l += pj;
-          const float p8 = dec(float_to_e4m3(pj));
+          const float p8 = e4m3_to_float(float_to_e4m3(pj));  // P is e4m3 for either 8-bit input type
           for (int64_t d = 0; d < p.D; ++d)
             acc[static_cast<size_t>(d)] += p8 * dec(z.v[static_cast<size_t>(((b * p.Sk + j) * p.Hkv + hkv) * p.D + d)]);
         }
@@ -466,10 +471,10 @@ void emulate(const Problem& p, const HostData& h, std::vector<uint16_t>& o, std:
 // ------------------------------------------------------------------------------------------------
 // The device side
 // ------------------------------------------------------------------------------------------------
-// "" when e4m3 kernels for (head_dim, causal) run on this device; otherwise why not.
-std::string fp8_skip_reason(int64_t head_dim, bool causal) {
+// "" when the 8-bit kernels of `dtype` (e4m3 or e5m2) for (head_dim, causal) run on this device; otherwise why not.
+std::string fp8_skip_reason(int64_t head_dim, bool causal, flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3) {
   if (const std::string& why = flashcore::testing::gpu_skip_reason(); !why.empty()) return "GPU test skipped: " + why;
-  return flashcore::check::fp8::skip_reason(head_dim, causal);
+  return flashcore::check::fp8::skip_reason(head_dim, causal, dtype);
 }
 
 // "" when the int8 Q K^T kernels of precision = INT8 serve (head_dim, causal) on this device; otherwise why not.
@@ -734,6 +739,30 @@ std::vector<Problem> fp8_cases() {
   }
   // 7. Batch 5: five different descales per tensor and KV head.
   for (bool causal : {false, true}) add(make(128, causal, 5, 4, 2, 96, 160, outs[n++ % 2]), "batch5");
+  // 8. e5m2 inputs (P stays e4m3): every head dim x causal, seqlen 1 and 4097, GQA, Sq != Sk, padded BHSD, zero
+  // blocks, NULL descales.
+  auto e5m2 = [](Problem p) {
+    p.in = FLASHCORE_DTYPE_FP8_E5M2;
+    return p;
+  };
+  for (int64_t D : dims)
+    for (bool causal : {false, true}) {
+      add(e5m2(make(D, causal, 2, 8, 2, 113, 113, outs[n++ % 2])), "e5m2_gqa");
+      add(e5m2(make(D, causal, 1, 4, 2, 300, 113, outs[n++ % 2])), "e5m2_cross");
+      add(e5m2(make(D, causal, 3, 2, 2, 1, 1, outs[n++ % 2])), "e5m2_seqlen");
+    }
+  for (bool causal : {false, true}) {
+    add(e5m2(make(128, causal, 1, 2, 2, 4097, 4097, outs[n++ % 2])), "e5m2_seqlen");
+    Problem p = e5m2(make(256, causal, 2, 4, 2, 200, 333, outs[n++ % 2]));
+    p.bhsd = true, p.in_pad = 32, p.out_pad = 16;
+    add(p, "e5m2_bhsd_padded");
+    p = e5m2(make(128, causal, 2, 4, 2, 257, 257));
+    p.fill = Fill::kZeroBlock;
+    add(p, "e5m2_zeroblock");
+    p = e5m2(make(64, causal, 2, 4, 2, 129, 200));
+    p.sigma = 2, p.null_descales = true;
+    add(p, "e5m2_nulldescale");
+  }
   return list;
 }
 
@@ -940,7 +969,7 @@ class Fp8Forward : public testing::TestWithParam<Problem> {};
 
 TEST_P(Fp8Forward, MatchesReferenceAndRerunsBitIdentical) {
   const Problem& p = GetParam();
-  FLASHCORE_REQUIRE_FP8(p.D, p.causal);
+  if (const std::string why = fp8_skip_reason(p.D, p.causal, p.in); !why.empty()) GTEST_SKIP() << why;
   const Verdict v = run_and_compare(p);
   EXPECT_TRUE(v.passed) << report(p, v, seed_of(p.name)) << "\n  " << v.why;
 }
@@ -1098,27 +1127,28 @@ TEST(Fp8Special, HugeRangeStaysFinite) {
 }
 
 // ================================================================================================
-// GPU: every compiled e4m3 kernel config (tuning options: persistent grids keep their counter in the workspace)
+// GPU: every compiled 8-bit kernel config, e4m3 and e5m2 (tuning options: persistent grids keep their counter in the
+// workspace)
 // ================================================================================================
 TEST(Fp8KernelConfigs, EveryConfigMatchesReference) {
   int ran = 0;
+  for (flashcore_dtype in : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2})
   for (int64_t D : {64, 128, 256})
     for (bool causal : {false, true}) {
-      if (!fp8_skip_reason(D, causal).empty()) continue;
+      if (!fp8_skip_reason(D, causal, in).empty()) continue;
       int32_t count = 0;
-      ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP8_E4M3, static_cast<int32_t>(D), causal, nullptr, 0,
-                                              &count),
+      ASSERT_EQ(flashcore_list_kernel_configs(in, static_cast<int32_t>(D), causal, nullptr, 0, &count),
                 FLASHCORE_SUCCESS);
       std::vector<const char*> names(static_cast<size_t>(count));
-      ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP8_E4M3, static_cast<int32_t>(D), causal, names.data(),
-                                              count, &count),
+      ASSERT_EQ(flashcore_list_kernel_configs(in, static_cast<int32_t>(D), causal, names.data(), count, &count),
                 FLASHCORE_SUCCESS);
       for (const char* name : names) {
         for (flashcore_dtype out : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
           Problem p = make(D, causal, 2, 8, 2, 777, 1000, out);
+          p.in = in;
           p.kernel_config = name;
-          p.name = sanitize("config_" + std::string(name) + "_d" + std::to_string(D) + (causal ? "_causal" : "") +
-                            (out == FLASHCORE_DTYPE_FP16 ? "_fp16" : ""));
+          p.name = sanitize("config_" + std::string(in == FLASHCORE_DTYPE_FP8_E5M2 ? "e5m2_" : "") + name + "_d" +
+                            std::to_string(D) + (causal ? "_causal" : "") + (out == FLASHCORE_DTYPE_FP16 ? "_fp16" : ""));
           SCOPED_TRACE(describe(p));
           const uint64_t seed = seed_of(p.name);
           const HostData h = make_inputs(p, seed);

@@ -38,7 +38,7 @@ struct RowSpec {
 
 // 8-bit kernels run: e4m3 inputs, or 16-bit inputs with precision = FP8.
 bool runs_8bit(const RowSpec& r) {
-  return r.dtype == FLASHCORE_DTYPE_FP8_E4M3 || r.precision == FLASHCORE_PRECISION_FP8;
+  return flashcore::is_8bit(r.dtype) || r.precision == FLASHCORE_PRECISION_FP8;
 }
 
 // The dtype column: "bf16", "e4m3" (O in bf16), "e4m3>fp16" (O in fp16), "bf16:fp8" (precision = FP8).
@@ -46,7 +46,7 @@ std::string dtype_label(const RowSpec& r) {
   std::string s = cli_dtype_name(r.dtype);
   if (r.precision == FLASHCORE_PRECISION_FP8) s += ":fp8";
   const flashcore_dtype out = flashcore::resolved_out_dtype(r.dtype, r.out_dtype);
-  if (out != (r.dtype == FLASHCORE_DTYPE_FP8_E4M3 ? FLASHCORE_DTYPE_BF16 : r.dtype))
+  if (out != (flashcore::is_8bit(r.dtype) ? FLASHCORE_DTYPE_BF16 : r.dtype))
     s += std::string(">") + cli_dtype_name(out);
   return s;
 }
@@ -185,8 +185,8 @@ Options parse_options(int argc, char** argv, int first) {
 #endif
   check_problem_flags(o.problem);
   if (o.problem.out_dtype != FLASHCORE_DTYPE_SAME && o.problem.precision != FLASHCORE_PRECISION_FP8 &&
-      o.problem.dtypes != std::vector<flashcore_dtype>{FLASHCORE_DTYPE_FP8_E4M3})
-    usage_error("--out-dtype is for --dtype e4m3 or --precision fp8 (16-bit calls write O in their input dtype)");
+      !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
+    usage_error("--out-dtype is for --dtype e4m3 / e5m2 or --precision fp8 (16-bit calls write O in their input dtype)");
   if (o.presets.empty() && o.shapes.empty()) o.presets.push_back("seeds");
   return o;
 }
@@ -241,7 +241,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
     for (flashcore_dtype dt : o.problem.dtypes)
       for (bool c : causal)
         rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c,
-                        dt == FLASHCORE_DTYPE_FP8_E4M3 ? FLASHCORE_PRECISION_NATIVE : o.problem.precision,
+                        flashcore::is_8bit(dt) ? FLASHCORE_PRECISION_NATIVE : o.problem.precision,
                         o.problem.out_dtype});
   }
   return rows;
@@ -356,7 +356,7 @@ class RowRunner {
     }
     // e4m3 inputs: descales per (batch, KV head), (k / 64) / 64 with k in [32, 128] (the pool's values are N(0, 1) * 64:
     // real values ~N(0, 1) * [0.5, 2]); shared by the sets.
-    if (r.dtype == FLASHCORE_DTYPE_FP8_E4M3) {
+    if (flashcore::is_8bit(r.dtype)) {
       const size_t n = static_cast<size_t>(r.batch * r.heads_kv);
       std::vector<float> host(3 * n);
       for (float& x : host) x = static_cast<float>(32 + rng() % 97) / 4096.0f;
@@ -740,12 +740,12 @@ void print_bench_help() {
       "                   d128, 32 query heads, 8 KV heads (the serving issue's rows; KV_GB/s is the figure)\n"
       "options:\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable)\n"
-      "  --dtype D        fp16 | bf16 | both | e4m3 (default bf16). e4m3: 8-bit Q, K, V (random N(0,1)*64 in\n"
-      "                   e4m3) with random per-(batch, KV head) descales in [1/128, 1/32], O in bf16, a\n"
+      "  --dtype D        fp16 | bf16 | both | e4m3 | e5m2 (default bf16). e4m3, e5m2: 8-bit Q, K, V (random\n"
+      "                   N(0,1)*64 in the 8-bit type) with random per-(batch, KV head) descales in [1/128, 1/32], O in bf16, a\n"
       "                   zero-filled workspace (the library transposes V into it, inside the timed call)\n"
       "  --precision P    native | fp8 (default native). fp8: 16-bit inputs quantized to e4m3 by the library and\n"
       "                   run by the 8-bit kernels; the quantization is timed with the attention\n"
-      "  --out-dtype D    bf16 | fp16: O of --dtype e4m3 (default bf16) or of --precision fp8 (default the input)\n"
+      "  --out-dtype D    bf16 | fp16: O of --dtype e4m3 / e5m2 (default bf16) or of --precision fp8 (default the input)\n"
       "  --causal C       0 | 1 | both (default: both for presets, 0 for --shape only)\n"
       "  --layout L       bshd | bhsd (default bshd)\n"
       "  --iters N        timed calls (default 30)\n"

@@ -19,7 +19,7 @@ void print_check_help() {
       "usage: flashcore check [--quick | --shape B,H,S,D[,Hkv[,Sk]]...] [options]\n"
       "\n"
       "Runs FlashCore against the float64 CPU reference, one line per case: 16-bit cases through\n"
-      "flashcore::check::run_case, 8-bit cases (e4m3 inputs with per-(batch, KV head) descales, and\n"
+      "flashcore::check::run_case, 8-bit cases (e4m3 and e5m2 inputs with per-(batch, KV head) descales, and\n"
       "--precision fp8: 16-bit inputs quantized by the library) through their own runner.\n"
       "Without --shape: the full case list, or the small subset with --quick; both end with the 8-bit cases\n"
       "when this build has e4m3 kernels.\n"
@@ -27,14 +27,14 @@ void print_check_help() {
       "  --quick          small shapes of every dtype x head dim x causal (for sanitizers / smoke runs)\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable); uses --dtype, --causal, --layout, --precision,\n"
       "                   --out-dtype\n"
-      "  --dtype D        fp16 | bf16 | both | e4m3 (default bf16; --shape only)\n"
+      "  --dtype D        fp16 | bf16 | both | e4m3 | e5m2 (default bf16; --shape only)\n"
       "  --precision P    native | fp8 (default native; --shape only): fp8 runs 16-bit inputs through the\n"
       "                   8-bit kernels (quantized by the library)\n"
-      "  --out-dtype D    bf16 | fp16: O of e4m3 cases (default bf16) or of --precision fp8 (default the input\n"
+      "  --out-dtype D    bf16 | fp16: O of 8-bit cases (default bf16) or of --precision fp8 (default the input\n"
       "                   dtype); --shape only\n"
       "  --causal C       0 | 1 | both (default both; --shape only)\n"
       "  --layout L       bshd | bhsd (default bshd; --shape only)\n"
-      "  --filter TEXT    only cases whose name or description contains TEXT (8-bit cases: \"e4m3\", \"fp8\")\n"
+      "  --filter TEXT    only cases whose name or description contains TEXT (8-bit: \"e4m3\", \"e5m2\", \"fp8\")\n"
       "  --determinism N  also require bit-identical output over N runs\n"
       "  --seed N         input seed (default 1)\n"
       "  --device N       CUDA device (default 0)\n"
@@ -42,7 +42,7 @@ void print_check_help() {
       "  --csv FILE       write every case as CSV, one row per case\n"
       "\n"
       "tolerances: 16-bit cases: max |O - ref| <= 2 * (the low-precision model's error) + 1e-3 (fp16) / 4e-3 (bf16),\n"
-      "LSE likewise (relative). 8-bit cases (P is rounded to e4m3 in the kernel): e4m3 inputs against the\n"
+      "LSE likewise (relative). 8-bit cases (P is rounded to e4m3 in the kernel): 8-bit inputs against the\n"
       "reference of the dequantized inputs: relative RMSE of O <= 0.035, max |O - ref| <= 0.08 * max |ref| + 1e-2,\n"
       "|LSE - ref| <= 2e-2 + 2e-3 * |ref|; --precision fp8 against the reference of the unquantized inputs:\n"
       "relative RMSE <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25. Every case: O and LSE\n"
@@ -98,8 +98,8 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
   if (o.quick && !o.shapes.empty()) usage_error("--quick and --shape are exclusive");
   check_problem_flags(o.problem);
   if (o.problem.out_dtype != FLASHCORE_DTYPE_SAME && o.problem.precision != FLASHCORE_PRECISION_FP8 &&
-      o.problem.dtypes != std::vector<flashcore_dtype>{FLASHCORE_DTYPE_FP8_E4M3})
-    usage_error("--out-dtype is for --dtype e4m3 or --precision fp8 (16-bit calls write O in their input dtype)");
+      !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
+    usage_error("--out-dtype is for --dtype e4m3 / e5m2 or --precision fp8 (16-bit calls write O in their input dtype)");
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   return true;
 }
@@ -273,12 +273,12 @@ int run_check(int argc, char** argv, int first) {
           if (!caps_has_head_dim(caps, cs.head_dim))
             usage_error("unsupported head dim " + std::to_string(cs.head_dim) + " in shape '" + s +
                         "' (compiled: " + caps_head_dims_string(caps) + ")");
-          if (dt == FLASHCORE_DTYPE_FP8_E4M3 || o.problem.precision == FLASHCORE_PRECISION_FP8) {
+          if (flashcore::is_8bit(dt) || o.problem.precision == FLASHCORE_PRECISION_FP8) {
             fp8::Case f;
             f.batch = cs.batch, f.heads_q = cs.heads_q, f.heads_kv = cs.heads_kv, f.seqlen_q = cs.seqlen_q;
             f.seqlen_k = cs.seqlen_k, f.head_dim = cs.head_dim, f.causal = c, f.bhsd = o.problem.bhsd;
             f.dtype = dt;
-            f.precision = dt == FLASHCORE_DTYPE_FP8_E4M3 ? FLASHCORE_PRECISION_NATIVE : o.problem.precision;
+            f.precision = flashcore::is_8bit(dt) ? FLASHCORE_PRECISION_NATIVE : o.problem.precision;
             f.out_dtype = o.problem.out_dtype;
             f.name = "shape " + s;
             list.push_back({true, {}, f});

@@ -90,12 +90,13 @@ std::vector<flashcore_dtype> parse_dtypes(const std::string& text, bool allow_8b
   if (text == "fp16") return {FLASHCORE_DTYPE_FP16};
   if (text == "bf16") return {FLASHCORE_DTYPE_BF16};
   if (text == "both") return {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16};
-  if (text == "e4m3" || text == "fp8_e4m3") {
-    if (allow_8bit) return {FLASHCORE_DTYPE_FP8_E4M3};
+  const bool e4m3 = text == "e4m3" || text == "fp8_e4m3", e5m2 = text == "e5m2" || text == "fp8_e5m2";
+  if (e4m3 || e5m2) {
+    if (allow_8bit) return {e4m3 ? FLASHCORE_DTYPE_FP8_E4M3 : FLASHCORE_DTYPE_FP8_E5M2};
     usage_error("unsupported dtype '" + text + "': this command runs 16-bit inputs only (expected fp16, bf16 or both)");
   }
   usage_error("unsupported dtype '" + text +
-              (allow_8bit ? "' (expected fp16, bf16, both or e4m3)" : "' (expected fp16, bf16 or both)"));
+              (allow_8bit ? "' (expected fp16, bf16, both, e4m3 or e5m2)" : "' (expected fp16, bf16 or both)"));
 }
 
 int32_t parse_precision(const std::string& text) {
@@ -111,7 +112,7 @@ flashcore_dtype parse_out_dtype(const std::string& text) {
 }
 
 const char* cli_dtype_name(flashcore_dtype dtype) {
-  return dtype == FLASHCORE_DTYPE_FP8_E4M3 ? "e4m3" : dtype_name(dtype);
+  return dtype == FLASHCORE_DTYPE_FP8_E4M3 ? "e4m3" : dtype == FLASHCORE_DTYPE_FP8_E5M2 ? "e5m2" : dtype_name(dtype);
 }
 
 std::vector<bool> parse_causal(const std::string& text) {
@@ -146,8 +147,9 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
 void check_problem_flags(const ProblemFlags& p) {
   if (p.precision == FLASHCORE_PRECISION_FP8) {
     for (flashcore_dtype dt : p.dtypes)
-      if (dt == FLASHCORE_DTYPE_FP8_E4M3)
-        usage_error("--precision fp8 quantizes 16-bit inputs; --dtype e4m3 is 8-bit already (use --precision native)");
+      if (flashcore::is_8bit(dt))
+        usage_error(std::string("--precision fp8 quantizes 16-bit inputs; --dtype ") + cli_dtype_name(dt) +
+                    " is 8-bit already (use --precision native)");
   }
 }
 

@@ -29,9 +29,9 @@ class RandomPool {
     if (!p) {
       std::mt19937_64 gen(seed_ + static_cast<uint64_t>(dt));
       std::normal_distribution<float> normal(0.0f, 1.0f);
-      if (dt == FLASHCORE_DTYPE_FP8_E4M3) {
+      if (flashcore::is_8bit(dt)) {
         std::vector<uint8_t> host(kElems);
-        for (size_t i = 0; i < kElems; ++i) host[i] = fp8::float_to_e4m3(64.0f * normal(gen));
+        for (size_t i = 0; i < kElems; ++i) host[i] = fp8::float_to_fp8(64.0f * normal(gen), dt);
         FC_CUDA(cudaMalloc(&p, kElems));
         FC_CUDA(cudaMemcpy(p, host.data(), kElems, cudaMemcpyHostToDevice));
         return p;
@@ -50,7 +50,7 @@ class RandomPool {
   // Fill `bytes` (even for the 16-bit dtypes) at dst from random offsets of the pool.
   void fill(void* dst, size_t bytes, flashcore_dtype dt, std::mt19937_64& rng, cudaStream_t stream) {
     const char* src = static_cast<const char*>(get(dt));
-    const size_t esize = dt == FLASHCORE_DTYPE_FP8_E4M3 ? 1 : 2;
+    const size_t esize = flashcore::is_8bit(dt) ? 1 : 2;
     char* out = static_cast<char*>(dst);
     size_t done = 0;
     while (done < bytes) {
@@ -62,9 +62,11 @@ class RandomPool {
   }
 
  private:
-  static int slot(flashcore_dtype dt) { return dt == FLASHCORE_DTYPE_FP16 ? 0 : dt == FLASHCORE_DTYPE_FP8_E4M3 ? 2 : 1; }
+  static int slot(flashcore_dtype dt) {
+    return dt == FLASHCORE_DTYPE_FP16 ? 0 : dt == FLASHCORE_DTYPE_FP8_E4M3 ? 2 : dt == FLASHCORE_DTYPE_FP8_E5M2 ? 3 : 1;
+  }
   uint64_t seed_;
-  void* pools_[3] = {nullptr, nullptr, nullptr};
+  void* pools_[4] = {nullptr, nullptr, nullptr, nullptr};
 };
 
 }  // namespace fccli

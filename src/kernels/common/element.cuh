@@ -44,6 +44,12 @@ struct ElemTraits<__nv_fp8_e4m3> {
   }
 };
 
+// e5m2 inputs (Q, K, V): P stays e4m3 (its pack4 above; config.h).
+template <>
+struct ElemTraits<__nv_fp8_e5m2> {
+  static constexpr int kBytes = 1;
+};
+
 // int8 (precision = INT8): Q and K only, quantized before the attention (int8_prep.cuh); P and V stay 16-bit.
 template <>
 struct ElemTraits<int8_t> {

@@ -38,7 +38,8 @@ struct KernelConfig {
 
   // Element is the type of Q and K (the S GEMM). Three families:
   //   16-bit: Q, K, V, P in Element;
-  //   e4m3 (kFp8): Q, K, V, P in 8 bits, V transposed in the workspace (VLayout::kDimMajor), descales per head;
+  //   8-bit (kFp8: e4m3 or e5m2): Q, K, V in 8 bits, V transposed in the workspace (VLayout::kDimMajor), descales
+  //   per head; P in e4m3 for both (three mantissa bits to e5m2's two: the P V GEMM of e5m2 inputs is e4m3 x e5m2);
   //   int8 Q K^T (kInt8QK, precision = INT8): Q, K int8 with per-token / per-64-key-block scales, S in s32;
   //   P and V in the 16-bit OutElement, V as stored.
   static constexpr bool kInt8QK = std::is_same_v<Element, int8_t>;
@@ -55,7 +56,7 @@ struct KernelConfig {
   // and int8 P: softmax.cuh, kLazyRescale). It makes the time depend on the data, so it is a config column
   // (configs.txt: rescale vote/always).
   static constexpr bool kSkipUnitRescale = kShape.rescale_vote;
-  static constexpr bool kLazyRescale = kSkipUnitRescale && !kFp8;  // e4m3 P keeps the exact max
+  static constexpr bool kLazyRescale = kSkipUnitRescale && !kFp8;  // 8-bit P keeps the exact max
 
   // Launch shape and shared-memory layout (smem_plan.h, shared with the host).
   static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes);

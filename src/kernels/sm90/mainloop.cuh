@@ -108,7 +108,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], SmemDesc q
 template <class Cfg>
 __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], uint32_t (&a)[kPSteps<Cfg>][4]) {
   if constexpr (Cfg::kFp8) {
-    kernels::pack_p_fragments_8bit<typename Cfg::Element, Cfg::kBlockN>(p, a);
+    kernels::pack_p_fragments_8bit<__nv_fp8_e4m3, Cfg::kBlockN>(p, a);  // e4m3 P for e4m3 and e5m2 inputs
   } else {
     kernels::pack_p_fragments<typename Cfg::PVElement, Cfg::kBlockN>(p, a);
   }

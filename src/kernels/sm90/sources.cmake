@@ -1,5 +1,5 @@
 # sm90 kernels: one generated translation unit per (dtype, row of configs.txt).
-# sm90 kernels: 8-bit (e4m3 in FLASHCORE_DTYPES) rows come from configs_fp8.txt, each compiled with O in bf16 and fp16;
+# sm90 kernels: 8-bit (e4m3, e5m2 in FLASHCORE_DTYPES) rows come from configs_fp8.txt, each compiled with O in bf16 and fp16;
 # int8 Q K^T rows (i8, precision = INT8) from configs_i8.txt, each with V and O in bf16 and in fp16.
 # Inputs : FLASHCORE_HEAD_DIMS (e.g. "64;128;256"), FLASHCORE_DTYPES (e.g. "fp16;bf16;e4m3").
 # Outputs: FLASHCORE_SM90_SOURCES (.cu/.cpp files), FLASHCORE_GENERATED_INCLUDE_DIR (holds kernels/sm90/rows.inc:
@@ -26,6 +26,8 @@ set(_fc_elem_bf16 "__nv_bfloat16")
 set(_fc_enum_bf16 "FLASHCORE_DTYPE_BF16")
 set(_fc_elem_e4m3 "__nv_fp8_e4m3")
 set(_fc_enum_e4m3 "FLASHCORE_DTYPE_FP8_E4M3")
+set(_fc_elem_e5m2 "__nv_fp8_e5m2")
+set(_fc_enum_e5m2 "FLASHCORE_DTYPE_FP8_E5M2")
 set(_fc_elem_i8 "int8_t")
 set(_fc_enum_i8 "FLASHCORE_DTYPE_INT8")
 set(_fc_sched_onecta "kOneTilePerCta")
@@ -48,10 +50,10 @@ file(STRINGS ${_fc_sm90_dir}/configs_i8.txt _fc_linesi8 REGEX "^[0-9]")
 set(_fc_pairs "")
 foreach(_dt IN LISTS FLASHCORE_DTYPES)
   if(NOT DEFINED _fc_elem_${_dt})
-    message(FATAL_ERROR "FLASHCORE_DTYPES: unknown dtype '${_dt}' (expected fp16, bf16, e4m3 and/or i8)")
+    message(FATAL_ERROR "FLASHCORE_DTYPES: unknown dtype '${_dt}' (expected fp16, bf16, e4m3, e5m2 and/or i8)")
   endif()
-  if(_dt STREQUAL "e4m3")
-    list(APPEND _fc_pairs "e4m3:bf16" "e4m3:fp16")
+  if(_dt STREQUAL "e4m3" OR _dt STREQUAL "e5m2")
+    list(APPEND _fc_pairs "${_dt}:bf16" "${_dt}:fp16")
   elseif(_dt STREQUAL "i8")
     list(APPEND _fc_pairs "i8:bf16" "i8:fp16")
   else()
@@ -64,7 +66,7 @@ foreach(_pair IN LISTS _fc_pairs)
   list(GET _pair 1 _odt)
   set(_fc_lines ${_fc_lines16})
   set(_sfx "")
-  if(_dt STREQUAL "e4m3")
+  if(_dt STREQUAL "e4m3" OR _dt STREQUAL "e5m2")
     set(_fc_lines ${_fc_lines8})
     set(_sfx "_o${_odt}")
   elseif(_dt STREQUAL "i8")
