@@ -25,6 +25,7 @@ from flashcore import _lib  # noqa: E402  (needs the sys.path entry above)
 from flashcore._lib import (  # noqa: E402,F401  (re-exported for users of this module)
     DTYPE_BF16,
     DTYPE_FP8_E4M3,
+    DTYPE_FP8_E5M2,
     DTYPE_FP16,
     DTYPE_INT8,
     PRECISION_FP8,
@@ -87,7 +88,8 @@ class FlashCoreLib:
         choice; the workspace is sized for that config."""
         import torch  # only needed here
 
-        dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16, torch.float8_e4m3fn: DTYPE_FP8_E4M3}
+        dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16, torch.float8_e4m3fn: DTYPE_FP8_E4M3,
+                  torch.float8_e5m2: DTYPE_FP8_E5M2}
         if q.dtype not in dtypes:
             raise ValueError(f"unsupported dtype {q.dtype}")
         if bhsd:

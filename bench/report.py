@@ -57,8 +57,10 @@ SERVING_LABELS = {"flashcore": "FlashCore", "flashcore_nosplit": "FlashCore no s
                   "flashcore_paged64": "FlashCore paged64", "fa3_paged64": "FA3 paged64",
                   "cudnn_dense": "cuDNN dense"}
 # --fp8: the 8-bit systems, measured on the grid's shapes (bshd inputs, quantized per (batch, KV head)).
-FP8_SYSTEMS = ("fc_e4m3", "fc_fp8", "fa3_fp8", "fc_int8")  # fc_int8: precision="int8" (the high-accuracy mode)
+# fc_int8: precision="int8" (the high-accuracy mode); fc_e5m2: e5m2 inputs (the bf16 tensors over the e4m3 descales)
+FP8_SYSTEMS = ("fc_e4m3", "fc_fp8", "fa3_fp8", "fc_int8", "fc_e5m2")
 FP8_LABELS = {"fc_e4m3": "FlashCore e4m3", "fc_fp8": "FlashCore precision=fp8 (bf16 in)", "fa3_fp8": "FA3 FP8",
+              "fc_e5m2": "FlashCore e5m2",
               "fc_int8": "FlashCore precision=int8 (bf16 in)",
               "sdpa_bf16": "bf16 SDPA (no quantization)"}
 FP8_ACC_S = 8192  # the accuracy table: seqlen 8k, batch = 16384 / 8k, heads = 2048 / D, no mask
@@ -347,10 +349,11 @@ class Runner:
     # -- FP8 (--fp8) ------------------------------------------------------------------------------------------------
 
     def make_fp8_sets(self, B, H, S, D, seed):
-        """Buffer sets of bshd inputs for the 8-bit systems: {"bf16": (q, k, v), "e4m3": (q8, k8, v8),
+        """Buffer sets of bshd inputs for the 8-bit systems: {"bf16": (q, k, v), "e4m3": (q8, k8, v8), "e5m2": ...,
         "descale": (qd, kd, vd)}, the e4m3 tensors quantized from the bf16 ones per (batch, KV head) with the
-        largest magnitude mapped to 448 (flashcore.quantize_fp8, as FA3's FP8 users do). Rotated like make_sets,
-        counting what an e4m3 call touches (Q, K, V e4m3 read, O bf16 written)."""
+        largest magnitude mapped to 448 (flashcore.quantize_fp8, as FA3's FP8 users do), the e5m2 ones rounded from
+        the bf16 ones over the same descales (e5m2_like). Rotated like make_sets, counting what an e4m3 call touches
+        (Q, K, V e4m3 read, O bf16 written)."""
         torch = self.torch
         from flashcore import quantize_fp8  # python/ is on sys.path (flashcore_ctypes)
         touched = 5 * B * H * S * D
@@ -363,6 +366,7 @@ class Runner:
                          for _ in range(3))
             quantized = [quantize_fp8(t) for t in bf16]
             sets.append({"bf16": bf16, "e4m3": tuple(x for x, _ in quantized),
+                         "e5m2": tuple(e5m2_like(torch, t, d) for t, (_, d) in zip(bf16, quantized)),
                          "descale": tuple(d for _, d in quantized)})
         return sets
 
@@ -388,8 +392,8 @@ class Runner:
             o = torch.full_like(q, float("nan"))  # poisoned, as in the grid
             B, S, H, _ = q.shape
             lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-            if name == "fc_e4m3":
-                params.append(self.fc.params_for(*st["e4m3"], o, lse=lse, causal=causal, bhsd=False,
+            if name in ("fc_e4m3", "fc_e5m2"):
+                params.append(self.fc.params_for(*st[name[3:]], o, lse=lse, causal=causal, bhsd=False,
                                                  descales=st["descale"]))
             else:  # fc_fp8 / fc_int8: the bf16 tensors, quantized by the library inside the call (timed)
                 params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=False,
@@ -421,6 +425,8 @@ class Runner:
                 continue
             if name == "fc_int8" and not self.int8_kernels(D, causal):
                 continue
+            if name == "fc_e5m2" and not self.e5m2_kernels(D, causal):
+                continue
             times, out, err = self.run_system(name, sets, causal, graph=False)
             rec = self.system_record(name, times, err, (B, H, S, D, causal))
             if out is not None:
@@ -428,7 +434,7 @@ class Runner:
                 outs[name] = out
             cell["systems"][name] = rec
         if "fa3_fp8" in outs:
-            for name in ("fc_e4m3", "fc_fp8", "fc_int8"):
+            for name in ("fc_e4m3", "fc_fp8", "fc_int8", "fc_e5m2"):
                 if name in outs:
                     cell["systems"][name]["rel_diff_vs_fa3"] = rel_rmse(outs[name], outs["fa3_fp8"])
         del outs, sets
@@ -442,6 +448,14 @@ class Runner:
         from flashcore_ctypes import DTYPE_INT8
         try:
             return bool(self.fc.library.kernel_configs(DTYPE_INT8, D, causal))
+        except Exception:  # noqa: BLE001 - an older library rejects the dtype
+            return False
+
+    def e5m2_kernels(self, D, causal) -> bool:
+        """Whether the library has an e5m2 kernel for (D, causal); False for a library without them."""
+        from flashcore_ctypes import DTYPE_FP8_E5M2
+        try:
+            return bool(self.fc.library.kernel_configs(DTYPE_FP8_E5M2, D, causal))
         except Exception:  # noqa: BLE001 - an older library rejects the dtype
             return False
 
@@ -488,6 +502,17 @@ class Runner:
                 return o
             runs["fc_e4m3"] = lambda: fc_run(False)
             runs["fc_fp8"] = lambda: fc_run(True)
+        if self.fc is not None and self.e5m2_kernels(D, False):
+            e5m2 = tuple(e5m2_like(torch, t, d) for t, d in zip(bf16, descales))
+
+            def e5m2_run():
+                o = torch.full_like(q, float("nan"))
+                params = self.fc.params_for(*e5m2, o, bhsd=False, descales=descales)
+                self.fc.forward(params, torch.cuda.current_stream().cuda_stream)
+                torch.cuda.synchronize()
+                self.fc.release_workspaces()
+                return o
+            runs["fc_e5m2"] = e5m2_run
         if self.fc is not None and self.int8_kernels(D, False):
             from flashcore_ctypes import PRECISION_INT8
 
@@ -656,6 +681,13 @@ def attention_fp64(torch, q, k, v, max_scores: int = 2**27):
     return out
 
 
+def e5m2_like(torch, x, descale):
+    """x (B, S, H, D) rounded to e5m2 over the per-(batch, KV head) descale (B, Hkv) of its e4m3 quantization:
+    stored = x / descale (at most 448 in magnitude, well inside e5m2's range)."""
+    per_head = descale.repeat_interleave(x.shape[2] // descale.shape[1], dim=1)[:, None, :, None]
+    return (x.float() / per_head).to(torch.float8_e5m2)
+
+
 def run_fp8(args, runner) -> tuple:
     """Measures the FP8 section: on the grid's shapes (head dims GRID_D, seqlens of --quick or the full grid, both
     masks) FlashCore e4m3 on pre-quantized inputs, FlashCore precision="fp8" from bf16 (quantization included in the
@@ -734,21 +766,22 @@ def fp8_markdown(res: dict) -> List[str]:
     cells = res.get("cells", [])
     have_fa3 = any(cell_tflops(c, "fa3_fp8") is not None for c in cells)
     if cells:
-        hdr = ["D", "mask", "S", "B×H", "FC e4m3", "FC fp8 (bf16 in)", "FC int8 (bf16 in)"]
+        hdr = ["D", "mask", "S", "B×H", "FC e4m3", "FC fp8 (bf16 in)", "FC int8 (bf16 in)", "FC e5m2"]
         if have_fa3:
-            hdr += ["FA3 FP8", "FC e4m3 / FA3", "FC fp8 / FA3", "FC int8 / FA3", "FC e4m3 vs FA3 (rel. diff)"]
+            hdr += ["FA3 FP8", "FC e4m3 / FA3", "FC fp8 / FA3", "FC int8 / FA3", "FC e5m2 / FA3",
+                    "FC e4m3 vs FA3 (rel. diff)"]
         hdr.append("FC e4m3 config")
         L.append("TFLOPS:\n")
         L.append("| " + " | ".join(hdr) + " |")
         L.append("|" + "---|" * len(hdr))
         for c in cells:
-            e4m3, auto, fa3, int8 = (cell_tflops(c, s) for s in FP8_SYSTEMS)
+            e4m3, auto, fa3, int8, e5m2 = (cell_tflops(c, s) for s in FP8_SYSTEMS)
             vals = [str(c["D"]), "causal" if c["causal"] else "none", str(c["S"]), f"{c['B']}×{c['H']}",
-                    fmt(e4m3), fmt(auto), fmt(int8)]
+                    fmt(e4m3), fmt(auto), fmt(int8), fmt(e5m2)]
             if have_fa3:
                 diff = (c["systems"].get("fc_e4m3") or {}).get("rel_diff_vs_fa3")
                 vals += [fmt(fa3), fmt(ratio(e4m3, fa3), "{:.2f}"), fmt(ratio(auto, fa3), "{:.2f}"),
-                         fmt(ratio(int8, fa3), "{:.2f}"),
+                         fmt(ratio(int8, fa3), "{:.2f}"), fmt(ratio(e5m2, fa3), "{:.2f}"),
                          "non-finite" if diff == float("inf") else fmt(diff, "{:.3f}")]
             vals.append((c["systems"].get("fc_e4m3") or {}).get("config") or "")
             L.append("| " + " | ".join(vals) + " |")
@@ -760,8 +793,10 @@ def fp8_markdown(res: dict) -> List[str]:
                 e4m3 = geomean([ratio(cell_tflops(c, "fc_e4m3"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 auto = geomean([ratio(cell_tflops(c, "fc_fp8"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 int8 = geomean([ratio(cell_tflops(c, "fc_int8"), cell_tflops(c, "fa3_fp8")) for c in rows])
+                e5m2 = geomean([ratio(cell_tflops(c, "fc_e5m2"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 parts.append(f"d{D}: FC e4m3 / FA3 FP8 {fmt(e4m3, '{:.2f}')}, FC fp8 (bf16 in) / FA3 FP8 "
-                             f"{fmt(auto, '{:.2f}')}, FC int8 (bf16 in) / FA3 FP8 {fmt(int8, '{:.2f}')}")
+                             f"{fmt(auto, '{:.2f}')}, FC int8 (bf16 in) / FA3 FP8 {fmt(int8, '{:.2f}')}, "
+                             f"FC e5m2 / FA3 FP8 {fmt(e5m2, '{:.2f}')}")
             L.append("Geometric means per head dim: " + "; ".join(parts) + ".\n")
         nonfinite = [f"{s} d{c['D']} S={c['S']} {'causal' if c['causal'] else 'none'}" for c in cells
                      for s, r in c["systems"].items() if r.get("finite") is False]
@@ -785,12 +820,13 @@ def fp8_markdown(res: dict) -> List[str]:
                  "inputs. FA3 FP8 and FlashCore e4m3 run on the inputs quantized per (batch, KV head) (absmax -> "
                  "448); FlashCore precision=\"fp8\" quantizes the bf16 inputs itself (the same scaling); FlashCore "
                  "precision=\"int8\" quantizes q per token and k (less its mean) per 128 keys to int8 and runs P V in "
-                 "bf16; bf16 SDPA is PyTorch's default backend on the bf16 inputs.\n")
+                 "bf16; FlashCore e5m2 runs on the bf16 inputs rounded to e5m2 over the same per-(batch, KV head) "
+                 "descales; bf16 SDPA is PyTorch's default backend on the bf16 inputs.\n")
         cols = [(r["D"], r["inputs"]) for r in acc]
         L.append("| system | " + " | ".join(f"d{D} {'outliers' if i == 'outliers' else 'N(0,1)'}" for D, i in cols)
                  + " |")
         L.append("|---|" + "---|" * len(cols))
-        for name in ("fa3_fp8", "fc_e4m3", "fc_fp8", "fc_int8", "sdpa_bf16"):
+        for name in ("fa3_fp8", "fc_e4m3", "fc_e5m2", "fc_fp8", "fc_int8", "sdpa_bf16"):
             if not any(name in r for r in acc):
                 continue
             vals = ["non-finite" if r.get(name) == float("inf") else fmt(r.get(name), "{:.4f}") for r in acc]
