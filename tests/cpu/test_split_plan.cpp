@@ -32,6 +32,22 @@ TEST(SplitPlan, FewKeysOrManyTilesMeanOneSplit) {
   EXPECT_EQ(split_plan(1, 100000, 132, 1, 1, 64).splits, 122);     // 122 of the 128 allowed: 95% of the best wave
 }
 
+// The tiles' last splits merge them (a counter byte per tile in the workspace's zero header, bytes 16..255) when every
+// tile has a byte and a count fits one; otherwise the combine kernel does, and a single part needs neither.
+TEST(SplitPlan, FusedMergeWhereTheCountersFit) {
+  EXPECT_TRUE(split_plan(8, 64, 132, 8, 4, 128).fused_merge);    // 1 x 8k decode: 16 splits
+  EXPECT_TRUE(split_plan(64, 64, 132, 64, 4, 128).fused_merge);  // 8 x 8k: 2 splits
+  EXPECT_TRUE(split_plan(240, 9, 132, 240, 1, 128, 3).fused_merge);   // the last byte
+  EXPECT_FALSE(split_plan(241, 9, 132, 241, 1, 128, 3).fused_merge);  // no byte for tile 240
+  EXPECT_FALSE(split_plan(256, 32, 132, 256, 4, 128).fused_merge);    // one part: O written by the split itself
+  const auto many = split_plan(1, 1000, 132, 1, 1, 128, 500);         // 500 parts of 2 blocks: a count overflows a byte
+  EXPECT_GT(many.splits, 255);
+  EXPECT_FALSE(many.fused_merge);
+  const auto most = split_plan(1, 1000, 132, 1, 1, 128, 255);
+  EXPECT_EQ(most.splits, 250);  // 1000 blocks in 250 parts of 4
+  EXPECT_TRUE(most.fused_merge);
+}
+
 TEST(SplitPlan, WorkspaceLayout) {
   const auto p = split_plan(32, 512, 132, 32, 1, 128);
   const size_t rows = 32u * static_cast<size_t>(p.splits) * 1u;
