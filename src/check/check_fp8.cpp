@@ -22,52 +22,65 @@ namespace flashcore::check::fp8 {
 
 namespace ref = flashcore::reference;
 
+namespace {
+
+// An 8-bit float format: mantissa bits, exponent bias, the largest finite magnitude and its code.
+struct Fp8Format {
+  int man;
+  int bias;
+  float max_finite;
+  uint8_t max_code;
+};
+constexpr Fp8Format kE4m3{3, 7, 448.0f, 0x7E};
+constexpr Fp8Format kE5m2{2, 15, 57344.0f, 0x7B};
+
+// The magnitude of a finite code whose sign bit is clear.
+float decode_finite(uint8_t b, const Fp8Format& f) {
+  const int e = b >> f.man, m = b & ((1 << f.man) - 1);
+  return e == 0 ? std::ldexp(static_cast<float>(m), 1 - f.bias - f.man)
+                : std::ldexp(1.0f + std::ldexp(static_cast<float>(m), -f.man), e - f.bias);
+}
+
+// Round to nearest even, saturating to the largest finite magnitude (as __nv_cvt_float_to_fp8 with
+// __NV_SATFINITE); x is not NaN.
+uint8_t encode(float x, const Fp8Format& f) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const float a = std::fabs(x);
+  if (a >= f.max_finite) return sign | f.max_code;
+  // Subnormal: a multiple of the smallest one (rounding up to the smallest normal gives that code too).
+  if (a < std::ldexp(1.0f, 1 - f.bias)) {
+    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, f.bias - 1 + f.man)));
+  }
+  int e = 0;
+  const float fr = std::frexp(a, &e);  // a = (2 fr) * 2^(e - 1)
+  int exp = e - 1;
+  int m = static_cast<int>(std::nearbyint(std::ldexp(2.0f * fr - 1.0f, f.man)));
+  if (m == (1 << f.man)) m = 0, ++exp;
+  const int code = ((exp + f.bias) << f.man) | m;
+  return sign | static_cast<uint8_t>(code > f.max_code ? f.max_code : code);
+}
+
+}  // namespace
+
 float e4m3_to_float(uint8_t b) {
-  const int e = (b >> 3) & 0xF, m = b & 7;
-  if (e == 0xF && m == 7) return std::numeric_limits<float>::quiet_NaN();
-  const float v = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+  if ((b & 0x7F) == 0x7F) return std::numeric_limits<float>::quiet_NaN();  // no infinities in e4m3 ("fn")
+  const float v = decode_finite(b & 0x7F, kE4m3);
   return (b & 0x80) ? -v : v;
 }
 
-uint8_t float_to_e4m3(float x) {
-  if (std::isnan(x)) return 0x7F;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const float a = std::fabs(x);
-  if (a >= 448.0f) return sign | 0x7E;
-  if (a < 0x1p-6f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));  // subnormal (8: code 0x08)
-  int e = 0;
-  const float f = std::frexp(a, &e);  // a = (2f) * 2^(e - 1)
-  int exp = e - 1;
-  int m = static_cast<int>(std::nearbyint((2.0f * f - 1.0f) * 8.0f));
-  if (m == 8) m = 0, ++exp;
-  return sign | static_cast<uint8_t>(((exp + 7) << 3) | m);
-}
+uint8_t float_to_e4m3(float x) { return std::isnan(x) ? 0x7F : encode(x, kE4m3); }
 
 float e5m2_to_float(uint8_t b) {
-  const int e = (b >> 2) & 0x1F, m = b & 3;
   float v;
-  if (e == 0x1F) {
-    v = m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  if ((b & 0x7C) == 0x7C) {  // exponent all ones: infinity (mantissa 0) or NaN
+    v = (b & 3) == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
   } else {
-    v = e == 0 ? std::ldexp(static_cast<float>(m), -16) : std::ldexp(1.0f + static_cast<float>(m) / 4.0f, e - 15);
+    v = decode_finite(b & 0x7F, kE5m2);
   }
   return (b & 0x80) ? -v : v;
 }
 
-uint8_t float_to_e5m2(float x) {
-  if (std::isnan(x)) return 0x7F;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const float a = std::fabs(x);
-  if (a >= 57344.0f) return sign | 0x7B;
-  if (a < 0x1p-14f) return sign | static_cast<uint8_t>(std::nearbyint(a * 65536.0f));  // subnormal (4: code 0x04)
-  int e = 0;
-  const float f = std::frexp(a, &e);  // a = (2f) * 2^(e - 1)
-  int exp = e - 1;
-  int m = static_cast<int>(std::nearbyint((2.0f * f - 1.0f) * 4.0f));
-  if (m == 4) m = 0, ++exp;
-  if (exp > 15) return sign | 0x7B;  // rounded past the largest finite: saturate
-  return sign | static_cast<uint8_t>(((exp + 15) << 2) | m);
-}
+uint8_t float_to_e5m2(float x) { return std::isnan(x) ? 0x7F : encode(x, kE5m2); }
 
 float fp8_to_float(uint8_t bits, flashcore_dtype dtype) {
   return dtype == FLASHCORE_DTYPE_FP8_E5M2 ? e5m2_to_float(bits) : e4m3_to_float(bits);

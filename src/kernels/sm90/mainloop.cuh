@@ -279,11 +279,11 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   // A warpgroup whose 64 rows all lie past the sequence's end (the last tile of a 192-row config when seqlen_q is
   // not a multiple of 192: at 512 and 1024 rows, a ninth of the slices) computes nothing, so that the tile's other
   // warpgroups get the tensor cores to themselves. 192-row configs only (three consumer warpgroups): the 128-row
-  // ones pad 64 rows or more only at odd lengths, and compile as before. It keeps step with them on every shared barrier, in the order of
-  // the loop below (K and V stages, the ping-pong turns, the Q release), and leaves O = 0 and an empty softmax: the
-  // epilogue stores none of its rows (perf-notes v26). Dense batches only (no V rows to zero, zero_v_rows_past_end):
-  // the V zeroing's named barrier met from this second code path made compute-sanitizer's synccheck report
-  // divergent threads, so the serving layouts keep computing those rows.
+  // ones pad 64 rows or more only at odd lengths, and compile as before. It keeps step with the others on every
+  // shared barrier, in the order of the loop below (K and V stages, the ping-pong turns, the Q release), and leaves
+  // O = 0 and an empty softmax: the epilogue stores none of its rows (perf-notes v26). Dense batches only (no V rows
+  // to zero, zero_v_rows_past_end): the V zeroing's named barrier met from this second code path made
+  // compute-sanitizer's synccheck report divergent threads, so the serving layouts keep computing those rows.
   if (Cfg::kConsumerWarpgroups == 3 && !p.zero_v_tail &&
       static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup >= tile.seq.seqlen_q) {
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
