@@ -124,8 +124,12 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
 
   load_tile<Cfg, Cfg::kBlockM>(q_tile, q_slice, p.q.seq_stride, q_row0, q_end);
   if constexpr (Cfg::kStages == 1) {
+    // Single buffers: both start empty, so the first block's V goes out with Q and K, in a group of its own (the
+    // loop's first S waits for Q and K only).
     cp_async_commit();
-    load_k(tile.keys.end - 1, 0);  // single buffers: K of the first block only (its V comes in the loop)
+    load_k(tile.keys.end - 1, 0);
+    cp_async_commit();
+    load_v(tile.keys.end - 1, 0);
     cp_async_commit();
   } else {
     // Ring: Q and the first K in one group, the first V in the next, so that the first S = Q K^T need not wait for
@@ -146,7 +150,7 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   // this wait: the loop's first one, for K, covers Q too.
   QOperand<Cfg> q;
   if constexpr (Cfg::kStages > 1 || Cfg::kQInRegs) {
-    cp_async_wait<Cfg::kStages == 1 ? 1 : Cfg::kStages - 1>();
+    cp_async_wait<Cfg::kStages == 1 ? 2 : Cfg::kStages - 1>();
     __syncthreads();
   }
   q.load(q_tile, warp, lane);
@@ -182,13 +186,19 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   };
 
   if constexpr (Cfg::kStages == 1) {
-    // Single K and V buffers, FlashAttention-2's order: at the top of block j only K_j is in flight. V_j loads
-    // while S_j = Q K_j^T runs; once every warp is done with K_j, K_{j-1} loads while the softmax and P V_j run.
+    // Single K and V buffers, FlashAttention-2's order: at the top of block j only K_j is in flight (the first
+    // block: Q, K and V). V_j loads while S_j = Q K_j^T runs; once every warp is done with K_j, K_{j-1} loads while
+    // the softmax and P V_j run.
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
-      cp_async_wait<0>();
-      __syncthreads();  // K_j has landed; every warp is done with V_{j+1}
-      load_v(n_block, 0);
-      cp_async_commit();
+      if (n_block == tile.keys.end - 1) {
+        cp_async_wait<1>();
+        __syncthreads();  // Q and K_j have landed (V_j may be in flight)
+      } else {
+        cp_async_wait<0>();
+        __syncthreads();  // K_j has landed; every warp is done with V_{j+1}
+        load_v(n_block, 0);
+        cp_async_commit();
+      }
       gemm_qk<Cfg>(s, q, k_tile(0), lane);
       cp_async_wait<0>();
       __syncthreads();  // V_j has landed; every warp is done with K_j
