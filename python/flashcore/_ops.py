@@ -450,15 +450,21 @@ def _enqueue(lib: _lib.Library, params, device: torch.device) -> None:
         lib.forward(params, stream.cuda_stream)
 
 
-# Workspaces (the dynamic scheduler's tile counter, which a tuned config may use): one zero-filled buffer per
-# (device, stream), reused by every call on that stream; the library leaves it zero-filled after each call.
-# Inside a CUDA-graph capture a fresh buffer is allocated (and zeroed) as part of the graph.
+# Workspaces (the dynamic scheduler's tile counter, split-KV counters and partials, 8-bit copies): one zero-filled
+# buffer per (device, stream), reused by every call on that stream; the library leaves its first 256 bytes zero-filled
+# after each call, and the rest is scratch (flashcore.h). Inside a CUDA-graph capture a fresh buffer is allocated as
+# part of the graph, and only those 256 bytes are zeroed there (an 8-bit precision call's workspace holds copies of
+# Q, K and V; zeroing all of it in every replay cost time in proportion). The zeroing is still a kernel node of the
+# graph: about 1.1 us per replay on an H100 (perf-notes v27).
 _WORKSPACES: dict = {}
+_WORKSPACE_HEADER = 256
 
 
 def _workspace(device: torch.device, stream, size: int) -> torch.Tensor:
     if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(size, dtype=torch.uint8, device=device)
+        buf = torch.empty(max(size, _WORKSPACE_HEADER), dtype=torch.uint8, device=device)
+        buf[:_WORKSPACE_HEADER].zero_()
+        return buf
     key = (device.index, stream.cuda_stream)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < size:

@@ -90,6 +90,30 @@ def test_cuda_graph_and_compile(caps, cuda):
     assert torch.isfinite(captured).all()
 
 
+def test_cuda_graph_split_decode_with_dirty_scratch(caps, cuda):
+    """A decode call that splits its keys (partials and merge counters in the workspace) inside a CUDA graph: the op
+    zeroes only the workspace's first 256 bytes there (flashcore.h: the rest is scratch), so the capture first fills
+    and frees a block of the workspace's size with 0xFF, which the op's workspace then reuses from the graph's pool.
+    Replays must match the eager call bit for bit."""
+    _need(caps, torch.bfloat16, 128)
+    lengths = [8192]
+    q, k, v = _cache(cuda, torch.bfloat16, 1, 8192, 32, 8, 128, 1, lengths, seed=7)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=cuda)
+    eager = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=seqlens)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dirty = torch.full((8 << 20,), 255, dtype=torch.uint8, device=cuda)
+        del dirty
+        captured = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=seqlens)
+    for _ in range(3):
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager)
+    lse = torch.zeros(1, 32, 1, device=cuda)
+    _check(q, k, v, lengths, False, captured, lse)
+
+
 def test_cache_seqlens_errors(caps, cuda):
     q, k, v = _cache(cuda, torch.bfloat16, 2, 64, 4, 4, 64, 1, [64, 64])
     with pytest.raises(ValueError, match="cache_seqlens"):
