@@ -92,9 +92,9 @@ def test_cuda_graph_and_compile(caps, cuda):
 
 def test_cuda_graph_split_decode_with_dirty_scratch(caps, cuda):
     """A decode call that splits its keys (partials and merge counters in the workspace) inside a CUDA graph: the op
-    zeroes only the workspace's first 256 bytes there (flashcore.h: the rest is scratch), so the capture first fills
-    and frees a block of the workspace's size with 0xFF, which the op's workspace then reuses from the graph's pool.
-    Replays must match the eager call bit for bit."""
+    zeroes only the workspace's first 256 bytes there (flashcore.h: the rest is scratch). The capture first fills and
+    frees a block larger than the workspace with 0xFF, so that the op's workspace can come from that block of the
+    graph's pool. Replays must match the eager call bit for bit."""
     _need(caps, torch.bfloat16, 128)
     lengths = [8192]
     q, k, v = _cache(cuda, torch.bfloat16, 1, 8192, 32, 8, 128, 1, lengths, seed=7)
