@@ -255,6 +255,14 @@ FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_atten
 FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params,
                                                                   uint64_t* bytes);
 
+/* Since 0.3: the id of the CUDA-graph capture `stream` is part of (cudaStreamGetCaptureInfo), 0 when it is not
+ * capturing. Ids are unique within the process. For callers that keep one workspace per stream: inside a capture,
+ * every call of that capture on that stream may share one workspace (the calls run in stream order at replay and
+ * each leaves the first 256 bytes zero), made and zero-filled once per capture rather than once per call; another
+ * capture (another graph, which may replay concurrently) needs its own. Returns FLASHCORE_ERROR_NULL_POINTER
+ * (capture_id NULL) or FLASHCORE_ERROR_CUDA (the query failed, e.g. no device; *capture_id is then 0). */
+FLASHCORE_API flashcore_status flashcore_stream_capture_id(flashcore_stream_t stream, uint64_t* capture_id);
+
 /* Name of the kernel config flashcore_attention_forward would run for these params on the current device, e.g.
  * "128x128x2-pp-static": the one kernel_config names; for a call that names none on a Hopper (sm90) device, the
  * tuning table's choice for the call's sequence-length bucket, else the library's default. Tuning tables are

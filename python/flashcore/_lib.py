@@ -350,6 +350,7 @@ def _declare(cdll: ctypes.CDLL) -> frozenset:
              ctypes.POINTER(ctypes.c_int32)],
         ),
         "flashcore_attention_selected_config": (ctypes.c_int, [params_p, ctypes.c_char_p, ctypes.c_uint64]),
+        "flashcore_stream_capture_id": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]),
         "flashcore_merge_params_init": (None, [ctypes.POINTER(MergeParamsStruct)]),
         "flashcore_attention_merge": (ctypes.c_int, [ctypes.POINTER(MergeParamsStruct), ctypes.c_void_p]),
         "flashcore_ring_params_init": (None, [ctypes.POINTER(RingParamsStruct)]),
@@ -534,6 +535,16 @@ class Library:
         status = self._cdll.flashcore_attention_selected_config(ctypes.byref(params), buf, len(buf))
         self.check(status, "flashcore_attention_selected_config")
         return buf.value.decode("utf-8", "replace")
+
+    def stream_capture_id(self, stream: int) -> int:
+        """The id of the CUDA-graph capture `stream` (a cudaStream_t as an integer) is part of; 0 when it is not
+        capturing, and always 0 with a library that predates flashcore_stream_capture_id."""
+        if "flashcore_stream_capture_id" not in self._optional:
+            return 0
+        capture_id = ctypes.c_uint64(0)
+        status = self._cdll.flashcore_stream_capture_id(ctypes.c_void_p(stream or None), ctypes.byref(capture_id))
+        self.check(status, "flashcore_stream_capture_id")
+        return int(capture_id.value)
 
     def validate(self, params: AttentionParamsStruct) -> None:
         self.check(self._cdll.flashcore_attention_validate(ctypes.byref(params)), "flashcore_attention_validate")

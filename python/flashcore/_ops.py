@@ -444,31 +444,41 @@ def _enqueue(lib: _lib.Library, params, device: torch.device) -> None:
         stream = torch.cuda.current_stream(device)
         workspace = lib.workspace_size(params)
         if workspace:
-            buf = _workspace(device, stream, workspace)
+            buf = _workspace(lib, device, stream, workspace)
             params.workspace = buf.data_ptr()
             params.workspace_size = workspace
         lib.forward(params, stream.cuda_stream)
 
 
-# Workspaces (the dynamic scheduler's tile counter, split-KV counters and partials, 8-bit copies): one zero-filled
-# buffer per (device, stream), reused by every call on that stream; the library leaves its first 256 bytes zero-filled
-# after each call, and the rest is scratch (flashcore.h). Inside a CUDA-graph capture a fresh buffer is allocated as
-# part of the graph, and only those 256 bytes are zeroed there (an 8-bit precision call's workspace holds copies of
-# Q, K and V; zeroing all of it in every replay cost time in proportion). The zeroing is still a kernel node of the
-# graph: about 1.1 us per replay on an H100 (perf-notes v27).
+# Workspaces (the dynamic scheduler's tile counter, split-KV counters and partials, 8-bit copies). The library needs
+# the first 256 bytes zero-filled before a call and leaves them so after it; the rest is scratch (flashcore.h). So:
+# - eager calls: one zero-filled buffer per (device, stream), reused by every call on that stream;
+# - inside a CUDA-graph capture: one buffer per (device, stream, capture), allocated in the graph's pool at the
+#   capture's first call that needs it and shared by its later calls on that stream (they run in stream order at
+#   replay). Its 256 bytes are zeroed in the graph before that first call: a kernel node, about 1.1 us per replay on
+#   an H100, once per graph instead of once per call (perf-notes v27). Another capture, i.e. another graph that may
+#   replay concurrently, gets its own. The entry is dropped when the stream's next capture begins, after which the
+#   graph keeps the block as any tensor freed during its capture (its replays re-zero the header first).
 _WORKSPACES: dict = {}
+_CAPTURE_WORKSPACES: dict = {}  # (device index, stream) -> (capture id, buffer)
 _WORKSPACE_HEADER = 256
 
 
-def _workspace(device: torch.device, stream, size: int) -> torch.Tensor:
+def _workspace(lib: _lib.Library, device: torch.device, stream, size: int) -> torch.Tensor:
+    key = (device.index, stream.cuda_stream)
     if torch.cuda.is_current_stream_capturing():
+        capture = lib.stream_capture_id(stream.cuda_stream)  # 0: a library without the query: one buffer per call
+        held = _CAPTURE_WORKSPACES.get(key)
+        if capture and held is not None and held[0] == capture and held[1].numel() >= size:
+            return held[1]
         buf = torch.empty(max(size, _WORKSPACE_HEADER), dtype=torch.uint8, device=device)
         buf[:_WORKSPACE_HEADER].zero_()
+        if capture:
+            _CAPTURE_WORKSPACES[key] = (capture, buf)
         return buf
-    key = (device.index, stream.cuda_stream)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < size:
-        buf = torch.zeros(max(size, 256), dtype=torch.uint8, device=device)
+        buf = torch.zeros(max(size, _WORKSPACE_HEADER), dtype=torch.uint8, device=device)
         _WORKSPACES[key] = buf
     return buf
 

@@ -114,6 +114,37 @@ def test_cuda_graph_split_decode_with_dirty_scratch(caps, cuda):
     _check(q, k, v, lengths, False, captured, lse)
 
 
+def test_cuda_graphs_keep_one_workspace_each_and_replay_concurrently(caps, cuda):
+    """The op shares one workspace among the calls of a capture on a stream (flashcore_stream_capture_id) and gives
+    each capture its own: two graphs of four split decode calls each (fused-merge counters in the workspace header),
+    replayed at the same time on two streams, must each match their eager calls bit for bit."""
+    _need(caps, torch.bfloat16, 128)
+    lengths = [8192]
+    qa, k, v = _cache(cuda, torch.bfloat16, 1, 8192, 32, 8, 128, 1, lengths, seed=11)
+    qb = torch.randn_like(qa)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=cuda)
+    eager = [flashcore.attention_with_kvcache(q, k, v, cache_seqlens=seqlens) for q in (qa, qb)]
+    graphs, outs = [], []
+    for q in (qa, qb):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append([flashcore.attention_with_kvcache(q, k, v, cache_seqlens=seqlens) for _ in range(4)])
+        graphs.append(graph)
+    lib = flashcore._lib.load()
+    if "flashcore_stream_capture_id" in lib._optional:
+        ws = [o[0] for o in flashcore._ops._CAPTURE_WORKSPACES.values()]
+        assert ws and all(w != 0 for w in ws), "the captures' workspaces are kept by capture id"
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(5):
+        for graph, stream in zip(graphs, streams):
+            with torch.cuda.stream(stream):
+                graph.replay()
+        torch.cuda.synchronize()
+        for expected, captured in zip(eager, outs):
+            for o in captured:
+                assert torch.equal(o, expected)
+
+
 def test_cache_seqlens_errors(caps, cuda):
     q, k, v = _cache(cuda, torch.bfloat16, 2, 64, 4, 4, 64, 1, [64, 64])
     with pytest.raises(ValueError, match="cache_seqlens"):

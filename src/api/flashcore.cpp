@@ -166,6 +166,22 @@ flashcore_status flashcore_attention_workspace_size(const flashcore_attention_pa
   });
 }
 
+flashcore_status flashcore_stream_capture_id(flashcore_stream_t stream, uint64_t* capture_id) {
+  return guarded("flashcore_stream_capture_id", [&] {
+    if (capture_id == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "capture_id is NULL");
+    *capture_id = 0;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (const cudaError_t err = cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, &id);
+        err != cudaSuccess) {
+      (void)cudaGetLastError();  // leave no error for the caller's next CUDA call
+      return set_error(FLASHCORE_ERROR_CUDA, std::string("cudaStreamGetCaptureInfo: ") + cudaGetErrorString(err));
+    }
+    if (status == cudaStreamCaptureStatusActive) *capture_id = id;
+    return FLASHCORE_SUCCESS;
+  });
+}
+
 flashcore_status flashcore_attention_selected_config(const flashcore_attention_params* params, char* name,
                                                     uint64_t capacity) {
   return guarded("flashcore_attention_selected_config", [&] {

@@ -481,6 +481,21 @@ TEST(WorkspaceSize, NoDevice) {
 
 // WorkspaceSize on a Hopper GPU (it needs device buffers): tests/gpu/test_kernel_configs.cpp.
 
+TEST(StreamCaptureId, NullPointer) {
+  EXPECT_EQ(flashcore_stream_capture_id(nullptr, nullptr), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(flashcore_last_error()).find("capture_id is NULL"), std::string::npos);
+}
+
+TEST(StreamCaptureId, NoDevice) {
+  if (flashcore::testing::cuda_device_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
+  uint64_t id = 77;
+  EXPECT_EQ(flashcore_stream_capture_id(nullptr, &id), FLASHCORE_ERROR_CUDA);
+  EXPECT_EQ(id, 0u);
+  EXPECT_NE(std::string(flashcore_last_error()).find("cudaStreamGetCaptureInfo"), std::string::npos);
+}
+
+// StreamCaptureId during real captures: tests/gpu/test_reliability.cpp.
+
 TEST(ListKernelConfigs, NullAndBadArguments) {
   const char* names[4] = {};
   EXPECT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_BF16, 64, 0, names, 4, nullptr), FLASHCORE_ERROR_NULL_POINTER);

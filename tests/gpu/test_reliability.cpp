@@ -148,3 +148,33 @@ TEST(Reliability, MemoryOfAnotherGpuIsRejected) {
 }
 
 }  // namespace
+
+// flashcore_stream_capture_id: 0 outside a capture and on a stream that is not capturing, a new nonzero id for each
+// capture (the Python op keeps one workspace per capture with it).
+TEST(StreamCaptureId, IdsOfRealCaptures) {
+  FLASHCORE_REQUIRE_GPU();
+  cudaStream_t a = nullptr, b = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  uint64_t outside = 9, other = 9, ended = 9;
+  EXPECT_EQ(flashcore_stream_capture_id(a, &outside), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(outside, 0u);
+  uint64_t ids[2] = {0, 0};
+  for (uint64_t& id : ids) {
+    ASSERT_EQ(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(flashcore_stream_capture_id(a, &id), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_EQ(flashcore_stream_capture_id(b, &other), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_EQ(other, 0u) << "stream b is not capturing";
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(a, &graph), cudaSuccess);
+    cudaGraphDestroy(graph);
+    EXPECT_EQ(flashcore_stream_capture_id(a, &ended), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_EQ(ended, 0u);
+  }
+  EXPECT_NE(ids[0], 0u);
+  EXPECT_NE(ids[1], 0u);
+  EXPECT_NE(ids[0], ids[1]) << "each capture has its own id";
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
