@@ -90,15 +90,20 @@ def test_cuda_graph_and_compile(caps, cuda):
     assert torch.isfinite(captured).all()
 
 
+def _split_decode(cuda, seed):
+    """A decode call that the library splits (1 x 8k cache, 32/8 heads, d128: 16 parts merged through the workspace's
+    counters): q, k, v and the cache lengths."""
+    q, k, v = _cache(cuda, torch.bfloat16, 1, 8192, 32, 8, 128, 1, [8192], seed=seed)
+    return q, k, v, torch.tensor([8192], dtype=torch.int32, device=cuda)
+
+
 def test_cuda_graph_split_decode_with_dirty_scratch(caps, cuda):
     """A decode call that splits its keys (partials and merge counters in the workspace) inside a CUDA graph: the op
     zeroes only the workspace's first 256 bytes there (flashcore.h: the rest is scratch). The capture first fills and
     frees a block larger than the workspace with 0xFF, so that the op's workspace can come from that block of the
     graph's pool. Replays must match the eager call bit for bit."""
     _need(caps, torch.bfloat16, 128)
-    lengths = [8192]
-    q, k, v = _cache(cuda, torch.bfloat16, 1, 8192, 32, 8, 128, 1, lengths, seed=7)
-    seqlens = torch.tensor(lengths, dtype=torch.int32, device=cuda)
+    q, k, v, seqlens = _split_decode(cuda, seed=7)
     eager = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=seqlens)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -111,7 +116,7 @@ def test_cuda_graph_split_decode_with_dirty_scratch(caps, cuda):
         torch.cuda.synchronize()
         assert torch.equal(captured, eager)
     lse = torch.zeros(1, 32, 1, device=cuda)
-    _check(q, k, v, lengths, False, captured, lse)
+    _check(q, k, v, seqlens.tolist(), False, captured, lse)
 
 
 def test_cuda_graphs_keep_one_workspace_each_and_replay_concurrently(caps, cuda):
@@ -119,10 +124,8 @@ def test_cuda_graphs_keep_one_workspace_each_and_replay_concurrently(caps, cuda)
     each capture its own: two graphs of four split decode calls each (fused-merge counters in the workspace header),
     replayed at the same time on two streams, must each match their eager calls bit for bit."""
     _need(caps, torch.bfloat16, 128)
-    lengths = [8192]
-    qa, k, v = _cache(cuda, torch.bfloat16, 1, 8192, 32, 8, 128, 1, lengths, seed=11)
+    qa, k, v, seqlens = _split_decode(cuda, seed=11)
     qb = torch.randn_like(qa)
-    seqlens = torch.tensor(lengths, dtype=torch.int32, device=cuda)
     eager = [flashcore.attention_with_kvcache(q, k, v, cache_seqlens=seqlens) for q in (qa, qb)]
     graphs, outs = [], []
     for q in (qa, qb):
