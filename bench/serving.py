@@ -92,8 +92,9 @@ def main():
     ap.add_argument("--tables", default=",".join(TABLES), help=f"comma-separated tables to measure: {', '.join(TABLES)}")
     ap.add_argument("--head-dim", type=int, default=128, help="decode table: head dim")
     ap.add_argument("--heads", default="32,8", help="decode table: query heads, KV heads")
-    ap.add_argument("--configs", default="", help="decode table: comma-separated kernel configs to time as well "
-                    "(explicitly named)")
+    ap.add_argument("--configs", default="", help="decode and varlen tables: comma-separated kernel configs to time "
+                    "as well (explicitly named; in the varlen table, those the library lists for the case's head dim "
+                    "and mask)")
     ap.add_argument("--varlen-heads", default="anchor",
                     help="varlen table: 'anchor' (2048 / D heads for q, k and v, as anchor_serving.py) or HQ,HKV")
     args = ap.parse_args()
@@ -113,7 +114,7 @@ def main():
         result["decode"] = rows
         sections.append(decode_markdown(rows, name, peak, args.head_dim, heads))
     if "varlen" in args.tables:
-        rows = run_varlen(args.varlen_heads)
+        rows = run_varlen(args.varlen_heads, configs=args.configs)
         result["varlen"] = rows
         sections.append(varlen_markdown(rows, name, args.varlen_heads))
     text = "\n\n".join(sections)
@@ -348,30 +349,32 @@ def _varlen_max_err(out, q, k, v, lens, causal):
     return worst
 
 
-def run_varlen(varlen_heads="anchor", fa3=True, keep_going=False, log=None):
+def run_varlen(varlen_heads="anchor", fa3=True, keep_going=False, log=None, configs=()):
     """The varlen table's rows (list of dicts, one per VARLEN_CASES entry); see iter_varlen."""
-    return list(iter_varlen(varlen_heads, fa3, keep_going, log))
+    return list(iter_varlen(varlen_heads, fa3, keep_going, log, configs))
 
 
-def iter_varlen(varlen_heads="anchor", fa3=True, keep_going=False, log=None):
+def iter_varlen(varlen_heads="anchor", fa3=True, keep_going=False, log=None, configs=()):
     """Yields the varlen rows one by one, in VARLEN_CASES order, with anchor_serving.py's length lists.
 
     varlen_heads: 'anchor' (2048 / D heads for q, k and v) or 'HQ,HKV'. fa3=False leaves FA3 out (so does a
     missing flash_attn_varlen_func: FA3_VARLEN_UNAVAILABLE says why). A FlashCore failure is recorded as
     flashcore_err; keep_going=False (the CLI) lets any other exception end the table, True records it in the row
     (fa3_err, or error for the whole case). `log(line)` gets one 'varlen key=value ...' line per row (default:
-    printed to stdout, flushed).
+    printed to stdout, flushed). `configs`: kernel configs to time as well, by name, where the library lists them
+    for the case's head dim and mask (columns "cfg NAME_us"; a config the library refuses for packed batches, such
+    as a dynamic-schedule row, records "cfg NAME_err").
     """
     log = log or _print_flushed
     for (D, causal), lens in zip(VARLEN_CASES, varlen_lengths()):
         Hq, Hkv = _varlen_heads(varlen_heads, D)
-        row = _row_or_error(lambda: varlen_row(D, causal, lens, Hq, Hkv, fa3, keep_going), keep_going, D=D,
+        row = _row_or_error(lambda: varlen_row(D, causal, lens, Hq, Hkv, fa3, keep_going, configs), keep_going, D=D,
                             causal=causal, batch=len(lens), tokens=sum(lens), max_len=max(lens), Hq=Hq, Hkv=Hkv)
         log(_row_line("varlen", row))
         yield row
 
 
-def varlen_row(D, causal, lens, Hq, Hkv, fa3=True, keep_going=False):
+def varlen_row(D, causal, lens, Hq, Hkv, fa3=True, keep_going=False, configs=()):
     """One varlen row: the packed batch of sequence lengths `lens`, bf16; see iter_varlen."""
     dt = torch.bfloat16
     total = sum(lens)
@@ -392,6 +395,12 @@ def varlen_row(D, causal, lens, Hq, Hkv, fa3=True, keep_going=False):
         row["flashcore_us"] = graph_time_us(fc)
     except Exception as e:  # a library without the varlen path
         row["flashcore_err"] = repr(e)[:160]
+    for config in _listed_configs(configs, D, causal):
+        try:
+            row[f"cfg {config} max_err"], row[f"cfg {config}_us"] = _varlen_config_time(q, k, v, cu, max_len, causal,
+                                                                                        config, lens)
+        except Exception as e:
+            row[f"cfg {config}_err"] = repr(e)[:160]
     if fa3 and flash_attn_varlen_func is not None:
         def fa3_call():
             return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal)
@@ -456,6 +465,34 @@ def _params(q, k, v, out):
     """C params of attention(q, k, v) -> out without LSE and without a workspace."""
     from flashcore import _lib, _ops
     return _ops.kernel_params(_lib.load(), q, k, v, out, None, False, q.shape[3] ** -0.5)
+
+
+def _listed_configs(configs, D, causal):
+    """Those of `configs` the library lists for bf16 (D, causal)."""
+    if not configs:
+        return []
+    from flashcore import _lib
+    listed = set(_lib.load().kernel_configs(_lib.DTYPE_BF16, D, causal))
+    return [c for c in configs if c in listed]
+
+
+def _varlen_config_time(q, k, v, cu, max_len, causal, config, lens):
+    """(max error, CUDA-graph time in us) of the packed batch run by the named kernel config through the C call."""
+    from flashcore import _lib, _ops
+    lib = _lib.load()
+    out = torch.full_like(q, float("nan"))
+    params = _ops.kernel_params(lib, q, k, v, out, None, causal, q.shape[2] ** -0.5, cu_seqlens_q=cu,
+                                cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len)
+    name = ctypes.c_char_p(config.encode())
+    params.kernel_config = ctypes.cast(name, ctypes.c_void_p)
+    ws = torch.zeros(max(lib.workspace_size(params), 256), dtype=torch.uint8, device=q.device)
+    params.workspace, params.workspace_size = ws.data_ptr(), ws.numel()
+
+    def call():
+        lib.forward(params, torch.cuda.current_stream().cuda_stream)
+        return out
+    err = _varlen_max_err(call(), q, k, v, lens, causal)
+    return err, graph_time_us(call)
 
 
 def _varlen_selected_config(q, k, v, cu, max_len, causal):

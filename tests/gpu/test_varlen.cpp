@@ -19,6 +19,7 @@
 
 #include "check/check.h"
 #include "flashcore/flashcore.h"
+#include "gpu/device_buffer.h"
 #include "gpu/gpu_skip.h"
 #include "gpu/serving_test_util.h"
 
@@ -182,6 +183,44 @@ TEST(Varlen, EveryD128ConfigPasses) {
   }
   if (runs == 0) GTEST_SKIP() << "no bf16 d128 config ran";
   std::printf("varlen configs: %d case(s) run\n", runs);
+}
+
+// A packed batch runs the row configs.txt marks "packed" for its head dim and mask (sm90 backend.cpp, varlen_row), else
+// the default where it takes one CTA per tile: here 192x128x3-pp-onecta for d64 both ways, the vote rows at d128.
+TEST(Varlen, SelectsThePackedRows) {
+  FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
+  const struct { int head_dim; bool causal; const char* expected; } rows[] = {
+      {64, false, "192x128x3-pp-onecta"},
+      {64, true, "192x128x3-pp-onecta"},
+      {128, false, "128x128x2-pp-onecta-vote"},
+      {128, true, "128x128x2-pp-onecta-vote"},
+  };
+  // Q, K, V, O of (64 rows, 2 heads, head dim <= 128) bf16, 32 KB each, apart; then cu_seqlens, all 0 (valid, and
+  // not read to select a row).
+  constexpr size_t kPart = 64 << 10;
+  flashcore::test::DeviceBuffer dev(5 * kPart);
+  uint8_t* buf = static_cast<uint8_t*>(dev.ptr);
+  ASSERT_EQ(cudaMemset(buf, 0, 5 * kPart), cudaSuccess);
+  int run = 0;
+  for (const auto& row : rows) {
+    std::vector<std::string> configs;
+    ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, row.head_dim, row.causal, configs),
+              FLASHCORE_SUCCESS) << flashcore_last_error();
+    if (configs.empty()) continue;  // head dim not compiled in
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.q = buf, p.k = buf + kPart, p.v = buf + 2 * kPart, p.o = buf + 3 * kPart;
+    p.batch = 2, p.seqlen_q = p.seqlen_k = 64, p.num_heads_q = p.num_heads_kv = 2, p.head_dim = row.head_dim;
+    p.dtype = FLASHCORE_DTYPE_BF16, p.causal = row.causal ? 1 : 0;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS) << flashcore_last_error();
+    p.cu_seqlens_q = p.cu_seqlens_k = reinterpret_cast<const int32_t*>(buf + 4 * kPart);
+    p.total_q = p.total_k = 64;
+    char name[128] = "";
+    ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_STREQ(name, row.expected) << "d" << row.head_dim << (row.causal ? " causal" : " non-causal");
+    ++run;
+  }
+  if (run == 0) GTEST_SKIP() << "neither head dim 64 nor 128 compiled in";
 }
 
 void expect_graph_passes(const Case& captured, const Case& replayed, const std::string& name) {

@@ -31,6 +31,13 @@ const KernelRow* const kRows[] = {
 #undef FLASHCORE_SM90_ROW
 };
 
+// The rows packed (varlen) batches run (configs.txt, default column "packed"), before the default one-CTA rows.
+const KernelRow* const kPackedRows[] = {
+#define FLASHCORE_SM90_PACKED_ROW(SYM) &kRow_##SYM,
+#include "kernels/sm90/packed_rows.inc"
+#undef FLASHCORE_SM90_PACKED_ROW
+    nullptr};
+
 // Once per (kernel, context): check that the loaded image is the real sm_90a kernel (not a body compiled for
 // another arch, which would trap) and raise its dynamic shared-memory limit. Both are per-context state, so a
 // cudaDeviceReset (a new context) re-runs them. Returns SUCCESS or a message.
@@ -110,6 +117,13 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
 const KernelRow* varlen_row(const flashcore_attention_params& p) {
   if (p.cu_seqlens_q == nullptr) return nullptr;
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  for (const KernelRow* r : kPackedRows) {
+    if (r != nullptr && r->dtype == p.dtype && r->out_dtype == out_dtype && r->head_dim == p.head_dim &&
+        r->causal == (p.causal != 0)) {
+      return r;
+    }
+  }
+  // Else the default row where it takes one CTA per tile, or the first such row.
   const KernelRow* first = nullptr;
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule != Schedule::kOneTilePerCta || r->dtype != p.dtype || r->out_dtype != out_dtype ||
