@@ -33,7 +33,9 @@ __device__ __forceinline__ float int8_bits_to_float(uint32_t x) { return __uint_
 // deterministic.
 inline constexpr float kLazySlackLog2 = 8.f;
 
-template <int kCols, bool kExactLargeOffsets = false, bool kLazyRescale = false>  // kCols: score tile columns
+// kRowAfterRow (the sm90 kernels): row 1's max reduction may not start before row 0's first exponential (below).
+template <int kCols, bool kExactLargeOffsets = false, bool kLazyRescale = false,  // kCols: score tile columns
+          bool kRowAfterRow = false>
 struct OnlineSoftmax {
   static constexpr int kRegs = kCols / 2;
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) running maxima
@@ -42,9 +44,14 @@ struct OnlineSoftmax {
   // Turns scores s into unnormalized probabilities in place; returns per-row factors by which the running
   // output must be rescaled.
   __device__ __forceinline__ void update(float (&s)[kRegs], float scale_log2, float (&rescale)[2]) {
+    float after_row0 = -INFINITY;  // -inf or a NaN, made from row 0's first exponential (kRowAfterRow)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float m = row_max[i];
+      // kRowAfterRow: row 1's max starts from a value that depends on row 0's first exponential (its bits with sign
+      // and exponent set: -inf or a NaN, which fmaxf ignores), so that ptxas cannot hoist row 1's max chain above
+      // row 0's exponentials; it then runs that chain between them, in the issue gaps of the exponential unit, as
+      // FlashAttention-3's SASS does (perf-notes v28). Otherwise ptxas reduces both rows first.
+      float m = (kRowAfterRow && i == 1) ? fmaxf(row_max[1], after_row0) : row_max[i];
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j) {
         m = fmaxf(m, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
@@ -79,6 +86,7 @@ struct OnlineSoftmax {
           }
         }
       }
+      if (kRowAfterRow && i == 0) after_row0 = __uint_as_float(__float_as_uint(s[acc_index(0, 0, 0)]) | 0xff800000u);
       row_sum[i] = row_sum[i] * rescale[i] + sum;
     }
   }

@@ -21,7 +21,7 @@ using kernels::acc_index;
 template <class Cfg>
 struct ConsumerState {
   float o[Cfg::kHeadDim / 2];  // m64 x head_dim fp32 accumulator fragment
-  kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8, Cfg::kLazyRescale> softmax;
+  kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8, Cfg::kLazyRescale, Cfg::kRowAfterRow> softmax;
   float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs
   float o_scale;     // 8-bit inputs: the tile's V descale (O = o_scale * P V / sum)
   float q_scale[2];  // int8 Q K^T: the token scales of the thread's two rows, times p.scale_log2
