@@ -216,11 +216,8 @@ def decode_row(B, Sk, head_dim=128, hq=32, hkv=8, configs=(), fa3=True, cudnn=Tr
     row["flashcore_nosplit_us"] = graph_time_us(
         lambda: lib.forward(params, torch.cuda.current_stream().cuda_stream))
     for config in configs:  # named kernel configs, each with the workspace it asks for
-        config_name = ctypes.c_char_p(config.encode())  # alive until the next config
         cp = _params(q, kc, vc, dense_out)
-        cp.kernel_config = ctypes.cast(config_name, ctypes.c_void_p)
-        ws = torch.zeros(max(lib.workspace_size(cp), 256), dtype=torch.uint8, device="cuda")
-        cp.workspace, cp.workspace_size = ws.data_ptr(), ws.numel()
+        keep = _name_config(lib, cp, config)  # noqa: F841 (alive until the next config)
         dense_out.fill_(float("nan"))
         lib.forward(cp, torch.cuda.current_stream().cuda_stream)
         row[f"cfg {config} max_err"] = (dense_out.float() - ref).abs().max().item()
@@ -467,6 +464,16 @@ def _params(q, k, v, out):
     return _ops.kernel_params(_lib.load(), q, k, v, out, None, False, q.shape[3] ** -0.5)
 
 
+def _name_config(lib, params, config):
+    """Names kernel config `config` in params and gives them the zero-filled workspace it asks for; returns the name
+    buffer and the workspace, which must stay alive while params are used."""
+    name = ctypes.c_char_p(config.encode())
+    params.kernel_config = ctypes.cast(name, ctypes.c_void_p)
+    ws = torch.zeros(max(lib.workspace_size(params), 256), dtype=torch.uint8, device="cuda")
+    params.workspace, params.workspace_size = ws.data_ptr(), ws.numel()
+    return name, ws
+
+
 def _listed_configs(configs, D, causal):
     """Those of `configs` the library lists for bf16 (D, causal)."""
     if not configs:
@@ -483,10 +490,7 @@ def _varlen_config_time(q, k, v, cu, max_len, causal, config, lens):
     out = torch.full_like(q, float("nan"))
     params = _ops.kernel_params(lib, q, k, v, out, None, causal, q.shape[2] ** -0.5, cu_seqlens_q=cu,
                                 cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len)
-    name = ctypes.c_char_p(config.encode())
-    params.kernel_config = ctypes.cast(name, ctypes.c_void_p)
-    ws = torch.zeros(max(lib.workspace_size(params), 256), dtype=torch.uint8, device=q.device)
-    params.workspace, params.workspace_size = ws.data_ptr(), ws.numel()
+    keep = _name_config(lib, params, config)  # noqa: F841 (alive while the call is timed)
 
     def call():
         lib.forward(params, torch.cuda.current_stream().cuda_stream)

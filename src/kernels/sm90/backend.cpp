@@ -86,6 +86,12 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
 }
 
 namespace {
+// Whether row r is compiled for the call's (dtype, out dtype, head dim, mask).
+bool same_key(const KernelRow& r, const flashcore_attention_params& p) {
+  return r.dtype == p.dtype && r.out_dtype == resolved_out_dtype(p.dtype, p.out_dtype) && r.head_dim == p.head_dim &&
+         r.causal == (p.causal != 0);
+}
+
 // The split of a kSplitKv row's launch for these params (split_plan.h).
 SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
   const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
@@ -102,10 +108,8 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   // num_splits = 1 asks for no split; packed (varlen) queries have no split form yet.
   if (p.seqlen_q > 64 || kernels::ceil_div(p.seqlen_k, 128) < 8) return nullptr;
   if (p.num_splits == 1 || p.cu_seqlens_q != nullptr) return nullptr;
-  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   for (const KernelRow* r : kRows) {
-    if (r->shape.schedule == Schedule::kSplitKv && r->dtype == p.dtype && r->out_dtype == out_dtype &&
-        r->head_dim == p.head_dim && r->causal == (p.causal != 0)) {
+    if (r->shape.schedule == Schedule::kSplitKv && same_key(*r, p)) {
       // (Leaving one-part plans to the whole-tile kernel was faster at 32 x 4k only, slower on the three other
       // large rows: perf-notes v12.)
       return plan_for(*r, p, sms).bytes <= workspace_capacity ? r : nullptr;
@@ -116,20 +120,13 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
 
 const KernelRow* varlen_row(const flashcore_attention_params& p) {
   if (p.cu_seqlens_q == nullptr) return nullptr;
-  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   for (const KernelRow* r : kPackedRows) {
-    if (r != nullptr && r->dtype == p.dtype && r->out_dtype == out_dtype && r->head_dim == p.head_dim &&
-        r->causal == (p.causal != 0)) {
-      return r;
-    }
+    if (r != nullptr && same_key(*r, p)) return r;
   }
   // Else the default row where it takes one CTA per tile, or the first such row.
   const KernelRow* first = nullptr;
   for (const KernelRow* r : kRows) {
-    if (r->shape.schedule != Schedule::kOneTilePerCta || r->dtype != p.dtype || r->out_dtype != out_dtype ||
-        r->head_dim != p.head_dim || r->causal != (p.causal != 0)) {
-      continue;
-    }
+    if (r->shape.schedule != Schedule::kOneTilePerCta || !same_key(*r, p)) continue;
     if (r->is_default) return r;
     if (first == nullptr) first = r;
   }
