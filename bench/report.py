@@ -310,11 +310,13 @@ class Runner:
         names = [n for n in ("cudnn", "fa2", "fa3", "flashcore", "flashcore_default", "flashcore_b")
                  if n in self.args.systems and not (n == "fa3" and self.fa3 is None)]
         # --rounds R: the systems take turns R times on the same tensors; a system's median is over all its calls,
-        # so that a clock or temperature drift during the cell falls on every system alike.
+        # so that a clock or temperature drift during the cell falls on every system alike. Odd rounds take the
+        # systems in reverse order: whichever system ran first in every round was measured up to 3% faster on
+        # long compute-bound cells (perf-notes v29).
         all_times: Dict[str, List[float]] = {n: [] for n in names}
         errors: Dict[str, Optional[str]] = {n: None for n in names}
-        for _ in range(max(1, self.args.rounds)):
-            for name in names:
+        for round_idx in range(max(1, self.args.rounds)):
+            for name in (names if round_idx % 2 == 0 else names[::-1]):
                 if errors[name] is not None:
                     continue
                 times, out, err = self.run_system(name, sets, causal, graph)
@@ -1228,7 +1230,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "rotate": not args.no_rotate,
         "method": (f"forward; batch = 16384/S, heads = 2048/D; torch.randn inputs (B,H,S,D), same tensors for all "
                    f"systems; median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls"
-                   f"{f', systems taking turns {args.rounds} times per cell (median over all calls)' if args.rounds > 1 else ''}; "
+                   f"{f', systems taking turns {args.rounds} times per cell, in reverse order every other turn (median over all calls)' if args.rounds > 1 else ''}; "
                    f"{'one buffer set' if args.no_rotate else 'buffer sets rotated, > 2x L2 per cycle'}; "
                    "TFLOPS = 4*B*H*S*S*D/t, halved for causal"),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -39,23 +39,27 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   }
   __syncwarp();
 
-  // The warp's kRowsPerWarp rows x kRowUnits units, 32 lanes: lane-consecutive units of a row go to consecutive
-  // addresses.
+  // The warp's kRowsPerWarp rows in passes of kRowsPerPass rows: lane l copies unit l % kRowUnits of row
+  // l / kRowUnits + kRowsPerPass * u (lane-consecutive units of a row go to consecutive addresses). One global pointer
+  // per lane walks down by kRowsPerPass rows; each pass is a shared load, a compare and a predicated store (the
+  // per-unit row / unit arithmetic and branch cost ~20 instructions per 16-byte store, perf-notes v29).
+  constexpr int kRowsPerPass = 32 / Cfg::kRowUnits;
+  static_assert(32 % Cfg::kRowUnits == 0 && Cfg::kRowsPerWarp % kRowsPerPass == 0, "whole passes of 32 lanes");
+  const int lane_row = lane / Cfg::kRowUnits;
+  const int unit = lane % Cfg::kRowUnits;
   const int64_t warp_row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + tile_row0<Cfg>(warp, 0);
   uint8_t* o_slice = const_cast<uint8_t*>(slice_base<Cfg>(p.o, p.cu_seqlens_q != nullptr ? 0 : tile.batch, tile.head));
   const int64_t o_row_bytes = p.o.seq_stride * Cfg::kOutElemBytes;
-  constexpr int kUnitsPerLane = Cfg::kRowsPerWarp * Cfg::kRowUnits / 32;
+  uint8_t* dst = o_slice + (tile.seq.q_row0 + warp_row0 + lane_row) * o_row_bytes + unit * 16;
+  const int64_t left = tile.seq.seqlen_q - warp_row0 - lane_row;  // this lane's rows still inside the sequence
+  const int rows_left = left < Cfg::kRowsPerWarp ? static_cast<int>(left) : Cfg::kRowsPerWarp;
+  const uint8_t* src = stage + (tile_row0<Cfg>(warp, 0) + lane_row) * Cfg::kRowBytes;
 #pragma unroll
-  for (int u = 0; u < kUnitsPerLane; ++u) {
-    const int c = lane + 32 * u;
-    const int r = c / Cfg::kRowUnits;
-    const int unit = c % Cfg::kRowUnits;
-    const int64_t row = warp_row0 + r;
-    if (row < tile.seq.seqlen_q) {
-      const uint4 v =
-          *reinterpret_cast<const uint4*>(stage + swizzled_offset<Cfg::kRowBytes>(tile_row0<Cfg>(warp, 0) + r, unit));
-      *reinterpret_cast<uint4*>(o_slice + (tile.seq.q_row0 + row) * o_row_bytes + unit * 16) = v;
-    }
+  for (int u = 0; u < Cfg::kRowsPerWarp / kRowsPerPass; ++u) {
+    const int r = kRowsPerPass * u;  // the row's swizzle: tile_row0 is a multiple of 16, so (row % 8) = (lane_row + r) % 8
+    const uint4 v = *reinterpret_cast<const uint4*>(src + r * Cfg::kRowBytes + ((unit ^ ((lane_row + r) & 7)) << 4));
+    if (r < rows_left) *reinterpret_cast<uint4*>(dst) = v;
+    dst += kRowsPerPass * o_row_bytes;
   }
 
   if (p.lse != nullptr && lane % 4 == 0) {
