@@ -1223,6 +1223,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         seqs = [int(x) for x in args.seqlens.split(",")]
     masks = {"both": (False, True), "none": (False,), "causal": (True,)}[args.masks]
     todo = [(dt, D, S, causal) for dt in dtypes for D in head_dims for S in seqs for causal in masks]
+    turns = (f", systems taking turns {args.rounds} times per cell, in reverse order every other turn (median over "
+             "all calls)") if args.rounds > 1 else ""
     meta = {
         "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
         "l2_mib": runner.l2 / 2**20, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -1230,7 +1232,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "rotate": not args.no_rotate,
         "method": (f"forward; batch = 16384/S, heads = 2048/D; torch.randn inputs (B,H,S,D), same tensors for all "
                    f"systems; median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls"
-                   f"{f', systems taking turns {args.rounds} times per cell, in reverse order every other turn (median over all calls)' if args.rounds > 1 else ''}; "
+                   f"{turns}; "
                    f"{'one buffer set' if args.no_rotate else 'buffer sets rotated, > 2x L2 per cycle'}; "
                    "TFLOPS = 4*B*H*S*S*D/t, halved for causal"),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -56,7 +56,8 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   const uint8_t* src = stage + (tile_row0<Cfg>(warp, 0) + lane_row) * Cfg::kRowBytes;
 #pragma unroll
   for (int u = 0; u < Cfg::kRowsPerWarp / kRowsPerPass; ++u) {
-    const int r = kRowsPerPass * u;  // the row's swizzle: tile_row0 is a multiple of 16, so (row % 8) = (lane_row + r) % 8
+    // Row lane_row + r of the warp's rows; tile_row0 is a multiple of 16, so its swizzle key is (lane_row + r) % 8.
+    const int r = kRowsPerPass * u;
     const uint4 v = *reinterpret_cast<const uint4*>(src + r * Cfg::kRowBytes + ((unit ^ ((lane_row + r) & 7)) << 4));
     if (r < rows_left) *reinterpret_cast<uint4*>(dst) = v;
     dst += kRowsPerPass * o_row_bytes;
