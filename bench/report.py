@@ -174,6 +174,9 @@ class Runner:
         self.fc = fc_lib
         self.fc_b = fc_lib_b  # --lib-b: a second FlashCore library, system "flashcore_b" (A/B in one process)
         self.fa3 = fa3_mod
+        # --timing graph: grid and FP8 cells timed as CUDA-graph replays. Eager timing measured FA3's Python call
+        # (165-207 us of host time per call on an H100) instead of its kernel on the short cells (perf-notes v29).
+        self.grid_graph = getattr(args, "timing", "eager") == "graph"
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
         self.SDPBackend = SDPBackend
@@ -271,8 +274,11 @@ class Runner:
             rec["config"] = self.last_config[name]
         return rec
 
-    def run_system(self, name, sets, causal, graph: bool):
-        """Returns (times_ms or None, float copy of the output of set 0 or None, error or None)."""
+    def run_system(self, name, sets, causal, graph: bool, grid: bool = False):
+        """Returns (times_ms or None, float copy of the output of set 0 or None, error or None). graph: each time is
+        one replay of a CUDA graph of calls divided by its calls; grid (--timing graph on the grid and FP8 cells): a
+        graph of --grid-graph-calls calls (at least one per buffer set), replayed until --iters calls have run (at
+        least 3 replays), so that a grid cell costs about as much GPU time as an eager one."""
         torch = self.torch
         try:
             fn, backend = self.build(name, sets, causal)
@@ -283,8 +289,10 @@ class Runner:
                 ref = out0.float() if self.args.verify else None
                 del out0
                 if graph:
-                    calls = max(self.args.graph_calls, len(sets))  # every rotation set inside the graph
-                    times = time_graph(torch, fn, len(sets), self.args.iters, calls)
+                    per_graph = self.args.grid_graph_calls if grid else self.args.graph_calls
+                    calls = max(per_graph, len(sets))  # every rotation set inside the graph
+                    replays = max(3, -(-self.args.iters // calls)) if grid else self.args.iters
+                    times = time_graph(torch, fn, len(sets), replays, calls)
                 else:
                     times = time_calls(torch, fn, len(sets), self.args.iters, self.args.warmup)
             return times, ref, None
@@ -319,7 +327,8 @@ class Runner:
             for name in (names if round_idx % 2 == 0 else names[::-1]):
                 if errors[name] is not None:
                     continue
-                times, out, err = self.run_system(name, sets, causal, graph)
+                times, out, err = self.run_system(name, sets, causal, graph or self.grid_graph,
+                                                  grid=not graph and self.grid_graph)
                 if err is not None:
                     errors[name], all_times[name] = err, []
                     continue
@@ -429,7 +438,7 @@ class Runner:
                 continue
             if name == "fc_e5m2" and not self.e5m2_kernels(D, causal):
                 continue
-            times, out, err = self.run_system(name, sets, causal, graph=False)
+            times, out, err = self.run_system(name, sets, causal, graph=self.grid_graph, grid=self.grid_graph)
             rec = self.system_record(name, times, err, (B, H, S, D, causal))
             if out is not None:
                 rec["finite"] = bool(torch.isfinite(out).all().item())
@@ -1140,6 +1149,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-small", dest="small", action="store_false",
                     help="skip the small-shape CUDA-graph table")
     ap.add_argument("--graph-calls", type=int, default=20, help="calls per CUDA graph (small shapes)")
+    ap.add_argument("--timing", choices=["graph", "eager"], default="graph",
+                    help="grid and FP8 cells: graph (default) times CUDA-graph replays of --grid-graph-calls calls, "
+                         "so that no system's host time per call counts; eager times back-to-back calls with CUDA "
+                         "events (a Python wrapper slower than its kernel is then measured instead of the kernel)")
+    ap.add_argument("--grid-graph-calls", type=int, default=10, help="calls per CUDA graph on grid and FP8 cells")
     ap.add_argument("--no-plots", dest="plots", action="store_false")
     ap.add_argument("--serving", action="store_true",
                     help="after the grid, also measure bench/serving.py's tables in this process (needs its imports: "
@@ -1223,15 +1237,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         seqs = [int(x) for x in args.seqlens.split(",")]
     masks = {"both": (False, True), "none": (False,), "causal": (True,)}[args.masks]
     todo = [(dt, D, S, causal) for dt in dtypes for D in head_dims for S in seqs for causal in masks]
+    timing = (f"CUDA graphs of {args.grid_graph_calls} calls (at least one per buffer set), replayed until "
+              f"{args.iters} calls ran (at least 3 replays), median of the per-call times of the replays"
+              if args.timing == "graph" else
+              f"median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls")
     turns = (f", systems taking turns {args.rounds} times per cell, in reverse order every other turn (median over "
              "all calls)") if args.rounds > 1 else ""
     meta = {
         "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
         "l2_mib": runner.l2 / 2**20, "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "flashcore": fc_version, "python": platform.python_version(),
-        "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "rotate": not args.no_rotate,
+        "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "timing": args.timing,
+        "rotate": not args.no_rotate,
         "method": (f"forward; batch = 16384/S, heads = 2048/D; torch.randn inputs (B,H,S,D), same tensors for all "
-                   f"systems; median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls"
+                   f"systems; {timing}"
                    f"{turns}; "
                    f"{'one buffer set' if args.no_rotate else 'buffer sets rotated, > 2x L2 per cycle'}; "
                    "TFLOPS = 4*B*H*S*S*D/t, halved for causal"),
