@@ -3,18 +3,24 @@
 ../shared/fa3/prefill in .fa3) and cuDNN through SDPA, on the grid's 512-key shapes (bf16, (B, S, H, D) tensors).
 
 For each system: 30 back-to-back calls between CUDA events (eager time per call), the host time those calls took
-(perf_counter), and the time per call of a CUDA graph of 20 calls. Where the host time reaches the eager time, an
-eagerly timed benchmark measures the Python wrapper, not the kernel: this is why bench/report.py times the grid as
-graph replays (--timing graph, perf-notes v29).
+(perf_counter), and the time per call of a CUDA graph of 20 calls (median of 5 replays; bench/report.py's
+time_graph). Where the host time reaches the eager time, an eagerly timed benchmark measures the Python wrapper, not
+the kernel: this is why bench/report.py times the grid as graph replays (--timing graph, perf-notes v29).
 
     PYTHONPATH=.fa3 python3 bench/micro/host_time.py
 """
+import os
+import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from flash_attn_interface import flash_attn_func
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from report import time_graph  # noqa: E402  (bench/report.py's graph timing: the grid's own method)
 
 
 def time_eager(fn, calls=30):
@@ -33,28 +39,6 @@ def time_eager(fn, calls=30):
     return start.elapsed_time(end) / calls * 1e3, (host1 - host0) / calls * 1e6
 
 
-def time_graph(fn, calls=20):
-    """Time per call in us of one replay of a CUDA graph of `calls` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls * 1e3
-
-
 def run(B, H, S, D, causal):
     q, k, v = [torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     flop = 4 * B * H * S * S * D / (2 if causal else 1)
@@ -68,7 +52,7 @@ def run(B, H, S, D, causal):
     with torch.no_grad():
         for name, fn in systems:
             eager, host = time_eager(fn)
-            graph = time_graph(fn)
+            graph = statistics.median(time_graph(torch, lambda i: fn(), 1, 5, 20)) * 1e3  # us, 5 replays of 20
             print(f"{name:6s} B={B} H={H} S={S} D={D} causal={int(causal)}: eager {eager:7.1f} us "
                   f"({flop / eager / 1e6:5.0f} TF), host {host:6.1f} us/call, graph {graph:7.1f} us "
                   f"({flop / graph / 1e6:5.0f} TF)")
