@@ -175,7 +175,7 @@ class Runner:
         self.fc_b = fc_lib_b  # --lib-b: a second FlashCore library, system "flashcore_b" (A/B in one process)
         self.fa3 = fa3_mod
         # --timing graph: grid and FP8 cells timed as CUDA-graph replays. Eager timing measured FA3's Python call
-        # (165-207 us of host time per call on an H100) instead of its kernel on the short cells (perf-notes v29).
+        # (93-207 us of host time per call on an H100) instead of its kernel on the short cells (perf-notes v29).
         self.grid_graph = getattr(args, "timing", "eager") == "graph"
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
