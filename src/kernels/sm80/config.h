@@ -55,6 +55,10 @@ struct KernelConfig {
 
   static constexpr int kRowBytes = kHeadDim * kElemBytes;  // one tile row
   static constexpr int kRowUnits = kRowBytes / 16;         // 16-byte units per row (cp.async, ldmatrix rows)
+  // cp.async copies: threads per tile row (loads.cuh, TileCopy). 8 at head dims 64 and 128 (one or two 128-byte
+  // column groups per thread and row); 16 at head dim 256, where 8 (four 16-byte copies per row back to back) lost
+  // 1-7% on the H100 at 512-4k keys (more MIO-throttle stalls), perf-notes v30.
+  static constexpr int kCopyThreadsPerRow = kHeadDim == 256 ? 16 : 8;
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKVTileBytes = kBlockN * kRowBytes;
   static constexpr int kSmemQOffset = 0;

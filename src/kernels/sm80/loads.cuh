@@ -1,5 +1,5 @@
-// Global -> shared loads with cp.async.cg (16 bytes per instruction, L1 bypassed). Every thread of the CTA
-// copies kUnits 16-byte units of a tile; rows past the end of the sequence are zero-filled (source size 0)
+// Global -> shared loads with cp.async.cg (16 bytes per instruction, L1 bypassed). Every thread of the CTA copies
+// its share of a tile in 16-byte units (TileCopy); rows past the end of the sequence are zero-filled (source size 0)
 // rather than skipped, so a V tail row can never carry NaN into P V (0 * NaN) and a Q tail row computes on
 // zeros. The caller groups the copies (cp_async_commit) and waits for them (cp_async_wait + __syncthreads).
 #pragma once
@@ -29,24 +29,33 @@ struct PagedRows {
 };
 // (Passed as a flag and a reference, never as a maybe-null pointer: that put the struct in local memory.)
 
-// Where this thread's copies of a tile start: its row within a pass and its fixed 16-byte unit of every row.
+// How a tile's rows split over the CTA: T = Cfg::kCopyThreadsPerRow threads per row, thread c of a row copying its
+// logical units c, c + T, c + 2T, ... (kColUnits of them, 16 T bytes apart); a pass of the CTA's threads covers
+// kRowsPerPass = threads / T rows, a multiple of 8, kPasses passes a tile. Because a pass is whole groups of 8 rows
+// and the swizzle (smem.cuh) only permutes a unit within its group of 8, every copy of a thread lands at one shared
+// base plus a compile-time offset, and its source at one row pointer per pass plus a compile-time column offset. (One
+// unit per thread and row, 32 threads a row at head dim 256, took a 64-bit address per copy, ~3 integer instructions
+// each: perf-notes v30.)
+template <class Cfg, int kRows>
+struct TileCopy {
+  static constexpr int kThreadsPerRow = Cfg::kCopyThreadsPerRow;
+  static constexpr int kColUnits = Cfg::kRowUnits / kThreadsPerRow;
+  static constexpr int kRowsPerPass = Cfg::kThreads / kThreadsPerRow;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(Cfg::kRowUnits % kThreadsPerRow == 0 && kThreadsPerRow % 8 == 0 && kRowsPerPass % 8 == 0 &&
+                    kPasses * kRowsPerPass == kRows,
+                "the tile must split into whole passes of whole 8-row groups");
+};
+
+// This thread's row within a pass and its first logical unit of a row.
 template <class Cfg>
 __device__ __forceinline__ int thread_pass_row() {
-  return static_cast<int>(threadIdx.x) / Cfg::kRowUnits;
+  return static_cast<int>(threadIdx.x) / Cfg::kCopyThreadsPerRow;
 }
 template <class Cfg>
 __device__ __forceinline__ int thread_unit() {
-  return static_cast<int>(threadIdx.x) % Cfg::kRowUnits;
+  return static_cast<int>(threadIdx.x) % Cfg::kCopyThreadsPerRow;
 }
-// How kRows rows split over the CTA: every thread copies one fixed 16-byte unit of kRowsPerPass-apart rows, kUnits of
-// them.
-template <class Cfg, int kRows>
-struct TileCopy {
-  static constexpr int kUnits = kRows * Cfg::kRowUnits / Cfg::kThreads;
-  static constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kRowUnits;  // rows one pass of the CTA's threads copies
-  static_assert(kUnits * Cfg::kThreads == kRows * Cfg::kRowUnits && kRowsPerPass * Cfg::kRowUnits == Cfg::kThreads,
-                "the tile must split evenly over the threads, whole rows per pass");
-};
 
 // This thread's first source unit of the tile whose row 0 is row `row0` of `slice` (rows of `row_bytes`).
 template <class Cfg>
@@ -54,20 +63,27 @@ __device__ __forceinline__ const uint8_t* thread_source(const uint8_t* slice, in
   return slice + thread_unit<Cfg>() * 16 + (row0 + thread_pass_row<Cfg>()) * row_bytes;
 }
 
+// The shared address of this thread's first copy of the tile at `dst`; copy (pass i, column group g) is at
+// + i * kRowsPerPass * kRowBytes + g * 16 * kCopyThreadsPerRow.
+template <class Cfg>
+__device__ __forceinline__ uint32_t thread_dest(uint32_t dst) {
+  return dst + swizzled_offset<Cfg::kRowBytes>(thread_pass_row<Cfg>(), thread_unit<Cfg>());
+}
+
 // The checked path of load_tile (also the main loop's K/V tail and paged tiles).
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice, int64_t row_bytes, int64_t row0,
                                              int64_t seqlen, bool is_paged, const PagedRows& paged) {
-  constexpr int kUnits = TileCopy<Cfg, kRows>::kUnits;
-  constexpr int kRowsPerPass = TileCopy<Cfg, kRows>::kRowsPerPass;
+  using Copy = TileCopy<Cfg, kRows>;
+  constexpr int kColBytes = 16 * Copy::kThreadsPerRow;
   const int r0 = thread_pass_row<Cfg>();
-  const int unit = thread_unit<Cfg>();
-  slice += unit * 16;
-  // Not unrolled: unrolled, the compiler keeps every pass's 64-bit source offset in registers across the main loop
-  // (32 of them for a 4-warp head-dim-128 K/V pair), which made the 32-rows-per-warp configs spill.
+  slice += thread_unit<Cfg>() * 16;
+  dst = thread_dest<Cfg>(dst);
+  // Not unrolled: unrolled, the compiler keeps every pass's 64-bit source offset in registers across the main loop,
+  // which made the 32-rows-per-warp configs spill.
 #pragma unroll 1
-  for (int i = 0; i < kUnits; ++i) {
-    const int64_t row = row0 + r0 + i * kRowsPerPass;
+  for (int i = 0; i < Copy::kPasses; ++i) {
+    const int64_t row = row0 + r0 + i * Copy::kRowsPerPass;
     bool valid = row < seqlen;
     int64_t offset = row * row_bytes;
     if (is_paged) {  // keys past the sequence's count may have garbage table entries: not read
@@ -77,36 +93,34 @@ __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice,
       offset = page * paged.page_bytes + kernels::row_in_page(*paged.p, key) * row_bytes;
     }
     // An out-of-range row reads nothing, but its source address must still be a valid one: row 0.
-    cp_async_16(dst + swizzled_offset<Cfg::kRowBytes>(r0 + i * kRowsPerPass, unit), slice + (valid ? offset : 0),
-                valid);
+    const uint8_t* src = slice + (valid ? offset : 0);
+    const uint32_t d = dst + i * Copy::kRowsPerPass * Cfg::kRowBytes;
+#pragma unroll
+    for (int g = 0; g < Copy::kColUnits; ++g) {
+      cp_async_16(d + kColBytes * g, src + kColBytes * g, valid);
+    }
   }
 }
 
-// The dense path: kRows rows wholly inside the sequence, from `src` (thread_source of the tile's row 0), one
-// pointer walked by a fixed row step; when a pass covers whole groups of 8 rows, the shared side is a fixed step too
-// (the swizzle of a thread's rows repeats every 8): a 64-bit add per copy. The main loop keeps `src` of the next K
-// and V tile in a register pair stepped by one tile per load (mainloop.cuh, k_next and v_next): recomputing it from
-// the tile's row cost ~25 integer instructions per K or V tile, a tenth of a head-dim-64 key block's instructions.
+// The dense path: kRows rows wholly inside the sequence, from `src` (thread_source of the tile's row 0), in passes
+// of whole 8-row groups: pass i reads one row pointer, src + i x (a pass's rows), and every shared and column offset
+// is a compile-time constant. The main loop keeps `src` of the next K and V tile in a register pair stepped by one
+// tile per load (mainloop.cuh, k_next and v_next).
+template <class Cfg, int kRows>
+__device__ __forceinline__ void load_rows_pass(uint32_t dst, const uint8_t* src, int64_t row_bytes, int i) {
+  using Copy = TileCopy<Cfg, kRows>;
+  constexpr int kColBytes = 16 * Copy::kThreadsPerRow;
+  dst = thread_dest<Cfg>(dst) + i * Copy::kRowsPerPass * Cfg::kRowBytes;
+  src += i * Copy::kRowsPerPass * row_bytes;
+#pragma unroll
+  for (int g = 0; g < Copy::kColUnits; ++g) {
+    cp_async_16(dst + kColBytes * g, src + kColBytes * g, true);
+  }
+}
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_rows(uint32_t dst, const uint8_t* src, int64_t row_bytes) {
-  constexpr int kUnits = TileCopy<Cfg, kRows>::kUnits;
-  constexpr int kRowsPerPass = TileCopy<Cfg, kRows>::kRowsPerPass;
-  const int r0 = thread_pass_row<Cfg>();
-  const int unit = thread_unit<Cfg>();
-  const int64_t step = kRowsPerPass * row_bytes;
-  // The swizzle of a row depends on row % 8. Passes of 8 rows or more: every pass has the thread's first swizzle.
-  // Fewer (4 rows per pass: 4 warps at head dim 256), with r0 < kRowsPerPass: pass i's row is
-  // r0 + kRowsPerPass * (i % kCycle) + 8 * (i / kCycle), so kCycle shared offsets, each stepped by 8 rows.
-  constexpr int kCycle = kRowsPerPass % 8 == 0 ? 1 : 8 / kRowsPerPass;
-  static_assert(kRowsPerPass % 8 == 0 || 8 % kRowsPerPass == 0, "rows per pass must divide 8 or be a multiple");
-  uint32_t dst0[kCycle];
 #pragma unroll
-  for (int j = 0; j < kCycle; ++j) dst0[j] = dst + swizzled_offset<Cfg::kRowBytes>(r0 + j * kRowsPerPass, unit);
-#pragma unroll
-  for (int i = 0; i < kUnits; ++i, src += step) {
-    const int rows_ahead = kCycle == 1 ? i * kRowsPerPass : 8 * (i / kCycle);
-    cp_async_16(dst0[i % kCycle] + rows_ahead * Cfg::kRowBytes, src, true);
-  }
+  for (int i = 0; i < TileCopy<Cfg, kRows>::kPasses; ++i) load_rows_pass<Cfg, kRows>(dst, src, row_bytes, i);
 }
 
 // Copy rows [row0, row0 + kRows) of a slice (row stride `seq_stride` elements, `seqlen` rows) into the tile at
