@@ -107,20 +107,17 @@ __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice,
 // is a compile-time constant. The main loop keeps `src` of the next K and V tile in a register pair stepped by one
 // tile per load (mainloop.cuh, k_next and v_next).
 template <class Cfg, int kRows>
-__device__ __forceinline__ void load_rows_pass(uint32_t dst, const uint8_t* src, int64_t row_bytes, int i) {
+__device__ __forceinline__ void load_rows(uint32_t dst, const uint8_t* src, int64_t row_bytes) {
   using Copy = TileCopy<Cfg, kRows>;
   constexpr int kColBytes = 16 * Copy::kThreadsPerRow;
-  dst = thread_dest<Cfg>(dst) + i * Copy::kRowsPerPass * Cfg::kRowBytes;
-  src += i * Copy::kRowsPerPass * row_bytes;
+  dst = thread_dest<Cfg>(dst);
 #pragma unroll
-  for (int g = 0; g < Copy::kColUnits; ++g) {
-    cp_async_16(dst + kColBytes * g, src + kColBytes * g, true);
+  for (int i = 0; i < Copy::kPasses; ++i) {
+    const uint32_t d = dst + i * Copy::kRowsPerPass * Cfg::kRowBytes;
+    const uint8_t* row = src + i * Copy::kRowsPerPass * row_bytes;
+#pragma unroll
+    for (int g = 0; g < Copy::kColUnits; ++g) cp_async_16(d + kColBytes * g, row + kColBytes * g, true);
   }
-}
-template <class Cfg, int kRows>
-__device__ __forceinline__ void load_rows(uint32_t dst, const uint8_t* src, int64_t row_bytes) {
-#pragma unroll
-  for (int i = 0; i < TileCopy<Cfg, kRows>::kPasses; ++i) load_rows_pass<Cfg, kRows>(dst, src, row_bytes, i);
 }
 
 // Copy rows [row0, row0 + kRows) of a slice (row stride `seq_stride` elements, `seqlen` rows) into the tile at
