@@ -4,6 +4,7 @@
   ncu --profile-from-start off ... python3 bench/ncu_call.py SYSTEM B,Hq,Hkv,Sq,Sk,D [--causal]
 
 --paged P (flashcore): the same K and V in a paged cache of page P, pages shuffled.
+--config NAME (flashcore): that kernel config (flashcore list-configs) through the C ABI's kernel_config.
 SYSTEM: flashcore, cudnn, fa2 (PyTorch SDPA's FlashAttention-2), fa3 (flash_attn_interface on PYTHONPATH), read (a plain read of K and V: torch sum,
 the streaming reference for decode shapes). Tensors are (B, S, H, D) bf16, the layout of bench/serving.py.
 """
@@ -21,6 +22,7 @@ ap.add_argument("--causal", action="store_true")
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--paged", type=int, default=0, help="flashcore: a paged cache of this page size (decode shapes), "
                 "pages in a random order, through attention_with_kvcache")
+ap.add_argument("--config", default=None, help="flashcore: a named kernel config instead of the library's choice")
 a = ap.parse_args()
 B, Hq, Hkv, Sq, Sk, D = map(int, a.shape.split(","))
 q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16)
@@ -33,6 +35,15 @@ if a.system == "flashcore" and a.paged:
     table, kp, vp = paged_cache(k, v, a.paged)
     lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
     fn = lambda: flashcore.attention_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table, causal=a.causal)
+elif a.system == "flashcore" and a.config:
+    import ctypes
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from flashcore_ctypes import FlashCoreLib
+    fc = FlashCoreLib(os.environ.get("FLASHCORE_LIBRARY"))
+    cname = ctypes.create_string_buffer(a.config.encode())
+    o = torch.empty_like(q)
+    prm = fc.params_for(q, k, v, o, causal=a.causal, bhsd=False, kernel_config=ctypes.addressof(cname))
+    fn = lambda: fc.forward(prm, torch.cuda.current_stream().cuda_stream)
 elif a.system == "flashcore":
     import flashcore
     fn = lambda: flashcore.attention(q, k, v, causal=a.causal)

@@ -141,7 +141,8 @@ TEST(PortableBackend, Deterministic) {
 }
 
 // Default rows with conditions (src/kernels/sm80/configs.txt): at head dim 256, 64x64x1 where two of its CTAs fit on
-// an SM (sm_90 forced) for up to 4k keys non-causal and 8k causal, else 128x64x1 (sm_80/87/90).
+// an SM (sm_90 forced) for up to 4k keys non-causal and 8k causal, else 128x64x1 (sm_80/87/90), split into warp pairs
+// (128x64x1-s2) when non-causal.
 TEST(PortableBackend, Head256DefaultFollowsTheSequenceLengthAndTheDevice) {
   REQUIRE_PORTABLE_GPU();
   const int cc = device_cc();
@@ -154,8 +155,8 @@ TEST(PortableBackend, Head256DefaultFollowsTheSequenceLengthAndTheDevice) {
   for (void*& b : bufs) ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
   const bool two_ctas = cc == 90;  // 2 x 97 KB of 228 KB per SM; sm_80/87 have 164 KB
   const struct { int causal; int64_t seqlen; const char* expected; } cases[] = {
-      {0, 512, two_ctas ? "64x64x1" : "128x64x1"},  {0, 4096, two_ctas ? "64x64x1" : "128x64x1"},
-      {0, 4097, "128x64x1"},                         {0, 16384, "128x64x1"},
+      {0, 512, two_ctas ? "64x64x1" : "128x64x1-s2"},  {0, 4096, two_ctas ? "64x64x1" : "128x64x1-s2"},
+      {0, 4097, "128x64x1-s2"},                         {0, 16384, "128x64x1-s2"},
       {1, 8192, two_ctas ? "64x64x1" : "128x64x1"}, {1, 8193, "128x64x1"},
   };
   for (const auto& c : cases) {

@@ -56,39 +56,63 @@ struct OnlineSoftmax {
       for (int j = 0; j < kCols / 8; ++j) {
         m = fmaxf(m, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
       }
-      m = quad_max(m);
-      // (-inf - -inf is NaN, not above the slack: a row with no key yet stays at -inf)
-      if (kLazyRescale && !((m - row_max[i]) * scale_log2 > kLazySlackLog2)) m = row_max[i];
-      // A row that has seen only masked keys keeps max -inf; use 0 so that exp2(-inf - 0) = 0.
-      const float m_safe = (m == -INFINITY) ? 0.f : m;
-      rescale[i] = exp2_approx((row_max[i] - m_safe) * scale_log2);
-      row_max[i] = m;
-      const float offset = m_safe * scale_log2;
-      float sum = 0.f;
-      if (kExactLargeOffsets && !(fabsf(offset) < 32768.f)) {
+      exponentiate_row(s, i, quad_max(m), scale_log2, rescale);
+      if (kRowAfterRow && i == 0) after_row0 = __uint_as_float(__float_as_uint(s[acc_index(0, 0, 0)]) | 0xff800000u);
+    }
+  }
+
+  // The same in two steps, for rows whose key block is split between threads beyond the quad (the portable split
+  // tiles, sm80/pair.cuh): the block's row maxima of this thread's quad, then, once they are combined with the other
+  // part's, the update with the combined maxima.
+  __device__ __forceinline__ void block_max(const float (&s)[kRegs], float (&m)[2]) const {
 #pragma unroll
-        for (int j = 0; j < kCols / 8; ++j) {
+    for (int i = 0; i < 2; ++i) {
+      float x = -INFINITY;
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[acc_index(j, i, e)];
-            x = exp2_approx((x - m_safe) * scale_log2);
-            sum += x;
-          }
-        }
-      } else {
+      for (int j = 0; j < kCols / 8; ++j) x = fmaxf(x, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
+      m[i] = quad_max(x);
+    }
+  }
+  __device__ __forceinline__ void update_with_max(float (&s)[kRegs], float scale_log2, const float (&m)[2],
+                                                  float (&rescale)[2]) {
 #pragma unroll
-        for (int j = 0; j < kCols / 8; ++j) {
+    for (int i = 0; i < 2; ++i) exponentiate_row(s, i, fmaxf(row_max[i], m[i]), scale_log2, rescale);
+  }
+
+  // Row i with its new running max m (the block's maximum folded into the old one): the rescale factor, P in place
+  // of the scores, and the row sum.
+  __device__ __forceinline__ void exponentiate_row(float (&s)[kRegs], int i, float m, float scale_log2,
+                                                   float (&rescale)[2]) {
+    // (-inf - -inf is NaN, not above the slack: a row with no key yet stays at -inf)
+    if (kLazyRescale && !((m - row_max[i]) * scale_log2 > kLazySlackLog2)) m = row_max[i];
+    // A row that has seen only masked keys keeps max -inf; use 0 so that exp2(-inf - 0) = 0.
+    const float m_safe = (m == -INFINITY) ? 0.f : m;
+    rescale[i] = exp2_approx((row_max[i] - m_safe) * scale_log2);
+    row_max[i] = m;
+    const float offset = m_safe * scale_log2;
+    float sum = 0.f;
+    if (kExactLargeOffsets && !(fabsf(offset) < 32768.f)) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[acc_index(j, i, e)];
-            x = exp2_approx(fmaf(x, scale_log2, -offset));
-            sum += x;
-          }
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[acc_index(j, i, e)];
+          x = exp2_approx((x - m_safe) * scale_log2);
+          sum += x;
         }
       }
-      if (kRowAfterRow && i == 0) after_row0 = __uint_as_float(__float_as_uint(s[acc_index(0, 0, 0)]) | 0xff800000u);
-      row_sum[i] = row_sum[i] * rescale[i] + sum;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[acc_index(j, i, e)];
+          x = exp2_approx(fmaf(x, scale_log2, -offset));
+          sum += x;
+        }
+      }
     }
+    row_sum[i] = row_sum[i] * rescale[i] + sum;
   }
 
   // int8 Q K^T (precision = INT8): s holds s32 dot products as the bit patterns of kInt8Magic + value (int8_bits_

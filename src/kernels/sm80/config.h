@@ -6,12 +6,17 @@
 //     using OutElement = __nv_bfloat16;       // O
 //     static constexpr int kHeadDim = 128;
 //     static constexpr bool kCausal = true;
-//     static constexpr TileShape kShape = {128, 64, 2, 4};  // block_m, block_n, stages, warps
+//     static constexpr TileShape kShape = {128, 64, 2, 4, 1};  // block_m, block_n, stages, warps, split
 //   };
 //
 // Each warp owns kRowsPerWarp = block_m / warps query rows: one or two m16 row tiles (kMTiles). Two row tiles share
 // every K and V fragment a warp loads from shared memory, which halves the ldmatrix traffic per MMA (the
 // FlashAttention-2 layout: 4 warps x 32 rows for head dims 64 and 128).
+// Split tiles (kSplit = 2, pair.cuh): two warps share 32 rows. Each computes S for its half of the key block and
+// O for its half of the head dim; the pair exchanges the block's row maxima and its P fragments through shared memory
+// (two 64-thread barriers per key block). Per MMA a warp then reads a third fewer bytes of shared memory than with
+// 16 rows per warp (K: half the keys for 32 rows, V: half the columns), for head dim 256, whose O accumulators
+// leave no room for 32 rows per warp (perf-notes v31).
 // Shared memory holds the Q tile and a ring of kStages (K tile, V tile) pairs; every tile is rows of kHeadDim
 // elements, stored with the 16-byte-unit XOR swizzle of smem.cuh. No alignment beyond 16 bytes is needed.
 #pragma once
@@ -41,8 +46,11 @@ struct KernelConfig {
 
   static constexpr int kWarps = kShape.warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRowsPerWarp = kBlockM / kWarps;
-  static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 row tiles per warp
+  static constexpr int kSplit = kShape.split;                 // warps per row group
+  static constexpr int kRowsPerWarp = kBlockM * kSplit / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;           // m16 row tiles per warp
+  static constexpr int kWarpKeys = kBlockN / kSplit;          // S columns per warp
+  static constexpr int kWarpDim = kHeadDim / kSplit;          // O columns per warp
   // The lazy rescale (mainloop.cuh, Softmax): measured per head dim on an H200 running this code (perf-notes v19):
   // +2..5% at 128, -2..3% at 64 and -7..8% at 256 (there the branch keeps the rescale FMULs from filling the mma
   // issue gaps), so head dim 128 only.
@@ -67,9 +75,15 @@ struct KernelConfig {
   // Two row tiles with head_dim + block_n >= 192 fill the 255-register budget (O and S accumulators): their row
   // statistics (max and sum of both rows of each tile, 16 bytes per thread and tile) then wait in shared memory between
   // key blocks (mainloop.cuh). Without it these configs spilled on sm_80/86/89.
-  static constexpr bool kSoftmaxInSmem = kMTiles == 2 && kHeadDim + kBlockN >= 192;
+  // Split tiles too: their sm_90 images spilled with the statistics in registers.
+  static constexpr bool kSoftmaxInSmem = kMTiles == 2 && (kWarpDim + kWarpKeys >= 192 || kSplit == 2);
   static constexpr int kSmemSoftmaxOffset = kSmemVOffset + kStages * kKVTileBytes;
-  static constexpr int kSmemBytes = kSmemSoftmaxOffset + (kSoftmaxInSmem ? kMTiles * kThreads * 16 : 0);
+  // Split tiles' exchange area (pair.cuh): per warp, its P fragments (16 bytes per lane, row tile and k-step) and one
+  // 16-byte slot per lane for row maxima and sums.
+  static constexpr int kPairPBytes = kMTiles * (kWarpKeys / 16) * 32 * 16;
+  static constexpr int kPairBytes = kSplit == 2 ? kWarps * (kPairPBytes + 32 * 16) : 0;
+  static constexpr int kSmemPairOffset = kSmemSoftmaxOffset + (kSoftmaxInSmem ? kMTiles * kThreads * 16 : 0);
+  static constexpr int kSmemBytes = kSmemPairOffset + kPairBytes;
 
   // cp.async work per thread: 16-byte units of a Q tile and of a K (or V) tile.
   static constexpr int kQUnitsPerThread = kBlockM * kRowUnits / kThreads;
@@ -78,8 +92,12 @@ struct KernelConfig {
   static_assert(kElemBytes == 2 && kOutElemBytes == 2, "16-bit inputs and outputs only (mma.sync m16n8k16)");
   static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (the swizzle permutes 8 units of 16 B)");
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
-  static_assert(kMTiles * 16 * kWarps == kBlockM && (kMTiles == 1 || kMTiles == 2),
-                "block_m = warps x 16 or warps x 32 rows");
+  static_assert(kSplit == 1 || (kSplit == 2 && kMTiles == 2 && !kOverlap && kWarpKeys % 16 == 0 &&
+                                kWarpDim * kElemBytes % 128 == 0),
+                "split 2: pairs of 32 rows, whole k-steps of keys and whole 128-byte column groups per warp, and "
+                "no 3-stage overlap");
+  static_assert(kMTiles * 16 * kWarps == kBlockM * kSplit && (kMTiles == 1 || kMTiles == 2),
+                "block_m = warps x 16 or warps x 32 rows (split 2: warps / 2 x 32)");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n: a multiple of 16 up to 128");
   static_assert(kStages >= 1 && kStages <= 4, "1 (single K and V buffers) to 4 stages");
   static_assert(kBlockM * kRowUnits % kThreads == 0 && kBlockN * kRowUnits % kThreads == 0,

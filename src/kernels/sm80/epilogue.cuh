@@ -1,6 +1,7 @@
 // Epilogue: normalize O, convert it to the output element type, stage it in the warp's own kRowsPerWarp rows of the Q
-// tile (no other warp reads them, and this warp's last read of Q is behind it), then write whole 16-byte units
-// to global memory, predicated on row < seqlen_q. LSE (natural log, fp32) goes straight from registers.
+// tile (no other warp reads them, and this warp's last read of Q is behind it; split tiles: its own columns of the
+// pair's rows, whose Q the partner last read before the final P exchange), then write whole 16-byte units to global
+// memory, predicated on row < seqlen_q. LSE (natural log, fp32) goes straight from registers.
 #pragma once
 #include <cstdint>
 
@@ -9,6 +10,7 @@
 #include "kernels/sm80/config.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/mainloop.cuh"
+#include "kernels/sm80/pair.cuh"
 #include "kernels/sm80/smem.cuh"
 #include "kernels/sm80/tile.cuh"
 
@@ -23,30 +25,39 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
 
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
   uint8_t* stage = smem + Cfg::kSmemQOffset;
+  // Split tiles: the row sums of both halves' keys; the warp's columns start at unit col0 of a row.
+  const int half = Cfg::kSplit == 2 ? warp & 1 : 0;
+  constexpr int kWarpUnits = Cfg::kWarpDim * Cfg::kOutElemBytes / 16;
+  const int col0 = half * kWarpUnits;
+  if constexpr (Cfg::kSplit == 2) {
+    const PairExchange<Cfg> pair{smem + Cfg::kSmemPairOffset, warp, lane};
+    pair.combine_sums(st.softmax[0].row_sum, st.softmax[1].row_sum);
+  }
 #pragma unroll
   for (int t = 0; t < Cfg::kMTiles; ++t) {
     st.softmax[t].finalize(p.scale_log2, inv_sum[t], lse[t]);
 #pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+    for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = tile_row0<Cfg>(warp, t) + lane / 4 + 8 * i;
         const uint32_t packed = Out::pack2(st.o[t][acc_index(j, i, 0)] * inv_sum[t][i],
                                            st.o[t][acc_index(j, i, 1)] * inv_sum[t][i]);
-        *reinterpret_cast<uint32_t*>(stage + swizzled_offset<Cfg::kRowBytes>(r, j) + 4 * (lane % 4)) = packed;
+        *reinterpret_cast<uint32_t*>(stage + swizzled_offset<Cfg::kRowBytes>(r, col0 + j) + 4 * (lane % 4)) = packed;
       }
     }
   }
   __syncwarp();
 
-  // The warp's kRowsPerWarp rows in passes of kRowsPerPass rows: lane l copies unit l % kRowUnits of row
-  // l / kRowUnits + kRowsPerPass * u (lane-consecutive units of a row go to consecutive addresses). One global pointer
-  // per lane walks down by kRowsPerPass rows; each pass is a shared load, a compare and a predicated store (the
-  // per-unit row / unit arithmetic and branch cost ~20 instructions per 16-byte store, perf-notes v29).
-  constexpr int kRowsPerPass = 32 / Cfg::kRowUnits;
-  static_assert(32 % Cfg::kRowUnits == 0 && Cfg::kRowsPerWarp % kRowsPerPass == 0, "whole passes of 32 lanes");
-  const int lane_row = lane / Cfg::kRowUnits;
-  const int unit = lane % Cfg::kRowUnits;
+  // The warp's kRowsPerWarp rows (its kWarpUnits columns) in passes of kRowsPerPass rows: lane l copies unit
+  // col0 + l % kWarpUnits of row l / kWarpUnits + kRowsPerPass * u (lane-consecutive units of a row go to consecutive
+  // addresses). One global pointer per lane walks down by kRowsPerPass rows; each pass is a shared load, a compare
+  // and a predicated store (the per-unit row / unit arithmetic and branch cost ~20 instructions per 16-byte store,
+  // perf-notes v29).
+  constexpr int kRowsPerPass = 32 / kWarpUnits;
+  static_assert(32 % kWarpUnits == 0 && Cfg::kRowsPerWarp % kRowsPerPass == 0, "whole passes of 32 lanes");
+  const int lane_row = lane / kWarpUnits;
+  const int unit = col0 + lane % kWarpUnits;
   const int64_t warp_row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + tile_row0<Cfg>(warp, 0);
   uint8_t* o_slice = const_cast<uint8_t*>(slice_base<Cfg>(p.o, p.cu_seqlens_q != nullptr ? 0 : tile.batch, tile.head));
   const int64_t o_row_bytes = p.o.seq_stride * Cfg::kOutElemBytes;
@@ -63,7 +74,7 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
     dst += kRowsPerPass * o_row_bytes;
   }
 
-  if (p.lse != nullptr && lane % 4 == 0) {
+  if (p.lse != nullptr && lane % 4 == 0 && half == 0) {
 #pragma unroll
     for (int t = 0; t < Cfg::kMTiles; ++t) {
 #pragma unroll

@@ -1,7 +1,8 @@
 // The portable forward kernel (sm_80 and newer: mma.sync + cp.async + ldmatrix): one CTA per tile of kBlockM
-// query rows, 4 or 8 warps of 16 or 32 rows each. Each role is one file: tile.cuh (which tile), loads.cuh (cp.async
-// copies), mainloop.cuh (the key-block loop and softmax), gemm.cuh (its mma.sync GEMMs), epilogue.cuh (stores),
-// smem.cuh (the swizzled layout), ptx.cuh (the instructions). Included by the generated instantiation units only
+// query rows, 4 or 8 warps of 16 or 32 rows each (split tiles: warp pairs of 32). Each role is one file: tile.cuh
+// (which tile), loads.cuh (cp.async copies), mainloop.cuh (the key-block loop and softmax), gemm.cuh (its mma.sync
+// GEMMs), pair.cuh (a split tile's exchanges between the warps of a pair), epilogue.cuh (stores), smem.cuh (the
+// swizzled layout), ptx.cuh (the instructions). Included by the generated instantiation units only
 // (sources.cmake); host code sees kernel_row.h.
 #pragma once
 #include <cuda_runtime.h>

@@ -3,7 +3,9 @@
 // last to first: S = Q K^T with mma.sync m16n8k16 (Q from registers or shared memory, K by ldmatrix), masking
 // where the block needs it, the online softmax of kernels/common in registers, then O += P V with P converted
 // in registers to A fragments and V by ldmatrix.trans (gemm.cuh). K/V tiles arrive through a kStages-deep cp.async
-// ring; with three stages, P V of a key block runs interleaved with S of the next (gemm_pv_qk).
+// ring; with three stages, P V of a key block runs interleaved with S of the next (gemm_pv_qk). Split tiles (config.h,
+// kSplit 2) compute S for their half of each block's keys and O for their half of the head dim, with the row maxima
+// and P exchanged between the two warps of a pair (pair.cuh).
 #pragma once
 #include <cstdint>
 
@@ -15,6 +17,7 @@
 #include "kernels/sm80/gemm.cuh"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/loads.cuh"
+#include "kernels/sm80/pair.cuh"
 #include "kernels/sm80/ptx.cuh"
 #include "kernels/sm80/smem.cuh"
 #include "kernels/sm80/tile.cuh"
@@ -27,12 +30,12 @@ using kernels::acc_index;
 // row max of a warp alone and the warp skips the O rescale, at kBlockN 64 as many FMULs per block as the block has
 // exponentials at head dim 128 (perf-notes v19).
 template <class Cfg>
-using Softmax = kernels::OnlineSoftmax<Cfg::kBlockN, false, Cfg::kLazyRescale>;
+using Softmax = kernels::OnlineSoftmax<Cfg::kWarpKeys, false, Cfg::kLazyRescale>;
 
 // What a warp carries from the main loop into the epilogue, per row tile t (rows warp * kRowsPerWarp + 16 t ..).
 template <class Cfg>
 struct WarpState {
-  float o[Cfg::kMTiles][Cfg::kHeadDim / 2];  // 16 x head_dim fp32 accumulators: kHeadDim / 8 tiles of m16n8
+  float o[Cfg::kMTiles][Cfg::kWarpDim / 2];  // 16 x kWarpDim fp32 accumulators: kWarpDim / 8 tiles of m16n8
   Softmax<Cfg> softmax[Cfg::kMTiles];
 };
 
@@ -71,7 +74,7 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
 #pragma unroll
   for (int t = 0; t < Cfg::kMTiles; ++t) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kHeadDim / 2; ++i) st.o[t][i] = 0.f;
+    for (int i = 0; i < Cfg::kWarpDim / 2; ++i) st.o[t][i] = 0.f;
   }
   if (tile.keys.count() == 0) return;
 
@@ -157,9 +160,25 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
 
   // This thread's first row of row tile 0 (its second is row0 + 8; tile t adds 16 t) within the sequence.
   const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + tile_row0<Cfg>(warp, 0) + lane / 4;
-  float s[Cfg::kMTiles][Cfg::kBlockN / 2];
-  uint32_t pa[Cfg::kMTiles][Cfg::kBlockN / 16][4];
+  float s[Cfg::kMTiles][Cfg::kWarpKeys / 2];
+  uint32_t pa[Cfg::kMTiles][Cfg::kWarpKeys / 16][4];
   float rescale[2];
+  // Split tiles (pair.cuh): this warp's keys of each block and columns of O.
+  const int half = Cfg::kSplit == 2 ? warp & 1 : 0;
+  const uint32_t k_part = half * Cfg::kWarpKeys * Cfg::kRowBytes;
+  const uint32_t v_cols = half * Cfg::kWarpDim * Cfg::kElemBytes;
+  [[maybe_unused]] const PairExchange<Cfg> pair{smem + Cfg::kSmemPairOffset, warp, lane};
+  auto qk = [&](int stage) { gemm_qk<Cfg>(s, q, k_tile(stage) + k_part, lane); };
+  // O += P V: split tiles take their own keys' P first, then the partner's.
+  auto pv = [&](int stage) {
+    if constexpr (Cfg::kSplit == 2) {
+      gemm_pv<Cfg>(st.o, pa, v_tile(stage) + k_part + v_cols, lane);
+      gemm_pv_frags<Cfg>(st.o, [&](int kk, uint32_t(&a)[Cfg::kMTiles][4]) { pair.partner_p(kk, a); },
+                         v_tile(stage) + (Cfg::kWarpKeys * Cfg::kRowBytes - k_part) + v_cols, lane);
+    } else {
+      gemm_pv<Cfg>(st.o, pa, v_tile(stage), lane);
+    }
+  };
   const SoftmaxStats<Cfg> stats{smem + Cfg::kSmemSoftmaxOffset};
   if constexpr (Cfg::kSoftmaxInSmem) {
 #pragma unroll
@@ -169,19 +188,37 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   auto softmax_to_p = [&](int n_block) {
     const bool masked =
         kernels::block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(tile.seq, n_block, tile.m_block);
+    // This thread's first key of the block (split tiles: in the warp's half).
+    const int64_t col0 = static_cast<int64_t>(n_block) * Cfg::kBlockN + half * Cfg::kWarpKeys + 2 * (lane % 4);
+    if constexpr (Cfg::kSplit == 2) {
+      float m[Cfg::kMTiles][2];
 #pragma unroll
-    for (int t = 0; t < Cfg::kMTiles; ++t) {
-      if (masked) {
-        kernels::apply_mask<Cfg::kBlockN, Cfg::kCausal>(
-            s[t], tile.seq, row0 + 16 * t, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
+      for (int t = 0; t < Cfg::kMTiles; ++t) {
+        if (masked) kernels::apply_mask<Cfg::kWarpKeys, Cfg::kCausal>(s[t], tile.seq, row0 + 16 * t, col0);
+        st.softmax[t].block_max(s[t], m[t]);
       }
-      if constexpr (Cfg::kSoftmaxInSmem) stats.load(st.softmax[t], t);
-      st.softmax[t].update(s[t], p.scale_log2, rescale);
-      if constexpr (Cfg::kSoftmaxInSmem) stats.store(st.softmax[t], t);
-      if (!Cfg::kLazyRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
-        kernels::rescale_rows<Cfg::kHeadDim>(st.o[t], rescale);
+      pair.combine_max(m);
+#pragma unroll
+      for (int t = 0; t < Cfg::kMTiles; ++t) {
+        if constexpr (Cfg::kSoftmaxInSmem) stats.load(st.softmax[t], t);
+        st.softmax[t].update_with_max(s[t], p.scale_log2, m[t], rescale);
+        if constexpr (Cfg::kSoftmaxInSmem) stats.store(st.softmax[t], t);
+        kernels::rescale_rows<Cfg::kWarpDim>(st.o[t], rescale);
+        convert_p<Cfg>(s[t], pa[t]);
       }
-      convert_p<Cfg>(s[t], pa[t]);
+      pair.publish_p(pa);
+    } else {
+#pragma unroll
+      for (int t = 0; t < Cfg::kMTiles; ++t) {
+        if (masked) kernels::apply_mask<Cfg::kWarpKeys, Cfg::kCausal>(s[t], tile.seq, row0 + 16 * t, col0);
+        if constexpr (Cfg::kSoftmaxInSmem) stats.load(st.softmax[t], t);
+        st.softmax[t].update(s[t], p.scale_log2, rescale);
+        if constexpr (Cfg::kSoftmaxInSmem) stats.store(st.softmax[t], t);
+        if (!Cfg::kLazyRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
+          kernels::rescale_rows<Cfg::kWarpDim>(st.o[t], rescale);
+        }
+        convert_p<Cfg>(s[t], pa[t]);
+      }
     }
   };
 
@@ -199,13 +236,13 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
         load_v(n_block, 0);
         cp_async_commit();
       }
-      gemm_qk<Cfg>(s, q, k_tile(0), lane);
+      qk(0);
       cp_async_wait<0>();
       __syncthreads();  // V_j has landed; every warp is done with K_j
       if (n_block > tile.keys.begin) load_k(n_block - 1, 0);
       cp_async_commit();
       softmax_to_p(n_block);
-      gemm_pv<Cfg>(st.o, pa, v_tile(0), lane);
+      pv(0);
     }
     cp_async_wait<0>();  // (the last commit is an empty group)
   } else if constexpr (Cfg::kOverlap) {
@@ -244,13 +281,13 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
       const int ahead = n_block - (Cfg::kStages - 1);
       if (ahead >= tile.keys.begin) load_kv(ahead, stage == 0 ? Cfg::kStages - 1 : stage - 1);
       cp_async_commit();
-      gemm_qk<Cfg>(s, q, k_tile(stage), lane);
+      qk(stage);
       softmax_to_p(n_block);
       if (first) {
         cp_async_wait<Cfg::kStages - 1>();  // the first V (the groups of the blocks ahead may still be in flight)
         __syncthreads();
       }
-      gemm_pv<Cfg>(st.o, pa, v_tile(stage), lane);
+      pv(stage);
       stage = stage == Cfg::kStages - 1 ? 0 : stage + 1;
     }
   }
