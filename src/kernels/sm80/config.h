@@ -14,9 +14,10 @@
 // FlashAttention-2 layout: 4 warps x 32 rows for head dims 64 and 128).
 // Split tiles (kSplit = 2, pair.cuh): two warps share 32 rows. Each computes S for its half of the key block and
 // O for its half of the head dim; the pair exchanges the block's row maxima and its P fragments through shared memory
-// (two 64-thread barriers per key block). Per MMA a warp then reads a third fewer bytes of shared memory than with
-// 16 rows per warp (K: half the keys for 32 rows, V: half the columns), for head dim 256, whose O accumulators
-// leave no room for 32 rows per warp (perf-notes v31).
+// (two 64-thread barriers per key block). Made for head dim 256, whose O accumulators leave no room for 32 rows per
+// warp: per MMA a warp reads about a third fewer bytes of shared memory than with 16 rows per warp (K: half the keys
+// for 32 rows, V: half the columns; Nsight Compute: 21% fewer wavefronts). That bought speed only in the 8-warp
+// 128 x 64 tile (perf-notes v31).
 // Shared memory holds the Q tile and a ring of kStages (K tile, V tile) pairs; every tile is rows of kHeadDim
 // elements, stored with the 16-byte-unit XOR swizzle of smem.cuh. No alignment beyond 16 bytes is needed.
 #pragma once

@@ -24,7 +24,6 @@ struct PairExchange {  // (declared by every main loop, used by split tiles only
   uint8_t* area;                                       // smem + Cfg::kSmemPairOffset
   int warp, lane;
 
-  __device__ __forceinline__ int half() const { return warp & 1; }
   // Named barrier 1 + pair (0 is __syncthreads) over the pair's 64 threads.
   __device__ __forceinline__ void sync() const { kernels::named_barrier_sync(1 + warp / 2, 64); }
   __device__ __forceinline__ float4* stat_slot(int w) const {
