@@ -51,11 +51,7 @@ struct OnlineSoftmax {
       // and exponent set: -inf or a NaN, which fmaxf ignores), so that ptxas cannot hoist row 1's max chain above
       // row 0's exponentials; it then runs that chain between them, in the issue gaps of the exponential unit, as
       // FlashAttention-3's SASS does (perf-notes v28). Otherwise ptxas reduces both rows first.
-      float m = (kRowAfterRow && i == 1) ? fmaxf(row_max[1], after_row0) : row_max[i];
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
-        m = fmaxf(m, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
-      }
+      const float m = fold_max(s, i, (kRowAfterRow && i == 1) ? fmaxf(row_max[1], after_row0) : row_max[i]);
       exponentiate_row(s, i, quad_max(m), scale_log2, rescale);
       if (kRowAfterRow && i == 0) after_row0 = __uint_as_float(__float_as_uint(s[acc_index(0, 0, 0)]) | 0xff800000u);
     }
@@ -66,17 +62,19 @@ struct OnlineSoftmax {
   // part's, the update with the combined maxima.
   __device__ __forceinline__ void block_max(const float (&s)[kRegs], float (&m)[2]) const {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float x = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) x = fmaxf(x, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
-      m[i] = quad_max(x);
-    }
+    for (int i = 0; i < 2; ++i) m[i] = quad_max(fold_max(s, i, -INFINITY));
   }
   __device__ __forceinline__ void update_with_max(float (&s)[kRegs], float scale_log2, const float (&m)[2],
                                                   float (&rescale)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) exponentiate_row(s, i, fmaxf(row_max[i], m[i]), scale_log2, rescale);
+  }
+
+  // m folded with this thread's scores of row i (fmaxf: a NaN score is left out).
+  __device__ __forceinline__ static float fold_max(const float (&s)[kRegs], int i, float m) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) m = fmaxf(m, fmaxf(s[acc_index(j, i, 0)], s[acc_index(j, i, 1)]));
+    return m;
   }
 
   // Row i with its new running max m (the block's maximum folded into the old one): the rescale factor, P in place

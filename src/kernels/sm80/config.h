@@ -81,14 +81,13 @@ struct KernelConfig {
   static constexpr int kSmemSoftmaxOffset = kSmemVOffset + kStages * kKVTileBytes;
   // Split tiles' exchange area (pair.cuh): per warp, its P fragments (16 bytes per lane, row tile and k-step) and one
   // 16-byte slot per lane for row maxima and sums.
+  static constexpr int kPairStatBytes = 32 * 16;
   static constexpr int kPairPBytes = kMTiles * (kWarpKeys / 16) * 32 * 16;
-  static constexpr int kPairBytes = kSplit == 2 ? kWarps * (kPairPBytes + 32 * 16) : 0;
+  static constexpr int kPairWarpBytes = kPairStatBytes + kPairPBytes;  // one warp's slots: statistics, then P
+  static constexpr int kPairBytes = kSplit == 2 ? kWarps * kPairWarpBytes : 0;
   static constexpr int kSmemPairOffset = kSmemSoftmaxOffset + (kSoftmaxInSmem ? kMTiles * kThreads * 16 : 0);
   static constexpr int kSmemBytes = kSmemPairOffset + kPairBytes;
 
-  // cp.async work per thread: 16-byte units of a Q tile and of a K (or V) tile.
-  static constexpr int kQUnitsPerThread = kBlockM * kRowUnits / kThreads;
-  static constexpr int kKVUnitsPerThread = kBlockN * kRowUnits / kThreads;
 
   static_assert(kElemBytes == 2 && kOutElemBytes == 2, "16-bit inputs and outputs only (mma.sync m16n8k16)");
   static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (the swizzle permutes 8 units of 16 B)");

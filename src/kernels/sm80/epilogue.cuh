@@ -26,7 +26,7 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
   uint8_t* stage = smem + Cfg::kSmemQOffset;
   // Split tiles: the row sums of both halves' keys; the warp's columns start at unit col0 of a row.
-  const int half = Cfg::kSplit == 2 ? warp & 1 : 0;
+  const int half = warp_half<Cfg>(warp);
   constexpr int kWarpUnits = Cfg::kWarpDim * Cfg::kOutElemBytes / 16;
   const int col0 = half * kWarpUnits;
   if constexpr (Cfg::kSplit == 2) {

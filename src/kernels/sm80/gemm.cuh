@@ -21,6 +21,12 @@ __device__ __forceinline__ int tile_row0(int warp, int t) {
   return warp / Cfg::kSplit * Cfg::kRowsPerWarp + 16 * t;
 }
 
+// Which half of its pair the warp is (split tiles: its keys of S and columns of O); 0 without split.
+template <class Cfg>
+__device__ __forceinline__ int warp_half(int warp) {
+  return Cfg::kSplit == 2 ? warp & 1 : 0;
+}
+
 // ldmatrix x4 of the A fragment (16 rows x 16 columns, k-step kk) of 16 Q rows from `row_base`: matrix m = lane / 8
 // covers rows 8 * (m % 2) .. +7 and the 16-byte unit 2 * kk + m / 2, which is a[0..3] of mma.sync's A layout.
 template <class Cfg>
@@ -198,7 +204,6 @@ __device__ __forceinline__ void gemm_pv_qk(float (&o)[Cfg::kMTiles][Cfg::kWarpDi
                                            const uint32_t (&pa)[Cfg::kMTiles][Cfg::kWarpKeys / 16][4], uint32_t v_tile,
                                            float (&s)[Cfg::kMTiles][Cfg::kWarpKeys / 2], const QOperand<Cfg>& q,
                                            uint32_t k_tile, int lane) {
-  static_assert(Cfg::kSplit == 1, "the overlapped GEMMs are for whole tiles per warp");
   constexpr int kPvSteps = Cfg::kBlockN / 16, kQkSteps = Cfg::kHeadDim / 16;
   zero_scores<Cfg>(s);
   const KLane kl(lane);

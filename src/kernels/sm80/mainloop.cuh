@@ -164,7 +164,7 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   uint32_t pa[Cfg::kMTiles][Cfg::kWarpKeys / 16][4];
   float rescale[2];
   // Split tiles (pair.cuh): this warp's keys of each block and columns of O.
-  const int half = Cfg::kSplit == 2 ? warp & 1 : 0;
+  const int half = warp_half<Cfg>(warp);
   const uint32_t k_part = half * Cfg::kWarpKeys * Cfg::kRowBytes;
   const uint32_t v_cols = half * Cfg::kWarpDim * Cfg::kElemBytes;
   [[maybe_unused]] const PairExchange<Cfg> pair{smem + Cfg::kSmemPairOffset, warp, lane};

@@ -27,10 +27,11 @@ struct PairExchange {  // (declared by every main loop, used by split tiles only
   // Named barrier 1 + pair (0 is __syncthreads) over the pair's 64 threads.
   __device__ __forceinline__ void sync() const { kernels::named_barrier_sync(1 + warp / 2, 64); }
   __device__ __forceinline__ float4* stat_slot(int w) const {
-    return reinterpret_cast<float4*>(area + w * (Cfg::kPairPBytes + 512)) + lane;
+    return reinterpret_cast<float4*>(area + w * Cfg::kPairWarpBytes) + lane;
   }
   __device__ __forceinline__ uint4* p_slot(int w, int t, int kk) const {
-    return reinterpret_cast<uint4*>(area + w * (Cfg::kPairPBytes + 512) + 512) + (t * kPSteps + kk) * 32 + lane;
+    return reinterpret_cast<uint4*>(area + w * Cfg::kPairWarpBytes + Cfg::kPairStatBytes) + (t * kPSteps + kk) * 32 +
+           lane;
   }
 
   // m[t][i]: this half's block maxima of row i of row tile t (quad-reduced); returns the pair's.
