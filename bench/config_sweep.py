@@ -12,9 +12,13 @@ drift does not favour whoever runs first.
     FLASHCORE_BACKEND=sm80 python3 bench/config_sweep.py --baseline fa2 --out sweep.md   # the portable backend
     python3 bench/config_sweep.py --head-dims 128 --seqlens 4096,8192 --baseline cudnn
     python3 bench/config_sweep.py --precision int8 --baseline default --causal 0   # the int8 Q K^T rows
+    PYTHONPATH=../shared/fa3/prefill python3 bench/config_sweep.py --precision e4m3 --baseline fa3   # vs FA3's FP8
 
 --precision fp8 / int8: the 16-bit inputs go through the library's quantization (timed with the call, the same for
 every config) and the rows listed under the e4m3 / int8 key run by name; the baseline is then the library's default.
+--precision e4m3: the inputs are quantized once, before timing (per (batch, KV head), flashcore.quantize_fp8, as
+bench/report.py --fp8 does), and the e4m3 rows run on them (bshd layout, bf16 O); the baseline is the library's
+default or FA3's FP8 (--baseline fa3: flash_attn_interface on the same e4m3 tensors and descales).
 
 Writes a markdown table (TFLOPS per config and the baseline, the best config's ratio) and a JSON file beside it.
 """
@@ -40,9 +44,11 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--causal", choices=["0", "1", "both"], default="both")
-    ap.add_argument("--baseline", choices=["fa2", "cudnn", "default"], default="fa2")
-    ap.add_argument("--precision", choices=["native", "fp8", "int8"], default="native",
-                    help="fp8 / int8: the library quantizes the inputs and runs its 8-bit rows (baseline: default)")
+    ap.add_argument("--baseline", choices=["fa2", "cudnn", "default", "fa3"], default="fa2",
+                    help="fa3: FA3's FP8 (with --precision e4m3 only)")
+    ap.add_argument("--precision", choices=["native", "fp8", "int8", "e4m3"], default="native",
+                    help="fp8 / int8: the library quantizes the inputs and runs its 8-bit rows (baseline: default); "
+                         "e4m3: inputs quantized before timing, the e4m3 rows (baseline: default or fa3)")
     ap.add_argument("--configs", default="", help="comma-separated config names (default: all the library lists)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -61,10 +67,20 @@ def main(argv=None) -> int:
     fc = FlashCoreLib(args.lib)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     lib_dtype = {"bf16": DTYPE_BF16, "fp16": DTYPE_FP16}[args.dtype]
-    precision = {"native": PRECISION_NATIVE, "fp8": PRECISION_FP8, "int8": PRECISION_INT8}[args.precision]
-    key_dtype = {"native": lib_dtype, "fp8": DTYPE_FP8_E4M3, "int8": DTYPE_INT8}[args.precision]  # the rows' key
-    if args.precision != "native" and args.baseline != "default":
+    e4m3 = args.precision == "e4m3"
+    precision = {"native": PRECISION_NATIVE, "fp8": PRECISION_FP8, "int8": PRECISION_INT8,
+                 "e4m3": PRECISION_NATIVE}[args.precision]
+    key_dtype = {"native": lib_dtype, "fp8": DTYPE_FP8_E4M3, "int8": DTYPE_INT8,
+                 "e4m3": DTYPE_FP8_E4M3}[args.precision]  # the rows' key
+    if args.precision in ("fp8", "int8") and args.baseline != "default":
         ap.error("--precision fp8 / int8 compares the library's own rows: use --baseline default")
+    if (args.baseline == "fa3" and not e4m3) or (e4m3 and args.baseline not in ("default", "fa3")):
+        ap.error("--baseline fa3 goes with --precision e4m3, whose baseline is default or fa3")
+    fa3 = None
+    if args.baseline == "fa3":
+        import flash_attn_interface as fa3  # ../shared/fa3/prefill on PYTHONPATH
+    if e4m3:
+        from flashcore import quantize_fp8
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 50 * 2**20)
     causals = [False, True] if args.causal == "both" else [args.causal == "1"]
     wanted = [c for c in args.configs.split(",") if c]
@@ -79,8 +95,17 @@ def main(argv=None) -> int:
                 nsets = (2 * l2) // (4 * B * H * S * D * 2) + 1
                 gen = torch.Generator(device="cuda")
                 gen.manual_seed(1234 + S + D)
-                sets = [tuple(torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-                        for _ in range(nsets)]
+                descales = []
+                if e4m3:  # bshd e4m3 Q, K, V and their (batch, KV head) descales; O is bf16 (B, S, H, D)
+                    sets = []
+                    for _ in range(nsets):
+                        quantized = [quantize_fp8(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16,
+                                                              generator=gen)) for _ in range(3)]
+                        sets.append(tuple(x for x, _ in quantized))
+                        descales.append(tuple(d for _, d in quantized))
+                else:
+                    sets = [tuple(torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen)
+                                  for _ in range(3)) for _ in range(nsets)]
                 systems = {}
                 if args.baseline in ("fa2", "cudnn"):
                     be = SDPBackend.FLASH_ATTENTION if args.baseline == "fa2" else SDPBackend.CUDNN_ATTENTION
@@ -89,14 +114,26 @@ def main(argv=None) -> int:
                         with sdpa_kernel([be]):
                             return F.scaled_dot_product_attention(*sets[i], is_causal=causal)
                     systems[args.baseline] = sdpa
+                if args.baseline == "fa3":
+                    def fa3_fp8(i):
+                        (q8, k8, v8), (qd, kd, vd) = sets[i], descales[i]
+                        out = fa3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+                        return out[0] if isinstance(out, tuple) else out
+                    systems["fa3"] = fa3_fp8
                 keep = []  # params point at these buffers
                 for name in ([None] if args.baseline == "default" else []) + configs:
                     plist, outs = [], []
                     cname = ctypes.create_string_buffer(name.encode()) if name else None
-                    for q, k, v in sets:
-                        o = torch.full_like(q, float("nan"))
-                        prm = fc.params_for(q, k, v, o, causal=causal, bhsd=True, precision=precision,
-                                            kernel_config=ctypes.addressof(cname) if cname is not None else 0)
+                    for i, (q, k, v) in enumerate(sets):
+                        cfg = ctypes.addressof(cname) if cname is not None else 0
+                        if e4m3:
+                            o = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+                            prm = fc.params_for(q, k, v, o, causal=causal, bhsd=False, descales=descales[i],
+                                                kernel_config=cfg)
+                        else:
+                            o = torch.full_like(q, float("nan"))
+                            prm = fc.params_for(q, k, v, o, causal=causal, bhsd=True, precision=precision,
+                                                kernel_config=cfg)
                         plist.append(prm)
                         outs.append(o)
                     keep.append((cname, plist, outs))

@@ -79,13 +79,15 @@ class FlashCoreLib:
 
     def params_for(self, q, k, v, o, lse=None, causal: bool = False, bhsd: bool = True,
                    softmax_scale: float = 0.0, descales=(None, None, None),
-                   precision: int = PRECISION_NATIVE, kernel_config: int = 0) -> AttentionParams:
+                   precision: int = PRECISION_NATIVE, kernel_config: int = 0,
+                   v_transposed: bool = False) -> AttentionParams:
         """Validated params for torch tensors q, k, v, o indexed (B, H, S, D) when bhsd, else (B, S, H, D).
 
         8-bit: q, k, v float8_e4m3fn with descales (q, k, v: each None or a contiguous float32 (B, Hkv) tensor), or
         16-bit q, k, v with precision=PRECISION_FP8. O's dtype is o's (out_dtype is set when it differs from q's).
         kernel_config: the address of a NUL-terminated config name (kept alive by the caller), or 0: the library's
-        choice; the workspace is sized for that config."""
+        choice; the workspace is sized for that config. v_transposed (8-bit): V is transposed once, here, into a
+        buffer kept alive with the workspace, and the params read it with FLAG_V_TRANSPOSED (no transpose per call)."""
         import torch  # only needed here
 
         dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16, torch.float8_e4m3fn: DTYPE_FP8_E4M3,
@@ -121,6 +123,12 @@ class FlashCoreLib:
         # The workspace the call needs (a tuned config may use the dynamic scheduler; an 8-bit call transposes V into
         # it): zero-filled, kept alive here. workspace_size validates the params like forward; validate then checks
         # them with the workspace in place.
+        if v_transposed:
+            vt = torch.empty(self.library.fp8_transposed_v_size(params), dtype=torch.uint8, device=q.device)
+            self.library.fp8_transpose_v(params, vt.data_ptr(), torch.cuda.current_stream().cuda_stream)
+            self._workspaces.append(vt)
+            params.v = vt.data_ptr()
+            params.flags |= _lib.FLAG_V_TRANSPOSED
         size = self.library.workspace_size(params)
         if size:
             buf = torch.zeros(size, dtype=torch.uint8, device=q.device)

@@ -58,9 +58,10 @@ SERVING_LABELS = {"flashcore": "FlashCore", "flashcore_nosplit": "FlashCore no s
                   "cudnn_dense": "cuDNN dense"}
 # --fp8: the 8-bit systems, measured on the grid's shapes (bshd inputs, quantized per (batch, KV head)).
 # fc_int8: precision="int8" (the high-accuracy mode); fc_e5m2: e5m2 inputs (the bf16 tensors over the e4m3 descales)
-FP8_SYSTEMS = ("fc_e4m3", "fc_fp8", "fa3_fp8", "fc_int8", "fc_e5m2")
+# fc_e4m3_vt: the e4m3 tensors with V transposed once before timing (FLASHCORE_FLAG_V_TRANSPOSED: no pass per call)
+FP8_SYSTEMS = ("fc_e4m3", "fc_fp8", "fa3_fp8", "fc_int8", "fc_e5m2", "fc_e4m3_vt")
 FP8_LABELS = {"fc_e4m3": "FlashCore e4m3", "fc_fp8": "FlashCore precision=fp8 (bf16 in)", "fa3_fp8": "FA3 FP8",
-              "fc_e5m2": "FlashCore e5m2",
+              "fc_e5m2": "FlashCore e5m2", "fc_e4m3_vt": "FlashCore e4m3, V transposed once",
               "fc_int8": "FlashCore precision=int8 (bf16 in)",
               "sdpa_bf16": "bf16 SDPA (no quantization)"}
 FP8_ACC_S = 8192  # the accuracy table: seqlen 8k, batch = 16384 / 8k, heads = 2048 / D, no mask
@@ -403,9 +404,9 @@ class Runner:
             o = torch.full_like(q, float("nan"))  # poisoned, as in the grid
             B, S, H, _ = q.shape
             lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-            if name in ("fc_e4m3", "fc_e5m2"):
-                params.append(self.fc.params_for(*st[name[3:]], o, lse=lse, causal=causal, bhsd=False,
-                                                 descales=st["descale"]))
+            if name in ("fc_e4m3", "fc_e5m2", "fc_e4m3_vt"):
+                params.append(self.fc.params_for(*st[name[3:7]], o, lse=lse, causal=causal, bhsd=False,
+                                                 descales=st["descale"], v_transposed=name == "fc_e4m3_vt"))
             else:  # fc_fp8 / fc_int8: the bf16 tensors, quantized by the library inside the call (timed)
                 params.append(self.fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=False,
                                                  precision=PRECISION_INT8 if name == "fc_int8" else PRECISION_FP8))
@@ -438,6 +439,8 @@ class Runner:
                 continue
             if name == "fc_e5m2" and not self.e5m2_kernels(D, causal):
                 continue
+            if name == "fc_e4m3_vt" and not self.v_transposed_api():
+                continue
             times, out, err = self.run_system(name, sets, causal, graph=self.grid_graph, grid=self.grid_graph)
             rec = self.system_record(name, times, err, (B, H, S, D, causal))
             if out is not None:
@@ -445,7 +448,7 @@ class Runner:
                 outs[name] = out
             cell["systems"][name] = rec
         if "fa3_fp8" in outs:
-            for name in ("fc_e4m3", "fc_fp8", "fc_int8", "fc_e5m2"):
+            for name in ("fc_e4m3", "fc_fp8", "fc_int8", "fc_e5m2", "fc_e4m3_vt"):
                 if name in outs:
                     cell["systems"][name]["rel_diff_vs_fa3"] = rel_rmse(outs[name], outs["fa3_fp8"])
         del outs, sets
@@ -453,6 +456,10 @@ class Runner:
             self.fc.release_workspaces()
         torch.cuda.empty_cache()
         return cell
+
+    def v_transposed_api(self) -> bool:
+        """Whether the library takes V transposed once (flashcore_fp8_transpose_v); False for older libraries."""
+        return self.fc is not None and hasattr(self.fc.library._cdll, "flashcore_fp8_transpose_v")
 
     def int8_kernels(self, D, causal) -> bool:
         """Whether the library has an int8 Q K^T kernel (precision="int8") for (D, causal); False for a 0.3 library."""
@@ -767,7 +774,10 @@ def fp8_markdown(res: dict) -> List[str]:
     L.append("Method: the grid's shapes (batch = 16384/S, heads = 2048/D, MHA), bshd inputs. FA3 FP8 and FlashCore "
              "e4m3 get the same e4m3 tensors and descales: torch.randn bf16 inputs quantized per (batch, KV head) "
              "with the absolute maximum mapped to 448 (flashcore.quantize_fp8), as FA3's FP8 users do. FlashCore "
-             "precision=\"fp8\" gets the bf16 tensors and its time includes the library's quantization. O in bf16. "
+             "precision=\"fp8\" gets the bf16 tensors and its time includes the library's quantization. "
+             "\"V transposed once\": the same e4m3 tensors with V transposed by flashcore_fp8_transpose_v before the "
+             "timing and passed with FLASHCORE_FLAG_V_TRANSPOSED (a K/V that several calls attend to); the plain e4m3 "
+             "call transposes V in every call. O in bf16. "
              "Median of the CUDA-event-timed calls after the warm-up, as in the grid; TFLOPS = 4*B*H*S*S*D/t, halved "
              "for causal.\n")
     for note in res.get("notes", []):
@@ -777,22 +787,24 @@ def fp8_markdown(res: dict) -> List[str]:
     cells = res.get("cells", [])
     have_fa3 = any(cell_tflops(c, "fa3_fp8") is not None for c in cells)
     if cells:
-        hdr = ["D", "mask", "S", "B×H", "FC e4m3", "FC fp8 (bf16 in)", "FC int8 (bf16 in)", "FC e5m2"]
+        hdr = ["D", "mask", "S", "B×H", "FC e4m3", "FC fp8 (bf16 in)", "FC int8 (bf16 in)", "FC e5m2",
+               "FC e4m3, V transposed once"]
         if have_fa3:
             hdr += ["FA3 FP8", "FC e4m3 / FA3", "FC fp8 / FA3", "FC int8 / FA3", "FC e5m2 / FA3",
-                    "FC e4m3 vs FA3 (rel. diff)"]
+                    "FC e4m3 (V transposed once) / FA3", "FC e4m3 vs FA3 (rel. diff)"]
         hdr.append("FC e4m3 config")
         L.append("TFLOPS:\n")
         L.append("| " + " | ".join(hdr) + " |")
         L.append("|" + "---|" * len(hdr))
         for c in cells:
-            e4m3, auto, fa3, int8, e5m2 = (cell_tflops(c, s) for s in FP8_SYSTEMS)
+            e4m3, auto, fa3, int8, e5m2, e4m3_vt = (cell_tflops(c, s) for s in FP8_SYSTEMS)
             vals = [str(c["D"]), "causal" if c["causal"] else "none", str(c["S"]), f"{c['B']}×{c['H']}",
-                    fmt(e4m3), fmt(auto), fmt(int8), fmt(e5m2)]
+                    fmt(e4m3), fmt(auto), fmt(int8), fmt(e5m2), fmt(e4m3_vt)]
             if have_fa3:
                 diff = (c["systems"].get("fc_e4m3") or {}).get("rel_diff_vs_fa3")
                 vals += [fmt(fa3), fmt(ratio(e4m3, fa3), "{:.2f}"), fmt(ratio(auto, fa3), "{:.2f}"),
                          fmt(ratio(int8, fa3), "{:.2f}"), fmt(ratio(e5m2, fa3), "{:.2f}"),
+                         fmt(ratio(e4m3_vt, fa3), "{:.2f}"),
                          "non-finite" if diff == float("inf") else fmt(diff, "{:.3f}")]
             vals.append((c["systems"].get("fc_e4m3") or {}).get("config") or "")
             L.append("| " + " | ".join(vals) + " |")
@@ -805,9 +817,11 @@ def fp8_markdown(res: dict) -> List[str]:
                 auto = geomean([ratio(cell_tflops(c, "fc_fp8"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 int8 = geomean([ratio(cell_tflops(c, "fc_int8"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 e5m2 = geomean([ratio(cell_tflops(c, "fc_e5m2"), cell_tflops(c, "fa3_fp8")) for c in rows])
+                e4m3_vt = geomean([ratio(cell_tflops(c, "fc_e4m3_vt"), cell_tflops(c, "fa3_fp8")) for c in rows])
                 parts.append(f"d{D}: FC e4m3 / FA3 FP8 {fmt(e4m3, '{:.2f}')}, FC fp8 (bf16 in) / FA3 FP8 "
                              f"{fmt(auto, '{:.2f}')}, FC int8 (bf16 in) / FA3 FP8 {fmt(int8, '{:.2f}')}, "
-                             f"FC e5m2 / FA3 FP8 {fmt(e5m2, '{:.2f}')}")
+                             f"FC e5m2 / FA3 FP8 {fmt(e5m2, '{:.2f}')}, FC e4m3 (V transposed once) / FA3 FP8 "
+                             f"{fmt(e4m3_vt, '{:.2f}')}")
             L.append("Geometric means per head dim: " + "; ".join(parts) + ".\n")
         nonfinite = [f"{s} d{c['D']} S={c['S']} {'causal' if c['causal'] else 'none'}" for c in cells
                      for s, r in c["systems"].items() if r.get("finite") is False]

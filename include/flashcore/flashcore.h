@@ -158,7 +158,7 @@ typedef struct flashcore_attention_params {
                                   GQA packing, a workspace given): 0 the library's choice (split_plan: full waves),
                                   1 never split, n > 1 at most n parts (fewer when there are fewer key blocks).
                                   Not with cu_seqlens_q [0] */
-  uint32_t flags;              /* FLASHCORE_FLAG_* bits (none yet: must be 0) [0] */
+  uint32_t flags;              /* FLASHCORE_FLAG_* bits [0] */
   /* Append to a KV cache in the same call: the seqlen_new new rows of K and V (per sequence, all KV heads) are
    * written into the cache (K and V, dense or paged, are then written to!) at key positions
    * [seqused_k[b], seqused_k[b] + seqlen_new) of sequence b, by a copy kernel on the same stream before the
@@ -178,8 +178,8 @@ typedef struct flashcore_attention_params {
    * arrays (batch, num_heads_kv), contiguous, 4-byte aligned, read by the kernel only [NULL: 1 for every entry].
    * O is written in out_dtype (FP16 or BF16; FLASHCORE_DTYPE_SAME means BF16). The 8-bit kernel reads V with the
    * key index innermost: the call transposes V into the workspace first, so an 8-bit call needs a workspace
-   * (flashcore_attention_workspace_size). Not with the serving layouts (seqused_k, cu_seqlens_*, block_table,
-   * k_new) yet. */
+   * (flashcore_attention_workspace_size) -- unless V is given transposed (FLASHCORE_FLAG_V_TRANSPOSED,
+   * flashcore_fp8_transpose_v). Not with the serving layouts (seqused_k, cu_seqlens_*, block_table, k_new) yet. */
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;
@@ -203,9 +203,16 @@ typedef struct flashcore_attention_params {
                                         SAME or the input dtype). q_descale, k_descale, v_descale must be NULL. Needs a
                                         workspace. Dense batches only. */
 
-/* flashcore_attention_params::flags: FLASHCORE_FLAG_* bits, none defined yet (FLASHCORE_FLAGS_ALL is the mask of the
- * bits this header knows; a library refuses bits it does not know with FLASHCORE_ERROR_INVALID_ARGUMENT). */
-#define FLASHCORE_FLAGS_ALL 0u
+/* flashcore_attention_params::flags: FLASHCORE_FLAG_* bits (FLASHCORE_FLAGS_ALL is the mask of the bits this header
+ * knows; a library refuses bits it does not know with FLASHCORE_ERROR_INVALID_ARGUMENT, so a caller can tell an
+ * older library by that status). */
+#define FLASHCORE_FLAG_V_TRANSPOSED 1u /* (added in 0.3) 8-bit calls: `v` holds V already transposed, as
+                                          flashcore_fp8_transpose_v wrote it for the same batch, seqlen_k,
+                                          num_heads_kv and head_dim (v_strides are not read). The call skips its own
+                                          transpose pass, and its workspace needs only the first 256 bytes. For a K/V
+                                          that several calls attend to (a KV cache, chunked prefill): transpose once,
+                                          then every call reads it as is. */
+#define FLASHCORE_FLAGS_ALL 1u
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
@@ -254,6 +261,19 @@ FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_atten
  * after every call (the rest is scratch), so one buffer serves every later call on its stream. */
 FLASHCORE_API flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params,
                                                                   uint64_t* bytes);
+
+/* Added in 0.3: 8-bit V in the layout the 8-bit kernels read (FLASHCORE_FLAG_V_TRANSPOSED): (batch, num_heads_kv,
+ * head_dim, seqlen_k rounded up to 128) bytes, keys innermost, zeros past seqlen_k, the keys of each group of 32 in
+ * the order of the kernel's P fragments. The layout is this library's own: make it with the library that reads it.
+ * params: only V's fields are read -- dtype (FLASHCORE_DTYPE_FP8_E4M3 or _E5M2), batch, seqlen_k, num_heads_kv,
+ * head_dim, v and v_strides (checked as flashcore_attention_forward checks them; flags without
+ * FLASHCORE_FLAG_V_TRANSPOSED) -- so a KV cache can be transposed before any query exists.
+ * flashcore_fp8_transposed_v_size: the layout's bytes. flashcore_fp8_transpose_v: writes V there, enqueued on `stream`
+ * (sm90 devices); vt: device memory of at least that size, 16-byte aligned, not overlapping V. */
+FLASHCORE_API flashcore_status flashcore_fp8_transposed_v_size(const flashcore_attention_params* params,
+                                                               uint64_t* bytes);
+FLASHCORE_API flashcore_status flashcore_fp8_transpose_v(const flashcore_attention_params* params, void* vt,
+                                                         flashcore_stream_t stream);
 
 /* Since 0.3: the id of the CUDA-graph capture `stream` is part of (cudaStreamGetCaptureInfo), 0 when it is not
  * capturing. Ids are unique within the process. For callers that keep one workspace per stream: inside a capture,

@@ -14,6 +14,9 @@
 //   opt.workspace = ws;  // cudaMalloc'ed and cudaMemset to 0 once
 //   flashcore::attention_forward(q8, k8, v8, o, opt, stream);
 // 16-bit inputs computed in 8 bits: opt.precision = FLASHCORE_PRECISION_FP8 (no descales; a workspace too).
+// A K/V that several 8-bit calls attend to: transpose V once (fp8_transpose_v(v8, vt), into fp8_transposed_v_size(v8)
+// bytes), then call with v's view pointed at vt (a copy of the view, data = vt; its strides are not read) and
+// opt.v_transposed = true: the calls skip their own transpose pass.
 #ifndef FLASHCORE_FLASHCORE_HPP_
 #define FLASHCORE_FLASHCORE_HPP_
 
@@ -92,6 +95,8 @@ struct ForwardOptions {
   // FLASHCORE_PRECISION_NATIVE, or FLASHCORE_PRECISION_FP8: 16-bit Q, K, V quantized to e4m3 by the library (per
   // batch and KV head, into the workspace) and run by the 8-bit kernels; O stays in o's dtype.
   int32_t precision = FLASHCORE_PRECISION_NATIVE;
+  // 8-bit calls: v's data is V as fp8_transpose_v wrote it (FLASHCORE_FLAG_V_TRANSPOSED; v's strides are not read).
+  bool v_transposed = false;
   // Packed (varlen) batches, paged caches and appends: set the C fields of make_params()'s result directly
   // (cu_seqlens_q/k, total_q/k, block_table, page_size, num_pages, k_new, v_new, seqlen_new; see flashcore.h).
 };
@@ -146,6 +151,7 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.k_descale = options.k_descale;
   p.v_descale = options.v_descale;
   p.precision = options.precision;
+  p.flags = options.v_transposed ? FLASHCORE_FLAG_V_TRANSPOSED : 0u;
   return p;
 }
 
@@ -171,6 +177,31 @@ inline uint64_t workspace_size(const TensorView& q, const TensorView& k, const T
   uint64_t bytes = 0;
   check(flashcore_attention_workspace_size(&p, &bytes));
   return bytes;
+}
+
+// 8-bit V transposed once for many calls (flashcore.h: flashcore_fp8_transpose_v): the bytes it takes, and the
+// transpose of v (an e4m3 / e5m2 view) into vt (device memory of that size), enqueued on `stream`.
+inline flashcore_attention_params v_transpose_params(const TensorView& v) {
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.v = v.data;
+  p.v_strides = v.strides;
+  p.batch = v.batch;
+  p.seqlen_k = v.seq;
+  p.num_heads_kv = v.heads;
+  p.head_dim = v.head_dim;
+  p.dtype = v.dtype;
+  return p;
+}
+inline uint64_t fp8_transposed_v_size(const TensorView& v) {
+  const flashcore_attention_params p = v_transpose_params(v);
+  uint64_t bytes = 0;
+  check(flashcore_fp8_transposed_v_size(&p, &bytes));
+  return bytes;
+}
+inline void fp8_transpose_v(const TensorView& v, void* vt, flashcore_stream_t stream = nullptr) {
+  const flashcore_attention_params p = v_transpose_params(v);
+  check(flashcore_fp8_transpose_v(&p, vt, stream));
 }
 
 // Kernel-config names compiled for (dtype, head_dim, causal) on the current device, the default first.

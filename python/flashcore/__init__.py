@@ -12,6 +12,8 @@ call.
     q8, qd = flashcore.quantize_fp8(q)                       # e4m3 + descale per (batch, KV head)
     out = flashcore.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)  # 8-bit, bf16 out (sm90)
     out = flashcore.attention(q, k, v, precision="fp8")      # 16-bit in, quantized by the library
+    vt = flashcore.fp8_transpose_v(v8)                       # once for a K/V that many calls attend to
+    out = flashcore.attention(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, v_transposed=True)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ _TORCH_EXPORTS = (
     "varlen_attention",
     "varlen_attention_fwd",
     "quantize_fp8",
+    "fp8_transpose_v",
 )
 
 __all__ = [

@@ -94,6 +94,9 @@ PRECISION_NATIVE = 0  # attention in the input dtype
 PRECISION_FP8 = 1  # Q, K, V quantized to e4m3 in the workspace (one scale per batch and KV head), the 8-bit kernel
 PRECISION_INT8 = 2  # since 0.3: Q (per token) and K (smoothed, per 128 keys) quantized to int8, Q K^T in int8, P V in 16 bits
 
+# flashcore_attention_params::flags.
+FLAG_V_TRANSPOSED = 1  # 8-bit calls: v holds V as flashcore_fp8_transpose_v wrote it (added in 0.3)
+
 # flashcore_dtype -> the name torch gives the dtype (torch.<name>).
 DTYPE_NAMES = {
     DTYPE_FP16: "float16",
@@ -351,6 +354,8 @@ def _declare(cdll: ctypes.CDLL) -> frozenset:
         ),
         "flashcore_attention_selected_config": (ctypes.c_int, [params_p, ctypes.c_char_p, ctypes.c_uint64]),
         "flashcore_stream_capture_id": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]),
+        "flashcore_fp8_transposed_v_size": (ctypes.c_int, [params_p, ctypes.POINTER(ctypes.c_uint64)]),
+        "flashcore_fp8_transpose_v": (ctypes.c_int, [params_p, ctypes.c_void_p, ctypes.c_void_p]),
         "flashcore_merge_params_init": (None, [ctypes.POINTER(MergeParamsStruct)]),
         "flashcore_attention_merge": (ctypes.c_int, [ctypes.POINTER(MergeParamsStruct), ctypes.c_void_p]),
         "flashcore_ring_params_init": (None, [ctypes.POINTER(RingParamsStruct)]),
@@ -545,6 +550,22 @@ class Library:
         status = self._cdll.flashcore_stream_capture_id(ctypes.c_void_p(stream or None), ctypes.byref(capture_id))
         self.check(status, "flashcore_stream_capture_id")
         return int(capture_id.value)
+
+    def fp8_transposed_v_size(self, params: AttentionParamsStruct) -> int:
+        """Bytes of the transposed 8-bit V for an 8-bit call's params (flashcore_fp8_transposed_v_size)."""
+        self._require("flashcore_fp8_transposed_v_size")
+        size = ctypes.c_uint64(0)
+        status = self._cdll.flashcore_fp8_transposed_v_size(ctypes.byref(params), ctypes.byref(size))
+        self.check(status, "flashcore_fp8_transposed_v_size")
+        return int(size.value)
+
+    def fp8_transpose_v(self, params: AttentionParamsStruct, vt: int, stream: int) -> None:
+        """Write params' 8-bit V, transposed, to device address vt on `stream` (flashcore_fp8_transpose_v); a call
+        with params.v = vt and params.flags |= FLAG_V_TRANSPOSED then reads it without transposing."""
+        self._require("flashcore_fp8_transpose_v")
+        status = self._cdll.flashcore_fp8_transpose_v(ctypes.byref(params), ctypes.c_void_p(vt),
+                                                      ctypes.c_void_p(stream or None))
+        self.check(status, "flashcore_fp8_transpose_v")
 
     def validate(self, params: AttentionParamsStruct) -> None:
         self.check(self._cdll.flashcore_attention_validate(ctypes.byref(params)), "flashcore_attention_validate")

@@ -422,11 +422,18 @@ def block_table_operand(block_table: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None,
-            **serving) -> None:
+            v_transposed: bool = False, **serving) -> None:
     """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph).
-    serving: kernel_params' keyword arguments (block_table, num_splits)."""
-    q, k, v = (kernel_operand(t)[0] for t in (q, k, v))
-    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k, **serving)
+    serving: kernel_params' keyword arguments (block_table, num_splits). v_transposed: v is fp8_transpose_v's
+    (contiguous) result; the params describe k's shape for it and carry FLAG_V_TRANSPOSED."""
+    if v_transposed:
+        q, k = (kernel_operand(t)[0] for t in (q, k))
+        params = kernel_params(lib, q, k, k, out, lse, causal, softmax_scale, seqused_k, **serving)
+        params.v = v.data_ptr()
+        params.flags |= _lib.FLAG_V_TRANSPOSED
+    else:
+        q, k, v = (kernel_operand(t)[0] for t in (q, k, v))
+        params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k, **serving)
     _enqueue(lib, params, q.device)
 
 
@@ -490,12 +497,69 @@ def _empty_outputs(q: torch.Tensor, return_lse: bool, out_dtype: Optional[torch.
     return out, lse
 
 
+def transposed_v_shape(v: torch.Tensor) -> Tuple[int, int, int, int]:
+    """The shape of fp8_transpose_v(v) for an 8-bit v (B, Sk, Hkv, D): (B, Hkv, D, Sk rounded up to 128)."""
+    batch, seqlen_k, heads_kv, head_dim = v.shape
+    return (batch, heads_kv, head_dim, (seqlen_k + 127) // 128 * 128)
+
+
+def _check_transposed_v(vt, k: torch.Tensor) -> None:
+    """vt must be fp8_transpose_v of a V shaped like k (8-bit k: checked by _check_inputs)."""
+    if not isinstance(vt, torch.Tensor):
+        raise TypeError(f"FlashCore: v must be a torch.Tensor, got {type(vt).__name__}")
+    if k.dtype not in FP8_DTYPES:
+        raise TypeError(f"FlashCore: v_transposed=True is for 8-bit (float8) q, k, v only; k is {k.dtype}")
+    want = transposed_v_shape(k)
+    if vt.dtype != torch.uint8 or tuple(vt.shape) != want or not vt.is_contiguous():
+        raise ValueError(f"FlashCore: with v_transposed=True, v must be flashcore.fp8_transpose_v(v): a contiguous "
+                         f"uint8 tensor of shape {want} for k of shape {tuple(k.shape)}; got {vt.dtype} "
+                         f"{tuple(vt.shape)}{'' if vt.is_contiguous() else ' (not contiguous)'}")
+    if vt.device != k.device:
+        raise ValueError(f"FlashCore: v is on {vt.device}, k on {k.device}")
+
+
+@torch.library.custom_op("flashcore::fp8_transpose_v", mutates_args=())
+def fp8_transpose_v_op(v: torch.Tensor) -> torch.Tensor:
+    """flashcore.fp8_transpose_v as a custom op (torch.compile, CUDA graphs)."""
+    if not isinstance(v, torch.Tensor) or v.dtype not in FP8_DTYPES or v.dim() != 4:
+        raise TypeError("FlashCore: fp8_transpose_v takes an 8-bit (float8_e4m3fn / float8_e5m2) v of shape "
+                        f"(B, Sk, Hkv, D); got {getattr(v, 'dtype', type(v).__name__)} "
+                        f"{tuple(v.shape) if isinstance(v, torch.Tensor) else ''}")
+    out = v.new_empty(transposed_v_shape(v), dtype=torch.uint8)
+    if out.numel() == 0:
+        return out
+    lib = _check_supported(v, v.shape[3])
+    operand, strides, _ = kernel_operand(v)
+    params = lib.new_params()
+    params.v = operand.data_ptr()
+    params.v_strides = _lib.TensorStridesStruct(*strides)
+    params.batch, params.seqlen_k, params.num_heads_kv, params.head_dim = v.shape
+    params.dtype = _INPUT_DTYPE_CODES[v.dtype]
+    with torch.cuda.device(v.device):
+        lib.fp8_transpose_v(params, out.data_ptr(), torch.cuda.current_stream(v.device).cuda_stream)
+    return out
+
+
+@fp8_transpose_v_op.register_fake
+def _fp8_transpose_v_fake(v):
+    return v.new_empty(transposed_v_shape(v), dtype=torch.uint8)
+
+
+def fp8_transpose_v(v: torch.Tensor) -> torch.Tensor:
+    """V of an 8-bit call (float8 (B, Sk, Hkv, D)), transposed into the layout the 8-bit kernels read: a uint8
+    (B, Hkv, D, Sk rounded up to 128) tensor. Pass it as v with v_transposed=True to flashcore.attention, with k
+    and the descales as usual: the call then skips its own transpose pass. For a K/V that several calls attend to
+    (a KV cache, chunked prefill), transpose once. The layout is this library's own (keys permuted within groups of
+    32); make it with the library that reads it."""
+    return fp8_transpose_v_op(v)
+
+
 @torch.library.custom_op("flashcore::attention_fwd", mutates_args=())
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, return_lse: bool,
     q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
     v_descale: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-    precision: int = _lib.PRECISION_NATIVE
+    precision: int = _lib.PRECISION_NATIVE, v_transposed: bool = False
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """FlashCore forward, (B, S, H, D) layout. softmax_scale 0.0 means 1/sqrt(head_dim).
 
@@ -504,9 +568,13 @@ def attention_fwd(
     q, k, v with precision=PRECISION_FP8 (quantized to e4m3 by the library). out_dtype: float16 / bfloat16 / None
     (None: q's dtype; bfloat16 for 8-bit inputs). The workspace is allocated (zero-filled) by the op.
 
+    v_transposed: v is fp8_transpose_v of the 8-bit V (uint8 (B, Hkv, D, Sk rounded up to 128)).
+
     Returns (out (B, Sq, Hq, D) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
     else an empty (0,) tensor (a custom op cannot return None)."""
-    _check_inputs(q, k, v, "bshd", allow_fp8=True)
+    _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
+    if v_transposed:
+        _check_transposed_v(v, k)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
     lib = _check_supported(q, q.shape[3])
     extended = q.dtype in FP8_DTYPES or precision != _lib.PRECISION_NATIVE or o_dtype != q.dtype
@@ -523,14 +591,17 @@ def attention_fwd(
         _launch(lib, q, k, v, out, lse, causal, softmax_scale)
     else:
         descales = tuple(None if d is None else d.contiguous() for d in (q_descale, k_descale, v_descale))
-        _launch(lib, q, k, v, out, lse, causal, softmax_scale, descales=descales, precision=precision)
+        _launch(lib, q, k, v, out, lse, causal, softmax_scale, descales=descales, precision=precision,
+                v_transposed=v_transposed)
     return out, lse
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse, q_descale=None, k_descale=None, v_descale=None,
-                        out_dtype=None, precision=_lib.PRECISION_NATIVE):
-    _check_inputs(q, k, v, "bshd", allow_fp8=True)
+                        out_dtype=None, precision=_lib.PRECISION_NATIVE, v_transposed=False):
+    _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
+    if v_transposed:
+        _check_transposed_v(v, k)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
     return _empty_outputs(q, return_lse, o_dtype)
 
@@ -768,6 +839,7 @@ def attention(
     v_descale: Optional[torch.Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
     precision: Optional[str] = None,
+    v_transposed: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention in FlashAttention's layout: q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), Hq a multiple of Hkv.
 
@@ -785,11 +857,15 @@ def attention(
       - 16-bit q, k, v with precision="int8" (the high-accuracy 8-bit mode): q is quantized to int8 per token, k less
         its mean over the keys per 128-key block; Q K^T runs on the int8 tensor cores, P V in q's dtype on v as given.
         About 4x less error than "fp8" (docs/perf-notes.md); O in q's dtype.
+      - v_transposed=True: v is fp8_transpose_v(v8) of the 8-bit V (transposed once, e.g. for a KV cache that several
+        calls attend to): the call skips its own transpose of V. Same result, bit for bit.
     out_dtype: torch.float16 or torch.bfloat16 (None: the default above). precision: None or "native" (the input
     dtype's kernel), "fp8" or "int8".
     """
     scale = _check_scale(softmax_scale)
-    _check_inputs(q, k, v, "bshd", allow_fp8=True)
+    _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
+    if v_transposed:
+        _check_transposed_v(v, k)
     precision_code = _check_precision(precision)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision_code)
     extended = q.dtype in FP8_DTYPES or precision_code != _lib.PRECISION_NATIVE or o_dtype != q.dtype
@@ -802,8 +878,12 @@ def attention(
         out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse))
     else:
         default_dtype = torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype
-        out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
-                                 None if o_dtype == default_dtype else o_dtype, precision_code)
+        if v_transposed:
+            out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
+                                     None if o_dtype == default_dtype else o_dtype, precision_code, True)
+        else:
+            out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
+                                     None if o_dtype == default_dtype else o_dtype, precision_code)
     return (out, lse) if return_lse else out
 
 

@@ -99,6 +99,8 @@ def test_enums_match_header(header_text):
     assert _lib.PRECISION_NATIVE == parse_define(header_text, "FLASHCORE_PRECISION_NATIVE") == 0
     assert _lib.PRECISION_FP8 == parse_define(header_text, "FLASHCORE_PRECISION_FP8") == 1
     assert _lib.PRECISION_INT8 == parse_define(header_text, "FLASHCORE_PRECISION_INT8") == 2
+    assert _lib.FLAG_V_TRANSPOSED == int(re.search(r"#define\s+FLASHCORE_FLAG_V_TRANSPOSED\s+(\d+)u",
+                                                   header_text).group(1)) == 1
     assert _lib.DTYPE_NAMES[_lib.DTYPE_FP8_E4M3] == "float8_e4m3fn" and _lib.DTYPE_FP8_E4M3 == 3
     assert _lib.CAPABILITIES_V1_SIZE == parse_define(header_text, "FLASHCORE_CAPABILITIES_V1_SIZE")
     ring = RING_HEADER.read_text()

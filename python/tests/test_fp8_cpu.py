@@ -50,6 +50,9 @@ def test_constants_and_exports():
     schema = str(torch.ops.flashcore.attention_fwd.default._schema)
     assert ("Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None, "
             "SymInt precision=0") in schema
+    assert "bool v_transposed=False" in schema
+    assert flashcore.fp8_transpose_v is _ops.fp8_transpose_v and "fp8_transpose_v" in dir(flashcore)
+    assert "Tensor v) -> Tensor" in str(torch.ops.flashcore.fp8_transpose_v.default._schema)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,6 +183,23 @@ def test_fp8_argument_errors(emulated, make, exc, match):
     with pytest.raises(exc, match=match):
         flashcore.attention(**make(_fp8_args()))
     assert not emulated  # nothing was launched
+
+
+def test_v_transposed_argument_errors(emulated):
+    args = _fp8_args()
+    vt_shape = _ops.transposed_v_shape(args["v"])
+    assert vt_shape == (2, 2, args["v"].shape[3], (args["v"].shape[1] + 127) // 128 * 128)
+    with pytest.raises(ValueError, match="v must be flashcore.fp8_transpose_v"):
+        flashcore.attention(**args, v_transposed=True)  # the float8 V itself
+    with pytest.raises(ValueError, match=r"contiguous uint8 tensor of shape"):
+        flashcore.attention(**{**args, "v": torch.zeros(vt_shape[:3] + (vt_shape[3] + 128,), dtype=torch.uint8)},
+                            v_transposed=True)
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="v_transposed=True is for 8-bit"):
+        flashcore.attention(q, k, torch.zeros(_ops.transposed_v_shape(v), dtype=torch.uint8), v_transposed=True)
+    with pytest.raises(TypeError, match="fp8_transpose_v takes an 8-bit"):
+        flashcore.fp8_transpose_v(v)
+    assert not emulated
 
 
 @pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])

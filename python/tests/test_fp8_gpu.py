@@ -337,6 +337,58 @@ def test_cuda_graph_capture_and_replay(caps, cuda):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# V transposed once (fp8_transpose_v, v_transposed=True).
+
+
+@pytest.mark.parametrize("shape", [(2, 113, 1000, 4, 2, 64, False), (2, 777, 1000, 8, 2, 128, True),
+                                   (3, 1, 17, 2, 2, 128, False), (1, 300, 4097, 2, 1, 256, True)],
+                         ids=["d64", "d128-gqa-causal", "d128-sq1-sk17", "d256-sk4097-causal"])
+def test_v_transposed_is_bit_identical(caps, cuda, poisoned, shape):
+    batch, sq, sk, hq, hkv, d, causal = shape
+    _need(cuda, d, causal)
+    (q8, k8, v8), descales = _quantized(*_inputs(cuda, torch.bfloat16, batch, sq, sk, hq, hkv, d, spread=True))
+    vt = flashcore.fp8_transpose_v(v8)
+    assert vt.dtype == torch.uint8 and vt.shape == (batch, hkv, d, (sk + 127) // 128 * 128)
+    want, want_lse = _fp8_call(q8, k8, v8, descales, causal=causal, return_lse=True)
+    got, got_lse = _fp8_call(q8, k8, vt, descales, causal=causal, return_lse=True, v_transposed=True)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    check_8bit(got, got_lse, q8, k8, v8, descales, causal)
+    # Strided (non-contiguous) V is transposed the same.
+    v_strided = torch.empty(batch, sk, hkv, d + 32, device=cuda, dtype=v8.dtype)[..., :d]
+    v_strided.copy_(v8)
+    assert torch.equal(flashcore.fp8_transpose_v(v_strided), vt)
+
+
+def test_v_transposed_compiles_and_captures(caps, cuda):
+    _need(cuda, 128, True)
+    torch._dynamo.reset()
+
+    def fn(q8, k8, v8, qd, kd, vd):
+        vt = flashcore.fp8_transpose_v(v8)
+        return flashcore.attention(q8, k8, vt, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   v_transposed=True)
+
+    compiled = torch.compile(fn, fullgraph=True)
+    (q8, k8, v8), (qd, kd, vd) = _quantized(*_inputs(cuda, torch.bfloat16, 2, 200, 300, 8, 4, 128))
+    want = _fp8_call(q8, k8, v8, (qd, kd, vd), causal=True)
+    assert torch.equal(compiled(q8, k8, v8, qd, kd, vd), want)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(q8, k8, v8, qd, kd, vd)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(q8, k8, v8, qd, kd, vd)
+    new8, newd = _quantized(*_inputs(cuda, torch.bfloat16, 2, 200, 300, 8, 4, 128, seed=3, spread=True))
+    for dst, src in zip((q8, k8, v8, qd, kd, vd), (*new8, *newd)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, _fp8_call(*new8, newd, causal=True))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Errors on CUDA tensors; FlashAttention-3 when importable.
 
 

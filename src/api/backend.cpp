@@ -543,6 +543,20 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
   return sm90::launch(*row.sm90, p, softmax_scale, device, stream, error);
 }
 
+size_t fp8_transposed_v_bytes(const flashcore_attention_params& p) { return sm90::fp8_vt_bytes(p); }
+
+flashcore_status fp8_transpose_v(const flashcore_attention_params& p, void* vt, int cc, cudaStream_t stream,
+                                 std::string& error) {
+  if (const flashcore_status st = require_sm90("the 8-bit V transpose", cc, error); st != FLASHCORE_SUCCESS) return st;
+  kernels::Fp8PrepParams prep = sm90::fp8_prep_params(p);
+  prep.vt = static_cast<uint8_t*>(vt);
+  if (const cudaError_t err = sm90::launch_fp8_transpose_v(prep, stream); err != cudaSuccess) {
+    error = api::cuda_message("8-bit V transpose launch failed", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
 flashcore_status selected_config(const flashcore_attention_params& params, int device, int cc, const char*& name,
                                  std::string& error) {
   const flashcore_attention_params run = as_run(params, cc);

@@ -61,6 +61,13 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
 flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error);
 
+// 8-bit V in the kernels' transposed layout (flashcore.h: flashcore_fp8_transpose_v): its bytes, and the transpose of
+// p's V into `vt` on `stream` (sm90 backend). `p` has passed validation and is an 8-bit call without
+// FLASHCORE_FLAG_V_TRANSPOSED.
+size_t fp8_transposed_v_bytes(const flashcore_attention_params& p);
+flashcore_status fp8_transpose_v(const flashcore_attention_params& p, void* vt, int cc, cudaStream_t stream,
+                                 std::string& error);
+
 // The name of the config forward() would run for `p` on `device` (a static string, or a registered variant's
 // name: it lives as long as the process). `p` has passed validation.
 flashcore_status selected_config(const flashcore_attention_params& p, int device, int cc, const char*& name,

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/backend.h"
+#include "api/dtype.h"
 #include "api/error.h"
 #include "api/params.h"
 #include "api/validate.h"
@@ -163,6 +164,58 @@ flashcore_status flashcore_attention_workspace_size(const flashcore_attention_pa
     if (status != FLASHCORE_SUCCESS) return set_error(status, message);
     *bytes = size;
     return FLASHCORE_SUCCESS;
+  });
+}
+
+namespace {
+// The checks flashcore_fp8_transposed_v_size and flashcore_fp8_transpose_v share: V's fields only (validate.h).
+flashcore_status checked_8bit_v(const flashcore_attention_params* params, bool with_device,
+                                flashcore_attention_params& p, int& device, int& cc, std::string& message) {
+  flashcore_status status = upgrade_params(params, p, message);
+  if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_v_transpose(p, message);
+  if (status == FLASHCORE_SUCCESS && with_device) status = flashcore::api::validate_device(p, device, cc, message);
+  return status;
+}
+}  // namespace
+
+flashcore_status flashcore_fp8_transposed_v_size(const flashcore_attention_params* params, uint64_t* bytes) {
+  return guarded("flashcore_fp8_transposed_v_size", [&] {
+    if (bytes == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "bytes is NULL");
+    *bytes = 0;
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    const flashcore_status status = checked_8bit_v(params, /*with_device=*/false, p, device, cc, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    *bytes = flashcore::backend::fp8_transposed_v_bytes(p);
+    return FLASHCORE_SUCCESS;
+  });
+}
+
+flashcore_status flashcore_fp8_transpose_v(const flashcore_attention_params* params, void* vt,
+                                           flashcore_stream_t stream) {
+  return guarded("flashcore_fp8_transpose_v", [&] {
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_8bit_v(params, /*with_device=*/true, p, device, cc, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    if (vt == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "vt is NULL");
+    if (reinterpret_cast<uintptr_t>(vt) % 16 != 0) {
+      return set_error(FLASHCORE_ERROR_MISALIGNED_POINTER, "vt is not 16-byte aligned");
+    }
+    // vt must not overlap V: the transpose reads V while it writes vt (V's extent: validated above).
+    const uintptr_t vt_begin = reinterpret_cast<uintptr_t>(vt);
+    const uintptr_t vt_end = vt_begin + flashcore::backend::fp8_transposed_v_bytes(p);
+    const uintptr_t v_begin = reinterpret_cast<uintptr_t>(p.v);
+    const uintptr_t v_end = v_begin + static_cast<uintptr_t>((p.batch - 1) * p.v_strides.batch +
+                                                             (p.seqlen_k - 1) * p.v_strides.seq +
+                                                             (p.num_heads_kv - 1) * p.v_strides.head + p.head_dim);
+    if (vt_begin < v_end && v_begin < vt_end) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "vt overlaps v (the transpose cannot run in place)");
+    }
+    status = flashcore::backend::fp8_transpose_v(p, vt, cc, static_cast<cudaStream_t>(stream), message);
+    return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
   });
 }
 

@@ -13,6 +13,7 @@
 
 #include "api/backend.h"
 #include "api/dtype.h"
+#include "kernels/common/fp8_prep_params.h"
 
 namespace flashcore::api {
 namespace {
@@ -309,6 +310,11 @@ flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::str
                   p.precision != FLASHCORE_PRECISION_NATIVE ? cat(" (", precision_name, " computes its own)") : "");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
+  if ((p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0 && !is_8bit(p.dtype)) {
+    message = cat("flags has FLASHCORE_FLAG_V_TRANSPOSED, but dtype = ", dtype_name(p.dtype),
+                  ": only 8-bit V is given transposed (flashcore_fp8_transpose_v)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
   if (p.precision != FLASHCORE_PRECISION_NATIVE && is_8bit(p.dtype)) {
     message = cat(precision_name, " is for 16-bit inputs; dtype = ", dtype_name(p.dtype),
                   " is already 8-bit (use FLASHCORE_PRECISION_NATIVE)");
@@ -361,10 +367,28 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   const char* q_row_name = varlen_q ? "total_q" : "seqlen_q";
   const char* kv_entry_name = varlen_k ? "1 (packed)" : (paged ? "num_pages" : "batch");
   const char* kv_row_name = varlen_k ? "total_k" : (paged ? "page_size" : "seqlen_k");
+  // V given transposed (FLASHCORE_FLAG_V_TRANSPOSED): (batch, num_heads_kv, head_dim, padded keys) bytes, keys
+  // innermost; described here as (batch, head_dim rows, num_heads_kv, padded keys) so that the checks below apply.
+  // (Sizes are checked below: until then the products saturate, so that garbage sizes cannot overflow here.)
+  const bool v_transposed = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0;
+  const int64_t vt_keys = p.seqlen_k > 0 && p.seqlen_k <= kMaxSeqlen ? kernels::fp8_vt_padded_keys(p.seqlen_k) : 0;
+  auto saturating_mul = [](int64_t a, int64_t b) {
+    int64_t r = 0;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+  };
+  if (v_transposed) {
+    const int64_t head_stride = saturating_mul(p.head_dim, vt_keys);
+    vs = flashcore_tensor_strides{saturating_mul(p.num_heads_kv, head_stride), vt_keys, head_stride, 1};
+  }
+  const Tensor v_given = {"v", p.v, &vs, {kv_entry_name, kv_row_name, "num_heads_kv", "head_dim"},
+                          {kv_entries, kv_rows, p.num_heads_kv, p.head_dim}};
+  const Tensor v_transposed_view = {"v (transposed)", p.v, &vs,
+                                    {"batch", "head_dim", "num_heads_kv", "seqlen_k rounded up to 128"},
+                                    {p.batch, p.head_dim, p.num_heads_kv, vt_keys}};
   const Tensor tensors[4] = {
       {"q", p.q, &qs, {q_entry_name, q_row_name, "num_heads_q", "head_dim"}, {q_entries, q_rows, p.num_heads_q, p.head_dim}},
       {"k", p.k, &ks, {kv_entry_name, kv_row_name, "num_heads_kv", "head_dim"}, {kv_entries, kv_rows, p.num_heads_kv, p.head_dim}},
-      {"v", p.v, &vs, {kv_entry_name, kv_row_name, "num_heads_kv", "head_dim"}, {kv_entries, kv_rows, p.num_heads_kv, p.head_dim}},
+      v_transposed ? v_transposed_view : v_given,
       {"o", p.o, &os, {q_entry_name, q_row_name, "num_heads_q", "head_dim"}, {q_entries, q_rows, p.num_heads_q, p.head_dim}},
   };
   const Tensor& o = tensors[3];
@@ -641,6 +665,47 @@ std::string no_device_reason(cudaError_t count_err) {
 }
 
 }  // namespace
+
+flashcore_status validate_v_transpose(const flashcore_attention_params& p, std::string& message) {
+  if (!is_8bit(p.dtype)) {
+    message = cat("dtype = ", static_cast<int>(p.dtype), " (", dtype_name(p.dtype),
+                  "): the transposed V layout is for 8-bit (FLASHCORE_DTYPE_FP8_E4M3 / _E5M2) calls");
+    return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
+  }
+  if ((p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) {
+    message = "flags has FLASHCORE_FLAG_V_TRANSPOSED: v must be V as given (v_strides), not already transposed";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.v == nullptr) {
+    message = "v is NULL";
+    return FLASHCORE_ERROR_NULL_POINTER;
+  }
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"batch", p.batch}, {"seqlen_k", p.seqlen_k}, {"num_heads_kv", p.num_heads_kv}, {"head_dim", p.head_dim}};
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) {
+      message = cat(name, " = ", value, " must be positive");
+      return FLASHCORE_ERROR_INVALID_SIZE;
+    }
+    if (value > kMaxSeqlen) {
+      message = cat(name, " = ", value, " exceeds ", kMaxSeqlen);
+      return FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+  }
+  if (p.head_dim > INT_MAX || !backend::is_compiled(p.dtype, static_cast<int>(p.head_dim))) {
+    message = cat("head_dim = ", p.head_dim, " is not compiled for ", dtype_name(p.dtype),
+                  "; compiled head dims: ", compiled_head_dims(p.dtype));
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  const Tensor v = {"v", p.v, &p.v_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"},
+                    {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}};
+  if (const flashcore_status s = check_overflow(v, 1, message); s != FLASHCORE_SUCCESS) return s;
+  if (reinterpret_cast<uintptr_t>(p.v) % kAlignment != 0) {
+    message = cat("v = ", hex(p.v), " is not ", kAlignment, "-byte aligned");
+    return FLASHCORE_ERROR_MISALIGNED_POINTER;
+  }
+  return check_strides(v, p.dtype, message);
+}
 
 flashcore_status validate_device(const flashcore_attention_params& p, int& device, int& cc, std::string& message) {
   int count = 0;

@@ -53,6 +53,11 @@ inline constexpr int32_t kMaxSplits = 256;
 // message naming the argument and its value.
 flashcore_status validate_arguments(const flashcore_attention_params* params, std::string& message);
 
+// The arguments of flashcore_fp8_transpose_v / flashcore_fp8_transposed_v_size: only V's fields are read (dtype
+// 8-bit, batch, seqlen_k, num_heads_kv, head_dim compiled for it, v 16-byte aligned, v_strides as in
+// validate_arguments); flags must not have FLASHCORE_FLAG_V_TRANSPOSED. Touches no device.
+flashcore_status validate_v_transpose(const flashcore_attention_params& p, std::string& message);
+
 // Device checks, for params that passed validate_arguments, in this order:
 //   NO_DEVICE         no CUDA device visible
 //   CUDA              the current device cannot be queried

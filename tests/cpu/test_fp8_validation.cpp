@@ -482,6 +482,50 @@ TEST_F(Fp8CompiledValidation, V2SizedStructCanBe8Bit) {
 }
 
 // ---- the C++ layer (flashcore.hpp) carries the 0.3 fields ----
+// ---- V given transposed (FLASHCORE_FLAG_V_TRANSPOSED): the size query and the transpose read only V's fields ----
+TEST_F(Fp8CompiledValidation, TransposedVSizeReadsOnlyVsFields) {
+  flashcore_attention_params only_v;
+  flashcore_attention_params_init(&only_v);
+  only_v.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+  only_v.v = p.v, only_v.v_strides = p.v_strides;
+  only_v.batch = p.batch, only_v.seqlen_k = p.seqlen_k, only_v.num_heads_kv = p.num_heads_kv, only_v.head_dim = d8;
+  uint64_t bytes = 0;
+  ASSERT_EQ(flashcore_fp8_transposed_v_size(&only_v, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_EQ(bytes, static_cast<uint64_t>(p.batch * p.num_heads_kv * d8 * ((p.seqlen_k + 127) / 128 * 128)));
+  // The C++ layer's view-only form agrees.
+  const auto v8 = flashcore::TensorView::bshd(p.v, FLASHCORE_DTYPE_FP8_E4M3, p.batch, p.seqlen_k, p.num_heads_kv, d8);
+  EXPECT_EQ(flashcore::fp8_transposed_v_size(v8), bytes);
+
+  struct Bad { const char* what; flashcore_status want; const char* needle; void (*edit)(flashcore_attention_params&); };
+  const Bad bad[] = {
+      {"16-bit dtype", FLASHCORE_ERROR_UNSUPPORTED_DTYPE, "8-bit",
+       [](flashcore_attention_params& x) { x.dtype = FLASHCORE_DTYPE_BF16; }},
+      {"already transposed", FLASHCORE_ERROR_INVALID_ARGUMENT, "FLASHCORE_FLAG_V_TRANSPOSED",
+       [](flashcore_attention_params& x) { x.flags = FLASHCORE_FLAG_V_TRANSPOSED; }},
+      {"v NULL", FLASHCORE_ERROR_NULL_POINTER, "v is NULL", [](flashcore_attention_params& x) { x.v = nullptr; }},
+      {"seqlen_k 0", FLASHCORE_ERROR_INVALID_SIZE, "seqlen_k", [](flashcore_attention_params& x) { x.seqlen_k = 0; }},
+      {"head_dim 96", FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, "head_dim = 96",
+       [](flashcore_attention_params& x) { x.head_dim = 96; }},
+      {"misaligned v", FLASHCORE_ERROR_MISALIGNED_POINTER, "v = ",
+       [](flashcore_attention_params& x) { x.v = static_cast<const char*>(x.v) + 8; }},
+      {"v_strides.seq", FLASHCORE_ERROR_INVALID_STRIDE, "v_strides.seq",
+       [](flashcore_attention_params& x) { x.v_strides.seq = 8; }},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.what);
+    flashcore_attention_params x = only_v;
+    b.edit(x);
+    bytes = 77;
+    EXPECT_EQ(flashcore_fp8_transposed_v_size(&x, &bytes), b.want) << flashcore_last_error();
+    EXPECT_EQ(bytes, 0u);
+    EXPECT_NE(std::string(flashcore_last_error()).find(b.needle), std::string::npos) << flashcore_last_error();
+    // The transpose refuses the same arguments before it touches a device (or finds none).
+    EXPECT_EQ(flashcore_fp8_transpose_v(&x, q_->data(), nullptr), b.want) << flashcore_last_error();
+  }
+  EXPECT_EQ(flashcore_fp8_transposed_v_size(&only_v, nullptr), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_EQ(flashcore_fp8_transposed_v_size(nullptr, &bytes), FLASHCORE_ERROR_INVALID_ARGUMENT);
+}
+
 TEST_F(Fp8Validation, CppMakeParamsCarriesTheFieldsSince03) {
   const float* qd = descale(0);
   const float* kd = descale(1);

@@ -292,10 +292,29 @@ TEST_F(ServingValidation, NumSplitsWithVarlenQ) {
 
 // ---- flags ----
 TEST_F(ServingValidation, UnknownFlagsAreRefused) {
-  for (uint32_t value : {1u, 2u, 0x80000000u}) {
+  for (uint32_t value : {2u, 0x80000000u, FLASHCORE_FLAG_V_TRANSPOSED | 4u}) {
     p.flags = value;
-    expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"flags"});
+    expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"flags", "does not know"});
   }
+}
+
+TEST_F(ServingValidation, VTransposedFlagIsFor8BitCallsOnly) {
+  p.flags = FLASHCORE_FLAG_V_TRANSPOSED;
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"flags", "FLASHCORE_FLAG_V_TRANSPOSED", "8-bit"});
+}
+
+// V given transposed spans (batch, num_heads_kv, head_dim, seqlen_k rounded up to 128) bytes: an O placed past V's
+// extent as given, but inside that one, overlaps it.
+TEST_F(ServingValidation, TransposedVIsCheckedAtItsPaddedExtent) {
+  if (!flashcore::backend::is_compiled(FLASHCORE_DTYPE_FP8_E4M3, static_cast<int>(D))) {
+    GTEST_SKIP() << "this build has no e4m3 kernels at head_dim " << D;
+  }
+  p.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+  p.out_dtype = FLASHCORE_DTYPE_BF16;
+  p.o = v_->data() + B * SK * HKV * D;  // right after V as given (1-byte elements)
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+  p.flags = FLASHCORE_FLAG_V_TRANSPOSED;
+  expect_error(FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"v (transposed)", "overlaps"});
 }
 
 // ---- extents of the packed and paged tensors ----

@@ -1127,6 +1127,63 @@ TEST(Fp8Special, HugeRangeStaysFinite) {
 }
 
 // ================================================================================================
+// GPU: V given transposed (FLASHCORE_FLAG_V_TRANSPOSED): flashcore_fp8_transpose_v once, then calls that skip their
+// own transpose pass give bit-identical O and LSE, with a workspace of only its 256-byte head; and the errors.
+// ================================================================================================
+TEST(Fp8VTransposed, BitIdenticalToTheCallThatTransposes) {
+  int ran = 0;
+  struct Shape { int64_t D; bool causal; int64_t B, Hq, Hkv, Sq, Sk; flashcore_dtype in; };
+  const Shape shapes[] = {{64, false, 2, 4, 2, 113, 1000, FLASHCORE_DTYPE_FP8_E4M3},
+                          {128, true, 2, 8, 2, 777, 1000, FLASHCORE_DTYPE_FP8_E4M3},
+                          {128, false, 3, 2, 2, 1, 17, FLASHCORE_DTYPE_FP8_E4M3},
+                          {256, true, 1, 2, 1, 300, 4097, FLASHCORE_DTYPE_FP8_E4M3},
+                          {128, false, 1, 4, 4, 200, 300, FLASHCORE_DTYPE_FP8_E5M2}};
+  for (const Shape& s : shapes) {
+    if (!fp8_skip_reason(s.D, s.causal, s.in).empty()) continue;
+    Problem p = make(s.D, s.causal, s.B, s.Hq, s.Hkv, s.Sq, s.Sk);
+    p.in = s.in;
+    p.name = sanitize("v_transposed_d" + std::to_string(s.D) + "_q" + std::to_string(s.Sq) + "_k" + std::to_string(s.Sk));
+    SCOPED_TRACE(describe(p));
+    const HostData h = make_inputs(p, seed_of(p.name));
+    DeviceProblem dev;
+    ASSERT_TRUE(dev.upload(p, h));
+    std::vector<uint16_t> o, o2;
+    std::vector<float> lse, lse2;
+    ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
+
+    uint64_t bytes = 0;
+    ASSERT_EQ(flashcore_fp8_transposed_v_size(&dev.params, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_EQ(bytes, static_cast<uint64_t>(s.B * s.Hkv * s.D * ((s.Sk + 127) / 128 * 128)));
+    void* vt = nullptr;
+    ASSERT_EQ(cudaMalloc(&vt, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemset(vt, 0xFF, bytes), cudaSuccess);  // poisoned: the transpose writes every byte
+    ASSERT_EQ(flashcore_fp8_transpose_v(&dev.params, vt, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+    flashcore_attention_params given = dev.params;
+    given.v = vt;
+    given.flags = FLASHCORE_FLAG_V_TRANSPOSED;
+    uint64_t ws = 0;
+    ASSERT_EQ(flashcore_attention_workspace_size(&given, &ws), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_EQ(ws, 256u) << "V given transposed: only the workspace's zero-filled head is needed";
+    given.workspace_size = ws;
+    ASSERT_EQ(dev.run(o2, lse2, &given), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_TRUE(o == o2) << "O differs from the call that transposes V itself";
+    EXPECT_EQ(std::memcmp(lse.data(), lse2.data(), lse.size() * 4), 0) << "LSE differs";
+
+    // Errors: the flag on the transpose itself, vt NULL or overlapping V, the flag on a 16-bit call.
+    EXPECT_EQ(flashcore_fp8_transpose_v(&given, vt, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error()).find("FLASHCORE_FLAG_V_TRANSPOSED"), std::string::npos);
+    EXPECT_EQ(flashcore_fp8_transpose_v(&dev.params, nullptr, nullptr), FLASHCORE_ERROR_NULL_POINTER);
+    EXPECT_NE(std::string(flashcore_last_error()).find("vt"), std::string::npos);
+    EXPECT_EQ(flashcore_fp8_transpose_v(&dev.params, const_cast<void*>(dev.params.v), nullptr),
+              FLASHCORE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error()).find("overlaps v"), std::string::npos);
+    EXPECT_EQ(cudaFree(vt), cudaSuccess);
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << fp8_skip_reason(128, false);
+}
+
+// ================================================================================================
 // GPU: every compiled 8-bit kernel config, e4m3 and e5m2 (tuning options: persistent grids keep their counter in the
 // workspace)
 // ================================================================================================

@@ -156,7 +156,9 @@ constexpr size_t kFp8VtOffset = 256;
 
 size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
   if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
-  if (is_8bit(row.dtype)) return kFp8VtOffset + fp8_vt_bytes(p);
+  if (is_8bit(row.dtype)) {  // (V given transposed: only the zero-filled head, the dynamic schedule's counter)
+    return kFp8VtOffset + ((p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0 ? 0 : fp8_vt_bytes(p));
+  }
   return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
 }
 
@@ -204,11 +206,12 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   const bool eight_bit = is_8bit(row.dtype);
   const int64_t vt_keys = kernels::fp8_vt_padded_keys(p.seqlen_k);
   uint8_t* vt = eight_bit ? static_cast<uint8_t*>(p.workspace) + kFp8VtOffset : nullptr;
+  if (eight_bit && (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) prepared_vt = static_cast<const uint8_t*>(p.v);
   if (prepared_vt != nullptr) vt = const_cast<uint8_t*>(prepared_vt);
   const flashcore_tensor_strides vt_strides{p.num_heads_kv * p.head_dim * vt_keys, vt_keys, p.head_dim * vt_keys, 1};
   const TensorMapArgs v_map =
       eight_bit ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch,
-                                vt_strides, static_cast<int>(p.head_dim)}
+                                vt_strides, static_cast<int>(p.head_dim), vt_chunk_keys(row.shape)}
                 : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, p.head_dim, kv_rows, p.num_heads_kv,
                                 kv_entries, p.v_strides, kv_box};  // (int8 Q K^T: V in O's 16-bit dtype)
   const TensorMapArgs maps[4] = {

@@ -82,9 +82,11 @@ struct KernelConfig {
   static constexpr int kChunks = kPlan.chunks;
   static constexpr int kQChunkBytes = kPlan.q_chunk_bytes;
   static constexpr int kKVChunkBytes = kPlan.kv_chunk_bytes;
-  // 8-bit V, transposed (VLayout::kDimMajor): rows are head-dim columns, 128 keys per 128-byte row chunk.
-  static constexpr int kVTChunks = kBlockN / kSmemRowBytes;
-  static constexpr int kVTChunkBytes = kHeadDim * kSmemRowBytes;
+  // 8-bit V, transposed (VLayout::kDimMajor): rows are head-dim columns, kVTChunkKeys keys (bytes) per row of a chunk
+  // (tile_shape.h: 128, or 64 with the 64-byte swizzle where the key block is not whole 128-key rows).
+  static constexpr int kVTChunkKeys = vt_chunk_keys(kShape);
+  static constexpr int kVTChunks = kBlockN / kVTChunkKeys;
+  static constexpr int kVTChunkBytes = kHeadDim * kVTChunkKeys;
   // V's row chunks (16-bit V of an int8 Q K^T config: 64 columns per chunk while Q and K have 128).
   static constexpr int kVChunkCols = kPlan.v_chunk_cols;
   static constexpr int kVChunks = kPlan.v_chunks;
@@ -112,7 +114,7 @@ struct KernelConfig {
   static constexpr int kQReleaseArrivals = kSeparateO ? kConsumerThreads : kConsumerWarpgroups;
 
   static_assert((kElemBytes == 2 || kElemBytes == 1) && kOutElemBytes == 2, "16- or 8-bit inputs, 16-bit O");
-  static_assert(!kFp8 || kBlockN % kSmemRowBytes == 0, "8-bit: the transposed V tile is whole 128-key chunks");
+  static_assert(!kFp8 || kBlockN % kVTChunkKeys == 0, "8-bit: the transposed V tile is whole 64- or 128-key chunks");
   static_assert(kElemBytes == 2 || !kSplitKv, "8-bit: no split-KV rows (yet)");
   static_assert(!kInt8QK || (kBlockN % 64 == 0 && kVElemBytes == 2), "int8 Q K^T: one K scale per 64 keys, 16-bit V");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");

@@ -117,8 +117,9 @@ __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], ui
 // O(64 x D) += P(64 x kBlockN, registers) * V_tile(kBlockN x D). V is key-major here (VLayout::kKeyMajor: its
 // rows are the k dimension, an N-major B operand): leading byte offset = distance between row chunks, stride
 // byte offset = distance between groups of 8 key rows.
-// 8-bit (VLayout::kDimMajor): V is stored transposed, rows = head-dim columns with 128 keys per 128-byte row chunk,
-// a K-major B operand like K in gemm_qk: k-step t is a 32-byte move inside chunk t / 4.
+// 8-bit (VLayout::kDimMajor): V is stored transposed, rows = head-dim columns with kVTChunkKeys keys per row chunk
+// (128 or 64 bytes, swizzled to that width), a K-major B operand like K in gemm_qk: k-step t is a 32-byte move inside
+// chunk t / (kVTChunkKeys / 32).
 // v_tile: the V tile's descriptor (OperandDescs).
 template <class Cfg>
 __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uint32_t (&a)[kPSteps<Cfg>][4],
@@ -130,7 +131,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
     if constexpr (Cfg::kVLayout == VLayout::kKeyMajor) {
       offset = t * 16 * Cfg::kRowBytes;
     } else {
-      constexpr int kStepsPerChunk = Cfg::kRowBytes / Cfg::kMmaK;
+      constexpr int kStepsPerChunk = Cfg::kVTChunkKeys / Cfg::kMmaK;
       offset = (t / kStepsPerChunk) * Cfg::kVTChunkBytes + (t % kStepsPerChunk) * 32;
     }
     WgmmaRS<typename Cfg::PVElement, Cfg::kHeadDim>::mma(o, a[t], (v_tile + offset).u64(), 1);
@@ -148,7 +149,7 @@ struct OperandDescs {
                                                   warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes)),
         k0(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemKOffset)),
         v0(Cfg::kVLayout == VLayout::kKeyMajor ? make_smem_desc_sw128(smem + Cfg::kSmemVOffset, Cfg::kVChunkBytes, 1024)
-                                               : make_smem_desc_sw128(smem + Cfg::kSmemVOffset, 16, 1024)) {}
+                                               : make_smem_desc_kmajor<Cfg::kVTChunkKeys>(smem + Cfg::kSmemVOffset)) {}
   __device__ __forceinline__ SmemDesc k(int stage) const { return k0 + stage * Cfg::kKTileBytes; }
   __device__ __forceinline__ SmemDesc v(int stage) const { return v0 + stage * Cfg::kVTileBytes; }
 };

@@ -35,13 +35,13 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* s
 }
 
 // 8-bit V, transposed in the workspace (kernel_params.h: tma_v): key block [key0, key0 + kBlockN) as kVTChunks boxes
-// of 128 keys x head_dim rows; box c lands at smem + c * kVTChunkBytes, a K-major B operand for gemm_pv.
+// of kVTChunkKeys keys x head_dim rows; box c lands at smem + c * kVTChunkBytes, a K-major B operand for gemm_pv.
 template <class Cfg>
 __device__ __forceinline__ void tma_load_vt(const CUtensorMap* map, uint8_t* smem, uint64_t* bar, int64_t key0,
                                             int head, int batch) {
 #pragma unroll
   for (int c = 0; c < Cfg::kVTChunks; ++c) {
-    const int32_t coords[4] = {static_cast<int32_t>(key0 + c * Cfg::kRowBytes), 0, head, batch};
+    const int32_t coords[4] = {static_cast<int32_t>(key0 + c * Cfg::kVTChunkKeys), 0, head, batch};
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem + c * Cfg::kVTChunkBytes,
                                     map, coords, bar);
   }

@@ -32,4 +32,9 @@ constexpr int kv_box_rows(const TileShape& s) {
   return s.schedule == Schedule::kSplitKv && s.block_n > 32 ? 32 : s.block_n;
 }
 
+// 8-bit V, transposed (VLayout::kDimMajor): keys per row of a shared-memory chunk, i.e. per TMA box row. 128 (one
+// 128-byte swizzled row) when the key block is whole 128-key rows, else 64 (64-byte swizzled rows), so that a key
+// block of 192 keys is three chunks.
+constexpr int vt_chunk_keys(const TileShape& s) { return s.block_n % 128 == 0 ? 128 : 64; }
+
 }  // namespace flashcore::sm90

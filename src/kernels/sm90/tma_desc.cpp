@@ -52,8 +52,9 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   const cuuint64_t strides[3] = {stride_bytes(a.strides.seq, a.seqlen, elem),
                                  stride_bytes(a.strides.head, a.heads, elem),
                                  stride_bytes(a.strides.batch, a.batch, elem)};
-  // One 128-byte row chunk per box row; a row of 64 bytes (8-bit head dim 64) is one box of 64-byte swizzled rows.
-  const int64_t row_elems = a.head_dim * elem < 128 ? a.head_dim : 128 / elem;
+  // One 128-byte row chunk per box row; a row of 64 bytes (8-bit head dim 64, or a transposed 8-bit V in 64-key
+  // chunks) is one box of 64-byte swizzled rows.
+  const int64_t row_elems = a.row_elems > 0 ? a.row_elems : a.head_dim * elem < 128 ? a.head_dim : 128 / elem;
   const CUtensorMapSwizzle swizzle = row_elems * elem == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_elems), static_cast<cuuint32_t>(a.box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};

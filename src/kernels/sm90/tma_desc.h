@@ -20,6 +20,7 @@ struct TensorMapArgs {
   int64_t head_dim, seqlen, heads, batch;
   flashcore_tensor_strides strides;  // elements
   int box_rows;
+  int row_elems = 0;  // elements per box row (64 or 128 bytes' worth); 0: the head dim, at most 128 bytes of it
 };
 
 flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& args, std::string& error);
