@@ -111,6 +111,7 @@ expect 2 "unknown command" 1 -- "$BIN" frobnicate
 expect 2 "unknown preset 'nosuch'" 1 -- "$BIN" bench nosuch
 expect 2 "unknown preset 'nosuch'" 1 -- "$BIN" bench --preset nosuch
 expect 2 "unknown option '--bogus'" 1 -- "$BIN" bench --bogus
+expect 2 "--v-transposed is for --dtype e4m3 / e5m2" 1 -- "$BIN" bench --v-transposed --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,2,3 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,x,64 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9 --dtype "$DT"

@@ -34,6 +34,7 @@ struct RowSpec {
   bool causal = false;
   int32_t precision = FLASHCORE_PRECISION_NATIVE;    // FP8: 16-bit inputs quantized by the library, timed with it
   flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // as passed (SAME: bf16 for e4m3, the input dtype otherwise)
+  bool v_transposed = false;  // 8-bit: V transposed once before timing (--v-transposed)
 };
 
 // 8-bit kernels run: e4m3 inputs, or 16-bit inputs with precision = FP8.
@@ -41,10 +42,12 @@ bool runs_8bit(const RowSpec& r) {
   return flashcore::is_8bit(r.dtype) || r.precision == FLASHCORE_PRECISION_FP8;
 }
 
-// The dtype column: "bf16", "e4m3" (O in bf16), "e4m3>fp16" (O in fp16), "bf16:fp8" (precision = FP8).
+// The dtype column: "bf16", "e4m3" (O in bf16), "e4m3>fp16" (O in fp16), "bf16:fp8" (precision = FP8), "e4m3:vt"
+// (V transposed once, --v-transposed).
 std::string dtype_label(const RowSpec& r) {
   std::string s = cli_dtype_name(r.dtype);
   if (r.precision == FLASHCORE_PRECISION_FP8) s += ":fp8";
+  if (r.v_transposed) s += ":vt";
   const flashcore_dtype out = flashcore::resolved_out_dtype(r.dtype, r.out_dtype);
   if (out != (flashcore::is_8bit(r.dtype) ? FLASHCORE_DTYPE_BF16 : r.dtype))
     s += std::string(">") + cli_dtype_name(out);
@@ -69,6 +72,7 @@ struct Options {
   bool rotate = true;
   bool repro = false;
   bool lse = true;
+  bool v_transposed = false;  // 8-bit rows: V transposed once per buffer set before timing (FLASHCORE_FLAG_V_TRANSPOSED)
   int power_ms = 200;
   int device = 0;
   bool quiet = false;
@@ -165,6 +169,9 @@ Options parse_options(int argc, char** argv, int first) {
     } else if (f == "--no-lse") {
       a.no_value(f);
       o.lse = false;
+    } else if (f == "--v-transposed") {
+      a.no_value(f);
+      o.v_transposed = true;
     } else if (f == "--power-ms") {
       o.power_ms = static_cast<int>(parse_int(f, a.value(f), 0, 600000));
     } else if (f == "--device") {
@@ -187,6 +194,8 @@ Options parse_options(int argc, char** argv, int first) {
   if (o.problem.out_dtype != FLASHCORE_DTYPE_SAME && o.problem.precision != FLASHCORE_PRECISION_FP8 &&
       !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
     usage_error("--out-dtype is for --dtype e4m3 / e5m2 or --precision fp8 (16-bit calls write O in their input dtype)");
+  if (o.v_transposed && !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
+    usage_error("--v-transposed is for --dtype e4m3 / e5m2 (8-bit V given transposed)");
   if (o.presets.empty() && o.shapes.empty()) o.presets.push_back("seeds");
   return o;
 }
@@ -242,7 +251,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
       for (bool c : causal)
         rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c,
                         flashcore::is_8bit(dt) ? FLASHCORE_PRECISION_NATIVE : o.problem.precision,
-                        o.problem.out_dtype});
+                        o.problem.out_dtype, o.v_transposed && flashcore::is_8bit(dt)});
   }
   return rows;
 }
@@ -375,6 +384,24 @@ class RowRunner {
       params_[i].v = s + off_v;
       params_[i].o = s + off_o;
       params_[i].lse = o_.lse ? reinterpret_cast<float*>(s + off_lse) : nullptr;
+    }
+    // --v-transposed: each set's V transposed once here (not timed), and read as is by the timed calls.
+    if (r.v_transposed) {
+      uint64_t vt_bytes = 0;
+      flashcore_status vst = flashcore_fp8_transposed_v_size(&params_[0], &vt_bytes);
+      if (vst != FLASHCORE_SUCCESS)
+        throw RowError(std::string("fp8_transposed_v_size: ") + flashcore_status_string(vst) + ": " + flashcore_last_error());
+      const size_t vt_set = align256(static_cast<size_t>(vt_bytes));
+      FC_CUDA(cudaMalloc(&vt_.ptr, sets * vt_set));
+      for (size_t i = 0; i < sets; ++i) {
+        void* vt = static_cast<char*>(vt_.ptr) + i * vt_set;
+        vst = flashcore_fp8_transpose_v(&params_[i], vt, stream_);
+        if (vst != FLASHCORE_SUCCESS)
+          throw RowError(std::string("fp8_transpose_v: ") + flashcore_status_string(vst) + ": " + flashcore_last_error());
+        params_[i].v = vt;
+        params_[i].flags |= FLASHCORE_FLAG_V_TRANSPOSED;
+      }
+      FC_CUDA(cudaStreamSynchronize(stream_));
     }
     flashcore_status st = flashcore_attention_validate(&params_[0]);
     if (st != FLASHCORE_SUCCESS)
@@ -533,6 +560,7 @@ class RowRunner {
   std::vector<flashcore_attention_params> params_;
   DeviceArena workspace_;
   DeviceArena descales_;  // e4m3: q, k, v descales (3 x batch x heads_kv floats)
+  DeviceArena vt_;        // --v-transposed: each set's transposed V
   PowerStats power_;
 };
 
@@ -743,6 +771,8 @@ void print_bench_help() {
       "  --dtype D        fp16 | bf16 | both | e4m3 | e5m2 (default bf16). e4m3, e5m2: 8-bit Q, K, V (random\n"
       "                   N(0,1)*64 in the 8-bit type) with random per-(batch, KV head) descales in [1/128, 1/32], O in bf16, a\n"
       "                   zero-filled workspace (the library transposes V into it, inside the timed call)\n"
+      "  --v-transposed   with --dtype e4m3 / e5m2: V transposed once per buffer set before timing\n"
+      "                   (flashcore_fp8_transpose_v, FLASHCORE_FLAG_V_TRANSPOSED): the calls skip their transpose\n"
       "  --precision P    native | fp8 (default native). fp8: 16-bit inputs quantized to e4m3 by the library and\n"
       "                   run by the 8-bit kernels; the quantization is timed with the attention\n"
       "  --out-dtype D    bf16 | fp16: O of --dtype e4m3 / e5m2 (default bf16) or of --precision fp8 (default the input)\n"
