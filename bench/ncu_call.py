@@ -5,6 +5,9 @@
 
 --paged P (flashcore): the same K and V in a paged cache of page P, pages shuffled.
 --config NAME (flashcore): that kernel config (flashcore list-configs) through the C ABI's kernel_config.
+--fp8 (flashcore, fa3): e4m3 inputs quantized per (batch, KV head) (flashcore.quantize_fp8) with their descales;
+flashcore reads V transposed once before the profiled range (fp8_transpose_v), so the range holds its attention kernel
+alone, as FA3's does.
 SYSTEM: flashcore, cudnn, fa2 (PyTorch SDPA's FlashAttention-2), fa3 (flash_attn_interface on PYTHONPATH), read (a plain read of K and V: torch sum,
 the streaming reference for decode shapes). Tensors are (B, S, H, D) bf16, the layout of bench/serving.py.
 """
@@ -23,12 +26,25 @@ ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--paged", type=int, default=0, help="flashcore: a paged cache of this page size (decode shapes), "
                 "pages in a random order, through attention_with_kvcache")
 ap.add_argument("--config", default=None, help="flashcore: a named kernel config instead of the library's choice")
+ap.add_argument("--fp8", action="store_true", help="flashcore / fa3: e4m3 inputs with descales (see above)")
 a = ap.parse_args()
 B, Hq, Hkv, Sq, Sk, D = map(int, a.shape.split(","))
 q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16)
 v = torch.randn_like(k)
-if a.system == "flashcore" and a.paged:
+if a.fp8:
+    import flashcore
+    if a.system not in ("flashcore", "fa3"):
+        ap.error("--fp8 is for flashcore and fa3")
+    (q8, qd), (k8, kd), (v8, vd) = (flashcore.quantize_fp8(t, num_heads_kv=Hkv) for t in (q, k, v))
+    if a.system == "flashcore":
+        vt8 = flashcore.fp8_transpose_v(v8)
+        fn = lambda: flashcore.attention(q8, k8, vt8, causal=a.causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                         v_transposed=True)
+    else:
+        from flash_attn_interface import flash_attn_func
+        fn = lambda: flash_attn_func(q8, k8, v8, causal=a.causal, q_descale=qd, k_descale=kd, v_descale=vd)
+elif a.system == "flashcore" and a.paged:
     import flashcore
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from serving import paged_cache
