@@ -200,20 +200,8 @@ flashcore_status flashcore_fp8_transpose_v(const flashcore_attention_params* par
     int device = 0, cc = 0;
     flashcore_status status = checked_8bit_v(params, /*with_device=*/true, p, device, cc, message);
     if (status != FLASHCORE_SUCCESS) return set_error(status, message);
-    if (vt == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "vt is NULL");
-    if (reinterpret_cast<uintptr_t>(vt) % 16 != 0) {
-      return set_error(FLASHCORE_ERROR_MISALIGNED_POINTER, "vt is not 16-byte aligned");
-    }
-    // vt must not overlap V: the transpose reads V while it writes vt (V's extent: validated above).
-    const uintptr_t vt_begin = reinterpret_cast<uintptr_t>(vt);
-    const uintptr_t vt_end = vt_begin + flashcore::backend::fp8_transposed_v_bytes(p);
-    const uintptr_t v_begin = reinterpret_cast<uintptr_t>(p.v);
-    const uintptr_t v_end = v_begin + static_cast<uintptr_t>((p.batch - 1) * p.v_strides.batch +
-                                                             (p.seqlen_k - 1) * p.v_strides.seq +
-                                                             (p.num_heads_kv - 1) * p.v_strides.head + p.head_dim);
-    if (vt_begin < v_end && v_begin < vt_end) {
-      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "vt overlaps v (the transpose cannot run in place)");
-    }
+    status = flashcore::api::check_v_transpose_output(p, vt, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
     status = flashcore::backend::fp8_transpose_v(p, vt, cc, static_cast<cudaStream_t>(stream), message);
     return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
   });

@@ -707,6 +707,27 @@ flashcore_status validate_v_transpose(const flashcore_attention_params& p, std::
   return check_strides(v, p.dtype, message);
 }
 
+flashcore_status check_v_transpose_output(const flashcore_attention_params& p, const void* vt, std::string& message) {
+  if (vt == nullptr) {
+    message = "vt is NULL";
+    return FLASHCORE_ERROR_NULL_POINTER;
+  }
+  if (reinterpret_cast<uintptr_t>(vt) % kAlignment != 0) {
+    message = cat("vt is not ", kAlignment, "-byte aligned");
+    return FLASHCORE_ERROR_MISALIGNED_POINTER;
+  }
+  const Tensor v = {"v", p.v, &p.v_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"},
+                    {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}};
+  const auto begin = reinterpret_cast<uintptr_t>(vt);
+  const Span out{begin, begin + static_cast<uintptr_t>(p.batch * p.num_heads_kv * p.head_dim *
+                                                       kernels::fp8_vt_padded_keys(p.seqlen_k))};
+  if (out.overlaps(span_of(v, 1))) {
+    message = "vt overlaps v (the transpose cannot run in place)";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
 flashcore_status validate_device(const flashcore_attention_params& p, int& device, int& cc, std::string& message) {
   int count = 0;
   const cudaError_t count_err = cudaGetDeviceCount(&count);

@@ -57,6 +57,9 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 // 8-bit, batch, seqlen_k, num_heads_kv, head_dim compiled for it, v 16-byte aligned, v_strides as in
 // validate_arguments); flags must not have FLASHCORE_FLAG_V_TRANSPOSED. Touches no device.
 flashcore_status validate_v_transpose(const flashcore_attention_params& p, std::string& message);
+// The output of flashcore_fp8_transpose_v, for params that passed validate_v_transpose: vt not NULL (NULL_POINTER),
+// 16-byte aligned (MISALIGNED_POINTER), not overlapping V (INVALID_ARGUMENT: the transpose reads V while it writes).
+flashcore_status check_v_transpose_output(const flashcore_attention_params& p, const void* vt, std::string& message);
 
 // Device checks, for params that passed validate_arguments, in this order:
 //   NO_DEVICE         no CUDA device visible
