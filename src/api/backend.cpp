@@ -17,6 +17,7 @@
 #include "api/launch_util.h"
 #include "api/tuning.h"
 #include "kernels/sm90/launch.h"
+#include "kernels/sm90/smem_plan.h"
 #ifdef FLASHCORE_HAVE_SM80
 #include "kernels/sm80/launch.h"
 #endif
@@ -243,15 +244,18 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
   // workspace for its partials. Tuning tables time whole-tile configs and come after it.
   if (p.kernel_config == nullptr && workspace_given) out.sm90 = sm90::decode_row(p, device, workspace_capacity);
-  // Packed (varlen) queries: one CTA per tile, balanced by the hardware across sequence lengths.
-  if (p.kernel_config == nullptr && out.sm90 == nullptr) out.sm90 = sm90::varlen_row(p);
+  // Packed (varlen) queries: the packed rows of configs.txt (a dynamic persistent row where a workspace is given,
+  // else one CTA per tile, balanced by the hardware across sequence lengths).
+  if (p.kernel_config == nullptr && out.sm90 == nullptr) out.sm90 = sm90::varlen_row(p, workspace_given);
   // choose() only returns configs it found available; should one be gone, the default runs.
   if (out.sm90 == nullptr && p.kernel_config == nullptr && out_dtype == p.dtype) {
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
     if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
-    // The dynamic schedule has no paged or packed (varlen) path (sm90/scheduler.cuh): such calls take the default.
-    const bool serving_layout = p.block_table != nullptr || p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr;
-    if (out.sm90 != nullptr && serving_layout && out.sm90->shape.schedule == sm90::Schedule::kDynamicPersistent) {
+    // Dynamic rows take no paged K/V, and those with two consumer warpgroups no packed one (sm90/smem_plan.h):
+    // such calls take the default.
+    const bool packed = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr;
+    if (out.sm90 != nullptr && ((p.block_table != nullptr && !sm90::takes_paged(out.sm90->shape)) ||
+                                (packed && !sm90::takes_packed(out.sm90->shape)))) {
       out.sm90 = nullptr;
     }
   }

@@ -160,40 +160,44 @@ TEST(Varlen, CaseListsHaveVarlenCases) {
   }
 }
 
-// Every config compiled for bf16 d128 (except the split-KV rows: num_splits > 1 is not available with cu_seqlens_q)
-// on a varlen Q + K + seqused_k batch.
-TEST(Varlen, EveryD128ConfigPasses) {
+// Every config compiled for bf16 d64, d128 and d256 (except the split-KV rows: num_splits > 1 is not available with
+// cu_seqlens_q) on a varlen Q + K + seqused_k batch: one CTA per tile, static and dynamic persistent schedules.
+TEST(Varlen, EveryConfigPasses) {
   FLASHCORE_REQUIRE_GPU();  // serving layouts: both backends (FLASHCORE_BACKEND=sm80 runs the portable one)
   int runs = 0;
-  for (bool causal : {false, true}) {
-    std::vector<std::string> configs;
-    ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, 128, causal, configs), FLASHCORE_SUCCESS)
-        << flashcore_last_error();
-    for (const std::string& config : configs) {
-      if (config.size() > 6 && config.compare(config.size() - 6, 6, "-split") == 0) continue;
-      if (flashcore::test::not_a_serving_config(config)) continue;
-      Case c = varlen_case(FLASHCORE_DTYPE_BF16, 128, causal, 8, 2, kLq5, kLk5Long);
-      c.seqused_k = kUsed5;
-      c.kernel_config = config.c_str();
-      const check::Result r = check::run_case(c, case_seed("config " + config) + (causal ? 1 : 0), /*repeats=*/1);
-      if (r.skipped || flashcore::test::refused_as_dynamic(config, r)) continue;
-      ++runs;
-      EXPECT_TRUE(r.passed) << config << ": " << report(c, r) << "\n  " << r.message;
+  for (int head_dim : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      std::vector<std::string> configs;
+      ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, head_dim, causal, configs), FLASHCORE_SUCCESS)
+          << flashcore_last_error();
+      for (const std::string& config : configs) {
+        if (config.size() > 6 && config.compare(config.size() - 6, 6, "-split") == 0) continue;
+        if (flashcore::test::not_a_serving_config(config)) continue;
+        Case c = varlen_case(FLASHCORE_DTYPE_BF16, head_dim, causal, 8, 2, kLq5, kLk5Long);
+        c.seqused_k = kUsed5;
+        c.kernel_config = config.c_str();
+        const check::Result r =
+            check::run_case(c, case_seed("config " + config) + head_dim + (causal ? 1 : 0), /*repeats=*/1);
+        if (r.skipped || flashcore::test::refused_as_dynamic(config, r, /*paged=*/false)) continue;
+        ++runs;
+        EXPECT_TRUE(r.passed) << "d" << head_dim << " " << config << ": " << report(c, r) << "\n  " << r.message;
+      }
     }
   }
-  if (runs == 0) GTEST_SKIP() << "no bf16 d128 config ran";
+  if (runs == 0) GTEST_SKIP() << "no bf16 config ran";
   std::printf("varlen configs: %d case(s) run\n", runs);
 }
 
-// A packed batch runs the row configs.txt marks "packed" for its head dim and mask (sm90 backend.cpp, varlen_row), else
-// the default where it takes one CTA per tile: here 192x128x3-pp-onecta for d64 both ways, the vote rows at d128.
+// A packed batch runs the row configs.txt marks "packed" for its head dim and mask (sm90 backend.cpp, varlen_row), a
+// dynamic one only when the call gives a workspace, else the default where it takes one CTA per tile: here the
+// dynamic rows for d64 (192x128x3-pp-onecta without a workspace), the vote rows at d128.
 TEST(Varlen, SelectsThePackedRows) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
-  const struct { int head_dim; bool causal; const char* expected; } rows[] = {
-      {64, false, "192x128x3-pp-onecta"},
-      {64, true, "192x128x3-pp-onecta"},
-      {128, false, "128x128x2-pp-onecta-vote"},
-      {128, true, "128x128x2-pp-onecta-vote"},
+  const struct { int head_dim; bool causal; const char* expected; const char* with_workspace; } rows[] = {
+      {64, false, "192x128x3-pp-onecta", "192x128x3-pp-dynamic"},
+      {64, true, "192x128x3-pp-onecta", "192x128x3-pp-dynamic"},
+      {128, false, "128x128x2-pp-onecta-vote", "128x128x2-pp-onecta-vote"},
+      {128, true, "128x128x2-pp-onecta-vote", "128x128x2-pp-onecta-vote"},
   };
   // Q, K, V, O of (64 rows, 2 heads, head dim <= 128) bf16, 32 KB each, apart; then cu_seqlens, all 0 (valid, and
   // not read to select a row).
@@ -218,6 +222,10 @@ TEST(Varlen, SelectsThePackedRows) {
     char name[128] = "";
     ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
     EXPECT_STREQ(name, row.expected) << "d" << row.head_dim << (row.causal ? " causal" : " non-causal");
+    p.workspace = buf + 4 * kPart + 1024, p.workspace_size = 256;  // zero-filled, past cu_seqlens
+    ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_STREQ(name, row.with_workspace) << "d" << row.head_dim << (row.causal ? " causal" : " non-causal")
+                                           << ", with a workspace";
     ++run;
   }
   if (run == 0) GTEST_SKIP() << "neither head dim 64 nor 128 compiled in";

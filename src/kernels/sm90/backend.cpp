@@ -14,6 +14,7 @@
 #include "kernels/sm90/kernel_params.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/scheduler_grid.h"
+#include "kernels/sm90/smem_plan.h"
 #include "kernels/sm90/split_plan.h"
 #include "kernels/sm90/tma_desc.h"
 
@@ -118,10 +119,14 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   return nullptr;
 }
 
-const KernelRow* varlen_row(const flashcore_attention_params& p) {
+const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_given) {
   if (p.cu_seqlens_q == nullptr) return nullptr;
+  // The first listed packed row of the key; a dynamic one only with the workspace for its counter (else the next).
+  // A paged K/V never takes the dynamic schedule (scheduler.cuh).
   for (const KernelRow* r : kPackedRows) {
-    if (r != nullptr && same_key(*r, p)) return r;
+    if (r == nullptr || !same_key(*r, p)) continue;
+    if (r->shape.schedule == Schedule::kDynamicPersistent && (!workspace_given || p.block_table != nullptr)) continue;
+    return r;
   }
   // Else the default row where it takes one CTA per tile, or the first such row.
   const KernelRow* first = nullptr;
@@ -195,9 +200,9 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
             std::to_string(row.shape.block_n) + ") share no 16-row slice";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  if ((paged || varlen_q || varlen_k) && row.shape.schedule == Schedule::kDynamicPersistent) {
-    error = std::string("kernel config \"") + row.name + "\" (dynamic schedule) has no paged or packed (varlen) "
-            "path; name another config or none";
+  if ((paged && !takes_paged(row.shape)) || ((varlen_q || varlen_k) && !takes_packed(row.shape))) {
+    error = std::string("kernel config \"") + row.name + "\" (dynamic schedule) has no " +
+            (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const int kv_box = paged ? slice_rows : kv_box_rows(row.shape);

@@ -67,7 +67,7 @@ struct KernelConfig {
   static constexpr int kRowsPerWarpgroup = sm90::kRowsPerWarpgroup;
   static constexpr int kThreads = kPlan.threads;
   static constexpr int kConsumerThreads = kPlan.consumer_threads;
-  static constexpr int kProducerRegs = sm90::kProducerRegs;
+  static constexpr int kProducerRegs = producer_regs(kShape);
   static constexpr int kConsumerRegs = kPlan.consumer_regs;
   // P in two register sets that take turns, so that the softmax overlaps the P V GEMM (mainloop.cuh, keep_allocated),
   // where the second set fits: O, S and two P sets within 192 of 240 registers (ptxas spilled at d128 128x176, d256

@@ -30,10 +30,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
   // one-tile-per-CTA launch hold a query block past their own sequence's end: nothing to load, compute or store. They
   // leave before any set-up (perf-notes v28).
   if constexpr (Cfg::kSchedule == Schedule::kOneTilePerCta && kServingLayouts<Cfg>) {
-    if (p.cu_seqlens_q != nullptr && static_cast<int>(blockIdx.x) < p.num_tiles) {
-      const Tile tile = decode_tile<Cfg>(p, static_cast<int>(blockIdx.x));
-      if (static_cast<int64_t>(tile.m_block) * Cfg::kBlockM >= tile.seq.seqlen_q) return;
-    }
+    if (static_cast<int>(blockIdx.x) < p.num_tiles && !tile_has_rows<Cfg>(p, static_cast<int>(blockIdx.x))) return;
   }
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   if (threadIdx.x == 0) bars.init();

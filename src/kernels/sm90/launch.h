@@ -64,7 +64,7 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
 // Packed (varlen) queries: the (dtype, head dim, causal) row configs.txt marks "packed", else the row with one CTA
 // per tile (the default when it is one), whose grid the hardware balances over sequences of different lengths;
 // nullptr for dense queries or when none is compiled.
-const KernelRow* varlen_row(const flashcore_attention_params& p);
+const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_given);
 
 // Whether the row needs a workspace at all (the dynamic scheduler's counter, split-KV partials).
 bool needs_workspace(const KernelRow& row);

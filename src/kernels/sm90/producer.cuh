@@ -128,7 +128,7 @@ struct Producer {
                                             SharedBarriers<Cfg>& bars) {
     // A paged cache: the first block's pages are read before the wait for the Q stage.
     BlockPages first_pages;
-    if constexpr (kServingLayouts<Cfg>) {
+    if constexpr (kPagedLayout<Cfg>) {
       if (p.block_table != nullptr && tile.keys.count() > 0) {
         first_pages = block_pages(p, tile, (tile.keys.end - 1) * Cfg::kBlockN, Cfg::kBlockN);
       }
@@ -148,14 +148,15 @@ struct Producer {
         tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM, tile.head, q_batch);
     q_state.advance();
 
-    if constexpr (kServingLayouts<Cfg>) {  // not on the dynamic schedule (scheduler.cuh)
+    if constexpr (kPagedLayout<Cfg>) {  // not on the dynamic schedule (scheduler.cuh)
       if (p.block_table != nullptr) {
         load_paged_blocks(p, tile, smem, bars, kv_head, first_pages);
         return;
       }
     }
-    for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
-      const int64_t row = kv_row(tile, n_block);
+    // The K/V row walks down from the last block (one 64-bit induction variable: the producer's 24 registers).
+    int64_t row = kv_row(tile, tile.keys.end - 1);
+    for (int n = tile.keys.count(); n > 0; --n, row -= Cfg::kBlockN) {
       uint8_t* k_stage = smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes;
       uint8_t* v_stage = smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes;
       bars.k.acquire(kv_state);

@@ -18,11 +18,14 @@ using kernels::Tile;
 
 // Split-KV: tile index = dense tile * num_splits + split; split s visits key blocks
 // [begin + s * blocks_per_split, begin + (s + 1) * blocks_per_split) of the dense tile's range (possibly none).
-// Packed (varlen) and paged layouts run on every schedule but the dynamic one: its producer keeps the tile-id ring
-// state in 24 registers, and the extra sequence and page state spilled there (the host never sends it such calls).
-// Nor do 8-bit kernels (the host refuses 8-bit calls with serving layouts).
+// Serving layouts (smem_plan.h, takes_packed / takes_paged): packed (varlen) Q/O and K/V on every 16-bit schedule
+// but a dynamic one with two consumer warpgroups, a paged K/V on every one but the dynamic schedule (the host never
+// sends them such calls); a KV cache's lengths (seqused_k) everywhere. 8-bit kernels take neither packed nor paged
+// layouts (the host refuses 8-bit calls with serving layouts).
 template <class Cfg>
-inline constexpr bool kServingLayouts = Cfg::kSchedule != Schedule::kDynamicPersistent && Cfg::kElemBytes == 2;
+inline constexpr bool kServingLayouts = Cfg::kElemBytes == 2 && takes_packed(Cfg::kShape);
+template <class Cfg>
+inline constexpr bool kPagedLayout = kServingLayouts<Cfg> && takes_paged(Cfg::kShape);
 
 template <class Cfg>
 __device__ __forceinline__ Tile decode_cache_tile(const FwdParams& p, int tile_idx) {
@@ -44,6 +47,18 @@ __device__ __forceinline__ Tile decode_tile(const FwdParams& p, int tile_idx) {
   }
 }
 
+// Whether tile t has query rows: false only for a packed batch's query blocks past their sequence's end.
+template <class Cfg>
+__device__ __forceinline__ bool tile_has_rows(const FwdParams& p, int t) {
+  if constexpr (kServingLayouts<Cfg>) {
+    if (p.cu_seqlens_q != nullptr) {
+      const Tile tile = decode_tile<Cfg>(p, t);
+      return static_cast<int64_t>(tile.m_block) * Cfg::kBlockM < tile.seq.seqlen_q;
+    }
+  }
+  return true;
+}
+
 template <class Cfg>
 struct TileScheduler {
   static constexpr Schedule kPolicy = Cfg::kSchedule;
@@ -63,9 +78,14 @@ struct TileScheduler {
       // Every processed tile is followed by exactly one fetch, so a launch makes num_tiles fetches: values
       // 0 .. num_tiles-1 (those >= num_tiles - grid end their CTA's loop). The last one puts the counter back
       // to 0 for the next launch on the stream (the workspace contract: left zero-filled).
-      const int fetched = atomicAdd(p.tile_counter, 1);
-      if (fetched == p.num_tiles - 1) *p.tile_counter = 0;
-      const int next = static_cast<int>(gridDim.x) + fetched;
+      // A packed batch's query blocks past their own sequence's end (about half of its tiles: the grid covers the
+      // longest sequence for every sequence) are fetched and passed over here, so the consumers never see them.
+      int next;
+      do {
+        const int fetched = atomicAdd(p.tile_counter, 1);
+        if (fetched == p.num_tiles - 1) *p.tile_counter = 0;
+        next = static_cast<int>(gridDim.x) + fetched;
+      } while (next < p.num_tiles && !tile_has_rows<Cfg>(p, next));
       bars.tile.acquire(state);
       bars.tile_id[state.stage] = next;
       bars.tile.commit(state);

@@ -13,9 +13,24 @@ inline constexpr int kSmemSlackBytes = kSmemBarrierBytes + 1024;  // +1024: the 
 inline constexpr int kRowsPerWarpgroup = 64;        // query rows per consumer warpgroup
 inline constexpr int kProducerRegs = 24;            // setmaxnreg budget of the producer warpgroup
 
-// setmaxnreg budget per consumer thread: what is left of the 64K registers beside the producer warpgroup.
-// setmaxnreg budget per consumer thread: 240 for one or two consumer warpgroups, 160 for three (64K registers).
+// setmaxnreg budget per consumer thread: what is left of the 64K registers beside the producer warpgroup, 240 for one
+// or two consumer warpgroups, 160 for three.
 constexpr int consumer_regs(int consumer_warpgroups) { return consumer_warpgroups <= 2 ? 240 : 160; }
+
+// The producer's budget: kProducerRegs, or 32 on a dynamic schedule with three consumer warpgroups (three of 160
+// leave 32 of the 64K registers; two of 240 leave 24 of a 168-register launch). The dynamic producer keeps its
+// tile-id ring state beside the tile decode, and a packed batch's decode spilled in 24.
+constexpr int producer_regs(const TileShape& s) {
+  return s.schedule == Schedule::kDynamicPersistent && s.block_m / kRowsPerWarpgroup == 3 ? 32 : kProducerRegs;
+}
+
+// The serving layouts (flashcore.h) a 16-bit config's kernel takes (scheduler.cuh). Packed (varlen) Q/O and K/V:
+// every schedule but a dynamic one whose producer has 24 registers. A paged K/V: every schedule but the dynamic one
+// (its page state spilled there too).
+constexpr bool takes_packed(const TileShape& s) {
+  return s.schedule != Schedule::kDynamicPersistent || producer_regs(s) >= 32;
+}
+constexpr bool takes_paged(const TileShape& s) { return s.schedule != Schedule::kDynamicPersistent; }
 
 struct SmemPlan {
   int consumer_warpgroups;  // one per 64 query rows
