@@ -121,11 +121,12 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
 
 const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_given) {
   if (p.cu_seqlens_q == nullptr) return nullptr;
-  // The first listed packed row of the key; a dynamic one only with the workspace for its counter (else the next).
-  // A paged K/V never takes the dynamic schedule (scheduler.cuh).
+  // The first listed packed row of the key that takes this call (smem_plan.h: takes_packed, takes_paged); a dynamic
+  // one only with the workspace for its counter.
   for (const KernelRow* r : kPackedRows) {
-    if (r == nullptr || !same_key(*r, p)) continue;
-    if (r->shape.schedule == Schedule::kDynamicPersistent && (!workspace_given || p.block_table != nullptr)) continue;
+    if (r == nullptr || !same_key(*r, p) || !takes_packed(r->shape)) continue;
+    if (p.block_table != nullptr && !takes_paged(r->shape)) continue;
+    if (r->shape.schedule == Schedule::kDynamicPersistent && !workspace_given) continue;
     return r;
   }
   // Else the default row where it takes one CTA per tile, or the first such row.

@@ -61,9 +61,9 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
 // workspace, or no split row compiled for the key).
 const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity);
 
-// Packed (varlen) queries: the (dtype, head dim, causal) row configs.txt marks "packed", else the row with one CTA
-// per tile (the default when it is one), whose grid the hardware balances over sequences of different lengths;
-// nullptr for dense queries or when none is compiled.
+// Packed (varlen) queries: the first (dtype, head dim, causal) row configs.txt marks "packed" that takes the call (a
+// dynamic one only when `workspace_given`), else the row with one CTA per tile (the default when it is one), whose
+// grid the hardware balances over sequences of different lengths; nullptr for dense queries or when none is compiled.
 const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_given);
 
 // Whether the row needs a workspace at all (the dynamic scheduler's counter, split-KV partials).

@@ -154,7 +154,7 @@ struct Producer {
         return;
       }
     }
-    // The K/V row walks down from the last block (one 64-bit induction variable: the producer's 24 registers).
+    // The K/V row walks down from the last visible block.
     int64_t row = kv_row(tile, tile.keys.end - 1);
     for (int n = tile.keys.count(); n > 0; --n, row -= Cfg::kBlockN) {
       uint8_t* k_stage = smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes;
