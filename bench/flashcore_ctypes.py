@@ -120,9 +120,9 @@ class FlashCoreLib:
             params.precision = precision
         if kernel_config:
             params.kernel_config = kernel_config
-        # The workspace the call needs (a tuned config may use the dynamic scheduler; an 8-bit call transposes V into
-        # it): zero-filled, kept alive here. workspace_size validates the params like forward; validate then checks
-        # them with the workspace in place.
+        # The workspace the call needs (a tuned config may use the dynamic scheduler; an 8-bit call may transpose V
+        # into it): zero-filled, kept alive here. workspace_size validates the params like forward; validate then
+        # checks them with the workspace in place.
         if v_transposed:
             vt = torch.empty(self.library.fp8_transposed_v_size(params), dtype=torch.uint8, device=q.device)
             self.library.fp8_transpose_v(params, vt.data_ptr(), torch.cuda.current_stream().cuda_stream)

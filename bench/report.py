@@ -398,12 +398,13 @@ class Runner:
         if self.fc is None:
             raise RuntimeError("libflashcore.so not loaded")
         from flashcore_ctypes import PRECISION_FP8, PRECISION_INT8
-        params, outs = [], []
+        params, outs, lses = [], [], []
         for st in sets:
             q, k, v = st["bf16"]
             o = torch.full_like(q, float("nan"))  # poisoned, as in the grid
             B, S, H, _ = q.shape
             lse = None if self.args.no_lse else torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+            lses.append(lse)  # the params point at it: it lives as long as fc_call
             if name in ("fc_e4m3", "fc_e5m2", "fc_e4m3_vt"):
                 params.append(self.fc.params_for(*st[name[3:7]], o, lse=lse, causal=causal, bhsd=False,
                                                  descales=st["descale"], v_transposed=name == "fc_e4m3_vt"))
@@ -417,6 +418,7 @@ class Runner:
         def fc_call(i):
             fc.forward(params[i], torch.cuda.current_stream().cuda_stream)
             return outs[i]
+        fc_call.lses = lses
         return fc_call
 
     def run_fp8_cell(self, B, H, S, D, causal, seed=0):

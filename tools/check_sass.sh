@@ -4,6 +4,9 @@
 #     HGMMA; IGMMA, the int8 wgmma of Q K^T, and HGMMA, the 16-bit P V, for the int8 rows *_i8_*) and UTMALDG (TMA
 #     loads), and UTMASTG (TMA stores) except the split-KV
 #     kernels (rows named *_split_*), which write fp32 partials with plain stores for the combine kernel;
+#   - the 8-bit rows whose tile lets the producer warps transpose V in shared memory (tile_shape.h
+#     transposes_v_in_place: head dim 64, 128 with key blocks of whole 128 keys, 256 with 128-key blocks) have the
+#     transposer's LDSM.16.MT88 and STSM (transpose_v.cuh);
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
 #   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510-C7519) anywhere;
@@ -36,29 +39,36 @@ expected=$(grep -c "^FLASHCORE_SM90_ROW" "$BUILD_DIR/generated/kernels/sm90/rows
 sass="$BUILD_DIR/flashcore.sass"
 cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
 
-# One summary line per kernel: name, HGMMA, QGMMA, IGMMA, UTMALDG, UTMASTG and LDL/STL counts.
+# One summary line per kernel: name, HGMMA, QGMMA, IGMMA, UTMALDG, UTMASTG, LDL/STL and STSM counts.
 report=$(awk '
-  /Function : / { if (name != "") print name, h, q, i, l, s, loc; name = $NF; h = q = i = l = s = loc = 0; next }
+  /Function : / { if (name != "") print name, h, q, i, l, s, loc, t; name = $NF; h = q = i = l = s = loc = t = 0; next }
   name != "" && /HGMMA/   { h++ }
   name != "" && /QGMMA/   { q++ }
   name != "" && /IGMMA/   { i++ }
   name != "" && /UTMALDG/ { l++ }
   name != "" && /UTMASTG/ { s++ }
   name != "" && /[^A-Z](LDL|STL)[. ]/ { loc++ }
-  END { if (name != "") print name, h, q, i, l, s, loc }
+  name != "" && /STSM/    { t++ }
+  END { if (name != "") print name, h, q, i, l, s, loc, t }
 ' "$sass" | grep flashcore_fwd_sm90_kernel | sort -u)
 
 found=$(printf '%s\n' "$report" | grep -c . || true)
 echo "check_sass: $found forward kernel(s) in $lib (expected $expected from the generated instantiations)"
 [[ "$found" -eq "$expected" && "$found" -gt 0 ]] || err "found $found forward kernels, expected $expected"
 
-while read -r name h q i l s loc; do
+while read -r name h q i l s loc t; do
   [[ -z "${name:-}" ]] && continue
   demangled=$(echo "$name" | c++filt 2>/dev/null || echo "$name")
   status="ok"
   if [[ "$demangled" == *_e4m3_* || "$demangled" == *_e5m2_* ]]; then
     [[ "$q" -gt 0 ]] || { err "$demangled: no QGMMA (8-bit wgmma)"; status="FAIL"; }
     [[ "$h" -eq 0 ]] || { err "$demangled: 8-bit kernel with $h HGMMA"; status="FAIL"; }
+    if [[ "$demangled" =~ _d([0-9]+)_c[01]_[0-9]+x([0-9]+)x ]]; then
+      D=${BASH_REMATCH[1]}; BN=${BASH_REMATCH[2]}
+      if [[ "$D" -eq 64 || ( "$D" -eq 128 && $((BN % 128)) -eq 0 ) || ( "$D" -eq 256 && "$BN" -eq 128 ) ]]; then
+        [[ "$t" -gt 0 ]] || { err "$demangled: no STSM (V transposed in the producer warps)"; status="FAIL"; }
+      fi
+    fi
   elif [[ "$demangled" == *_i8_* ]]; then
     [[ "$i" -gt 0 ]] || { err "$demangled: no IGMMA (int8 wgmma of Q K^T)"; status="FAIL"; }
     [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA (16-bit P V)"; status="FAIL"; }
@@ -68,7 +78,8 @@ while read -r name h q i l s loc; do
   [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
   [[ "$s" -gt 0 || "$demangled" == *_split_* ]] || { err "$demangled: no UTMASTG"; status="FAIL"; }
   [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
-  printf 'check_sass: %-4s HGMMA=%-4s QGMMA=%-4s IGMMA=%-3s UTMALDG=%-3s UTMASTG=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$q" "$i" "$l" "$s" "$loc" \
+  printf 'check_sass: %-4s HGMMA=%-4s QGMMA=%-4s IGMMA=%-3s UTMALDG=%-3s UTMASTG=%-3s LDL/STL=%-3s STSM=%-3s %s\n' "$status" "$h" \
+    "$q" "$i" "$l" "$s" "$loc" "$t" \
     "$demangled"
 done <<<"$report"
 

@@ -176,10 +176,12 @@ typedef struct flashcore_attention_params {
    * value is x * descale, with one float32 factor per (batch, KV head) -- query head h uses the factor of its KV
    * head h / (num_heads_q / num_heads_kv) -- as FlashAttention-3's q_descale / k_descale / v_descale. Device
    * arrays (batch, num_heads_kv), contiguous, 4-byte aligned, read by the kernel only [NULL: 1 for every entry].
-   * O is written in out_dtype (FP16 or BF16; FLASHCORE_DTYPE_SAME means BF16). The 8-bit kernel reads V with the
-   * key index innermost: the call transposes V into the workspace first, so an 8-bit call needs a workspace
-   * (flashcore_attention_workspace_size) -- unless V is given transposed (FLASHCORE_FLAG_V_TRANSPOSED,
-   * flashcore_fp8_transpose_v). Not with the serving layouts (seqused_k, cu_seqlens_*, block_table, k_new) yet. */
+   * O is written in out_dtype (FP16 or BF16; FLASHCORE_DTYPE_SAME means BF16). The 8-bit tensor cores read V with
+   * the key index innermost: the kernel transposes each V tile in shared memory as it loads it (a kernel
+   * config whose tile cannot, named in kernel_config, has the call transpose V into the workspace first). An 8-bit
+   * call needs a workspace (flashcore_attention_workspace_size; 256 bytes unless V goes through the workspace).
+   * V given transposed (FLASHCORE_FLAG_V_TRANSPOSED, flashcore_fp8_transpose_v) skips the transposition altogether.
+   * Not with the serving layouts (seqused_k, cu_seqlens_*, block_table, k_new) yet. */
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;
@@ -209,7 +211,7 @@ typedef struct flashcore_attention_params {
 #define FLASHCORE_FLAG_V_TRANSPOSED 1u /* (added in 0.3) 8-bit calls: `v` holds V already transposed, as
                                           flashcore_fp8_transpose_v wrote it for the same batch, seqlen_k,
                                           num_heads_kv and head_dim (v_strides are not read). The call skips its own
-                                          transpose pass, and its workspace needs only the first 256 bytes. For a K/V
+                                          transposition, and its workspace needs only the first 256 bytes. For a K/V
                                           that several calls attend to (a KV cache, chunked prefill): transpose once,
                                           then every call reads it as is. */
 #define FLASHCORE_FLAGS_ALL 1u

@@ -7,7 +7,8 @@
 //   flashcore::attention_forward(q, k, v, o, {/*causal=*/true}, stream);  // throws flashcore::Error
 //
 // 8-bit (e4m3) inputs: Q, K, V views of dtype FLASHCORE_DTYPE_FP8_E4M3 (strides in bytes), O a bf16 or fp16 view, the
-// descales in the options, and a zero-filled workspace of workspace_size() bytes (the library transposes V into it):
+// descales in the options, and a zero-filled workspace of workspace_size() bytes (the kernel transposes V in shared
+// memory; the workspace holds its tile counter, and V's transposed copy for a named config whose tile cannot):
 //   flashcore::ForwardOptions opt;
 //   opt.q_descale = qd, opt.k_descale = kd, opt.v_descale = vd;  // device float (batch, heads_kv); nullptr: 1
 //   opt.workspace_size = flashcore::workspace_size(q8, k8, v8, o, opt);
@@ -16,7 +17,7 @@
 // 16-bit inputs computed in 8 bits: opt.precision = FLASHCORE_PRECISION_FP8 (no descales; a workspace too).
 // A K/V that several 8-bit calls attend to: transpose V once (fp8_transpose_v(v8, vt), into fp8_transposed_v_size(v8)
 // bytes), then call with v's view pointed at vt (a copy of the view, data = vt; its strides are not read) and
-// opt.v_transposed = true: the calls skip their own transpose pass.
+// opt.v_transposed = true: the calls skip their own transposition.
 #ifndef FLASHCORE_FLASHCORE_HPP_
 #define FLASHCORE_FLASHCORE_HPP_
 

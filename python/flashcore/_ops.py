@@ -548,8 +548,8 @@ def _fp8_transpose_v_fake(v):
 def fp8_transpose_v(v: torch.Tensor) -> torch.Tensor:
     """V of an 8-bit call (float8 (B, Sk, Hkv, D)), transposed into the layout the 8-bit kernels read: a uint8
     (B, Hkv, D, Sk rounded up to 128) tensor. Pass it as v with v_transposed=True to flashcore.attention, with k
-    and the descales as usual: the call then skips its own transpose pass. For a K/V that several calls attend to
-    (a KV cache, chunked prefill), transpose once. The layout is this library's own (keys permuted within groups of
+    and the descales as usual: the call then skips its own transposition (which the kernel otherwise does tile by
+    tile in shared memory). For a K/V that several calls attend to (a KV cache, chunked prefill), transpose once. The layout is this library's own (keys permuted within groups of
     32); make it with the library that reads it."""
     return fp8_transpose_v_op(v)
 

@@ -1126,9 +1126,18 @@ TEST(Fp8Special, HugeRangeStaysFinite) {
   if (ran == 0) GTEST_SKIP() << fp8_skip_reason(128, false);
 }
 
+// Forces the V route of 8-bit calls (FLASHCORE_FP8_V_TRANSPOSE: "kernel" or "pass") for its scope.
+struct ForceVRoute {
+  explicit ForceVRoute(const char* route) { setenv("FLASHCORE_FP8_V_TRANSPOSE", route, 1); }
+  ~ForceVRoute() { unsetenv("FLASHCORE_FP8_V_TRANSPOSE"); }
+  ForceVRoute(const ForceVRoute&) = delete;
+  ForceVRoute& operator=(const ForceVRoute&) = delete;
+};
+
 // ================================================================================================
-// GPU: V given transposed (FLASHCORE_FLAG_V_TRANSPOSED): flashcore_fp8_transpose_v once, then calls that skip their
-// own transpose pass give bit-identical O and LSE, with a workspace of only its 256-byte head; and the errors.
+// GPU: the routes of V: transposed by the kernel's producer warps, by the pass into the workspace, or given transposed
+// (FLASHCORE_FLAG_V_TRANSPOSED: flashcore_fp8_transpose_v once, then calls that read it as is, with a workspace of
+// only its 256-byte head) give bit-identical O and LSE; and the errors.
 // ================================================================================================
 TEST(Fp8VTransposed, BitIdenticalToTheCallThatTransposes) {
   int ran = 0;
@@ -1145,14 +1154,31 @@ TEST(Fp8VTransposed, BitIdenticalToTheCallThatTransposes) {
     p.name = sanitize("v_transposed_d" + std::to_string(s.D) + "_q" + std::to_string(s.Sq) + "_k" + std::to_string(s.Sk));
     SCOPED_TRACE(describe(p));
     const HostData h = make_inputs(p, seed_of(p.name));
-    DeviceProblem dev;
-    ASSERT_TRUE(dev.upload(p, h));
-    std::vector<uint16_t> o, o2;
-    std::vector<float> lse, lse2;
-    ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
-
+    // V as stored, transposed by the kernel's producer warps and by the pass into the workspace (each forced with
+    // FLASHCORE_FP8_V_TRANSPOSE; the workspace is sized for the pass, the larger): bit-identical O and LSE, and the
+    // kernel's route needs only the workspace's zero-filled head.
     uint64_t bytes = 0;
-    ASSERT_EQ(flashcore_fp8_transposed_v_size(&dev.params, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+    DeviceProblem dev;
+    std::vector<uint16_t> o, o2, o_pass;
+    std::vector<float> lse, lse2, lse_pass;
+    {
+      const ForceVRoute route("pass");
+      ASSERT_TRUE(dev.upload(p, h));
+      ASSERT_EQ(flashcore_fp8_transposed_v_size(&dev.params, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+      EXPECT_EQ(dev.params.workspace_size, 256u + bytes) << "the pass: the zero-filled head, then V transposed";
+      ASSERT_EQ(dev.run(o_pass, lse_pass), FLASHCORE_SUCCESS) << flashcore_last_error();
+    }
+    {
+      const ForceVRoute route("kernel");
+      uint64_t ws = 0;
+      ASSERT_EQ(flashcore_attention_workspace_size(&dev.params, &ws), FLASHCORE_SUCCESS) << flashcore_last_error();
+      EXPECT_EQ(ws, 256u) << "V transposed in the kernel: only the workspace's zero-filled head is needed";
+      ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
+    }
+    EXPECT_TRUE(o == o_pass) << "O differs between V transposed in the kernel and by the pass";
+    EXPECT_EQ(std::memcmp(lse.data(), lse_pass.data(), lse.size() * 4), 0) << "LSE differs between the V routes";
+    ASSERT_EQ(dev.run(o2, lse2), FLASHCORE_SUCCESS) << flashcore_last_error();  // the library's own choice
+    EXPECT_TRUE(o == o2) << "O of the library's V route differs";
     EXPECT_EQ(bytes, static_cast<uint64_t>(s.B * s.Hkv * s.D * ((s.Sk + 127) / 128 * 128)));
     void* vt = nullptr;
     ASSERT_EQ(cudaMalloc(&vt, bytes), cudaSuccess);
@@ -1226,6 +1252,12 @@ TEST(Fp8KernelConfigs, EveryConfigMatchesReference) {
           ASSERT_EQ(dev.run(o2, lse2), FLASHCORE_SUCCESS) << flashcore_last_error();
           EXPECT_TRUE(o == o2 && std::memcmp(lse.data(), lse2.data(), lse.size() * 4) == 0)
               << "the second run (same workspace) is not bit-identical";
+          {  // V transposed by the kernel's producer warps where the tile can (the default route here is the pass)
+            const ForceVRoute route("kernel");
+            ASSERT_EQ(dev.run(o2, lse2), FLASHCORE_SUCCESS) << flashcore_last_error();
+            EXPECT_TRUE(o == o2 && std::memcmp(lse.data(), lse2.data(), lse.size() * 4) == 0)
+                << "V transposed in the kernel gives another O or LSE than the pass";
+          }
           const Verdict v = compare(p, h, o, lse, seed);
           std::printf("  %s\n", report(p, v, seed).c_str());
           EXPECT_TRUE(v.passed) << report(p, v, seed) << "\n  " << v.why;

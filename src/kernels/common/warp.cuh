@@ -4,6 +4,22 @@
 
 namespace flashcore::kernels {
 
+// ldmatrix x4: lanes 8m..8m+7 give the row addresses (16 bytes each) of 8x8 matrix m; every lane receives,
+// in r[m], row lane/4, elements 2*(lane%4) and +1 of matrix m (.trans: the transposed matrix's, i.e. column
+// lane/4, rows 2*(lane%4) and +1 of what is stored). volatile + memory: never moved across a barrier.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // Named barriers (bar.sync / bar.arrive with an id and a thread count; id 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/common/warp.cuh"
+
 namespace flashcore::sm80 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -30,21 +32,9 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// ldmatrix x4: lanes 8m..8m+7 give the row addresses (16 bytes each) of 8x8 matrix m; every lane receives,
-// in r[m], row lane/4, elements 2*(lane%4) and +1 of matrix m (.trans: the transposed matrix's, i.e. column
-// lane/4, rows 2*(lane%4) and +1 of what is stored). volatile + memory: never moved across a barrier.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
+// ldmatrix x4 (and .trans): kernels/common/warp.cuh, shared with the sm90 producer's V transpose.
+using kernels::ldmatrix_x4;
+using kernels::ldmatrix_x4_trans;
 
 // D(16x8, f32) += A(16x16, row-major) * B(16x8, column-major), 16-bit inputs. Fragments (g = lane/4,
 // t = lane%4): a[0] (row g, k 2t..2t+1), a[1] (row g+8, same k), a[2] (row g, k 2t+8..), a[3] (row g+8, k 2t+8..);

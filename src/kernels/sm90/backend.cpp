@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <cstring>
 #include <string>
@@ -157,13 +158,34 @@ size_t fp8_vt_bytes(const flashcore_attention_params& p) {
 namespace {
 // An 8-bit call's workspace: 256 bytes kept zero (flashcore.h), then the transposed V.
 constexpr size_t kFp8VtOffset = 256;
-}  // namespace
 
+// Where an 8-bit call's V, given as stored, is transposed (perf-notes v34): by the kernel's producer warps
+// (transpose_v.cuh), or by a pass into the workspace before the kernel. In the kernel every query tile transposes each
+// V block it reads, so that work grows with the query tiles per KV head (a causal tile counting half) and the head dim;
+// the pass moves V through HBM once, plus a launch. On the H100 the kernel was the faster up to 1024 tile-dims
+// (d64: 16 tiles, d128: 8, d256: 4) and the pass beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one
+// (measurements); a config whose tile cannot transpose in place (tile_shape.h) always takes the pass.
+constexpr double kInKernelVTransposeTileDims = 1024;
+
+bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_params& p) {
+  if (!is_8bit(row.dtype) || (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) return false;
+  if (!transposes_v_in_place(row.shape, static_cast<int>(row.head_dim))) return false;
+  if (const char* force = std::getenv("FLASHCORE_FP8_V_TRANSPOSE"); force != nullptr) {
+    if (std::strcmp(force, "kernel") == 0) return true;
+    if (std::strcmp(force, "pass") == 0) return false;
+  }
+  const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * (p.num_heads_q / p.num_heads_kv);
+  const double work = (row.causal ? 0.5 : 1.0) * static_cast<double>(tiles) * static_cast<double>(row.head_dim);
+  return work <= kInKernelVTransposeTileDims;
+}
+}  // namespace
 
 size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
   if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
-  if (is_8bit(row.dtype)) {  // (V given transposed: only the zero-filled head, the dynamic schedule's counter)
-    return kFp8VtOffset + ((p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0 ? 0 : fp8_vt_bytes(p));
+  if (is_8bit(row.dtype)) {  // (V given transposed, or transposed in the kernel: only the zero-filled head, the
+                             // dynamic schedule's counter)
+    const bool vt_in_workspace = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) == 0 && !transposes_v_in_kernel(row, p);
+    return kFp8VtOffset + (vt_in_workspace ? fp8_vt_bytes(p) : 0);
   }
   return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
 }
@@ -207,19 +229,22 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const int kv_box = paged ? slice_rows : kv_box_rows(row.shape);
-  // 8-bit: the kernel reads V transposed (kernel_params.h), from the workspace: written by the transpose kernel below,
-  // or already by the quantization of a precision = FP8 call (prepared_vt).
+  // 8-bit: the kernel reads V transposed (kernel_params.h): as stored and transposed by its producer warps
+  // (transpose_v), or from the workspace, written by the transpose kernel below or already by the quantization of a
+  // precision = FP8 call (prepared_vt), or given transposed (FLASHCORE_FLAG_V_TRANSPOSED).
   const bool eight_bit = is_8bit(row.dtype);
+  const bool transpose_v = prepared_vt == nullptr && transposes_v_in_kernel(row, p);
   const int64_t vt_keys = kernels::fp8_vt_padded_keys(p.seqlen_k);
   uint8_t* vt = eight_bit ? static_cast<uint8_t*>(p.workspace) + kFp8VtOffset : nullptr;
   if (eight_bit && (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) prepared_vt = static_cast<const uint8_t*>(p.v);
   if (prepared_vt != nullptr) vt = const_cast<uint8_t*>(prepared_vt);
   const flashcore_tensor_strides vt_strides{p.num_heads_kv * p.head_dim * vt_keys, vt_keys, p.head_dim * vt_keys, 1};
   const TensorMapArgs v_map =
-      eight_bit ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch,
-                                vt_strides, static_cast<int>(p.head_dim), vt_chunk_keys(row.shape)}
-                : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, p.head_dim, kv_rows, p.num_heads_kv,
-                                kv_entries, p.v_strides, kv_box};  // (int8 Q K^T: V in O's 16-bit dtype)
+      eight_bit && !transpose_v
+          ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch, vt_strides,
+                          static_cast<int>(p.head_dim), vt_chunk_keys(row.shape, row.head_dim)}
+          : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, p.head_dim, kv_rows, p.num_heads_kv,
+                          kv_entries, p.v_strides, kv_box};  // (int8 Q K^T: V in O's 16-bit dtype)
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.q_strides, row.shape.block_m},
       {"k", p.k, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},
@@ -281,7 +306,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   // New K/V rows go into the cache first, on the same stream.
   if (const flashcore_status st = api::append_new_kv(p, device, stream, fp, error); st != FLASHCORE_SUCCESS) return st;
 
-  if (eight_bit && prepared_vt == nullptr) {  // V transposed into the workspace first, on the same stream
+  fp.transpose_v = transpose_v;
+  if (eight_bit && prepared_vt == nullptr && !transpose_v) {  // V transposed into the workspace first, same stream
     kernels::Fp8PrepParams prep = fp8_prep_params(p);
     prep.vt = vt;
     err = launch_fp8_transpose_v(prep, stream);

@@ -84,7 +84,9 @@ struct KernelConfig {
   static constexpr int kKVChunkBytes = kPlan.kv_chunk_bytes;
   // 8-bit V, transposed (VLayout::kDimMajor): rows are head-dim columns, kVTChunkKeys keys (bytes) per row of a chunk
   // (tile_shape.h: 128, or 64 with the 64-byte swizzle where the key block is not whole 128-key rows).
-  static constexpr int kVTChunkKeys = vt_chunk_keys(kShape);
+  static constexpr int kVTChunkKeys = vt_chunk_keys(kShape, kHeadDim);
+  // 8-bit V given as stored can be transposed in place by the producer warps (transpose_v.cuh; tile_shape.h).
+  static constexpr bool kTransposesV = kFp8 && transposes_v_in_place(kShape, kHeadDim);
   static constexpr int kVTChunks = kBlockN / kVTChunkKeys;
   static constexpr int kVTChunkBytes = kHeadDim * kVTChunkKeys;
   // V's row chunks (16-bit V of an int8 Q K^T config: 64 columns per chunk while Q and K have 128).

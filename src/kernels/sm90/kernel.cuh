@@ -1,6 +1,7 @@
 // The sm90 forward kernel: a producer warpgroup (TMA) and 1-3 consumer warpgroups (wgmma + online softmax) per
 // CTA, walking the tiles its scheduler hands it. Each role is one file: scheduler.cuh (which tiles),
-// producer.cuh (loads), mainloop.cuh (GEMMs + softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs).
+// producer.cuh (loads), transpose_v.cuh (8-bit V transposed by the producer's other warps), mainloop.cuh (GEMMs +
+// softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs).
 // Included by the generated instantiation units only (sources.cmake); host code sees kernel_row.h.
 #pragma once
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include "kernels/sm90/producer.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "kernels/sm90/scheduler.cuh"
+#include "kernels/sm90/transpose_v.cuh"
 
 namespace flashcore::sm90 {
 
@@ -43,6 +45,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
       Producer<Cfg> producer;
       for (int t = sched.first(); t < p.num_tiles; t = sched.producer_next(p, t)) {
         producer.load_tile(p, decode_tile<Cfg>(p, t), smem, bars);
+      }
+      if (Cfg::kTransposesV && p.transpose_v) producer.end_v_transposes(bars);
+    } else if constexpr (Cfg::kTransposesV) {
+      if (p.transpose_v && threadIdx.x >= 32) {
+        VTransposer<Cfg>(static_cast<int>(threadIdx.x % 32)).run(smem, bars, static_cast<int>(threadIdx.x / 32) - 1);
       }
     }
   } else {

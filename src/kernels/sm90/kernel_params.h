@@ -45,13 +45,16 @@ struct FwdParams : kernels::ServingLayout {
   // O's base and byte strides (LSE's: ServingLayout).
   void* o;
   int64_t o_stride_batch_bytes, o_stride_seq_bytes, o_stride_head_bytes;
-  // 8-bit inputs: per (batch, KV head) factors, (batch, num_heads_kv) contiguous, NULL = 1 (flashcore.h). tma_v then
-  // maps the transposed V in the workspace: (keys, head_dim, Hkv, B), keys innermost, permuted within groups of 32
-  // (kernels::p8_key_of_slot), box (128 keys, head_dim rows).
+  // 8-bit inputs: per (batch, KV head) factors, (batch, num_heads_kv) contiguous, NULL = 1 (flashcore.h). Unless
+  // transpose_v, tma_v maps a transposed V (the workspace, or V given transposed): (keys, head_dim, Hkv, B), keys
+  // innermost, permuted within groups of 32 (kernels::p8_key_of_slot), box (vt_chunk_keys keys, head_dim rows).
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;
   int num_heads_kv;
+  // 8-bit V as stored (rows = keys): tma_v then maps V like K, and the producer warps transpose each tile in shared
+  // memory (transpose_v.cuh). Only for configs with KernelConfig::kTransposesV.
+  bool transpose_v;
   // -1, a key block no tile has: the branch that keeps the P V GEMM's P registers allocated until the GEMM is waited
   // for (mainloop.cuh, keep_allocated) compares with it, so it never runs but ptxas cannot drop it.
   int never_block;

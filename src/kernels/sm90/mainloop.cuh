@@ -242,6 +242,8 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
                        warp_in_wg * 16 + lane / 4;
   const OperandDescs<Cfg> desc(smem, warpgroup);
+  // 8-bit V transposed by the producer warps: wait for their transpose rather than for the load (pipeline.cuh).
+  const bool v_by_producer = Cfg::kTransposesV && p.transpose_v;
   auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kVTileBytes; };
   if constexpr (Cfg::kInt8QK) int8_row_scales<Cfg>(p, tile, row0, st);
   // k_scale: int8 Q K^T only, the block's K scale (read before its S GEMM is waited for).
@@ -290,7 +292,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
       const bool first = n_block == tile.keys.end - 1;  // the prologue's block: no P V before it
       bars.k.wait(pipes.k);
-      if (!first) bars.v.wait(pipes.v);
+      if (!first) bars.wait_v(pipes.v, v_by_producer);
       turn.wait_turn();
       if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
       after_s_gemm(n_block);
@@ -299,7 +301,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
         pipes.v.advance();
       }
     }
-    bars.v.wait(pipes.v);
+    bars.wait_v(pipes.v, v_by_producer);
     bars.v.release(pipes.v);
     pipes.v.advance();
     return;
@@ -327,7 +329,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   auto step = [&](const uint32_t(&p_in)[kPSteps<Cfg>][4], uint32_t(&p_out)[kPSteps<Cfg>][4]) {
     k_scale = key_scale(n_block);
     bars.k.wait(pipes.k);
-    bars.v.wait(pipes.v);
+    bars.wait_v(pipes.v, v_by_producer);
     zero_v_rows_past_end<Cfg>(p, tile, n_block + 1, v_tile(pipes.v.stage));
     turn.wait_turn();
     gemm_qk<Cfg>(s, desc.q, desc.k(pipes.k.stage));
@@ -358,7 +360,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   };
   // The first key block's P V.
   auto last_pv = [&](const uint32_t(&p_in)[kPSteps<Cfg>][4]) {
-    bars.v.wait(pipes.v);
+    bars.wait_v(pipes.v, v_by_producer);
     zero_v_rows_past_end<Cfg>(p, tile, tile.keys.begin, v_tile(pipes.v.stage));
     fence_regs(st.o);
     gemm_pv<Cfg>(st.o, p_in, desc.v(pipes.v.stage));

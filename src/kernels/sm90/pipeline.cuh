@@ -65,6 +65,9 @@ struct Pipeline {
   __device__ __forceinline__ void release(const State& st) { mbar_arrive(&empty[st.stage]); }
 };
 
+// Warps 1-3 of the producer warpgroup transpose 8-bit V tiles (transpose_v.cuh); warp 0 holds the TMA thread.
+inline constexpr int kTransposeWarps = 3;
+
 // Every pipeline of the kernel, carved from shared memory at KernelConfig::kSmemBarrierOffset.
 template <class Cfg>
 struct SharedBarriers {
@@ -75,14 +78,30 @@ struct SharedBarriers {
   Pipeline<kTileStages> tile;
   int tile_id[kTileStages];
   uint32_t sink;  // written only by keep_allocated's branch, which never runs (mainloop.cuh)
+  // 8-bit V transposed by the producer warps (transpose_v.cuh): v_transposed[s] completes once stage s is
+  // transposed (one arrival per transposer warp); v_end[s] != 0 marks the stage the producer thread ends them with.
+  uint64_t v_transposed[Cfg::kStages];
+  int v_end[Cfg::kStages];
 
   __device__ __forceinline__ void init() {
     q.init(1, Cfg::kQReleaseArrivals);
     k.init(1, Cfg::kConsumerThreads);
     v.init(1, Cfg::kConsumerThreads);
     tile.init(1, Cfg::kConsumerThreads);
+    if constexpr (Cfg::kTransposesV) {
+#pragma unroll
+      for (int s = 0; s < Cfg::kStages; ++s) {
+        cuda::ptx::mbarrier_init(&v_transposed[s], kTransposeWarps);
+        v_end[s] = 0;
+      }
+    }
     // Make the initialized barriers visible to the async (TMA) proxy.
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+
+  // The consumers' wait for V stage st: its TMA load, or, when the producer warps transpose it, their transpose.
+  __device__ __forceinline__ void wait_v(const PipelineState<Cfg::kStages>& st, bool transposed_by_producer) {
+    mbar_wait(transposed_by_producer ? &v_transposed[st.stage] : &v.full[st.stage], st.phase);
   }
 };
 

@@ -164,13 +164,27 @@ struct Producer {
           &p.tma_k, k_stage, bars.k.commit_tx(kv_state, Cfg::kKTileBytes), row, kv_head, kv_batch);
       bars.v.acquire(kv_state);
       if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
-        tma_load_vt<Cfg>(&p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
+        if (Cfg::kTransposesV && p.transpose_v) {  // as stored, like K: the transposer warps take it from here
+          tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
+              &p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
+        } else {
+          tma_load_vt<Cfg>(&p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
+        }
       } else {
         tma_load_tile<Cfg, Cfg::kVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows, true>(
             &p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
       }
       kv_state.advance();
     }
+  }
+
+  // After the last tile: the V ring's next stage, once free, carries no load but its v_end flag, which ends the
+  // transposer warps' loop (transpose_v.cuh). Waiting for the stage to be free keeps the flag from reaching a stage
+  // whose previous load the transposers have not taken yet.
+  __device__ __forceinline__ void end_v_transposes(SharedBarriers<Cfg>& bars) {
+    bars.v.acquire(kv_state);
+    atomicExch(&bars.v_end[kv_state.stage], 1);
+    bars.v.commit(kv_state);  // (release: the flag is visible to whoever sees the phase complete)
   }
 };
 

@@ -1,5 +1,5 @@
-// Hopper-only instructions that CCCL's cuda::ptx does not wrap: warpgroup MMA (wgmma) and register
-// reallocation (setmaxnreg). mbarrier, TMA and fences come from cuda::ptx (pipeline.cuh, producer.cuh).
+// Hopper-only instructions that CCCL's cuda::ptx does not wrap: warpgroup MMA (wgmma), register
+// reallocation (setmaxnreg) and stmatrix. mbarrier, TMA and fences come from cuda::ptx (pipeline.cuh, producer.cuh).
 #pragma once
 #include <cstdint>
 
@@ -18,6 +18,14 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// stmatrix x4 (sm_90): the inverse of ldmatrix x4 (kernels/common/warp.cuh). Lanes 8m..8m+7 give the row addresses
+// (16 bytes each) of 8x8 matrix m; every lane's r[m] goes to row lane/4, elements 2*(lane%4) and +1 of matrix m.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
 // Shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA "Matrix Descriptor Format").

@@ -34,7 +34,19 @@ constexpr int kv_box_rows(const TileShape& s) {
 
 // 8-bit V, transposed (VLayout::kDimMajor): keys per row of a shared-memory chunk, i.e. per TMA box row. 128 (one
 // 128-byte swizzled row) when the key block is whole 128-key rows, else 64 (64-byte swizzled rows), so that a key
-// block of 192 keys is three chunks.
-constexpr int vt_chunk_keys(const TileShape& s) { return s.block_n % 128 == 0 ? 128 : 64; }
+// block of 192 keys is three chunks. Head dim 64: 64, the width of V's own 64-byte rows, so that the producer can
+// transpose V in place (transposes_v_in_place).
+constexpr int vt_chunk_keys(const TileShape& s, int head_dim) {
+  return s.block_n % 128 == 0 && head_dim >= 128 ? 128 : 64;
+}
+
+// Whether the producer warps can transpose an 8-bit V tile in place (transpose_v.cuh): the tile as loaded (key rows of
+// min(head_dim, 128) bytes, in 128-column chunks) and as transposed (vt_chunk_keys) must be the same squares of R x R
+// bytes at the same offsets, R = that row width. True for one chunk of columns (head dim <= 128) or one square row of
+// keys (block_n = R); the 128 x 192 rows' 64-key chunks are not squares of 128-byte rows.
+constexpr bool transposes_v_in_place(const TileShape& s, int head_dim) {
+  const int r = head_dim < 128 ? head_dim : 128;
+  return vt_chunk_keys(s, head_dim) == r && s.block_n % r == 0 && (head_dim <= 128 || s.block_n == r);
+}
 
 }  // namespace flashcore::sm90
