@@ -7,7 +7,8 @@
 --config NAME (flashcore): that kernel config (flashcore list-configs) through the C ABI's kernel_config.
 --fp8 (flashcore, fa3): e4m3 inputs quantized per (batch, KV head) (flashcore.quantize_fp8) with their descales;
 flashcore reads V transposed once before the profiled range (fp8_transpose_v), so the range holds its attention kernel
-alone, as FA3's does.
+alone, as FA3's does; with --v-as-stored it reads V as stored, transposed by its own route (in the kernel, or a pass
+before it: FLASHCORE_FP8_V_TRANSPOSE=kernel|pass forces one).
 SYSTEM: flashcore, cudnn, fa2 (PyTorch SDPA's FlashAttention-2), fa3 (flash_attn_interface on PYTHONPATH), read (a plain read of K and V: torch sum,
 the streaming reference for decode shapes). Tensors are (B, S, H, D) bf16, the layout of bench/serving.py.
 """
@@ -27,6 +28,8 @@ ap.add_argument("--paged", type=int, default=0, help="flashcore: a paged cache o
                 "pages in a random order, through attention_with_kvcache")
 ap.add_argument("--config", default=None, help="flashcore: a named kernel config instead of the library's choice")
 ap.add_argument("--fp8", action="store_true", help="flashcore / fa3: e4m3 inputs with descales (see above)")
+ap.add_argument("--v-as-stored", action="store_true",
+                help="flashcore --fp8: V as stored (FA3's call), not transposed beforehand")
 a = ap.parse_args()
 B, Hq, Hkv, Sq, Sk, D = map(int, a.shape.split(","))
 q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16)
@@ -37,7 +40,9 @@ if a.fp8:
     if a.system not in ("flashcore", "fa3"):
         ap.error("--fp8 is for flashcore and fa3")
     (q8, qd), (k8, kd), (v8, vd) = (flashcore.quantize_fp8(t, num_heads_kv=Hkv) for t in (q, k, v))
-    if a.system == "flashcore":
+    if a.system == "flashcore" and a.v_as_stored:
+        fn = lambda: flashcore.attention(q8, k8, v8, causal=a.causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    elif a.system == "flashcore":
         vt8 = flashcore.fp8_transpose_v(v8)
         fn = lambda: flashcore.attention(q8, k8, vt8, causal=a.causal, q_descale=qd, k_descale=kd, v_descale=vd,
                                          v_transposed=True)

@@ -159,13 +159,14 @@ namespace {
 // An 8-bit call's workspace: 256 bytes kept zero (flashcore.h), then the transposed V.
 constexpr size_t kFp8VtOffset = 256;
 
-// Where an 8-bit call's V, given as stored, is transposed (perf-notes v34): by the kernel's producer warps
+// Where an 8-bit call's V, given as stored, is transposed (perf-notes v34, v35): by the kernel's producer warps
 // (transpose_v.cuh), or by a pass into the workspace before the kernel. In the kernel every query tile transposes each
-// V block it reads, so that work grows with the query tiles per KV head (a causal tile counting half) and the head dim;
-// the pass moves V through HBM once, plus a launch. On the H100 the kernel was the faster up to 1024 tile-dims
-// (d64: 16 tiles, d128: 8, d256: 4) and the pass beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one
-// (measurements); a config whose tile cannot transpose in place (tile_shape.h) always takes the pass.
-constexpr double kInKernelVTransposeTileDims = 1024;
+// V block it reads, at a cost per tile that is about fixed; the pass moves V through HBM once, plus a launch, and its
+// cost is shared by the query tiles of a KV head (a causal tile counting half). On the H100 (v35) the kernel was level
+// with the pass or ahead at head dim 64 on every cell (512-16k keys), and ahead at d128 and d256 up to 16 tiles per
+// KV head, the pass beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one (measurements); a config whose tile
+// cannot transpose in place (tile_shape.h) always takes the pass.
+constexpr double kInKernelVTransposeTiles = 16;  // head dims >= 128
 
 bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_params& p) {
   if (!is_8bit(row.dtype) || (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) return false;
@@ -174,9 +175,9 @@ bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_para
     if (std::strcmp(force, "kernel") == 0) return true;
     if (std::strcmp(force, "pass") == 0) return false;
   }
+  if (row.head_dim < 128) return true;
   const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * (p.num_heads_q / p.num_heads_kv);
-  const double work = (row.causal ? 0.5 : 1.0) * static_cast<double>(tiles) * static_cast<double>(row.head_dim);
-  return work <= kInKernelVTransposeTileDims;
+  return (row.causal ? 0.5 : 1.0) * static_cast<double>(tiles) <= kInKernelVTransposeTiles;
 }
 }  // namespace
 

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
       for (int t = sched.first(); t < p.num_tiles; t = sched.producer_next(p, t)) {
         producer.load_tile(p, decode_tile<Cfg>(p, t), smem, bars);
       }
-      if (Cfg::kTransposesV && p.transpose_v) producer.end_v_transposes(bars);
+      if (v_transposed_by_producer<Cfg>(p)) producer.end_v_transposes(bars);
     } else if constexpr (Cfg::kTransposesV) {
       if (p.transpose_v && threadIdx.x >= 32) {
         VTransposer<Cfg>(static_cast<int>(threadIdx.x % 32)).run(smem, bars, static_cast<int>(threadIdx.x / 32) - 1);

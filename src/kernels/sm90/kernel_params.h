@@ -60,4 +60,11 @@ struct FwdParams : kernels::ServingLayout {
   int never_block;
 };
 
+// Whether the producer warps transpose this call's V (a config that can, on the kernel's route): the TMA thread loads V
+// as stored, the transposer warps run, and the consumers wait for them.
+template <class Cfg>
+constexpr bool v_transposed_by_producer(const FwdParams& p) {
+  return Cfg::kTransposesV && p.transpose_v;
+}
+
 }  // namespace flashcore::sm90

@@ -243,7 +243,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
                        warp_in_wg * 16 + lane / 4;
   const OperandDescs<Cfg> desc(smem, warpgroup);
   // 8-bit V transposed by the producer warps: wait for their transpose rather than for the load (pipeline.cuh).
-  const bool v_by_producer = Cfg::kTransposesV && p.transpose_v;
+  const bool v_by_producer = v_transposed_by_producer<Cfg>(p);
   auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kVTileBytes; };
   if constexpr (Cfg::kInt8QK) int8_row_scales<Cfg>(p, tile, row0, st);
   // k_scale: int8 Q K^T only, the block's K scale (read before its S GEMM is waited for).

@@ -82,6 +82,7 @@ struct SharedBarriers {
   // transposed (one arrival per transposer warp); v_end[s] != 0 marks the stage the producer thread ends them with.
   uint64_t v_transposed[Cfg::kStages];
   int v_end[Cfg::kStages];
+  uint32_t v_lap[kTransposeWarps];  // each transposer warp's stage count (in shared memory: see VTransposer::run)
 
   __device__ __forceinline__ void init() {
     q.init(1, Cfg::kQReleaseArrivals);
@@ -94,6 +95,7 @@ struct SharedBarriers {
         cuda::ptx::mbarrier_init(&v_transposed[s], kTransposeWarps);
         v_end[s] = 0;
       }
+      for (int w = 0; w < kTransposeWarps; ++w) v_lap[w] = 0;
     }
     // Make the initialized barriers visible to the async (TMA) proxy.
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);

@@ -164,7 +164,7 @@ struct Producer {
           &p.tma_k, k_stage, bars.k.commit_tx(kv_state, Cfg::kKTileBytes), row, kv_head, kv_batch);
       bars.v.acquire(kv_state);
       if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
-        if (Cfg::kTransposesV && p.transpose_v) {  // as stored, like K: the transposer warps take it from here
+        if (v_transposed_by_producer<Cfg>(p)) {  // as stored, like K: the transposer warps take it from here
           tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
               &p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
         } else {
