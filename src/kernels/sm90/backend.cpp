@@ -162,9 +162,9 @@ constexpr size_t kFp8VtOffset = 256;
 // Where an 8-bit call's V, given as stored, is transposed (perf-notes v34, v35): by the kernel's producer warps
 // (transpose_v.cuh), or by a pass into the workspace before the kernel. In the kernel every query tile transposes each
 // V block it reads, at a cost per tile that is about fixed; the pass moves V through HBM once, plus a launch, and its
-// cost is shared by the query tiles of a KV head (a causal tile counting half). On the H100 (v35) the kernel was level
-// with the pass or ahead at head dim 64 on every cell (512-16k keys), and ahead at d128 and d256 up to 16 tiles per
-// KV head, the pass beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one (measurements); a config whose tile
+// cost is shared by the query tiles of a KV head (a causal tile counting half). On the H100 (v35) the kernel was ahead
+// of the pass at head dim 64 up to 2k keys and level beyond (0.98-1.03 at 4k-16k), and at d128 and d256 ahead or
+// level up to 16 tiles per KV head, the pass ahead beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one (measurements); a config whose tile
 // cannot transpose in place (tile_shape.h) always takes the pass.
 constexpr double kInKernelVTransposeTiles = 16;  // head dims >= 128
 
