@@ -89,7 +89,8 @@ TEST(Variants, ConfigNamesRoundTrip) {
     EXPECT_EQ(flashcore::sm90::config_name(t), r->name);
   }
   for (const char* name : {"64x16x1-onecta", "128x160x2-pp-static", "192x128x3-pp-dynamic-vote",
-                           "128x256x4-static-vote", "64x128x3-split"}) {
+                           "128x256x4-static-vote", "64x128x3-split", "128x128x2-pp-dynamic-vote-packed",
+                           "128x64x2-dynamic-packed"}) {
     TileShape t{};
     ASSERT_TRUE(flashcore::sm90::parse_config_name(name, t)) << name;
     EXPECT_EQ(flashcore::sm90::config_name(t), name);
@@ -105,7 +106,8 @@ TEST(Variants, ConfigNamesRoundTrip) {
   for (const char* bad : {"", "128x128x2", "128x128x2-", "128x128x2-pp", "128x128x2-persistent", "128x128-static",
                           "128x128x2-static-pp", "128x128x2-vote-static", "128x128x2-static-vote-vote",
                           "0128x128x2-static", "+128x128x2-static", "128X128x2-static", "1280x128x2-static",
-                          "99999999999x1x1-static", "128x128x2-static ", "128x128x2--static"}) {
+                          "99999999999x1x1-static", "128x128x2-static ", "128x128x2--static",
+                          "128x128x2-pp-dynamic-packed-vote", "128x128x2-dynamic-packed-packed", "128x128x2-packed"}) {
     EXPECT_FALSE(flashcore::sm90::parse_config_name(bad, t)) << '"' << bad << '"';
   }
 }
@@ -165,6 +167,7 @@ TEST(Variants, FeasibilityRulesSayWhichRuleFailed) {
       {with([](VariantSpec& s) { s.shape.stages = 9; }), "stages = 9"},
       {with([](VariantSpec& s) { s.shape.schedule = static_cast<Schedule>(4); }), "schedule"},
       {with([](VariantSpec& s) { s.shape.block_m = 64; }), "ping-pong"},
+      {with([](VariantSpec& s) { s.shape.packed = true; }), "packed flavour"},  // a static row
       {with([](VariantSpec& s) { s.shape.stages = 3; }), "shared memory"},  // 32 KB Q + 3 x 80 KB K/V
       {with([](VariantSpec& s) { s.shape.block_n = 256, s.shape.stages = 1; }), "registers"},  // 64 + 128 + 64
       {with([](VariantSpec& s) { s.shape.block_m = 192, s.shape.block_n = 96, s.shape.stages = 1; }), "registers"},

@@ -50,12 +50,13 @@ inline flashcore_status kernel_configs(flashcore_dtype dt, int hd, bool causal, 
 
 // A config sweep over packed or paged layouts: a broken variant that test_variants.cpp registers is no config to
 // sweep, and a dynamic-schedule config must refuse a paged call, and a packed one unless it has three consumer
-// warpgroups (192-row tiles, sm90/smem_plan.h takes_packed), with a message that says why. True when `config` is
-// either (the caller skips it).
+// warpgroups (192-row tiles) or is a row's packed flavour (name suffix "-packed"; sm90/smem_plan.h takes_packed),
+// with a message that says why. True when `config` is either (the caller skips it).
 inline bool not_a_serving_config(const std::string& config) { return config.find("faulty") != std::string::npos; }
 inline bool refused_as_dynamic(const std::string& config, const check::Result& r, bool paged) {
   if (config.find("dynamic") == std::string::npos) return false;
-  if (!paged && config.rfind("192x", 0) == 0) return false;  // must run the packed call
+  const bool packed_flavour = config.size() > 7 && config.compare(config.size() - 7, 7, "-packed") == 0;
+  if (!paged && (config.rfind("192x", 0) == 0 || packed_flavour)) return false;  // must run the packed call
   EXPECT_FALSE(r.passed) << config;
   const char* why = paged ? "has no paged path" : "has no packed (varlen) path";
   EXPECT_NE(r.message.find(why), std::string::npos) << config << ": " << r.message;

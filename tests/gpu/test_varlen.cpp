@@ -190,14 +190,15 @@ TEST(Varlen, EveryConfigPasses) {
 
 // A packed batch runs the row configs.txt marks "packed" for its head dim and mask (sm90 backend.cpp, varlen_row), a
 // dynamic one only when the call gives a workspace, else the default where it takes one CTA per tile: here the
-// dynamic rows for d64 (192x128x3-pp-onecta without a workspace), the vote rows at d128.
+// dynamic rows for d64 (192x128x3-pp-onecta without a workspace), the vote rows at d128 (causal with a workspace: the
+// dynamic vote row's packed flavour).
 TEST(Varlen, SelectsThePackedRows) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
   const struct { int head_dim; bool causal; const char* expected; const char* with_workspace; } rows[] = {
       {64, false, "192x128x3-pp-onecta", "192x128x3-pp-dynamic"},
       {64, true, "192x128x3-pp-onecta", "192x128x3-pp-dynamic"},
       {128, false, "128x128x2-pp-onecta-vote", "128x128x2-pp-onecta-vote"},
-      {128, true, "128x128x2-pp-onecta-vote", "128x128x2-pp-onecta-vote"},
+      {128, true, "128x128x2-pp-onecta-vote", "128x128x2-pp-dynamic-vote-packed"},
   };
   // Q, K, V, O of (64 rows, 2 heads, head dim <= 128) bf16, 32 KB each, apart; then cu_seqlens, all 0 (valid, and
   // not read to select a row).

@@ -68,6 +68,8 @@ struct KernelConfig {
   static constexpr int kThreads = kPlan.threads;
   static constexpr int kConsumerThreads = kPlan.consumer_threads;
   static constexpr int kProducerRegs = producer_regs(kShape);
+  // A packed row's producer keeps its ring positions (K/V, tile ids) as counts (pipeline.cuh PipelineCount).
+  static constexpr bool kCountedRings = kShape.packed;
   static constexpr int kConsumerRegs = kPlan.consumer_regs;
   // P in two register sets that take turns, so that the softmax overlaps the P V GEMM (mainloop.cuh, keep_allocated),
   // where the second set fits: O, S and two P sets within 192 of 240 registers (ptxas spilled at d128 128x176, d256

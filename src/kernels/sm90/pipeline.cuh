@@ -12,6 +12,7 @@
 #include <cuda/ptx>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace flashcore::sm90 {
 
@@ -28,6 +29,7 @@ template <int kStages>
 struct PipelineState {
   int stage = 0;
   uint32_t phase = 0;
+  __device__ __forceinline__ PipelineState state() const { return *this; }
   __device__ __forceinline__ void advance() {
     if (++stage == kStages) {
       stage = 0;
@@ -35,6 +37,22 @@ struct PipelineState {
     }
   }
 };
+
+// The same position as one count of uses, stage and phase derived where used: one register instead of two, for the
+// producer thread of a packed row on the dynamic schedule (TileShape::packed), whose 24 registers hold the tile-id
+// ring beside a packed tile's decode. state() and advance() as PipelineState's.
+template <int kStages>
+struct PipelineCount {
+  uint32_t uses = 0;
+  __device__ __forceinline__ PipelineState<kStages> state() const {
+    return {static_cast<int>(uses % kStages), (uses / kStages) & 1u};
+  }
+  __device__ __forceinline__ void advance() { ++uses; }
+};
+
+// A ring position: counted (kCount) or as stage and phase.
+template <int kStages, bool kCount>
+using RingPosition = std::conditional_t<kCount, PipelineCount<kStages>, PipelineState<kStages>>;
 
 template <int kStages>
 struct Pipeline {

@@ -95,9 +95,8 @@ __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtenso
 
 template <class Cfg>
 struct Producer {
-  using KVState = PipelineState<Cfg::kStages>;
   PipelineState<1> q_state{};
-  KVState kv_state{};
+  RingPosition<Cfg::kStages, Cfg::kCountedRings> kv_pos{};  // config.h kCountedRings
 
   // First row of key block n_block in the K/V tensor's seq dimension.
   __device__ __forceinline__ static int64_t kv_row(const Tile& tile, int n_block) {
@@ -110,13 +109,14 @@ struct Producer {
   __device__ __forceinline__ void load_paged_blocks(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                                     SharedBarriers<Cfg>& bars, int kv_head, BlockPages pages) {
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
+      const auto kv_state = kv_pos.state();
       bars.k.acquire(kv_state);
       tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
                           bars.k.commit_tx(kv_state, Cfg::kKTileBytes), tile, n_block, kv_head, pages);
       bars.v.acquire(kv_state);
       tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes,
                           bars.v.commit_tx(kv_state, Cfg::kVTileBytes), tile, n_block, kv_head, pages);
-      kv_state.advance();
+      kv_pos.advance();
       if (n_block > tile.keys.begin) pages = block_pages(p, tile, (n_block - 1) * Cfg::kBlockN, Cfg::kBlockN);
     }
   }
@@ -157,6 +157,7 @@ struct Producer {
     // The K/V row walks down from the last visible block.
     int64_t row = kv_row(tile, tile.keys.end - 1);
     for (int n = tile.keys.count(); n > 0; --n, row -= Cfg::kBlockN) {
+      const auto kv_state = kv_pos.state();
       uint8_t* k_stage = smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes;
       uint8_t* v_stage = smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes;
       bars.k.acquire(kv_state);
@@ -174,7 +175,7 @@ struct Producer {
         tma_load_tile<Cfg, Cfg::kVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows, true>(
             &p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
       }
-      kv_state.advance();
+      kv_pos.advance();
     }
   }
 
@@ -182,6 +183,7 @@ struct Producer {
   // transposer warps' loop (transpose_v.cuh). Waiting for the stage to be free keeps the flag from reaching a stage
   // whose previous load the transposers have not taken yet.
   __device__ __forceinline__ void end_v_transposes(SharedBarriers<Cfg>& bars) {
+    const auto kv_state = kv_pos.state();
     bars.v.acquire(kv_state);
     atomicExch(&bars.v_end[kv_state.stage], 1);
     bars.v.commit(kv_state);  // (release: the flag is visible to whoever sees the phase complete)

@@ -19,7 +19,7 @@ using kernels::Tile;
 // Split-KV: tile index = dense tile * num_splits + split; split s visits key blocks
 // [begin + s * blocks_per_split, begin + (s + 1) * blocks_per_split) of the dense tile's range (possibly none).
 // Serving layouts (smem_plan.h, takes_packed / takes_paged): packed (varlen) Q/O and K/V on every 16-bit schedule
-// but a dynamic one with two consumer warpgroups, a paged K/V on every one but the dynamic schedule (the host never
+// but a dynamic one with two consumer warpgroups that is not a row's packed flavour, a paged K/V on every one but the dynamic schedule (the host never
 // sends them such calls); a KV cache's lengths (seqused_k) everywhere. 8-bit kernels take neither packed nor paged
 // layouts (the host refuses 8-bit calls with serving layouts).
 template <class Cfg>
@@ -63,7 +63,7 @@ template <class Cfg>
 struct TileScheduler {
   static constexpr Schedule kPolicy = Cfg::kSchedule;
   SharedBarriers<Cfg>& bars;
-  PipelineState<SharedBarriers<Cfg>::kTileStages> state{};  // dynamic policy: position in the tile-id ring
+  RingPosition<SharedBarriers<Cfg>::kTileStages, Cfg::kCountedRings> ring{};  // dynamic policy: tile-id ring position
 
   __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
 
@@ -86,20 +86,22 @@ struct TileScheduler {
         if (fetched == p.num_tiles - 1) *p.tile_counter = 0;
         next = static_cast<int>(gridDim.x) + fetched;
       } while (next < p.num_tiles && !tile_has_rows<Cfg>(p, next));
-      bars.tile.acquire(state);
-      bars.tile_id[state.stage] = next;
-      bars.tile.commit(state);
-      state.advance();
+      const auto st = ring.state();
+      bars.tile.acquire(st);
+      bars.tile_id[st.stage] = next;
+      bars.tile.commit(st);
+      ring.advance();
       return next;
     }
   }
 
   __device__ __forceinline__ int consumer_next(const FwdParams& p, int t) {
     if constexpr (kPolicy == Schedule::kDynamicPersistent) {
-      bars.tile.wait(state);
-      const int next = bars.tile_id[state.stage];
-      bars.tile.release(state);
-      state.advance();
+      const auto st = ring.state();
+      bars.tile.wait(st);
+      const int next = bars.tile_id[st.stage];
+      bars.tile.release(st);
+      ring.advance();
       return next;
     } else {
       return producer_next(p, t);

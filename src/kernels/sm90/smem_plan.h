@@ -25,10 +25,10 @@ constexpr int producer_regs(const TileShape& s) {
 }
 
 // The serving layouts (flashcore.h) a 16-bit config's kernel takes (scheduler.cuh). Packed (varlen) Q/O and K/V:
-// every schedule but a dynamic one whose producer has 24 registers. A paged K/V: every schedule but the dynamic one
-// (its page state spilled there too).
+// every schedule but a dynamic one whose producer has 24 registers, unless it is the packed flavour of the row
+// (TileShape::packed). A paged K/V: every schedule but the dynamic one (its page state spilled there too).
 constexpr bool takes_packed(const TileShape& s) {
-  return s.schedule != Schedule::kDynamicPersistent || producer_regs(s) >= 32;
+  return s.schedule != Schedule::kDynamicPersistent || producer_regs(s) >= 32 || s.packed;
 }
 constexpr bool takes_paged(const TileShape& s) { return s.schedule != Schedule::kDynamicPersistent; }
 

@@ -110,16 +110,25 @@ foreach(_pair IN LISTS _fc_pairs)
       message(FATAL_ERROR "src/kernels/sm90/configs.txt: rescale must be always or vote in '${_line}'")
     endif()
     set(_isdef false)
+    set(_packedb false)
     if(_def STREQUAL "default")
       set(_isdef true)
-    elseif(_def STREQUAL "packed" AND _sched STREQUAL "split")
+    elseif((_def STREQUAL "packed" OR _def STREQUAL "packed-only") AND _sched STREQUAL "split")
       message(FATAL_ERROR "src/kernels/sm90/configs.txt: a packed (varlen) choice cannot be a split row in '${_line}'")
+    elseif(_def STREQUAL "packed-only" AND NOT _sched STREQUAL "dynamic")
+      message(FATAL_ERROR "src/kernels/sm90/configs.txt: only a dynamic row has a packed flavour in '${_line}'")
+    elseif(_def STREQUAL "packed-only")
+      set(_packedb true)
     elseif(NOT _def STREQUAL "packed" AND NOT _def STREQUAL "-")
-      message(FATAL_ERROR "src/kernels/sm90/configs.txt: default must be default, packed or - in '${_line}'")
+      message(FATAL_ERROR "src/kernels/sm90/configs.txt: default must be default, packed, packed-only or - in '${_line}'")
     endif()
     set(_row "r_${_dt}${_sfx}_d${_hd}_c${_causal}_${_bm}x${_bn}x${_st}_${_pp}_${_sched}_${_rescale}")
     string(REPLACE "-" "np" _row "${_row}")
-    if(_def STREQUAL "packed")
+    if(_packedb)
+      set(_name "${_name}-packed")
+      set(_row "${_row}_packed")
+    endif()
+    if(_def STREQUAL "packed" OR _packedb)
       string(APPEND _fc_packed_rows "FLASHCORE_SM90_PACKED_ROW(${_row})\n")
     endif()
     set(_file ${_fc_gen_dir}/${_row}.cu)
@@ -131,7 +140,8 @@ struct ${_row} {
   using OutElement = ${_fc_elem_${_odt}};
   static constexpr int kHeadDim = ${_hd};
   static constexpr bool kCausal = ${_causal} != 0;
-  static constexpr TileShape kShape = {${_bm}, ${_bn}, ${_st}, ${_ppb}, Schedule::${_fc_sched_${_sched}}, ${_vote}};
+  static constexpr TileShape kShape = {${_bm}, ${_bn}, ${_st}, ${_ppb}, Schedule::${_fc_sched_${_sched}}, ${_vote},
+                                       ${_packedb}};
 };
 }  // namespace flashcore::sm90
 FLASHCORE_SM90_DEFINE_ROW(${_row}, \"${_name}\", ${_fc_enum_${_dt}}, ${_fc_enum_${_odt}}, ${_isdef})

@@ -23,6 +23,10 @@ struct TileShape {
   bool pingpong;      // consumer warpgroups take turns issuing GEMMs (mainloop.cuh)
   Schedule schedule;  // scheduler.cuh
   bool rescale_vote;  // skip the O rescale when a warp vote finds every factor is 1 (data-dependent branch)
+  // The packed flavour of a row (name suffix "-packed"): its producer keeps its ring positions as counts
+  // (pipeline.cuh PipelineCount), which leaves room in a 24-register dynamic producer for a packed (varlen) tile's
+  // decode (smem_plan.h takes_packed). A row of its own, so that the dense rows keep their code (perf-notes v36).
+  bool packed = false;
 };
 
 // Rows per K/V TMA box. A whole key block, except for split-KV (decode) rows: they load it in 32-row slices with

@@ -137,7 +137,7 @@ std::string unit_source(const VariantSpec& spec) {
     << "  static constexpr bool kCausal = " << (spec.causal ? "true" : "false") << ";\n"
     << "  static constexpr TileShape kShape = {" << s.block_m << ", " << s.block_n << ", " << s.stages << ", "
     << (s.pingpong ? "true" : "false") << ", Schedule::" << kScheduleEnumerators[static_cast<int>(s.schedule)]
-    << ", " << (s.rescale_vote ? "true" : "false") << "};\n"
+    << ", " << (s.rescale_vote ? "true" : "false") << ", " << (s.packed ? "true" : "false") << "};\n"
     << "};\n"
     << "template __global__ void flashcore_fwd_sm90_kernel<KernelConfig<" << row
     << ">>(const __grid_constant__ FwdParams);\n"
@@ -206,7 +206,7 @@ std::string config_name(const TileShape& shape) {
   const int sched = static_cast<int>(shape.schedule);
   return std::to_string(shape.block_m) + "x" + std::to_string(shape.block_n) + "x" + std::to_string(shape.stages) +
          (shape.pingpong ? "-pp" : "") + "-" + (sched >= 0 && sched < kSchedules ? kScheduleNames[sched] : "?") +
-         (shape.rescale_vote ? "-vote" : "");
+         (shape.rescale_vote ? "-vote" : "") + (shape.packed ? "-packed" : "");
 }
 
 bool parse_config_name(const std::string& name, TileShape& shape) {
@@ -219,6 +219,8 @@ bool parse_config_name(const std::string& name, TileShape& shape) {
   std::string tail = name.substr(pos);
   t.pingpong = tail.rfind("-pp-", 0) == 0;
   if (t.pingpong) tail.erase(0, 3);
+  t.packed = tail.size() > 7 && tail.compare(tail.size() - 7, 7, "-packed") == 0;
+  if (t.packed) tail.erase(tail.size() - 7);
   t.rescale_vote = tail.size() > 5 && tail.compare(tail.size() - 5, 5, "-vote") == 0;
   if (t.rescale_vote) tail.erase(tail.size() - 5);
   int sched = 0;
@@ -265,6 +267,9 @@ bool feasible(const VariantSpec& spec, std::string& why) {
   if (s.stages < 1 || s.stages > 8) return reject("stages = " + std::to_string(s.stages) + " is not in [1, 8]");
   if (sched < 0 || sched >= kSchedules) return reject("unknown schedule " + std::to_string(sched));
   if (s.pingpong && s.block_m < 128) return reject("ping-pong needs two or more consumer warpgroups (block_m >= 128)");
+  if (s.packed && s.schedule != Schedule::kDynamicPersistent) {
+    return reject("a packed flavour (-packed) is a dynamic row's (counted ring positions in its producer)");
+  }
   const Footprint f = footprint(spec);
   if (f.smem_bytes > kSmemLimitBytes) {
     return reject("shared memory " + std::to_string(f.smem_bytes) + " bytes > " + std::to_string(kSmemLimitBytes));
