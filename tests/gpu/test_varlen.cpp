@@ -9,6 +9,7 @@
 // message names its seed (check::run_case(case, seed) reproduces it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -190,14 +191,14 @@ TEST(Varlen, EveryConfigPasses) {
 
 // A packed batch runs the row configs.txt marks "packed" for its head dim and mask (sm90 backend.cpp, varlen_row), a
 // dynamic one only when the call gives a workspace, else the default where it takes one CTA per tile: here the
-// dynamic rows for d64 (192x128x3-pp-onecta without a workspace), the vote rows at d128 (causal with a workspace: the
-// dynamic vote row's packed flavour).
+// dynamic rows for d64 (192x128x3-pp-onecta without a workspace), at d128 the packed flavour of the dynamic vote rows
+// (the onecta vote rows without a workspace).
 TEST(Varlen, SelectsThePackedRows) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
   const struct { int head_dim; bool causal; const char* expected; const char* with_workspace; } rows[] = {
       {64, false, "192x128x3-pp-onecta", "192x128x3-pp-dynamic"},
       {64, true, "192x128x3-pp-onecta", "192x128x3-pp-dynamic"},
-      {128, false, "128x128x2-pp-onecta-vote", "128x128x2-pp-onecta-vote"},
+      {128, false, "128x128x2-pp-onecta-vote", "128x128x2-pp-dynamic-vote-packed"},
       {128, true, "128x128x2-pp-onecta-vote", "128x128x2-pp-dynamic-vote-packed"},
   };
   // Q, K, V, O of (64 rows, 2 heads, head dim <= 128) bf16, 32 KB each, apart; then cu_seqlens, all 0 (valid, and
@@ -239,6 +240,39 @@ void expect_graph_passes(const Case& captured, const Case& replayed, const std::
     return;
   }
   EXPECT_TRUE(r.passed) << name << ": " << report(replayed, r) << "\n  " << r.message;
+}
+
+// The dynamic rows on a packed batch of long sequences between short and empty ones: the producer passes over long
+// runs of row-less query blocks (sm90 scheduler.cuh), with enough query blocks for the causal L2 sections
+// (tile_math.h) and 6 query heads, so that a section holds parts of several sequences. Every real tile must run
+// once (the whole-output scan finds a skipped one), and the rerun must be bit-identical (the counter is back at 0).
+TEST(Varlen, DynamicRowsOnLongVariedBatches) {
+  FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
+  const std::vector<int32_t> lens = {4096, 100, 0, 2500, 1, 3000, 900, 1800};
+  // K/V of 1 MB per query head (2 x 4096 keys x head dim x 2 bytes / heads per KV head): 32 slices per section.
+  const struct { int head_dim; bool causal; int64_t heads_kv; const char* config; } rows[] = {
+      {64, false, 6, "192x128x3-pp-dynamic"},
+      {64, true, 6, "192x128x3-pp-dynamic"},
+      {128, false, 3, "128x128x2-pp-dynamic-vote-packed"},
+      {128, true, 3, "128x128x2-pp-dynamic-vote-packed"},
+  };
+  int runs = 0;
+  for (const auto& row : rows) {
+    std::vector<std::string> configs;
+    ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, row.head_dim, row.causal, configs),
+              FLASHCORE_SUCCESS) << flashcore_last_error();
+    if (std::find(configs.begin(), configs.end(), row.config) == configs.end()) continue;  // not compiled in
+    Case c = varlen_case(FLASHCORE_DTYPE_BF16, row.head_dim, row.causal, 6, row.heads_kv, lens, lens);
+    c.kernel_config = row.config;
+    const std::string name = "long varied batch d" + std::to_string(row.head_dim) + (row.causal ? " causal" : "");
+    const check::Result r = check::run_case(c, case_seed(name), /*repeats=*/2);
+    ASSERT_FALSE(r.skipped) << name << ": " << r.message;
+    ++runs;
+    EXPECT_TRUE(r.passed) << name << ": " << report(c, r) << "\n  " << r.message;
+    EXPECT_FALSE(r.unwritten) << name;
+    EXPECT_TRUE(r.deterministic) << name << ": " << r.message;
+  }
+  if (runs == 0) GTEST_SKIP() << "no dynamic bf16 row compiled";
 }
 
 // One forward captured in a CUDA graph, replayed with the captured lengths, then with new cu_seqlens_q / cu_seqlens_k

@@ -164,8 +164,8 @@ constexpr size_t kFp8VtOffset = 256;
 // V block it reads, at a cost per tile that is about fixed; the pass moves V through HBM once, plus a launch, and its
 // cost is shared by the query tiles of a KV head (a causal tile counting half). On the H100 (v35) the kernel was ahead
 // of the pass at head dim 64 up to 2k keys and level beyond (0.98-1.03 at 4k-16k), and at d128 and d256 ahead or
-// level up to 16 tiles per KV head, the pass ahead beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one (measurements); a config whose tile
-// cannot transpose in place (tile_shape.h) always takes the pass.
+// level up to 16 tiles per KV head, the pass ahead beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one
+// (measurements); a config whose tile cannot transpose in place (tile_shape.h) always takes the pass.
 constexpr double kInKernelVTransposeTiles = 16;  // head dims >= 128
 
 bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_params& p) {

@@ -19,9 +19,9 @@ using kernels::Tile;
 // Split-KV: tile index = dense tile * num_splits + split; split s visits key blocks
 // [begin + s * blocks_per_split, begin + (s + 1) * blocks_per_split) of the dense tile's range (possibly none).
 // Serving layouts (smem_plan.h, takes_packed / takes_paged): packed (varlen) Q/O and K/V on every 16-bit schedule
-// but a dynamic one with two consumer warpgroups that is not a row's packed flavour, a paged K/V on every one but the dynamic schedule (the host never
-// sends them such calls); a KV cache's lengths (seqused_k) everywhere. 8-bit kernels take neither packed nor paged
-// layouts (the host refuses 8-bit calls with serving layouts).
+// but a dynamic one with two consumer warpgroups that is not a row's packed flavour, a paged K/V on every one but
+// the dynamic schedule (the host never sends them such calls); a KV cache's lengths (seqused_k) everywhere. 8-bit
+// kernels take neither packed nor paged layouts (the host refuses 8-bit calls with serving layouts).
 template <class Cfg>
 inline constexpr bool kServingLayouts = Cfg::kElemBytes == 2 && takes_packed(Cfg::kShape);
 template <class Cfg>
