@@ -23,12 +23,13 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "src", "kernels", "sm90", "configs.txt")
 TUNED = os.path.join(ROOT, "src", "api", "tuned")
-NAME = re.compile(r"^(\d+)x(\d+)x(\d+)(-pp)?-(onecta|static|dynamic)(-vote)?$")
+NAME = re.compile(r"^(\d+)x(\d+)x(\d+)(-pp)?-(onecta|static|dynamic)(-vote)?(-packed)?$")
 
 
 def row_name(fields):
-    hd, causal, bm, bn, st, pp, sched, rescale, _ = fields
-    return f"{bm}x{bn}x{st}{'-pp' if pp == 'pp' else ''}-{sched}{'-vote' if rescale == 'vote' else ''}"
+    hd, causal, bm, bn, st, pp, sched, rescale, marker = fields
+    return (f"{bm}x{bn}x{st}{'-pp' if pp == 'pp' else ''}-{sched}{'-vote' if rescale == 'vote' else ''}"
+            f"{'-packed' if marker == 'packed-only' else ''}")
 
 
 def read_rows():
@@ -52,7 +53,9 @@ def config_row(hd, causal, name):
     m = NAME.match(name)
     if not m:
         raise ValueError(f"malformed config name {name!r}")
-    bm, bn, st, pp, sched, vote = m.groups()
+    bm, bn, st, pp, sched, vote, packed = m.groups()
+    if packed:  # its configs.txt marker also makes it the packed choice: a decision for a person, not this script
+        raise ValueError(f"{name!r} is a packed flavour: add it to configs.txt by hand (marker packed-only)")
     return (f"{hd:<4} {int(causal)}  {bm:<4} {bn:<4} {st}  {'pp' if pp else '-':<2}  {sched:<8} "
             f"{'vote' if vote else 'always':<7} -")
 
