@@ -181,14 +181,21 @@ bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_para
 }
 }  // namespace
 
-size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+namespace {
+// The workspace of a call whose V route (transposes_v_in_kernel) is already decided: launch() decides it once.
+size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms, bool v_in_kernel) {
   if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
   if (is_8bit(row.dtype)) {  // (V given transposed, or transposed in the kernel: only the zero-filled head, the
                              // dynamic schedule's counter)
-    const bool vt_in_workspace = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) == 0 && !transposes_v_in_kernel(row, p);
+    const bool vt_in_workspace = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) == 0 && !v_in_kernel;
     return kFp8VtOffset + (vt_in_workspace ? fp8_vt_bytes(p) : 0);
   }
   return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
+}
+}  // namespace
+
+size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  return workspace_bytes(row, p, sms, transposes_v_in_kernel(row, p));
 }
 
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
@@ -201,7 +208,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   }
   const bool split = row.shape.schedule == Schedule::kSplitKv;
   const SplitPlan plan = split ? plan_for(row, p, sms) : SplitPlan{};
-  const size_t ws = split ? plan.bytes : workspace_bytes(row, p, sms);
+  const bool v_in_kernel = transposes_v_in_kernel(row, p);
+  const size_t ws = split ? plan.bytes : workspace_bytes(row, p, sms, v_in_kernel);
   if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws)) {
     error = std::string("kernel config \"") + row.name + "\" needs " + std::to_string(ws) +
             " bytes of zero-filled workspace (flashcore_attention_workspace_size); workspace_size = " +
@@ -234,7 +242,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   // (transpose_v), or from the workspace, written by the transpose kernel below or already by the quantization of a
   // precision = FP8 call (prepared_vt), or given transposed (FLASHCORE_FLAG_V_TRANSPOSED).
   const bool eight_bit = is_8bit(row.dtype);
-  const bool transpose_v = prepared_vt == nullptr && transposes_v_in_kernel(row, p);
+  const bool transpose_v = prepared_vt == nullptr && v_in_kernel;
   const int64_t vt_keys = kernels::fp8_vt_padded_keys(p.seqlen_k);
   uint8_t* vt = eight_bit ? static_cast<uint8_t*>(p.workspace) + kFp8VtOffset : nullptr;
   if (eight_bit && (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) prepared_vt = static_cast<const uint8_t*>(p.v);
