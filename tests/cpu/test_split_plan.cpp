@@ -2,10 +2,12 @@
 #include <gtest/gtest.h>
 
 #include "kernels/sm90/split_plan.h"
+#include "kernels/sm90/tile_shape.h"
 
 namespace {
 
 using flashcore::sm90::split_plan;
+using flashcore::sm90::paged_box_rows;
 
 TEST(SplitPlan, FillsTheLastWaveWithTheFewestSplits) {
   // 8 sequences x 8 KV heads (GQA-packed decode): 64 tiles on 132 SMs -> 2 splits, 128 CTAs in one wave.
@@ -56,6 +58,25 @@ TEST(SplitPlan, WorkspaceLayout) {
   EXPECT_EQ(p.lse_offset % 256, 0u);
   EXPECT_GE(p.bytes, p.lse_offset + rows * sizeof(float));
   EXPECT_EQ(p.bytes % 256, 0u);
+}
+
+// The TMA box of a paged cache's slices (tile_shape.h paged_box_rows; backend.cpp builds the K/V maps with it and
+// producer.cuh issues its boxes): a slice of 128 rows or more in the row's own boxes (32 rows for split-KV rows, so a
+// page of 128 or 256 keys loads as a dense split block), a smaller slice in one box. The box always divides the slice,
+// so that a slice is whole boxes from one page.
+TEST(SplitPlan, PagedSlicesGoInBoxesThatDivideThem) {
+  EXPECT_EQ(paged_box_rows(32, 128), 32);   // split-KV row, page >= 128 (slice = gcd(page, 128) = 128)
+  EXPECT_EQ(paged_box_rows(32, 64), 64);    // split-KV row, page 64: one box per slice, as before
+  EXPECT_EQ(paged_box_rows(32, 16), 16);    // page 16
+  EXPECT_EQ(paged_box_rows(128, 128), 128); // a whole-block row (static / one-CTA schedules)
+  EXPECT_EQ(paged_box_rows(80, 16), 16);    // an 80-key block with 16-key pages
+  for (int box : {32, 64, 80, 128, 176}) {
+    for (int slice : {16, 32, 64, 128}) {
+      const int b = paged_box_rows(box, slice);
+      EXPECT_EQ(slice % b, 0) << box << " " << slice;
+      EXPECT_EQ(b % 8, 0) << box << " " << slice;  // whole 8-row swizzle atoms
+    }
+  }
 }
 
 }  // namespace

@@ -75,20 +75,25 @@ __device__ __forceinline__ BlockPages block_pages(const FwdParams& p, const Tile
 // A paged cache's key block: slices of p.kv_slice_rows rows (whole 8-row swizzle atoms, dividing the page), each
 // from its own page; the first two slices' pages were read by the caller ahead of time (a page of 64 keys or more
 // makes at most two slices of a 128-key block), the others (pages of 16 or 32 keys) are read here (K's from L2 or
-// L1, V's from L1).
+// L1, V's from L1). A slice goes in boxes of paged_box_rows rows (tile_shape.h; the host's map has that box), every
+// 128-byte chunk of a box issued back to back: a slice of a page of 128 keys or more as a dense split-KV block.
 template <class Cfg>
 __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtensorMap* map, uint8_t* smem, uint64_t* bar,
                                                const Tile& tile, int n_block, int kv_head, BlockPages pages) {
   const int key0 = n_block * Cfg::kBlockN;  // < seqlen_k + kBlockN: fits in int (validation caps seqlen_k)
+  const int box = paged_box_rows(Cfg::kKVBoxRows, p.kv_slice_rows);
 #pragma unroll 1
   for (int r = 0; r < Cfg::kBlockN; r += p.kv_slice_rows) {
     const int32_t page = r == 0 ? pages.first : r == p.kv_slice_rows ? pages.second : page_of(p, tile, key0 + r);
     const int32_t row = row_in_page(p, key0 + r);
+#pragma unroll 1
+    for (int b = 0; b < p.kv_slice_rows; b += box) {
 #pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c) {
-      const int32_t coords[4] = {c * Cfg::kChunkCols, row, kv_head, page};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                      smem + c * Cfg::kKVChunkBytes + r * Cfg::kRowBytes, map, coords, bar);
+      for (int c = 0; c < Cfg::kChunks; ++c) {
+        const int32_t coords[4] = {c * Cfg::kChunkCols, row + b, kv_head, page};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                        smem + c * Cfg::kKVChunkBytes + (r + b) * Cfg::kRowBytes, map, coords, bar);
+      }
     }
   }
 }

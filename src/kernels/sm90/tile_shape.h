@@ -36,6 +36,15 @@ constexpr int kv_box_rows(const TileShape& s) {
   return s.schedule == Schedule::kSplitKv && s.block_n > 32 ? 32 : s.block_n;
 }
 
+// Rows per K/V TMA box of a paged cache whose key blocks go in slices of slice_rows rows (a divisor of the page and
+// of the key block): a slice of 128 rows or more (pages of 128 keys and up) in the row's own boxes, so that a split-KV
+// row loads it as it loads a dense block (+0.5..1.6% paged decode at pages 128 and 256, perf-notes v37); a smaller
+// slice in one box (32-row boxes in 64-key pages gained nothing at 8 x 8k and cost 1 x 8k 4%).
+// box_rows: the row's kv_box_rows (a box that does not divide the slice is not used).
+constexpr int paged_box_rows(int box_rows, int slice_rows) {
+  return slice_rows >= 128 && box_rows < slice_rows && slice_rows % box_rows == 0 ? box_rows : slice_rows;
+}
+
 // 8-bit V, transposed (VLayout::kDimMajor): keys per row of a shared-memory chunk, i.e. per TMA box row. 128 (one
 // 128-byte swizzled row) when the key block is whole 128-key rows, else 64 (64-byte swizzled rows), so that a key
 // block of 192 keys is three chunks. Head dim 64: 64, the width of V's own 64-byte rows, so that the producer can
