@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where paged decode loses against dense: one decode call (bf16, one new token, GQA) timed as
 
-    plain       flashcore.attention(q, k_cache, v_cache)              (no cache lengths: the decode table's dense column)
-    cache_lens  flashcore.attention_with_kvcache(..., cache_seqlens)   (dense cache with per-sequence lengths)
+    plain       flashcore.attention(q, k_cache, v_cache)   (no cache lengths: the decode table's dense column)
+    cache_lens  flashcore.attention_with_kvcache(..., cache_seqlens)   (a dense cache with per-sequence lengths)
     pagedP_shuf the same cache in pages of P keys, pages shuffled over the whole pool (the decode table's paged column)
     pagedP_ident the same pages in order (page i of sequence b at pool index b * pages_per_seq + i)
 

@@ -6,8 +6,8 @@
 
 namespace {
 
-using flashcore::sm90::split_plan;
 using flashcore::sm90::paged_box_rows;
+using flashcore::sm90::split_plan;
 
 TEST(SplitPlan, FillsTheLastWaveWithTheFewestSplits) {
   // 8 sequences x 8 KV heads (GQA-packed decode): 64 tiles on 132 SMs -> 2 splits, 128 CTAs in one wave.

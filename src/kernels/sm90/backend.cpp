@@ -237,7 +237,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
             (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  const int kv_box = paged ? paged_box_rows(kv_box_rows(row.shape), slice_rows) : kv_box_rows(row.shape);  // (tile_shape.h)
+  // A paged slice's TMA box (tile_shape.h paged_box_rows, the box producer.cuh issues).
+  const int kv_box = paged ? paged_box_rows(kv_box_rows(row.shape), slice_rows) : kv_box_rows(row.shape);
   // 8-bit: the kernel reads V transposed (kernel_params.h): as stored and transposed by its producer warps
   // (transpose_v), or from the workspace, written by the transpose kernel below or already by the quantization of a
   // precision = FP8 call (prepared_vt), or given transposed (FLASHCORE_FLAG_V_TRANSPOSED).
