@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashcore  # noqa: E402
-from serving import graph_time_us, paged_cache  # noqa: E402
+from serving import decode_inputs, graph_time_us, paged_cache  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--head-dim", type=int, default=128)
@@ -24,10 +24,7 @@ splits = [int(s) for s in a.splits.split(",")]
 print(f"{'row':>10} {'layout':>6} " + " ".join(f"{s:>7}" for s in splits) + "   (GB/s of K and V; column = num_splits)")
 for row in a.rows.split(","):
     B, Sk = (int(x) for x in row.split("x"))
-    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+    q, kc, vc, lens = decode_inputs(B, Sk, Hq, Hkv, D)
     table, kp, vp = paged_cache(kc, vc)  # page 64, as bench/serving.py
     gb = 2 * kc.numel() * kc.element_size() / 1e9
     for name, args in (("dense", (q, kc, vc)), ("paged", (q, kp, vp))):

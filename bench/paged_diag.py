@@ -21,20 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashcore  # noqa: E402
-from serving import graph_time_us  # noqa: E402
-
-
-def paged_copy(kc, vc, page, shuffled):
-    """kc, vc (B, Sk, Hkv, D) as a pool of pages of `page` keys: (block table, paged K, paged V)."""
-    B, Sk, Hkv, D = kc.shape
-    nblk = Sk // page
-    order = (torch.randperm(B * nblk, device=kc.device) if shuffled else torch.arange(B * nblk, device=kc.device))
-    table = order.to(torch.int32).reshape(B, nblk)
-    kp = torch.empty(B * nblk, page, Hkv, D, device=kc.device, dtype=kc.dtype)
-    vp = torch.empty_like(kp)
-    kp[table.flatten().long()] = kc.reshape(B * nblk, page, Hkv, D)
-    vp[table.flatten().long()] = vc.reshape(B * nblk, page, Hkv, D)
-    return table, kp, vp
+from serving import decode_inputs, graph_time_us, paged_cache  # noqa: E402
 
 
 def main():
@@ -50,10 +37,7 @@ def main():
     torch.manual_seed(0)
     for shape in args.shapes.split(","):
         B, Sk = (int(x) for x in shape.split("x"))
-        q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
-        kc = torch.randn(B, Sk, hkv, D, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+        q, kc, vc, lens = decode_inputs(B, Sk, hq, hkv, D)
         kbytes = 2 * B * Sk * hkv * D * kc.element_size() / 1e3  # GB/s = kB / us
         ref = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
         times = {}
@@ -63,7 +47,7 @@ def main():
                 lambda: flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)))
             for page in (int(x) for x in args.pages.split(",")):
                 for shuffled in (True, False):
-                    table, kp, vp = paged_copy(kc, vc, page, shuffled)
+                    table, kp, vp = paged_cache(kc, vc, page, shuffled)
 
                     def call():
                         return flashcore.attention_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,

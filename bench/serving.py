@@ -179,12 +179,25 @@ def iter_decode(head_dim=128, heads=(32, 8), configs=(), shapes=DECODE_ROWS, fa3
         yield row
 
 
-def paged_cache(kc, vc, page=PAGE):
-    """The dense caches kc, vc (B, Sk, Hkv, D) copied into pages of `page` keys in a shuffled order: returns the
-    block table (B, Sk / page) int32 and the paged K and V (B * Sk / page, page, Hkv, D)."""
+def decode_inputs(B, Sk, hq=32, hkv=8, head_dim=128, dtype=torch.bfloat16):
+    """A decode call's tensors: q (B, 1, hq, D), the dense caches k, v (B, Sk, hkv, D) (drawn in that order from the
+    global torch generator) and cache_seqlens (B,) int32, every sequence Sk keys long."""
+    q = torch.randn(B, 1, hq, head_dim, device="cuda", dtype=dtype)
+    kc = torch.randn(B, Sk, hkv, head_dim, device="cuda", dtype=dtype)
+    vc = torch.randn_like(kc)
+    lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+    return q, kc, vc, lens
+
+
+def paged_cache(kc, vc, page=PAGE, shuffled=True):
+    """The dense caches kc, vc (B, Sk, Hkv, D) copied into pages of `page` keys, in a shuffled order over the whole
+    pool (shuffled=False: page i of sequence b at b * Sk / page + i): returns the block table (B, Sk / page) int32 and
+    the paged K and V (B * Sk / page, page, Hkv, D)."""
     B, Sk, Hkv, D = kc.shape
     nblk = Sk // page
-    table = torch.randperm(B * nblk, device=kc.device, dtype=torch.int32).reshape(B, nblk)
+    order = (torch.randperm(B * nblk, device=kc.device, dtype=torch.int32) if shuffled
+             else torch.arange(B * nblk, device=kc.device, dtype=torch.int32))
+    table = order.reshape(B, nblk)
     kp = torch.empty(B * nblk, page, Hkv, D, device=kc.device, dtype=kc.dtype)
     vp = torch.empty_like(kp)
     kp[table.flatten().long()] = kc.reshape(B * nblk, page, Hkv, D)
@@ -194,10 +207,8 @@ def paged_cache(kc, vc, page=PAGE):
 
 def decode_row(B, Sk, head_dim=128, hq=32, hkv=8, configs=(), fa3=True, cudnn=True, keep_going=False):
     """One decode row: batch B, cache length Sk (a multiple of PAGE); see iter_decode."""
-    dt, D, Hq, Hkv = torch.bfloat16, head_dim, hq, hkv
-    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=dt)
-    kc = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dt)
-    vc = torch.randn_like(kc)
+    D, Hq, Hkv = head_dim, hq, hkv
+    q, kc, vc, lens = decode_inputs(B, Sk, Hq, Hkv, D)
     kv_bytes = 2 * B * Sk * Hkv * D * kc.element_size()
     row = {"B": B, "Sk": Sk, "Hq": Hq, "Hkv": Hkv, "D": D, "kv_MB": kv_bytes / 1e6}
     qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
@@ -224,7 +235,6 @@ def decode_row(B, Sk, head_dim=128, hq=32, hkv=8, configs=(), fa3=True, cudnn=Tr
         row[f"cfg {config}_us"] = graph_time_us(lambda: lib.forward(cp, torch.cuda.current_stream().cuda_stream))
     # Paged caches (page 64): the same K/V, pages shuffled through a block table; FlashCore's and FA3's columns
     # read the same pages.
-    lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
     table, kp, vp = paged_cache(kc, vc)
 
     def fc_paged():
