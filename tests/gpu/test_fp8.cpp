@@ -1268,6 +1268,49 @@ TEST(Fp8KernelConfigs, EveryConfigMatchesReference) {
   if (ran == 0) GTEST_SKIP() << fp8_skip_reason(128, false);
 }
 
+// The "-vote" rows of 8-bit P skip the O rescale only where it is a multiply by exactly 1 (their row maxima are exact,
+// config.h kLazyRescale), so O and LSE are bit for bit those of the same row without the vote: long key ranges (many
+// skipped rescales), causal and not, e4m3 and e5m2, both output dtypes.
+TEST(Fp8KernelConfigs, VoteRowsAreBitIdenticalToTheRowsWithoutTheVote) {
+  int ran = 0;
+  for (flashcore_dtype in : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2})
+  for (int64_t D : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      if (!fp8_skip_reason(D, causal, in).empty()) continue;
+      int32_t count = 0;
+      ASSERT_EQ(flashcore_list_kernel_configs(in, static_cast<int32_t>(D), causal, nullptr, 0, &count),
+                FLASHCORE_SUCCESS);
+      std::vector<const char*> names(static_cast<size_t>(count));
+      ASSERT_EQ(flashcore_list_kernel_configs(in, static_cast<int32_t>(D), causal, names.data(), count, &count),
+                FLASHCORE_SUCCESS);
+      for (const char* name : names) {
+        const std::string vote = name;
+        if (vote.size() < 5 || vote.compare(vote.size() - 5, 5, "-vote") != 0) continue;
+        const std::string plain = vote.substr(0, vote.size() - 5);
+        ASSERT_NE(std::find(names.begin(), names.end(), plain), names.end()) << plain << " is not compiled";
+        const flashcore_dtype out = ran % 2 == 0 ? FLASHCORE_DTYPE_BF16 : FLASHCORE_DTYPE_FP16;
+        Problem p = make(D, causal, 2, 4, 2, 300, 4097, out);
+        p.in = in;
+        p.kernel_config = name;
+        p.name = sanitize("vote_" + vote + "_d" + std::to_string(D) + (causal ? "_causal" : ""));
+        SCOPED_TRACE(describe(p));
+        const HostData h = make_inputs(p, seed_of(p.name));
+        DeviceProblem dev;
+        ASSERT_TRUE(dev.upload(p, h));
+        std::vector<uint16_t> o, o_plain;
+        std::vector<float> lse, lse_plain;
+        ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
+        flashcore_attention_params q = dev.params;
+        q.kernel_config = plain.c_str();
+        ASSERT_EQ(dev.run(o_plain, lse_plain, &q), FLASHCORE_SUCCESS) << flashcore_last_error();
+        EXPECT_TRUE(o == o_plain) << vote << ": O differs from " << plain;
+        EXPECT_EQ(std::memcmp(lse.data(), lse_plain.data(), lse.size() * 4), 0) << vote << ": LSE differs from " << plain;
+        ++ran;
+      }
+    }
+  if (ran == 0) GTEST_SKIP() << "no 8-bit -vote config compiled in (or " << fp8_skip_reason(128, false) << ")";
+}
+
 // ================================================================================================
 // GPU: errors of 8-bit calls (rejected before anything is written)
 // ================================================================================================
