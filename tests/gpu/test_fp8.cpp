@@ -1304,7 +1304,8 @@ TEST(Fp8KernelConfigs, VoteRowsAreBitIdenticalToTheRowsWithoutTheVote) {
         q.kernel_config = plain.c_str();
         ASSERT_EQ(dev.run(o_plain, lse_plain, &q), FLASHCORE_SUCCESS) << flashcore_last_error();
         EXPECT_TRUE(o == o_plain) << vote << ": O differs from " << plain;
-        EXPECT_EQ(std::memcmp(lse.data(), lse_plain.data(), lse.size() * 4), 0) << vote << ": LSE differs from " << plain;
+        EXPECT_EQ(std::memcmp(lse.data(), lse_plain.data(), lse.size() * 4), 0)
+            << vote << ": LSE differs from " << plain;
         ++ran;
       }
     }
