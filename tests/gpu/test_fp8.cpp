@@ -1213,8 +1213,17 @@ TEST(Fp8VTransposed, BitIdenticalToTheCallThatTransposes) {
 // GPU: every compiled 8-bit kernel config, e4m3 and e5m2 (tuning options: persistent grids keep their counter in the
 // workspace)
 // ================================================================================================
-TEST(Fp8KernelConfigs, EveryConfigMatchesReference) {
-  int ran = 0;
+namespace {
+
+// The 8-bit keys (input dtype, head dim, causal) this device runs, each with the configs compiled for it.
+struct Fp8ConfigKey {
+  flashcore_dtype in;
+  int64_t D;
+  bool causal;
+  std::vector<const char*> names;
+};
+
+void list_fp8_config_keys(std::vector<Fp8ConfigKey>& keys) {
   for (flashcore_dtype in : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2})
   for (int64_t D : {64, 128, 256})
     for (bool causal : {false, true}) {
@@ -1225,46 +1234,57 @@ TEST(Fp8KernelConfigs, EveryConfigMatchesReference) {
       std::vector<const char*> names(static_cast<size_t>(count));
       ASSERT_EQ(flashcore_list_kernel_configs(in, static_cast<int32_t>(D), causal, names.data(), count, &count),
                 FLASHCORE_SUCCESS);
-      for (const char* name : names) {
-        for (flashcore_dtype out : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
-          Problem p = make(D, causal, 2, 8, 2, 777, 1000, out);
-          p.in = in;
-          p.kernel_config = name;
-          p.name = sanitize("config_" + std::string(in == FLASHCORE_DTYPE_FP8_E5M2 ? "e5m2_" : "") + name + "_d" +
-                            std::to_string(D) + (causal ? "_causal" : "") + (out == FLASHCORE_DTYPE_FP16 ? "_fp16" : ""));
-          SCOPED_TRACE(describe(p));
-          const uint64_t seed = seed_of(p.name);
-          const HostData h = make_inputs(p, seed);
-          DeviceProblem dev;
-          ASSERT_TRUE(dev.upload(p, h));
-          char selected[128] = "";
-          ASSERT_EQ(flashcore_attention_selected_config(&dev.params, selected, sizeof selected), FLASHCORE_SUCCESS)
-              << flashcore_last_error();
-          EXPECT_STREQ(selected, name);
-          std::vector<uint16_t> o, o2;
-          std::vector<float> lse, lse2;
-          ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
-          // The library leaves the workspace's first 256 bytes zero (the next call's tile counter).
-          std::vector<unsigned char> head(256, 0xAB);
-          ASSERT_EQ(cudaMemcpy(head.data(), dev.params.workspace, 256, cudaMemcpyDeviceToHost), cudaSuccess);
-          EXPECT_TRUE(std::all_of(head.begin(), head.end(), [](unsigned char b) { return b == 0; }))
-              << "the workspace's first 256 bytes are not zero after a call";
+      keys.push_back({in, D, causal, std::move(names)});
+    }
+}
+
+}  // namespace
+
+TEST(Fp8KernelConfigs, EveryConfigMatchesReference) {
+  int ran = 0;
+  std::vector<Fp8ConfigKey> keys;
+  ASSERT_NO_FATAL_FAILURE(list_fp8_config_keys(keys));
+  for (const auto& [in, D, causal, names] : keys) {
+    for (const char* name : names) {
+      for (flashcore_dtype out : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
+        Problem p = make(D, causal, 2, 8, 2, 777, 1000, out);
+        p.in = in;
+        p.kernel_config = name;
+        p.name = sanitize("config_" + std::string(in == FLASHCORE_DTYPE_FP8_E5M2 ? "e5m2_" : "") + name + "_d" +
+                          std::to_string(D) + (causal ? "_causal" : "") + (out == FLASHCORE_DTYPE_FP16 ? "_fp16" : ""));
+        SCOPED_TRACE(describe(p));
+        const uint64_t seed = seed_of(p.name);
+        const HostData h = make_inputs(p, seed);
+        DeviceProblem dev;
+        ASSERT_TRUE(dev.upload(p, h));
+        char selected[128] = "";
+        ASSERT_EQ(flashcore_attention_selected_config(&dev.params, selected, sizeof selected), FLASHCORE_SUCCESS)
+            << flashcore_last_error();
+        EXPECT_STREQ(selected, name);
+        std::vector<uint16_t> o, o2;
+        std::vector<float> lse, lse2;
+        ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
+        // The library leaves the workspace's first 256 bytes zero (the next call's tile counter).
+        std::vector<unsigned char> head(256, 0xAB);
+        ASSERT_EQ(cudaMemcpy(head.data(), dev.params.workspace, 256, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_TRUE(std::all_of(head.begin(), head.end(), [](unsigned char b) { return b == 0; }))
+            << "the workspace's first 256 bytes are not zero after a call";
+        ASSERT_EQ(dev.run(o2, lse2), FLASHCORE_SUCCESS) << flashcore_last_error();
+        EXPECT_TRUE(o == o2 && std::memcmp(lse.data(), lse2.data(), lse.size() * 4) == 0)
+            << "the second run (same workspace) is not bit-identical";
+        {  // V transposed by the kernel's producer warps where the tile can (the default route here is the pass)
+          const ForceVRoute route("kernel");
           ASSERT_EQ(dev.run(o2, lse2), FLASHCORE_SUCCESS) << flashcore_last_error();
           EXPECT_TRUE(o == o2 && std::memcmp(lse.data(), lse2.data(), lse.size() * 4) == 0)
-              << "the second run (same workspace) is not bit-identical";
-          {  // V transposed by the kernel's producer warps where the tile can (the default route here is the pass)
-            const ForceVRoute route("kernel");
-            ASSERT_EQ(dev.run(o2, lse2), FLASHCORE_SUCCESS) << flashcore_last_error();
-            EXPECT_TRUE(o == o2 && std::memcmp(lse.data(), lse2.data(), lse.size() * 4) == 0)
-                << "V transposed in the kernel gives another O or LSE than the pass";
-          }
-          const Verdict v = compare(p, h, o, lse, seed);
-          std::printf("  %s\n", report(p, v, seed).c_str());
-          EXPECT_TRUE(v.passed) << report(p, v, seed) << "\n  " << v.why;
-          ++ran;
+              << "V transposed in the kernel gives another O or LSE than the pass";
         }
+        const Verdict v = compare(p, h, o, lse, seed);
+        std::printf("  %s\n", report(p, v, seed).c_str());
+        EXPECT_TRUE(v.passed) << report(p, v, seed) << "\n  " << v.why;
+        ++ran;
       }
     }
+  }
   if (ran == 0) GTEST_SKIP() << fp8_skip_reason(128, false);
 }
 
@@ -1273,42 +1293,35 @@ TEST(Fp8KernelConfigs, EveryConfigMatchesReference) {
 // skipped rescales), causal and not, e4m3 and e5m2, both output dtypes.
 TEST(Fp8KernelConfigs, VoteRowsAreBitIdenticalToTheRowsWithoutTheVote) {
   int ran = 0;
-  for (flashcore_dtype in : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2})
-  for (int64_t D : {64, 128, 256})
-    for (bool causal : {false, true}) {
-      if (!fp8_skip_reason(D, causal, in).empty()) continue;
-      int32_t count = 0;
-      ASSERT_EQ(flashcore_list_kernel_configs(in, static_cast<int32_t>(D), causal, nullptr, 0, &count),
-                FLASHCORE_SUCCESS);
-      std::vector<const char*> names(static_cast<size_t>(count));
-      ASSERT_EQ(flashcore_list_kernel_configs(in, static_cast<int32_t>(D), causal, names.data(), count, &count),
-                FLASHCORE_SUCCESS);
-      for (const char* name : names) {
-        const std::string vote = name;
-        if (vote.size() < 5 || vote.compare(vote.size() - 5, 5, "-vote") != 0) continue;
-        const std::string plain = vote.substr(0, vote.size() - 5);
-        ASSERT_NE(std::find(names.begin(), names.end(), plain), names.end()) << plain << " is not compiled";
-        const flashcore_dtype out = ran % 2 == 0 ? FLASHCORE_DTYPE_BF16 : FLASHCORE_DTYPE_FP16;
-        Problem p = make(D, causal, 2, 4, 2, 300, 4097, out);
-        p.in = in;
-        p.kernel_config = name;
-        p.name = sanitize("vote_" + vote + "_d" + std::to_string(D) + (causal ? "_causal" : ""));
-        SCOPED_TRACE(describe(p));
-        const HostData h = make_inputs(p, seed_of(p.name));
-        DeviceProblem dev;
-        ASSERT_TRUE(dev.upload(p, h));
-        std::vector<uint16_t> o, o_plain;
-        std::vector<float> lse, lse_plain;
-        ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
-        flashcore_attention_params q = dev.params;
-        q.kernel_config = plain.c_str();
-        ASSERT_EQ(dev.run(o_plain, lse_plain, &q), FLASHCORE_SUCCESS) << flashcore_last_error();
-        EXPECT_TRUE(o == o_plain) << vote << ": O differs from " << plain;
-        EXPECT_EQ(std::memcmp(lse.data(), lse_plain.data(), lse.size() * 4), 0)
-            << vote << ": LSE differs from " << plain;
-        ++ran;
-      }
+  std::vector<Fp8ConfigKey> keys;
+  ASSERT_NO_FATAL_FAILURE(list_fp8_config_keys(keys));
+  for (const auto& [in, D, causal, names] : keys) {
+    for (const char* name : names) {
+      const std::string vote = name;
+      if (vote.size() < 5 || vote.compare(vote.size() - 5, 5, "-vote") != 0) continue;
+      const std::string plain = vote.substr(0, vote.size() - 5);
+      ASSERT_NE(std::find(names.begin(), names.end(), plain), names.end()) << plain << " is not compiled";
+      const flashcore_dtype out = ran % 2 == 0 ? FLASHCORE_DTYPE_BF16 : FLASHCORE_DTYPE_FP16;
+      Problem p = make(D, causal, 2, 4, 2, 300, 4097, out);
+      p.in = in;
+      p.kernel_config = name;
+      p.name = sanitize("vote_" + vote + "_d" + std::to_string(D) + (causal ? "_causal" : ""));
+      SCOPED_TRACE(describe(p));
+      const HostData h = make_inputs(p, seed_of(p.name));
+      DeviceProblem dev;
+      ASSERT_TRUE(dev.upload(p, h));
+      std::vector<uint16_t> o, o_plain;
+      std::vector<float> lse, lse_plain;
+      ASSERT_EQ(dev.run(o, lse), FLASHCORE_SUCCESS) << flashcore_last_error();
+      flashcore_attention_params q = dev.params;
+      q.kernel_config = plain.c_str();
+      ASSERT_EQ(dev.run(o_plain, lse_plain, &q), FLASHCORE_SUCCESS) << flashcore_last_error();
+      EXPECT_TRUE(o == o_plain) << vote << ": O differs from " << plain;
+      EXPECT_EQ(std::memcmp(lse.data(), lse_plain.data(), lse.size() * 4), 0)
+          << vote << ": LSE differs from " << plain;
+      ++ran;
     }
+  }
   if (ran == 0) {
     const std::string why = fp8_skip_reason(128, false);
     GTEST_SKIP() << (why.empty() ? std::string("no 8-bit -vote config compiled in") : why);
