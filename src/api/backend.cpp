@@ -168,7 +168,7 @@ int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, con
   const char* def = nullptr;
   std::string ignored;
   if (b->id == Id::kSm90) {
-    const sm90::KernelRow* r = sm90::select(dtype, out, head_dim, causal, nullptr, ignored);
+    const sm90::KernelRow* r = sm90::select(dtype, out, head_dim, causal, nullptr, INT64_MAX, ignored);
     def = r != nullptr ? r->name : nullptr;
   }
 #ifdef FLASHCORE_HAVE_SM80
@@ -250,7 +250,7 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   // choose() only returns configs it found available; should one be gone, the default runs.
   if (out.sm90 == nullptr && p.kernel_config == nullptr && out_dtype == p.dtype) {
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
-    if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, error);
+    if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, p.seqlen_k, error);
     // Dynamic rows take no paged K/V, and those with two consumer warpgroups no packed one (sm90/smem_plan.h):
     // such calls take the default.
     const bool packed = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr;
@@ -259,7 +259,9 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
       out.sm90 = nullptr;
     }
   }
-  if (out.sm90 == nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, error);
+  if (out.sm90 == nullptr) {
+    out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
+  }
   if (out.sm90 == nullptr) return no_row_status(p);
   out.name = out.sm90->name;
   return FLASHCORE_SUCCESS;
@@ -279,7 +281,7 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
   }
 #endif
   if (b->id == Id::kSm90) {
-    const sm90::KernelRow* row = sm90::select(dtype, out, head_dim, causal, name, ignored);
+    const sm90::KernelRow* row = sm90::select(dtype, out, head_dim, causal, name, INT64_MAX, ignored);
     if (row == nullptr) return false;
     workspace = sm90::needs_workspace(*row);
   }

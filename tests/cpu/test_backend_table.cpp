@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "api/backend.h"
 #include "cpu/configured_archs.h"
 #include "flashcore/flashcore.h"
+#include "kernels/sm90/launch.h"
 
 namespace {
 
@@ -167,6 +169,58 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
     }
   }
   EXPECT_TRUE(configs(100, FLASHCORE_DTYPE_BF16, 128, false).empty());
+}
+
+// sm90 default rows with a sequence-length condition (configs.txt "default(seqlen_k<=N)", kernel_row.h): every key
+// with a default has exactly one unconditional default, which long calls and listings get; a conditional default is
+// the choice up to its N keys (unless an earlier conditional row already is) and never past it.
+TEST(BackendTable, Sm90DefaultsFollowTheKeyCount) {
+  namespace sm90 = flashcore::sm90;
+  int n = 0;
+  const sm90::KernelRow* const* rows = sm90::rows(n);
+  int conditional = 0;
+  for (int i = 0; i < n; ++i) {
+    const sm90::KernelRow& r = *rows[i];
+    if (!r.is_default) continue;
+    SCOPED_TRACE(std::string(r.name) + " d" + std::to_string(r.head_dim) + (r.causal ? " causal" : ""));
+    int unconditional = 0;
+    for (int j = 0; j < n; ++j) {
+      const sm90::KernelRow& o = *rows[j];
+      unconditional += o.is_default && o.max_seqlen_k == 0 && o.dtype == r.dtype && o.out_dtype == r.out_dtype &&
+                       o.head_dim == r.head_dim && o.causal == r.causal;
+    }
+    EXPECT_EQ(unconditional, 1);
+    std::string error;
+    const sm90::KernelRow* longest =
+        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, INT64_MAX, error);
+    ASSERT_NE(longest, nullptr) << error;
+    EXPECT_EQ(longest->max_seqlen_k, 0);
+    if (r.max_seqlen_k == 0) continue;
+    ++conditional;
+    const sm90::KernelRow* at =
+        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, r.max_seqlen_k, error);
+    const sm90::KernelRow* past =
+        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, r.max_seqlen_k + 1, error);
+    ASSERT_NE(at, nullptr);
+    ASSERT_NE(past, nullptr);
+    EXPECT_TRUE(at == &r || at->max_seqlen_k != 0) << "at " << r.max_seqlen_k << " keys: " << at->name;
+    EXPECT_NE(past, &r) << "past " << r.max_seqlen_k << " keys";
+  }
+  // The 8-bit d128 rows (configs_fp8.txt): 128-key blocks up to 1024 keys (2048 causal), 192-key blocks beyond.
+  std::string error;
+  const sm90::KernelRow* e4m3 = sm90::select(FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_BF16, 128, false, nullptr,
+                                             INT64_MAX, error);
+  if (e4m3 == nullptr) GTEST_SKIP() << "e4m3 head dim 128 is not compiled (FLASHCORE_DTYPES / FLASHCORE_HEAD_DIMS)";
+  EXPECT_GT(conditional, 0);
+  auto name = [&](bool causal, int64_t keys) {
+    const sm90::KernelRow* r =
+        sm90::select(FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_BF16, 128, causal, nullptr, keys, error);
+    return r != nullptr ? std::string(r->name) : error;
+  };
+  EXPECT_EQ(name(false, 1024), "128x128x3-pp-static");
+  EXPECT_EQ(name(false, 1025), "128x192x2-pp-static");
+  EXPECT_EQ(name(true, 2048), "128x128x3-pp-dynamic");
+  EXPECT_EQ(name(true, 2049), "128x192x2-pp-dynamic");
 }
 
 }  // namespace

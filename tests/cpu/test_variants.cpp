@@ -232,7 +232,8 @@ TEST(Variants, RegistrationRefusesCompiledNamesAndInfeasibleSpecs) {
   std::string select_error;
   const VariantSpec s = gpu_test_specs()[0];
   const std::string name = flashcore::sm90::config_name(s.shape);
-  EXPECT_EQ(flashcore::sm90::select(s.dtype, s.dtype, s.head_dim, s.causal, name.c_str(), select_error), nullptr);
+  EXPECT_EQ(flashcore::sm90::select(s.dtype, s.dtype, s.head_dim, s.causal, name.c_str(), INT64_MAX, select_error),
+            nullptr);
   EXPECT_NE(select_error.find("is not compiled for"), std::string::npos) << select_error;
 }
 

@@ -59,14 +59,17 @@ const KernelRow* const* rows(int& count) {
 }
 
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, std::string& error) {
+                        const char* config, int64_t seqlen_k, std::string& error) {
   auto same_key = [&](const KernelRow* r) {
     return r->dtype == dtype && r->out_dtype == out_dtype && r->head_dim == head_dim && r->causal == causal;
   };
   std::string names;
   for (const KernelRow* r : kRows) {
     if (!same_key(r)) continue;
-    if (config == nullptr ? r->is_default : std::strcmp(config, r->name) == 0) return r;
+    if (config == nullptr ? r->is_default && (r->max_seqlen_k == 0 || seqlen_k <= r->max_seqlen_k)
+                          : std::strcmp(config, r->name) == 0) {
+      return r;
+    }
     names += (names.empty() ? "" : ", ") + std::string(r->name);
   }
   if (config != nullptr) {
@@ -134,7 +137,7 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
   const KernelRow* first = nullptr;
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule != Schedule::kOneTilePerCta || !same_key(*r, p)) continue;
-    if (r->is_default) return r;
+    if (r->is_default && (r->max_seqlen_k == 0 || p.seqlen_k <= r->max_seqlen_k)) return r;
     if (first == nullptr) first = r;
   }
   return first;

@@ -75,10 +75,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
 }  // namespace flashcore::sm90
 
 // One row of the kernel table: the generated unit defines the row struct ROW (config.h) and names it here.
-#define FLASHCORE_SM90_DEFINE_ROW(ROW, NAME, DTYPE, OUT_DTYPE, IS_DEFAULT)                                       \
+#define FLASHCORE_SM90_DEFINE_ROW(ROW, NAME, DTYPE, OUT_DTYPE, IS_DEFAULT, MAX_SEQLEN_K)                         \
   namespace flashcore::sm90 {                                                                                   \
   extern const KernelRow kRow_##ROW = {                                                                         \
       NAME, DTYPE, OUT_DTYPE, ROW::kHeadDim, ROW::kCausal, IS_DEFAULT, ROW::kShape,                             \
       KernelConfig<ROW>::kThreads, KernelConfig<ROW>::kSmemBytes, KernelConfig<ROW>::kSeparateO,                \
-      reinterpret_cast<const void*>(&flashcore_fwd_sm90_kernel<KernelConfig<ROW>>), 1.0f};                     \
+      reinterpret_cast<const void*>(&flashcore_fwd_sm90_kernel<KernelConfig<ROW>>), 1.0f, MAX_SEQLEN_K};       \
   }

@@ -3,6 +3,8 @@
 // (kernel.cuh, FLASHCORE_SM90_DEFINE_ROW); backend.cpp lists them (generated rows.inc) and launches them.
 // Runtime variants (variant.h) are KernelRows too, loaded from cubins.
 #pragma once
+#include <cstdint>
+
 #include "flashcore/flashcore.h"
 #include "kernels/sm90/tile_shape.h"
 
@@ -21,6 +23,9 @@ struct KernelRow {
   bool separate_o;
   const void* kernel;  // flashcore_fwd_sm90_kernel<KernelConfig<Row>>, or a runtime variant's cudaKernel_t
   float test_scale_factor = 1.0f;  // multiplies the softmax scale: 1, except for a deliberately faulty test row
+  // A default row with a condition (configs.txt "default(seqlen_k<=N)"): the choice only for calls with at most N keys;
+  // 0: no condition. select() takes the first default row, in configs.txt order, whose condition the call meets.
+  int64_t max_seqlen_k = 0;
 };
 
 }  // namespace flashcore::sm90

@@ -1,6 +1,7 @@
 // Host entry into the sm90 backend: the compiled rows, their selection and launch (backend.cpp).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,11 @@ const KernelRow* const* rows(int& count);
 std::vector<const KernelRow*> registered_rows();
 
 // The row for (dtype, out dtype, head dim, causal): the one named `config` when it is not NULL (a compiled row,
-// else a registered variant), else the default. nullptr (with a message in `error`) when none matches.
+// else a registered variant), else the default for a call with `seqlen_k` keys (the first default row, in configs.txt
+// order, whose max_seqlen_k condition the call meets; INT64_MAX: the default of long calls, which listings name).
+// nullptr (with a message in `error`) when none matches.
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, std::string& error);
+                        const char* config, int64_t seqlen_k, std::string& error);
 
 // The split-KV row for a decode-shaped call (at most 64 query rows, after GQA packing, and at least 8 key blocks
 // of 128) whose partials fit in `workspace_capacity` bytes, or nullptr (another shape, too small a

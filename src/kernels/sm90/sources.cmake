@@ -111,7 +111,13 @@ foreach(_pair IN LISTS _fc_pairs)
     endif()
     set(_isdef false)
     set(_packedb false)
-    if(_def STREQUAL "default")
+    set(_maxsk 0)
+    # "default(seqlen_k<=N)": the default only for calls with at most N keys (kernel_row.h max_seqlen_k); a later
+    # unconditional default row of the key takes the longer calls.
+    if(_def MATCHES "^default\\(seqlen_k<=([0-9]+)\\)$")
+      set(_isdef true)
+      set(_maxsk ${CMAKE_MATCH_1})
+    elseif(_def STREQUAL "default")
       set(_isdef true)
     elseif((_def STREQUAL "packed" OR _def STREQUAL "packed-only") AND _sched STREQUAL "split")
       message(FATAL_ERROR "src/kernels/sm90/configs.txt: a packed (varlen) choice cannot be a split row in '${_line}'")
@@ -120,7 +126,8 @@ foreach(_pair IN LISTS _fc_pairs)
     elseif(_def STREQUAL "packed-only")
       set(_packedb true)
     elseif(NOT _def STREQUAL "packed" AND NOT _def STREQUAL "-")
-      message(FATAL_ERROR "src/kernels/sm90/configs.txt: default must be default, packed, packed-only or - in '${_line}'")
+      message(FATAL_ERROR
+        "src/kernels/sm90/configs.txt: default must be default, default(seqlen_k<=N), packed, packed-only or - in '${_line}'")
     endif()
     set(_row "r_${_dt}${_sfx}_d${_hd}_c${_causal}_${_bm}x${_bn}x${_st}_${_pp}_${_sched}_${_rescale}")
     string(REPLACE "-" "np" _row "${_row}")
@@ -144,7 +151,7 @@ struct ${_row} {
                                        ${_packedb}};
 };
 }  // namespace flashcore::sm90
-FLASHCORE_SM90_DEFINE_ROW(${_row}, \"${_name}\", ${_fc_enum_${_dt}}, ${_fc_enum_${_odt}}, ${_isdef})
+FLASHCORE_SM90_DEFINE_ROW(${_row}, \"${_name}\", ${_fc_enum_${_dt}}, ${_fc_enum_${_odt}}, ${_isdef}, ${_maxsk})
 ")
     _fc_write_if_changed(${_file} "${_content}")
     list(APPEND FLASHCORE_SM90_SOURCES ${_file})
