@@ -96,11 +96,13 @@ two_sets=0
 while read -r name ex2; do
   [[ -z "${name:-}" ]] && continue
   # r_<dtype>[_o<out>]_d<D>_c<C>_<BM>x<BN>x<stages>_...: config.h's kTwoPSets (240 registers: block_m <= 128; O, S and
-  # two P sets within 192; a P set is block_n / 4 registers, block_n / 8 for e4m3).
+  # two P sets within 192, a P set being block_n / 4 registers, block_n / 8 in 8 bits; or the 8-bit d128 128 x 192).
   if [[ "$name" =~ _d([0-9]+)_c[01]_([0-9]+)x([0-9]+)x ]]; then
     D=${BASH_REMATCH[1]}; BM=${BASH_REMATCH[2]}; BN=${BASH_REMATCH[3]}
-    preg=$((BN / 4)); [[ "$name" == *_e4m3_* || "$name" == *_e5m2_* ]] && preg=$((BN / 8))
-    if [[ "$BM" -le 128 && $((D / 2 + BN / 2 + 2 * preg)) -le 192 ]]; then
+    eight=0; [[ "$name" == *_e4m3_* || "$name" == *_e5m2_* ]] && eight=1
+    preg=$((BN / 4)); [[ $eight == 1 ]] && preg=$((BN / 8))
+    if [[ "$BM" -le 128 && ( $((D / 2 + BN / 2 + 2 * preg)) -le 192 || ( $eight == 1 && $D == 128 && $BN == 192 ) ) ]]
+    then
       two_sets=$((two_sets + 1))
       [[ "$ex2" -ge 16 ]] || err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): two P sets, but only $ex2 MUFU.EX2 between the S and P V waits (the softmax does not overlap the P V GEMM)"
     fi
