@@ -6,13 +6,15 @@
 #     kernels (rows named *_split_*), which write fp32 partials with plain stores for the combine kernel;
 #   - the 8-bit rows whose tile lets the producer warps transpose V in shared memory (tile_shape.h
 #     transposes_v_in_place: head dim 64, 128 with key blocks of whole 128 keys, 256 with 128-key blocks) have the
-#     transposer's LDSM.16.MT88 and STSM (transpose_v.cuh);
+#     transposer's STSM (transpose_v.cuh);
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
 #   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510-C7519) anywhere;
-#   - the softmax overlaps the P V GEMM in every kernel with two P register sets (config.h kTwoPSets, the same rule
-#     here from the row's name): at least 16 MUFU.EX2 between the wait for S (DEPBAR.LE gsb0, 0x1) and the wait for
-#     P V (DEPBAR.LE gsb0, 0x0) (perf-notes v18: ptxas had moved the second wait above the softmax);
+#   - the softmax overlaps the P V GEMM in every kernel with two P register sets (config.h kTwoPSets): at least 16
+#     MUFU.EX2 between the wait for S (DEPBAR.LE gsb0, 0x1) and the wait for P V (DEPBAR.LE gsb0, 0x0) (perf-notes
+#     v18: ptxas had moved the second wait above the softmax);
+#   (which kernels have two P sets and transpose V in place: `flashcore info --kernels`, from the library's own
+#   constants, so that this script keeps no copy of those rules);
 #   - src/kernels/sm90/wgmma_ops.inc matches tools/gen_wgmma.py.
 # Usage: bash tools/check_sass.sh [build-dir]      (default: build)
 set -uo pipefail
@@ -36,6 +38,16 @@ done
 command -v cuobjdump >/dev/null || { echo "check_sass: FAIL: cuobjdump not found (run tools/setup_deps.sh)"; exit 1; }
 
 expected=$(grep -c "^FLASHCORE_SM90_ROW" "$BUILD_DIR/generated/kernels/sm90/rows.inc" 2>/dev/null || echo 0)
+# Per generated row: "<row> two_p_sets=0|1 v_in_place=0|1" (config.h kTwoPSets, tile_shape.h transposes_v_in_place).
+cli="$BUILD_DIR/bin/flashcore"
+[[ -x "$cli" ]] || { echo "check_sass: FAIL: no $cli (the kernel list comes from 'flashcore info --kernels')"; exit 1; }
+kernels=$("$cli" info --kernels) || { echo "check_sass: FAIL: '$cli info --kernels' failed"; exit 1; }
+# The row a kernel symbol instantiates (KernelConfig<r_...>), and its flag from the list.
+row_of() { [[ "$1" =~ (r_[a-z0-9_]+) ]] && echo "${BASH_REMATCH[1]}"; }
+flag_of() {
+  awk -v r="$1" -v f="$2=" '$1 == r { for (i = 2; i <= NF; ++i) if (index($i, f) == 1) print substr($i, length(f) + 1) }' \
+    <<<"$kernels"
+}
 sass="$BUILD_DIR/flashcore.sass"
 cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
 
@@ -63,11 +75,10 @@ while read -r name h q i l s loc t; do
   if [[ "$demangled" == *_e4m3_* || "$demangled" == *_e5m2_* ]]; then
     [[ "$q" -gt 0 ]] || { err "$demangled: no QGMMA (8-bit wgmma)"; status="FAIL"; }
     [[ "$h" -eq 0 ]] || { err "$demangled: 8-bit kernel with $h HGMMA"; status="FAIL"; }
-    if [[ "$demangled" =~ _d([0-9]+)_c[01]_[0-9]+x([0-9]+)x ]]; then
-      D=${BASH_REMATCH[1]}; BN=${BASH_REMATCH[2]}
-      if [[ "$D" -eq 64 || ( "$D" -eq 128 && $((BN % 128)) -eq 0 ) || ( "$D" -eq 256 && "$BN" -eq 128 ) ]]; then
-        [[ "$t" -gt 0 ]] || { err "$demangled: no STSM (V transposed in the producer warps)"; status="FAIL"; }
-      fi
+    in_place=$(flag_of "$(row_of "$name")" v_in_place)
+    [[ -n "$in_place" ]] || { err "$demangled: not in 'flashcore info --kernels'"; status="FAIL"; }
+    if [[ "$in_place" == 1 ]]; then
+      [[ "$t" -gt 0 ]] || { err "$demangled: no STSM (V transposed in the producer warps)"; status="FAIL"; }
     fi
   elif [[ "$demangled" == *_i8_* ]]; then
     [[ "$i" -gt 0 ]] || { err "$demangled: no IGMMA (int8 wgmma of Q K^T)"; status="FAIL"; }
@@ -95,17 +106,11 @@ overlap=$(awk '
 two_sets=0
 while read -r name ex2; do
   [[ -z "${name:-}" ]] && continue
-  # r_<dtype>[_o<out>]_d<D>_c<C>_<BM>x<BN>x<stages>_...: config.h's kTwoPSets (240 registers: block_m <= 128; O, S and
-  # two P sets within 192, a P set being block_n / 4 registers, block_n / 8 in 8 bits; or the 8-bit d128 128 x 192).
-  if [[ "$name" =~ _d([0-9]+)_c[01]_([0-9]+)x([0-9]+)x ]]; then
-    D=${BASH_REMATCH[1]}; BM=${BASH_REMATCH[2]}; BN=${BASH_REMATCH[3]}
-    eight=0; [[ "$name" == *_e4m3_* || "$name" == *_e5m2_* ]] && eight=1
-    preg=$((BN / 4)); [[ $eight == 1 ]] && preg=$((BN / 8))
-    if [[ "$BM" -le 128 && ( $((D / 2 + BN / 2 + 2 * preg)) -le 192 || ( $eight == 1 && $D == 128 && $BN == 192 ) ) ]]
-    then
-      two_sets=$((two_sets + 1))
-      [[ "$ex2" -ge 16 ]] || err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): two P sets, but only $ex2 MUFU.EX2 between the S and P V waits (the softmax does not overlap the P V GEMM)"
-    fi
+  two=$(flag_of "$(row_of "$name")" two_p_sets)
+  [[ -n "$two" ]] || err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): not in 'flashcore info --kernels'"
+  if [[ "$two" == 1 ]]; then
+    two_sets=$((two_sets + 1))
+    [[ "$ex2" -ge 16 ]] || err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): two P sets, but only $ex2 MUFU.EX2 between the S and P V waits (the softmax does not overlap the P V GEMM)"
   fi
 done <<<"$overlap"
 echo "check_sass: softmax / P V overlap checked in $two_sets kernel(s) with two P register sets"

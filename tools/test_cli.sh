@@ -62,6 +62,8 @@ expect 0 "head dims" 0 -- "$BIN" info
 expect 0 "^device: *none: \(no NVIDIA driver found\|NVIDIA driver too old\|no GPU\)" 0 -- \
   env CUDA_VISIBLE_DEVICES= "$BIN" info
 expect 0 "" 0 -- env CUDA_VISIBLE_DEVICES= "$BIN" info --json "$tmp/info.json"
+# the compiled sm90 kernels, for tools/check_sass.sh: one line each, no device needed
+expect 0 "^r_[a-z0-9_]* two_p_sets=[01] v_in_place=[01]$" 0 -- env CUDA_VISIBLE_DEVICES= "$BIN" info --kernels
 if command -v python3 >/dev/null 2>&1; then
   if python3 - "$tmp/info.json" <<'PY'; then echo "ok    info --json is valid JSON"; else echo "FAIL  info --json"; fails=$((fails + 1)); fi
 import json, sys

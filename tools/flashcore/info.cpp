@@ -3,7 +3,9 @@
 #include <fstream>
 #include <string>
 
+#include "api/dtype.h"
 #include "commands.h"
+#include "kernels/sm90/launch.h"
 #include "common.h"
 #include "nvml_sampler.h"
 
@@ -11,7 +13,7 @@ namespace fccli {
 
 void print_info_help() {
   std::printf(
-      "usage: flashcore info [--device N] [--json FILE]\n"
+      "usage: flashcore info [--device N] [--json FILE] [--kernels]\n"
       "\n"
       "Prints the versions (program, library, CUDA runtime and driver), what this FlashCore was compiled for\n"
       "(dtypes, head dims, archs, output dtypes, ABI sizes) and the device, with the reason when there is\n"
@@ -20,6 +22,10 @@ void print_info_help() {
       "options:\n"
       "  --device N       CUDA device to describe (default 0)\n"
       "  --json FILE      also write all of it as one JSON object to FILE\n"
+      "  --kernels        instead, list the compiled sm90 kernels, one per line: the generated row's name (which\n"
+      "                   the kernel's symbol carries), two_p_sets=0|1 (config.h kTwoPSets) and v_in_place=0|1\n"
+      "                   (8-bit rows whose producer warps transpose V, tile_shape.h transposes_v_in_place);\n"
+      "                   tools/check_sass.sh checks the SASS of each against them\n"
       "\n"
       "exit status: 0 (also without a GPU), 1 FILE cannot be written, 2 bad arguments\n");
 }
@@ -97,6 +103,17 @@ int run_info(int argc, char** argv, int first) {
       return kExitOk;
     } else if (f == "--device") {
       device = static_cast<int>(parse_int(f, a.value(f), 0, 1023));
+    } else if (f == "--kernels") {
+      int n = 0;
+      const flashcore::sm90::KernelRow* const* rows = flashcore::sm90::rows(n);
+      for (int i = 0; i < n; ++i) {
+        const flashcore::sm90::KernelRow& r = *rows[i];
+        const bool v_in_place =
+            flashcore::is_8bit(r.dtype) && flashcore::sm90::transposes_v_in_place(r.shape, r.head_dim);
+        std::printf("%s two_p_sets=%d v_in_place=%d\n", r.symbol != nullptr ? r.symbol : "?", r.two_p_sets ? 1 : 0,
+                    v_in_place ? 1 : 0);
+      }
+      return kExitOk;
     } else if (f == "--json") {
       json_path = a.value(f);
       if (json_path.empty()) usage_error("--json: empty file name");

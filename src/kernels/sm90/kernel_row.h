@@ -26,6 +26,10 @@ struct KernelRow {
   // A default row with a condition (configs.txt "default(seqlen_k<=N)"): the choice only for calls with at most N keys;
   // 0: no condition. select() takes the first default row, in configs.txt order, whose condition the call meets.
   int64_t max_seqlen_k = 0;
+  // What tools/check_sass.sh reads through `flashcore info --kernels` (compiled rows; runtime variants leave them
+  // empty): the generated row's struct name, which the kernel's SASS symbol carries, and config.h's kTwoPSets.
+  const char* symbol = nullptr;
+  bool two_p_sets = false;
 };
 
 }  // namespace flashcore::sm90
