@@ -42,12 +42,13 @@ expected=$(grep -c "^FLASHCORE_SM90_ROW" "$BUILD_DIR/generated/kernels/sm90/rows
 cli="$BUILD_DIR/bin/flashcore"
 [[ -x "$cli" ]] || { echo "check_sass: FAIL: no $cli (the kernel list comes from 'flashcore info --kernels')"; exit 1; }
 kernels=$("$cli" info --kernels) || { echo "check_sass: FAIL: '$cli info --kernels' failed"; exit 1; }
-# The row a kernel symbol instantiates (KernelConfig<r_...>), and its flag from the list.
-row_of() { [[ "$1" =~ (r_[a-z0-9_]+) ]] && echo "${BASH_REMATCH[1]}"; }
-flag_of() {
-  awk -v r="$1" -v f="$2=" '$1 == r { for (i = 2; i <= NF; ++i) if (index($i, f) == 1) print substr($i, length(f) + 1) }' \
-    <<<"$kernels"
-}
+declare -A two_p_sets v_in_place
+while read -r row two in_place; do
+  two_p_sets[$row]=${two#two_p_sets=}
+  v_in_place[$row]=${in_place#v_in_place=}
+done <<<"$kernels"
+# The row a kernel symbol instantiates (KernelConfig<r_...>).
+row_of() { if [[ "$1" =~ (r_[a-z0-9_]+) ]]; then echo "${BASH_REMATCH[1]}"; else echo "?"; fi; }
 sass="$BUILD_DIR/flashcore.sass"
 cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
 
@@ -75,7 +76,7 @@ while read -r name h q i l s loc t; do
   if [[ "$demangled" == *_e4m3_* || "$demangled" == *_e5m2_* ]]; then
     [[ "$q" -gt 0 ]] || { err "$demangled: no QGMMA (8-bit wgmma)"; status="FAIL"; }
     [[ "$h" -eq 0 ]] || { err "$demangled: 8-bit kernel with $h HGMMA"; status="FAIL"; }
-    in_place=$(flag_of "$(row_of "$name")" v_in_place)
+    in_place=${v_in_place[$(row_of "$name")]:-}
     [[ -n "$in_place" ]] || { err "$demangled: not in 'flashcore info --kernels'"; status="FAIL"; }
     if [[ "$in_place" == 1 ]]; then
       [[ "$t" -gt 0 ]] || { err "$demangled: no STSM (V transposed in the producer warps)"; status="FAIL"; }
@@ -106,7 +107,7 @@ overlap=$(awk '
 two_sets=0
 while read -r name ex2; do
   [[ -z "${name:-}" ]] && continue
-  two=$(flag_of "$(row_of "$name")" two_p_sets)
+  two=${two_p_sets[$(row_of "$name")]:-}
   [[ -n "$two" ]] || err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): not in 'flashcore info --kernels'"
   if [[ "$two" == 1 ]]; then
     two_sets=$((two_sets + 1))

@@ -186,7 +186,7 @@ TEST(BackendTable, Sm90DefaultsFollowTheKeyCount) {
     int unconditional = 0;
     for (int j = 0; j < n; ++j) {
       const sm90::KernelRow& o = *rows[j];
-      unconditional += o.is_default && o.max_seqlen_k == 0 && o.dtype == r.dtype && o.out_dtype == r.out_dtype &&
+      unconditional += sm90::is_default_for(o, INT64_MAX) && o.dtype == r.dtype && o.out_dtype == r.out_dtype &&
                        o.head_dim == r.head_dim && o.causal == r.causal;
     }
     EXPECT_EQ(unconditional, 1);

@@ -603,7 +603,7 @@ int run_tune(int argc, char** argv, int first) {
             const sm90::KernelRow& r = *rows[i];
             if (r.dtype != dt || r.head_dim != hd || r.causal != causal) continue;
             seen.insert(r.name);
-            if (r.is_default && r.max_seqlen_k == 0) ks.base.shape = r.shape, ks.default_config = r.name;
+            if (sm90::is_default_for(r, INT64_MAX)) ks.base.shape = r.shape, ks.default_config = r.name;
           }
           if (ks.default_config.empty()) continue;
           for (const TileShape& t : tune::propose(ks.base, {ks.base.shape}, seen, o.population, o.seed, 1)) {

@@ -66,10 +66,7 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
   std::string names;
   for (const KernelRow* r : kRows) {
     if (!same_key(r)) continue;
-    if (config == nullptr ? r->is_default && (r->max_seqlen_k == 0 || seqlen_k <= r->max_seqlen_k)
-                          : std::strcmp(config, r->name) == 0) {
-      return r;
-    }
+    if (config == nullptr ? is_default_for(*r, seqlen_k) : std::strcmp(config, r->name) == 0) return r;
     names += (names.empty() ? "" : ", ") + std::string(r->name);
   }
   if (config != nullptr) {
@@ -137,7 +134,7 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
   const KernelRow* first = nullptr;
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule != Schedule::kOneTilePerCta || !same_key(*r, p)) continue;
-    if (r->is_default && (r->max_seqlen_k == 0 || p.seqlen_k <= r->max_seqlen_k)) return r;
+    if (is_default_for(*r, p.seqlen_k)) return r;
     if (first == nullptr) first = r;
   }
   return first;

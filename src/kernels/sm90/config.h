@@ -76,10 +76,11 @@ struct KernelConfig {
   // 128x80 and with three consumer warpgroups' 160). The other configs keep one set, and ptxas waits for the P V GEMM
   // before their softmax.
   static constexpr int kPSteps = kBlockN / kPVMmaK;  // P V k-steps; a P set is 4 registers per step
-  // And 8-bit d128 128 x 192 (the long-sequence defaults, perf-notes v41): O 64 + S 96 + two P sets of 24 = 208
-  // registers compile without spills there (P is 4 bytes per 4 keys in 8 bits).
-  static constexpr bool kTwoPSets = kConsumerRegs >= 240 && (kHeadDim / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= 192 ||
-                                                             (kFp8 && kHeadDim == 128 && kBlockN == 192));
+  // 8-bit P leaves more room: 208 (d128 128 x 192, the long-sequence defaults: O 64 + S 96 + two P sets of 24, no
+  // spills; perf-notes v41).
+  static constexpr int kTwoPSetsBudget = kFp8 ? 208 : 192;
+  static constexpr bool kTwoPSets =
+      kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= kTwoPSetsBudget;
 
   static constexpr int kRowBytes = kSmemRowBytes;
   static constexpr int kQKRowBytes = kPlan.qk_row_bytes;  // 128, or 64 for 8-bit head dim 64 (64-byte swizzle)

@@ -32,4 +32,10 @@ struct KernelRow {
   bool two_p_sets = false;
 };
 
+// Whether `r` is the default for a call with `seqlen_k` keys, its condition (if any) met; INT64_MAX: the key's
+// unconditional default.
+inline bool is_default_for(const KernelRow& r, int64_t seqlen_k) {
+  return r.is_default && (r.max_seqlen_k == 0 || seqlen_k <= r.max_seqlen_k);
+}
+
 }  // namespace flashcore::sm90
