@@ -500,7 +500,7 @@ flashcore_status workspace_size(const flashcore_attention_params& params, int cc
     error = api::cuda_message("cannot query the device", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  bytes = row.sm90 != nullptr ? sm90::workspace_bytes(*row.sm90, p, sms) : 0;  // the portable kernel needs none
+  bytes = row.sm90 != nullptr ? sm90::workspace_bytes(*row.sm90, p, device, sms) : 0;  // the portable kernel needs none
   return FLASHCORE_SUCCESS;
 }
 

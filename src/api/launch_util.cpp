@@ -64,6 +64,18 @@ cudaError_t sm_count(int device, int& sms) {
   return err;
 }
 
+cudaError_t dram_peak_gbps(int device, double& gbps) {
+  static std::atomic<double> cache[64];
+  const bool cached = device >= 0 && device < 64;
+  if (cached && (gbps = cache[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
+  int clock_khz = 0, bus_bits = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+  gbps = err == cudaSuccess ? dram_peak_gbps_of(clock_khz, bus_bits) : 0.0;
+  if (err == cudaSuccess && cached && gbps > 0) cache[device].store(gbps, std::memory_order_release);
+  return err;
+}
+
 namespace {
 
 bool is_prepared(const void* kernel, int device) {

@@ -18,6 +18,16 @@ std::string cuda_message(const char* what, cudaError_t err);
 // Multiprocessor count of `device` (cached for devices 0..63).
 cudaError_t sm_count(int device, int& sms);
 
+// DRAM peak in GB/s from a memory clock (kHz) and bus width (bits), double data rate; 0 if either is unknown.
+constexpr double dram_peak_gbps_of(int memory_clock_khz, int bus_width_bits) {
+  return memory_clock_khz > 0 && bus_width_bits > 0 ? 2.0 * memory_clock_khz * 1e3 * (bus_width_bits / 8.0) / 1e9
+                                                    : 0.0;
+}
+
+// DRAM peak of `device` in GB/s (dram_peak_gbps_of its attributes; 0 where it reports neither), cached for devices
+// 0..63.
+cudaError_t dram_peak_gbps(int device, double& gbps);
+
 // Once per (kernel, CUDA context): load the kernel's attributes, ask `image_error` whether the loaded image is one
 // this backend may launch ("" = yes, else the message, reported as UNSUPPORTED_ARCH), and raise its dynamic
 // shared-memory limit to `smem_bytes`. `what` names the image in messages ("sm90 kernel image").

@@ -13,6 +13,8 @@
 #include "cpu/configured_archs.h"
 #include "flashcore/flashcore.h"
 #include "kernels/sm90/launch.h"
+#include "kernels/sm90/v_route.h"
+#include "api/launch_util.h"
 
 namespace {
 
@@ -221,6 +223,30 @@ TEST(BackendTable, Sm90DefaultsFollowTheKeyCount) {
   EXPECT_EQ(name(false, 1025), "128x192x2-pp-static");
   EXPECT_EQ(name(true, 2048), "128x128x3-pp-dynamic");
   EXPECT_EQ(name(true, 2049), "128x192x2-pp-dynamic");
+}
+
+// The 8-bit V route (sm90/v_route.h): the in-kernel limit is the H100's 16 tiles per KV head, scaled down on faster
+// DRAM; head dim 64 always transposes in the kernel; a causal tile counts half.
+TEST(BackendTable, Sm90VRouteScalesWithDramBandwidth) {
+  namespace sm90 = flashcore::sm90;
+  const double h100 = flashcore::api::dram_peak_gbps_of(2619000, 5120);  // H100 SXM 80GB HBM3
+  const double h200 = flashcore::api::dram_peak_gbps_of(3201000, 6144);  // H200
+  EXPECT_NEAR(h100, 3352, 1);
+  EXPECT_NEAR(h200, 4917, 1);
+  EXPECT_EQ(flashcore::api::dram_peak_gbps_of(0, 5120), 0.0);
+  EXPECT_NEAR(sm90::in_kernel_v_tile_limit(h100), 16.0, 0.01);
+  EXPECT_NEAR(sm90::in_kernel_v_tile_limit(h200), 10.9, 0.05);
+  EXPECT_EQ(sm90::in_kernel_v_tile_limit(0), 16.0);  // unknown DRAM: the reference
+  // H100: 16 tiles in the kernel, 17 through the pass; causal 32 tiles count 16.
+  EXPECT_TRUE(sm90::v_transposed_in_kernel(256, false, 16, h100));
+  EXPECT_FALSE(sm90::v_transposed_in_kernel(256, false, 17, h100));
+  EXPECT_TRUE(sm90::v_transposed_in_kernel(128, true, 32, h100));
+  // H200 (v44: d256 2k non-causal and 4k causal, 16 tiles, faster through the pass; 8 tiles faster in the kernel).
+  EXPECT_FALSE(sm90::v_transposed_in_kernel(256, false, 16, h200));
+  EXPECT_FALSE(sm90::v_transposed_in_kernel(256, true, 32, h200));
+  EXPECT_TRUE(sm90::v_transposed_in_kernel(256, true, 16, h200));
+  EXPECT_TRUE(sm90::v_transposed_in_kernel(128, false, 8, h200));
+  EXPECT_TRUE(sm90::v_transposed_in_kernel(64, false, 1 << 20, h200));  // head dim 64: always the kernel
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "kernels/sm90/smem_plan.h"
 #include "kernels/sm90/split_plan.h"
 #include "kernels/sm90/tma_desc.h"
+#include "kernels/sm90/v_route.h"
 
 namespace flashcore::sm90 {
 
@@ -159,25 +160,19 @@ namespace {
 // An 8-bit call's workspace: 256 bytes kept zero (flashcore.h), then the transposed V.
 constexpr size_t kFp8VtOffset = 256;
 
-// Where an 8-bit call's V, given as stored, is transposed (perf-notes v34, v35): by the kernel's producer warps
-// (transpose_v.cuh), or by a pass into the workspace before the kernel. In the kernel every query tile transposes each
-// V block it reads, at a cost per tile that is about fixed; the pass moves V through HBM once, plus a launch, and its
-// cost is shared by the query tiles of a KV head (a causal tile counting half). On the H100 (v35) the kernel was ahead
-// of the pass at head dim 64 up to 2k keys and level beyond (0.98-1.03 at 4k-16k), and at d128 and d256 ahead or
-// level up to 16 tiles per KV head, the pass ahead beyond. FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one
-// (measurements); a config whose tile cannot transpose in place (tile_shape.h) always takes the pass.
-constexpr double kInKernelVTransposeTiles = 16;  // head dims >= 128
-
-bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_params& p) {
+// The V route of an 8-bit call (v_route.h): FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one (measurements); a
+// config whose tile cannot transpose in place (tile_shape.h) always takes the pass.
+bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_params& p, int device) {
   if (!is_8bit(row.dtype) || (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) return false;
   if (!transposes_v_in_place(row.shape, static_cast<int>(row.head_dim))) return false;
   if (const char* force = std::getenv("FLASHCORE_FP8_V_TRANSPOSE"); force != nullptr) {
     if (std::strcmp(force, "kernel") == 0) return true;
     if (std::strcmp(force, "pass") == 0) return false;
   }
-  if (row.head_dim < 128) return true;
+  double dram_gbps = 0;  // unknown: the reference device's limit
+  if (api::dram_peak_gbps(device, dram_gbps) != cudaSuccess) dram_gbps = 0;
   const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * (p.num_heads_q / p.num_heads_kv);
-  return (row.causal ? 0.5 : 1.0) * static_cast<double>(tiles) <= kInKernelVTransposeTiles;
+  return v_transposed_in_kernel(static_cast<int>(row.head_dim), row.causal, tiles, dram_gbps);
 }
 }  // namespace
 
@@ -194,8 +189,8 @@ size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p
 }
 }  // namespace
 
-size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms) {
-  return workspace_bytes(row, p, sms, transposes_v_in_kernel(row, p));
+size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int device, int sms) {
+  return workspace_bytes(row, p, sms, transposes_v_in_kernel(row, p, device));
 }
 
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
@@ -208,7 +203,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   }
   const bool split = row.shape.schedule == Schedule::kSplitKv;
   const SplitPlan plan = split ? plan_for(row, p, sms) : SplitPlan{};
-  const bool v_in_kernel = transposes_v_in_kernel(row, p);
+  const bool v_in_kernel = transposes_v_in_kernel(row, p, device);
   const size_t ws = split ? plan.bytes : workspace_bytes(row, p, sms, v_in_kernel);
   if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws)) {
     error = std::string("kernel config \"") + row.name + "\" needs " + std::to_string(ws) +

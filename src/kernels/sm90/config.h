@@ -122,7 +122,7 @@ struct KernelConfig {
   static constexpr int kQReleaseArrivals = kSeparateO ? kConsumerThreads : kConsumerWarpgroups;
 
   static_assert((kElemBytes == 2 || kElemBytes == 1) && kOutElemBytes == 2, "16- or 8-bit inputs, 16-bit O");
-  static_assert(!kFp8 || kBlockN % kVTChunkKeys == 0, "8-bit: the transposed V tile is whole 64- or 128-key chunks");
+  static_assert(!kFp8 || kBlockN % kVTChunkKeys == 0, "8-bit: the transposed V tile is whole 32-, 64- or 128-key chunks");
   static_assert(kElemBytes == 2 || !kSplitKv, "8-bit: no split-KV rows (yet)");
   static_assert(!kInt8QK || (kBlockN % 64 == 0 && kVElemBytes == 2), "int8 Q K^T: one K scale per 64 keys, 16-bit V");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");

@@ -72,8 +72,8 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
 // Whether the row needs a workspace at all (the dynamic scheduler's counter, split-KV partials).
 bool needs_workspace(const KernelRow& row);
 
-// Device workspace the row needs for these params on a device with `sms` SMs, in bytes (0 for most rows).
-size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms);
+// Device workspace the row needs for these params on `device` (with `sms` SMs), in bytes (0 for most rows).
+size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int device, int sms);
 
 // The split-KV combine kernel (kernels/common/combine.cuh) for O of `out_dtype` and `head_dim`.
 cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_dtype, int head_dim,

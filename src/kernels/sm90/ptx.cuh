@@ -51,14 +51,22 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw64(const void* smem_ptr, ui
          (uint64_t{2} << 62);
 }
 
-// A K-major operand stored in rows of kRowBytes (128 or 64), swizzled to that width; 8-row groups are contiguous.
+// And for a 32-byte-swizzled operand (bits 62-63 = 3): 32-byte rows, the pattern repeats every 8 rows (256 B).
+__device__ __forceinline__ uint64_t make_smem_desc_sw32(const void* smem_ptr, uint32_t leading_byte_offset,
+                                                        uint32_t stride_byte_offset) {
+  return make_smem_desc_sw128(smem_ptr, leading_byte_offset, stride_byte_offset) | (uint64_t{3} << 62);
+}
+
+// A K-major operand stored in rows of kRowBytes (128, 64 or 32), swizzled to that width; 8-row groups are contiguous.
 template <int kRowBytes>
 __device__ __forceinline__ uint64_t make_smem_desc_kmajor(const void* smem_ptr) {
-  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte rows");
+  static_assert(kRowBytes == 128 || kRowBytes == 64 || kRowBytes == 32, "128-, 64- or 32-byte rows");
   if constexpr (kRowBytes == 128) {
     return make_smem_desc_sw128(smem_ptr, 16, 1024);
-  } else {
+  } else if constexpr (kRowBytes == 64) {
     return make_smem_desc_sw64(smem_ptr, 16, 512);
+  } else {
+    return make_smem_desc_sw32(smem_ptr, 16, 256);
   }
 }
 

@@ -47,10 +47,11 @@ constexpr int paged_box_rows(int box_rows, int slice_rows) {
 
 // 8-bit V, transposed (VLayout::kDimMajor): keys per row of a shared-memory chunk, i.e. per TMA box row. 128 (one
 // 128-byte swizzled row) when the key block is whole 128-key rows, else 64 (64-byte swizzled rows), so that a key
-// block of 192 keys is three chunks. Head dim 64: 64, the width of V's own 64-byte rows, so that the producer can
+// block of 192 keys is three chunks, or 32 (32-byte swizzled rows) for a block that is not whole 64-key rows (160
+// keys: five chunks). Head dim 64: 64 where it can, the width of V's own 64-byte rows, so that the producer can
 // transpose V in place (transposes_v_in_place).
 constexpr int vt_chunk_keys(const TileShape& s, int head_dim) {
-  return s.block_n % 128 == 0 && head_dim >= 128 ? 128 : 64;
+  return s.block_n % 128 == 0 && head_dim >= 128 ? 128 : (s.block_n % 64 == 0 ? 64 : 32);
 }
 
 // Whether the producer warps can transpose an 8-bit V tile in place (transpose_v.cuh): the tile as loaded (key rows of

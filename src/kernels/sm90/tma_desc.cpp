@@ -55,14 +55,17 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   // One 128-byte row chunk per box row; a row of 64 bytes (8-bit head dim 64, or a transposed 8-bit V in 64-key
   // chunks) is one box of 64-byte swizzled rows.
   const int64_t row_elems = a.row_elems > 0 ? a.row_elems : a.head_dim * elem < 128 ? a.head_dim : 128 / elem;
-  const CUtensorMapSwizzle swizzle = row_elems * elem == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  const int64_t row_bytes = row_elems * elem;
+  const CUtensorMapSwizzle swizzle = row_bytes == 32   ? CU_TENSOR_MAP_SWIZZLE_32B
+                                     : row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                       : CU_TENSOR_MAP_SWIZZLE_128B;
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_elems), static_cast<cuuint32_t>(a.box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   // L2 promotion no wider than a box row: with 256-byte promotion of 128-byte rows a streaming read (the decode
   // rows) stops at 4.2 TB/s on an H200, with 128 bytes (or none) it reaches 4.5 TB/s, as cp.async does
   // (bench/micro/kv_stream.cu, docs/perf-notes.md v21).
   const CUtensorMapL2promotion promotion =
-      row_elems * elem == 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+      row_bytes <= 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   const CUresult res = encode(map, type, 4, const_cast<void*>(a.base), dims, strides, box, elem_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
