@@ -50,6 +50,9 @@ def main(argv=None) -> int:
                     help="fp8 / int8: the library quantizes the inputs and runs its 8-bit rows (baseline: default); "
                          "e4m3: inputs quantized before timing, the e4m3 rows (baseline: default or fa3)")
     ap.add_argument("--configs", default="", help="comma-separated config names (default: all the library lists)")
+    ap.add_argument("--v-transposed", action="store_true",
+                    help="--precision e4m3: V transposed once per input set before timing (FLAG_V_TRANSPOSED), so "
+                         "that the configs run without their V transposition (the baseline still reads V as stored)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--passes", type=int, default=2)
@@ -74,6 +77,8 @@ def main(argv=None) -> int:
                  "e4m3": DTYPE_FP8_E4M3}[args.precision]  # the rows' key
     if args.precision in ("fp8", "int8") and args.baseline != "default":
         ap.error("--precision fp8 / int8 compares the library's own rows: use --baseline default")
+    if args.v_transposed and not e4m3:
+        ap.error("--v-transposed goes with --precision e4m3")
     if (args.baseline == "fa3" and not e4m3) or (e4m3 and args.baseline not in ("default", "fa3")):
         ap.error("--baseline fa3 goes with --precision e4m3, whose baseline is default or fa3")
     fa3 = None
@@ -129,7 +134,7 @@ def main(argv=None) -> int:
                         if e4m3:
                             o = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
                             prm = fc.params_for(q, k, v, o, causal=causal, bhsd=False, descales=descales[i],
-                                                kernel_config=cfg)
+                                                kernel_config=cfg, v_transposed=args.v_transposed)
                         else:
                             o = torch.full_like(q, float("nan"))
                             prm = fc.params_for(q, k, v, o, causal=causal, bhsd=True, precision=precision,
@@ -171,7 +176,8 @@ def main(argv=None) -> int:
                    "baseline": args.baseline,
                    "backend_env": os.environ.get("FLASHCORE_BACKEND", ""), "rows": rows}, f, indent=1)
     lines = [f"# Config sweep: {torch.cuda.get_device_name(0)}, {args.dtype}, precision {args.precision}, "
-             f"baseline {args.baseline}, "
+             f"baseline {args.baseline}, " + ("V transposed once, " if args.v_transposed else "") +
+             f"FLASHCORE_FP8_V_TRANSPOSE={os.environ.get('FLASHCORE_FP8_V_TRANSPOSE', '') or '(unset)'}, "
              f"FLASHCORE_BACKEND={os.environ.get('FLASHCORE_BACKEND', '') or '(unset)'}", "",
              f"TFLOPS, median of {args.passes} x {args.iters} CUDA-event-timed calls; BAD = max |diff| from the "
              f"baseline above {args.tol}.", ""]
