@@ -53,7 +53,7 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
                                  stride_bytes(a.strides.head, a.heads, elem),
                                  stride_bytes(a.strides.batch, a.batch, elem)};
   // One 128-byte row chunk per box row; a row of 64 bytes (8-bit head dim 64, or a transposed 8-bit V in 64-key
-  // chunks) is one box of 64-byte swizzled rows.
+  // chunks) is one box of 64-byte swizzled rows, and one of 32 bytes (a transposed V in 32-key chunks) of 32-byte ones.
   const int64_t row_elems = a.row_elems > 0 ? a.row_elems : a.head_dim * elem < 128 ? a.head_dim : 128 / elem;
   const int64_t row_bytes = row_elems * elem;
   const CUtensorMapSwizzle swizzle = row_bytes == 32   ? CU_TENSOR_MAP_SWIZZLE_32B
