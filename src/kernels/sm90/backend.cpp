@@ -111,8 +111,11 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   // num_splits = 1 asks for no split; packed (varlen) queries have no split form yet.
   if (p.seqlen_q > 64 || kernels::ceil_div(p.seqlen_k, 128) < 8) return nullptr;
   if (p.num_splits == 1 || p.cu_seqlens_q != nullptr) return nullptr;
+  // At most 8 query rows (one new token of a GQA group of up to 8 heads, packed): the row with the GEMMs transposed
+  // (decode_swap.cuh), whose wgmma tile has 8 rows instead of 64; else the 64-row one.
+  const bool swap = p.seqlen_q <= kSwapRows;
   for (const KernelRow* r : kRows) {
-    if (r->shape.schedule == Schedule::kSplitKv && same_key(*r, p)) {
+    if (r->shape.schedule == Schedule::kSplitKv && same_key(*r, p) && swaps_gemms(r->shape) == swap) {
       // (Leaving one-part plans to the whole-tile kernel was faster at 32 x 4k only, slower on the three other
       // large rows: perf-notes v12.)
       return plan_for(*r, p, sms).bytes <= workspace_capacity ? r : nullptr;

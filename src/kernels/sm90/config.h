@@ -34,6 +34,7 @@ struct KernelConfig {
   static constexpr bool kPersistent =
       kSchedule == Schedule::kStaticPersistent || kSchedule == Schedule::kDynamicPersistent;
   static constexpr bool kSplitKv = kSchedule == Schedule::kSplitKv;
+  static constexpr bool kSwapAB = swaps_gemms(kShape);  // decode_swap.cuh
   static constexpr int kKVBoxRows = kv_box_rows(kShape);  // rows per K/V TMA box (tile_shape.h)
 
   // Element is the type of Q and K (the S GEMM). Three families:
@@ -79,8 +80,8 @@ struct KernelConfig {
   // 8-bit P leaves more room: 208 (d128 128 x 192, the long-sequence defaults: O 64 + S 96 + two P sets of 24, no
   // spills; perf-notes v41).
   static constexpr int kTwoPSetsBudget = kFp8 ? 208 : 192;
-  static constexpr bool kTwoPSets =
-      kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= kTwoPSetsBudget;
+  static constexpr bool kTwoPSets =  // (the transposed decode rows keep P in shared memory: decode_swap.cuh)
+      !kSwapAB && kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= kTwoPSetsBudget;
 
   static constexpr int kRowBytes = kSmemRowBytes;
   static constexpr int kQKRowBytes = kPlan.qk_row_bytes;  // 128, or 64 for 8-bit head dim 64 (64-byte swizzle)
@@ -111,6 +112,8 @@ struct KernelConfig {
   static constexpr int kSmemKOffset = kPlan.k_offset;
   static constexpr int kSmemVOffset = kPlan.v_offset;
   static constexpr int kSmemKVEnd = kPlan.kv_end;
+  static constexpr int kSmemSwapPOffset = kPlan.swap_p_offset;
+  static constexpr int kSmemSwapRedOffset = kPlan.swap_red_offset;
   static constexpr int kSmemBarrierBytes = sm90::kSmemBarrierBytes;
   static constexpr int kSmemSlack = kSmemSlackBytes;
   static constexpr bool kSeparateO = kPlan.separate_o;
@@ -127,8 +130,10 @@ struct KernelConfig {
   static_assert(!kInt8QK || (kBlockN % 64 == 0 && kVElemBytes == 2), "int8 Q K^T: one K scale per 64 keys, 16-bit V");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");
-  static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
-                "one 64-row slice per consumer warpgroup, at most 3");
+  static_assert((kBlockM % 64 == 0 || kSwapAB) && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
+                "one 64-row slice per consumer warpgroup, at most 3 (or one transposed 8-row decode tile)");
+  static_assert(!kSwapAB || (kElemBytes == 2 && kBlockN % 64 == 0 && !kPingPong && kHeadDim % 64 == 0),
+                "transposed decode: 16-bit, whole 64-key m-tiles, one warpgroup");
   static_assert(kBlockN % kPVMmaK == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % (MMA k) == 0");
   static_assert(kSmemBytes <= kSmemLimitBytes, "tile does not fit in shared memory");
   static_assert(!kPingPong || kConsumerWarpgroups >= 2, "ping-pong needs two or more consumer warpgroups");

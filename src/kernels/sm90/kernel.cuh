@@ -1,12 +1,14 @@
 // The sm90 forward kernel: a producer warpgroup (TMA) and 1-3 consumer warpgroups (wgmma + online softmax) per
 // CTA, walking the tiles its scheduler hands it. Each role is one file: scheduler.cuh (which tiles),
 // producer.cuh (loads), transpose_v.cuh (8-bit V transposed by the producer's other warps), mainloop.cuh (GEMMs +
-// softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs).
+// softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs); decode_swap.cuh is the consumer of the transposed
+// decode rows (block_m 8).
 // Included by the generated instantiation units only (sources.cmake); host code sees kernel_row.h.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/config.h"
+#include "kernels/sm90/decode_swap.cuh"
 #include "kernels/sm90/epilogue.cuh"
 #include "kernels/sm90/kernel_row.h"
 #include "kernels/sm90/mainloop.cuh"
@@ -55,15 +57,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     ConsumerPipes<Cfg> pipes;
-    for (int t = sched.first(); t < p.num_tiles; t = sched.consumer_next(p, t)) {
-      const Tile tile = decode_tile<Cfg>(p, t);
-      ConsumerState<Cfg> st;
-      consumer_mainloop<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
-      consumer_epilogue<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
-      pipes.q.advance();
+    if constexpr (Cfg::kSwapAB) {  // decode with the GEMMs transposed (decode_swap.cuh)
+      for (int t = sched.first(); t < p.num_tiles; t = sched.consumer_next(p, t)) {
+        const Tile tile = decode_tile<Cfg>(p, t);
+        SwapState<Cfg> st;
+        swap_mainloop<Cfg>(p, tile, smem, bars, st, pipes);
+        swap_epilogue<Cfg>(p, tile, smem, bars, st, pipes);
+        pipes.q.advance();
+      }
+    } else {
+      for (int t = sched.first(); t < p.num_tiles; t = sched.consumer_next(p, t)) {
+        const Tile tile = decode_tile<Cfg>(p, t);
+        ConsumerState<Cfg> st;
+        consumer_mainloop<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
+        consumer_epilogue<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
+        pipes.q.advance();
+      }
+      // The last TMA store must have read the staged O before the CTA's shared memory goes away.
+      if (Cfg::kSeparateO && threadIdx.x % 128 == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     }
-    // The last TMA store must have read the staged O before the CTA's shared memory goes away.
-    if (Cfg::kSeparateO && threadIdx.x % 128 == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
   }
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
 #error "FlashCore's sm90 kernels need the sm_90a target (-gencode=arch=compute_90a,code=sm_90a), not sm_90"

@@ -102,11 +102,14 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// WgmmaSS<T, N>: both operands in shared memory (K-major); WgmmaRS<T, N>: A from registers, B N-major.
+// WgmmaSS<T, N>: both operands in shared memory (K-major); WgmmaRS<T, N>: A from registers, B N-major;
+// WgmmaSSTransA<T, N>: both in shared memory, A M-major.
 template <class T, int N>
 struct WgmmaSS;
 template <class T, int N>
 struct WgmmaRS;
+template <class T, int N>
+struct WgmmaSSTransA;
 
 #include "kernels/sm90/wgmma_ops.inc"
 

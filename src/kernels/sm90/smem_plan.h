@@ -12,6 +12,13 @@ inline constexpr int kSmemBarrierBytes = 512;       // SharedBarriers (pipeline.
 inline constexpr int kSmemSlackBytes = kSmemBarrierBytes + 1024;  // +1024: the base is rounded up to 1024 B
 inline constexpr int kRowsPerWarpgroup = 64;        // query rows per consumer warpgroup
 inline constexpr int kProducerRegs = 24;            // setmaxnreg budget of the producer warpgroup
+inline constexpr int kSwapRows = 8;                 // query rows of a transposed decode tile (decode_swap.cuh)
+
+// A split-KV row with block_m = kSwapRows runs its GEMMs transposed (S^T = K Q^T, O^T = V^T P^T: decode_swap.cuh),
+// so that wgmma's N = 8 spans the query rows and M = 64 the keys / head dims.
+constexpr bool swaps_gemms(const TileShape& s) {
+  return s.schedule == Schedule::kSplitKv && s.block_m == kSwapRows;
+}
 
 // setmaxnreg budget per consumer thread: what is left of the 64K registers beside the producer warpgroup, 240 for one
 // or two consumer warpgroups, 160 for three.
@@ -51,6 +58,9 @@ struct SmemPlan {
   int q_bytes, k_tile_bytes, v_tile_bytes, out_bytes;
   // Byte offsets from the 1024-byte aligned base.
   int q_offset, k_offset, v_offset, kv_end;
+  // A transposed decode row (swaps_gemms): P^T (8 rows x block_n, 128B-swizzled 64-key chunks) and the softmax's
+  // cross-warp exchange, after the V ring.
+  int swap_p_offset, swap_red_offset;
   // A persistent grid gives the staged O a buffer of its own when that fits: the Q tile is then released as
   // soon as the tile's last S GEMM has read it, and the next tile's Q loads while this tile finishes.
   // Otherwise O is staged in the Q tile, released once the TMA store has read it.
@@ -63,7 +73,7 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
                              int v_elem_bytes = 0) {
   if (v_elem_bytes == 0) v_elem_bytes = elem_bytes;
   SmemPlan p{};
-  p.consumer_warpgroups = shape.block_m / kRowsPerWarpgroup;
+  p.consumer_warpgroups = swaps_gemms(shape) ? 1 : shape.block_m / kRowsPerWarpgroup;
   p.threads = 128 * (p.consumer_warpgroups + 1);
   p.consumer_threads = 128 * p.consumer_warpgroups;
   p.consumer_regs = consumer_regs(p.consumer_warpgroups);
@@ -89,6 +99,11 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.k_offset = p.q_offset + p.q_bytes;
   p.v_offset = p.k_offset + shape.stages * p.k_tile_bytes;
   p.kv_end = p.v_offset + shape.stages * p.v_tile_bytes;
+  if (swaps_gemms(shape)) {
+    p.swap_p_offset = p.kv_end;                                           // 1024-byte aligned
+    p.swap_red_offset = p.swap_p_offset + kSwapRows * shape.block_n * elem_bytes;
+    p.kv_end = p.swap_red_offset + 1024;                                  // 2 x 4 warps x 8 floats, and the sums
+  }
   // (8-bit inputs: O, in 16 bits, does not fit in the Q tile and always gets its own buffer.)
   p.separate_o = (p.persistent || p.out_bytes > p.q_bytes) && p.kv_end + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes;
   p.o_offset = p.separate_o ? p.kv_end : p.q_offset;

@@ -258,8 +258,10 @@ bool feasible(const VariantSpec& spec, std::string& why) {
   if (spec.head_dim % 64 != 0 || spec.head_dim < 64 || spec.head_dim > 256) {
     return reject("head_dim = " + std::to_string(spec.head_dim) + " is not a multiple of 64 in [64, 256]");
   }
-  if (s.block_m != 64 && s.block_m != 128 && s.block_m != 192) {
-    return reject("block_m = " + std::to_string(s.block_m) + " is not 64, 128 or 192 (64 rows per warpgroup)");
+  const bool swap = swaps_gemms(s) && s.block_n % 64 == 0;  // the transposed decode tile (decode_swap.cuh)
+  if (s.block_m != 64 && s.block_m != 128 && s.block_m != 192 && !swap) {
+    return reject("block_m = " + std::to_string(s.block_m) +
+                  " is not 64, 128 or 192 (64 rows per warpgroup), nor 8 in a split row with block_n a multiple of 64");
   }
   if (s.block_n % 16 != 0 || s.block_n < 16 || s.block_n > 256) {
     return reject("block_n = " + std::to_string(s.block_n) + " is not a multiple of 16 in [16, 256]");
