@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/sm90/launch.h"
+#include "kernels/sm90/smem_plan.h"
 #include "kernels/sm90/variant.h"
 #include "variant_specs.h"
 
@@ -128,6 +129,33 @@ TEST(Variants, FootprintEqualsKernelConfigForTheCompiledRows) {
     EXPECT_TRUE(flashcore::sm90::feasible(spec_of(*r), why)) << r->name << ": " << why;
     EXPECT_EQ(r->test_scale_factor, 1.0f) << r->name;
   }
+}
+
+// The transposed decode rows (block_m 8, smem_plan.h swaps_gemms; decode_swap.cuh): one consumer warpgroup, P^T and the
+// softmax's exchange after the V ring (P^T 1024-byte aligned for its 128B swizzle), and block_n in whole 64-key tiles.
+TEST(Variants, TransposedDecodeRowsHaveTheirScratchAndRules) {
+  namespace sm90 = flashcore::sm90;
+  const TileShape swap = {8, 128, 3, false, Schedule::kSplitKv, false};
+  EXPECT_TRUE(sm90::swaps_gemms(swap));
+  EXPECT_FALSE(sm90::swaps_gemms({64, 128, 3, false, Schedule::kSplitKv, false}));
+  EXPECT_FALSE(sm90::swaps_gemms({8, 128, 3, false, Schedule::kOneTilePerCta, false}));
+  const sm90::SmemPlan plan = sm90::smem_plan(swap, 128, 2, 2);
+  EXPECT_EQ(plan.consumer_warpgroups, 1);
+  EXPECT_EQ(plan.threads, 256);
+  EXPECT_EQ(plan.q_bytes, 8 * 256);  // 8 rows of 128 bf16 columns
+  EXPECT_EQ(plan.swap_p_offset, plan.v_offset + 3 * plan.v_tile_bytes);
+  EXPECT_EQ(plan.swap_p_offset % 1024, 0);
+  EXPECT_EQ(plan.swap_red_offset, plan.swap_p_offset + 8 * 128 * 2);
+  EXPECT_GE(plan.barrier_offset, plan.swap_red_offset + 96 * 4);  // two exchange slots of 4 x 8 floats, the sums
+  EXPECT_LE(plan.smem_bytes, sm90::kSmemLimitBytes);
+  std::string why;
+  EXPECT_TRUE(sm90::feasible(make_spec(FLASHCORE_DTYPE_BF16, 128, false, swap), why)) << why;
+  EXPECT_FALSE(sm90::feasible(make_spec(FLASHCORE_DTYPE_BF16, 128, false, {8, 96, 3, false, Schedule::kSplitKv, false}),
+                              why));
+  EXPECT_NE(why.find("block_m = 8"), std::string::npos) << why;
+  EXPECT_FALSE(sm90::feasible(make_spec(FLASHCORE_DTYPE_BF16, 128, false, {8, 128, 3, false, Schedule::kStaticPersistent,
+                                                                           false}),
+                              why));
 }
 
 TEST(Variants, FeasibilityRulesSayWhichRuleFailed) {
