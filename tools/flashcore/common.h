@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/dtype.h"
+#include "api/launch_util.h"
 #include "flashcore/flashcore.h"
 
 namespace fccli {
@@ -122,8 +123,9 @@ struct DeviceInfo {
   int mem_clock_mhz = 0;
   int mem_bus_bits = 0;
   int64_t mem_bytes = 0;
-  // Theoretical DRAM bandwidth, GB/s: 2 transfers per memory clock x bus width (0 when unknown).
-  double hbm_peak_gbps() const { return 2.0 * mem_clock_mhz * 1e6 * (mem_bus_bits / 8.0) / 1e9; }
+  // Theoretical DRAM bandwidth, GB/s: 2 transfers per memory clock x bus width (0 when unknown), as the library's V
+  // route rule computes it.
+  double hbm_peak_gbps() const { return flashcore::api::dram_peak_gbps_of(mem_clock_mhz * 1000, mem_bus_bits); }
   std::string pci_bus_id;  // for NVML
 };
 

@@ -39,32 +39,45 @@ __device__ __forceinline__ int swap_row(int r) {
 }
 __device__ __forceinline__ int swap_col(int r) { return 2 * (threadIdx.x % 4) + (r & 1); }
 
-// The max over the warpgroup of each of this thread's two columns: the column's 8 lanes, then the 4 warps through
-// `slot` (4 x 8 floats, alternating between two so that a fast warp's next block cannot overwrite a slow warp's read).
-__device__ __forceinline__ void swap_column_max(float (&mx)[2], float* slot) {
+// `op` (max or sum) over the warpgroup of each of this thread's two columns: the column's 8 lanes, then the 4 warps
+// through `slot` (4 x 8 floats; the main loop's maxima alternate between two, so that a fast warp's next block cannot
+// overwrite a slow warp's read).
+template <class Op>
+__device__ __forceinline__ void swap_column_reduce(float (&x)[2], float* slot, Op op) {
   const int t = threadIdx.x % 128, lane = t % 32;
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
 #pragma unroll
-    for (int off = 4; off < 32; off *= 2) mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], off));
+    for (int off = 4; off < 32; off *= 2) x[c] = op(x[c], __shfl_xor_sync(0xffffffffu, x[c], off));
   }
   if (lane < 4) {
-    slot[(t / 32) * 8 + 2 * lane] = mx[0];
-    slot[(t / 32) * 8 + 2 * lane + 1] = mx[1];
+    slot[(t / 32) * 8 + 2 * lane] = x[0];
+    slot[(t / 32) * 8 + 2 * lane + 1] = x[1];
   }
   kernels::named_barrier_sync(kSwapBarrier, 128);
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const int col = 2 * (lane % 4) + c;
-    mx[c] = fmaxf(fmaxf(slot[col], slot[8 + col]), fmaxf(slot[16 + col], slot[24 + col]));
+    x[c] = op(op(op(slot[col], slot[8 + col]), slot[16 + col]), slot[24 + col]);
   }
+}
+struct SwapMax {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SwapSum {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// The 16 bits of x in the 16-bit type T (P^T and O are stored one element at a time).
+template <class T>
+__device__ __forceinline__ uint16_t swap_bits16(float x) {
+  return static_cast<uint16_t>(kernels::ElemTraits<T>::pack2(x, 0.f) & 0xffffu);
 }
 
 template <class Cfg>
 __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
                                               SharedBarriers<Cfg>& bars, SwapState<Cfg>& st,
                                               ConsumerPipes<Cfg>& pipes) {
-  using Elem = kernels::ElemTraits<typename Cfg::Element>;
   constexpr int kKTiles = SwapState<Cfg>::kKTiles, kDTiles = SwapState<Cfg>::kDTiles;
 #pragma unroll
   for (int i = 0; i < kDTiles; ++i) {
@@ -126,7 +139,7 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
         mx[r & 1] = fmaxf(mx[r & 1], s[i][r]);
       }
     }
-    swap_column_max(mx, red + 32 * parity);
+    swap_column_reduce(mx, red + 32 * parity, SwapMax{});
     parity ^= 1;
     // Online softmax per column (a column that has seen only masked keys keeps max -inf and takes 0: P = 0).
     float alpha[2], neg[2];
@@ -149,7 +162,7 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
         st.l[r & 1] += x;
         const int key = swap_row(r), n = swap_col(r);
         uint8_t* dst = pt + i * 8 * Cfg::kRowBytes + n * Cfg::kRowBytes + (((key / 8) ^ n) * 16) + (key % 8) * 2;
-        *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(Elem::pack2(x, 0.f) & 0xffffu);
+        *reinterpret_cast<uint16_t*>(dst) = swap_bits16<typename Cfg::Element>(x);
       }
     }
 #pragma unroll
@@ -190,27 +203,16 @@ template <class Cfg>
 __device__ __forceinline__ void swap_epilogue(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                               SharedBarriers<Cfg>& bars, SwapState<Cfg>& st,
                                               const ConsumerPipes<Cfg>& pipes) {
-  using Out = kernels::ElemTraits<typename Cfg::OutElement>;
   constexpr int kDTiles = SwapState<Cfg>::kDTiles;
   const int t = threadIdx.x % 128, lane = t % 32;
-  float* sums = reinterpret_cast<float*>(smem + Cfg::kSmemSwapRedOffset) + 64;
   float total[2] = {st.l[0], st.l[1]};
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-#pragma unroll
-    for (int off = 4; off < 32; off *= 2) total[c] += __shfl_xor_sync(0xffffffffu, total[c], off);
-  }
-  if (lane < 4) {
-    sums[(t / 32) * 8 + 2 * lane] = total[0];
-    sums[(t / 32) * 8 + 2 * lane + 1] = total[1];
-  }
-  kernels::named_barrier_sync(kSwapBarrier, 128);
+  swap_column_reduce(total, reinterpret_cast<float*>(smem + Cfg::kSmemSwapRedOffset) + 64, SwapSum{});
   float inv[2], lse[2];
   int64_t row[2];
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const int col = 2 * (lane % 4) + c;
-    const float sum = sums[col] + sums[8 + col] + sums[16 + col] + sums[24 + col];
+    const float sum = total[c];
     inv[c] = sum == 0.f ? 0.f : __fdividef(1.f, sum);
     lse[c] = sum == 0.f ? -INFINITY : (st.m[c] * p.scale_log2 + __log2f(sum)) * 0.69314718055994530942f;
     row[c] = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + col;
@@ -242,7 +244,7 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, const Tile& ti
       for (int r = 0; r < 4; ++r) {
         if (row[r & 1] >= seqlen_q) continue;
         auto* o_row = reinterpret_cast<uint16_t*>(o_rows + (tile.seq.q_row0 + row[r & 1]) * p.o_stride_seq_bytes);
-        o_row[64 * i + swap_row(r)] = static_cast<uint16_t>(Out::pack2(st.o[i][r] * inv[r & 1], 0.f) & 0xffffu);
+        o_row[64 * i + swap_row(r)] = swap_bits16<typename Cfg::OutElement>(st.o[i][r] * inv[r & 1]);
       }
     }
     if (p.lse != nullptr && t < 4) {
