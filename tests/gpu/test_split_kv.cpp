@@ -2,6 +2,7 @@
 // normal API, many splits, empty splits (causal), one key, GQA, and the config dispatch picks for a decode call.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -111,6 +112,74 @@ TEST(SplitKv, DispatchPicksTheSplitRowForDecodeWhenAWorkspaceIsGiven) {
   cudaFree(workspace);
   for (void* b : bufs) cudaFree(b);
   unsetenv("FLASHCORE_TUNING");
+}
+
+// Programmatic dependent launch (sm90/backend.cpp): a forward grid may start while the stream's previous kernel
+// finishes, and a split kernel lets the next grid launch once its CTAs have stored their partials. Two calls back to
+// back on one stream and one workspace, the second taking the first's O as its Q, with no synchronisation between:
+// the second must see the first's whole output (O is poisoned with NaN before), so its result equals the same call
+// run alone afterwards, bit for bit.
+TEST(SplitKv, ChainedCallsOnOneStreamSeeTheWholePreviousOutput) {
+  FLASHCORE_REQUIRE_GPU();
+  if (split_configs(FLASHCORE_DTYPE_BF16, 128, false).empty()) GTEST_SKIP() << "no bf16 d128 split row";
+  const size_t q_elems = size_t{4} * 32 * 128, kv_elems = size_t{4} * 4096 * 8 * 128;
+  std::vector<uint16_t> host(kv_elems);
+  uint32_t state = 12345u;
+  auto next_bf16 = [&state]() {  // small random bf16 values: sign, exponent 2^-3..2^0, 7 mantissa bits
+    state = state * 1664525u + 1013904223u;
+    return static_cast<uint16_t>(((state >> 31) << 15) | ((124u + ((state >> 20) & 3u)) << 7) | ((state >> 8) & 127u));
+  };
+  void* bufs[5] = {};
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(cudaMalloc(&bufs[i], (i == 1 || i == 2 ? kv_elems : q_elems) * 2), cudaSuccess);
+  for (int i = 0; i < 3; ++i) {  // Q, K, V
+    const size_t n = i == 0 ? q_elems : kv_elems;
+    for (size_t j = 0; j < n; ++j) host[j] = next_bf16();
+    ASSERT_EQ(cudaMemcpy(bufs[i], host.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.k = bufs[1], p.v = bufs[2];
+  p.batch = 4, p.seqlen_q = 1, p.seqlen_k = 4096, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128;
+  p.dtype = FLASHCORE_DTYPE_BF16;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+  uint64_t ws = 0;
+  ASSERT_EQ(flashcore_attention_workspace_size(&p, &ws), FLASHCORE_SUCCESS) << flashcore_last_error();
+  void* workspace = nullptr;
+  ASSERT_EQ(cudaMalloc(&workspace, ws), cudaSuccess);
+  ASSERT_EQ(cudaMemset(workspace, 0, ws), cudaSuccess);
+  p.workspace = workspace, p.workspace_size = ws;
+  char name[128] = "";
+  ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+  EXPECT_NE(std::string(name).find("-split"), std::string::npos) << name;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto call = [&](void* q, void* o) {
+    p.q = q, p.o = o;
+    return flashcore_attention_forward(&p, stream);
+  };
+  std::vector<uint16_t> chained(q_elems), alone(q_elems);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(cudaMemsetAsync(bufs[3], 0xff, q_elems * 2, stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(bufs[4], 0xff, q_elems * 2, stream), cudaSuccess);
+    ASSERT_EQ(call(bufs[0], bufs[3]), FLASHCORE_SUCCESS) << flashcore_last_error();
+    ASSERT_EQ(call(bufs[3], bufs[4]), FLASHCORE_SUCCESS) << flashcore_last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(chained.data(), bufs[4], q_elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemset(bufs[4], 0xff, q_elems * 2), cudaSuccess);
+    ASSERT_EQ(call(bufs[3], bufs[4]), FLASHCORE_SUCCESS) << flashcore_last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(alone.data(), bufs[4], q_elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int nan = 0, differ = 0;
+    for (size_t j = 0; j < q_elems; ++j) {
+      nan += (alone[j] & 0x7fff) > 0x7f80 ? 1 : 0;
+      differ += chained[j] != alone[j] ? 1 : 0;
+    }
+    EXPECT_EQ(nan, 0) << "round " << round << ": NaN in the second call's output run alone";
+    EXPECT_EQ(differ, 0) << "round " << round << ": the chained second call differs from the same call run alone";
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(workspace);
+  for (void* b : bufs) cudaFree(b);
 }
 
 }  // namespace

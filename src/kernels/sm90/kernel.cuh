@@ -30,6 +30,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
   auto& bars = *reinterpret_cast<SharedBarriers<Cfg>*>(smem + Cfg::kSmemBarrierOffset);
   static_assert(sizeof(SharedBarriers<Cfg>) <= Cfg::kSmemBarrierBytes, "barriers overflow their shared memory");
 
+  // Programmatic dependent launch (the host's launch attribute, backend.cpp): this grid may start while the stream's
+  // previous kernel finishes (once its CTAs have triggered, e.g. a split kernel's after storing its partials). Nothing
+  // here reads or writes global memory before that kernel has completed and its writes are visible.
+  cudaGridDependencySynchronize();
   // A packed (varlen) batch's grid covers its longest sequence for every sequence (tile.cuh), so many CTAs of a
   // one-tile-per-CTA launch hold a query block past their own sequence's end: nothing to load, compute or store. They
   // leave before any set-up (perf-notes v28).
