@@ -5,12 +5,15 @@
 //   lowp    = max |O_lowp - O_ref|                    O_lowp: reference::attention_lowp(), i.e. the same
 //                                                     problem computed the way a kernel would (fp32
 //                                                     scores/softmax, P rounded to dtype, O rounded)
-//   pass iff o_err <= 2 * lowp + atol,  atol = 1e-3 (fp16) / 4e-3 (bf16)
+//   pass iff |O_gpu - O_ref| <= 2 * lowp + atol * max(1, |O_ref|) at every element,
+//            atol = 1e-3 (fp16) / 4e-3 (bf16)
 //   lse_err = max |LSE_gpu - LSE_ref| / max(1, |LSE_ref|) over finite reference entries, likewise
 //   pass iff lse_err <= 2 * lowp_lse_err + 1e-3.
 // The factor 2 allows a kernel's different (but equally valid) rounding order; atol is about one
 // output ulp near |O| ~ 1-2 (fp16 ulp(1) = 9.8e-4, bf16 ulp(1) = 7.8e-3 / 2), so that cases whose
-// yardstick error happens to be tiny are not held to an impossible bound.
+// yardstick error happens to be tiny are not held to an impossible bound, and it grows with |O_ref| so that
+// it stays about one output ulp where |O| is large (inputs*30 cases: |O| ~ 100, bf16 ulp 0.5; one seed of
+// bf16 d256 300 x 300 gave -92.5 for -92.947, one ulp off, against a yardstick error of 0.195: perf-notes v46).
 // Beyond the tolerances: no output element may keep its NaN poison, O must be finite everywhere and 0
 // on fully masked rows, LSE must be finite except exactly -inf on fully masked rows.
 #include "check/check.h"
@@ -521,15 +524,22 @@ struct OutputScan {
 // The comparison against the float64 reference and its low-precision yardstick, element by element, then the
 // tolerance rule (check.h) and the verdict.
 struct ErrorTally {
+  double atol;                // per unit of max(1, |O_ref|): about one output ulp at the element's magnitude
   double lowp_lse_err = 0;
+  double o_excess = -1e300;   // max over elements of |O - O_ref| - atol * max(1, |O_ref|)
+  double atol_at_worst = 0;   // atol * max(1, |O_ref|) at the element of o_excess
   std::string worst;
+  explicit ErrorTally(const Case& c) : atol(c.dtype == FLASHCORE_DTYPE_FP16 ? 1e-3 : 4e-3) {}
 
   template <class Where>
   void o(Result& r, double got, double want, double lowp, Where where) {
     r.lowp_o_err = std::max(r.lowp_o_err, std::fabs(lowp - want));
     const double e = std::fabs(got - want);
-    if (std::isfinite(got) && e > r.o_err) {
-      r.o_err = e;
+    if (!std::isfinite(got)) return;
+    r.o_err = std::max(r.o_err, e);
+    const double slack = atol * std::max(1.0, std::fabs(want));
+    if (e - slack > o_excess) {
+      o_excess = e - slack, atol_at_worst = slack;
       worst = where() + ": got " + format_float(got) + ", want " + format_float(want);
     }
   }
@@ -541,11 +551,15 @@ struct ErrorTally {
   }
   void judge(const Case& c, const OutputScan& scan, Result& r) const {
     r.lowp_lse_err = lowp_lse_err;
-    const double atol = c.dtype == FLASHCORE_DTYPE_FP16 ? 1e-3 : 4e-3;
-    r.o_tol = 2 * r.lowp_o_err + atol;
+    // The bound at the element nearest to failing (o_tol is the bound at |O_ref| <= 1 when every element passes
+    // with room to spare there).
+    r.o_tol = 2 * r.lowp_o_err + std::max(atol, atol_at_worst);
     r.lse_tol = c.with_lse ? 2 * lowp_lse_err + 1e-3 : 0;
-    const bool o_ok = r.o_err <= r.o_tol, lse_ok = r.lse_err <= r.lse_tol;
-    if (!o_ok) append(r.message, "O error " + format_float(r.o_err) + " > tolerance " + format_float(r.o_tol) + " (worst at " + worst + ")");
+    const bool o_ok = o_excess <= 2 * r.lowp_o_err, lse_ok = r.lse_err <= r.lse_tol;
+    if (!o_ok) {
+      append(r.message, "O error " + format_float(o_excess + atol_at_worst) + " > tolerance " +
+                            format_float(2 * r.lowp_o_err + atol_at_worst) + " (at " + worst + ")");
+    }
     if (!lse_ok) append(r.message, "LSE relative error " + format_float(r.lse_err) + " > tolerance " + format_float(r.lse_tol));
     r.passed = o_ok && lse_ok && !r.unwritten && !r.nonfinite && scan.masked_bad == 0 && !r.out_of_bounds_write &&
                r.deterministic;
@@ -951,7 +965,7 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
   host.dtype = c.dtype, host.causal = c.causal ? 1 : 0, host.softmax_scale = c.softmax_scale;
   host.q_strides = L.qs;
   host.k_strides = host.v_strides = L.paged ? L.logical_strides : L.ks;
-  ErrorTally tally;
+  ErrorTally tally(c);
   r.rows_checked = 0;
   for (int64_t b = 0; b < B; ++b) {
     const size_t bi = static_cast<size_t>(b);
@@ -1487,7 +1501,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     for (int64_t i = 0; i < Sq; ++i) rows[static_cast<size_t>(i)] = i;
   }
   r.rows_checked = static_cast<int64_t>(rows.size());
-  ErrorTally tally;
+  ErrorTally tally(c);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t i : rows) {

@@ -88,8 +88,8 @@ struct Result {
 // run flashcore_attention_forward, compare against the float64 reference (on a sample of rows when the
 // problem is large), and, when repeats > 1, check bit-exact determinism over `repeats` runs.
 //
-// Tolerances (see check.cpp): o_err <= 2 * lowp_o_err + atol (atol 1e-3 fp16, 4e-3 bf16), where lowp_o_err
-// is the error of reference::attention_lowp(); lse_err (relative to max(1, |ref|)) <= 2 * lowp_lse_err + 1e-3.
+// Tolerances (see check.cpp): |O - O_ref| <= 2 * lowp_o_err + atol * max(1, |O_ref|) at every element (atol
+// 1e-3 fp16, 4e-3 bf16), where lowp_o_err is the error of reference::attention_lowp(); lse_err (relative to max(1, |ref|)) <= 2 * lowp_lse_err + 1e-3.
 // Skipped (skipped = true, message = reason) without an sm_90 device, or when flashcore_attention_validate
 // reports the (dtype, head_dim) as not compiled in. Runs on a private non-blocking stream.
 //

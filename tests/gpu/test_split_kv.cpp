@@ -138,7 +138,7 @@ TEST(SplitKv, ChainedCallsOnOneStreamSeeTheWholePreviousOutput) {
   }
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
-  p.k = bufs[1], p.v = bufs[2];
+  p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
   p.batch = 4, p.seqlen_q = 1, p.seqlen_k = 4096, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128;
   p.dtype = FLASHCORE_DTYPE_BF16;
   ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
