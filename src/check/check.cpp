@@ -551,8 +551,7 @@ struct ErrorTally {
   }
   void judge(const Case& c, const OutputScan& scan, Result& r) const {
     r.lowp_lse_err = lowp_lse_err;
-    // The bound at the element nearest to failing (o_tol is the bound at |O_ref| <= 1 when every element passes
-    // with room to spare there).
+    // o_tol: the bound at the element nearest to failing (at least the bound where |O_ref| <= 1).
     r.o_tol = 2 * r.lowp_o_err + std::max(atol, atol_at_worst);
     r.lse_tol = c.with_lse ? 2 * lowp_lse_err + 1e-3 : 0;
     const bool o_ok = o_excess <= 2 * r.lowp_o_err, lse_ok = r.lse_err <= r.lse_tol;

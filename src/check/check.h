@@ -69,7 +69,7 @@ bool parse_shape(const std::string& text, Case& out, std::string& err);
 struct Result {
   bool passed = false;
   bool skipped = false;      // e.g. no device / not compiled in
-  double o_err = 0, o_tol = 0;      // max |O - ref| and the allowed bound
+  double o_err = 0, o_tol = 0;      // max |O - ref|; the bound at the element nearest to failing
   double lse_err = 0, lse_tol = 0;  // max |LSE - ref| over finite entries and the bound
   double lowp_o_err = 0;            // the low-precision yardstick's own error
   bool nonfinite = false;    // NaN/Inf in output where the reference is finite
@@ -89,7 +89,8 @@ struct Result {
 // problem is large), and, when repeats > 1, check bit-exact determinism over `repeats` runs.
 //
 // Tolerances (see check.cpp): |O - O_ref| <= 2 * lowp_o_err + atol * max(1, |O_ref|) at every element (atol
-// 1e-3 fp16, 4e-3 bf16), where lowp_o_err is the error of reference::attention_lowp(); lse_err (relative to max(1, |ref|)) <= 2 * lowp_lse_err + 1e-3.
+// 1e-3 fp16, 4e-3 bf16), where lowp_o_err is the error of reference::attention_lowp(); lse_err (relative to
+// max(1, |ref|)) <= 2 * lowp_lse_err + 1e-3.
 // Skipped (skipped = true, message = reason) without an sm_90 device, or when flashcore_attention_validate
 // reports the (dtype, head_dim) as not compiled in. Runs on a private non-blocking stream.
 //
