@@ -54,26 +54,36 @@ std::string cuda_message(const char* what, cudaError_t err) {
   return std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
 }
 
-// Multiprocessor count of device `device` (cached for devices 0..63).
+namespace {
+
+// A device attribute derived by `query` (a positive value once known), cached for devices 0..63.
+template <class T, class Query>
+cudaError_t cached_per_device(std::atomic<T> (&cache)[64], int device, T& value, Query query) {
+  const bool cached = device >= 0 && device < 64;
+  if (cached && (value = cache[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
+  const cudaError_t err = query(value);
+  if (err == cudaSuccess && cached && value > 0) cache[device].store(value, std::memory_order_release);
+  return err;
+}
+
+}  // namespace
+
 cudaError_t sm_count(int device, int& sms) {
   static std::atomic<int> cache[64];
-  const bool cached = device >= 0 && device < 64;
-  if (cached && (sms = cache[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
-  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && cached) cache[device].store(sms, std::memory_order_release);
-  return err;
+  return cached_per_device(cache, device, sms, [device](int& out) {
+    return cudaDeviceGetAttribute(&out, cudaDevAttrMultiProcessorCount, device);
+  });
 }
 
 cudaError_t dram_peak_gbps(int device, double& gbps) {
   static std::atomic<double> cache[64];
-  const bool cached = device >= 0 && device < 64;
-  if (cached && (gbps = cache[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
-  int clock_khz = 0, bus_bits = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
-  gbps = err == cudaSuccess ? dram_peak_gbps_of(clock_khz, bus_bits) : 0.0;
-  if (err == cudaSuccess && cached && gbps > 0) cache[device].store(gbps, std::memory_order_release);
-  return err;
+  return cached_per_device(cache, device, gbps, [device](double& out) {
+    int clock_khz = 0, bus_bits = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+    out = err == cudaSuccess ? dram_peak_gbps_of(clock_khz, bus_bits) : 0.0;
+    return err;
+  });
 }
 
 namespace {

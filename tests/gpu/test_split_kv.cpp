@@ -29,6 +29,24 @@ std::vector<std::string> split_configs(flashcore_dtype dt, int hd, bool causal) 
   return out;
 }
 
+// A bf16 d128 decode call (one new token, 32 query heads over 8 KV heads) on contiguous q, k, v, o = bufs[0..3].
+void decode_params(flashcore_attention_params& p, void* const* bufs, int64_t batch, int64_t seqlen_k) {
+  flashcore_attention_params_init(&p);
+  p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
+  p.batch = batch, p.seqlen_q = 1, p.seqlen_k = seqlen_k, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128;
+  p.dtype = FLASHCORE_DTYPE_BF16;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+}
+
+// The call's workspace, zero-filled as flashcore.h asks, attached to p (the caller frees it).
+void attach_workspace(flashcore_attention_params& p, void*& workspace) {
+  uint64_t ws = 0;
+  ASSERT_EQ(flashcore_attention_workspace_size(&p, &ws), FLASHCORE_SUCCESS) << flashcore_last_error();
+  ASSERT_EQ(cudaMalloc(&workspace, ws), cudaSuccess);
+  ASSERT_EQ(cudaMemset(workspace, 0, ws), cudaSuccess);
+  p.workspace = workspace, p.workspace_size = ws;
+}
+
 TEST(SplitKv, DecodeShapesPassTheSuiteRules) {
   FLASHCORE_REQUIRE_GPU();
   // (batch, heads q, heads kv, Sq, Sk, num_splits): one and a few query rows, long and odd key ranges, GQA 4:1 and
@@ -75,23 +93,15 @@ TEST(SplitKv, DispatchPicksTheSplitRowForDecodeWhenAWorkspaceIsGiven) {
   ASSERT_EQ(cudaMalloc(&bufs[3], q_bytes), cudaSuccess);
   for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaMemset(bufs[i], 0, i == 0 ? q_bytes : kv_bytes), cudaSuccess);  // O = 0
   flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
-  p.batch = 8, p.seqlen_q = 1, p.seqlen_k = 8192, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128;
-  p.dtype = FLASHCORE_DTYPE_BF16;
-  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+  ASSERT_NO_FATAL_FAILURE(decode_params(p, bufs.data(), 8, 8192));
   char name[128] = "";
   // Without a workspace: the dense kernel (the split needs one for its partials).
   ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
   const std::string without = name;
   EXPECT_EQ(without.find("-split"), std::string::npos) << without;
-  uint64_t ws = 0;
-  ASSERT_EQ(flashcore_attention_workspace_size(&p, &ws), FLASHCORE_SUCCESS) << flashcore_last_error();
-  ASSERT_GT(ws, 256u);
   void* workspace = nullptr;
-  ASSERT_EQ(cudaMalloc(&workspace, ws), cudaSuccess);
-  ASSERT_EQ(cudaMemset(workspace, 0, ws), cudaSuccess);
-  p.workspace = workspace, p.workspace_size = ws;
+  ASSERT_NO_FATAL_FAILURE(attach_workspace(p, workspace));
+  ASSERT_GT(p.workspace_size, 256u);
   ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
   EXPECT_NE(std::string(name).find("-split"), std::string::npos) << name;
   // Twice on one workspace: the tiles' last splits merge (64 tiles, split counters in the header), and the counters
@@ -137,17 +147,9 @@ TEST(SplitKv, ChainedCallsOnOneStreamSeeTheWholePreviousOutput) {
     ASSERT_EQ(cudaMemcpy(bufs[i], host.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
   }
   flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.o = bufs[3];
-  p.batch = 4, p.seqlen_q = 1, p.seqlen_k = 4096, p.num_heads_q = 32, p.num_heads_kv = 8, p.head_dim = 128;
-  p.dtype = FLASHCORE_DTYPE_BF16;
-  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
-  uint64_t ws = 0;
-  ASSERT_EQ(flashcore_attention_workspace_size(&p, &ws), FLASHCORE_SUCCESS) << flashcore_last_error();
+  ASSERT_NO_FATAL_FAILURE(decode_params(p, bufs, 4, 4096));
   void* workspace = nullptr;
-  ASSERT_EQ(cudaMalloc(&workspace, ws), cudaSuccess);
-  ASSERT_EQ(cudaMemset(workspace, 0, ws), cudaSuccess);
-  p.workspace = workspace, p.workspace_size = ws;
+  ASSERT_NO_FATAL_FAILURE(attach_workspace(p, workspace));
   char name[128] = "";
   ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
   EXPECT_NE(std::string(name).find("-split"), std::string::npos) << name;
