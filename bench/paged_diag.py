@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--pages", default="64,128,256")
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--orders", default="shuf,ident", help="page orders to time: shuf (shuffled pool), ident (in order)")
     args = ap.parse_args()
     hq, hkv = (int(x) for x in args.heads.split(","))
     D = args.head_dim
@@ -46,7 +47,7 @@ def main():
             times.setdefault("cache_lens", []).append(graph_time_us(
                 lambda: flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)))
             for page in (int(x) for x in args.pages.split(",")):
-                for shuffled in (True, False):
+                for shuffled in [o == "shuf" for o in args.orders.split(",")]:
                     table, kp, vp = paged_cache(kc, vc, page, shuffled)
 
                     def call():
