@@ -33,6 +33,9 @@ def main():
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--orders", default="shuf,ident", help="page orders to time: shuf (shuffled pool), ident (in order)")
     args = ap.parse_args()
+    orders = args.orders.split(",")
+    if not orders or any(o not in ("shuf", "ident") for o in orders):
+        ap.error(f"--orders takes shuf and/or ident, not {args.orders!r}")
     hq, hkv = (int(x) for x in args.heads.split(","))
     D = args.head_dim
     torch.manual_seed(0)
@@ -47,7 +50,7 @@ def main():
             times.setdefault("cache_lens", []).append(graph_time_us(
                 lambda: flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)))
             for page in (int(x) for x in args.pages.split(",")):
-                for shuffled in [o == "shuf" for o in args.orders.split(",")]:
+                for shuffled in [o == "shuf" for o in orders]:
                     table, kp, vp = paged_cache(kc, vc, page, shuffled)
 
                     def call():
