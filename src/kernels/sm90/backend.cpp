@@ -275,6 +275,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.lse = p.lse;
   api::set_serving_layout(fp, p);
   fp.kv_slice_rows = slice_rows;
+  fp.page_block_slices = paged ? row.shape.block_n / slice_rows : 0;
+  fp.page_chunk_blocks = paged ? kPageChunk / fp.page_block_slices : 0;
   fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;
   fp.o = p.o;
   const int64_t out_bytes = dtype_size(out_dtype);

@@ -57,6 +57,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
       if (p.transpose_v && threadIdx.x >= 32) {
         VTransposer<Cfg>(static_cast<int>(threadIdx.x % 32)).run(smem, bars, static_cast<int>(threadIdx.x / 32) - 1);
       }
+    } else if constexpr (kPageWarp<Cfg>) {
+      if (p.block_table != nullptr && threadIdx.x / 32 == 1) PageFetcher<Cfg>::run(p, bars);
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();

@@ -40,6 +40,9 @@ struct FwdParams : kernels::ServingLayout {
   // Paged KV cache (ServingLayout::block_table): tma_k / tma_v map (D, page_size, Hkv, num_pages) with boxes of
   // kv_slice_rows rows (a divisor of both page_size and kBlockN). Packed batches: the TMA maps have one batch entry.
   int kv_slice_rows;
+  // Paged: slices per key block (block_n / kv_slice_rows) and whole key blocks per chunk of the table warp's page slots
+  // (kPageChunk / slices; producer.cuh PageFetcher).
+  int page_block_slices, page_chunk_blocks;
   bool zero_v_tail;  // V rows past a sequence's keys lie inside the tensor (seqused_k, packed or paged K/V)
   // Where O goes for the stores TMA cannot clip (a packed tile that ends past its sequence) and for the split merge:
   // O's base and byte strides (LSE's: ServingLayout).

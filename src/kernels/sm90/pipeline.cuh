@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/sm90/smem_plan.h"
+
 namespace flashcore::sm90 {
 
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
@@ -101,12 +103,19 @@ struct SharedBarriers {
   uint64_t v_transposed[Cfg::kStages];
   int v_end[Cfg::kStages];
   uint32_t v_lap[kTransposeWarps];  // each transposer warp's stage count (in shared memory: see VTransposer::run)
+  // A paged cache's block-table entries, fetched by the table warp a chunk at a time (producer.cuh, PageFetcher): the
+  // page of each (key block, slice) of the tile, last block first; configs without a table warp keep one slot.
+  static constexpr bool kPagedSlots =
+      takes_paged(Cfg::kShape) && fetches_pages(Cfg::kShape) && Cfg::kElemBytes == 2;
+  Pipeline<2> pages;
+  int32_t page_slots[kPagedSlots ? 2 * kPageChunk : 1];
 
   __device__ __forceinline__ void init() {
     q.init(1, Cfg::kQReleaseArrivals);
     k.init(1, Cfg::kConsumerThreads);
     v.init(1, Cfg::kConsumerThreads);
     tile.init(1, Cfg::kConsumerThreads);
+    if constexpr (kPagedSlots) pages.init(32, 1);  // the table warp's lanes; the producer thread
     if constexpr (Cfg::kTransposesV) {
 #pragma unroll
       for (int s = 0; s < Cfg::kStages; ++s) {

@@ -60,7 +60,9 @@ __device__ __forceinline__ int32_t page_of(const FwdParams& p, const Tile& tile,
   return page < 0 || page >= p.num_pages ? p.num_pages : page;
 }
 
-// The pages of a key block's first two slices, read a block ahead (their latency hidden behind the ring's waits).
+// Where a key block's pages come from. Rows without a table warp: the producer thread reads the first two slices'
+// pages a block ahead (a page of 64 keys or more makes at most two slices of a 128-key block) and the others (pages
+// of 16 or 32 keys) when it issues them.
 struct BlockPages {
   int32_t first = 0, second = 0;
 };
@@ -72,19 +74,48 @@ __device__ __forceinline__ BlockPages block_pages(const FwdParams& p, const Tile
   return pages;
 }
 
-// A paged cache's key block: slices of p.kv_slice_rows rows (whole 8-row swizzle atoms, dividing the page), each
-// from its own page; the first two slices' pages were read by the caller ahead of time (a page of 64 keys or more
-// makes at most two slices of a 128-key block), the others (pages of 16 or 32 keys) are read here (K's from L2 or
-// L1, V's from L1). A slice goes in boxes of paged_box_rows rows (tile_shape.h; the host's map has that box), every
-// 128-byte chunk of a box issued back to back: a slice of a page of 128 keys or more as a dense split-KV block.
+// Split-KV rows (smem_plan.h fetches_pages): warp 1 of the producer warpgroup, the table warp, walks the producer
+// thread's tiles and writes the page of every (key block, slice) into SharedBarriers::page_slots, last block first,
+// whole key blocks per chunk of kPageChunk slots in a two-chunk ring, one table load per lane. The producer thread
+// reads a block's pages from shared memory and waits only for a chunk's first block. With its own loads, each waited
+// for before its block's TMA, 1 x 8k paged decode trailed dense by 0.7 us (perf-notes v47).
 template <class Cfg>
+struct PageFetcher {
+  static_assert(Cfg::kBlockN / 8 <= kPageChunk, "a key block's slices (8 rows or more) fit in a chunk");
+  __device__ __forceinline__ static void run(const FwdParams& p, SharedBarriers<Cfg>& bars) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    TileScheduler<Cfg> sched{bars};
+    PipelineCount<2> pos;
+    for (int t = sched.first(); t < p.num_tiles; t = sched.producer_next(p, t)) {
+      const Tile tile = decode_tile<Cfg>(p, t);
+      for (int j0 = 0; j0 < tile.keys.count(); j0 += p.page_chunk_blocks) {
+        const auto st = pos.state();
+        bars.pages.acquire(st);
+        if (lane < kPageChunk) {
+          const int j = j0 + lane / p.page_block_slices, n_block = tile.keys.end - 1 - j;
+          const int key = n_block * Cfg::kBlockN + (lane % p.page_block_slices) * p.kv_slice_rows;
+          bars.page_slots[st.stage * kPageChunk + lane] =
+              j - j0 < p.page_chunk_blocks && n_block >= tile.keys.begin ? page_of(p, tile, key) : p.num_pages;
+        }
+        bars.pages.commit(st);  // every lane arrives, after its own store (release)
+        pos.advance();
+      }
+    }
+  }
+};
+
+// A paged cache's key block: slices of p.kv_slice_rows rows (whole 8-row swizzle atoms, dividing the page), slice i
+// from page page_at(i, its first key). A slice goes in boxes of paged_box_rows rows (tile_shape.h; the host's map has
+// that box), every 128-byte chunk of a box issued back to back: a slice of a page of 128 keys or more as a dense
+// split-KV block.
+template <class Cfg, class PageAt>
 __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtensorMap* map, uint8_t* smem, uint64_t* bar,
-                                               const Tile& tile, int n_block, int kv_head, BlockPages pages) {
+                                               int n_block, int kv_head, PageAt page_at) {
   const int key0 = n_block * Cfg::kBlockN;  // < seqlen_k + kBlockN: fits in int (validation caps seqlen_k)
   const int box = paged_box_rows(Cfg::kKVBoxRows, p.kv_slice_rows);
 #pragma unroll 1
-  for (int r = 0; r < Cfg::kBlockN; r += p.kv_slice_rows) {
-    const int32_t page = r == 0 ? pages.first : r == p.kv_slice_rows ? pages.second : page_of(p, tile, key0 + r);
+  for (int r = 0, i = 0; r < Cfg::kBlockN; r += p.kv_slice_rows, ++i) {
+    const int32_t page = page_at(i, key0 + r);
     const int32_t row = row_in_page(p, key0 + r);
 #pragma unroll 1
     for (int b = 0; b < p.kv_slice_rows; b += box) {
@@ -102,6 +133,7 @@ template <class Cfg>
 struct Producer {
   PipelineState<1> q_state{};
   RingPosition<Cfg::kStages, Cfg::kCountedRings> kv_pos{};  // config.h kCountedRings
+  PipelineCount<2> page_pos{};                                // paged K/V: the table warp's chunk ring
 
   // First row of key block n_block in the K/V tensor's seq dimension.
   __device__ __forceinline__ static int64_t kv_row(const Tile& tile, int n_block) {
@@ -109,20 +141,36 @@ struct Producer {
   }
 
   // A paged cache's key blocks: a loop of its own (sharing the dense loop's body cost the producer's 24 registers a
-  // spill in the dynamic schedule). Each block's first two pages are read before the waits for its stages (the previous
-  // block's loads are already issued), so a table read is rarely on the critical path.
+  // spill in the dynamic schedule), last block first, their pages from `pages` (the first block's, read before the Q
+  // stage's wait; each later block's read before the previous block's waits) or the table warp's chunks (PageFetcher:
+  // each waited for at its first block and handed back after its last).
   __device__ __forceinline__ void load_paged_blocks(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                                     SharedBarriers<Cfg>& bars, int kv_head, BlockPages pages) {
+    int in_chunk = 0;
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
-      const auto kv_state = kv_pos.state();
-      bars.k.acquire(kv_state);
-      tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
-                          bars.k.commit_tx(kv_state, Cfg::kKTileBytes), tile, n_block, kv_head, pages);
-      bars.v.acquire(kv_state);
-      tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes,
-                          bars.v.commit_tx(kv_state, Cfg::kVTileBytes), tile, n_block, kv_head, pages);
-      kv_pos.advance();
-      if (n_block > tile.keys.begin) pages = block_pages(p, tile, (n_block - 1) * Cfg::kBlockN, Cfg::kBlockN);
+      const auto load = [&](const auto& page_at) {
+        const auto kv_state = kv_pos.state();
+        bars.k.acquire(kv_state);
+        tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
+                            bars.k.commit_tx(kv_state, Cfg::kKTileBytes), n_block, kv_head, page_at);
+        bars.v.acquire(kv_state);
+        tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes,
+                            bars.v.commit_tx(kv_state, Cfg::kVTileBytes), n_block, kv_head, page_at);
+        kv_pos.advance();
+      };
+      if constexpr (kPageWarp<Cfg>) {
+        if (in_chunk == 0) bars.pages.wait(page_pos.state());
+        const int32_t* slots = bars.page_slots + page_pos.state().stage * kPageChunk + in_chunk * p.page_block_slices;
+        load([slots](int i, int) { return slots[i]; });
+        if (++in_chunk == p.page_chunk_blocks || n_block == tile.keys.begin) {  // its slots are read: hand it back
+          bars.pages.release(page_pos.state());
+          page_pos.advance();
+          in_chunk = 0;
+        }
+      } else {
+        load([&](int i, int key) { return i == 0 ? pages.first : i == 1 ? pages.second : page_of(p, tile, key); });
+        if (n_block > tile.keys.begin) pages = block_pages(p, tile, (n_block - 1) * Cfg::kBlockN, Cfg::kBlockN);
+      }
     }
   }
 
@@ -131,9 +179,9 @@ struct Producer {
   // blocks (all rows masked) commits it without a load, and its consumers may stage their zero O there.
   __device__ __forceinline__ void load_tile(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                             SharedBarriers<Cfg>& bars) {
-    // A paged cache: the first block's pages are read before the wait for the Q stage.
+    // A paged cache without a table warp: the first block's pages are read before the wait for the Q stage.
     BlockPages first_pages;
-    if constexpr (kPagedLayout<Cfg>) {
+    if constexpr (kPagedLayout<Cfg> && !kPageWarp<Cfg>) {
       if (p.block_table != nullptr && tile.keys.count() > 0) {
         first_pages = block_pages(p, tile, (tile.keys.end - 1) * Cfg::kBlockN, Cfg::kBlockN);
       }

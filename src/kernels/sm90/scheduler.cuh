@@ -26,6 +26,8 @@ template <class Cfg>
 inline constexpr bool kServingLayouts = Cfg::kElemBytes == 2 && takes_packed(Cfg::kShape);
 template <class Cfg>
 inline constexpr bool kPagedLayout = kServingLayouts<Cfg> && takes_paged(Cfg::kShape);
+template <class Cfg>
+inline constexpr bool kPageWarp = kPagedLayout<Cfg> && fetches_pages(Cfg::kShape);  // producer.cuh PageFetcher
 
 template <class Cfg>
 __device__ __forceinline__ Tile decode_cache_tile(const FwdParams& p, int tile_idx) {

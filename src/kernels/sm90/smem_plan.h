@@ -12,6 +12,7 @@ inline constexpr int kSmemBarrierBytes = 512;       // SharedBarriers (pipeline.
 inline constexpr int kSmemSlackBytes = kSmemBarrierBytes + 1024;  // +1024: the base is rounded up to 1024 B
 inline constexpr int kRowsPerWarpgroup = 64;        // query rows per consumer warpgroup
 inline constexpr int kProducerRegs = 24;            // setmaxnreg budget of the producer warpgroup
+inline constexpr int kPageChunk = 16;               // paged K/V: (block, slice) pages per table-warp chunk (producer.cuh)
 inline constexpr int kSwapRows = 8;                 // query rows of a transposed decode tile (decode_swap.cuh)
 
 // A split-KV row with block_m = kSwapRows runs its GEMMs transposed (S^T = K Q^T, O^T = V^T P^T: decode_swap.cuh),
@@ -27,7 +28,10 @@ constexpr int consumer_regs(int consumer_warpgroups) { return consumer_warpgroup
 // The producer's budget: kProducerRegs, or 32 on a dynamic schedule with three consumer warpgroups (three of 160
 // leave 32 of the 64K registers; two of 240 leave 24 of a 168-register launch). The dynamic producer keeps its
 // tile-id ring state beside the tile decode, and a packed batch's decode spilled in 24.
+// Split-KV rows run one consumer warpgroup and give the producer warpgroup 56: its table warp (fetches_pages) spilled
+// in 24.
 constexpr int producer_regs(const TileShape& s) {
+  if (s.schedule == Schedule::kSplitKv) return 56;
   return s.schedule == Schedule::kDynamicPersistent && s.block_m / kRowsPerWarpgroup == 3 ? 32 : kProducerRegs;
 }
 
@@ -38,6 +42,9 @@ constexpr bool takes_packed(const TileShape& s) {
   return s.schedule != Schedule::kDynamicPersistent || producer_regs(s) >= 32 || s.packed;
 }
 constexpr bool takes_paged(const TileShape& s) { return s.schedule != Schedule::kDynamicPersistent; }
+// Paged split-KV rows (decode) take a block's pages from a table warp (producer.cuh PageFetcher); the others read
+// them in the producer thread, a block ahead.
+constexpr bool fetches_pages(const TileShape& s) { return s.schedule == Schedule::kSplitKv; }
 
 struct SmemPlan {
   int consumer_warpgroups;  // one per 64 query rows
