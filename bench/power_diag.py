@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Sustained speed, board power and SM clock per system on the same tensors: is a system slower because it issues
+worse, or because it spends more energy per FLOP and the 700 W cap lowers its clock?
+
+Each (cell, system) runs a CUDA graph of --calls calls, replayed back to back for --seconds, while a thread samples
+NVML (board power, SM clock, clock-event reasons) every 10 ms. Reported per (cell, system), over the samples of the
+last half of the run (the clock has settled there): TFLOPS (median replay), mean power (W), mean SM clock (MHz), the
+energy per PFLOP (J) and whether NVML reported the software power cap. The systems take turns --passes times, in
+reverse order every other pass. Systems: bench/report.py's (flashcore, fa3, cudnn, fa2, flashcore_b with --lib-b).
+
+    PYTHONPATH=python:bench:../shared/fa3/prefill python3 bench/power_diag.py --cells 128:0:2048,128:0:8192 \
+        --systems flashcore,fa3 [--dtype bf16] [--seconds 3] [--passes 2]
+
+A cell is D:causal:S with batch = 16384 / S and heads = 2048 / D (the report's grid). NVML is loaded at run time
+(libnvidia-ml.so.1); without it the script stops with a message.
+"""
+import argparse
+import ctypes
+import statistics
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+
+class Nvml:
+    """The three NVML queries this script needs, through ctypes."""
+    SM_CLOCK = 1  # NVML_CLOCK_SM
+    POWER_CAP_REASON = 0x4  # nvmlClocksEventReasonSwPowerCap
+
+    def __init__(self, index: int = 0):
+        try:
+            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError as e:
+            raise RuntimeError(f"NVML not loadable (libnvidia-ml.so.1): {e}") from e
+        self._check(self.lib.nvmlInit_v2(), "nvmlInit_v2")
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.handle)),
+                    "nvmlDeviceGetHandleByIndex_v2")
+        reasons = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self._reasons = reasons or self.lib.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed: NVML status {status}")
+
+    def sample(self):
+        """(power W, SM clock MHz, clock-event reason bits)."""
+        mw, mhz, bits = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
+        self._check(self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(mw)), "nvmlDeviceGetPowerUsage")
+        self._check(self.lib.nvmlDeviceGetClockInfo(self.handle, self.SM_CLOCK, ctypes.byref(mhz)),
+                    "nvmlDeviceGetClockInfo")
+        self._check(self._reasons(self.handle, ctypes.byref(bits)), "nvmlDeviceGetCurrentClocksEventReasons")
+        return mw.value / 1000.0, mhz.value, bits.value
+
+
+def sustained(torch, nvml, fn, nsets, calls, seconds):
+    """Replays a graph of `calls` calls for `seconds`; returns (per-call ms of each replay, [(t, W, MHz, bits)])."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(i % nsets)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i % nsets)
+    g.replay()
+    torch.cuda.synchronize()
+    samples, stop = [], threading.Event()
+
+    def sampler():
+        while not stop.is_set():
+            samples.append((time.perf_counter(),) + nvml.sample())
+            time.sleep(0.01)
+    thread = threading.Thread(target=sampler, daemon=True)
+    t0 = time.perf_counter()
+    thread.start()
+    times = []
+    while time.perf_counter() - t0 < seconds:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(8)]
+        for s, e in events:
+            s.record()
+            g.replay()
+            e.record()
+        torch.cuda.synchronize()
+        times += [(time.perf_counter(), s.elapsed_time(e) / calls) for s, e in events]
+    stop.set()
+    thread.join()
+    del g
+    half = t0 + seconds / 2
+    return [ms for t, ms in times if t >= half] or [ms for _, ms in times], [s for s in samples if s[0] >= half]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default="128:0:2048,128:0:8192", help="comma list of D:causal:S")
+    ap.add_argument("--systems", default="flashcore,fa3")
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--seconds", type=float, default=3.0, help="sustained run per (cell, system, pass)")
+    ap.add_argument("--calls", type=int, default=10, help="calls per CUDA graph")
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--lib", default=None)
+    ap.add_argument("--lib-b", default=None)
+    a = ap.parse_args()
+    cells = []
+    for c in a.cells.split(","):
+        try:
+            D, causal, S = (int(x) for x in c.split(":"))
+        except ValueError:
+            ap.error(f"--cells: expected D:causal:S, got {c!r}")
+        if D <= 0 or S <= 0 or 16384 % S or 2048 % D:
+            ap.error(f"--cells: {c!r} is not a grid cell (S divides 16384, D divides 2048)")
+        cells.append((D, bool(causal), S))
+    systems = [s for s in a.systems.split(",") if s]
+
+    import torch
+    import report  # bench/ on sys.path: the report's systems and tensors
+    from flashcore_ctypes import FlashCoreLib
+    nvml = Nvml()
+    fc = FlashCoreLib(a.lib) if "flashcore" in systems else None
+    fc_b = FlashCoreLib(a.lib_b) if "flashcore_b" in systems else None
+    fa3 = None
+    if "fa3" in systems:
+        import flash_attn_interface as fa3  # type: ignore
+    args = SimpleNamespace(no_rotate=False, timing="graph", no_lse=False, verify=False)
+    runner = report.Runner(args, torch, fc, fa3, fc_b)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+    name = torch.cuda.get_device_name(0)
+    print(f"{name}, {a.dtype}, {a.seconds} s per run (last half sampled), graphs of {a.calls} calls, "
+          f"{a.passes} passes")
+    print("| D | mask | S | system | pass | TFLOPS | W | SM MHz | J / PFLOP | power cap seen |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for D, causal, S in cells:
+        B, H = 16384 // S, 2048 // D
+        sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
+        for p in range(a.passes):
+            for sys_name in (systems if p % 2 == 0 else systems[::-1]):
+                fn, backend = runner.build(sys_name, sets, causal)
+                ctx = runner.sdpa_kernel([backend]) if backend is not None else report._nullcontext()
+                with ctx, torch.no_grad():
+                    times, samples = sustained(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.seconds)
+                ms = statistics.median(times)
+                tflops = report.tflops_of(B, H, S, D, causal, ms)
+                watts = statistics.fmean(s[1] for s in samples) if samples else float("nan")
+                mhz = statistics.fmean(s[2] for s in samples) if samples else float("nan")
+                capped = any(s[3] & Nvml.POWER_CAP_REASON for s in samples)
+                joules = watts / tflops * 1e3 if tflops else float("nan")  # W / (TFLOP/s) = J per TFLOP
+                print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tflops:.0f} | "
+                      f"{watts:.0f} | {mhz:.0f} | {joules:.0f} | {'yes' if capped else 'no'} |", flush=True)
+                del fn
+        del sets
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
