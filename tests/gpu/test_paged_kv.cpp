@@ -154,6 +154,32 @@ std::vector<Param> paged_extras() {
     c.with_lse = false;
     out.push_back({"no_lse_mqa_fp16_d256_page128", c});
   }
+  // Pages that are not powers of two (any multiple of 16 is valid): key -> page by division, and key blocks cut in
+  // slices of gcd(page, block_n) rows: 48 and 80 give slices of 16 (8 per 128-key block, a split row's table-warp
+  // chunk holds two blocks), 96 slices of 32, 192 of 64 (a page straddles two 128-key blocks). Decode (split rows),
+  // chunked prefill (the per-block reads) and a decode without cache lengths, each head dim.
+  {
+    int n = 0;
+    for (int page : {48, 80, 96, 192})
+      for (int64_t hd : kHeadDims) {
+        const int k = n % 3 + n / 3;  // head dim + page: every head dim meets every variant and both masks
+        const flashcore_dtype dt = n % 2 ? F16 : BF16;
+        const bool causal = k % 2 == 1;
+        const std::string tail = std::string(dtype_text(dt)) + "_d" + std::to_string(hd) + "_page" +
+                                 std::to_string(page) + (causal ? "_causal" : "_full");
+        out.push_back({"odd_page_decode_gqa4_" + tail, paged_case(dt, hd, causal, 8, 2, 1, page, kCache5)});
+        if (k % 3 == 0) {
+          out.push_back(
+              {"odd_page_varq_" + tail, paged_case(dt, hd, causal, 4, 2, 0, page, kChunkUsed, kChunkQ)});
+        }
+        if (k % 3 == 2) {
+          Case c = paged_case(dt, hd, causal, 16, 2, 1, page, {3000, 3000});
+          c.seqused_k.clear();
+          out.push_back({"odd_page_decode_gqa8_no_seqused_" + tail, c});
+        }
+        ++n;
+      }
+  }
   return out;
 }
 
