@@ -82,6 +82,7 @@ __device__ __forceinline__ BlockPages block_pages(const FwdParams& p, const Tile
 template <class Cfg>
 struct PageFetcher {
   static_assert(Cfg::kBlockN / 8 <= kPageChunk, "a key block's slices (8 rows or more) fit in a chunk");
+  static_assert(SharedBarriers<Cfg>::kPagedSlots, "the table warp's rows have the page slots (pipeline.cuh)");
   __device__ __forceinline__ static void run(const FwdParams& p, SharedBarriers<Cfg>& bars) {
     const int lane = static_cast<int>(threadIdx.x % 32);
     TileScheduler<Cfg> sched{bars};
