@@ -120,7 +120,11 @@ def main() -> int:
     import torch
     import report  # bench/ on sys.path: the report's systems and tensors
     from flashcore_ctypes import FlashCoreLib
-    nvml = Nvml()
+    try:
+        nvml = Nvml()
+    except RuntimeError as e:
+        print(f"power_diag: {e}", file=sys.stderr)
+        return 3
     fc = FlashCoreLib(a.lib) if "flashcore" in systems else None
     fc_b = FlashCoreLib(a.lib_b) if "flashcore_b" in systems else None
     fa3 = None
