@@ -22,6 +22,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import report  # bench/ (this script's folder) on sys.path: the report's systems, tensors and graph capture
+
 
 class Nvml:
     """The three NVML queries this script needs, through ctypes."""
@@ -57,19 +59,7 @@ class Nvml:
 
 def sustained(torch, nvml, fn, nsets, calls, seconds):
     """Replays a graph of `calls` calls for `seconds`; returns (per-call ms of each replay, [(t, W, MHz, bits)])."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(i % nsets)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i % nsets)
-    g.replay()
-    torch.cuda.synchronize()
+    g = report.capture_graph(torch, fn, nsets, calls)
     samples, stop = [], threading.Event()
 
     def sampler():
@@ -118,7 +108,6 @@ def main() -> int:
     systems = [s for s in a.systems.split(",") if s]
 
     import torch
-    import report  # bench/ on sys.path: the report's systems and tensors
     from flashcore_ctypes import FlashCoreLib
     try:
         nvml = Nvml()

@@ -140,8 +140,9 @@ def time_calls(torch, fn: Callable[[int], None], nsets: int, iters: int, warmup:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def time_graph(torch, fn: Callable[[int], None], nsets: int, iters: int, calls: int) -> List[float]:
-    """Kernel time per call: a CUDA graph of `calls` calls, replayed `iters` times."""
+def capture_graph(torch, fn: Callable[[int], None], nsets: int, calls: int):
+    """A CUDA graph of `calls` calls (call i on buffer set i % nsets), after 3 warm-up calls on a side stream, replayed
+    once."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -155,6 +156,12 @@ def time_graph(torch, fn: Callable[[int], None], nsets: int, iters: int, calls: 
             fn(i % nsets)
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def time_graph(torch, fn: Callable[[int], None], nsets: int, iters: int, calls: int) -> List[float]:
+    """Kernel time per call: a CUDA graph of `calls` calls, replayed `iters` times."""
+    g = capture_graph(torch, fn, nsets, calls)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
