@@ -11,11 +11,16 @@ reverse order every other pass. Systems: bench/report.py's (flashcore, fa3, cudn
     PYTHONPATH=python:bench:../shared/fa3/prefill python3 bench/power_diag.py --cells 128:0:2048,128:0:8192 \
         --systems flashcore,fa3 [--dtype bf16] [--seconds 3] [--passes 2]
 
+--burst N instead times the report's way (bench/report.py run_system: capture, then replays right away) but N
+replays, one at a time, and prints each replay's TFLOPS with the SM clock NVML reads right after it: does a system
+slow down within the first replays of a cell, as the power controller catches up, and another not?
+
 A cell is D:causal:S with batch = 16384 / S and heads = 2048 / D (the report's grid). NVML is loaded at run time
 (libnvidia-ml.so.1); without it the script stops with a message.
 """
 import argparse
 import ctypes
+import math
 import statistics
 import sys
 import threading
@@ -85,18 +90,38 @@ def sustained(torch, nvml, fn, nsets, calls, seconds):
     return [ms for t, ms in times if t >= half] or [ms for _, ms in times], [s for s in samples if s[0] >= half]
 
 
+def burst(torch, nvml, fn, nsets, calls, replays):
+    """The report's timing with per-replay detail: [(per-call ms, SM MHz after the replay)] for `replays` replays."""
+    g = report.capture_graph(torch, fn, nsets, calls)
+    out = []
+    for _ in range(replays):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        out.append((s.elapsed_time(e) / calls, nvml.sample()[1]))
+    del g
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cells", default="128:0:2048,128:0:8192", help="comma list of D:causal:S")
+    ap.add_argument("--cells", default="128:0:2048,128:0:8192",
+                    help="comma list of D:causal:S, or 'grid' (the report's 36 cells of the dtype)")
     ap.add_argument("--systems", default="flashcore,fa3")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--seconds", type=float, default=3.0, help="sustained run per (cell, system, pass)")
     ap.add_argument("--calls", type=int, default=10, help="calls per CUDA graph")
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--burst", type=int, default=0, help="N: per-replay times of N report-style replays instead")
     ap.add_argument("--lib", default=None)
     ap.add_argument("--lib-b", default=None)
     a = ap.parse_args()
     cells = []
+    if a.cells == "grid":
+        a.cells = ",".join(f"{D}:{c}:{S}" for D in (64, 128, 256) for S in (512, 1024, 2048, 4096, 8192, 16384)
+                           for c in (0, 1))
     for c in a.cells.split(","):
         try:
             D, causal, S = (int(x) for x in c.split(":"))
@@ -123,10 +148,32 @@ def main() -> int:
     runner = report.Runner(args, torch, fc, fa3, fc_b)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     name = torch.cuda.get_device_name(0)
+    if a.burst:
+        print(f"{name}, {a.dtype}, bursts of {a.burst} replays of {a.calls}-call graphs, {a.passes} passes")
+        print("| D | mask | S | system | pass | TFLOPS per replay | SM MHz after each |")
+        print("|---|---|---|---|---|---|---|")
+        for D, causal, S in cells:
+            B, H = 16384 // S, 2048 // D
+            sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
+            for p in range(a.passes):
+                for sys_name in (systems if p % 2 == 0 else systems[::-1]):
+                    fn, backend = runner.build(sys_name, sets, causal)
+                    ctx = runner.sdpa_kernel([backend]) if backend is not None else report._nullcontext()
+                    with ctx, torch.no_grad():
+                        res = burst(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.burst)
+                    tf = " ".join(f"{report.tflops_of(B, H, S, D, causal, ms):.0f}" for ms, _ in res)
+                    mhz = " ".join(str(m) for _, m in res)
+                    print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tf} | {mhz} |",
+                          flush=True)
+                    del fn
+            del sets
+            torch.cuda.empty_cache()
+        return 0
     print(f"{name}, {a.dtype}, {a.seconds} s per run (last half sampled), graphs of {a.calls} calls, "
           f"{a.passes} passes")
     print("| D | mask | S | system | pass | TFLOPS | W | SM MHz | J / PFLOP | power cap seen |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    results = {}
     for D, causal, S in cells:
         B, H = 16384 // S, 2048 // D
         sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
@@ -144,10 +191,38 @@ def main() -> int:
                 joules = watts / tflops * 1e3 if tflops else float("nan")  # W / (TFLOP/s) = J per TFLOP
                 print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tflops:.0f} | "
                       f"{watts:.0f} | {mhz:.0f} | {joules:.0f} | {'yes' if capped else 'no'} |", flush=True)
+                results.setdefault((D, causal, S), {}).setdefault(sys_name, []).append(tflops)
                 del fn
         del sets
         torch.cuda.empty_cache()
+    summarize(results, systems)
     return 0
+
+
+def summarize(results, systems) -> None:
+    """Per cell, each system's TFLOPS (mean over the passes); with flashcore and others, its ratio to FA3 and to the
+    best other system, and their geometric means over the cells."""
+    others = [s for s in systems if s != "flashcore"]
+    if "flashcore" not in systems or not others:
+        return
+    print("\n| D | mask | S | " + " | ".join(systems) + " | FC / FA3 | FC / best other |")
+    print("|---|---|---|" + "---|" * (len(systems) + 2))
+    ratios_fa3, ratios_best = [], []
+    for (D, causal, S), per in results.items():
+        mean = {n: statistics.fmean(v) for n, v in per.items()}
+        best = max(mean[n] for n in others if n in mean)
+        r_best = mean["flashcore"] / best
+        r_fa3 = mean["flashcore"] / mean["fa3"] if "fa3" in mean else float("nan")
+        ratios_best.append(r_best)
+        if "fa3" in mean:
+            ratios_fa3.append(r_fa3)
+        print(f"| {D} | {'causal' if causal else 'none'} | {S} | " + " | ".join(f"{mean.get(n, float('nan')):.0f}"
+              for n in systems) + f" | {r_fa3:.3f} | {r_best:.3f} |")
+
+    def geo(xs):
+        return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
+    print(f"\nGeometric means over {len(ratios_best)} cells: FC / FA3 {geo(ratios_fa3):.3f}; FC / best other "
+          f"{geo(ratios_best):.3f}; cells below 0.93 of the best other: {sum(r < 0.93 for r in ratios_best)}")
 
 
 if __name__ == "__main__":

@@ -311,6 +311,50 @@ class Runner:
                 pass
             return None, None, short_error(e)
 
+    def run_interleaved(self, names, sets, causal):
+        """--interleave (grid and FP8 cells with graph timing): every system's graph is captured first, then the
+        systems take turns replay by replay, in reverse order every other replay, --rounds x the replays of
+        run_system each. Under the 700 W cap the SM clock moves by 15-25% within tens of milliseconds (perf-notes
+        v49); timed one after the other, two systems can each see a different clock. Returns ({name: per-call ms},
+        {name: float copy of set 0's output}, {name: error or None})."""
+        torch = self.torch
+        calls = max(self.args.grid_graph_calls, len(sets))
+        replays = max(3, -(-self.args.iters // calls))
+        graphs, refs, errors, times = {}, {}, {n: None for n in names}, {n: [] for n in names}
+        fns = {}  # a graph reads and writes the buffers its fn's closure owns: they live as long as the graphs
+        for name in names:
+            try:
+                fn, backend = self.build(name, sets, causal)
+                fns[name] = fn
+                ctx = self.sdpa_kernel([backend]) if backend is not None else _nullcontext()
+                with ctx, torch.no_grad():
+                    out0 = fn(0)
+                    torch.cuda.synchronize()
+                    if self.args.verify:
+                        refs[name] = out0.float()
+                    del out0
+                    graphs[name] = capture_graph(torch, fn, len(sets), calls)
+            except Exception as e:  # noqa: BLE001 - a failing backend records null
+                try:
+                    torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001
+                    pass
+                errors[name] = short_error(e)
+        order = [n for n in names if n in graphs]
+        for turn in range(max(1, self.args.rounds) * replays):
+            events = []
+            for name in (order if turn % 2 == 0 else order[::-1]):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graphs[name].replay()
+                end.record()
+                events.append((name, start, end))
+            torch.cuda.synchronize()
+            for name, start, end in events:
+                times[name].append(start.elapsed_time(end) / calls)
+        del graphs, fns
+        return times, refs, errors
+
     def run_cell(self, B, H, S, D, dtype_name, causal, graph=False, seed=0):
         torch = self.torch
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
@@ -331,7 +375,10 @@ class Runner:
         # long compute-bound cells (perf-notes v29).
         all_times: Dict[str, List[float]] = {n: [] for n in names}
         errors: Dict[str, Optional[str]] = {n: None for n in names}
-        for round_idx in range(max(1, self.args.rounds)):
+        interleave = self.grid_graph and not graph and self.args.interleave
+        if interleave:
+            all_times, refs, errors = self.run_interleaved(names, sets, causal)
+        for round_idx in range(0 if interleave else max(1, self.args.rounds)):
             for name in (names if round_idx % 2 == 0 else names[::-1]):
                 if errors[name] is not None:
                     continue
@@ -441,16 +488,18 @@ class Runner:
         cell["rotate_sets"] = len(sets)
         outs: Dict[str, object] = {}
         self.last_config = {}
-        for name in FP8_SYSTEMS:
-            if name == "fa3_fp8" and self.fa3 is None:
-                continue
-            if name == "fc_int8" and not self.int8_kernels(D, causal):
-                continue
-            if name == "fc_e5m2" and not self.e5m2_kernels(D, causal):
-                continue
-            if name == "fc_e4m3_vt" and not self.v_transposed_api():
-                continue
-            times, out, err = self.run_system(name, sets, causal, graph=self.grid_graph, grid=self.grid_graph)
+        names = [n for n in FP8_SYSTEMS if not (
+            (n == "fa3_fp8" and self.fa3 is None) or (n == "fc_int8" and not self.int8_kernels(D, causal))
+            or (n == "fc_e5m2" and not self.e5m2_kernels(D, causal))
+            or (n == "fc_e4m3_vt" and not self.v_transposed_api()))]
+        interleaved = None
+        if self.grid_graph and self.args.interleave:
+            interleaved = self.run_interleaved(names, sets, causal)
+        for name in names:
+            if interleaved is not None:
+                times, out, err = (interleaved[0][name] or None, interleaved[1].get(name), interleaved[2][name])
+            else:
+                times, out, err = self.run_system(name, sets, causal, graph=self.grid_graph, grid=self.grid_graph)
             rec = self.system_record(name, times, err, (B, H, S, D, causal))
             if out is not None:
                 rec["finite"] = bool(torch.isfinite(out).all().item())
@@ -1177,6 +1226,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "so that no system's host time per call counts; eager times back-to-back calls with CUDA "
                          "events (a Python wrapper slower than its kernel is then measured instead of the kernel)")
     ap.add_argument("--grid-graph-calls", type=int, default=10, help="calls per CUDA graph on grid and FP8 cells")
+    ap.add_argument("--interleave", action="store_true",
+                    help="graph-timed grid and FP8 cells: capture every system's graph first, then let the systems "
+                         "take turns replay by replay, so that all see the same SM clock (kernel efficiency at one "
+                         "clock). The default times each system's replays in one block per round; under the 700 W cap "
+                         "each block then runs at a clock set partly by its own power (perf-notes v49)")
     ap.add_argument("--no-plots", dest="plots", action="store_false")
     ap.add_argument("--serving", action="store_true",
                     help="after the grid, also measure bench/serving.py's tables in this process (needs its imports: "
@@ -1266,11 +1320,15 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"median of {args.iters} CUDA-event-timed calls after {args.warmup} warm-up calls")
     turns = (f", systems taking turns {args.rounds} times per cell, in reverse order every other turn (median over "
              "all calls)") if args.rounds > 1 else ""
+    if args.timing == "graph" and args.interleave:
+        turns = (f", every system's graph captured first, then the systems taking turns replay by replay "
+                 f"({args.rounds} x the replays), in reverse order every other replay (median over all calls)")
     meta = {
         "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
         "l2_mib": runner.l2 / 2**20, "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "flashcore": fc_version, "python": platform.python_version(),
         "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "timing": args.timing,
+        "interleave": args.interleave,
         "rotate": not args.no_rotate,
         "method": (f"forward; batch = 16384/S, heads = 2048/D; torch.randn inputs (B,H,S,D), same tensors for all "
                    f"systems; {timing}"
