@@ -1,30 +1,25 @@
 #!/usr/bin/env bash
-# A/B of two FlashCore libraries through one Python harness (bench/report.py, FlashCore only, bf16 grid):
-# .carry/base/libflashcore_old.so (A) against build/lib/libflashcore.so (B), two alternating passes, then the
-# median per cell and the geometric mean. Run on the GPU machine from the repository root:
-#   bash tools/ab_lib.sh OUT_DIR
+# A/B of two FlashCore libraries in one process, on the same tensors: A = $AB_OLD (default
+# .carry/base/libflashcore_old.so), B = $AB_NEW (default build/lib/libflashcore.so), over the bf16 grid
+# (bench/report.py, systems flashcore and flashcore_b). With AB_METHOD=interleave (the default) the two take turns
+# replay by replay, so that both run at the same SM clock (perf-notes v49: under the 700 W cap the clock moves by up
+# to 25% within tens of milliseconds, more than most kernel changes gain); AB_METHOD=blocked times each library's
+# replays in one block per round, as the report does by default. Then B / A per cell and the geometric mean.
+# Run on the GPU machine from the repository root:
+#   bash tools/ab_lib.sh OUT_DIR [extra bench/report.py arguments, e.g. --head-dims 128 --seqlens 4096,8192]
 set -u
-O=${1:?usage: tools/ab_lib.sh OUT_DIR}
-for p in 1 2; do
-  for side in old new; do
-    lib=.carry/base/libflashcore_old.so; [[ $side == new ]] && lib=build/lib/libflashcore.so
-    python3 bench/report.py --systems flashcore --dtype bf16 --no-small --no-plots --lib $lib --out $O/lib_${side}_$p > $O/lib_${side}_$p.log 2>&1 || echo "fail $side $p"
-  done
-done
-python3 - "$O" <<'PY'
-import json, sys, statistics, math
-O = sys.argv[1]
-def load(side):
-    out = {}
-    for p in (1, 2):
-        for c in json.load(open(f"{O}/lib_{side}_{p}/metrics.json"))["cells"]:
-            t = c["systems"].get("flashcore", {}).get("tflops")
-            if t: out.setdefault((c["D"], c["causal"], c["S"]), []).append(t)
-    return out
-a, b = load("old"), load("new")
-logs = []
-for k in sorted(a):
-    r = statistics.median(b[k]) / statistics.median(a[k]); logs.append(math.log(r))
-    print("lib A/B", k, [round(x) for x in a[k]], [round(x) for x in b[k]], round(r, 3))
-print("lib A/B geomean", round(math.exp(sum(logs) / len(logs)), 3))
-PY
+O=${1:?usage: tools/ab_lib.sh OUT_DIR [report.py arguments]}
+shift
+A=${AB_OLD:-.carry/base/libflashcore_old.so}
+B=${AB_NEW:-build/lib/libflashcore.so}
+method=()
+case ${AB_METHOD:-interleave} in
+  interleave) method=(--interleave) ;;
+  blocked) ;;
+  *) echo "ab_lib.sh: AB_METHOD must be interleave or blocked" >&2; exit 2 ;;
+esac
+mkdir -p "$O"
+python3 bench/report.py --systems flashcore,flashcore_b --lib "$A" --lib-b "$B" "${method[@]}" \
+  --rounds "${AB_ROUNDS:-3}" --dtype "${AB_DTYPE:-bf16}" --no-small --no-plots --out "$O/ab" "$@" \
+  > "$O/ab.log" 2>&1 || { echo "ab_lib.sh: report.py failed (log: $O/ab.log)" >&2; tail -5 "$O/ab.log" >&2; exit 1; }
+python3 tools/ab_summary.py "$O/ab/metrics.json"
