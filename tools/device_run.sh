@@ -12,6 +12,12 @@
 #         (FLASHCORE_TUNING_TABLE; without a tune stage: the library's built-in table) and the default configs
 #         as a fifth system (flashcore_default).
 #   report: FA3 is measured in the same process when .fa3/ (a copy of ../shared/fa3/prefill, carried) exists.
+#   report-interleave: the report with the systems taking turns replay by replay (one SM clock for all: kernel
+#       efficiency); sustained: bench/power_diag.py --cells grid, each system alone for 1.5 s per cell at its own power
+#       ($SUSTAINED_DTYPE, default bf16); power: bench/power_diag.py on $POWER_CELLS (3 s per run, NVML power and clock).
+#   report80 / tests80: the report against FA2 and the GPU suite with the portable backend forced (FLASHCORE_BACKEND=sm80).
+# Prebuilt binaries travel packed: tools/device_pack.sh writes .carry/pack.tar.xz (and .carry/fa3.tar.xz); when they
+# exist they are unpacked into build/ and .fa3/ first.
 #   ab: the old CLI (--ab-base) against build/bin/flashcore, $AB_PASSES (3) alternating passes of the grid, both
 #       dtypes; $AB_ARGS goes to bench/ab.py (e.g. "--shape 4,16,4096,128" to time chosen cells instead of the grid).
 set -uo pipefail
@@ -29,6 +35,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 mkdir -p "$out"
+[[ -f .carry/pack.tar.xz ]] && tar -xJf .carry/pack.tar.xz
+[[ -f .carry/fa3.tar.xz ]] && { chmod -R u+w .fa3 2>/dev/null; rm -rf .fa3; tar -xJf .carry/fa3.tar.xz; }
 bin=build/bin
 summary=()
 run() {  # run NAME CMD...: log to OUT/NAME.log, remember the last line
@@ -75,6 +83,15 @@ for stage in "${stages[@]}"; do
       run report_tuned env "${table[@]}" FLASHCORE_KERNEL_SOURCES="$PWD/src" python3 bench/report.py \
         --dtype both --systems flashcore,cudnn,fa2,fa3,flashcore_default --no-small --out "$out/report_tuned" "${anchor_args[@]}"
       tar -C "$out" -czf "$out/report_tuned.tgz" report_tuned ;;
+    report-interleave) run report_interleave python3 bench/report.py --dtype both --interleave --rounds 2 --no-small \
+      --out "$out/report_interleave" "${anchor_args[@]}" ;;
+    sustained) run sustained python3 bench/power_diag.py --cells grid --systems flashcore,fa3,cudnn --seconds 1.5 \
+      --passes 1 --dtype "${SUSTAINED_DTYPE:-bf16}" ;;
+    power) run power python3 bench/power_diag.py --cells "${POWER_CELLS:-128:0:2048,128:0:8192}" \
+      --systems flashcore,fa3,cudnn ;;
+    report80) run report80 env FLASHCORE_BACKEND=sm80 python3 bench/report.py --systems flashcore,fa2 --dtype both \
+      --rounds 2 --no-small --out "$out/report80" ;;
+    tests80) run gpu_tests80 env FLASHCORE_BACKEND=sm80 "$bin/flashcore_gpu_tests" --gtest_brief=1 ;;
     profile) run profile bash tools/profile.sh --out "$out/profile" -- --shape 2,16,8192,128 --dtype bf16 ;;
     *) echo "unknown stage '$stage'"; exit 2 ;;
   esac
