@@ -6,7 +6,8 @@ Each (cell, system) runs a CUDA graph of --calls calls, replayed back to back fo
 NVML (board power, SM clock, clock-event reasons) every 10 ms. Reported per (cell, system), over the samples of the
 last half of the run (the clock has settled there): TFLOPS (median replay), mean power (W), mean SM clock (MHz), the
 energy per PFLOP (J) and whether NVML reported the software power cap. The systems take turns --passes times, in
-reverse order every other pass. Systems: bench/report.py's (flashcore, fa3, cudnn, fa2, flashcore_b with --lib-b).
+reverse order every other pass. Systems: bench/report.py's (flashcore, fa3, cudnn, fa2, flashcore_b with --lib-b,
+flashcore@CONFIG for a named kernel config; a system that cannot run a cell prints its error there and is skipped).
 
     PYTHONPATH=python:bench:../shared/fa3/prefill python3 bench/power_diag.py --cells 128:0:2048,128:0:8192 \
         --systems flashcore,fa3 [--dtype bf16] [--seconds 3] [--passes 2]
@@ -157,7 +158,12 @@ def main() -> int:
             sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
             for p in range(a.passes):
                 for sys_name in (systems if p % 2 == 0 else systems[::-1]):
-                    fn, backend = runner.build(sys_name, sets, causal)
+                    try:
+                        fn, backend = runner.build(sys_name, sets, causal)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | "
+                              f"error: {report.short_error(e)} | |", flush=True)
+                        continue
                     ctx = runner.sdpa_kernel([backend]) if backend is not None else report._nullcontext()
                     with ctx, torch.no_grad():
                         res = burst(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.burst)
@@ -179,7 +185,12 @@ def main() -> int:
         sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
         for p in range(a.passes):
             for sys_name in (systems if p % 2 == 0 else systems[::-1]):
-                fn, backend = runner.build(sys_name, sets, causal)
+                try:
+                    fn, backend = runner.build(sys_name, sets, causal)
+                except Exception as e:  # noqa: BLE001 - e.g. a named config not compiled for this cell
+                    print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | "
+                          f"error: {report.short_error(e)} | | | | |", flush=True)
+                    continue
                 ctx = runner.sdpa_kernel([backend]) if backend is not None else report._nullcontext()
                 with ctx, torch.no_grad():
                     times, samples = sustained(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.seconds)
@@ -201,8 +212,9 @@ def main() -> int:
 
 def summarize(results, systems) -> None:
     """Per cell, each system's TFLOPS (mean over the passes); with flashcore and others, its ratio to FA3 and to the
-    best other system, and their geometric means over the cells."""
-    others = [s for s in systems if s != "flashcore"]
+    best other system (FA3, cuDNN, FA2: not flashcore_b or flashcore@CONFIG), and their geometric means over the
+    cells."""
+    others = [s for s in systems if not s.startswith("flashcore")]  # flashcore@CONFIG and flashcore_b are ours
     if "flashcore" not in systems or not others:
         return
     print("\n| D | mask | S | " + " | ".join(systems) + " | FC / FA3 | FC / best other |")
@@ -210,6 +222,8 @@ def summarize(results, systems) -> None:
     ratios_fa3, ratios_best = [], []
     for (D, causal, S), per in results.items():
         mean = {n: statistics.fmean(v) for n, v in per.items()}
+        if "flashcore" not in mean or not any(n in mean for n in others):
+            continue
         best = max(mean[n] for n in others if n in mean)
         r_best = mean["flashcore"] / best
         r_fa3 = mean["flashcore"] / mean["fa3"] if "fa3" in mean else float("nan")

@@ -233,7 +233,7 @@ class Runner:
                 out = out[0] if isinstance(out, tuple) else out
                 return out.transpose(1, 2)
             return fa3_call, None
-        if name in ("flashcore", "flashcore_default", "flashcore_b"):
+        if name in ("flashcore", "flashcore_default", "flashcore_b") or name.startswith("flashcore@"):
             lib = self.fc_b if name == "flashcore_b" else self.fc
             if lib is None:
                 raise RuntimeError(f"the library of {name} is not loaded")
@@ -248,6 +248,15 @@ class Runner:
                     raise RuntimeError("the library lists no kernel configs")
                 import ctypes  # params.kernel_config is a const char*: keep the buffer alive in this closure
                 config = ctypes.create_string_buffer(names[0].encode())  # the default comes first
+            elif name.startswith("flashcore@"):  # a named kernel config (flashcore list-configs), where it is compiled
+                q0 = sets[0][0]
+                from flashcore_ctypes import DTYPE_BF16, DTYPE_FP16
+                lib_dtype = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16}[q0.dtype]
+                wanted = name.split("@", 1)[1]
+                if wanted not in lib.library.kernel_configs(lib_dtype, q0.shape[3], causal):
+                    raise RuntimeError(f"config {wanted} is not compiled for this dtype, head dim and mask")
+                import ctypes
+                config = ctypes.create_string_buffer(wanted.encode())
             for q, k, v in sets:
                 # Poisoned: an output the kernel does not write cannot pass the comparison by accident.
                 o = torch.full_like(q, float("nan"))
@@ -369,6 +378,7 @@ class Runner:
         self.last_config = {}
         names = [n for n in ("cudnn", "fa2", "fa3", "flashcore", "flashcore_default", "flashcore_b")
                  if n in self.args.systems and not (n == "fa3" and self.fa3 is None)]
+        names += [n for n in self.args.systems if n.startswith("flashcore@")]
         # --rounds R: the systems take turns R times on the same tensors; a system's median is over all its calls,
         # so that a clock or temperature drift during the cell falls on every system alike. Odd rounds take the
         # systems in reverse order: whichever system ran first in every round was measured up to 3% faster on
@@ -1032,6 +1042,19 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
                 L.append(f"- {e}")
             L.append("\n</details>\n")
 
+        named = [n for n in meta.get("systems", []) if n.startswith("flashcore@")]
+        if named:  # --systems flashcore@CONFIG: each named config beside the library's own choice
+            L.append(f"### {dt}: named kernel configs, TFLOPS (and / FlashCore's own choice)\n")
+            L.append("| D | mask | S | FlashCore (config) | " + " | ".join(n.split("@", 1)[1] for n in named) + " |")
+            L.append("|---|---|---|---|" + "---|" * len(named))
+            for c in rows:
+                fc = cell_tflops(c, "flashcore")
+                own = (c["systems"].get("flashcore") or {}).get("config") or ""
+                L.append(f"| {c['D']} | {'causal' if c['causal'] else 'none'} | {c['S']} | {fmt(fc)} ({own}) | " +
+                         " | ".join(f"{fmt(cell_tflops(c, n))} ({fmt(ratio(cell_tflops(c, n), fc), '{:.3f}')})"
+                                    for n in named) + " |")
+            L.append("")
+
         # Compact matrix like the anchor README: FlashCore TFLOPS / FA3 anchor.
         L.append(f"### {dt}: FlashCore / FA3 (anchor), TFLOPS by seqlen\n")
         seqs = sorted({c["S"] for c in rows})
@@ -1214,7 +1237,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--anchors", default=None, help="h200-anchors.json (default ../shared/anchors/)")
     ap.add_argument("--systems", default="flashcore,cudnn,fa2,fa3",
                     help="comma list of flashcore,cudnn,fa2,fa3,flashcore_default (the built-in default configs, "
-                         "to measure a tuning table),flashcore_b (--lib-b)")
+                         "to measure a tuning table),flashcore_b (--lib-b), flashcore@CONFIG (a named kernel config of "
+                         "`flashcore list-configs`, where it is compiled for the cell; null elsewhere)")
     ap.add_argument("--no-rotate", action="store_true", help="one buffer set (L2-warm)")
     ap.add_argument("--no-lse", action="store_true", help="FlashCore without the LSE output")
     ap.add_argument("--no-verify", dest="verify", action="store_false", help="skip the FlashCore error check")
@@ -1252,7 +1276,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="skip the bf16/fp16 grid and the small shapes (to run --fp8 or --serving alone)")
     args = ap.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    bad = [s for s in args.systems if s not in SYSTEMS]
+    bad = [s for s in args.systems if s not in SYSTEMS and not s.startswith("flashcore@")]
     if bad:
         ap.error(f"unknown system(s) {bad}; expected {SYSTEMS}")
     if args.iters < 1 or args.warmup < 0:
@@ -1328,7 +1352,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "l2_mib": runner.l2 / 2**20, "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "flashcore": fc_version, "python": platform.python_version(),
         "dtypes": dtypes, "iters": args.iters, "warmup": args.warmup, "rounds": args.rounds, "timing": args.timing,
-        "interleave": args.interleave,
+        "interleave": args.interleave, "systems": args.systems,
         "rotate": not args.no_rotate,
         "method": (f"forward; batch = 16384/S, heads = 2048/D; torch.randn inputs (B,H,S,D), same tensors for all "
                    f"systems; {timing}"
