@@ -202,7 +202,7 @@ def main() -> int:
                 joules = watts / tflops * 1e3 if tflops else float("nan")  # W / (TFLOP/s) = J per TFLOP
                 print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tflops:.0f} | "
                       f"{watts:.0f} | {mhz:.0f} | {joules:.0f} | {'yes' if capped else 'no'} |", flush=True)
-                results.setdefault((D, causal, S), {}).setdefault(sys_name, []).append(tflops)
+                results.setdefault((D, causal, S), {}).setdefault(sys_name, []).append((tflops, mhz))
                 del fn
         del sets
         torch.cuda.empty_cache()
@@ -212,32 +212,37 @@ def main() -> int:
 
 def summarize(results, systems) -> None:
     """Per cell, each system's TFLOPS (mean over the passes); with flashcore and others, its ratio to FA3 and to the
-    best other system (FA3, cuDNN, FA2: not flashcore_b or flashcore@CONFIG), and their geometric means over the
-    cells."""
+    best other system (FA3, cuDNN, FA2: not flashcore_b or flashcore@CONFIG), the same ratio to FA3 per clock cycle
+    (TFLOPS / mean SM MHz: work per cycle, with the clock each system's own power allowed taken out), and their
+    geometric means over the cells. results: {(D, causal, S): {system: [(TFLOPS, MHz) per pass]}}."""
     others = [s for s in systems if not s.startswith("flashcore")]  # flashcore@CONFIG and flashcore_b are ours
     if "flashcore" not in systems or not others:
         return
-    print("\n| D | mask | S | " + " | ".join(systems) + " | FC / FA3 | FC / best other |")
-    print("|---|---|---|" + "---|" * (len(systems) + 2))
-    ratios_fa3, ratios_best = [], []
+    print("\n| D | mask | S | " + " | ".join(systems) + " | FC / FA3 | FC / FA3 per cycle | FC / best other |")
+    print("|---|---|---|" + "---|" * (len(systems) + 3))
+    ratios_fa3, ratios_cycle, ratios_best = [], [], []
     for (D, causal, S), per in results.items():
-        mean = {n: statistics.fmean(v) for n, v in per.items()}
+        mean = {n: statistics.fmean(t for t, _ in v) for n, v in per.items()}
+        mhz = {n: statistics.fmean(m for _, m in v) for n, v in per.items()}
         if "flashcore" not in mean or not any(n in mean for n in others):
             continue
         best = max(mean[n] for n in others if n in mean)
         r_best = mean["flashcore"] / best
-        r_fa3 = mean["flashcore"] / mean["fa3"] if "fa3" in mean else float("nan")
-        ratios_best.append(r_best)
+        r_fa3 = r_cycle = float("nan")
         if "fa3" in mean:
+            r_fa3 = mean["flashcore"] / mean["fa3"]
+            r_cycle = r_fa3 * mhz["fa3"] / mhz["flashcore"]
             ratios_fa3.append(r_fa3)
+            ratios_cycle.append(r_cycle)
+        ratios_best.append(r_best)
         print(f"| {D} | {'causal' if causal else 'none'} | {S} | " + " | ".join(f"{mean.get(n, float('nan')):.0f}"
-              for n in systems) + f" | {r_fa3:.3f} | {r_best:.3f} |")
+              for n in systems) + f" | {r_fa3:.3f} | {r_cycle:.3f} | {r_best:.3f} |")
 
     def geo(xs):
         return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
-    print(f"\nGeometric means over {len(ratios_best)} cells: FC / FA3 {geo(ratios_fa3):.3f}; FC / best other "
-          f"{geo(ratios_best):.3f}; cells below 0.93 of the best other: {sum(r < 0.93 for r in ratios_best)}")
-
+    print(f"\nGeometric means over {len(ratios_best)} cells: FC / FA3 {geo(ratios_fa3):.3f} ({geo(ratios_cycle):.3f} per "
+          f"cycle); FC / best other {geo(ratios_best):.3f}; cells below 0.93 of the best other: "
+          f"{sum(r < 0.93 for r in ratios_best)}")
 
 if __name__ == "__main__":
     sys.exit(main())
