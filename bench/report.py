@@ -980,6 +980,12 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
         L.append(f"- FA3: {'measured (flash_attn_interface)' if have_fa3 else 'not importable here; column FA3 (anchor) is from the anchor file'}")
     L.append(f"- Anchors: {anchors.get('path') or 'not found'} ({anchors.get('machine') or ''})")
     L.append(f"- Method: {meta['method']}")
+    if not meta.get("interleave"):
+        L.append("- Clocks are not locked: under the 700 W cap the SM clock moves by up to 25% within tens of "
+                 "milliseconds, and each system's block of replays runs at a clock set partly by the system before it, "
+                 "so a single cell's ratio can carry a clock difference of several percent (perf-notes v49). "
+                 "`--interleave` times the systems at one clock; `bench/power_diag.py --cells grid` at each one's own "
+                 "sustained power.")
     L.append(f"- Run time: {meta['elapsed_s']:.0f} s; date {meta['date']}\n")
 
     for dt in meta["dtypes"]:
