@@ -240,9 +240,9 @@ def summarize(results, systems) -> None:
 
     def geo(xs):
         return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
-    print(f"\nGeometric means over {len(ratios_best)} cells: FC / FA3 {geo(ratios_fa3):.3f} ({geo(ratios_cycle):.3f} per "
-          f"cycle); FC / best other {geo(ratios_best):.3f}; cells below 0.93 of the best other: "
-          f"{sum(r < 0.93 for r in ratios_best)}")
+    print(f"\nGeometric means over {len(ratios_best)} cells: FC / FA3 {geo(ratios_fa3):.3f} "
+          f"({geo(ratios_cycle):.3f} per cycle); FC / best other {geo(ratios_best):.3f}; cells below 0.93 of the best "
+          f"other: {sum(r < 0.93 for r in ratios_best)}")
 
 if __name__ == "__main__":
     sys.exit(main())
