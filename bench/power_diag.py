@@ -106,6 +106,30 @@ def burst(torch, nvml, fn, nsets, calls, replays):
     return out
 
 
+def each_run(torch, runner, cells, systems, passes, dtype, columns):
+    """Every (cell, pass, system) in the report's turn order (reversed every other pass), on the cell's tensors:
+    yields (D, causal, S, B, H, pass index, system, fn, buffer sets) with fn built and the system's SDPA backend
+    selected while the caller measures. A system that cannot run a cell (a named config not compiled for it) gets a
+    row with its error, padded to `columns` table columns, and is skipped."""
+    for D, causal, S in cells:
+        B, H = 16384 // S, 2048 // D
+        sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
+        for p in range(passes):
+            for sys_name in (systems if p % 2 == 0 else systems[::-1]):
+                try:
+                    fn, backend = runner.build(sys_name, sets, causal)
+                except Exception as e:  # noqa: BLE001
+                    cells_out = [str(D), "causal" if causal else "none", str(S), sys_name, str(p + 1),
+                                 f"error: {report.short_error(e)}"]
+                    print("| " + " | ".join(cells_out + [""] * (columns - len(cells_out))) + " |", flush=True)
+                    continue
+                with runner.context(backend), torch.no_grad():
+                    yield D, causal, S, B, H, p, sys_name, fn, sets
+                del fn
+        del sets
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", default="128:0:2048,128:0:8192",
@@ -153,59 +177,28 @@ def main() -> int:
         print(f"{name}, {a.dtype}, bursts of {a.burst} replays of {a.calls}-call graphs, {a.passes} passes")
         print("| D | mask | S | system | pass | TFLOPS per replay | SM MHz after each |")
         print("|---|---|---|---|---|---|---|")
-        for D, causal, S in cells:
-            B, H = 16384 // S, 2048 // D
-            sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
-            for p in range(a.passes):
-                for sys_name in (systems if p % 2 == 0 else systems[::-1]):
-                    try:
-                        fn, backend = runner.build(sys_name, sets, causal)
-                    except Exception as e:  # noqa: BLE001
-                        print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | "
-                              f"error: {report.short_error(e)} | |", flush=True)
-                        continue
-                    ctx = runner.sdpa_kernel([backend]) if backend is not None else report._nullcontext()
-                    with ctx, torch.no_grad():
-                        res = burst(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.burst)
-                    tf = " ".join(f"{report.tflops_of(B, H, S, D, causal, ms):.0f}" for ms, _ in res)
-                    mhz = " ".join(str(m) for _, m in res)
-                    print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tf} | {mhz} |",
-                          flush=True)
-                    del fn
-            del sets
-            torch.cuda.empty_cache()
+        for D, causal, S, B, H, p, sys_name, fn, sets in each_run(torch, runner, cells, systems, a.passes, dtype, 7):
+            res = burst(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.burst)
+            tf = " ".join(f"{report.tflops_of(B, H, S, D, causal, ms):.0f}" for ms, _ in res)
+            mhz = " ".join(str(m) for _, m in res)
+            print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tf} | {mhz} |", flush=True)
         return 0
     print(f"{name}, {a.dtype}, {a.seconds} s per run (last half sampled), graphs of {a.calls} calls, "
           f"{a.passes} passes")
     print("| D | mask | S | system | pass | TFLOPS | W | SM MHz | J / PFLOP | power cap seen |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     results = {}
-    for D, causal, S in cells:
-        B, H = 16384 // S, 2048 // D
-        sets = runner.make_sets(B, H, S, D, dtype, seed=1234)
-        for p in range(a.passes):
-            for sys_name in (systems if p % 2 == 0 else systems[::-1]):
-                try:
-                    fn, backend = runner.build(sys_name, sets, causal)
-                except Exception as e:  # noqa: BLE001 - e.g. a named config not compiled for this cell
-                    print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | "
-                          f"error: {report.short_error(e)} | | | | |", flush=True)
-                    continue
-                ctx = runner.sdpa_kernel([backend]) if backend is not None else report._nullcontext()
-                with ctx, torch.no_grad():
-                    times, samples = sustained(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.seconds)
-                ms = statistics.median(times)
-                tflops = report.tflops_of(B, H, S, D, causal, ms)
-                watts = statistics.fmean(s[1] for s in samples) if samples else float("nan")
-                mhz = statistics.fmean(s[2] for s in samples) if samples else float("nan")
-                capped = any(s[3] & Nvml.POWER_CAP_REASON for s in samples)
-                joules = watts / tflops * 1e3 if tflops else float("nan")  # W / (TFLOP/s) = J per TFLOP
-                print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tflops:.0f} | "
-                      f"{watts:.0f} | {mhz:.0f} | {joules:.0f} | {'yes' if capped else 'no'} |", flush=True)
-                results.setdefault((D, causal, S), {}).setdefault(sys_name, []).append((tflops, mhz))
-                del fn
-        del sets
-        torch.cuda.empty_cache()
+    for D, causal, S, B, H, p, sys_name, fn, sets in each_run(torch, runner, cells, systems, a.passes, dtype, 10):
+        times, samples = sustained(torch, nvml, fn, len(sets), max(a.calls, len(sets)), a.seconds)
+        ms = statistics.median(times)
+        tflops = report.tflops_of(B, H, S, D, causal, ms)
+        watts = statistics.fmean(s[1] for s in samples) if samples else float("nan")
+        mhz = statistics.fmean(s[2] for s in samples) if samples else float("nan")
+        capped = any(s[3] & Nvml.POWER_CAP_REASON for s in samples)
+        joules = watts / tflops * 1e3 if tflops else float("nan")  # W / (TFLOP/s) = J per TFLOP
+        print(f"| {D} | {'causal' if causal else 'none'} | {S} | {sys_name} | {p + 1} | {tflops:.0f} | "
+              f"{watts:.0f} | {mhz:.0f} | {joules:.0f} | {'yes' if capped else 'no'} |", flush=True)
+        results.setdefault((D, causal, S), {}).setdefault(sys_name, []).append((tflops, mhz))
     summarize(results, systems)
     return 0
 

@@ -239,23 +239,22 @@ class Runner:
                 raise RuntimeError(f"the library of {name} is not loaded")
             params, outs = [], []
             config = None
-            if name == "flashcore_default":
+            if name == "flashcore_default" or name.startswith("flashcore@"):
+                # A named kernel config (flashcore list-configs): the built-in default (listed first) or the one asked
+                # for, where it is compiled for this dtype, head dim and mask.
                 q0 = sets[0][0]
                 from flashcore_ctypes import DTYPE_BF16, DTYPE_FP16  # bench/ is on sys.path (main)
                 lib_dtype = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16}[q0.dtype]
                 names = lib.library.kernel_configs(lib_dtype, q0.shape[3], causal)
-                if not names:
-                    raise RuntimeError("the library lists no kernel configs")
+                if name == "flashcore_default":
+                    if not names:
+                        raise RuntimeError("the library lists no kernel configs")
+                    wanted = names[0]
+                else:
+                    wanted = name.split("@", 1)[1]
+                    if wanted not in names:
+                        raise RuntimeError(f"config {wanted} is not compiled for this dtype, head dim and mask")
                 import ctypes  # params.kernel_config is a const char*: keep the buffer alive in this closure
-                config = ctypes.create_string_buffer(names[0].encode())  # the default comes first
-            elif name.startswith("flashcore@"):  # a named kernel config (flashcore list-configs), where it is compiled
-                q0 = sets[0][0]
-                from flashcore_ctypes import DTYPE_BF16, DTYPE_FP16
-                lib_dtype = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16}[q0.dtype]
-                wanted = name.split("@", 1)[1]
-                if wanted not in lib.library.kernel_configs(lib_dtype, q0.shape[3], causal):
-                    raise RuntimeError(f"config {wanted} is not compiled for this dtype, head dim and mask")
-                import ctypes
                 config = ctypes.create_string_buffer(wanted.encode())
             for q, k, v in sets:
                 # Poisoned: an output the kernel does not write cannot pass the comparison by accident.
@@ -291,6 +290,34 @@ class Runner:
             rec["config"] = self.last_config[name]
         return rec
 
+    def context(self, backend):
+        """The SDPA backend selection of a system (build's second value), or nothing for the others."""
+        return self.sdpa_kernel([backend]) if backend is not None else _nullcontext()
+
+    def first_call(self, name, sets, causal):
+        """build, then one call on set 0 (module loading, plans): (fn, backend, float copy of its output or None)."""
+        torch = self.torch
+        fn, backend = self.build(name, sets, causal)
+        with self.context(backend), torch.no_grad():
+            out0 = fn(0)
+            torch.cuda.synchronize()
+            ref = out0.float() if self.args.verify else None
+        return fn, backend, ref
+
+    def failed(self, e: BaseException) -> str:
+        """A failing backend records null: drain what it left on the GPU (if the error allows) and shorten the error."""
+        try:
+            self.torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001
+            pass
+        return short_error(e)
+
+    def grid_graph_shape(self, nsets: int):
+        """(calls per graph, replays) of a graph-timed grid or FP8 cell: --grid-graph-calls calls, at least one per
+        buffer set, replayed until --iters calls have run, at least 3 times."""
+        calls = max(self.args.grid_graph_calls, nsets)
+        return calls, max(3, -(-self.args.iters // calls))
+
     def run_system(self, name, sets, causal, graph: bool, grid: bool = False):
         """Returns (times_ms or None, float copy of the output of set 0 or None, error or None). graph: each time is
         one replay of a CUDA graph of calls divided by its calls; grid (--timing graph on the grid and FP8 cells): a
@@ -298,27 +325,17 @@ class Runner:
         least 3 replays), so that a grid cell costs about as much GPU time as an eager one."""
         torch = self.torch
         try:
-            fn, backend = self.build(name, sets, causal)
-            ctx = self.sdpa_kernel([backend]) if backend is not None else _nullcontext()
-            with ctx, torch.no_grad():
-                out0 = fn(0)
-                torch.cuda.synchronize()
-                ref = out0.float() if self.args.verify else None
-                del out0
+            fn, backend, ref = self.first_call(name, sets, causal)
+            with self.context(backend), torch.no_grad():
                 if graph:
-                    per_graph = self.args.grid_graph_calls if grid else self.args.graph_calls
-                    calls = max(per_graph, len(sets))  # every rotation set inside the graph
-                    replays = max(3, -(-self.args.iters // calls)) if grid else self.args.iters
+                    calls, replays = (self.grid_graph_shape(len(sets)) if grid else
+                                      (max(self.args.graph_calls, len(sets)), self.args.iters))
                     times = time_graph(torch, fn, len(sets), replays, calls)
                 else:
                     times = time_calls(torch, fn, len(sets), self.args.iters, self.args.warmup)
             return times, ref, None
         except Exception as e:  # noqa: BLE001 - a failing backend records null
-            try:
-                torch.cuda.synchronize()
-            except Exception:  # noqa: BLE001
-                pass
-            return None, None, short_error(e)
+            return None, None, self.failed(e)
 
     def run_interleaved(self, names, sets, causal):
         """--interleave (grid and FP8 cells with graph timing): every system's graph is captured first, then the
@@ -327,28 +344,18 @@ class Runner:
         v49); timed one after the other, two systems can each see a different clock. Returns ({name: per-call ms},
         {name: float copy of set 0's output}, {name: error or None})."""
         torch = self.torch
-        calls = max(self.args.grid_graph_calls, len(sets))
-        replays = max(3, -(-self.args.iters // calls))
+        calls, replays = self.grid_graph_shape(len(sets))
         graphs, refs, errors, times = {}, {}, {n: None for n in names}, {n: [] for n in names}
         fns = {}  # a graph reads and writes the buffers its fn's closure owns: they live as long as the graphs
         for name in names:
             try:
-                fn, backend = self.build(name, sets, causal)
-                fns[name] = fn
-                ctx = self.sdpa_kernel([backend]) if backend is not None else _nullcontext()
-                with ctx, torch.no_grad():
-                    out0 = fn(0)
-                    torch.cuda.synchronize()
-                    if self.args.verify:
-                        refs[name] = out0.float()
-                    del out0
-                    graphs[name] = capture_graph(torch, fn, len(sets), calls)
+                fns[name], backend, ref = self.first_call(name, sets, causal)
+                if ref is not None:
+                    refs[name] = ref
+                with self.context(backend), torch.no_grad():
+                    graphs[name] = capture_graph(torch, fns[name], len(sets), calls)
             except Exception as e:  # noqa: BLE001 - a failing backend records null
-                try:
-                    torch.cuda.synchronize()
-                except Exception:  # noqa: BLE001
-                    pass
-                errors[name] = short_error(e)
+                errors[name] = self.failed(e)
         order = [n for n in names if n in graphs]
         for turn in range(max(1, self.args.rounds) * replays):
             events = []
