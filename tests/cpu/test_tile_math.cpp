@@ -40,6 +40,30 @@ TEST(TileMath, CausalKeyLimitIsBottomRightAligned) {
   EXPECT_EQ(seq.key_limit(0, true), 0);
 }
 
+// The first S GEMM of a tile computes half a key block where no row of the warpgroup's slice sees the block's second
+// half (sm90 mainloop.cuh): a wrong "true" would drop visible keys, so the boundary is checked here.
+TEST(TileMath, SecondHalfMaskedOnlyWhereNoRowSeesIt) {
+  SeqInfo seq;
+  seq.seqlen_q = 1024, seq.seqlen_k = 1024;
+  // 128-row tile 3, 128-key diagonal block 3: rows 384..447 see keys up to 447 (< 448, the second half's start)
+  EXPECT_TRUE(second_half_masked(seq, 3, 128, 447, true));
+  EXPECT_FALSE(second_half_masked(seq, 3, 128, 448, true));  // row 448 sees key 448
+  EXPECT_FALSE(second_half_masked(seq, 3, 128, 511, true));
+  EXPECT_FALSE(second_half_masked(seq, 3, 128, 447, false));  // non-causal: every key of the block is visible
+  // Sk > Sq (a KV cache): bottom-right alignment moves the diagonal right by 512
+  seq.seqlen_q = 512, seq.seqlen_k = 1024;
+  EXPECT_TRUE(second_half_masked(seq, 4, 128, 63, true));   // row 63 sees keys < 576 = 4 * 128 + 64
+  EXPECT_FALSE(second_half_masked(seq, 4, 128, 64, true));  // row 64 sees key 576
+  // the sequence's end: 4097 keys leave one key in block 32, non-causal too
+  seq.seqlen_q = 4097, seq.seqlen_k = 4097;
+  EXPECT_TRUE(second_half_masked(seq, 32, 128, 4159, false));
+  EXPECT_FALSE(second_half_masked(seq, 31, 128, 4159, false));
+  // 192-key blocks: half = 96 keys
+  seq.seqlen_q = seq.seqlen_k = 2048;
+  EXPECT_TRUE(second_half_masked(seq, 1, 192, 192 + 95, true));
+  EXPECT_FALSE(second_half_masked(seq, 1, 192, 192 + 96, true));
+}
+
 // The causal tile order (tile.cuh) must visit every (slice, query block) exactly once, keep each section's slices
 // together, and give a section's heavier query blocks lower tile indices than its lighter ones; a wrong order would
 // not fail a numerical test (every tile is still computed, just late), so it is checked here.

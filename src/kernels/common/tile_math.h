@@ -89,4 +89,12 @@ FLASHCORE_HD KeyRange key_range(const SeqInfo& seq, int64_t m_block, int block_m
   return KeyRange{0, static_cast<int>(ceil_div(keys, block_n))};
 }
 
+// Whether no row of a slice whose last query row is `last_row` sees a key of the second half of key block n_block
+// (the causal diagonal, or the sequence's end): that block's S GEMM may then compute its first half only (sm90
+// mainloop.cuh, the tile's first block). last_row unclipped: rows past the sequence count too, so that every row's
+// scores of the second half are masked.
+FLASHCORE_HD bool second_half_masked(const SeqInfo& seq, int n_block, int block_n, int64_t last_row, bool causal) {
+  return seq.key_limit(last_row, causal) <= static_cast<int64_t>(n_block) * block_n + block_n / 2;
+}
+
 }  // namespace flashcore::kernels

@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda/ptx>
 
+#include <type_traits>
+
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
 #include "kernels/common/mask.cuh"
@@ -85,7 +87,9 @@ struct ConsumerPipes {
 // S(64 x kBlockN) = Q_slice(64 x D) * K_tile(kBlockN x D)^T. Both K-major, 128B-swizzled chunks of one
 // 128-byte row; one MMA k-step is a 32-byte move of the start address inside a chunk. q and k: descriptors of the
 // Q slice and of the K tile (OperandDescs).
-template <class Cfg>
+// kCols: the key block's first kCols keys only (its first half: kHalfFirstBlock below); S's other registers are
+// left alone.
+template <class Cfg, int kCols = Cfg::kBlockN>
 __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], SmemDesc q, SmemDesc k_tile) {
   constexpr int kStepsPerChunk = Cfg::kChunkCols / Cfg::kMmaK;
   wgmma_fence();
@@ -97,11 +101,21 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], SmemDesc q
     if constexpr (Cfg::kInt8QK) {  // s32 dot products in the same registers (int8 scores: mainloop)
       WgmmaSS<int8_t, Cfg::kBlockN>::mma(reinterpret_cast<uint32_t(&)[Cfg::kBlockN / 2]>(s), da, db, k > 0 ? 1 : 0);
     } else {
-      WgmmaSS<typename Cfg::Element, Cfg::kBlockN>::mma(s, da, db, k > 0 ? 1 : 0);
+      WgmmaSS<typename Cfg::Element, kCols>::mma(reinterpret_cast<float(&)[kCols / 2]>(s), da, db, k > 0 ? 1 : 0);
     }
   }
   wgmma_commit_group();
 }
+
+// The tile's first key block (its last, where the causal diagonal and the sequence's end lie) when no row of the
+// warpgroup's slice sees its second half: the warpgroup's 64 rows of the diagonal block of a 128-row tile (or a
+// sequence that ends in the block's first half). Its S GEMM then computes the first half of the keys (an N = kBlockN / 2
+// wgmma) and the second half's scores are -inf, so P is 0 there and the P V GEMM is unchanged (perf-notes v50).
+// Causal 16-bit rows whose half block has a wgmma shape (kBlockN 128 or 192): in the non-causal rows, where only odd
+// lengths take it, the branch alone cost the d64 rows 3-7% at every length (perf-notes v50).
+template <class Cfg>
+inline constexpr bool kHalfFirstBlock = Cfg::kCausal && Cfg::kElemBytes == 2 && !Cfg::kInt8QK && !Cfg::kSwapAB &&
+                                        (Cfg::kBlockN == 128 || Cfg::kBlockN == 192);
 
 // P as wgmma A fragments (kernels::pack_p_fragments, or its 8-bit form with the key permutation of element.cuh),
 // for all k-steps before the first P*V wgmma so that no register is written between the wgmma.fence and the MMAs.
@@ -315,15 +329,37 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
 
   int n_block = tile.keys.end - 1;
   float k_scale = key_scale(n_block);
+  // Same for the warpgroup's four warps (its slice's last row): a uniform branch around the first S GEMM.
+  const bool half = kHalfFirstBlock<Cfg> &&
+                    kernels::second_half_masked(
+                        tile.seq, n_block, Cfg::kBlockN,
+                        static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + (warpgroup + 1) * Cfg::kRowsPerWarpgroup - 1,
+                        Cfg::kCausal);
   bars.k.wait(pipes.k);
   turn.wait_turn();
-  gemm_qk<Cfg>(s, desc.q, desc.k(pipes.k.stage));
-  if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
-  wgmma_wait_group<0>();
-  fence_regs(s);
-  after_s_gemm(n_block);
-  softmax_step(s, n_block, rescale, k_scale);
-  convert_p<Cfg>(s, p_a);
+  // The block up to its P, in each branch as a whole (a wgmma pipeline across the branches' join made ptxas serialize
+  // every wgmma of the kernel, C7511).
+  auto first_block = [&](auto cols) {
+    constexpr int kCols = decltype(cols)::value;
+    gemm_qk<Cfg, kCols>(s, desc.q, desc.k(pipes.k.stage));
+    if (warpgroup != kLast || n_block > tile.keys.begin) turn.pass_turn();
+    wgmma_wait_group<0>();
+    fence_regs(s);
+#pragma unroll
+    for (int i = kCols / 2; i < Cfg::kBlockN / 2; ++i) s[i] = -INFINITY;  // (the mask's -inf anyway)
+    after_s_gemm(n_block);
+    softmax_step(s, n_block, rescale, k_scale);
+    convert_p<Cfg>(s, p_a);
+  };
+  if constexpr (kHalfFirstBlock<Cfg>) {
+    if (half) {
+      first_block(std::integral_constant<int, Cfg::kBlockN / 2>{});
+    } else {
+      first_block(std::integral_constant<int, Cfg::kBlockN>{});
+    }
+  } else {
+    first_block(std::integral_constant<int, Cfg::kBlockN>{});
+  }
 
   // One key block n_block: S = Q K^T and O += P_in V of the block before, the softmax of S while P V runs, P into p_out.
   auto step = [&](const uint32_t(&p_in)[kPSteps<Cfg>][4], uint32_t(&p_out)[kPSteps<Cfg>][4]) {
