@@ -1,6 +1,6 @@
 """The measurement scripts' pure-Python parts, without a GPU: the sustained summary of bench/power_diag.py (ratios,
 work per cycle, which systems count as "other"), tools/ab_summary.py, and bench/report.py's markdown (the clock
-caveat, the named-config table)."""
+caveat, the named-config table), tools/ncu_stalls.py's reading of a source-page CSV."""
 
 import math
 import sys
@@ -13,6 +13,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 import ab_summary  # noqa: E402
+import ncu_stalls  # noqa: E402
 import power_diag  # noqa: E402
 import report  # noqa: E402
 
@@ -107,3 +108,28 @@ def test_report_named_config_table(tmp_path):
     assert "named kernel configs" in text
     assert "| 128 | causal | 8192 | 600 (128x128x2-dynamic-vote) | 615 (1.025) |" in text
     assert "| 64 | causal | 8192 | 480 (128x128x2-dynamic-vote) | — (—) |" in text
+
+
+def source_csv(path, kernels):
+    """An ncu source-page CSV with one table per kernel: kernels = [(name, [(sass, executions, samples)])]."""
+    lines = []
+    for name, rows in kernels:
+        lines.append(f'"Kernel Name","{name}",')
+        lines.append('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_wait",'
+                     '"stall_wait (Not Issued)"')
+        for i, (sass, executions, samples) in enumerate(rows):
+            lines.append(f'"0x{i:x}","{sass}","{samples}","{executions}","{samples}","0"')
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_ncu_stalls_reads_the_largest_kernel_and_its_regions(tmp_path):
+    fill = [("MOV R1, R2", 4, 2)]
+    attention = [("HGMMA.64x128x16.F32.BF16 R24", 1000, 60), ("MUFU.EX2 R3, R3", 1000, 30),
+                 ("@!P0  BRA 0x10", 10, 5), ("STS.128 [R4], R8", 10, 4), ("EXIT", 0, 0)]
+    path = source_csv(tmp_path / "k.csv", [("fill", fill), ("attention", attention)])
+    hdr, data = ncu_stalls.load(path)
+    assert len(data) == len(attention)
+    found, total = ncu_stalls.regions(hdr, data)
+    assert total == 99
+    assert found == [(1000, 2, 90.0), (10, 2, 9.0)]  # the loop body, then the tile edge; EXIT never ran
