@@ -346,7 +346,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     wgmma_wait_group<0>();
     fence_regs(s);
 #pragma unroll
-    for (int i = kCols / 2; i < Cfg::kBlockN / 2; ++i) s[i] = -INFINITY;  // (the mask's -inf anyway)
+    for (int i = kCols / 2; i < Cfg::kBlockN / 2; ++i) s[i] = -INFINITY;  // defined values where the wgmma wrote none
     after_s_gemm(n_block);
     softmax_step(s, n_block, rescale, k_scale);
     convert_p<Cfg>(s, p_a);
