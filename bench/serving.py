@@ -92,6 +92,8 @@ def main():
     ap.add_argument("--tables", default=",".join(TABLES), help=f"comma-separated tables to measure: {', '.join(TABLES)}")
     ap.add_argument("--head-dim", type=int, default=128, help="decode table: head dim")
     ap.add_argument("--heads", default="32,8", help="decode table: query heads, KV heads")
+    ap.add_argument("--decode-rows", default="", help="decode table: comma-separated BATCHxCACHE_LEN rows instead of "
+                    "the issue's six (e.g. 33x4096,132x2048)")
     ap.add_argument("--configs", default="", help="decode and varlen tables: comma-separated kernel configs to time "
                     "as well (explicitly named; in the varlen table, those the library lists for the case's head dim "
                     "and mask)")
@@ -110,7 +112,8 @@ def main():
     sections = []
     if "decode" in args.tables:
         heads = tuple(int(x) for x in args.heads.split(","))
-        rows = run_decode(args.head_dim, heads, args.configs)
+        shapes = [tuple(int(x) for x in r.split("x")) for r in args.decode_rows.split(",") if r] or DECODE_ROWS
+        rows = run_decode(args.head_dim, heads, args.configs, shapes=shapes)
         result["decode"] = rows
         sections.append(decode_markdown(rows, name, peak, args.head_dim, heads))
     if "varlen" in args.tables:
