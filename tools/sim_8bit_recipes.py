@@ -67,7 +67,7 @@ def int8_qk(q, k):
 
 
 def online(qd, kd, v_blocks, p_round, row_sum_quantized, scale):
-    """Online softmax over 128-key blocks. p_round(p, blockmax_p) -> rounded P; v_blocks(j) -> V block as used."""
+    """Online softmax over 128-key blocks. p_round(p) -> P as rounded (p <= 1); v_blocks(j) -> V block as used."""
     B, H, Sq, D = qd.shape
     Sk = kd.shape[-2]
     m = torch.full((B, H, Sq, 1), -math.inf, dtype=torch.float64, device=qd.device)
@@ -78,7 +78,7 @@ def online(qd, kd, v_blocks, p_round, row_sum_quantized, scale):
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         alpha = torch.exp(m - m_new)
         p = torch.exp(s - m_new)
-        pr = p_round(p, m_new)
+        pr = p_round(p)
         vb = v_blocks(j)
         pv = pr @ vb
         o = pv if o is None else o * alpha + pv
@@ -96,20 +96,20 @@ def recipe(name, q, k, v):
             s = x.abs().amax((-1, -2), keepdim=True).clamp_min(1e-30) / 448
             return e4m3(x / s) * s
         qd, kd, vd = per_head(q), per_head(k), per_head(v)
-        return online(qd, kd, lambda j: vd[:, :, j * BLOCK:(j + 1) * BLOCK], lambda p, m: e4m3(p), False, scale)
+        return online(qd, kd, lambda j: vd[:, :, j * BLOCK:(j + 1) * BLOCK], lambda p: e4m3(p), False, scale)
     qd, kd = int8_qk(q, k)
     if name == "int8qk_bf16pv":
         vd = bf16(v)
-        return online(qd, kd, lambda j: vd[:, :, j * BLOCK:(j + 1) * BLOCK], lambda p, m: bf16(p), True, scale)
+        return online(qd, kd, lambda j: vd[:, :, j * BLOCK:(j + 1) * BLOCK], lambda p: bf16(p), True, scale)
 
-    def u8_block(p, m):  # per (row, block): 255 = the block's largest P of the row
+    def u8_block(p):  # per (row, block): 255 = the block's largest P of the row
         bm = p.amax(-1, keepdim=True).clamp_min(1e-300)
         return torch.round(p / bm * 255) * bm / 255
 
-    def u8_running(p, m):  # 255 = P of a score at the running max (= 1)
+    def u8_running(p):  # 255 = P of a score at the running max (= 1)
         return torch.round(p * 255) / 255
 
-    def e4m3_block(p, m):
+    def e4m3_block(p):
         bm = p.amax(-1, keepdim=True).clamp_min(1e-300)
         return e4m3(p / bm * 448) * bm / 448
 
