@@ -131,8 +131,8 @@ TEST(Variants, FootprintEqualsKernelConfigForTheCompiledRows) {
   }
 }
 
-// The transposed decode rows (block_m 8, smem_plan.h swaps_gemms; decode_swap.cuh): one consumer warpgroup, P^T and the
-// softmax's exchange after the V ring (P^T 1024-byte aligned for its 128B swizzle), and block_n in whole 64-key tiles.
+// The transposed decode rows (block_m 8, smem_plan.h swaps_gemms; decode_swap.cuh): one consumer warpgroup, two Q
+// stages, P^T and the softmax's exchange after the V ring (P^T 1024-byte aligned for its 128B swizzle), and block_n in whole 64-key tiles.
 TEST(Variants, TransposedDecodeRowsHaveTheirScratchAndRules) {
   namespace sm90 = flashcore::sm90;
   const TileShape swap = {8, 128, 3, false, Schedule::kSplitKv, false};
@@ -143,6 +143,13 @@ TEST(Variants, TransposedDecodeRowsHaveTheirScratchAndRules) {
   EXPECT_EQ(plan.consumer_warpgroups, 1);
   EXPECT_EQ(plan.threads, 256);
   EXPECT_EQ(plan.q_bytes, 8 * 256);  // 8 rows of 128 bf16 columns
+  // Two Q stages (the next part's Q loads while this part runs, perf-notes v52), 1024-byte aligned for the swizzle;
+  // the prefill rows keep one.
+  EXPECT_EQ(plan.q_stages, 2);
+  EXPECT_EQ(plan.k_offset, 2 * plan.q_bytes);
+  EXPECT_EQ(plan.k_offset % 1024, 0);
+  EXPECT_EQ(sm90::smem_plan({128, 128, 2, true, Schedule::kStaticPersistent, true}, 128, 2, 2).q_stages, 1);
+  EXPECT_EQ(sm90::smem_plan({64, 128, 3, false, Schedule::kSplitKv, false}, 128, 2, 2).q_stages, 1);
   EXPECT_EQ(plan.swap_p_offset, plan.v_offset + 3 * plan.v_tile_bytes);
   EXPECT_EQ(plan.swap_p_offset % 1024, 0);
   EXPECT_EQ(plan.swap_red_offset, plan.swap_p_offset + 8 * 128 * 2);

@@ -108,7 +108,8 @@ struct KernelConfig {
   static constexpr int kOutChunkBytes = kPlan.out_chunk_bytes;
   static constexpr int kOutBytes = kPlan.out_bytes;
 
-  static constexpr int kSmemQOffset = kPlan.q_offset;
+  static constexpr int kSmemQOffset = kPlan.q_offset;  // Q stage s: + s * kQBytes
+  static constexpr int kQStages = kPlan.q_stages;
   static constexpr int kSmemKOffset = kPlan.k_offset;
   static constexpr int kSmemVOffset = kPlan.v_offset;
   static constexpr int kSmemKVEnd = kPlan.kv_end;
@@ -130,6 +131,7 @@ struct KernelConfig {
   static_assert(!kInt8QK || (kBlockN % 64 == 0 && kVElemBytes == 2), "int8 Q K^T: one K scale per 64 keys, 16-bit V");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");
+  static_assert(kQStages == 1 || kSwapAB, "a Q ring only on the transposed decode rows (no O staged in Q)");
   static_assert((kBlockM % 64 == 0 || kSwapAB) && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
                 "one 64-row slice per consumer warpgroup, at most 3 (or one transposed 8-row decode tile)");
   static_assert(!kSwapAB || (kElemBytes == 2 && kBlockN % 64 == 0 && !kPingPong && kHeadDim % 64 == 0),

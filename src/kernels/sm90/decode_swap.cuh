@@ -93,7 +93,7 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
   }
   uint8_t* pt = const_cast<uint8_t*>(smem) + Cfg::kSmemSwapPOffset;
   float* red = reinterpret_cast<float*>(const_cast<uint8_t*>(smem) + Cfg::kSmemSwapRedOffset);
-  const SmemDesc q_desc(make_smem_desc_sw128(smem + Cfg::kSmemQOffset, 16, 1024));
+  const SmemDesc q_desc(make_smem_desc_sw128(smem + Cfg::kSmemQOffset + pipes.q.stage * Cfg::kQBytes, 16, 1024));
   const SmemDesc pt_desc(make_smem_desc_sw128(pt, 16, 1024));
   const SmemDesc k0(make_smem_desc_sw128(smem + Cfg::kSmemKOffset, 16, 1024));
   // V as loaded (key rows in 64-column chunks) is V^T M-major: the chunk is the m64 tile, 8 key rows the stride.

@@ -80,7 +80,7 @@ inline constexpr int kPSteps = Cfg::kPSteps;
 // The consumers' positions in the Q, K and V pipelines; they persist across the tiles of a persistent CTA.
 template <class Cfg>
 struct ConsumerPipes {
-  PipelineState<1> q;
+  PipelineState<Cfg::kQStages> q;
   PipelineState<Cfg::kStages> k, v;
 };
 
@@ -153,13 +153,13 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
   wgmma_commit_group();
 }
 
-// The shared-memory descriptors of the consumer's GEMM operands, built once per tile: a warpgroup's Q slice, and
-// the K and V tiles of stage 0, which a stage moves by whole tiles.
+// The shared-memory descriptors of the consumer's GEMM operands, built once per tile: a warpgroup's Q slice in the
+// tile's Q stage, and the K and V tiles of stage 0, which a stage moves by whole tiles.
 template <class Cfg>
 struct OperandDescs {
   SmemDesc q, k0, v0;
-  __device__ __forceinline__ OperandDescs(const uint8_t* smem, int warpgroup)
-      : q(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemQOffset +
+  __device__ __forceinline__ OperandDescs(const uint8_t* smem, int warpgroup, int q_stage)
+      : q(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemQOffset + q_stage * Cfg::kQBytes +
                                                   warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes)),
         k0(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemKOffset)),
         v0(Cfg::kVLayout == VLayout::kKeyMajor ? make_smem_desc_sw128(smem + Cfg::kSmemVOffset, Cfg::kVChunkBytes, 1024)
@@ -255,7 +255,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   const int warp_in_wg = (threadIdx.x / 32) % 4;
   const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
                        warp_in_wg * 16 + lane / 4;
-  const OperandDescs<Cfg> desc(smem, warpgroup);
+  const OperandDescs<Cfg> desc(smem, warpgroup, pipes.q.stage);
   // 8-bit V transposed by the producer warps: wait for their transpose rather than for the load (pipeline.cuh).
   const bool v_by_producer = v_transposed_by_producer<Cfg>(p);
   auto v_tile = [&](int stage) { return smem + Cfg::kSmemVOffset + stage * Cfg::kVTileBytes; };

@@ -92,7 +92,7 @@ inline constexpr int kTransposeWarps = 3;
 template <class Cfg>
 struct SharedBarriers {
   static constexpr int kTileStages = 2;  // tile ids published ahead by the dynamic scheduler
-  Pipeline<1> q;                         // the Q tile (released after its last read, see config.h)
+  Pipeline<Cfg::kQStages> q;             // the Q tiles (each released after its last read, see config.h)
   Pipeline<Cfg::kStages> k;
   Pipeline<Cfg::kStages> v;
   Pipeline<kTileStages> tile;

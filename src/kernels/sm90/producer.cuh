@@ -132,7 +132,7 @@ __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtenso
 
 template <class Cfg>
 struct Producer {
-  PipelineState<1> q_state{};
+  RingPosition<Cfg::kQStages, Cfg::kCountedRings> q_pos{};
   RingPosition<Cfg::kStages, Cfg::kCountedRings> kv_pos{};  // config.h kCountedRings
   PipelineCount<2> page_pos{};                                // paged K/V: the table warp's chunk ring
 
@@ -175,9 +175,10 @@ struct Producer {
     }
   }
 
-  // One tile's loads: Q (once the consumers released the previous tile's Q/staging buffer), then K and V for
-  // every visible key block, last block first. Every tile takes the Q stage, on both sides: a tile with no key
-  // blocks (all rows masked) commits it without a load, and its consumers may stage their zero O there.
+  // One tile's loads: Q (once its stage of the Q ring is free: the consumers release a stage after their last read
+  // of its Q, or after the O staged there is stored), then K and V for every visible key block, last block first.
+  // Every tile takes a Q stage, on both sides: a tile with no key blocks (all rows masked) commits it without a
+  // load, and its consumers may stage their zero O there.
   __device__ __forceinline__ void load_tile(const FwdParams& p, const Tile& tile, uint8_t* smem,
                                             SharedBarriers<Cfg>& bars) {
     // A paged cache without a table warp: the first block's pages are read before the wait for the Q stage.
@@ -187,10 +188,11 @@ struct Producer {
         first_pages = block_pages(p, tile, (tile.keys.end - 1) * Cfg::kBlockN, Cfg::kBlockN);
       }
     }
+    const auto q_state = q_pos.state();
     bars.q.acquire(q_state);
     if (tile.keys.count() == 0) {
       bars.q.commit(q_state);
-      q_state.advance();
+      q_pos.advance();
       return;
     }
     const int kv_head = tile.head / p.head_ratio;
@@ -198,9 +200,9 @@ struct Producer {
     const int q_batch = kServingLayouts<Cfg> && p.cu_seqlens_q != nullptr ? 0 : tile.batch;
     const int kv_batch = kServingLayouts<Cfg> && p.cu_seqlens_k != nullptr ? 0 : tile.batch;
     tma_load_tile<Cfg, Cfg::kQChunkBytes, Cfg::kBlockM, Cfg::kBlockM>(
-        &p.tma_q, smem + Cfg::kSmemQOffset, bars.q.commit_tx(q_state, Cfg::kQBytes),
+        &p.tma_q, smem + Cfg::kSmemQOffset + q_state.stage * Cfg::kQBytes, bars.q.commit_tx(q_state, Cfg::kQBytes),
         tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM, tile.head, q_batch);
-    q_state.advance();
+    q_pos.advance();
 
     if constexpr (kPagedLayout<Cfg>) {  // not on the dynamic schedule (scheduler.cuh)
       if (p.block_table != nullptr) {

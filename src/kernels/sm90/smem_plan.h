@@ -63,6 +63,12 @@ struct SmemPlan {
   // transposed, the same bytes per tile).
   int v_chunk_cols, v_chunks, v_chunk_bytes;
   int q_bytes, k_tile_bytes, v_tile_bytes, out_bytes;
+  // Q tiles in the Q ring (q_stages of q_bytes from q_offset): 2 on the transposed split-KV decode rows (16-bit, 8
+  // rows: 1-2 KB each), else 1. With one Q stage the producer, done with a part's loads, waited for the consumers to
+  // release that part's Q before it loaded the next part's Q and K/V, so the K/V ring drained at every part boundary
+  // (perf-notes v52: cutting tiles into more parts cost 2-4 us each). Their epilogue stages nothing in the Q tile. The
+  // prefill rows keep one: two there measured level (v50).
+  int q_stages;
   // Byte offsets from the 1024-byte aligned base.
   int q_offset, k_offset, v_offset, kv_end;
   // A transposed decode row (swaps_gemms): P^T (8 rows x block_n, 128B-swizzled 64-key chunks) and the softmax's
@@ -102,8 +108,14 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.v_tile_bytes = p.v_chunk_bytes * p.v_chunks;
   p.out_bytes = p.out_chunk_bytes * p.out_chunks;
 
+  const int kv_bytes = shape.stages * (p.k_tile_bytes + p.v_tile_bytes);
+  const int swap_bytes = kSwapRows * shape.block_n * elem_bytes + 1024;  // swaps_gemms: P^T and the exchange below
+  p.q_stages = swaps_gemms(shape) && elem_bytes == 2 &&
+                       2 * p.q_bytes + kv_bytes + swap_bytes + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes
+                   ? 2
+                   : 1;
   p.q_offset = 0;
-  p.k_offset = p.q_offset + p.q_bytes;
+  p.k_offset = p.q_offset + p.q_stages * p.q_bytes;
   p.v_offset = p.k_offset + shape.stages * p.k_tile_bytes;
   p.kv_end = p.v_offset + shape.stages * p.v_tile_bytes;
   if (swaps_gemms(shape)) {
