@@ -38,8 +38,10 @@ def bf16(x):
     return x.to(torch.bfloat16).to(torch.float64)
 
 
-def quant_int(x, scale, qmax):
-    return torch.clamp(torch.round(x / scale), -qmax, qmax)
+def int8_by(x, dims):
+    """x rounded to int8 with one scale per slice (the slice's max |x| to 127) over `dims`, dequantized."""
+    scale = x.abs().amax(dims, keepdim=True).clamp_min(1e-30) / 127
+    return torch.clamp(torch.round(x / scale), -127, 127) * scale
 
 
 def hadamard(d, device):
@@ -56,14 +58,9 @@ def reference(q, k, v):
 
 def int8_qk(q, k):
     """Dequantized int8 Q (per token) and K (mean over keys removed, per 128-key block): scores as the kernel has."""
-    qs = q.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127
-    qq = quant_int(q, qs, 127) * qs
     kc = k - k.mean(-2, keepdim=True)  # softmax is invariant to a per-row shift: q . mean(k) drops out
     B, H, S, D = kc.shape
-    kb = kc.view(B, H, S // BLOCK, BLOCK, D)
-    ks = kb.abs().amax((-1, -2), keepdim=True).clamp_min(1e-30) / 127
-    kq = (quant_int(kb, ks, 127) * ks).view(B, H, S, D)
-    return qq, kq
+    return int8_by(q, -1), int8_by(kc.view(B, H, S // BLOCK, BLOCK, D), (-1, -2)).view(B, H, S, D)
 
 
 def online(qd, kd, v_blocks, p_round, row_sum_quantized, scale):
@@ -122,13 +119,10 @@ def recipe(name, q, k, v):
         p_round = e4m3_block
     elif name == "int8qk_u8p_s8v_blk":
         B, H, S, _ = vr.shape
-        vb = vr.view(B, H, S // BLOCK, BLOCK, D)
-        vs = vb.abs().amax(-2, keepdim=True).clamp_min(1e-30) / 127
-        vq = (quant_int(vb, vs, 127) * vs).view(B, H, S, D)
+        vq = int8_by(vr.view(B, H, S // BLOCK, BLOCK, D), -2).view(B, H, S, D)
         p_round = u8_block
     else:
-        vs = vr.abs().amax(-2, keepdim=True).clamp_min(1e-30) / 127  # per channel, over every key
-        vq = quant_int(vr, vs, 127) * vs
+        vq = int8_by(vr, -2)  # per channel, over every key
         p_round = u8_running if "u8run" in name else u8_block
     o = online(qd, kd, lambda j: vq[:, :, j * BLOCK:(j + 1) * BLOCK], p_round, True, scale)
     return o @ hm.T if rotate else o

@@ -108,9 +108,13 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.v_tile_bytes = p.v_chunk_bytes * p.v_chunks;
   p.out_bytes = p.out_chunk_bytes * p.out_chunks;
 
+  // A transposed decode row's scratch after the V ring: P^T, then the softmax's exchange (2 x 4 warps x 8 floats,
+  // and the sums, in 1024 bytes).
+  const bool swap = swaps_gemms(shape);
+  const int swap_p_bytes = swap ? kSwapRows * shape.block_n * elem_bytes : 0;
+  const int swap_bytes = swap ? swap_p_bytes + 1024 : 0;
   const int kv_bytes = shape.stages * (p.k_tile_bytes + p.v_tile_bytes);
-  const int swap_bytes = kSwapRows * shape.block_n * elem_bytes + 1024;  // swaps_gemms: P^T and the exchange below
-  p.q_stages = swaps_gemms(shape) && elem_bytes == 2 &&
+  p.q_stages = swap && elem_bytes == 2 &&
                        2 * p.q_bytes + kv_bytes + swap_bytes + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes
                    ? 2
                    : 1;
@@ -118,10 +122,10 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.k_offset = p.q_offset + p.q_stages * p.q_bytes;
   p.v_offset = p.k_offset + shape.stages * p.k_tile_bytes;
   p.kv_end = p.v_offset + shape.stages * p.v_tile_bytes;
-  if (swaps_gemms(shape)) {
-    p.swap_p_offset = p.kv_end;                                           // 1024-byte aligned
-    p.swap_red_offset = p.swap_p_offset + kSwapRows * shape.block_n * elem_bytes;
-    p.kv_end = p.swap_red_offset + 1024;                                  // 2 x 4 warps x 8 floats, and the sums
+  if (swap) {
+    p.swap_p_offset = p.kv_end;  // 1024-byte aligned
+    p.swap_red_offset = p.swap_p_offset + swap_p_bytes;
+    p.kv_end += swap_bytes;
   }
   // (8-bit inputs: O, in 16 bits, does not fit in the Q tile and always gets its own buffer.)
   p.separate_o = (p.persistent || p.out_bytes > p.q_bytes) && p.kv_end + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes;
