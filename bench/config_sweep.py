@@ -58,7 +58,12 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--tol", type=float, default=0.03, help="max |config - baseline| before a config is marked BAD")
     ap.add_argument("--lib", default=None)
+    ap.add_argument("--bh", default="", help="BATCH,HEADS for every cell instead of 16384/S, 2048/D (small grids: the "
+                    "wave quantization of sm90::wave_row)")
     args = ap.parse_args(argv)
+    bh = tuple(int(x) for x in args.bh.split(",")) if args.bh else None
+    if bh is not None and (len(bh) != 2 or min(bh) < 1):
+        ap.error(f"--bh takes BATCH,HEADS (positive), not {args.bh!r}")
 
     import torch
     import torch.nn.functional as F
@@ -96,7 +101,7 @@ def main(argv=None) -> int:
             if wanted:
                 configs = [c for c in configs if c in wanted]
             for S in (int(x) for x in args.seqlens.split(",")):
-                B, H = max(1, 16384 // S), max(1, 2048 // D)
+                B, H = bh if bh is not None else (max(1, 16384 // S), max(1, 2048 // D))
                 nsets = (2 * l2) // (4 * B * H * S * D * 2) + 1
                 gen = torch.Generator(device="cuda")
                 gen.manual_seed(1234 + S + D)

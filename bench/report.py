@@ -1084,16 +1084,22 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
         L.append("")
 
     if small:
+        # Every system measured in this run (FA3 and a --lib-b library included), then the anchor file's figures.
+        measured = [n for n in ("flashcore", "flashcore_b", "cudnn", "fa2", "fa3")
+                    if any(n in c["systems"] for c in small)]
+        labels = {"flashcore": "FlashCore", "flashcore_b": "FlashCore B", "cudnn": "cuDNN", "fa2": "FA2", "fa3": "FA3"}
         L.append("## Small shapes: kernel time per call (CUDA graph), microseconds\n")
-        L.append("| shape (B,H,S,D) | dtype | mask | FlashCore | cuDNN | FA2 | FA3 (anchor) | cuDNN (anchor) | FA2 (anchor) |")
-        L.append("|---|---|---|---|---|---|---|---|---|")
+        L.append("| shape (B,H,S,D) | dtype | mask | " + " | ".join(labels[n] for n in measured) +
+                 " | FlashCore / best other | FA3 (anchor) | cuDNN (anchor) | FA2 (anchor) |")
+        L.append("|---|---|---|" + "---|" * (len(measured) + 4))
         for c in small:
             a = anchors["small"].get((c["B"], c["H"], c["S"], c["D"], c["causal"]), {})
             us = {s: (r.get("median_ms") * 1e3 if r.get("median_ms") else None) for s, r in c["systems"].items()}
-            L.append(f"| {c['B']},{c['H']},{c['S']},{c['D']} | {c['dtype']} | {'causal' if c['causal'] else 'none'} | "
-                     f"{fmt(us.get('flashcore'), '{:.1f}')} | {fmt(us.get('cudnn'), '{:.1f}')} | "
-                     f"{fmt(us.get('fa2'), '{:.1f}')} | {fmt(a.get('fa3'), '{:.1f}')} | "
-                     f"{fmt(a.get('cudnn'), '{:.1f}')} | {fmt(a.get('fa2'), '{:.1f}')} |")
+            others = [us[n] for n in ("cudnn", "fa2", "fa3") if us.get(n)]
+            lead = min(others) / us["flashcore"] if others and us.get("flashcore") else None
+            L.append(f"| {c['B']},{c['H']},{c['S']},{c['D']} | {c['dtype']} | {'causal' if c['causal'] else 'none'} | " +
+                     " | ".join(fmt(us.get(n), '{:.1f}') for n in measured) + f" | {fmt(lead, '{:.2f}')} | "
+                     f"{fmt(a.get('fa3'), '{:.1f}')} | {fmt(a.get('cudnn'), '{:.1f}')} | {fmt(a.get('fa2'), '{:.1f}')} |")
         L.append("\n(anchor small shapes were measured in fp16.)\n")
 
     if serving_lines:

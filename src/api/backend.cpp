@@ -262,6 +262,7 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   if (out.sm90 == nullptr) {
     out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
   }
+  if (p.kernel_config == nullptr) out.sm90 = sm90::wave_row(p, device, out.sm90);
   if (out.sm90 == nullptr) return no_row_status(p);
   out.name = out.sm90->name;
   return FLASHCORE_SUCCESS;

@@ -118,6 +118,43 @@ TEST(KernelConfigs, WorkspaceSizeIsZeroForTheDefaultAndACounterForTheDynamicSche
   cudaFree(ws);
 }
 
+// sm90::wave_row: a d64 non-causal call whose 192-row tiles leave the last round of SMs mostly idle runs 128-row tiles
+// (2 x 8 heads x 2k: 176 tiles of 192 rows on 132 SMs take two rounds, as 256 tiles of 128 rows do), a large call keeps
+// its row; and the call it runs is correct.
+TEST(KernelConfigs, DispatchTakesSmallerTilesWhenTheLastRoundIsMostlyIdle) {
+  FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
+  const char* names[16];
+  int32_t count = 0;
+  ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP16, 64, 0, names, 16, &count), FLASHCORE_SUCCESS);
+  bool has_small = false;
+  for (int i = 0; i < count && i < 16; ++i) has_small = has_small || std::string(names[i]) == "128x128x3-pp-static";
+  if (!has_small) GTEST_SKIP() << "fp16 d64 128x128x3-pp-static not compiled in";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const auto rounds = [sms](int64_t tiles) { return (tiles + sms - 1) / sms; };
+  void* buf[4] = {};
+  const size_t bytes = size_t{16} * 32 * 2048 * 64 * 2;
+  for (void*& b : buf) ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
+  for (const int64_t batch_heads : {16, 512}) {  // 2 x 8 and 16 x 32 heads at 2k
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.q = buf[0], p.k = buf[1], p.v = buf[2], p.o = buf[3];
+    p.batch = batch_heads == 16 ? 2 : 16, p.num_heads_q = p.num_heads_kv = batch_heads == 16 ? 8 : 32;
+    p.seqlen_q = p.seqlen_k = 2048, p.head_dim = 64, p.dtype = FLASHCORE_DTYPE_FP16, p.causal = 0;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+    char name[128] = "";
+    ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+    const bool smaller = static_cast<double>(rounds(11 * batch_heads)) * 192 > 1.2 * rounds(16 * batch_heads) * 128;
+    EXPECT_EQ(std::string(name) == "128x128x3-pp-static", smaller) << batch_heads << " heads: " << name;
+  }
+  for (void* b : buf) cudaFree(b);
+  flashcore::check::Case c;
+  c.batch = 2, c.heads_q = c.heads_kv = 8, c.seqlen_q = c.seqlen_k = 2048, c.head_dim = 64;
+  c.dtype = FLASHCORE_DTYPE_FP16, c.causal = false, c.layout = flashcore::check::Layout::BSHD;
+  const flashcore::check::Result r = flashcore::check::run_case(c, 77, /*repeats=*/2);
+  EXPECT_TRUE(r.passed && r.deterministic) << flashcore::check::describe(c) << ": " << r.message;
+}
+
 TEST(KernelConfigs, UnknownConfigNameIsAClearError) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
   DeviceProblem d;

@@ -144,6 +144,34 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
   return first;
 }
 
+const KernelRow* wave_row(const flashcore_attention_params& p, int device, const KernelRow* chosen) {
+  // Only whole-tile non-causal rows of dense 16-bit calls: causal tiles differ in length (the dynamic schedule balances
+  // them), packed and split calls have rows of their own.
+  if (chosen == nullptr || chosen->causal || is_8bit(chosen->dtype) || p.cu_seqlens_q != nullptr ||
+      p.cu_seqlens_k != nullptr || chosen->shape.schedule == Schedule::kSplitKv) {
+    return chosen;
+  }
+  int sms = 0;
+  if (api::sm_count(device, sms) != cudaSuccess || sms <= 0) return chosen;
+  // Time ~ rounds of tiles an SM runs x the rows of a tile; a smaller tile's rows cost up to kSmallTileCost times more.
+  const auto cost = [&](const KernelRow& r, double row_cost) {
+    const int64_t tiles = kernels::ceil_div(p.seqlen_q, r.shape.block_m) * p.num_heads_q * p.batch;
+    return static_cast<double>(kernels::ceil_div(tiles, static_cast<int64_t>(sms))) * r.shape.block_m * row_cost;
+  };
+  const KernelRow* best = chosen;
+  double best_cost = cost(*chosen, 1.0);
+  for (const KernelRow* r : kRows) {
+    if (!same_key(*r, p) || r->shape.block_m >= chosen->shape.block_m || r->shape.packed ||
+        (r->shape.schedule != Schedule::kStaticPersistent && r->shape.schedule != Schedule::kOneTilePerCta) ||
+        (p.block_table != nullptr && !takes_paged(r->shape))) {
+      continue;
+    }
+    const double c = cost(*r, kSmallTileCost);
+    if (c < best_cost) best = r, best_cost = c;
+  }
+  return best;
+}
+
 bool needs_workspace(const KernelRow& row) {
   return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv ||
          is_8bit(row.dtype);

@@ -235,7 +235,6 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, const Tile& ti
         if (row[c] < seqlen_q) p.lse_partial[part * seqlen_q + row[c]] = lse[c];
       }
     }
-    cudaTriggerProgrammaticLaunchCompletion();  // (the combine kernel waits for the whole grid: combine.cuh)
   } else {
     char* o_rows = static_cast<char*>(p.o) + tile.batch * p.o_stride_batch_bytes + tile.head * p.o_stride_head_bytes;
 #pragma unroll

@@ -40,8 +40,6 @@ __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Ti
     }
     if (lane % 4 == 0) p.lse_partial[part * seqlen_q + row] = lse[i];
   }
-  // The combine kernel may now be scheduled (it waits for the whole grid before reading, combine.cuh).
-  cudaTriggerProgrammaticLaunchCompletion();
 }
 
 // The merge fused into the split kernel (p.split_counters; split_plan.h): after storing its partials, a split counts

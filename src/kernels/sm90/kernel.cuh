@@ -30,18 +30,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
   auto& bars = *reinterpret_cast<SharedBarriers<Cfg>*>(smem + Cfg::kSmemBarrierOffset);
   static_assert(sizeof(SharedBarriers<Cfg>) <= Cfg::kSmemBarrierBytes, "barriers overflow their shared memory");
 
-  // Programmatic dependent launch (the host's launch attribute, backend.cpp): this grid may start while the stream's
-  // previous kernel finishes (once its CTAs have triggered, e.g. a split kernel's after storing its partials). Nothing
-  // here reads or writes global memory before that kernel has completed and its writes are visible.
+  // Programmatic dependent launch (the host's launch attribute, backend.cpp): this grid's CTAs may be placed while
+  // the stream's previous kernel finishes, once every CTA of that kernel has triggered (below). The barriers live in
+  // shared memory, so they are set up before the wait; nothing reads or writes global memory before the previous
+  // kernel has completed and its writes are visible.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (threadIdx.x == 0) bars.init();
   cudaGridDependencySynchronize();
+  // And the next kernel's CTAs may be placed as soon as every CTA of this grid runs: on the SMs this grid leaves idle
+  // or has finished with. Its own wait still holds it until this grid has completed and its writes are visible.
+  cudaTriggerProgrammaticLaunchCompletion();
   // A packed (varlen) batch's grid covers its longest sequence for every sequence (tile.cuh), so many CTAs of a
   // one-tile-per-CTA launch hold a query block past their own sequence's end: nothing to load, compute or store. They
-  // leave before any set-up (perf-notes v28).
+  // leave before the rest of the set-up (perf-notes v28).
   if constexpr (Cfg::kSchedule == Schedule::kOneTilePerCta && kServingLayouts<Cfg>) {
     if (static_cast<int>(blockIdx.x) < p.num_tiles && !tile_has_rows<Cfg>(p, static_cast<int>(blockIdx.x))) return;
   }
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  if (threadIdx.x == 0) bars.init();
   __syncthreads();
 
   TileScheduler<Cfg> sched{bars};

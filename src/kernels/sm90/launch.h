@@ -69,6 +69,14 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
 // grid the hardware balances over sequences of different lengths; nullptr for dense queries or when none is compiled.
 const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_given);
 
+// Wave quantization (non-causal dense 16-bit calls on a whole-tile row): a call whose tiles leave the last round of
+// the SMs mostly idle (2 x 8 heads x 2k at d64: 176 tiles of 192 rows on 132 SMs, two rounds) runs a compiled row of
+// the same key with fewer rows per tile when rounds x rows, with kSmallTileCost on the smaller tile's rows, is lower
+// (256 tiles of 128 rows: also two rounds, of two thirds the rows). `chosen` otherwise. kSmallTileCost: the 128-row
+// d64 row's time per row over the 192-row rows' on full grids (1.2 on the H200: docs/perf-notes.md v53).
+inline constexpr double kSmallTileCost = 1.2;
+const KernelRow* wave_row(const flashcore_attention_params& p, int device, const KernelRow* chosen);
+
 // Whether the row needs a workspace at all (the dynamic scheduler's counter, split-KV partials).
 bool needs_workspace(const KernelRow& row);
 
