@@ -1090,8 +1090,8 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
         labels = {"flashcore": "FlashCore", "flashcore_b": "FlashCore B", "cudnn": "cuDNN", "fa2": "FA2", "fa3": "FA3"}
         L.append("## Small shapes: kernel time per call (CUDA graph), microseconds\n")
         L.append("| shape (B,H,S,D) | dtype | mask | " + " | ".join(labels[n] for n in measured) +
-                 " | FlashCore / best other | FA3 (anchor) | cuDNN (anchor) | FA2 (anchor) |")
-        L.append("|---|---|---|" + "---|" * (len(measured) + 4))
+                 " | FlashCore / best other | FA3 (anchor) | cuDNN (anchor) | FA2 (anchor) | FC config |")
+        L.append("|---|---|---|" + "---|" * (len(measured) + 5))
         for c in small:
             a = anchors["small"].get((c["B"], c["H"], c["S"], c["D"], c["causal"]), {})
             us = {s: (r.get("median_ms") * 1e3 if r.get("median_ms") else None) for s, r in c["systems"].items()}
@@ -1099,7 +1099,8 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
             lead = min(others) / us["flashcore"] if others and us.get("flashcore") else None
             L.append(f"| {c['B']},{c['H']},{c['S']},{c['D']} | {c['dtype']} | {'causal' if c['causal'] else 'none'} | " +
                      " | ".join(fmt(us.get(n), '{:.1f}') for n in measured) + f" | {fmt(lead, '{:.2f}')} | "
-                     f"{fmt(a.get('fa3'), '{:.1f}')} | {fmt(a.get('cudnn'), '{:.1f}')} | {fmt(a.get('fa2'), '{:.1f}')} |")
+                     f"{fmt(a.get('fa3'), '{:.1f}')} | {fmt(a.get('cudnn'), '{:.1f}')} | {fmt(a.get('fa2'), '{:.1f}')} | "
+                     f"{c['systems'].get('flashcore', {}).get('config') or '—'} |")
         L.append("\n(anchor small shapes were measured in fp16.)\n")
 
     if serving_lines:

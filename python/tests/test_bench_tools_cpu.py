@@ -140,11 +140,11 @@ def test_report_small_shapes_show_every_system_of_the_run(tmp_path):
             "method": "-", "elapsed_s": 0, "date": "-", "dtypes": ["fp16"], "systems": ["flashcore", "cudnn", "fa3"],
             "interleave": False}
     small = [{"tag": "long", "B": 2, "H": 8, "S": 2048, "D": 64, "causal": False, "dtype": "fp16",
-              "systems": {"flashcore": {"median_ms": 0.040}, "cudnn": {"median_ms": 0.042},
+              "systems": {"flashcore": {"median_ms": 0.040, "config": "128x128x3-pp-static"}, "cudnn": {"median_ms": 0.042},
                           "fa3": {"median_ms": 0.050}}}]
     path = tmp_path / "report.md"
     cells = [cell(128, True, 8192, {"flashcore": 600.0, "cudnn": 560.0, "fa3": 640.0})]  # both tables in one report
     report.write_markdown(str(path), meta, cells, small, {"grid": {}, "small": {}, "path": None, "machine": None}, [])
     text = path.read_text()
     assert "| FlashCore | cuDNN | FA3 | FlashCore / best other |" in text
-    assert "| 2,8,2048,64 | fp16 | none | 40.0 | 42.0 | 50.0 | 1.05 |" in text
+    assert "| 2,8,2048,64 | fp16 | none | 40.0 | 42.0 | 50.0 | 1.05 | — | — | — | 128x128x3-pp-static |" in text
