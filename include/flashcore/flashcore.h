@@ -253,7 +253,11 @@ FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashco
 FLASHCORE_API flashcore_status flashcore_attention_validate(const flashcore_attention_params* params);
 
 /* Run the forward pass, enqueued on `stream`. Asynchronous: returns once the kernel is launched.
- * On any error nothing is written to O or LSE and the reason is in flashcore_last_error(). */
+ * On any error nothing is written to O or LSE and the reason is in flashcore_last_error().
+ * On Hopper the forward takes part in programmatic dependent launch: it may start while the stream's previous kernel
+ * finishes (it waits for that kernel before touching memory), and a next kernel launched with the PDL attribute may
+ * start while it runs, so that kernel must call cudaGridDependencySynchronize before reading O or LSE (as CUDA
+ * requires of every PDL launch; kernels launched without the attribute are ordered as usual). */
 FLASHCORE_API flashcore_status flashcore_attention_forward(const flashcore_attention_params* params,
                                                            flashcore_stream_t stream);
 
