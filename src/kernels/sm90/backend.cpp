@@ -95,10 +95,14 @@ bool same_key(const KernelRow& r, const flashcore_attention_params& p) {
          r.causal == (p.causal != 0);
 }
 
+// Query tiles of the call on the row: (batch, head, block of block_m query rows).
+int64_t query_tiles(const KernelRow& row, const flashcore_attention_params& p) {
+  return kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
+}
+
 // The split of a kSplitKv row's launch for these params (split_plan.h).
 SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
-  const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
-  return split_plan(tiles, kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
+  return split_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
                     p.seqlen_q, static_cast<int>(p.head_dim), p.num_splits);
 }
 }  // namespace
@@ -155,8 +159,8 @@ const KernelRow* wave_row(const flashcore_attention_params& p, int device, const
   if (api::sm_count(device, sms) != cudaSuccess || sms <= 0) return chosen;
   // Time ~ rounds of tiles an SM runs x the rows of a tile; a smaller tile's rows cost up to kSmallTileCost times more.
   const auto cost = [&](const KernelRow& r, double row_cost) {
-    const int64_t tiles = kernels::ceil_div(p.seqlen_q, r.shape.block_m) * p.num_heads_q * p.batch;
-    return static_cast<double>(kernels::ceil_div(tiles, static_cast<int64_t>(sms))) * r.shape.block_m * row_cost;
+    const int64_t rounds = kernels::ceil_div(query_tiles(r, p), static_cast<int64_t>(sms));
+    return static_cast<double>(rounds) * r.shape.block_m * row_cost;
   };
   const KernelRow* best = chosen;
   double best_cost = cost(*chosen, 1.0);
