@@ -49,6 +49,21 @@ QUICK_S = [1024, 4096]
 # The small shapes of the anchor file (CUDA graph of 20 calls, microseconds per call).
 SMALL_SHAPES = [("mission", 1, 8, 512, 64), ("small", 2, 8, 512, 64), ("long", 2, 8, 2048, 64),
                 ("medium", 4, 16, 1024, 64), ("hd128", 2, 8, 512, 128), ("large", 8, 16, 2048, 64)]
+
+
+def small_shapes(spec: Optional[str]):
+    """The small-shape table's (tag, B, H, S, D): the anchor file's, or --small-shapes "B,H,S,D;..." (tag "custom")."""
+    if not spec:
+        return SMALL_SHAPES
+    shapes = []
+    for item in spec.split(";"):
+        dims = [int(x) for x in item.split(",")]
+        if len(dims) != 4 or min(dims) <= 0:
+            raise SystemExit(f"report.py: --small-shapes wants B,H,S,D with positive sizes, got {item!r}")
+        shapes.append(("custom", *dims))
+    return shapes
+
+
 # --serving: bench/serving.py's tables (imported only then: it needs PyTorch and the flashcore package).
 SERVING_TABLES = ("decode", "varlen")
 # Decode columns (serving.DECODE_SYSTEMS keys, in its order): header, (color, hatch) of the bar chart. "FlashCore" is
@@ -1265,6 +1280,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-small", dest="small", action="store_false",
                     help="skip the small-shape CUDA-graph table")
     ap.add_argument("--graph-calls", type=int, default=20, help="calls per CUDA graph (small shapes)")
+    ap.add_argument("--small-shapes", default=None,
+                    help="the small-shape table's shapes instead of the anchor file's: B,H,S,D[;B,H,S,D...] "
+                         "(e.g. to time a dispatch rule's cells with every system, graph-timed)")
     ap.add_argument("--timing", choices=["graph", "eager"], default="graph",
                     help="grid and FP8 cells: graph (default) times CUDA-graph replays of --grid-graph-calls calls, "
                          "so that no system's host time per call counts; eager times back-to-back calls with CUDA "
@@ -1398,7 +1416,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parts.append(f"fc_err={cell['flashcore_max_err']:.1e}")
             log("    " + " ".join(parts))
         if args.small:
-            for tag, B, H, S, D in SMALL_SHAPES:
+            for tag, B, H, S, D in small_shapes(args.small_shapes):
                 for causal in (False, True):
                     log(f"[small] {tag} {B},{H},{S},{D} causal={int(causal)} (graph of {args.graph_calls})")
                     cell = runner.run_cell(B, H, S, D, "fp16", causal, graph=True, seed=1000 + len(small))
