@@ -157,7 +157,9 @@ typedef struct flashcore_attention_params {
   int32_t num_splits;          /* split-KV parts for decode-shaped calls (at most 64 query rows per KV head after
                                   GQA packing, a workspace given): 0 the library's choice (split_plan: full waves),
                                   1 never split, n > 1 at most n parts (fewer when there are fewer key blocks).
-                                  Not with cu_seqlens_q [0] */
+                                  Since 0.3, dense non-causal 16-bit calls with fewer query tiles than half the SMs
+                                  and long key ranges (a workspace given) may also run with their key ranges cut
+                                  over the idle SMs: 0 lets the library do so, 1 never. Not with cu_seqlens_q [0] */
   uint32_t flags;              /* FLASHCORE_FLAG_* bits [0] */
   /* Append to a KV cache in the same call: the seqlen_new new rows of K and V (per sequence, all KV heads) are
    * written into the cache (K and V, dense or paged, are then written to!) at key positions

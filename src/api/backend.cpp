@@ -258,11 +258,18 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
                                 (packed && !sm90::takes_packed(out.sm90->shape)))) {
       out.sm90 = nullptr;
     }
+    // A tuned prefill split row only with the workspace its partials need (else the default runs).
+    int sms = 0;
+    if (out.sm90 != nullptr && sm90::splits_last_round(out.sm90->shape) &&
+        (api::sm_count(device, sms) != cudaSuccess ||
+         sm90::workspace_bytes(*out.sm90, p, device, sms) > workspace_capacity)) {
+      out.sm90 = nullptr;
+    }
   }
   if (out.sm90 == nullptr) {
     out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
   }
-  if (p.kernel_config == nullptr) out.sm90 = sm90::wave_row(p, device, out.sm90);
+  if (p.kernel_config == nullptr) out.sm90 = sm90::wave_row(p, device, out.sm90, workspace_capacity);
   if (out.sm90 == nullptr) return no_row_status(p);
   out.name = out.sm90->name;
   return FLASHCORE_SUCCESS;

@@ -1,11 +1,16 @@
-// Split-KV planning (src/kernels/sm90/split_plan.h): the split count and the workspace layout.
+// Split-KV planning (src/kernels/sm90/split_plan.h): the split count and the workspace layout; the prefill rows'
+// last-round split and its index space (kernels/common/tile_math.h last_round_part).
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "kernels/sm90/split_plan.h"
 #include "kernels/sm90/tile_shape.h"
 
 namespace {
 
+using flashcore::sm90::last_round_plan;
 using flashcore::sm90::paged_box_rows;
 using flashcore::sm90::split_plan;
 
@@ -76,6 +81,76 @@ TEST(SplitPlan, PagedSlicesGoInBoxesThatDivideThem) {
       EXPECT_EQ(slice % b, 0) << box << " " << slice;
       EXPECT_EQ(b % 8, 0) << box << " " << slice;  // whole 8-row swizzle atoms
     }
+  }
+}
+
+// The prefill split rows' plan: 2 x 8 heads x 2k at d64 (176 tiles of 192 rows, 16 key blocks each) on 132 SMs: 132
+// whole tiles, then the other 44 in 3 parts of 6, 6 and 4 blocks, one part per CTA.
+TEST(SplitPlan, LastRoundSplitOfAPrefillCall) {
+  auto p = last_round_plan(/*tiles=*/176, /*key_blocks=*/16, /*sms=*/132, /*block_m=*/192, /*head_dim=*/64);
+  ASSERT_TRUE(p.last_round);
+  EXPECT_EQ(p.whole, 132);
+  EXPECT_EQ(p.splits, 3);
+  EXPECT_EQ(p.blocks_per_split, 6);
+  EXPECT_EQ(p.total, 132 + 44 * 3);
+  EXPECT_TRUE(p.fused_merge);
+  // Workspace: a slot of 192 rows per part, fp32 O then LSE, 256-byte aligned after the zero header.
+  const size_t rows = 44u * 3u * 192u;
+  EXPECT_EQ(p.o_offset, 256u);
+  EXPECT_GE(p.lse_offset, p.o_offset + rows * 64 * sizeof(float));
+  EXPECT_EQ(p.lse_offset % 256, 0u);
+  EXPECT_GE(p.bytes, p.lse_offset + rows * sizeof(float));
+  // Whole rounds and nothing left, or more remaining tiles than parts: no cut, no merge.
+  for (int64_t tiles : {264, 250}) {
+    p = last_round_plan(tiles, 16, 132, 192, 64);
+    ASSERT_TRUE(p.last_round);
+    EXPECT_EQ(p.splits, 1);
+    EXPECT_EQ(p.total, tiles);
+    EXPECT_FALSE(p.fused_merge);
+  }
+  // At most one part per key block.
+  EXPECT_EQ(last_round_plan(24, 4, 132, 192, 64).splits, 4);
+  // A counter byte per remaining tile: not on more SMs than the header has bytes for.
+  EXPECT_FALSE(last_round_plan(176, 16, 300, 192, 64).last_round);
+}
+
+// The index space (tile_math.h last_round_part, as the sm90 scheduler walks it round-robin over min(total, sms) CTAs):
+// every (tile, key block) pair once, whole tiles in the first rounds, each CTA at most one part and only after its
+// whole tiles, a tile's parts consecutive from slot part0.
+TEST(SplitPlan, LastRoundPartsCoverEveryBlockOnce) {
+  using namespace flashcore::kernels;
+  const struct { int64_t tiles, blocks; int sms; } cases[] = {
+      {176, 16, 132}, {1024, 16, 132}, {128, 512, 132}, {512, 128, 132}, {264, 32, 132}, {133, 48, 132},
+      {7, 1000, 132}, {1, 10000, 132}, {135, 100, 132}, {5, 70, 7},     {240, 49, 132}, {2000, 8, 114},
+      {1, 1, 132},    {3, 2, 132},     {140, 1, 132},   {24, 4, 132},    {44, 7, 132},   {33, 9, 132}};
+  for (const auto& c : cases) {
+    const auto plan = last_round_plan(c.tiles, c.blocks, c.sms, 192, 64);
+    ASSERT_TRUE(plan.last_round) << c.tiles << " x " << c.blocks;
+    ASSERT_LE(plan.total - plan.whole, c.sms);
+    const int grid = static_cast<int>(std::min<int64_t>(plan.total, c.sms));
+    std::vector<int> seen(static_cast<size_t>(c.tiles * c.blocks), 0);
+    for (int cta = 0; cta < grid; ++cta) {
+      int parts = 0;
+      for (int t = cta; t < plan.total; t += grid) {
+        const LastRoundPart part = last_round_part(static_cast<int>(plan.whole), plan.splits, t);
+        ASSERT_LT(part.tile, c.tiles);
+        int begin = 0, end = static_cast<int>(c.blocks);
+        if (part.unit >= 0) {
+          EXPECT_EQ(parts, 0) << "one part per CTA";
+          ++parts;
+          EXPECT_GE(part.tile, plan.whole);
+          EXPECT_EQ(part.unit, t - plan.whole);
+          begin = part.split * plan.blocks_per_split;
+          end = std::min(end, begin + plan.blocks_per_split);
+        } else {
+          EXPECT_LT(part.tile, plan.whole);
+          EXPECT_EQ(parts, 0) << "whole tiles first";
+        }
+        if (part.unit >= 0) EXPECT_LT(begin, end) << "no empty part";
+        for (int b = begin; b < end; ++b) ++seen[static_cast<size_t>(part.tile * c.blocks + b)];
+      }
+    }
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << c.tiles << " x " << c.blocks << ": pair " << i;
   }
 }
 

@@ -53,10 +53,19 @@ inline flashcore_status kernel_configs(flashcore_dtype dt, int hd, bool causal, 
 // warpgroups (192-row tiles) or is a row's packed flavour (name suffix "-packed"; sm90/smem_plan.h takes_packed),
 // with a message that says why. True when `config` is either (the caller skips it).
 inline bool not_a_serving_config(const std::string& config) { return config.find("faulty") != std::string::npos; }
-inline bool refused_as_dynamic(const std::string& config, const check::Result& r, bool paged) {
-  if (config.find("dynamic") == std::string::npos) return false;
+// Rows without a serving layout's path (sm90 smem_plan.h takes_packed / takes_paged), which refuse such calls with a
+// clear error (checked here): the dynamic rows (no paged path; a packed one only as a 192-row row or a packed flavour)
+// and the prefill split-KV rows ("-split" with more than 64 query rows: dense calls only).
+inline bool prefill_split_config(const std::string& config) {
+  const size_t x = config.find('x');
+  return config.size() > 6 && config.compare(config.size() - 6, 6, "-split") == 0 && x != std::string::npos &&
+         std::stoi(config.substr(0, x)) > 64;
+}
+inline bool refused_for_layout(const std::string& config, const check::Result& r, bool paged) {
+  const bool split = prefill_split_config(config);
+  if (!split && config.find("dynamic") == std::string::npos) return false;
   const bool packed_flavour = config.size() > 7 && config.compare(config.size() - 7, 7, "-packed") == 0;
-  if (!paged && (config.rfind("192x", 0) == 0 || packed_flavour)) return false;  // must run the packed call
+  if (!split && !paged && (config.rfind("192x", 0) == 0 || packed_flavour)) return false;  // must run the packed call
   EXPECT_FALSE(r.passed) << config;
   const char* why = paged ? "has no paged path" : "has no packed (varlen) path";
   EXPECT_NE(r.message.find(why), std::string::npos) << config << ": " << r.message;

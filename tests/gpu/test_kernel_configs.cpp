@@ -155,6 +155,86 @@ TEST(KernelConfigs, DispatchTakesSmallerTilesWhenTheLastRoundIsMostlyIdle) {
   EXPECT_TRUE(r.passed && r.deterministic) << flashcore::check::describe(c) << ": " << r.message;
 }
 
+// sm90::wave_row with a workspace: a call of fewer tiles than half the SMs against 16 key blocks or more (1 x 4 heads x
+// 2k at d64: 44 tiles of 192 rows) runs the prefill split row, whose workspace the library reports; a smaller
+// workspace, num_splits = 1, a short key range (1 x 8 heads x 512) or a round of whole tiles (2 x 8 heads x 2k) keeps
+// whole tiles.
+// Cut calls of every kind (whole rounds then parts, odd lengths, Sq != Sk, one query row, GQA, LSE), the config
+// named, match the float64 reference, bit-exactly on reruns (the merge does not depend on which part ends last).
+TEST(KernelConfigs, DispatchCutsKeyRangesOfCallsThatLeaveMostSmsIdle) {
+  FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
+  const char* names[16];
+  int32_t count = 0;
+  ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP16, 64, 0, names, 16, &count), FLASHCORE_SUCCESS);
+  bool has_split = false;
+  for (int i = 0; i < count && i < 16; ++i) has_split = has_split || std::string(names[i]) == "192x128x3-pp-split";
+  if (!has_split) GTEST_SKIP() << "fp16 d64 192x128x3-pp-split not compiled in";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  if (sms < 90 || sms > 240) GTEST_SKIP() << "the selections below assume 90 to 240 SMs; this GPU has " << sms;
+  void* buf[4] = {};
+  const size_t bytes = size_t{2} * 8 * 2048 * 64 * 2;
+  for (void*& b : buf) ASSERT_EQ(cudaMalloc(&b, bytes), cudaSuccess);
+  const struct { int64_t b, h, s; bool split; } calls[] = {{1, 4, 2048, true}, {2, 8, 2048, false}, {1, 8, 512, false}};
+  for (const auto& call : calls) {
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.q = buf[0], p.k = buf[1], p.v = buf[2], p.o = buf[3];
+    p.batch = call.b, p.num_heads_q = p.num_heads_kv = call.h;
+    p.seqlen_q = p.seqlen_k = call.s, p.head_dim = 64, p.dtype = FLASHCORE_DTYPE_FP16, p.causal = 0;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
+    uint64_t ws_bytes = 0;
+    ASSERT_EQ(flashcore_attention_workspace_size(&p, &ws_bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
+    void* ws = nullptr;
+    ASSERT_EQ(cudaMalloc(&ws, ws_bytes > 0 ? ws_bytes : 1), cudaSuccess);
+    p.workspace = ws, p.workspace_size = ws_bytes;
+    char name[128] = "";
+    ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS) << flashcore_last_error();
+    EXPECT_EQ(std::string(name) == "192x128x3-pp-split", call.split) << call.b << " x " << call.h << " x " << call.s
+                                                                     << ": " << name;
+    if (call.split) {
+      EXPECT_GT(ws_bytes, 44u * 2 * 192 * 64 * 4);  // a 192-row fp32 partial per part: 44 tiles x 2 or more
+      p.workspace_size = ws_bytes - 256;
+      ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS)
+          << flashcore_last_error();
+      EXPECT_STRNE(name, "192x128x3-pp-split") << "a workspace smaller than the partials keeps whole tiles";
+      p.workspace_size = ws_bytes, p.num_splits = 1;
+      ASSERT_EQ(flashcore_attention_selected_config(&p, name, sizeof name), FLASHCORE_SUCCESS)
+          << flashcore_last_error();
+      EXPECT_STRNE(name, "192x128x3-pp-split") << "num_splits = 1: no split";
+    }
+    cudaFree(ws);
+  }
+  for (void* b : buf) cudaFree(b);
+  const struct { int64_t b, hq, hkv, sq, sk; bool lse; } shapes[] = {
+      {2, 8, 8, 2048, 2048, false}, {2, 8, 2, 2048, 2048, true}, {2, 8, 8, 1999, 1999, true},
+      {2, 8, 4, 2048, 1000, false}, {2, 9, 3, 2000, 3001, true}, {1, 8, 8, 4097, 4097, false},
+      {1, 8, 8, 1, 4096, true}};
+  int runs = 0;
+  const struct { int head_dim; const char* config; } rows[] = {{64, "192x128x3-pp-split"}, {128, "128x128x2-pp-split"}};
+  for (const auto& row : rows) {
+    for (const auto& s : shapes) {
+      flashcore::check::Case c;
+      c.batch = s.b, c.heads_q = s.hq, c.heads_kv = s.hkv, c.seqlen_q = s.sq, c.seqlen_k = s.sk;
+      c.head_dim = row.head_dim, c.dtype = runs % 2 == 0 ? FLASHCORE_DTYPE_FP16 : FLASHCORE_DTYPE_BF16;
+      c.causal = false, c.layout = flashcore::check::Layout::BSHD, c.with_lse = s.lse;
+      c.kernel_config = row.config;
+      bool compiled = false;
+      int32_t n = 0;
+      const char* listed[32];
+      if (flashcore_list_kernel_configs(c.dtype, c.head_dim, 0, listed, 32, &n) == FLASHCORE_SUCCESS) {
+        for (int i = 0; i < n && i < 32; ++i) compiled = compiled || std::string(listed[i]) == row.config;
+      }
+      if (!compiled) continue;
+      const flashcore::check::Result r = flashcore::check::run_case(c, 4242 + runs, /*repeats=*/3);
+      EXPECT_TRUE(r.passed && r.deterministic) << c.kernel_config << ": " << flashcore::check::describe(c) << ": "
+                                               << r.message;
+      ++runs;
+    }
+  }
+  EXPECT_GE(runs, 7) << "the d64 split row's cases at least";
+}
+
 TEST(KernelConfigs, UnknownConfigNameIsAClearError) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
   DeviceProblem d;

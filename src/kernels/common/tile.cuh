@@ -10,7 +10,13 @@ struct Tile {
   int batch;
   SeqInfo seq;    // this tile's sequence (dense batches: the tensor's lengths, offset 0)
   KeyRange keys;  // key blocks visited, from keys.end - 1 down to keys.begin
-  int split = 0;  // split-KV: which part of the tile's key range (keys is that part)
+  // Split-KV: which part of the tile's key range (keys is that part). Prefill split rows (sm90 scheduler.cuh) also
+  // give the tile's number of parts, the first CTA of its parts (their partials' slots) and the index of its merge
+  // counter.
+  int split = 0;
+  int splits = 1;
+  int64_t part0 = 0;
+  int64_t counter = 0;
 };
 
 // Tile order. Non-causal (equal tiles): query blocks fastest, so the CTAs running at once share one head's K/V in

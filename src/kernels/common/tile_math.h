@@ -89,6 +89,20 @@ FLASHCORE_HD KeyRange key_range(const SeqInfo& seq, int64_t m_block, int block_m
   return KeyRange{0, static_cast<int>(ceil_div(keys, block_n))};
 }
 
+// The prefill split rows' index space (sm90 split_plan.h last_round_plan, scheduler.cuh): indices below `whole` are
+// whole tiles; index whole + r * splits + s is part s of remaining tile r, i.e. tile whole + r. In 32 bits (the host
+// bounds the index space below 2^31).
+struct LastRoundPart {
+  int tile;   // the query tile
+  int split;  // its part (0 for a whole tile)
+  int unit;   // the part's index among all parts (its partials' slot); -1 for a whole tile
+};
+FLASHCORE_HD LastRoundPart last_round_part(int whole, int splits, int index) {
+  if (index < whole) return LastRoundPart{index, 0, -1};
+  const int unit = index - whole, rest = unit / splits;
+  return LastRoundPart{whole + rest, unit - rest * splits, unit};
+}
+
 // Whether no row of a slice whose last query row is `last_row` sees a key of the second half of key block n_block
 // (the causal diagonal, or the sequence's end): that block's S GEMM may then compute its first half only (sm90
 // mainloop.cuh, the tile's first block). last_row unclipped: rows past the sequence count too, so that every row's

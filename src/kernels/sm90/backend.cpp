@@ -100,8 +100,13 @@ int64_t query_tiles(const KernelRow& row, const flashcore_attention_params& p) {
   return kernels::ceil_div(p.seqlen_q, row.shape.block_m) * p.num_heads_q * p.batch;
 }
 
-// The split of a kSplitKv row's launch for these params (split_plan.h).
+// The split of a kSplitKv row's launch for these params (split_plan.h): equal parts for the decode rows, the
+// last-round split for the prefill rows.
 SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  if (splits_last_round(row.shape)) {
+    return last_round_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms,
+                           row.shape.block_m, static_cast<int>(p.head_dim));
+  }
   return split_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
                     p.seqlen_q, static_cast<int>(p.head_dim), p.num_splits);
 }
@@ -119,7 +124,8 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   // (decode_swap.cuh), whose wgmma tile has 8 rows instead of 64; else the 64-row one.
   const bool swap = p.seqlen_q <= kSwapRows;
   for (const KernelRow* r : kRows) {
-    if (r->shape.schedule == Schedule::kSplitKv && same_key(*r, p) && swaps_gemms(r->shape) == swap) {
+    if (r->shape.schedule == Schedule::kSplitKv && !splits_last_round(r->shape) && same_key(*r, p) &&
+        swaps_gemms(r->shape) == swap) {
       // (Leaving one-part plans to the whole-tile kernel was faster at 32 x 4k only, slower on the three other
       // large rows: perf-notes v12.)
       return plan_for(*r, p, sms).bytes <= workspace_capacity ? r : nullptr;
@@ -148,7 +154,8 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
   return first;
 }
 
-const KernelRow* wave_row(const flashcore_attention_params& p, int device, const KernelRow* chosen) {
+const KernelRow* wave_row(const flashcore_attention_params& p, int device, const KernelRow* chosen,
+                          uint64_t workspace_capacity) {
   // Only whole-tile non-causal rows of dense 16-bit calls: causal tiles differ in length (the dynamic schedule balances
   // them), packed and split calls have rows of their own.
   if (chosen == nullptr || chosen->causal || is_8bit(chosen->dtype) || p.cu_seqlens_q != nullptr ||
@@ -172,6 +179,21 @@ const KernelRow* wave_row(const flashcore_attention_params& p, int device, const
     }
     const double c = cost(*r, kSmallTileCost);
     if (c < best_cost) best = r, best_cost = c;
+  }
+  // The prefill split row of the chosen row's tile, for a call whose tiles leave more than half of the SMs idle and
+  // whose key ranges are long (a call with seqused_k, k_new or a paged cache keeps whole tiles: the split row takes
+  // dense calls only; num_splits = 1 asks for no split).
+  if (p.seqused_k != nullptr || p.k_new != nullptr || p.block_table != nullptr || p.num_splits == 1) return best;
+  for (const KernelRow* r : kRows) {
+    if (!same_key(*r, p) || !splits_last_round(r->shape) || r->shape.block_m != chosen->shape.block_m ||
+        r->shape.block_n != chosen->shape.block_n) {
+      continue;
+    }
+    const SplitPlan plan = plan_for(*r, p, sms);
+    if (plan.last_round && plan.whole == 0 && plan.splits > 1 &&
+        kernels::ceil_div(p.seqlen_k, r->shape.block_n) >= kSplitMinKeyBlocks && plan.bytes <= workspace_capacity) {
+      return r;
+    }
   }
   return best;
 }
@@ -263,7 +285,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   if ((paged && !takes_paged(row.shape)) || ((varlen_q || varlen_k) && !takes_packed(row.shape))) {
-    error = std::string("kernel config \"") + row.name + "\" (dynamic schedule) has no " +
+    error = std::string("kernel config \"") + row.name + "\" (" +
+            (splits_last_round(row.shape) ? "prefill split-KV" : "dynamic schedule") + ") has no " +
             (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
@@ -329,7 +352,21 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.v_descale = p.v_descale;
   fp.num_heads_kv = static_cast<int>(p.num_heads_kv);
 
-  if (split) {
+  if (split && splits_last_round(row.shape) && !plan.last_round) {
+    error = std::string("kernel config \"") + row.name + "\" (prefill split-KV) runs on at most " +
+            std::to_string(kSplitCounterTiles) + " SMs; this device has " + std::to_string(sms);
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (split && plan.last_round) {
+    char* base = static_cast<char*>(p.workspace);
+    fp.o_partial = reinterpret_cast<float*>(base + plan.o_offset);
+    fp.lse_partial = reinterpret_cast<float*>(base + plan.lse_offset);
+    fp.num_splits = plan.splits;
+    fp.blocks_per_split = plan.blocks_per_split;
+    fp.split_whole_tiles = static_cast<int>(plan.whole);
+    fp.num_tiles = static_cast<int>(plan.total);
+    if (plan.fused_merge) fp.split_counters = reinterpret_cast<uint32_t*>(base + kSplitCounterOffset);
+  } else if (split) {
     if (tiles * plan.splits > 0x7fffffffLL - 4096) {
       error = "the split-KV grid (" + std::to_string(tiles) + " tiles x " + std::to_string(plan.splits) +
               " splits) exceeds the tile limit 2^31-4097";

@@ -34,6 +34,7 @@ struct KernelConfig {
   static constexpr bool kPersistent =
       kSchedule == Schedule::kStaticPersistent || kSchedule == Schedule::kDynamicPersistent;
   static constexpr bool kSplitKv = kSchedule == Schedule::kSplitKv;
+  static constexpr bool kLastRoundSplit = splits_last_round(kShape);  // prefill split: whole tiles, then the last round cut
   static constexpr bool kSwapAB = swaps_gemms(kShape);  // decode_swap.cuh
   static constexpr int kKVBoxRows = kv_box_rows(kShape);  // rows per K/V TMA box (tile_shape.h)
 
@@ -128,6 +129,7 @@ struct KernelConfig {
   static_assert((kElemBytes == 2 || kElemBytes == 1) && kOutElemBytes == 2, "16- or 8-bit inputs, 16-bit O");
   static_assert(!kFp8 || kBlockN % kVTChunkKeys == 0, "8-bit: the transposed V tile is whole 32-, 64- or 128-key chunks");
   static_assert(kElemBytes == 2 || !kSplitKv, "8-bit: no split-KV rows (yet)");
+  static_assert(!kLastRoundSplit || kSeparateO, "a prefill split row's parts hand back their Q tile in the main loop");
   static_assert(!kInt8QK || (kBlockN % 64 == 0 && kVElemBytes == 2), "int8 Q K^T: one K scale per 64 keys, 16-bit V");
   static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");

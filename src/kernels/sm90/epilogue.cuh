@@ -25,20 +25,27 @@ __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Ti
   const int lane = threadIdx.x % 32;
   const int warp_in_wg = (threadIdx.x / 32) % 4;
   const int64_t seqlen_q = tile.seq.seqlen_q;
-  const int64_t part = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_splits + tile.split;
-  float* o_rows = p.o_partial + part * seqlen_q * Cfg::kHeadDim;
+  // Decode rows: part (batch, head, split) holds the sequence's rows. Prefill split rows: slot part0 + split (the
+  // part's index among the call's parts) holds the tile's kBlockM rows.
+  const int64_t part = Cfg::kLastRoundSplit
+                           ? tile.part0 + tile.split
+                           : (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_splits + tile.split;
+  const int64_t part_rows = Cfg::kLastRoundSplit ? Cfg::kBlockM : seqlen_q;
+  const int64_t row0 = Cfg::kLastRoundSplit ? static_cast<int64_t>(tile.m_block) * Cfg::kBlockM : 0;
+  float* o_rows = p.o_partial + part * part_rows * Cfg::kHeadDim;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int64_t row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
-                        warp_in_wg * 16 + lane / 4 + 8 * i;
-    if (row >= seqlen_q) continue;
+    const int64_t seq_row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
+                            warp_in_wg * 16 + lane / 4 + 8 * i;
+    if (seq_row >= seqlen_q) continue;
+    const int64_t row = seq_row - row0;
     float* o_row = o_rows + row * Cfg::kHeadDim + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
       *reinterpret_cast<float2*>(o_row + 8 * j) =
           make_float2(st.o[kernels::acc_index(j, i, 0)] * inv_sum[i], st.o[kernels::acc_index(j, i, 1)] * inv_sum[i]);
     }
-    if (lane % 4 == 0) p.lse_partial[part * seqlen_q + row] = lse[i];
+    if (lane % 4 == 0) p.lse_partial[part * part_rows + row] = lse[i];
   }
 }
 
@@ -88,6 +95,83 @@ __device__ __forceinline__ void merge_if_last_split(const FwdParams& p, const Ti
   }
 }
 
+// The prefill split rows' merge (Cfg::kLastRoundSplit), in the registers of the tile's last part: every part stores its
+// partial (store_split_partial) and counts itself in its tile's byte of the workspace header (tile.counter) once its
+// consumer warpgroups have met at a barrier; the CTA whose count completes the tile reads the other parts' O and LSE at
+// its own threads' positions (two rows of head_dim / 4 columns per thread, every load independent of the others)
+// and folds them into its O registers, inv_sum and LSE, and the tile is then stored like a whole one. Returns false
+// for the other parts. The result does not depend on which part comes last: the parts are combined in part order,
+// the last one's own values taken from its registers exactly as it stored them.
+template <class Cfg>
+__device__ __forceinline__ bool merge_parts_in_registers(const FwdParams& p, const Tile& tile, int warpgroup,
+                                                         ConsumerState<Cfg>& st, float (&inv_sum)[2],
+                                                         float (&lse)[2]) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr uint32_t kMergeBarrier = 2 + 2 * Cfg::kConsumerWarpgroups;  // after the epilogue, turn and zero-V ones
+  static_assert(kMergeBarrier < 16, "named barriers 0-15");
+  const int thread = static_cast<int>(threadIdx.x) - 128;  // consumer threads follow the producer warpgroup
+  __threadfence();
+  kernels::named_barrier_sync(kMergeBarrier, Cfg::kConsumerThreads);
+  bool last = false;
+  if (thread == 0) {
+    uint32_t* word = p.split_counters + tile.counter / 4;
+    const int shift = 8 * static_cast<int>(tile.counter % 4);  // counts stay below 256: no carry into the next byte
+    const uint32_t before = atomicAdd(word, 1u << shift);
+    last = ((before >> shift) & 0xffu) == static_cast<uint32_t>(tile.splits - 1);
+    if (last) {
+      atomicSub(word, static_cast<uint32_t>(tile.splits) << shift);
+      __threadfence();
+    }
+  }
+  if (!kernels::named_barrier_or(kMergeBarrier, Cfg::kConsumerThreads, last)) return false;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = (threadIdx.x / 32) % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = warpgroup * Cfg::kRowsPerWarpgroup + warp_in_wg * 16 + lane / 4 + 8 * i;  // within the tile
+    if (static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + row >= tile.seq.seqlen_q) continue;  // stored by no part
+    float m = lse[i];
+    for (int s = 0; s < tile.splits; ++s) {
+      if (s != tile.split) m = fmaxf(m, __ldcg(p.lse_partial + (tile.part0 + s) * Cfg::kBlockM + row));
+    }
+    if (m == -INFINITY) continue;  // no part saw a key of this row: O = 0, LSE = -inf
+    // This part's O as it stored it, then every part in part order (the result does not depend on which is last).
+    float own[kHeadDim / 4];
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      own[2 * j] = st.o[kernels::acc_index(j, i, 0)] * inv_sum[i];
+      own[2 * j + 1] = st.o[kernels::acc_index(j, i, 1)] * inv_sum[i];
+      st.o[kernels::acc_index(j, i, 0)] = st.o[kernels::acc_index(j, i, 1)] = 0.f;
+    }
+    float total = 0.f;
+    for (int s = 0; s < tile.splits; ++s) {
+      if (s == tile.split) {
+        const float w = __expf(lse[i] - m);
+        total += w;
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          st.o[kernels::acc_index(j, i, 0)] = fmaf(w, own[2 * j], st.o[kernels::acc_index(j, i, 0)]);
+          st.o[kernels::acc_index(j, i, 1)] = fmaf(w, own[2 * j + 1], st.o[kernels::acc_index(j, i, 1)]);
+        }
+        continue;
+      }
+      const int64_t slot = tile.part0 + s;
+      const float w = __expf(__ldcg(p.lse_partial + slot * Cfg::kBlockM + row) - m);
+      total += w;
+      const float* o_row = p.o_partial + (slot * Cfg::kBlockM + row) * kHeadDim + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(o_row + 8 * j));
+        st.o[kernels::acc_index(j, i, 0)] = fmaf(w, v.x, st.o[kernels::acc_index(j, i, 0)]);
+        st.o[kernels::acc_index(j, i, 1)] = fmaf(w, v.y, st.o[kernels::acc_index(j, i, 1)]);
+      }
+    }
+    inv_sum[i] = __fdividef(1.f, total);  // total >= 1: the max's part contributes exp(0)
+    lse[i] = m + __logf(total);
+  }
+  return true;
+}
+
 // The staged slice's first `rows` rows (16-byte units, un-swizzled) to O at sequence row `row`.
 template <class Cfg>
 __device__ __forceinline__ void store_clipped(const FwdParams& p, const Tile& tile, const uint8_t* stage, int64_t row,
@@ -119,7 +203,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
     inv_sum[1] *= st.o_scale;
   }
   if constexpr (Cfg::kSplitKv) {
-    if (p.num_splits > 1) {
+    if (Cfg::kLastRoundSplit ? tile.splits > 1 : p.num_splits > 1) {
       store_split_partial<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
       // The CTA's next part (split CTAs are persistent) takes the Q stage: hand it back once every thread of the
       // warpgroup is past its last GEMM (with a separate O buffer the main loop did).
@@ -128,11 +212,16 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
         if (wg_thread == 0) bars.q.release(pipes.q);
       }
       // O is written by the tile's last split, or by the combine kernel after the grid.
-      if (p.split_counters != nullptr) merge_if_last_split<Cfg>(p, tile, warpgroup);
-      return;
+      if constexpr (Cfg::kLastRoundSplit) {
+        // The tile's last part stores the merged O below, like a whole tile.
+        if (!merge_parts_in_registers<Cfg>(p, tile, warpgroup, st, inv_sum, lse)) return;
+      } else {
+        if (p.split_counters != nullptr) merge_if_last_split<Cfg>(p, tile, warpgroup);
+        return;
+      }
     }
-    // One part (the plan's choice when the tiles alone fill the GPU): O is final here, and the dense store below
-    // writes it; the host launches no combine (perf-notes v21c).
+    // One part (the plan's choice when the tiles alone fill the GPU, or a prefill split row's whole tile): O is final
+    // here, and the dense store below writes it; the host launches no combine (perf-notes v21c).
   }
 
   // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma has

@@ -33,6 +33,9 @@ struct FwdParams : kernels::ServingLayout {
   float* lse_partial;
   int num_splits;        // >= 1
   int blocks_per_split;  // key blocks per split
+  // Prefill split rows (Cfg::kLastRoundSplit; split_plan.h last_round_plan): tile indices below split_whole_tiles are whole
+  // tiles; the rest's tiles are cut into num_splits equal parts, one index each (num_tiles = whole + rest x parts).
+  int split_whole_tiles;
   // One byte per (dense) tile in the workspace's zero-filled header (split_plan.h): how many of the tile's splits
   // have stored their partials; the split that brings it to num_splits merges the tile (epilogue.cuh) and puts it
   // back to 0. nullptr: the combine kernel merges after the grid (more tiles than bytes, or more than 255 splits).

@@ -18,6 +18,11 @@ using kernels::Tile;
 
 // Split-KV: tile index = dense tile * num_splits + split; split s visits key blocks
 // [begin + s * blocks_per_split, begin + (s + 1) * blocks_per_split) of the dense tile's range (possibly none).
+// Prefill split rows (Cfg::kLastRoundSplit; split_plan.h last_round_plan): tile indices below p.split_whole_tiles are whole
+// tiles; past them index whole + r * num_splits + s is part s of remaining tile r (tile whole + r), key blocks
+// [begin + s * blocks_per_split, ...) of its range. The grid walks the indices round-robin like a static one: whole
+// rounds first, then at most one part per CTA. Tile::splits, part0 and counter say where the part's partial and
+// merge count go (epilogue.cuh).
 // Serving layouts (smem_plan.h, takes_packed / takes_paged): packed (varlen) Q/O and K/V on every 16-bit schedule
 // but a dynamic one with two consumer warpgroups that is not a row's packed flavour, a paged K/V on every one but
 // the dynamic schedule (the host never sends them such calls); a KV cache's lengths (seqused_k) everywhere. 8-bit
@@ -36,7 +41,19 @@ __device__ __forceinline__ Tile decode_cache_tile(const FwdParams& p, int tile_i
 
 template <class Cfg>
 __device__ __forceinline__ Tile decode_tile(const FwdParams& p, int tile_idx) {
-  if constexpr (Cfg::kSplitKv) {
+  if constexpr (Cfg::kLastRoundSplit) {
+    const kernels::LastRoundPart part = kernels::last_round_part(p.split_whole_tiles, p.num_splits, tile_idx);
+    Tile t = decode_cache_tile<Cfg>(p, part.tile);
+    if (part.unit < 0) return t;  // a whole tile
+    const int begin = t.keys.begin + part.split * p.blocks_per_split;
+    t.keys.end = min(t.keys.end, begin + p.blocks_per_split);
+    t.keys.begin = begin;
+    t.split = part.split;
+    t.splits = p.num_splits;
+    t.part0 = part.unit - part.split;  // the partials' slot of part 0 (a part's slot is its unit)
+    t.counter = part.tile - p.split_whole_tiles;
+    return t;
+  } else if constexpr (Cfg::kSplitKv) {
     const int split = tile_idx % p.num_splits;
     Tile t = decode_cache_tile<Cfg>(p, tile_idx / p.num_splits);
     const int begin = t.keys.begin + split * p.blocks_per_split;

@@ -21,6 +21,13 @@ constexpr bool swaps_gemms(const TileShape& s) {
   return s.schedule == Schedule::kSplitKv && s.block_m == kSwapRows;
 }
 
+// A split-KV row with more than one consumer warpgroup is a prefill row: its grid runs the call's whole tiles
+// round-robin and then cuts the last round's tiles into equal parts of their key ranges (split_plan.h
+// last_round_plan), where the decode rows cut every tile. No paged K/V, no table warp; persistent like a static row.
+constexpr bool splits_last_round(const TileShape& s) {
+  return s.schedule == Schedule::kSplitKv && s.block_m > kRowsPerWarpgroup;
+}
+
 // setmaxnreg budget per consumer thread: what is left of the 64K registers beside the producer warpgroup, 240 for one
 // or two consumer warpgroups, 160 for three.
 constexpr int consumer_regs(int consumer_warpgroups) { return consumer_warpgroups <= 2 ? 240 : 160; }
@@ -28,23 +35,27 @@ constexpr int consumer_regs(int consumer_warpgroups) { return consumer_warpgroup
 // The producer's budget: kProducerRegs, or 32 on a dynamic schedule with three consumer warpgroups (three of 160
 // leave 32 of the 64K registers; two of 240 leave 24 of a 168-register launch). The dynamic producer keeps its
 // tile-id ring state beside the tile decode, and a packed batch's decode spilled in 24.
-// Split-KV rows run one consumer warpgroup and give the producer warpgroup 56: its table warp (fetches_pages) spilled
-// in 24.
+// Split-KV decode rows run one consumer warpgroup and give the producer warpgroup 56: its table warp (fetches_pages)
+// spilled in 24.
 constexpr int producer_regs(const TileShape& s) {
-  if (s.schedule == Schedule::kSplitKv) return 56;
+  if (s.schedule == Schedule::kSplitKv && !splits_last_round(s)) return 56;
   return s.schedule == Schedule::kDynamicPersistent && s.block_m / kRowsPerWarpgroup == 3 ? 32 : kProducerRegs;
 }
 
 // The serving layouts (flashcore.h) a 16-bit config's kernel takes (scheduler.cuh). Packed (varlen) Q/O and K/V:
 // every schedule but a dynamic one whose producer has 24 registers, unless it is the packed flavour of the row
-// (TileShape::packed). A paged K/V: every schedule but the dynamic one (its page state spilled there too).
+// (TileShape::packed). A paged K/V: every schedule but the dynamic one (its page state spilled there too). The prefill
+// split rows take dense calls only.
 constexpr bool takes_packed(const TileShape& s) {
+  if (splits_last_round(s)) return false;
   return s.schedule != Schedule::kDynamicPersistent || producer_regs(s) >= 32 || s.packed;
 }
-constexpr bool takes_paged(const TileShape& s) { return s.schedule != Schedule::kDynamicPersistent; }
+constexpr bool takes_paged(const TileShape& s) {
+  return s.schedule != Schedule::kDynamicPersistent && !splits_last_round(s);
+}
 // Paged split-KV rows (decode) take a block's pages from a table warp (producer.cuh PageFetcher); the others read
 // them in the producer thread, a block ahead.
-constexpr bool fetches_pages(const TileShape& s) { return s.schedule == Schedule::kSplitKv; }
+constexpr bool fetches_pages(const TileShape& s) { return s.schedule == Schedule::kSplitKv && !splits_last_round(s); }
 
 struct SmemPlan {
   int consumer_warpgroups;  // one per 64 query rows
@@ -90,7 +101,8 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.threads = 128 * (p.consumer_warpgroups + 1);
   p.consumer_threads = 128 * p.consumer_warpgroups;
   p.consumer_regs = consumer_regs(p.consumer_warpgroups);
-  p.persistent = shape.schedule == Schedule::kStaticPersistent || shape.schedule == Schedule::kDynamicPersistent;
+  p.persistent = shape.schedule == Schedule::kStaticPersistent || shape.schedule == Schedule::kDynamicPersistent ||
+                 splits_last_round(shape);
 
   p.qk_row_bytes = head_dim * elem_bytes < kSmemRowBytes ? head_dim * elem_bytes : kSmemRowBytes;
   p.chunk_cols = p.qk_row_bytes / elem_bytes;

@@ -1,5 +1,6 @@
 // Split-KV planning (host): how many parts a tile's key range is cut into, and the workspace the partials take.
-// Used by the sm90 backend for Schedule::kSplitKv rows (decode: few query tiles, many keys).
+// Used by the sm90 backend for Schedule::kSplitKv rows: equal parts for the decode rows (few query tiles, many keys),
+// the last-round split for the prefill rows (smem_plan.h splits_last_round).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -10,8 +11,12 @@
 namespace flashcore::sm90 {
 
 struct SplitPlan {
-  int splits = 1;
+  int splits = 1;  // equal parts: parts per tile; last round: the most parts of a cut tile (the partials' stride)
   int blocks_per_split = 1;
+  // The prefill rows' last-round split (last_round_plan): whole tiles, then each remaining tile in `splits` equal
+  // parts of blocks_per_split key blocks; the tile index space is total = whole + (tiles - whole) x splits.
+  bool last_round = false;
+  int64_t whole = 0, total = 0;
   size_t o_offset = 0, lse_offset = 0, bytes = 0;  // workspace layout: [256-byte header][O partials][LSE partials]
   bool fused_merge = false;  // the tiles' last splits merge them (split counters in the header), no combine kernel
 };
@@ -55,6 +60,36 @@ inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t 
   const size_t rows =
       static_cast<size_t>(batch_heads) * static_cast<size_t>(plan.splits) * static_cast<size_t>(seqlen_q);
   plan.o_offset = 256;  // the first 16 bytes are the dynamic scheduler's counter in every layout; keep 256 aligned
+  plan.lse_offset = plan.o_offset + ((rows * static_cast<size_t>(head_dim) * sizeof(float) + 255) & ~size_t{255});
+  plan.bytes = plan.lse_offset + ((rows * sizeof(float) + 255) & ~size_t{255});
+  return plan;
+}
+
+// The prefill split rows' plan: the call's whole rounds of tiles (whole = tiles - tiles % sms, round-robin as on a
+// static row), then each of the `rest` remaining tiles cut into s = min(key_blocks, sms / rest) equal parts of
+// consecutive key blocks, one part per CTA (rest x s <= sms CTAs: a CTA's only cut is this one part, whose Q loads
+// while its whole tile finishes). Every part's partial (block_m rows of fp32 O and LSE) has a slot of its own, and
+// a cut tile's merge counter is its byte in the header (rest < sms <= kSplitCounterTiles); the tile's last part
+// merges the others into its registers (epilogue.cuh). A call with no rest, or with more remaining tiles than parts
+// (s = 1), is not cut. last_round false where the plan does not apply (more SMs than counter bytes, or an index
+// space past 2^31).
+inline SplitPlan last_round_plan(int64_t tiles, int64_t key_blocks, int sms, int block_m, int head_dim) {
+  SplitPlan plan;
+  tiles = std::max<int64_t>(tiles, 1);
+  key_blocks = std::max<int64_t>(key_blocks, 1);
+  if (sms <= 0 || sms > kSplitCounterTiles || tiles > int64_t{0x7fffffff} - 4096) return plan;
+  const int64_t rest = tiles % sms;
+  const int64_t most = rest == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(key_blocks, sms / rest));
+  const int64_t per_part = kernels::ceil_div(key_blocks, most);
+  const int64_t parts = kernels::ceil_div(key_blocks, per_part);  // no empty part
+  plan.last_round = true;
+  plan.whole = tiles - rest;
+  plan.splits = static_cast<int>(parts);
+  plan.blocks_per_split = static_cast<int>(per_part);
+  plan.total = plan.whole + rest * parts;
+  plan.fused_merge = parts > 1;
+  const size_t rows = static_cast<size_t>(rest * parts) * static_cast<size_t>(block_m);
+  plan.o_offset = 256;
   plan.lse_offset = plan.o_offset + ((rows * static_cast<size_t>(head_dim) * sizeof(float) + 255) & ~size_t{255});
   plan.bytes = plan.lse_offset + ((rows * sizeof(float) + 255) & ~size_t{255});
   return plan;

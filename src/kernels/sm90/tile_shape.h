@@ -29,11 +29,11 @@ struct TileShape {
   bool packed = false;
 };
 
-// Rows per K/V TMA box. A whole key block, except for split-KV (decode) rows: they load it in 32-row slices with
-// every 128-byte chunk of a slice issued back to back, so that the halves of a 256-byte K/V row are requested
-// together (decode streams K/V from HBM and nothing else).
+// Rows per K/V TMA box. A whole key block, except for split-KV decode rows (block_m 64 or less): they load it in
+// 32-row slices with every 128-byte chunk of a slice issued back to back, so that the halves of a 256-byte K/V row
+// are requested together (decode streams K/V from HBM and nothing else).
 constexpr int kv_box_rows(const TileShape& s) {
-  return s.schedule == Schedule::kSplitKv && s.block_n > 32 ? 32 : s.block_n;
+  return s.schedule == Schedule::kSplitKv && s.block_m <= 64 && s.block_n > 32 ? 32 : s.block_n;
 }
 
 // Rows per K/V TMA box of a paged cache whose key blocks go in slices of slice_rows rows (a divisor of the page and
