@@ -11,8 +11,8 @@ struct Tile {
   SeqInfo seq;    // this tile's sequence (dense batches: the tensor's lengths, offset 0)
   KeyRange keys;  // key blocks visited, from keys.end - 1 down to keys.begin
   // Split-KV: which part of the tile's key range (keys is that part). Prefill split rows (sm90 scheduler.cuh) also
-  // give the tile's number of parts, the first CTA of its parts (their partials' slots) and the index of its merge
-  // counter.
+  // give the tile's number of parts, the partials' slot of its part 0 (part s's is part0 + s) and the index of its
+  // merge counter.
   int split = 0;
   int splits = 1;
   int64_t part0 = 0;

@@ -11,7 +11,7 @@
 namespace flashcore::sm90 {
 
 struct SplitPlan {
-  int splits = 1;  // equal parts: parts per tile; last round: the most parts of a cut tile (the partials' stride)
+  int splits = 1;  // parts per tile (the decode rows' equal parts) or per remaining tile (last_round_plan)
   int blocks_per_split = 1;
   // The prefill rows' last-round split (last_round_plan): whole tiles, then each remaining tile in `splits` equal
   // parts of blocks_per_split key blocks; the tile index space is total = whole + (tiles - whole) x splits.
