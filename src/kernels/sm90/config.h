@@ -34,7 +34,7 @@ struct KernelConfig {
   static constexpr bool kPersistent =
       kSchedule == Schedule::kStaticPersistent || kSchedule == Schedule::kDynamicPersistent;
   static constexpr bool kSplitKv = kSchedule == Schedule::kSplitKv;
-  static constexpr bool kLastRoundSplit = splits_last_round(kShape);  // prefill split: whole tiles, then the last round cut
+  static constexpr bool kLastRoundSplit = splits_last_round(kShape);  // prefill split: whole rounds, then parts
   static constexpr bool kSwapAB = swaps_gemms(kShape);  // decode_swap.cuh
   static constexpr int kKVBoxRows = kv_box_rows(kShape);  // rows per K/V TMA box (tile_shape.h)
 
