@@ -158,9 +158,9 @@ TEST(KernelConfigs, DispatchTakesSmallerTilesWhenTheLastRoundIsMostlyIdle) {
 // sm90::wave_row with a workspace: a call of fewer tiles than half the SMs against 16 key blocks or more (1 x 4 heads x
 // 2k at d64: 44 tiles of 192 rows) runs the prefill split row, whose workspace the library reports; a smaller
 // workspace, num_splits = 1, a short key range (1 x 8 heads x 512) or a round of whole tiles (2 x 8 heads x 2k) keeps
-// whole tiles.
-// Cut calls of every kind (whole rounds then parts, odd lengths, Sq != Sk, one query row, GQA, LSE), the config
-// named, match the float64 reference, bit-exactly on reruns (the merge does not depend on which part ends last).
+// whole tiles. Cut calls of every kind (whole rounds then parts, odd lengths, Sq != Sk, one query row, GQA, LSE, both
+// layouts), the config named, match the float64 reference, bit-exactly on reruns (the merge does not depend on which
+// part ends last).
 TEST(KernelConfigs, DispatchCutsKeyRangesOfCallsThatLeaveMostSmsIdle) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
   const char* names[16];
@@ -217,7 +217,8 @@ TEST(KernelConfigs, DispatchCutsKeyRangesOfCallsThatLeaveMostSmsIdle) {
       flashcore::check::Case c;
       c.batch = s.b, c.heads_q = s.hq, c.heads_kv = s.hkv, c.seqlen_q = s.sq, c.seqlen_k = s.sk;
       c.head_dim = row.head_dim, c.dtype = runs % 2 == 0 ? FLASHCORE_DTYPE_FP16 : FLASHCORE_DTYPE_BF16;
-      c.causal = false, c.layout = flashcore::check::Layout::BSHD, c.with_lse = s.lse;
+      c.causal = false, c.with_lse = s.lse;
+      c.layout = runs % 3 == 2 ? flashcore::check::Layout::BHSD : flashcore::check::Layout::BSHD;
       c.kernel_config = row.config;
       bool compiled = false;
       int32_t n = 0;
