@@ -146,7 +146,9 @@ TEST(SplitPlan, LastRoundPartsCoverEveryBlockOnce) {
           EXPECT_LT(part.tile, plan.whole);
           EXPECT_EQ(parts, 0) << "whole tiles first";
         }
-        if (part.unit >= 0) EXPECT_LT(begin, end) << "no empty part";
+        if (part.unit >= 0) {
+          EXPECT_LT(begin, end) << "no empty part";
+        }
         for (int b = begin; b < end; ++b) ++seen[static_cast<size_t>(part.tile * c.blocks + b)];
       }
     }
