@@ -2,6 +2,7 @@
 // persistent scheduler) must pass the same correctness and determinism rules before a tuner may pick them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "check/check.h"
 #include "flashcore/flashcore.h"
 #include "gpu/gpu_skip.h"
+#include "gpu/serving_test_util.h"
 
 namespace {
 
@@ -34,6 +36,13 @@ std::vector<ConfigCase> non_default_configs() {
     }
   }
   return out;
+}
+
+// Whether `config` is compiled for (dtype, head dim, non-causal) on this device.
+bool compiled(flashcore_dtype dt, int head_dim, const std::string& config) {
+  std::vector<std::string> configs;
+  if (flashcore::test::kernel_configs(dt, head_dim, /*causal=*/false, configs) != FLASHCORE_SUCCESS) return false;
+  return std::find(configs.begin(), configs.end(), config) != configs.end();
 }
 
 TEST(KernelConfigs, ListHasTheDefaultFirstForEveryCompiledHeadDim) {
@@ -123,12 +132,9 @@ TEST(KernelConfigs, WorkspaceSizeIsZeroForTheDefaultAndACounterForTheDynamicSche
 // its row; and the call it runs is correct.
 TEST(KernelConfigs, DispatchTakesSmallerTilesWhenTheLastRoundIsMostlyIdle) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
-  const char* names[16];
-  int32_t count = 0;
-  ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP16, 64, 0, names, 16, &count), FLASHCORE_SUCCESS);
-  bool has_small = false;
-  for (int i = 0; i < count && i < 16; ++i) has_small = has_small || std::string(names[i]) == "128x128x3-pp-static";
-  if (!has_small) GTEST_SKIP() << "fp16 d64 128x128x3-pp-static not compiled in";
+  if (!compiled(FLASHCORE_DTYPE_FP16, 64, "128x128x3-pp-static")) {
+    GTEST_SKIP() << "fp16 d64 128x128x3-pp-static not compiled in";
+  }
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const auto rounds = [sms](int64_t tiles) { return (tiles + sms - 1) / sms; };
@@ -163,12 +169,9 @@ TEST(KernelConfigs, DispatchTakesSmallerTilesWhenTheLastRoundIsMostlyIdle) {
 // part ends last).
 TEST(KernelConfigs, DispatchCutsKeyRangesOfCallsThatLeaveMostSmsIdle) {
   FLASHCORE_REQUIRE_BACKEND("sm90");  // sm90 config names
-  const char* names[16];
-  int32_t count = 0;
-  ASSERT_EQ(flashcore_list_kernel_configs(FLASHCORE_DTYPE_FP16, 64, 0, names, 16, &count), FLASHCORE_SUCCESS);
-  bool has_split = false;
-  for (int i = 0; i < count && i < 16; ++i) has_split = has_split || std::string(names[i]) == "192x128x3-pp-split";
-  if (!has_split) GTEST_SKIP() << "fp16 d64 192x128x3-pp-split not compiled in";
+  if (!compiled(FLASHCORE_DTYPE_FP16, 64, "192x128x3-pp-split")) {
+    GTEST_SKIP() << "fp16 d64 192x128x3-pp-split not compiled in";
+  }
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   if (sms < 90 || sms > 240) GTEST_SKIP() << "the selections below assume 90 to 240 SMs; this GPU has " << sms;
@@ -220,13 +223,7 @@ TEST(KernelConfigs, DispatchCutsKeyRangesOfCallsThatLeaveMostSmsIdle) {
       c.causal = false, c.with_lse = s.lse;
       c.layout = runs % 3 == 2 ? flashcore::check::Layout::BHSD : flashcore::check::Layout::BSHD;
       c.kernel_config = row.config;
-      bool compiled = false;
-      int32_t n = 0;
-      const char* listed[32];
-      if (flashcore_list_kernel_configs(c.dtype, c.head_dim, 0, listed, 32, &n) == FLASHCORE_SUCCESS) {
-        for (int i = 0; i < n && i < 32; ++i) compiled = compiled || std::string(listed[i]) == row.config;
-      }
-      if (!compiled) continue;
+      if (!compiled(c.dtype, c.head_dim, row.config)) continue;
       const flashcore::check::Result r = flashcore::check::run_case(c, 4242 + runs, /*repeats=*/3);
       EXPECT_TRUE(r.passed && r.deterministic) << c.kernel_config << ": " << flashcore::check::describe(c) << ": "
                                                << r.message;

@@ -352,22 +352,13 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.v_descale = p.v_descale;
   fp.num_heads_kv = static_cast<int>(p.num_heads_kv);
 
-  if (split && splits_last_round(row.shape) && !plan.last_round) {
-    error = std::string("kernel config \"") + row.name + "\" (prefill split-KV) runs on at most " +
-            std::to_string(kSplitCounterTiles) + " SMs; this device has " + std::to_string(sms);
-    return FLASHCORE_ERROR_INVALID_ARGUMENT;
-  }
-  if (split && plan.last_round) {
-    char* base = static_cast<char*>(p.workspace);
-    fp.o_partial = reinterpret_cast<float*>(base + plan.o_offset);
-    fp.lse_partial = reinterpret_cast<float*>(base + plan.lse_offset);
-    fp.num_splits = plan.splits;
-    fp.blocks_per_split = plan.blocks_per_split;
-    fp.split_whole_tiles = static_cast<int>(plan.whole);
-    fp.num_tiles = static_cast<int>(plan.total);
-    if (plan.fused_merge) fp.split_counters = reinterpret_cast<uint32_t*>(base + kSplitCounterOffset);
-  } else if (split) {
-    if (tiles * plan.splits > 0x7fffffffLL - 4096) {
+  if (split) {
+    if (splits_last_round(row.shape) && !plan.last_round) {
+      error = std::string("kernel config \"") + row.name + "\" (prefill split-KV) runs on at most " +
+              std::to_string(kSplitCounterTiles) + " SMs; this device has " + std::to_string(sms);
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (!plan.last_round && tiles * plan.splits > 0x7fffffffLL - 4096) {  // (last_round_plan bounds its own)
       error = "the split-KV grid (" + std::to_string(tiles) + " tiles x " + std::to_string(plan.splits) +
               " splits) exceeds the tile limit 2^31-4097";
       return FLASHCORE_ERROR_SIZE_OVERFLOW;
@@ -377,7 +368,8 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
     fp.lse_partial = reinterpret_cast<float*>(base + plan.lse_offset);
     fp.num_splits = plan.splits;
     fp.blocks_per_split = plan.blocks_per_split;
-    fp.num_tiles = static_cast<int>(tiles * plan.splits);
+    fp.split_whole_tiles = static_cast<int>(plan.whole);  // 0 for the decode rows' equal parts
+    fp.num_tiles = static_cast<int>(plan.last_round ? plan.total : tiles * plan.splits);
     if (plan.fused_merge) fp.split_counters = reinterpret_cast<uint32_t*>(base + kSplitCounterOffset);
   }
   if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
