@@ -25,29 +25,45 @@ __device__ __forceinline__ uint8_t to_e4m3(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
-// grid (batch * heads_kv, ceil(seqlen / 32), 3 tensors), 256 threads: rows [32 y, 32 y + 32) of the KV head's
-// heads (all query heads of the group for Q). NaN does not raise the maximum (fmaxf): it stays NaN when quantized.
+// grid (batch * heads_kv, ceil(seqlen / kFp8AmaxRows), 3 tensors), 256 threads: rows [kFp8AmaxRows y, +kFp8AmaxRows)
+// of the KV head's heads (all query heads of the group for Q), kInFlight 16-byte loads per thread issued together
+// (one load per thread and 32-row blocks ran at 2-2.7 TB/s, perf-notes v55). NaN does not raise the maximum (fmaxf):
+// it stays NaN when quantized.
+inline constexpr int kFp8AmaxRows = 128;
+
 template <class T>
 __global__ void __launch_bounds__(256) fp8_amax_kernel(const Fp8PrepParams p) {
+  constexpr int kInFlight = 4;
   const int tensor = blockIdx.z;
   const Fp8Tensor& t = tensor == 0 ? p.q : (tensor == 1 ? p.k : p.v);
   const int seqlen = tensor == 0 ? p.seqlen_q : p.seqlen_k;
   const int group = tensor == 0 ? p.heads_q / p.heads_kv : 1;
   const int b = blockIdx.x / p.heads_kv, hkv = blockIdx.x % p.heads_kv;
-  const int row0 = blockIdx.y * 32;
+  const int row0 = blockIdx.y * kFp8AmaxRows;
   float m = 0.f;
   if (row0 < seqlen) {
-    const int rows = min(32, seqlen - row0);
-    const int units_per_row = p.head_dim / 8;  // 8 elements (16 bytes) per unit
+    const int rows = min(kFp8AmaxRows, seqlen - row0);
+    const int units_per_row = p.head_dim / 8;  // 8 elements (16 bytes) per unit: 8, 16 or 32
+    const int unit_bits = 31 - __clz(units_per_row);
     const int units = rows * group * units_per_row;
     const T* base = static_cast<const T*>(t.data) + b * t.stride_batch;
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
-      const int r = u / (group * units_per_row), rest = u % (group * units_per_row);
-      const int h = hkv * group + rest / units_per_row, c = (rest % units_per_row) * 8;
-      const uint4 raw = *reinterpret_cast<const uint4*>(base + (row0 + r) * t.stride_seq + h * t.stride_head + c);
-      const T* x = reinterpret_cast<const T*>(&raw);
+    for (int u0 = threadIdx.x; u0 < units; u0 += kInFlight * blockDim.x) {
+      uint4 raw[kInFlight];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(static_cast<float>(x[i])));
+      for (int j = 0; j < kInFlight; ++j) {
+        const int u = u0 + j * blockDim.x;
+        const int hr = u >> unit_bits;  // (row, head of the group)
+        const int r = tensor == 0 ? static_cast<int>(p.div_group.div(static_cast<uint64_t>(hr))) : hr;
+        const int h = hkv * group + (hr - r * group), c = (u & (units_per_row - 1)) * 8;
+        raw[j] = u < units ? *reinterpret_cast<const uint4*>(base + (row0 + r) * t.stride_seq + h * t.stride_head + c)
+                           : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        const T* x = reinterpret_cast<const T*>(&raw[j]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(static_cast<float>(x[i])));
+      }
     }
   }
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
@@ -71,32 +87,54 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p
       p.descale[i] = a > 0.f ? a / kE4m3Max : 1.f;
     }
   }
-  const int units_per_row = p.head_dim / 8;
+  const int units_per_row = p.head_dim / 8;  // 8, 16 or 32
+  const int unit_bits = 31 - __clz(units_per_row);
   const int64_t q_units = int64_t{p.batch} * p.seqlen_q * p.heads_q * units_per_row;
   const int64_t k_units = int64_t{p.batch} * p.seqlen_k * p.heads_kv * units_per_row;
-  const int group = p.heads_q / p.heads_kv;
-  for (int64_t u = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u < q_units + k_units;
-       u += int64_t{gridDim.x} * blockDim.x) {
-    const bool is_q = u < q_units;
-    const int64_t v = is_q ? u : u - q_units;
-    const int heads = is_q ? p.heads_q : p.heads_kv, seqlen = is_q ? p.seqlen_q : p.seqlen_k;
-    const int c = static_cast<int>(v % units_per_row) * 8;
-    const int64_t row = v / units_per_row;  // (b, s, h) flattened
-    const int h = static_cast<int>(row % heads);
-    const int64_t bs = row / heads;
-    const int s = static_cast<int>(bs % seqlen), b = static_cast<int>(bs / seqlen);
-    const Fp8Tensor& t = is_q ? p.q : p.k;
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const T*>(t.data) + b * t.stride_batch +
-                                                      s * t.stride_seq + h * t.stride_head + c);
-    const T* x = reinterpret_cast<const T*>(&raw);
-    const float scale = quant_scale(p.amax[(is_q ? 0 : 1) * p.batch * p.heads_kv + b * p.heads_kv + h / (is_q ? group : 1)]);
-    uint32_t lo = 0, hi = 0;
+  // kInFlight units per thread and pass, their loads issued together (one per thread ran at 2.3 TB/s, perf-notes v55).
+  constexpr int kInFlight = 4;
+  const int64_t step = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t u0 = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u0 < q_units + k_units; u0 += kInFlight * step) {
+    uint4 raw[kInFlight];
+    int b[kInFlight], h[kInFlight];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) lo |= uint32_t{to_e4m3(static_cast<float>(x[i]) * scale)} << (8 * i);
+    for (int j = 0; j < kInFlight; ++j) {
+      const int64_t u = u0 + j * step;
+      raw[j] = make_uint4(0u, 0u, 0u, 0u);
+      b[j] = h[j] = 0;
+      if (u < q_units + k_units) {
+        const bool is_q = u < q_units;
+        const uint64_t v = static_cast<uint64_t>(is_q ? u : u - q_units);
+        const FastDiv& heads = is_q ? p.div_heads_q : p.div_heads_kv;
+        const FastDiv& seqlen = is_q ? p.div_seqlen_q : p.div_seqlen_k;
+        const int c = static_cast<int>(v & (units_per_row - 1)) * 8;
+        const uint64_t row = v >> unit_bits;  // (b, s, h) flattened
+        const uint64_t bs = heads.div(row), bb = seqlen.div(bs);
+        b[j] = static_cast<int>(bb);
+        h[j] = static_cast<int>(heads.mod(row, bs));
+        const int s = static_cast<int>(seqlen.mod(bs, bb));
+        const Fp8Tensor& t = is_q ? p.q : p.k;
+        raw[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(t.data) + b[j] * t.stride_batch +
+                                                 s * t.stride_seq + h[j] * t.stride_head + c);
+      }
+    }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) hi |= uint32_t{to_e4m3(static_cast<float>(x[4 + i]) * scale)} << (8 * i);
-    uint8_t* dst = (is_q ? p.q8 : p.k8) + v * 8;
-    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+    for (int j = 0; j < kInFlight; ++j) {
+      const int64_t u = u0 + j * step;
+      if (u >= q_units + k_units) break;
+      const bool is_q = u < q_units;
+      const int64_t v = is_q ? u : u - q_units;
+      const T* x = reinterpret_cast<const T*>(&raw[j]);
+      const int hkv = is_q ? static_cast<int>(p.div_group.div(static_cast<uint64_t>(h[j]))) : h[j];
+      const float scale = quant_scale(p.amax[(is_q ? 0 : 1) * p.batch * p.heads_kv + b[j] * p.heads_kv + hkv]);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) lo |= uint32_t{to_e4m3(static_cast<float>(x[i]) * scale)} << (8 * i);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) hi |= uint32_t{to_e4m3(static_cast<float>(x[4 + i]) * scale)} << (8 * i);
+      uint8_t* dst = (is_q ? p.q8 : p.k8) + v * 8;
+      *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+    }
   }
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/common/fast_div.h"
+
 namespace flashcore::kernels {
 
 // A (batch, seqlen, heads, head_dim) tensor: element strides, the head_dim stride is 1.
@@ -27,6 +29,8 @@ struct Fp8PrepParams {
   uint8_t* q8;
   uint8_t* k8;
   uint8_t* vt;  // the transposed V (always)
+  // Set by the launcher (fp8_prep.cu) from the sizes above, for the index splits of the passes.
+  FastDiv div_heads_q, div_heads_kv, div_seqlen_q, div_seqlen_k, div_group;
 };
 
 }  // namespace flashcore::kernels

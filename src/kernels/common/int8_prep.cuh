@@ -33,8 +33,10 @@ __device__ __forceinline__ uint32_t int8_pack4(float a, float b, float c, float 
 }
 
 template <class T>
-__device__ __forceinline__ void load8(const T* src, float (&x)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+__device__ __forceinline__ uint4 load_raw(const T* src) { return *reinterpret_cast<const uint4*>(src); }
+
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&x)[8]) {
   const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = static_cast<float>(v[i]);
@@ -51,11 +53,23 @@ __global__ void __launch_bounds__(256) int8_k_sum_kernel(const Int8PrepParams p)
   const int key0 = blockIdx.y * kInt8SumChunk, key1 = min(key0 + kInt8SumChunk, p.seqlen_k);
   const T* base = static_cast<const T*>(p.k.data) + b * p.k.stride_batch + h * p.k.stride_head + u * 8;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int key = key0 + r; key < key1; key += kRowsPar) {
-    float x[8];
-    load8(base + key * p.k.stride_seq, x);
+  // kInFlight rows' loads are issued before their adds (a memory-bound pass needs many loads in flight per SM; one
+  // per thread reached 1.6-3.2 TB/s, perf-notes v55); the adds keep the row order, so the sums stay bit-exact.
+  constexpr int kInFlight = 4;
+  for (int key = key0 + r; key < key1; key += kRowsPar * kInFlight) {
+    uint4 raw[kInFlight];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] += x[i];
+    for (int j = 0; j < kInFlight; ++j) {
+      const int kj = key + j * kRowsPar;
+      raw[j] = kj < key1 ? load_raw(base + kj * p.k.stride_seq) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      float x[8];
+      unpack8<T>(raw[j], x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += x[i];
+    }
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) part[r][u * 8 + i] = acc[i];
@@ -67,7 +81,11 @@ __global__ void __launch_bounds__(256) int8_k_sum_kernel(const Int8PrepParams p)
   }
 }
 
-// grid (batch * heads_kv, key blocks), 256 threads.
+// grid (batch * heads_kv, ceil(key blocks / kInt8KBlocksPerCta)), 256 threads: K's mean from the chunk sums, then
+// kInt8KBlocksPerCta blocks of 128 keys in turn (the chunk sums are read once per CTA rather than once per block: at
+// 256-key chunks, 8k keys and d64 they were a third of the bytes the pass read).
+inline constexpr int kInt8KBlocksPerCta = 4;
+
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepParams p) {
   constexpr int kUnits = kHeadDim / 8, kRowsPar = 256 / kUnits;
@@ -83,75 +101,115 @@ __global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepPara
   }
   __syncthreads();
   const int u = threadIdx.x % kUnits, r = threadIdx.x / kUnits;
-  const int key0 = blockIdx.y * kInt8KeyBlock, key1 = min(key0 + kInt8KeyBlock, p.seqlen_k);
   const T* base = static_cast<const T*>(p.k.data) + b * p.k.stride_batch + h * p.k.stride_head + u * 8;
-  float amax = 0.f;
-  for (int key = key0 + r; key < key1; key += kRowsPar) {
-    float x[8];
-    load8(base + key * p.k.stride_seq, x);
+  const int blocks = static_cast<int>(int8_key_blocks(p.seqlen_k));
+  const int kb1 = min(blocks, static_cast<int>(blockIdx.y + 1) * kInt8KBlocksPerCta);
+  for (int kb = blockIdx.y * kInt8KBlocksPerCta; kb < kb1; ++kb) {
+    const int key0 = kb * kInt8KeyBlock, key1 = min(key0 + kInt8KeyBlock, p.seqlen_k);
+    // The thread's rows of the block, loaded once (all in flight together) and kept for the quantization below.
+    constexpr int kRows = kInt8KeyBlock / kRowsPar;
+    uint4 raw[kRows];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i] - mean[u * 8 + i]));
-  }
-  amax = lanes_max<32>(amax);
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  __syncthreads();
-  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float step = int8_step(amax);
-  const float inv = 1.f / step;
-  if (threadIdx.x == 0) p.k_scale[static_cast<int64_t>(bh) * gridDim.y + blockIdx.y] = step;
-  for (int key = key0 + r; key < key1; key += kRowsPar) {
-    float x[8];
-    load8(base + key * p.k.stride_seq, x);
+    for (int j = 0; j < kRows; ++j) {
+      const int key = key0 + r + j * kRowsPar;
+      raw[j] = key < key1 ? load_raw(base + key * p.k.stride_seq) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = (x[i] - mean[u * 8 + i]) * inv;
-    int8_t* dst = p.k8 + ((static_cast<int64_t>(b) * p.seqlen_k + key) * p.heads_kv + h) * kHeadDim + u * 8;
-    *reinterpret_cast<uint2*>(dst) = make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+    for (int j = 0; j < kRows; ++j) {
+      if (key0 + r + j * kRowsPar >= key1) continue;
+      float x[8];
+      unpack8<T>(raw[j], x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i] - mean[u * 8 + i]));
+    }
+    amax = lanes_max<32>(amax);
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+    __syncthreads();
+    for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
+    const float step = int8_step(amax);
+    const float inv = 1.f / step;
+    if (threadIdx.x == 0) p.k_scale[static_cast<int64_t>(bh) * blocks + kb] = step;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int key = key0 + r + j * kRowsPar;
+      if (key >= key1) continue;
+      float x[8];
+      unpack8<T>(raw[j], x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = (x[i] - mean[u * 8 + i]) * inv;
+      int8_t* dst = p.k8 + ((static_cast<int64_t>(b) * p.seqlen_k + key) * p.heads_kv + h) * kHeadDim + u * 8;
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+    }
+    __syncthreads();  // every warp has read warp_max before the next block writes it
   }
 }
 
+// A query row's (batch, seq, head) from its index in (batch, seqlen_q, heads_q) order.
+struct QRow {
+  int b, s, h;
+};
+__device__ __forceinline__ QRow split_q_row(const Int8PrepParams& p, int64_t row) {
+  const uint64_t bs = p.div_heads_q.div(static_cast<uint64_t>(row)), b = p.div_seqlen_q.div(bs);
+  return {static_cast<int>(b), static_cast<int>(p.div_seqlen_q.mod(bs, b)),
+          static_cast<int>(p.div_heads_q.mod(static_cast<uint64_t>(row), bs))};
+}
+
 // kLanes = head_dim / 8 lanes per query row (b, s, h), each with one 16-byte load of 8 elements (a warp takes 32 /
-// kLanes rows at once); grid-stride over groups of rows. Row statistics are reduced over the row's lanes.
+// kLanes rows at once, kInFlight times: all loads are issued before the first row's statistics); grid-stride over
+// groups of rows. Row statistics are reduced over the row's lanes.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) int8_quantize_q_kernel(const Int8PrepParams p) {
   constexpr int kLanes = kHeadDim / 8;  // 8, 16 or 32
+  constexpr int kInFlight = 4;
+  constexpr int64_t kRowsPerBlock = 256 / kLanes;
   const int sub = threadIdx.x % kLanes;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_q * p.heads_q;
   const int group = p.heads_q / p.heads_kv;
-  const int64_t rows_per_pass = static_cast<int64_t>(gridDim.x) * (256 / kLanes);
+  const int64_t rows_per_step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;  // between a lane's j and j + 1
   // Every lane of a warp runs the same number of passes (the shuffles below need all 32): rows past the end are
   // computed on row 0 and not stored.
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x) / kLanes;
   const int64_t warp_first = (static_cast<int64_t>(blockIdx.x) * 256 + (threadIdx.x & ~31)) / kLanes;
-  for (int64_t pass_row = warp_first; pass_row < rows; pass_row += rows_per_pass) {
-    const int64_t row = first + (pass_row - warp_first);
-    const bool live = row < rows;
-    const int64_t r = live ? row : 0;
-    const int h = static_cast<int>(r % p.heads_q);
-    const int64_t bs = r / p.heads_q;
-    const int s = static_cast<int>(bs % p.seqlen_q), b = static_cast<int>(bs / p.seqlen_q);
-    float x[8];
-    load8(static_cast<const T*>(p.q.data) + b * p.q.stride_batch + s * p.q.stride_seq + h * p.q.stride_head + sub * 8,
-          x);
-    float amax = 0.f;
+  for (int64_t pass = 0; warp_first + pass < rows; pass += rows_per_step * kInFlight) {
+    uint4 raw[kInFlight];
+    int64_t row[kInFlight];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i]));
-    const float step = int8_step(lanes_max<kLanes>(amax));
-    const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
-    if (p.lse_shift != nullptr) {
-      const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + sub * 8;
-      float dot = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) dot = fmaf(x[i], km[i], dot);
-      dot = lanes_sum<kLanes>(dot);
-      if (live && sub == 0) p.lse_shift[stat] = dot;
+    for (int j = 0; j < kInFlight; ++j) {
+      row[j] = first + pass + j * rows_per_step;
+      const QRow q = split_q_row(p, row[j] < rows ? row[j] : 0);
+      raw[j] = load_raw(static_cast<const T*>(p.q.data) + q.b * p.q.stride_batch + q.s * p.q.stride_seq +
+                        q.h * p.q.stride_head + sub * 8);
     }
-    if (!live) continue;
-    if (sub == 0) p.q_scale[stat] = step;
-    const float inv = 1.f / step;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] *= inv;
-    *reinterpret_cast<uint2*>(p.q8 + row * kHeadDim + sub * 8) =
-        make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+    for (int j = 0; j < kInFlight; ++j) {
+      const bool live = row[j] < rows;
+      const int64_t r = live ? row[j] : 0;
+      const auto [b, s, h] = split_q_row(p, r);
+      float x[8];
+      unpack8<T>(raw[j], x);
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i]));
+      const float step = int8_step(lanes_max<kLanes>(amax));
+      const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
+      if (p.lse_shift != nullptr) {
+        const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + sub * 8;
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = fmaf(x[i], km[i], dot);
+        dot = lanes_sum<kLanes>(dot);
+        if (live && sub == 0) p.lse_shift[stat] = dot;
+      }
+      if (!live) continue;
+      if (sub == 0) p.q_scale[stat] = step;
+      const float inv = 1.f / step;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] *= inv;
+      *reinterpret_cast<uint2*>(p.q8 + r * kHeadDim + sub * 8) =
+          make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+    }
   }
 }
 

@@ -16,7 +16,7 @@
 namespace flashcore::kernels {
 
 inline constexpr int kInt8KeyBlock = 128;   // keys per K scale
-inline constexpr int kInt8SumChunk = 1024;  // keys per partial sum of the K mean
+inline constexpr int kInt8SumChunk = 256;  // keys per partial sum of the K mean (a block of the sum pass each)
 
 constexpr int64_t int8_key_blocks(int64_t seqlen_k) { return (seqlen_k + kInt8KeyBlock - 1) / kInt8KeyBlock; }
 constexpr int64_t int8_sum_chunks(int64_t seqlen_k) { return (seqlen_k + kInt8SumChunk - 1) / kInt8SumChunk; }
@@ -33,6 +33,8 @@ struct Int8PrepParams {
   float* lse_shift;  // nullptr: the call wants no LSE
   float* lse;        // the call's LSE (batch, heads_q, seqlen_q), for int8_lse_shift_kernel
   float softmax_scale;
+  // Set by the launcher (int8_prep.cu) from the sizes above, for the query rows' index split.
+  FastDiv div_heads_q, div_seqlen_q;
 };
 
 }  // namespace flashcore::kernels

@@ -27,13 +27,21 @@ cudaError_t launch_fp8_transpose_v(const kernels::Fp8PrepParams& p, cudaStream_t
   return kernel == nullptr ? cudaErrorInvalidValue : launch_prep(kernel, transpose_grid(p), stream, p);
 }
 
-cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& p, flashcore_dtype dtype, int sms, cudaStream_t stream) {
+cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& params, flashcore_dtype dtype, int sms,
+                                cudaStream_t stream) {
+  kernels::Fp8PrepParams p = params;
+  p.div_heads_q = kernels::FastDiv(static_cast<uint32_t>(p.heads_q));
+  p.div_heads_kv = kernels::FastDiv(static_cast<uint32_t>(p.heads_kv));
+  p.div_seqlen_q = kernels::FastDiv(static_cast<uint32_t>(p.seqlen_q));
+  p.div_seqlen_k = kernels::FastDiv(static_cast<uint32_t>(p.seqlen_k));
+  p.div_group = kernels::FastDiv(static_cast<uint32_t>(p.heads_q / p.heads_kv));
   const bool bf16 = dtype == FLASHCORE_DTYPE_BF16;
   if (!bf16 && dtype != FLASHCORE_DTYPE_FP16) return cudaErrorInvalidValue;
   const int bh = p.batch * p.heads_kv;
   cudaError_t err = cudaMemsetAsync(p.amax, 0, sizeof(float) * 3 * bh, stream);
   const int max_seq = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
-  const dim3 amax_grid(static_cast<unsigned>(bh), static_cast<unsigned>((max_seq + 31) / 32), 3);
+  const int amax_blocks = (max_seq + kernels::kFp8AmaxRows - 1) / kernels::kFp8AmaxRows;
+  const dim3 amax_grid(static_cast<unsigned>(bh), static_cast<unsigned>(amax_blocks), 3);
   if (err == cudaSuccess) {
     err = launch_prep(bf16 ? reinterpret_cast<const void*>(&kernels::fp8_amax_kernel<__nv_bfloat16>)
                       : reinterpret_cast<const void*>(&kernels::fp8_amax_kernel<__half>),
