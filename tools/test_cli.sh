@@ -137,6 +137,16 @@ usage_form check --precision
 expect 2 "quantizes 16-bit inputs" 1 -- "$BIN" bench --shape "$S1" --dtype e4m3 --precision fp8
 expect 2 "quantizes 16-bit inputs" 1 -- "$BIN" check --shape "$S1" --dtype e4m3 --precision fp8
 expect 2 "dtype e5m2 is 8-bit already" 1 -- "$BIN" bench --shape "$S1" --dtype e5m2 --precision fp8
+expect 2 "expected native, fp8 or int8" 1 -- "$BIN" check --precision int4
+expect 2 "precision int8 quantizes 16-bit inputs" 1 -- "$BIN" bench --shape "$S1" --dtype e4m3 --precision int8
+expect 2 "precision int8 quantizes 16-bit inputs" 1 -- "$BIN" check --shape "$S1" --dtype e5m2 --precision int8
+# precision int8 writes O in the input dtype (the C ABI's out_dtype rule): another --out-dtype is refused
+OTHER16=fp16
+[[ $DT == fp16 ]] && OTHER16=bf16
+expect 2 "int8 writes O in the input dtype" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --precision int8 \
+  --out-dtype $OTHER16
+expect 2 "int8 writes O in the input dtype" 1 -- "$BIN" check --shape "$S1" --dtype both --precision int8 \
+  --out-dtype "$DT"
 expect 2 "16-bit inputs only" 1 -- "$BIN" tune --dtype e5m2
 expect 2 "out-dtype is for" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --out-dtype fp16
 expect 2 "out-dtype is for" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --out-dtype bf16
@@ -146,11 +156,21 @@ expect 2 "unknown option '--precision'" 1 -- "$BIN" tune --precision fp8
 for cmd in bench check; do
   expect 0 "e4m3" 0 -- "$BIN" $cmd --help
   expect 0 "--precision" 0 -- "$BIN" $cmd --help
+  expect 0 "int8" 0 -- "$BIN" $cmd --help
 done
 HAVE_E4M3=0
 [[ ",$DTYPES," == *",fp8_e4m3,"* ]] && HAVE_E4M3=1
 if [[ ",$DTYPES," != *",fp8_e5m2,"* ]]; then
   expect 2 "unsupported dtype e5m2: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype e5m2
+fi
+# the int8 Q K^T kernels of --precision int8 (FLASHCORE_DTYPES i8): sm90 rows named r_i8_*
+HAVE_INT8=0
+"$BIN" info --kernels | grep -q '^r_i8_' && HAVE_INT8=1
+if [[ $HAVE_INT8 -eq 0 ]]; then
+  expect 2 "not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --precision int8
+  if [[ $have_check -eq 1 ]]; then
+    expect 2 "not compiled" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --precision int8
+  fi
 fi
 if [[ $HAVE_E4M3 -eq 0 ]]; then
   expect 2 "unsupported dtype e4m3: not compiled" 1 -- "$BIN" bench --shape "$S1" --dtype e4m3
@@ -205,6 +225,14 @@ if [[ $HAVE_E4M3 -eq 1 ]]; then
     nogpu check --shape "$S1" --dtype e4m3 --causal 1
     nogpu check --shape "$S1" --dtype "$DT" --precision fp8
     nogpu bench --shape "$S1" --dtype e4m3 --check
+  fi
+fi
+if [[ $HAVE_INT8 -eq 1 ]]; then
+  nogpu bench --shape "$S1" --dtype "$DT" --precision int8 --json "$tmp/x.json"
+  nogpu bench --shape "$S1" --dtype "$DT" --precision int8 --out-dtype "$DT"  # the input dtype: allowed
+  if [[ $have_check -eq 1 ]]; then
+    nogpu check --shape "$S1" --dtype "$DT" --precision int8
+    nogpu bench --shape "$S1" --dtype "$DT" --precision int8 --check
   fi
 fi
 # the no-GPU message says why (no driver / driver too old / no GPU), not only a CUDA error name

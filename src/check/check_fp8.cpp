@@ -90,10 +90,13 @@ uint8_t float_to_fp8(float x, flashcore_dtype dtype) {
 }
 
 bool is_precision_fp8(const Case& c) { return c.precision == FLASHCORE_PRECISION_FP8; }
+bool is_precision_int8(const Case& c) { return c.precision == FLASHCORE_PRECISION_INT8; }
 
 flashcore_dtype resolved_out_dtype(const Case& c) { return flashcore::resolved_out_dtype(c.dtype, c.out_dtype); }
 
-const char* precision_name(const Case& c) { return is_precision_fp8(c) ? "fp8" : "native"; }
+const char* precision_name(const Case& c) {
+  return is_precision_fp8(c) ? "fp8" : is_precision_int8(c) ? "int8" : "native";
+}
 
 namespace {
 
@@ -109,12 +112,20 @@ const char* short_name(flashcore_dtype dt) {
 
 bool eight_bit(const Case& c) { return flashcore::is_8bit(c.dtype); }
 
+// The key of the kernels a case runs in the kernel table: its 8-bit dtype, e4m3 for precision = FP8,
+// FLASHCORE_DTYPE_INT8 (the int8 Q K^T kernels) for precision = INT8.
+flashcore_dtype kernel_dtype(const Case& c) {
+  if (eight_bit(c)) return c.dtype;
+  return is_precision_int8(c) ? FLASHCORE_DTYPE_INT8 : FLASHCORE_DTYPE_FP8_E4M3;
+}
+
 }  // namespace
 
 std::string case_name(const Case& c) {
-  std::string n = std::string(short_name(c.dtype)) + (is_precision_fp8(c) ? "_fp8" : "") + "_d" +
-                  std::to_string(c.head_dim) + "_b" + std::to_string(c.batch) + "_h" + std::to_string(c.heads_q) + "x" +
-                  std::to_string(c.heads_kv) + "_q" + std::to_string(c.seqlen_q) + "_k" + std::to_string(c.seqlen_k) +
+  const char* precision = is_precision_fp8(c) ? "_fp8" : is_precision_int8(c) ? "_int8" : "";
+  std::string n = std::string(short_name(c.dtype)) + precision + "_d" + std::to_string(c.head_dim) + "_b" +
+                  std::to_string(c.batch) + "_h" + std::to_string(c.heads_q) + "x" + std::to_string(c.heads_kv) +
+                  "_q" + std::to_string(c.seqlen_q) + "_k" + std::to_string(c.seqlen_k) +
                   (c.causal ? "_causal" : "_full") + (c.bhsd ? "_bhsd" : "_bshd") + "_o" +
                   short_name(resolved_out_dtype(c));
   if (!c.with_lse) n += "_nolse";
@@ -127,6 +138,7 @@ std::string describe(const Case& c) {
   std::ostringstream s;
   s << short_name(c.dtype);
   if (is_precision_fp8(c)) s << " precision=fp8";
+  if (is_precision_int8(c)) s << " precision=int8";
   s << "->" << short_name(resolved_out_dtype(c)) << " B=" << c.batch << " Hq=" << c.heads_q << " Hkv=" << c.heads_kv
     << " Sq=" << c.seqlen_q << " Sk=" << c.seqlen_k << " D=" << c.head_dim << (c.causal ? " causal" : "")
     << (c.bhsd ? " bhsd" : " bshd");
@@ -140,19 +152,22 @@ std::string describe(const Case& c) {
 std::vector<Case> cases(bool quick) {
   std::vector<Case> list;
   std::set<std::string> names;
+  // A 16-bit dtype runs with `precision` (FP8 unless given: 16-bit native cases are flashcore::check's).
   auto add = [&](int64_t D, bool causal, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk,
-                 flashcore_dtype out, flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3) -> Case& {
+                 flashcore_dtype out, flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3,
+                 int32_t precision = FLASHCORE_PRECISION_FP8) -> Case& {
     Case c;
     c.head_dim = D, c.causal = causal, c.batch = B, c.heads_q = Hq, c.heads_kv = Hkv, c.seqlen_q = Sq, c.seqlen_k = Sk;
     c.dtype = dtype;
     c.out_dtype = out;
-    if (!flashcore::is_8bit(dtype)) c.precision = FLASHCORE_PRECISION_FP8;
+    if (!flashcore::is_8bit(dtype)) c.precision = precision;
     list.push_back(c);
     return list.back();
   };
   const int64_t dims[] = {64, 128, 256};
   const flashcore_dtype outs[] = {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16};
   const flashcore_dtype SAME = FLASHCORE_DTYPE_SAME;
+  const int32_t int8 = FLASHCORE_PRECISION_INT8;
   if (quick) {
     int n = 0;
     for (int64_t D : dims)
@@ -163,6 +178,8 @@ std::vector<Case> cases(bool quick) {
     add(128, false, 1, 2, 2, 33, 95, SAME, FLASHCORE_DTYPE_FP16);
     add(64, true, 1, 4, 2, 113, 113, SAME, FLASHCORE_DTYPE_FP8_E5M2);
     add(256, false, 1, 4, 1, 33, 95, FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_FP8_E5M2);
+    add(128, true, 1, 4, 2, 65, 65, SAME, FLASHCORE_DTYPE_BF16, int8);
+    add(64, false, 1, 2, 2, 33, 95, SAME, FLASHCORE_DTYPE_FP16, int8);
   } else {
     // 1. Head dim x causal x O dtype x seqlen (square), alternating layouts.
     const int64_t seqlens[] = {1, 17, 113, 1000, 4097};
@@ -200,6 +217,15 @@ std::vector<Case> cases(bool quick) {
         }
     add(128, true, 1, 2, 2, 4097, 4097, SAME, FLASHCORE_DTYPE_BF16);
     add(256, false, 1, 4, 2, 300, 113, SAME, FLASHCORE_DTYPE_FP16).bhsd = true;
+    // 4b. precision = INT8 (int8 Q K^T, P V in 16 bits) likewise; O is always in the input dtype.
+    for (flashcore_dtype in : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
+      for (int64_t D : dims)
+        for (bool causal : {false, true}) {
+          add(D, causal, 2, 4, 2, 113, 113, SAME, in, int8);
+          add(D, causal, 1, 8, 2, 17, 300, SAME, in, int8);
+        }
+    add(128, true, 1, 2, 2, 4097, 4097, SAME, FLASHCORE_DTYPE_FP16, int8);
+    add(256, false, 1, 4, 2, 300, 113, SAME, FLASHCORE_DTYPE_BF16, int8).bhsd = true;
     // 5. e5m2 inputs: every head dim x causal at an odd length, GQA, Sq != Sk both ways, BHSD, O in fp16.
     const flashcore_dtype e5m2 = FLASHCORE_DTYPE_FP8_E5M2;
     for (int64_t D : dims)
@@ -232,6 +258,8 @@ std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
 
 Tolerance tolerance(const Case& c) {
   if (is_precision_fp8(c)) return {0.07, 0.2, 2e-2, 0.25, 0.0};
+  // int8 Q per token and K per 128 keys: scores off by ~1% of their spread; P V in 16 bits.
+  if (is_precision_int8(c)) return {0.025, 0.08, 1e-2, 0.1, 0.0};
   return {0.035, 0.08, 1e-2, 2e-2, 2e-3};
 }
 
@@ -248,8 +276,8 @@ std::string skip_reason(int64_t head_dim, bool causal, flashcore_dtype dtype) {
       FLASHCORE_SUCCESS)
     return flashcore_last_error();
   if (count == 0)
-    return std::string("no ") + short_name(dtype) + " kernel for head_dim " + std::to_string(head_dim) +
-           (causal ? " causal" : "") + " in this build";
+    return std::string("no ") + (dtype == FLASHCORE_DTYPE_INT8 ? "int8 Q K^T (precision = INT8)" : short_name(dtype)) +
+           " kernel for head_dim " + std::to_string(head_dim) + (causal ? " causal" : "") + " in this build";
   return "";
 }
 
@@ -299,10 +327,12 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
     r.message = "invalid case: " + describe(c);
     return r;
   }
-  if (std::string why = skip_reason(D, c.causal, eight_bit(c) ? c.dtype : FLASHCORE_DTYPE_FP8_E4M3); !why.empty()) {
+  if (std::string why = skip_reason(D, c.causal, kernel_dtype(c)); !why.empty()) {
     r.skipped = true, r.message = why;
     return r;
   }
+  // 8-bit inputs (e4m3 or e5m2) with descales; otherwise 16-bit inputs that precision = FP8 / INT8 quantizes itself
+  // (no descales), judged against the reference of the unquantized values.
   const bool e4m3 = eight_bit(c);
   if (!e4m3 && (c.dtype != FLASHCORE_DTYPE_FP16 && c.dtype != FLASHCORE_DTYPE_BF16)) {
     r.message = std::string("no input generator for dtype ") + flashcore::dtype_name(c.dtype);

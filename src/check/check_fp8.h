@@ -1,14 +1,16 @@
-// The 8-bit cases of `flashcore check` (and of `flashcore bench --check` for e4m3 / precision fp8 rows): the e4m3
-// path with per-(batch, KV head) descales judged against the float64 reference (src/reference) of the dequantized
-// inputs, and precision = FP8 (16-bit inputs quantized by the library) against the float64 reference of the
+// The 8-bit cases of `flashcore check` (and of `flashcore bench --check` for e4m3 / precision fp8 / int8 rows): the
+// e4m3 path with per-(batch, KV head) descales judged against the float64 reference (src/reference) of the dequantized
+// inputs, and precision = FP8 / INT8 (16-bit inputs quantized by the library) against the float64 reference of the
 // unquantized inputs. flashcore::check (src/check) covers the 16-bit path; this is its 8-bit counterpart, with the
-// 8-bit tolerance rule:
-//   e4m3 inputs:     relative RMSE of O <= 0.035, max |O - ref| <= 0.08 * max |ref| + 1e-2,
-//                    |LSE - ref| <= 2e-2 + 2e-3 * |ref|
-//   precision = FP8: relative RMSE of O <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25
-// (P, the softmax probabilities, is rounded to e4m3 before the P*V product, as in FlashAttention-3's FP8 path), and
-// the rules of the 16-bit sweep: O and LSE poisoned (NaN) before every call and every element written, O finite,
-// O = 0 / LSE = -inf exactly on rows that see no key, bit-identical repeats.
+// 8-bit tolerance rule (tests/gpu/test_fp8.cpp's):
+//   e4m3 inputs:      relative RMSE of O <= 0.035, max |O - ref| <= 0.08 * max |ref| + 1e-2,
+//                     |LSE - ref| <= 2e-2 + 2e-3 * |ref|
+//   precision = FP8:  relative RMSE of O <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25
+//   precision = INT8: relative RMSE of O <= 0.025, max |O - ref| <= 0.08 * max |ref| + 1e-2, |LSE - ref| <= 0.1
+//                     (int8 Q per token and K per 128 keys: scores off by ~1% of their spread; P V in 16 bits)
+// (on the e4m3 paths P, the softmax probabilities, is rounded to e4m3 before the P*V product, as in
+// FlashAttention-3's FP8 path), and the rules of the 16-bit sweep: O and LSE poisoned (NaN) before every call and
+// every element written, O finite, O = 0 / LSE = -inf exactly on rows that see no key, bit-identical repeats.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -40,7 +42,7 @@ struct Case {
   // uniform in [32, 128], per (batch, KV head): real values ~N(0, 1) * [0.5, 2]. FP16 / BF16: N(0, 1) inputs, run
   // with precision.
   flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3;
-  int32_t precision = FLASHCORE_PRECISION_NATIVE;  // FLASHCORE_PRECISION_FP8 with a 16-bit dtype
+  int32_t precision = FLASHCORE_PRECISION_NATIVE;  // FLASHCORE_PRECISION_FP8 or _INT8 with a 16-bit dtype
   flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // passed as is (SAME: bf16 for e4m3, the input dtype otherwise)
 };
 
@@ -48,18 +50,22 @@ struct Case {
 flashcore_dtype resolved_out_dtype(const Case& c);
 // True for a precision = FP8 case.
 bool is_precision_fp8(const Case& c);
+// True for a precision = INT8 case.
+bool is_precision_int8(const Case& c);
 
-// "e4m3_d128_b2_h4x2_q113_k113_causal_bshd_obf16", "bf16_fp8_d128_...": unique per shape and options.
+// "e4m3_d128_b2_h4x2_q113_k113_causal_bshd_obf16", "bf16_fp8_d128_...", "bf16_int8_d128_...": unique per shape and
+// options.
 std::string case_name(const Case& c);
-// "e4m3->bf16 B=2 Hq=4 Hkv=2 Sq=113 Sk=113 D=128 causal bshd", "bf16 precision=fp8 ...".
+// "e4m3->bf16 B=2 Hq=4 Hkv=2 Sq=113 Sk=113 D=128 causal bshd", "bf16 precision=fp8 ...", "bf16 precision=int8 ...".
 std::string describe(const Case& c);
-// "fp8_e4m3" / "bf16" ... and "native" / "fp8": the case's dtype and precision words (for JSON / CSV).
+// "fp8_e4m3" / "bf16" ... and "native" / "fp8" / "int8": the case's dtype and precision words (for JSON / CSV).
 const char* precision_name(const Case& c);
 
 // The list `flashcore check` adds to flashcore::check::cases: quick = a few small ones (every head dim x causal, O in
-// both 16-bit dtypes, rows without keys, precision = FP8 from both 16-bit dtypes); full = the grid of head dims x
-// causal x O dtype x seqlens 1, 17, 113, 1000, 4097, GQA / MQA, seqlen_q != seqlen_k both ways, BHSD, batch 5,
-// precision = FP8 cases. Cases for head dims or dtypes this build lacks are in the list; run_case skips them.
+// both 16-bit dtypes, rows without keys, precision = FP8 and precision = INT8 from both 16-bit dtypes); full = the
+// grid of head dims x causal x O dtype x seqlens 1, 17, 113, 1000, 4097, GQA / MQA, seqlen_q != seqlen_k both ways,
+// BHSD, batch 5, precision = FP8 and precision = INT8 cases. Cases for head dims or dtypes this build lacks are in
+// the list; run_case skips them.
 std::vector<Case> cases(bool quick);
 
 // Query rows compared against the reference, for every batch and head: empty = all, used when
@@ -92,7 +98,8 @@ struct Result {
 Result run_case(const Case& c, uint64_t seed, int repeats = 1);
 
 // "" when an 8-bit case of (head_dim, causal) can run here; else why not (no device, not the sm90 backend, no kernel
-// of the 8-bit dtype compiled for it; precision = FP8 runs the e4m3 kernels).
+// of the 8-bit dtype compiled for it). precision = FP8 runs the e4m3 kernels, precision = INT8 the int8 Q K^T ones
+// (dtype FLASHCORE_DTYPE_INT8, their key in the kernel table).
 std::string skip_reason(int64_t head_dim, bool causal, flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3);
 
 }  // namespace flashcore::check::fp8

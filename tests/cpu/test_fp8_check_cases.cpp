@@ -25,6 +25,7 @@ bool any(const std::vector<fp8::Case>& list, Pred pred) {
 
 bool e4m3(const fp8::Case& c) { return c.dtype == FLASHCORE_DTYPE_FP8_E4M3; }
 bool e5m2(const fp8::Case& c) { return c.dtype == FLASHCORE_DTYPE_FP8_E5M2; }
+bool int8(const fp8::Case& c) { return c.precision == FLASHCORE_PRECISION_INT8; }
 
 }  // namespace
 
@@ -56,6 +57,16 @@ TEST(Fp8CheckCases, FullListCoversThe8BitRequirements) {
       EXPECT_TRUE(any(list, [&](const fp8::Case& c) {
         return c.dtype == in && c.causal == causal && c.precision == FLASHCORE_PRECISION_FP8;
       })) << "precision = FP8 from " << in;
+  // precision = INT8 as precision = FP8: every head dim x causal from both 16-bit dtypes, GQA, 4097 keys, BHSD.
+  for (flashcore_dtype in : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
+    for (int64_t D : {64, 128, 256})
+      for (bool causal : {false, true})
+        EXPECT_TRUE(any(list, [&](const fp8::Case& c) {
+          return int8(c) && c.dtype == in && c.head_dim == D && c.causal == causal;
+        })) << "precision = INT8 from " << in << " D=" << D << " causal=" << causal;
+  EXPECT_TRUE(any(list, [](const fp8::Case& c) { return int8(c) && c.heads_q > c.heads_kv; })) << "INT8 GQA";
+  EXPECT_TRUE(any(list, [](const fp8::Case& c) { return int8(c) && c.causal && c.seqlen_k == 4097; })) << "INT8 4097";
+  EXPECT_TRUE(any(list, [](const fp8::Case& c) { return int8(c) && c.bhsd; })) << "INT8 BHSD";
   // e5m2 inputs: every head dim x causal, GQA, MQA, Sq != Sk both ways, both O dtypes.
   for (int64_t D : {64, 128, 256})
     for (bool causal : {false, true})
@@ -68,8 +79,13 @@ TEST(Fp8CheckCases, FullListCoversThe8BitRequirements) {
   for (flashcore_dtype out : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
     EXPECT_TRUE(any(list, [&](const fp8::Case& c) { return e5m2(c) && fp8::resolved_out_dtype(c) == out; }));
   for (const fp8::Case& c : list) {
-    // 8-bit dtype <=> native precision; 16-bit dtype <=> precision FP8 (16-bit native cases are flashcore::check's).
+    // 8-bit dtype <=> native precision; 16-bit dtype <=> precision FP8 or INT8 (16-bit native cases are
+    // flashcore::check's).
     EXPECT_EQ(e4m3(c) || e5m2(c), c.precision == FLASHCORE_PRECISION_NATIVE) << c.name;
+    // precision = INT8 writes O in the input dtype only (the C ABI refuses another out_dtype).
+    if (int8(c)) {
+      EXPECT_EQ(fp8::resolved_out_dtype(c), c.dtype) << c.name;
+    }
     EXPECT_EQ(c.heads_q % c.heads_kv, 0) << c.name;
   }
 }
@@ -85,8 +101,11 @@ TEST(Fp8CheckCases, QuickListIsSmallAndCoversHeadDimCausal) {
   for (flashcore_dtype out : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
     EXPECT_TRUE(any(quick, [&](const fp8::Case& c) { return e4m3(c) && fp8::resolved_out_dtype(c) == out; }));
   EXPECT_TRUE(any(quick, [](const fp8::Case& c) { return c.causal && c.seqlen_q > c.seqlen_k; })) << "rows without keys";
-  for (flashcore_dtype in : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
+  for (flashcore_dtype in : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
     EXPECT_TRUE(any(quick, [&](const fp8::Case& c) { return c.dtype == in && fp8::is_precision_fp8(c); }));
+    EXPECT_TRUE(any(quick, [&](const fp8::Case& c) { return c.dtype == in && fp8::is_precision_int8(c); }))
+        << "precision = INT8 from " << in;
+  }
   EXPECT_TRUE(any(quick, [](const fp8::Case& c) { return e5m2(c); })) << "e5m2 inputs";
   for (const auto& c : quick) EXPECT_LE(c.batch * c.heads_q * c.seqlen_q * c.seqlen_k, 64 * 1024) << c.name;
 }
@@ -98,8 +117,10 @@ TEST(Fp8CheckCases, NamesAreUniqueAndSafe) {
       EXPECT_FALSE(c.name.empty());
       EXPECT_TRUE(names.insert(c.name).second) << "duplicate name " << c.name;
       for (char ch : c.name) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_') << c.name;
-      // The --filter words of the help: e4m3 cases say "e4m3", e5m2 ones "e5m2", precision = FP8 ones "fp8".
-      EXPECT_NE(c.name.find(e4m3(c) ? "e4m3" : e5m2(c) ? "e5m2" : "fp8"), std::string::npos) << c.name;
+      // The --filter words of the help: e4m3 cases say "e4m3", e5m2 ones "e5m2", precision = FP8 ones "fp8",
+      // precision = INT8 ones "int8".
+      EXPECT_NE(c.name.find(e4m3(c) ? "e4m3" : e5m2(c) ? "e5m2" : int8(c) ? "int8" : "fp8"), std::string::npos)
+          << c.name;
     }
   }
 }
@@ -130,6 +151,16 @@ TEST(Fp8CheckCases, DescribeAndName) {
   EXPECT_EQ(fp8::describe(c), "bf16 precision=fp8->bf16 B=2 Hq=8 Hkv=2 Sq=113 Sk=4097 D=128 bhsd no-lse");
   EXPECT_EQ(fp8::case_name(c), "bf16_fp8_d128_b2_h8x2_q113_k4097_full_bhsd_obf16_nolse");
   EXPECT_STREQ(fp8::precision_name(c), "fp8");
+  EXPECT_TRUE(fp8::is_precision_fp8(c));
+  EXPECT_FALSE(fp8::is_precision_int8(c));
+  c.dtype = FLASHCORE_DTYPE_FP16, c.precision = FLASHCORE_PRECISION_INT8;
+  EXPECT_EQ(fp8::describe(c), "fp16 precision=int8->fp16 B=2 Hq=8 Hkv=2 Sq=113 Sk=4097 D=128 bhsd no-lse");
+  EXPECT_EQ(fp8::case_name(c), "fp16_int8_d128_b2_h8x2_q113_k4097_full_bhsd_ofp16_nolse");
+  EXPECT_STREQ(fp8::precision_name(c), "int8");
+  EXPECT_TRUE(fp8::is_precision_int8(c));
+  EXPECT_FALSE(fp8::is_precision_fp8(c));
+  c.dtype = FLASHCORE_DTYPE_FP8_E4M3, c.precision = FLASHCORE_PRECISION_NATIVE;
+  EXPECT_STREQ(fp8::precision_name(c), "native");
 }
 
 TEST(Fp8CheckCases, TolerancesAreThe8BitRule) {
@@ -138,8 +169,20 @@ TEST(Fp8CheckCases, TolerancesAreThe8BitRule) {
   EXPECT_EQ(t.rel_rmse, 0.035);
   EXPECT_EQ(t.max_rel, 0.08);
   EXPECT_EQ(t.max_abs, 1e-2);
+  EXPECT_EQ(t.lse_abs, 2e-2);
+  EXPECT_EQ(t.lse_rel, 2e-3);
   c.dtype = FLASHCORE_DTYPE_FP16, c.precision = FLASHCORE_PRECISION_FP8;
   EXPECT_EQ(fp8::tolerance(c).rel_rmse, 0.07);
+  // precision = INT8: tests/gpu/test_fp8.cpp's kTolPrecisionInt8 (P V in 16 bits: tighter than precision = FP8).
+  for (flashcore_dtype in : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
+    c.dtype = in, c.precision = FLASHCORE_PRECISION_INT8;
+    const fp8::Tolerance i8 = fp8::tolerance(c);
+    EXPECT_EQ(i8.rel_rmse, 0.025);
+    EXPECT_EQ(i8.max_rel, 0.08);
+    EXPECT_EQ(i8.max_abs, 1e-2);
+    EXPECT_EQ(i8.lse_abs, 0.1);
+    EXPECT_EQ(i8.lse_rel, 0.0);
+  }
 }
 
 TEST(Fp8CheckCases, CheckedRowsSampleLargeProblems) {
@@ -224,4 +267,5 @@ TEST(Fp8CheckCases, WithoutADeviceACaseIsSkippedWithTheReason) {
     EXPECT_FALSE(r.message.empty()) << c.name;
   }
   EXPECT_FALSE(fp8::skip_reason(128, false).empty());
+  EXPECT_FALSE(fp8::skip_reason(128, false, FLASHCORE_DTYPE_INT8).empty());
 }

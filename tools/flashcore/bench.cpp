@@ -32,21 +32,22 @@ struct RowSpec {
   int64_t batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 128, seqlen_k = 128, head_dim = 64;
   flashcore_dtype dtype = FLASHCORE_DTYPE_BF16;
   bool causal = false;
-  int32_t precision = FLASHCORE_PRECISION_NATIVE;    // FP8: 16-bit inputs quantized by the library, timed with it
+  int32_t precision = FLASHCORE_PRECISION_NATIVE;    // FP8, INT8: 16-bit inputs quantized by the library, timed with it
   flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // as passed (SAME: bf16 for e4m3, the input dtype otherwise)
   bool v_transposed = false;  // 8-bit: V transposed once before timing (--v-transposed)
 };
 
-// 8-bit kernels run: e4m3 inputs, or 16-bit inputs with precision = FP8.
+// 8-bit kernels run: e4m3 inputs, or 16-bit inputs with precision = FP8 (e4m3 kernels) or INT8 (int8 Q K^T); such
+// rows are checked by the 8-bit rule (check/check_fp8.h).
 bool runs_8bit(const RowSpec& r) {
-  return flashcore::is_8bit(r.dtype) || r.precision == FLASHCORE_PRECISION_FP8;
+  return flashcore::is_8bit(r.dtype) || r.precision != FLASHCORE_PRECISION_NATIVE;
 }
 
-// The dtype column: "bf16", "e4m3" (O in bf16), "e4m3>fp16" (O in fp16), "bf16:fp8" (precision = FP8), "e4m3:vt"
-// (V transposed once, --v-transposed).
+// The dtype column: "bf16", "e4m3" (O in bf16), "e4m3>fp16" (O in fp16), "bf16:fp8" (precision = FP8), "bf16:int8"
+// (precision = INT8), "e4m3:vt" (V transposed once, --v-transposed).
 std::string dtype_label(const RowSpec& r) {
   std::string s = cli_dtype_name(r.dtype);
-  if (r.precision == FLASHCORE_PRECISION_FP8) s += ":fp8";
+  if (r.precision != FLASHCORE_PRECISION_NATIVE) s += std::string(":") + cli_precision_name(r.precision);
   if (r.v_transposed) s += ":vt";
   const flashcore_dtype out = flashcore::resolved_out_dtype(r.dtype, r.out_dtype);
   if (out != (flashcore::is_8bit(r.dtype) ? FLASHCORE_DTYPE_BF16 : r.dtype))
@@ -190,10 +191,7 @@ Options parse_options(int argc, char** argv, int first) {
 #ifndef FLASHCORE_CLI_HAVE_CHECK
   if (o.check) usage_error("--check: this flashcore was built without the check library");
 #endif
-  check_problem_flags(o.problem);
-  if (o.problem.out_dtype != FLASHCORE_DTYPE_SAME && o.problem.precision != FLASHCORE_PRECISION_FP8 &&
-      !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
-    usage_error("--out-dtype is for --dtype e4m3 / e5m2 or --precision fp8 (16-bit calls write O in their input dtype)");
+  check_problem_flags(o.problem);  // --precision against --dtype, --out-dtype
   if (o.v_transposed && !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
     usage_error("--v-transposed is for --dtype e4m3 / e5m2 (8-bit V given transposed)");
   if (o.presets.empty() && o.shapes.empty()) o.presets.push_back("seeds");
@@ -205,8 +203,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
   for (flashcore_dtype dt : o.problem.dtypes)
     if (!caps_has_dtype(caps, dt))
       usage_error(std::string("unsupported dtype ") + cli_dtype_name(dt) + ": not compiled into this FlashCore");
-  if (o.problem.precision == FLASHCORE_PRECISION_FP8 && !caps_has_dtype(caps, FLASHCORE_DTYPE_FP8_E4M3))
-    usage_error("--precision fp8 runs the e4m3 kernels, which are not compiled into this FlashCore");
+  require_precision_kernels(o.problem.precision, caps);
   for (const ShapeArg& s : o.shapes)
     if (!caps_has_head_dim(caps, s.head_dim))
       usage_error("unsupported head dim " + std::to_string(s.head_dim) + " in shape '" + s.text +
@@ -579,7 +576,7 @@ std::string repro_command(const Options& o, const RowSpec& r) {
   std::string c = "flashcore bench --shape " + shape_text(r) + " --dtype " + cli_dtype_name(r.dtype) + " --causal " +
                   (r.causal ? "1" : "0") + " --layout " + (o.problem.bhsd ? "bhsd" : "bshd") + " --iters " +
                   std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup);
-  if (r.precision == FLASHCORE_PRECISION_FP8) c += " --precision fp8";
+  if (r.precision != FLASHCORE_PRECISION_NATIVE) c += std::string(" --precision ") + cli_precision_name(r.precision);
   if (r.out_dtype != FLASHCORE_DTYPE_SAME) c += std::string(" --out-dtype ") + cli_dtype_name(r.out_dtype);
   if (o.graph) c += " --graph --graph-calls " + std::to_string(o.graph_calls);
   if (!o.rotate) c += " --no-rotate";
@@ -656,7 +653,7 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
       << ", \"heads_q\": " << s.heads_q << ", \"heads_kv\": " << s.heads_kv << ", \"seqlen_q\": " << s.seqlen_q
       << ", \"seqlen_k\": " << s.seqlen_k << ", \"head_dim\": " << s.head_dim << ", \"dtype\": \""
       << dtype_name(s.dtype) << "\", \"out_dtype\": \"" << dtype_name(flashcore::resolved_out_dtype(s.dtype, s.out_dtype))
-      << "\", \"precision\": \"" << (s.precision == FLASHCORE_PRECISION_FP8 ? "fp8" : "native")
+      << "\", \"precision\": \"" << cli_precision_name(s.precision)
       << "\", \"causal\": " << (s.causal ? "true" : "false") << ", \"status\": \"" << r.status
       << "\", \"message\": \"" << json_escape(r.message) << "\", \"median_ms\": " << json_num(r.ms.median)
       << ", \"mean_ms\": " << json_num(r.ms.mean) << ", \"p99_ms\": " << json_num(r.ms.p99)
@@ -700,7 +697,7 @@ void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
       << "," << (p.valid ? num(p.sm_clock_mean_mhz) : "") << "," << (p.valid ? std::to_string(p.temp_max_c) : "")
       << "," << num(tflops_per_watt(r)) << "," << (r.checked ? r.check_status : "") << ","
       << num(r.check_o_err) << ",\"" << r.repro << "\"," << dtype_name(flashcore::resolved_out_dtype(s.dtype, s.out_dtype))
-      << "," << (s.precision == FLASHCORE_PRECISION_FP8 ? "fp8" : "native") << "\n";
+      << "," << cli_precision_name(s.precision) << "\n";
   }
   if (!f) throw CliError(kExitFailure, "error writing " + path);
 }
@@ -773,9 +770,11 @@ void print_bench_help() {
       "                   zero-filled workspace (the library transposes V into it, inside the timed call)\n"
       "  --v-transposed   with --dtype e4m3 / e5m2: V transposed once per buffer set before timing\n"
       "                   (flashcore_fp8_transpose_v, FLASHCORE_FLAG_V_TRANSPOSED): the calls skip their transpose\n"
-      "  --precision P    native | fp8 (default native). fp8: 16-bit inputs quantized to e4m3 by the library and\n"
-      "                   run by the 8-bit kernels; the quantization is timed with the attention\n"
-      "  --out-dtype D    bf16 | fp16: O of --dtype e4m3 / e5m2 (default bf16) or of --precision fp8 (default the input)\n"
+      "  --precision P    native | fp8 | int8 (default native). fp8: 16-bit inputs quantized to e4m3 by the library\n"
+      "                   and run by the 8-bit kernels; int8: the high-accuracy 8-bit mode (Q, K quantized to int8,\n"
+      "                   int8 Q K^T, P V in 16 bits); the quantization is timed with the attention\n"
+      "  --out-dtype D    bf16 | fp16: O of --dtype e4m3 / e5m2 (default bf16) or of --precision fp8 (default the\n"
+      "                   input); --precision int8 writes O in the input dtype only\n"
       "  --causal C       0 | 1 | both (default: both for presets, 0 for --shape only)\n"
       "  --layout L       bshd | bhsd (default bshd)\n"
       "  --iters N        timed calls (default 30)\n"
@@ -783,7 +782,7 @@ void print_bench_help() {
       "  --graph          CUDA-graph mode: --graph-calls K calls per graph (default 20); time per call\n"
       "                   without launch overhead\n"
       "  --check          check each row against the reference (flashcore::check::run_case; e4m3 and\n"
-      "                   --precision fp8 rows: the 8-bit rule of flashcore check)\n"
+      "                   --precision fp8 / int8 rows: the 8-bit rule of flashcore check)\n"
       "  --no-rotate      reuse one buffer set (L2-warm numbers)\n"
       "  --no-lse         do not write the log-sum-exp output\n"
       "  --power-ms N     keep the GPU busy >= N ms per row while NVML samples power (default 200; 0 = off)\n"
@@ -798,7 +797,8 @@ void print_bench_help() {
       "same count for every dtype.\n"
       "KV_GB/s = bytes of K and V (B*Sk*Hkv*D*s each, s = 2, or 1 for e4m3) / median, with the share of the\n"
       "DRAM peak in brackets.\n"
-      "dtype column: bf16, fp16, e4m3 (O in bf16), e4m3>fp16 (O in fp16), bf16:fp8 (--precision fp8).\n");
+      "dtype column: bf16, fp16, e4m3 (O in bf16), e4m3>fp16 (O in fp16), bf16:fp8 (--precision fp8),\n"
+      "bf16:int8 (--precision int8).\n");
 }
 
 int run_bench(int argc, char** argv, int first) {

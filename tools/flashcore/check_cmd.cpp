@@ -20,21 +20,23 @@ void print_check_help() {
       "\n"
       "Runs FlashCore against the float64 CPU reference, one line per case: 16-bit cases through\n"
       "flashcore::check::run_case, 8-bit cases (e4m3 and e5m2 inputs with per-(batch, KV head) descales, and\n"
-      "--precision fp8: 16-bit inputs quantized by the library) through their own runner.\n"
+      "--precision fp8 / int8: 16-bit inputs quantized by the library) through their own runner.\n"
       "Without --shape: the full case list, or the small subset with --quick; both end with the 8-bit cases\n"
-      "when this build has e4m3 kernels.\n"
+      "when this build has e4m3 kernels, and with the --precision int8 ones when it has int8 Q K^T kernels.\n"
       "options:\n"
       "  --quick          small shapes of every dtype x head dim x causal (for sanitizers / smoke runs)\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable); uses --dtype, --causal, --layout, --precision,\n"
       "                   --out-dtype\n"
       "  --dtype D        fp16 | bf16 | both | e4m3 | e5m2 (default bf16; --shape only)\n"
-      "  --precision P    native | fp8 (default native; --shape only): fp8 runs 16-bit inputs through the\n"
-      "                   8-bit kernels (quantized by the library)\n"
+      "  --precision P    native | fp8 | int8 (default native; --shape only): fp8 runs 16-bit inputs through the\n"
+      "                   e4m3 kernels (quantized by the library), int8 through the high-accuracy 8-bit mode\n"
+      "                   (int8 Q K^T, P V in 16 bits)\n"
       "  --out-dtype D    bf16 | fp16: O of 8-bit cases (default bf16) or of --precision fp8 (default the input\n"
-      "                   dtype); --shape only\n"
+      "                   dtype; --precision int8 writes O in the input dtype only); --shape only\n"
       "  --causal C       0 | 1 | both (default both; --shape only)\n"
       "  --layout L       bshd | bhsd (default bshd; --shape only)\n"
-      "  --filter TEXT    only cases whose name or description contains TEXT (8-bit: \"e4m3\", \"e5m2\", \"fp8\")\n"
+      "  --filter TEXT    only cases whose name or description contains TEXT (8-bit: \"e4m3\", \"e5m2\", \"fp8\",\n"
+      "                   \"int8\")\n"
       "  --determinism N  also require bit-identical output over N runs\n"
       "  --seed N         input seed (default 1)\n"
       "  --device N       CUDA device (default 0)\n"
@@ -45,8 +47,9 @@ void print_check_help() {
       "LSE likewise (relative). 8-bit cases (P is rounded to e4m3 in the kernel): 8-bit inputs against the\n"
       "reference of the dequantized inputs: relative RMSE of O <= 0.035, max |O - ref| <= 0.08 * max |ref| + 1e-2,\n"
       "|LSE - ref| <= 2e-2 + 2e-3 * |ref|; --precision fp8 against the reference of the unquantized inputs:\n"
-      "relative RMSE <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25. Every case: O and LSE\n"
-      "written and finite, O = 0 / LSE = -inf on rows that see no key.\n"
+      "relative RMSE <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25; --precision int8\n"
+      "(P V in 16 bits) likewise: relative RMSE <= 0.025, max |O - ref| <= 0.08 * max |ref| + 1e-2,\n"
+      "|LSE - ref| <= 0.1. Every case: O and LSE written and finite, O = 0 / LSE = -inf on rows that see no key.\n"
       "\n"
       "exit status: 0 all passed (or skipped), 1 a case failed, 2 bad arguments, 3 no Hopper GPU\n");
 }
@@ -96,10 +99,7 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
     }
   }
   if (o.quick && !o.shapes.empty()) usage_error("--quick and --shape are exclusive");
-  check_problem_flags(o.problem);
-  if (o.problem.out_dtype != FLASHCORE_DTYPE_SAME && o.problem.precision != FLASHCORE_PRECISION_FP8 &&
-      !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
-    usage_error("--out-dtype is for --dtype e4m3 / e5m2 or --precision fp8 (16-bit calls write O in their input dtype)");
+  check_problem_flags(o.problem);  // --precision against --dtype, --out-dtype
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   return true;
 }
@@ -248,22 +248,18 @@ int run_check(int argc, char** argv, int first) {
   const int repeats = o.repeats;
 
   flashcore_capabilities caps = capabilities();
-  const bool have_e4m3 = caps_has_dtype(caps, FLASHCORE_DTYPE_FP8_E4M3);
+  // The 8-bit cases need the e4m3 kernels, except precision = INT8's: the int8 Q K^T kernels.
+  const bool have_e4m3 = caps_has_dtype(caps, FLASHCORE_DTYPE_FP8_E4M3), have_int8 = have_int8_kernels();
   std::vector<Item> list;
-  bool left_out_8bit = false;
   if (shapes.empty()) {
     for (const ck::Case& c : ck::cases(o.quick)) list.push_back({false, c, {}});
-    if (have_e4m3) {
-      for (const fp8::Case& c : fp8::cases(o.quick)) list.push_back({true, {}, c});
-    } else {
-      left_out_8bit = true;
-    }
+    for (const fp8::Case& c : fp8::cases(o.quick))
+      if (fp8::is_precision_int8(c) ? have_int8 : have_e4m3) list.push_back({true, {}, c});
   } else {
     for (flashcore_dtype dt : o.problem.dtypes)
       if (!caps_has_dtype(caps, dt))
         usage_error(std::string("unsupported dtype ") + cli_dtype_name(dt) + ": not compiled into this FlashCore");
-    if (o.problem.precision == FLASHCORE_PRECISION_FP8 && !have_e4m3)
-      usage_error("--precision fp8 runs the e4m3 kernels, which are not compiled into this FlashCore");
+    require_precision_kernels(o.problem.precision, caps);
     for (const std::string& s : shapes) {
       for (flashcore_dtype dt : o.problem.dtypes) {
         for (bool c : o.problem.causal) {
@@ -273,7 +269,7 @@ int run_check(int argc, char** argv, int first) {
           if (!caps_has_head_dim(caps, cs.head_dim))
             usage_error("unsupported head dim " + std::to_string(cs.head_dim) + " in shape '" + s +
                         "' (compiled: " + caps_head_dims_string(caps) + ")");
-          if (flashcore::is_8bit(dt) || o.problem.precision == FLASHCORE_PRECISION_FP8) {
+          if (flashcore::is_8bit(dt) || o.problem.precision != FLASHCORE_PRECISION_NATIVE) {
             fp8::Case f;
             f.batch = cs.batch, f.heads_q = cs.heads_q, f.heads_kv = cs.heads_kv, f.seqlen_q = cs.seqlen_q;
             f.seqlen_k = cs.seqlen_k, f.head_dim = cs.head_dim, f.causal = c, f.bhsd = o.problem.bhsd;
@@ -302,8 +298,12 @@ int run_check(int argc, char** argv, int first) {
   }
 
   const DeviceInfo dev = require_hopper(o.device);
-  if (left_out_8bit)
-    std::fprintf(stderr, "flashcore check: note: no e4m3 kernels in this build: the 8-bit cases are left out\n");
+  if (shapes.empty() && !have_e4m3)
+    std::fprintf(stderr, "flashcore check: note: no e4m3 kernels in this build: the e4m3, e5m2 and precision fp8 "
+                         "cases are left out\n");
+  if (shapes.empty() && !have_int8)
+    std::fprintf(stderr, "flashcore check: note: no int8 Q K^T kernels in this build: the precision int8 cases are "
+                         "left out\n");
 
   int passed = 0, failed = 0, skipped = 0;
   std::vector<CaseRow> rows;

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "api/backend.h"
+
 namespace fccli {
 
 namespace {
@@ -102,7 +104,12 @@ std::vector<flashcore_dtype> parse_dtypes(const std::string& text, bool allow_8b
 int32_t parse_precision(const std::string& text) {
   if (text == "native") return FLASHCORE_PRECISION_NATIVE;
   if (text == "fp8") return FLASHCORE_PRECISION_FP8;
-  usage_error("--precision: '" + text + "' (expected native or fp8)");
+  if (text == "int8") return FLASHCORE_PRECISION_INT8;
+  usage_error("--precision: '" + text + "' (expected native, fp8 or int8)");
+}
+
+const char* cli_precision_name(int32_t precision) {
+  return precision == FLASHCORE_PRECISION_FP8 ? "fp8" : precision == FLASHCORE_PRECISION_INT8 ? "int8" : "native";
 }
 
 flashcore_dtype parse_out_dtype(const std::string& text) {
@@ -145,11 +152,24 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p) {
 }
 
 void check_problem_flags(const ProblemFlags& p) {
-  if (p.precision == FLASHCORE_PRECISION_FP8) {
+  if (p.precision != FLASHCORE_PRECISION_NATIVE) {
     for (flashcore_dtype dt : p.dtypes)
       if (flashcore::is_8bit(dt))
-        usage_error(std::string("--precision fp8 quantizes 16-bit inputs; --dtype ") + cli_dtype_name(dt) +
+        usage_error(std::string("--precision ") + cli_precision_name(p.precision) +
+                    " quantizes 16-bit inputs; --dtype " + cli_dtype_name(dt) +
                     " is 8-bit already (use --precision native)");
+  }
+  if (p.out_dtype == FLASHCORE_DTYPE_SAME) return;
+  if (p.precision == FLASHCORE_PRECISION_INT8) {
+    // precision = INT8 runs P V in the input dtype and writes O in it: the C ABI takes out_dtype SAME or that dtype.
+    for (flashcore_dtype dt : p.dtypes)
+      if (dt != p.out_dtype)
+        usage_error(std::string("--precision int8 writes O in the input dtype; --out-dtype ") +
+                    cli_dtype_name(p.out_dtype) + " differs from --dtype " + cli_dtype_name(dt) +
+                    " (leave --out-dtype out)");
+  } else if (p.precision != FLASHCORE_PRECISION_FP8 && !(p.dtypes.size() == 1 && flashcore::is_8bit(p.dtypes[0]))) {
+    usage_error("--out-dtype is for --dtype e4m3 / e5m2 or --precision fp8 (16-bit calls write O in their input "
+                "dtype)");
   }
 }
 
@@ -185,6 +205,19 @@ bool caps_has_dtype(const flashcore_capabilities& caps, flashcore_dtype dt) {
   for (int i = 0; i < caps.num_dtypes && i < FLASHCORE_MAX_CAPS; ++i)
     if (caps.dtypes[i] == dt) return true;
   return false;
+}
+
+// flashcore_capabilities lists the dtypes a call passes, so not FLASHCORE_DTYPE_INT8 (only the key of the int8 Q K^T
+// kernels), and flashcore_list_kernel_configs needs a device: ask the backend table that caps.dtypes comes from
+// (src/api/capabilities.cpp), so that --precision int8 is refused before the device, as --precision fp8 is.
+bool have_int8_kernels() { return flashcore::backend::compiled_head_dims(FLASHCORE_DTYPE_INT8, nullptr, 0) > 0; }
+
+void require_precision_kernels(int32_t precision, const flashcore_capabilities& caps) {
+  if (precision == FLASHCORE_PRECISION_FP8 && !caps_has_dtype(caps, FLASHCORE_DTYPE_FP8_E4M3))
+    usage_error("--precision fp8 runs the e4m3 kernels, which are not compiled into this FlashCore");
+  if (precision == FLASHCORE_PRECISION_INT8 && !have_int8_kernels())
+    usage_error("--precision int8 runs the int8 Q K^T kernels, which are not compiled into this FlashCore "
+                "(FLASHCORE_DTYPES without i8)");
 }
 
 bool caps_has_head_dim(const flashcore_capabilities& caps, int64_t d) {

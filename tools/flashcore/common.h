@@ -74,8 +74,10 @@ std::vector<std::string> split(const std::string& text, char sep);
 // "fp16" / "bf16" / "both" -> list of dtypes, and with allow_8bit also "e4m3" (alias "fp8_e4m3"); usage_error
 // otherwise.
 std::vector<flashcore_dtype> parse_dtypes(const std::string& text, bool allow_8bit = false);
-// "native" / "fp8" -> FLASHCORE_PRECISION_*.
+// "native" / "fp8" / "int8" -> FLASHCORE_PRECISION_*.
 int32_t parse_precision(const std::string& text);
+// FLASHCORE_PRECISION_* -> its command-line word: "native", "fp8", "int8" (also the JSON / CSV "precision" field).
+const char* cli_precision_name(int32_t precision);
 // "bf16" / "fp16" -> the dtype (O of 8-bit calls).
 flashcore_dtype parse_out_dtype(const std::string& text);
 // The short dtype word of the command line: "fp16", "bf16", "e4m3".
@@ -93,12 +95,14 @@ struct ProblemFlags {
   std::vector<bool> causal;  // empty: not given (each command has its default)
   bool bhsd = false;
   bool allow_8bit = false;                           // set by the command before parsing
-  int32_t precision = FLASHCORE_PRECISION_NATIVE;    // --precision: of the 16-bit dtypes
+  int32_t precision = FLASHCORE_PRECISION_NATIVE;    // --precision: of the 16-bit dtypes (FP8, INT8: quantized)
   flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // --out-dtype (SAME: not given)
 };
 // Consumes the value of `flag` when it is one of them and returns true; false for any other flag.
 bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p);
-// After parsing (allow_8bit commands): --precision fp8 needs 16-bit dtypes; usage_error otherwise.
+// After parsing (allow_8bit commands): --precision fp8 / int8 needs 16-bit dtypes, and --out-dtype follows the C ABI's
+// rule (src/api/validate.cpp): fp16 or bf16 for 8-bit inputs and precision fp8, the input dtype for precision int8,
+// not given for native 16-bit calls; usage_error otherwise.
 void check_problem_flags(const ProblemFlags& p);
 
 // Params for a problem of these sizes with contiguous strides ("bshd", or "bhsd" when `bhsd`); pointers unset.
@@ -110,6 +114,11 @@ flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64
 // Library capabilities (never needs a GPU).
 flashcore_capabilities capabilities();
 bool caps_has_dtype(const flashcore_capabilities& caps, flashcore_dtype dt);
+// Whether this build compiled the int8 Q K^T kernels that precision = INT8 runs (any head dim; no device needed).
+bool have_int8_kernels();
+// usage_error when the kernels `precision` runs are not compiled in: the e4m3 ones for FP8, the int8 Q K^T ones for
+// INT8 (checked before the device, as a --dtype that is not compiled in).
+void require_precision_kernels(int32_t precision, const flashcore_capabilities& caps);
 bool caps_has_head_dim(const flashcore_capabilities& caps, int64_t d);
 std::string caps_head_dims_string(const flashcore_capabilities& caps);
 
