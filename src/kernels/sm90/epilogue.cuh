@@ -49,34 +49,42 @@ __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Ti
   }
 }
 
+// A part of a split tile counts itself in the tile's byte `counter` of the workspace header (p.split_counters) once all
+// `threads` threads of its barrier have stored their partials; returns true (to every thread) for the part that
+// completes the count of `parts`, which puts the byte back to 0 for the next call. Every thread fences its partial
+// stores before the count; the last part's counting thread fences after it, so that its reads of the other parts'
+// partials (through L2) see them. Counts stay below 256: no carry into the next tile's byte.
+__device__ __forceinline__ bool count_part_is_last(const FwdParams& p, int64_t counter, int parts, uint32_t barrier,
+                                                   int threads, bool counting_thread) {
+  __threadfence();
+  kernels::named_barrier_sync(barrier, threads);
+  bool last = false;
+  if (counting_thread) {
+    uint32_t* word = p.split_counters + counter / 4;
+    const int shift = 8 * static_cast<int>(counter % 4);
+    const uint32_t before = atomicAdd(word, 1u << shift);
+    last = ((before >> shift) & 0xffu) == static_cast<uint32_t>(parts - 1);
+    if (last) {
+      atomicSub(word, static_cast<uint32_t>(parts) << shift);
+      __threadfence();
+    }
+  }
+  return kernels::named_barrier_or(barrier, threads, last);
+}
+
 // The merge fused into the split kernel (p.split_counters; split_plan.h): after storing its partials, a split counts
 // itself in its tile's byte of the workspace header, and the split that completes the count merges the tile's rows
 // into O and LSE (combine.cuh, one warp per row) and puts the byte back to 0 for the next call. Saves the combine
-// kernel's launch and its wait for the whole grid (perf-notes v25). Every thread fences its partial stores before
-// the count; the last split's thread 0 fences after it, and the merge reads the partials through L2. The result
-// does not depend on which split comes last: the merge reads the splits in order.
+// kernel's launch and its wait for the whole grid (perf-notes v25). The count: count_part_is_last. The result does not
+// depend on which split comes last: the merge reads the splits in order.
 template <class Cfg>
 __device__ __forceinline__ void merge_if_last_split(const FwdParams& p, const Tile& tile, int warpgroup) {
   static_assert(Cfg::kConsumerWarpgroups == 1, "one count per split: the split rows have one consumer warpgroup");
   constexpr int kHeadDim = Cfg::kHeadDim;
   using Out = typename Cfg::OutElement;
   const int wg_thread = threadIdx.x % 128;
-  const uint32_t barrier = 1 + warpgroup;
-  __threadfence();
-  kernels::named_barrier_sync(barrier, 128);
-  bool last = false;
-  if (wg_thread == 0) {
-    const int64_t dense = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_m_blocks + tile.m_block;
-    uint32_t* word = p.split_counters + dense / 4;
-    const int shift = 8 * static_cast<int>(dense % 4);  // counts stay below 256: no carry into the next tile's byte
-    const uint32_t before = atomicAdd(word, 1u << shift);
-    last = ((before >> shift) & 0xffu) == static_cast<uint32_t>(p.num_splits - 1);
-    if (last) {
-      atomicSub(word, static_cast<uint32_t>(p.num_splits) << shift);
-      __threadfence();
-    }
-  }
-  if (!kernels::named_barrier_or(barrier, 128, last)) return;
+  const int64_t dense = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_m_blocks + tile.m_block;
+  if (!count_part_is_last(p, dense, p.num_splits, 1 + warpgroup, 128, wg_thread == 0)) return;
   const int64_t seqlen_q = tile.seq.seqlen_q;
   const int64_t first = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_splits;
   const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM;
@@ -109,21 +117,8 @@ __device__ __forceinline__ bool merge_parts_in_registers(const FwdParams& p, con
   constexpr int kHeadDim = Cfg::kHeadDim;
   constexpr uint32_t kMergeBarrier = 2 + 2 * Cfg::kConsumerWarpgroups;  // after the epilogue, turn and zero-V ones
   static_assert(kMergeBarrier < 16, "named barriers 0-15");
-  const int thread = static_cast<int>(threadIdx.x) - 128;  // consumer threads follow the producer warpgroup
-  __threadfence();
-  kernels::named_barrier_sync(kMergeBarrier, Cfg::kConsumerThreads);
-  bool last = false;
-  if (thread == 0) {
-    uint32_t* word = p.split_counters + tile.counter / 4;
-    const int shift = 8 * static_cast<int>(tile.counter % 4);  // counts stay below 256: no carry into the next byte
-    const uint32_t before = atomicAdd(word, 1u << shift);
-    last = ((before >> shift) & 0xffu) == static_cast<uint32_t>(tile.splits - 1);
-    if (last) {
-      atomicSub(word, static_cast<uint32_t>(tile.splits) << shift);
-      __threadfence();
-    }
-  }
-  if (!kernels::named_barrier_or(kMergeBarrier, Cfg::kConsumerThreads, last)) return false;
+  const bool counting = threadIdx.x == 128;  // the first consumer thread (consumers follow the producer warpgroup)
+  if (!count_part_is_last(p, tile.counter, tile.splits, kMergeBarrier, Cfg::kConsumerThreads, counting)) return false;
   const int lane = threadIdx.x % 32;
   const int warp_in_wg = (threadIdx.x / 32) % 4;
 #pragma unroll
