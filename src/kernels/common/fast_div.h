@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
-#define FLASHCORE_HD __host__ __device__
+#define FLASHCORE_FAST_DIV_HD __host__ __device__
 #else
-#define FLASHCORE_HD
+#define FLASHCORE_FAST_DIV_HD
 #endif
 
 namespace flashcore::kernels {
@@ -28,7 +28,7 @@ struct FastDiv {
   }
 
   // n / divisor for 0 <= n < 2^63 (t <= n, so t + n does not overflow).
-  FLASHCORE_HD uint64_t div(uint64_t n) const {
+  FLASHCORE_FAST_DIV_HD uint64_t div(uint64_t n) const {
 #if defined(__CUDA_ARCH__)
     const uint64_t t = __umul64hi(n, mul);
 #else
@@ -37,9 +37,9 @@ struct FastDiv {
     return (t + n) >> shift;
   }
   // n % divisor, with the quotient q = div(n) already known.
-  FLASHCORE_HD uint64_t mod(uint64_t n, uint64_t q) const { return n - q * divisor; }
+  FLASHCORE_FAST_DIV_HD uint64_t mod(uint64_t n, uint64_t q) const { return n - q * divisor; }
 };
 
 }  // namespace flashcore::kernels
 
-#undef FLASHCORE_HD
+#undef FLASHCORE_FAST_DIV_HD
