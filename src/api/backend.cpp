@@ -442,7 +442,7 @@ flashcore_status int8_forward(const flashcore_attention_params& p, float softmax
     return st;
   }
   const kernels::Int8PrepParams prep = int8_prep_params(p, l, softmax_scale);
-  if (const cudaError_t err = sm90::launch_int8_quantize(prep, p.dtype, sms, stream); err != cudaSuccess) {
+  if (const cudaError_t err = sm90::launch_int8_quantize(prep, p.dtype, stream); err != cudaSuccess) {
     error = api::cuda_message("INT8 quantization launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
@@ -540,7 +540,7 @@ flashcore_status forward(const flashcore_attention_params& params, float softmax
     prep.q8 = reinterpret_cast<uint8_t*>(ws + l.q8);
     prep.k8 = reinterpret_cast<uint8_t*>(ws + l.k8);
     prep.vt = reinterpret_cast<uint8_t*>(ws + l.vt);
-    if (const cudaError_t err = sm90::launch_fp8_quantize(prep, p.dtype, sms, stream); err != cudaSuccess) {
+    if (const cudaError_t err = sm90::launch_fp8_quantize(prep, p.dtype, stream); err != cudaSuccess) {
       error = api::cuda_message("FP8 quantization launch failed", err);
       return FLASHCORE_ERROR_CUDA;
     }

@@ -1,9 +1,10 @@
 // The 8-bit preparation kernels (fp8_prep_params.h). Plain CUDA (no Hopper-only instruction); memory-bound passes
 // over Q, K, V launched before the attention on the same stream.
 //   fp8_amax_kernel      : |x| maxima per (batch, KV head) of 16-bit Q, K, V (precision = FP8)
-//   fp8_quantize_kernel  : e4m3 copies of Q and K scaled by 448 / amax, and the descales (precision = FP8)
 //   fp8_transpose_v_kernel: V -> the transposed, key-permuted e4m3 layout the attention kernel reads (from 8-bit V
 //                          as is, or from 16-bit V scaled by 448 / amax)
+//   fp8_quantize_and_transpose_kernel: e4m3 copies of Q and K scaled by 448 / amax, the descales, and the transposed
+//                          V from 16-bit V, in one launch (precision = FP8)
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -77,11 +78,14 @@ __global__ void __launch_bounds__(256) fp8_amax_kernel(const Fp8PrepParams p) {
   }
 }
 
-// Grid-stride over 8-element units of Q, then K; block 0 also writes the descales.
+// 8-element units of Q, then K, kFp8QkChunk of them per call (chunk `chunk`; a fixed amount of work per CTA, so that
+// the hardware balances the CTAs of the launch it shares with V's tiles); chunk 0 also writes the descales.
+inline constexpr int64_t kFp8QkChunk = 4096;  // 256 threads x 4 units in flight x 4 passes
+
 template <class T>
-__global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p) {
+__device__ __forceinline__ void quantize_qk_chunk(const Fp8PrepParams& p, int64_t chunk) {
   const int bh = p.batch * p.heads_kv;
-  if (blockIdx.x == 0) {
+  if (chunk == 0) {
     for (int i = threadIdx.x; i < 3 * bh; i += blockDim.x) {
       const float a = p.amax[i];
       p.descale[i] = a > 0.f ? a / kE4m3Max : 1.f;
@@ -93,8 +97,9 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p
   const int64_t k_units = int64_t{p.batch} * p.seqlen_k * p.heads_kv * units_per_row;
   // kInFlight units per thread and pass, their loads issued together (one per thread ran at 2.3 TB/s, perf-notes v55).
   constexpr int kInFlight = 4;
-  const int64_t step = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t u0 = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u0 < q_units + k_units; u0 += kInFlight * step) {
+  const int64_t step = blockDim.x;
+  const int64_t end = q_units + k_units < (chunk + 1) * kFp8QkChunk ? q_units + k_units : (chunk + 1) * kFp8QkChunk;
+  for (int64_t u0 = chunk * kFp8QkChunk + threadIdx.x; u0 < end; u0 += kInFlight * step) {
     uint4 raw[kInFlight];
     int b[kInFlight], h[kInFlight];
 #pragma unroll
@@ -102,7 +107,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p
       const int64_t u = u0 + j * step;
       raw[j] = make_uint4(0u, 0u, 0u, 0u);
       b[j] = h[j] = 0;
-      if (u < q_units + k_units) {
+      if (u < end) {
         const bool is_q = u < q_units;
         const uint64_t v = static_cast<uint64_t>(is_q ? u : u - q_units);
         const FastDiv& heads = is_q ? p.div_heads_q : p.div_heads_kv;
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p
 #pragma unroll
     for (int j = 0; j < kInFlight; ++j) {
       const int64_t u = u0 + j * step;
-      if (u >= q_units + k_units) break;
+      if (u >= end) break;
       const bool is_q = u < q_units;
       const int64_t v = is_q ? u : u - q_units;
       const T* x = reinterpret_cast<const T*>(&raw[j]);
@@ -144,11 +149,11 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8PrepParams p
 // Write-out: a thread takes 4 head-dim rows x 4 slots (one 32-bit word per row): it loads the 4 keys' words of those
 // rows (keys 2q, 2q+1, 8+2q, 9+2q of the slot quad, element.cuh) and transposes the 4 x 4 bytes with byte permutes.
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParams p) {
+__device__ __forceinline__ void transpose_v_tile(const Fp8PrepParams& p, int key_tile, int h, int b) {
   // Bytes per staged key row: one word more than the row, so that row r + 1 starts one bank further.
   constexpr int kPitch = kHeadDim + 4;
   __shared__ __align__(16) uint8_t tile[128 * kPitch];
-  const int key0 = blockIdx.x * 128, h = blockIdx.y, b = blockIdx.z;
+  const int key0 = key_tile * 128;
   const T* src = static_cast<const T*>(p.v.data) + b * p.v.stride_batch + h * p.v.stride_head;
   float scale = 1.f;
   if constexpr (sizeof(T) == 2) scale = quant_scale(p.amax[2 * p.batch * p.heads_kv + b * p.heads_kv + h]);
@@ -195,6 +200,28 @@ __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParam
     out[padded / 4] = __byte_perm(t0, t2, 0x7632);
     out[2 * (padded / 4)] = __byte_perm(t1, t3, 0x5410);
     out[3 * (padded / 4)] = __byte_perm(t1, t3, 0x7632);
+  }
+}
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParams p) {
+  transpose_v_tile<T, kHeadDim>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                                static_cast<int>(blockIdx.z));
+}
+
+// precision = FP8's second pass in one launch (after fp8_amax_kernel): blocks [0, tiles) transpose and quantize V's
+// 128-key tiles (tiles = padded_keys / 128 x heads_kv x batch, tile-major), the rest quantize Q and K; the two
+// memory-bound passes share the machine instead of running one after the other (perf-notes v55).
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) fp8_quantize_and_transpose_kernel(const Fp8PrepParams p) {
+  const int key_tiles = static_cast<int>(fp8_vt_padded_keys(p.seqlen_k) / 128);
+  const int v_blocks = key_tiles * p.heads_kv * p.batch;
+  const int block = static_cast<int>(blockIdx.x);
+  if (block < v_blocks) {
+    const int bh = block / key_tiles;
+    transpose_v_tile<T, kHeadDim>(p, block % key_tiles, bh % p.heads_kv, bh / p.heads_kv);
+  } else {
+    quantize_qk_chunk<T>(p, block - v_blocks);
   }
 }
 

@@ -4,6 +4,7 @@
 //   int8_k_sum_kernel   : K's per-channel sums over chunks of kInt8SumChunk keys, per (batch, KV head)
 //   int8_quantize_k_kernel: K's mean (from the sums), then per 128-key block: K - mean, its amax, int8 values, scale
 //   int8_quantize_q_kernel: per query token (head_dim / 8 lanes per row): amax, int8 values, scale, q . k_mean
+//   int8_k_sum_and_q_kernel: the first and the third in one launch (calls without an LSE)
 //   int8_lse_shift_kernel: LSE += softmax_scale * q . k_mean (the smoothing's shift, added back)
 #pragma once
 #include <cuda_bf16.h>
@@ -45,12 +46,12 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&x)[8]) {
 // grid (batch * heads_kv, sum chunks), 256 threads: thread (unit u, row r) adds rows r, r + R, ... of the chunk, 8
 // channels; the R rows' sums are then added in row order in shared memory.
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(256) int8_k_sum_kernel(const Int8PrepParams p) {
+__device__ __forceinline__ void k_sum_block(const Int8PrepParams& p, int bh, int chunk) {
   constexpr int kUnits = kHeadDim / 8, kRowsPar = 256 / kUnits;
   __shared__ float part[kRowsPar][kHeadDim];
-  const int bh = blockIdx.x, b = bh / p.heads_kv, h = bh % p.heads_kv;
+  const int b = bh / p.heads_kv, h = bh % p.heads_kv;
   const int u = threadIdx.x % kUnits, r = threadIdx.x / kUnits;
-  const int key0 = blockIdx.y * kInt8SumChunk, key1 = min(key0 + kInt8SumChunk, p.seqlen_k);
+  const int key0 = chunk * kInt8SumChunk, key1 = min(key0 + kInt8SumChunk, p.seqlen_k);
   const T* base = static_cast<const T*>(p.k.data) + b * p.k.stride_batch + h * p.k.stride_head + u * 8;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   // kInFlight rows' loads are issued before their adds (a memory-bound pass needs many loads in flight per SM; one
@@ -77,8 +78,13 @@ __global__ void __launch_bounds__(256) int8_k_sum_kernel(const Int8PrepParams p)
   for (int c = threadIdx.x; c < kHeadDim; c += 256) {
     float s = 0.f;
     for (int i = 0; i < kRowsPar; ++i) s += part[i][c];
-    p.k_partial[(static_cast<int64_t>(bh) * gridDim.y + blockIdx.y) * kHeadDim + c] = s;
+    p.k_partial[(static_cast<int64_t>(bh) * int8_sum_chunks(p.seqlen_k) + chunk) * kHeadDim + c] = s;
   }
+}
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) int8_k_sum_kernel(const Int8PrepParams p) {
+  k_sum_block<T, kHeadDim>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
 }
 
 // grid (batch * heads_kv, ceil(key blocks / kInt8KBlocksPerCta)), 256 threads: K's mean from the chunk sums, then
@@ -157,59 +163,81 @@ __device__ __forceinline__ QRow split_q_row(const Int8PrepParams& p, int64_t row
 }
 
 // kLanes = head_dim / 8 lanes per query row (b, s, h), each with one 16-byte load of 8 elements (a warp takes 32 /
-// kLanes rows at once, kInFlight times: all loads are issued before the first row's statistics); grid-stride over
-// groups of rows. Row statistics are reduced over the row's lanes.
+// kLanes rows at once, kInt8QInFlight times: all loads are issued before the first row's statistics). Row statistics
+// are reduced over the row's lanes. One call takes the int8_q_rows_per_chunk() rows of chunk `chunk`: a fixed amount of
+// work per CTA, so that the hardware balances the CTAs of a launch that also runs other passes' blocks (a grid-stride
+// loop over more CTAs than fit at once would leave the last ones for a second, mostly empty round).
+inline constexpr int kInt8QInFlight = 4;
+template <int kHeadDim>
+constexpr int64_t int8_q_rows_per_chunk() { return (256 / (kHeadDim / 8)) * kInt8QInFlight; }
+
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(256) int8_quantize_q_kernel(const Int8PrepParams p) {
+__device__ __forceinline__ void quantize_q_chunk(const Int8PrepParams& p, int64_t chunk) {
   constexpr int kLanes = kHeadDim / 8;  // 8, 16 or 32
-  constexpr int kInFlight = 4;
+  constexpr int kInFlight = kInt8QInFlight;
   constexpr int64_t kRowsPerBlock = 256 / kLanes;
   const int sub = threadIdx.x % kLanes;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_q * p.heads_q;
   const int group = p.heads_q / p.heads_kv;
-  const int64_t rows_per_step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;  // between a lane's j and j + 1
-  // Every lane of a warp runs the same number of passes (the shuffles below need all 32): rows past the end are
-  // computed on row 0 and not stored.
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x) / kLanes;
-  const int64_t warp_first = (static_cast<int64_t>(blockIdx.x) * 256 + (threadIdx.x & ~31)) / kLanes;
-  for (int64_t pass = 0; warp_first + pass < rows; pass += rows_per_step * kInFlight) {
-    uint4 raw[kInFlight];
-    int64_t row[kInFlight];
+  // Rows past the end are computed on row 0 and not stored (the shuffles below need all 32 lanes of a warp).
+  const int64_t first = chunk * int8_q_rows_per_chunk<kHeadDim>() + threadIdx.x / kLanes;
+  uint4 raw[kInFlight];
+  int64_t row[kInFlight];
 #pragma unroll
-    for (int j = 0; j < kInFlight; ++j) {
-      row[j] = first + pass + j * rows_per_step;
-      const QRow q = split_q_row(p, row[j] < rows ? row[j] : 0);
-      raw[j] = load_raw(static_cast<const T*>(p.q.data) + q.b * p.q.stride_batch + q.s * p.q.stride_seq +
-                        q.h * p.q.stride_head + sub * 8);
+  for (int j = 0; j < kInFlight; ++j) {
+    row[j] = first + j * kRowsPerBlock;  // a lane's rows, kRowsPerBlock apart
+    const QRow q = split_q_row(p, row[j] < rows ? row[j] : 0);
+    raw[j] = load_raw(static_cast<const T*>(p.q.data) + q.b * p.q.stride_batch + q.s * p.q.stride_seq +
+                      q.h * p.q.stride_head + sub * 8);
+  }
+#pragma unroll
+  for (int j = 0; j < kInFlight; ++j) {
+    const bool live = row[j] < rows;
+    const int64_t r = live ? row[j] : 0;
+    const auto [b, s, h] = split_q_row(p, r);
+    float x[8];
+    unpack8<T>(raw[j], x);
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i]));
+    const float step = int8_step(lanes_max<kLanes>(amax));
+    const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
+    if (p.lse_shift != nullptr) {
+      const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + sub * 8;
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) dot = fmaf(x[i], km[i], dot);
+      dot = lanes_sum<kLanes>(dot);
+      if (live && sub == 0) p.lse_shift[stat] = dot;
     }
+    if (!live) continue;
+    if (sub == 0) p.q_scale[stat] = step;
+    const float inv = 1.f / step;
 #pragma unroll
-    for (int j = 0; j < kInFlight; ++j) {
-      const bool live = row[j] < rows;
-      const int64_t r = live ? row[j] : 0;
-      const auto [b, s, h] = split_q_row(p, r);
-      float x[8];
-      unpack8<T>(raw[j], x);
-      float amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i]));
-      const float step = int8_step(lanes_max<kLanes>(amax));
-      const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
-      if (p.lse_shift != nullptr) {
-        const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + sub * 8;
-        float dot = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dot = fmaf(x[i], km[i], dot);
-        dot = lanes_sum<kLanes>(dot);
-        if (live && sub == 0) p.lse_shift[stat] = dot;
-      }
-      if (!live) continue;
-      if (sub == 0) p.q_scale[stat] = step;
-      const float inv = 1.f / step;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] *= inv;
-      *reinterpret_cast<uint2*>(p.q8 + r * kHeadDim + sub * 8) =
-          make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
-    }
+    for (int i = 0; i < 8; ++i) x[i] *= inv;
+    *reinterpret_cast<uint2*>(p.q8 + r * kHeadDim + sub * 8) =
+        make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+  }
+}
+
+// grid (ceil(rows / int8_q_rows_per_chunk)), 256 threads.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) int8_quantize_q_kernel(const Int8PrepParams p) {
+  quantize_q_chunk<T, kHeadDim>(p, blockIdx.x);
+}
+
+// The K sums and the query rows in one launch, for calls without an LSE (whose rows need K's mean for q . k_mean):
+// blocks [0, batch * heads_kv * chunks) sum K, the rest quantize Q; the two memory-bound passes share the machine
+// instead of running one after the other.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) int8_k_sum_and_q_kernel(const Int8PrepParams p) {
+  const int chunks = static_cast<int>(int8_sum_chunks(p.seqlen_k));
+  const int sum_blocks = p.batch * p.heads_kv * chunks;
+  const int block = static_cast<int>(blockIdx.x);
+  if (block < sum_blocks) {
+    k_sum_block<T, kHeadDim>(p, block / chunks, block % chunks);
+  } else {
+    quantize_q_chunk<T, kHeadDim>(p, block - sum_blocks);
   }
 }
 

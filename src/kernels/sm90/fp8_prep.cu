@@ -15,6 +15,17 @@ const void* transpose_kernel(int head_dim) {
   }
 }
 
+// precision = FP8's quantization of Q and K with the transpose of V, in one launch.
+template <class T>
+const void* fused_kernel(int head_dim) {
+  switch (head_dim) {
+    case 64: return reinterpret_cast<const void*>(&kernels::fp8_quantize_and_transpose_kernel<T, 64>);
+    case 128: return reinterpret_cast<const void*>(&kernels::fp8_quantize_and_transpose_kernel<T, 128>);
+    case 256: return reinterpret_cast<const void*>(&kernels::fp8_quantize_and_transpose_kernel<T, 256>);
+    default: return nullptr;
+  }
+}
+
 dim3 transpose_grid(const kernels::Fp8PrepParams& p) {
   return dim3(static_cast<unsigned>(kernels::fp8_vt_padded_keys(p.seqlen_k) / 128), static_cast<unsigned>(p.heads_kv),
               static_cast<unsigned>(p.batch));
@@ -27,8 +38,7 @@ cudaError_t launch_fp8_transpose_v(const kernels::Fp8PrepParams& p, cudaStream_t
   return kernel == nullptr ? cudaErrorInvalidValue : launch_prep(kernel, transpose_grid(p), stream, p);
 }
 
-cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& params, flashcore_dtype dtype, int sms,
-                                cudaStream_t stream) {
+cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& params, flashcore_dtype dtype, cudaStream_t stream) {
   kernels::Fp8PrepParams p = params;
   p.div_heads_q = kernels::FastDiv(static_cast<uint32_t>(p.heads_q));
   p.div_heads_kv = kernels::FastDiv(static_cast<uint32_t>(p.heads_kv));
@@ -49,15 +59,12 @@ cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& params, flashcore_
   }
   const int64_t units = (int64_t{p.batch} * p.seqlen_q * p.heads_q + int64_t{p.batch} * p.seqlen_k * p.heads_kv) *
                         (p.head_dim / 8);
-  const int64_t blocks = (units + 255) / 256, cap = int64_t{sms > 0 ? sms : 1} * 8;
+  const int64_t qk_blocks = (units + kernels::kFp8QkChunk - 1) / kernels::kFp8QkChunk;
+  const int64_t v_blocks = kernels::fp8_vt_padded_keys(p.seqlen_k) / 128 * p.heads_kv * p.batch;
   if (err == cudaSuccess) {
-    err = launch_prep(bf16 ? reinterpret_cast<const void*>(&kernels::fp8_quantize_kernel<__nv_bfloat16>)
-                      : reinterpret_cast<const void*>(&kernels::fp8_quantize_kernel<__half>),
-                      dim3(static_cast<unsigned>(blocks < cap ? blocks : cap)), stream, p);
-  }
-  if (err == cudaSuccess) {
-    const void* kernel = bf16 ? transpose_kernel<__nv_bfloat16>(p.head_dim) : transpose_kernel<__half>(p.head_dim);
-    err = kernel == nullptr ? cudaErrorInvalidValue : launch_prep(kernel, transpose_grid(p), stream, p);
+    const void* kernel = bf16 ? fused_kernel<__nv_bfloat16>(p.head_dim) : fused_kernel<__half>(p.head_dim);
+    err = kernel == nullptr ? cudaErrorInvalidValue
+                            : launch_prep(kernel, dim3(static_cast<unsigned>(v_blocks + qk_blocks)), stream, p);
   }
   return err;
 }

@@ -98,10 +98,10 @@ cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_
 // 8-bit preparation (kernels/common/fp8_prep.cuh): the transposed V of an 8-bit call; for a precision = FP8 call, the
 // whole quantization of 16-bit (`dtype`) Q, K, V (amax, e4m3 Q and K, descales, transposed V).
 cudaError_t launch_fp8_transpose_v(const kernels::Fp8PrepParams& p, cudaStream_t stream);
-cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& p, flashcore_dtype dtype, int sms, cudaStream_t stream);
+cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& p, flashcore_dtype dtype, cudaStream_t stream);
 // precision = INT8 (kernels/common/int8_prep.cuh): the int8 Q and K and their scales before the attention; the LSE
 // shift after it (when the call wants an LSE).
-cudaError_t launch_int8_quantize(const kernels::Int8PrepParams& p, flashcore_dtype dtype, int sms, cudaStream_t stream);
+cudaError_t launch_int8_quantize(const kernels::Int8PrepParams& p, flashcore_dtype dtype, cudaStream_t stream);
 cudaError_t launch_int8_lse_shift(const kernels::Int8PrepParams& p, int sms, cudaStream_t stream);
 
 // The sizes and the Q, K, V tensors of `p` as the preparation kernels take them (the output pointers left NULL).
