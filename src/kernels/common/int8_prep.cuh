@@ -18,19 +18,33 @@
 
 namespace flashcore::kernels {
 
-// |x| for the amax of a row or block, with a NaN or an infinity counted as +inf (fmaxf would drop a NaN), so that
-// int8_step() can tell them apart from finite data.
-__device__ __forceinline__ float amax_term(float x) { return isfinite(x) ? fabsf(x) : INFINITY; }
-
 // The quantization step of a row or block: amax / 127; 1 for all zeros; NaN if any value was NaN or infinite.
 __device__ __forceinline__ float int8_step(float amax) {
   return amax == INFINITY ? __int_as_float(0x7fffffff) : (amax > 0.f ? amax / 127.f : 1.f);
 }
 
-// Four values rounded to int8 in [-127, 127], byte i = value i.
-__device__ __forceinline__ uint32_t int8_pack4(float a, float b, float c, float d) {
-  auto q = [](float x) { return static_cast<uint32_t>(max(-127, min(127, __float2int_rn(x)))) & 0xffu; };
-  return q(a) | (q(b) << 8) | (q(c) << 16) | (q(d) << 24);
+// The amax of a row or block with a NaN or an infinity counted as +inf (fmaxf would drop a NaN), so that int8_step()
+// can tell them apart from finite data: the integer maximum of the magnitudes' bit patterns orders finite values as
+// floats do and puts every NaN above +inf (2 instructions per value; an isfinite test and a select took 3).
+__device__ __forceinline__ uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+__device__ __forceinline__ float amax_from_bits(uint32_t bits) {
+  return bits >= 0x7f800000u ? INFINITY : __uint_as_float(bits);
+}
+
+// Eight values x[i] * inv rounded to int8, bytes i = value i. Every |x[i] * inv| is at most 127 (the step is the
+// row's or block's amax / 127), so no clamp is needed: x * inv + 1.5 * 2^23 rounds the exact product to the nearest
+// integer (ties to even) in the float's low mantissa bits, whose low byte is the int8 in two's complement, and byte
+// permutes gather the four bytes of a word (one FFMA per value and 3 PRMT per 4 values, against a conversion, two
+// clamps, a mask and a shift per value). A NaN step gives meaningless bytes under a NaN scale, which is what the
+// attention reads for that row or block.
+__device__ __forceinline__ uint2 int8_pack8(const float (&x)[8], float inv) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
+  uint32_t b[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) b[i] = __float_as_uint(fmaf(x[i], inv, kMagic));
+  const uint32_t lo = __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
+  const uint32_t hi = __byte_perm(__byte_perm(b[4], b[5], 0x0040), __byte_perm(b[6], b[7], 0x0040), 0x5410);
+  return make_uint2(lo, hi);
 }
 
 template <class T>
@@ -120,16 +134,16 @@ __global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepPara
       const int key = key0 + r + j * kRowsPar;
       raw[j] = key < key1 ? load_raw(base + key * p.k.stride_seq) : make_uint4(0u, 0u, 0u, 0u);
     }
-    float amax = 0.f;
+    uint32_t amax_bits = 0;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (key0 + r + j * kRowsPar >= key1) continue;
       float x[8];
       unpack8<T>(raw[j], x);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i] - mean[u * 8 + i]));
+      for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, magnitude_bits(x[i] - mean[u * 8 + i]));
     }
-    amax = lanes_max<32>(amax);
+    float amax = lanes_max<32>(amax_from_bits(amax_bits));
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
     __syncthreads();
     for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
@@ -143,10 +157,9 @@ __global__ void __launch_bounds__(256) int8_quantize_k_kernel(const Int8PrepPara
       float x[8];
       unpack8<T>(raw[j], x);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = (x[i] - mean[u * 8 + i]) * inv;
+      for (int i = 0; i < 8; ++i) x[i] -= mean[u * 8 + i];
       int8_t* dst = p.k8 + ((static_cast<int64_t>(b) * p.seqlen_k + key) * p.heads_kv + h) * kHeadDim + u * 8;
-      *reinterpret_cast<uint2*>(dst) =
-          make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+      *reinterpret_cast<uint2*>(dst) = int8_pack8(x, inv);
     }
     __syncthreads();  // every warp has read warp_max before the next block writes it
   }
@@ -182,25 +195,26 @@ __device__ __forceinline__ void quantize_q_chunk(const Int8PrepParams& p, int64_
   // Rows past the end are computed on row 0 and not stored (the shuffles below need all 32 lanes of a warp).
   const int64_t first = chunk * int8_q_rows_per_chunk<kHeadDim>() + threadIdx.x / kLanes;
   uint4 raw[kInFlight];
-  int64_t row[kInFlight];
+  QRow q[kInFlight];
 #pragma unroll
   for (int j = 0; j < kInFlight; ++j) {
-    row[j] = first + j * kRowsPerBlock;  // a lane's rows, kRowsPerBlock apart
-    const QRow q = split_q_row(p, row[j] < rows ? row[j] : 0);
-    raw[j] = load_raw(static_cast<const T*>(p.q.data) + q.b * p.q.stride_batch + q.s * p.q.stride_seq +
-                      q.h * p.q.stride_head + sub * 8);
+    const int64_t row = first + j * kRowsPerBlock;  // a lane's rows, kRowsPerBlock apart
+    q[j] = split_q_row(p, row < rows ? row : 0);
+    raw[j] = load_raw(static_cast<const T*>(p.q.data) + q[j].b * p.q.stride_batch + q[j].s * p.q.stride_seq +
+                      q[j].h * p.q.stride_head + sub * 8);
   }
 #pragma unroll
   for (int j = 0; j < kInFlight; ++j) {
-    const bool live = row[j] < rows;
-    const int64_t r = live ? row[j] : 0;
-    const auto [b, s, h] = split_q_row(p, r);
+    const int64_t row = first + j * kRowsPerBlock;
+    const bool live = row < rows;
+    const int64_t r = live ? row : 0;
+    const auto [b, s, h] = q[j];
     float x[8];
     unpack8<T>(raw[j], x);
-    float amax = 0.f;
+    uint32_t amax_bits = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, amax_term(x[i]));
-    const float step = int8_step(lanes_max<kLanes>(amax));
+    for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, magnitude_bits(x[i]));
+    const float step = int8_step(lanes_max<kLanes>(amax_from_bits(amax_bits)));
     const int64_t stat = (static_cast<int64_t>(b) * p.heads_q + h) * p.seqlen_q + s;
     if (p.lse_shift != nullptr) {
       const float* km = p.k_mean + (static_cast<int64_t>(b) * p.heads_kv + h / group) * kHeadDim + sub * 8;
@@ -212,11 +226,7 @@ __device__ __forceinline__ void quantize_q_chunk(const Int8PrepParams& p, int64_
     }
     if (!live) continue;
     if (sub == 0) p.q_scale[stat] = step;
-    const float inv = 1.f / step;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] *= inv;
-    *reinterpret_cast<uint2*>(p.q8 + r * kHeadDim + sub * 8) =
-        make_uint2(int8_pack4(x[0], x[1], x[2], x[3]), int8_pack4(x[4], x[5], x[6], x[7]));
+    *reinterpret_cast<uint2*>(p.q8 + r * kHeadDim + sub * 8) = int8_pack8(x, 1.f / step);
   }
 }
 
