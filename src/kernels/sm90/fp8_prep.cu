@@ -5,23 +5,23 @@
 namespace flashcore::sm90 {
 namespace {
 
-template <class T>
-const void* transpose_kernel(int head_dim) {
-  switch (head_dim) {
-    case 64: return reinterpret_cast<const void*>(&kernels::fp8_transpose_v_kernel<T, 64>);
-    case 128: return reinterpret_cast<const void*>(&kernels::fp8_transpose_v_kernel<T, 128>);
-    case 256: return reinterpret_cast<const void*>(&kernels::fp8_transpose_v_kernel<T, 256>);
-    default: return nullptr;
+// V's pass for one head dim: 8-bit V (T = uint8_t) is transposed alone; 16-bit V (precision = FP8) is quantized and
+// transposed in the launch that also quantizes Q and K.
+template <class T, int kHeadDim>
+const void* v_pass_kernel() {
+  if constexpr (sizeof(T) == 1) {
+    return reinterpret_cast<const void*>(&kernels::fp8_transpose_v_kernel<T, kHeadDim>);
+  } else {
+    return reinterpret_cast<const void*>(&kernels::fp8_quantize_and_transpose_kernel<T, kHeadDim>);
   }
 }
 
-// precision = FP8's quantization of Q and K with the transpose of V, in one launch.
 template <class T>
-const void* fused_kernel(int head_dim) {
+const void* v_pass_kernel(int head_dim) {
   switch (head_dim) {
-    case 64: return reinterpret_cast<const void*>(&kernels::fp8_quantize_and_transpose_kernel<T, 64>);
-    case 128: return reinterpret_cast<const void*>(&kernels::fp8_quantize_and_transpose_kernel<T, 128>);
-    case 256: return reinterpret_cast<const void*>(&kernels::fp8_quantize_and_transpose_kernel<T, 256>);
+    case 64: return v_pass_kernel<T, 64>();
+    case 128: return v_pass_kernel<T, 128>();
+    case 256: return v_pass_kernel<T, 256>();
     default: return nullptr;
   }
 }
@@ -34,7 +34,7 @@ dim3 transpose_grid(const kernels::Fp8PrepParams& p) {
 }  // namespace
 
 cudaError_t launch_fp8_transpose_v(const kernels::Fp8PrepParams& p, cudaStream_t stream) {
-  const void* kernel = transpose_kernel<uint8_t>(p.head_dim);
+  const void* kernel = v_pass_kernel<uint8_t>(p.head_dim);
   return kernel == nullptr ? cudaErrorInvalidValue : launch_prep(kernel, transpose_grid(p), stream, p);
 }
 
@@ -60,9 +60,10 @@ cudaError_t launch_fp8_quantize(const kernels::Fp8PrepParams& params, flashcore_
   const int64_t units = (int64_t{p.batch} * p.seqlen_q * p.heads_q + int64_t{p.batch} * p.seqlen_k * p.heads_kv) *
                         (p.head_dim / 8);
   const int64_t qk_blocks = (units + kernels::kFp8QkChunk - 1) / kernels::kFp8QkChunk;
-  const int64_t v_blocks = kernels::fp8_vt_padded_keys(p.seqlen_k) / 128 * p.heads_kv * p.batch;
+  const dim3 v_tiles = transpose_grid(p);  // V's blocks come first in the fused launch, one per tile
+  const int64_t v_blocks = int64_t{v_tiles.x} * v_tiles.y * v_tiles.z;
   if (err == cudaSuccess) {
-    const void* kernel = bf16 ? fused_kernel<__nv_bfloat16>(p.head_dim) : fused_kernel<__half>(p.head_dim);
+    const void* kernel = bf16 ? v_pass_kernel<__nv_bfloat16>(p.head_dim) : v_pass_kernel<__half>(p.head_dim);
     err = kernel == nullptr ? cudaErrorInvalidValue
                             : launch_prep(kernel, dim3(static_cast<unsigned>(v_blocks + qk_blocks)), stream, p);
   }
