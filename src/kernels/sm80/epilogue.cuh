@@ -7,6 +7,7 @@
 
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
+#include "kernels/common/masked_v.cuh"
 #include "kernels/sm80/config.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/mainloop.cuh"
@@ -15,6 +16,59 @@
 #include "kernels/sm80/tile.cuh"
 
 namespace flashcore::sm80 {
+
+// Causal rows: O elements that a non-finite V value at a key their row does not see reached through the P V product
+// of a diagonal block (0 * NaN) are recomputed without it (kernels/common/masked_v.cuh): the epilogue probes each row
+// tile's accumulators before staging them (one FFMA per element; bit 2t + i of the result: row half i of row tile t
+// fired), and only when a warp's probe fired does the rare path below recompute those rows into the staged O, with
+// every accumulator already dead (repairing them in registers, beside the other row tile's, made ptxas spill).
+template <class Cfg>
+__device__ __forceinline__ uint32_t probe_row_tile(const WarpState<Cfg>& st, int t) {
+  float probe[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      probe[i] = kernels::nonfinite_probe(probe[i], st.o[t][acc_index(j, i, 0)]);
+      probe[i] = kernels::nonfinite_probe(probe[i], st.o[t][acc_index(j, i, 1)]);
+    }
+  }
+  return (kernels::probe_fired(probe[0]) ? 1u : 0u) << (2 * t) | (kernels::probe_fired(probe[1]) ? 2u : 0u) << (2 * t);
+}
+
+// The rows whose probe fired, recomputed into the staging buffer (the warp's own rows and columns, as staged).
+template <class Cfg>
+__device__ __forceinline__ void repair_staged_rows(const FwdParams& p, const Tile& tile, uint8_t* stage, int warp,
+                                                      int lane, int col0, uint32_t fired,
+                                                      const float (&lse)[Cfg::kMTiles][2]) {
+  using Out = kernels::ElemTraits<typename Cfg::OutElement>;
+#pragma unroll
+  for (int t = 0; t < Cfg::kMTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = tile_row0<Cfg>(warp, t) + lane / 4 + 8 * i;
+      const int64_t row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + r;
+      if ((fired >> (2 * t + i) & 1u) == 0 || lse[t][i] != lse[t][i] || row >= tile.seq.seqlen_q) continue;
+      float acc[Cfg::kWarpDim / 4];
+      float inv_sum = 0.f;
+      const bool repaired = kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
+          p, p.q, p.k, p.v, tile, tile.head / p.head_ratio, row, p.scale_log2, Cfg::kBlockN, inv_sum,
+          [&](auto&& f) {
+#pragma unroll
+            for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {
+              f(col0 * 8 + kernels::acc_col(j, 0, lane), acc[2 * j]);
+              f(col0 * 8 + kernels::acc_col(j, 1, lane), acc[2 * j + 1]);
+            }
+          });
+      if (!repaired) continue;
+#pragma unroll
+      for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {
+        const uint32_t packed = Out::pack2(acc[2 * j] * inv_sum, acc[2 * j + 1] * inv_sum);
+        *reinterpret_cast<uint32_t*>(stage + swizzled_offset<Cfg::kRowBytes>(r, col0 + j) + 4 * (lane % 4)) = packed;
+      }
+    }
+  }
+}
 
 template <class Cfg>
 __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, uint8_t* smem, WarpState<Cfg>& st) {
@@ -33,9 +87,11 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
     const PairExchange<Cfg> pair{smem + Cfg::kSmemPairOffset, warp, lane};
     pair.combine_sums(st.softmax[0].row_sum, st.softmax[1].row_sum);
   }
+  uint32_t fired = 0;  // causal rows' probes (probe_row_tile)
 #pragma unroll
   for (int t = 0; t < Cfg::kMTiles; ++t) {
     st.softmax[t].finalize(p.scale_log2, inv_sum[t], lse[t]);
+    if constexpr (Cfg::kCausal) fired |= probe_row_tile<Cfg>(st, t);
 #pragma unroll
     for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {
 #pragma unroll
@@ -45,6 +101,12 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
                                            st.o[t][acc_index(j, i, 1)] * inv_sum[t][i]);
         *reinterpret_cast<uint32_t*>(stage + swizzled_offset<Cfg::kRowBytes>(r, col0 + j) + 4 * (lane % 4)) = packed;
       }
+    }
+  }
+  if constexpr (Cfg::kCausal) {
+    if (__any_sync(0xffffffffu, fired != 0)) {
+      __syncwarp();
+      repair_staged_rows<Cfg>(p, tile, stage, warp, lane, col0, fired, lse);
     }
   }
   __syncwarp();

@@ -5,15 +5,11 @@
 #include <cstdint>
 
 #include "kernels/common/serving_layout.h"
+#include "kernels/common/tensor_ref.h"
 
 namespace flashcore::sm80 {
 
-struct TensorRef {
-  const void* ptr;
-  int64_t batch_stride;
-  int64_t seq_stride;
-  int64_t head_stride;
-};
+using kernels::TensorRef;
 
 // The serving layouts (seqused_k, packed, paged; LSE strides): kernels/common/serving_layout.h.
 struct FwdParams : kernels::ServingLayout {

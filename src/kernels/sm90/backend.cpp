@@ -333,6 +333,9 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.page_block_slices = paged ? row.shape.block_n / slice_rows : 0;
   fp.page_chunk_blocks = paged ? kPageChunk / fp.page_block_slices : 0;
   fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;
+  fp.q_ref = {p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
+  fp.k_ref = {p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
+  fp.v_ref = {p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
   fp.o = p.o;
   const int64_t out_bytes = dtype_size(out_dtype);
   fp.o_stride_batch_bytes = p.o_strides.batch * out_bytes;

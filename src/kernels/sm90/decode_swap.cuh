@@ -218,6 +218,31 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, const Tile& ti
     row[c] = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + col;
   }
   const int64_t seqlen_q = tile.seq.seqlen_q;
+  // Causal rows: non-finite V at a query's masked keys (kernels/common/masked_v.cuh; epilogue.cuh repair_masked_v).
+  if constexpr (kRepairsMaskedV<Cfg>) {
+    float probe[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kDTiles; ++i) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) probe[r & 1] = kernels::nonfinite_probe(probe[r & 1], st.o[i][r]);
+    }
+    const bool fired[2] = {kernels::probe_fired(probe[0]), kernels::probe_fired(probe[1])};
+    if (__any_sync(0xffffffffu, fired[0] || fired[1])) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        if (!fired[c] || lse[c] != lse[c] || row[c] >= seqlen_q) continue;
+        kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
+            p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, row[c], p.scale_log2, Cfg::kBlockN, inv[c],
+            [&](auto&& f) {
+#pragma unroll
+              for (int i = 0; i < kDTiles; ++i) {
+                f(64 * i + swap_row(c), st.o[i][c]);
+                f(64 * i + swap_row(c + 2), st.o[i][c + 2]);
+              }
+            });
+      }
+    }
+  }
   const bool partial = Cfg::kSplitKv && p.num_splits > 1;
   if (partial) {
     const int64_t part = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_splits + tile.split;

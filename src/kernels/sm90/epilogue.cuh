@@ -10,10 +10,52 @@
 #include "kernels/common/combine.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
+#include "kernels/common/masked_v.cuh"
 #include "kernels/common/warp.cuh"
 #include "kernels/sm90/mainloop.cuh"
 
 namespace flashcore::sm90 {
+
+// Causal 16-bit rows: O elements that a non-finite V value at a key their row does not see reached through the P V
+// GEMM of a diagonal block (0 * NaN) are recomputed without it (kernels/common/masked_v.cuh): one FFMA per accumulator
+// and a warp vote per tile; the rare path only when the vote fires. Rows past the sequence are stored by no one; rows
+// whose LSE is NaN (a NaN or +Inf score) are NaN whatever V holds. 8-bit rows: not yet (their V is transposed).
+template <class Cfg>
+inline constexpr bool kRepairsMaskedV = Cfg::kCausal && Cfg::kElemBytes == 2;
+
+template <class Cfg>
+__device__ __forceinline__ void repair_masked_v(const FwdParams& p, const Tile& tile, int warpgroup,
+                                                ConsumerState<Cfg>& st, float (&inv_sum)[2], const float (&lse)[2]) {
+  if constexpr (kRepairsMaskedV<Cfg>) {
+    float probe[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        probe[i] = kernels::nonfinite_probe(probe[i], st.o[acc_index(j, i, 0)]);
+        probe[i] = kernels::nonfinite_probe(probe[i], st.o[acc_index(j, i, 1)]);
+      }
+    }
+    const bool fired[2] = {kernels::probe_fired(probe[0]), kernels::probe_fired(probe[1])};
+    if (!__any_sync(0xffffffffu, fired[0] || fired[1])) return;
+    const int lane = threadIdx.x % 32;
+    const int64_t row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
+                         ((threadIdx.x / 32) % 4) * 16 + lane / 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!fired[i] || lse[i] != lse[i] || row0 + 8 * i >= tile.seq.seqlen_q) continue;
+      kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
+          p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, row0 + 8 * i, p.scale_log2, Cfg::kBlockN,
+          inv_sum[i], [&](auto&& f) {
+#pragma unroll
+            for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+              f(kernels::acc_col(j, 0, lane), st.o[acc_index(j, i, 0)]);
+              f(kernels::acc_col(j, 1, lane), st.o[acc_index(j, i, 1)]);
+            }
+          });
+    }
+  }
+}
 
 // Split-KV: this split's O (normalized by its own sum, fp32) and LSE go to the workspace, rows [0, seqlen_q) of
 // (batch, head, split); the tile's last split (merge_if_last_split) or the combine kernel (combine.cuh) weighs the
@@ -193,6 +235,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, const Tile
 
   float inv_sum[2], lse[2];
   st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse);
+  repair_masked_v<Cfg>(p, tile, warpgroup, st, inv_sum, lse);
   if constexpr (Cfg::kFp8) {
     inv_sum[0] *= st.o_scale;
     inv_sum[1] *= st.o_scale;

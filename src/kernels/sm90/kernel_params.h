@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/common/serving_layout.h"
+#include "kernels/common/tensor_ref.h"
 
 namespace flashcore::sm90 {
 
@@ -61,6 +62,9 @@ struct FwdParams : kernels::ServingLayout {
   // 8-bit V as stored (rows = keys): tma_v then maps V like K, and the producer warps transpose each tile in shared
   // memory (transpose_v.cuh). Only for configs with KernelConfig::kTransposesV.
   bool transpose_v;
+  // Q, K and V as the C ABI gives them (what the TMA maps above map, for 16-bit inputs): read only by the causal
+  // 16-bit rows' rare path for non-finite V at masked keys (kernels/common/masked_v.cuh).
+  kernels::TensorRef q_ref, k_ref, v_ref;
   // -1, a key block no tile has: the branch that keeps the P V GEMM's P registers allocated until the GEMM is waited
   // for (mainloop.cuh, keep_allocated) compares with it, so it never runs but ptxas cannot drop it.
   int never_block;
