@@ -36,19 +36,21 @@ __device__ __forceinline__ uint32_t probe_row_tile(const WarpState<Cfg>& st, int
   return (kernels::probe_fired(probe[0]) ? 1u : 0u) << (2 * t) | (kernels::probe_fired(probe[1]) ? 2u : 0u) << (2 * t);
 }
 
-// The rows whose probe fired, recomputed into the staging buffer (the warp's own rows and columns, as staged).
+// The rows of `todo` (probe_row_tile's bits, less the rows whose LSE is NaN: NaN whatever V holds), recomputed into
+// the staging buffer (the warp's own rows and columns, as staged). Out of line, its tile decoded again: inlined,
+// reading the caller's Tile, it kept more live through the main loop and changed the loop's code (perf-notes v56).
 template <class Cfg>
-__device__ __forceinline__ void repair_staged_rows(const FwdParams& p, const Tile& tile, uint8_t* stage, int warp,
-                                                      int lane, int col0, uint32_t fired,
-                                                      const float (&lse)[Cfg::kMTiles][2]) {
+__device__ __noinline__ void repair_staged_rows(const FwdParams& p, uint8_t* stage, int warp, int lane, int col0,
+                                                uint32_t todo) {
   using Out = kernels::ElemTraits<typename Cfg::OutElement>;
+  const Tile tile = decode_tile<Cfg>(p, static_cast<int>(blockIdx.x));
 #pragma unroll
   for (int t = 0; t < Cfg::kMTiles; ++t) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = tile_row0<Cfg>(warp, t) + lane / 4 + 8 * i;
       const int64_t row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + r;
-      if ((fired >> (2 * t + i) & 1u) == 0 || lse[t][i] != lse[t][i] || row >= tile.seq.seqlen_q) continue;
+      if ((todo >> (2 * t + i) & 1u) == 0 || row >= tile.seq.seqlen_q) continue;
       float acc[Cfg::kWarpDim / 4];
       float inv_sum = 0.f;
       const bool repaired = kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
@@ -105,8 +107,15 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   }
   if constexpr (Cfg::kCausal) {
     if (__any_sync(0xffffffffu, fired != 0)) {
+#pragma unroll
+      for (int t = 0; t < Cfg::kMTiles; ++t) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          if (lse[t][i] != lse[t][i]) fired &= ~(1u << (2 * t + i));
+        }
+      }
       __syncwarp();
-      repair_staged_rows<Cfg>(p, tile, stage, warp, lane, col0, fired, lse);
+      repair_staged_rows<Cfg>(p, stage, warp, lane, col0, fired);
     }
   }
   __syncwarp();

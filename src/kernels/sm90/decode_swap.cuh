@@ -198,9 +198,16 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
   }
 }
 
+// The head dims of this thread's query column c in O^T (repair_row_out_of_line): value 2i + h is register c + 2h of
+// tile i.
+struct SwapCols {
+  int c;
+  __device__ __forceinline__ int operator()(int k) const { return 64 * (k / 2) + swap_row(c + 2 * (k % 2)); }
+};
+
 // O (or the split's partial) and LSE of the tile's rows from O^T: the columns' sums reduced like their maxima.
 template <class Cfg>
-__device__ __forceinline__ void swap_epilogue(const FwdParams& p, const Tile& tile, uint8_t* smem,
+__device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, const Tile& tile, uint8_t* smem,
                                               SharedBarriers<Cfg>& bars, SwapState<Cfg>& st,
                                               const ConsumerPipes<Cfg>& pipes) {
   constexpr int kDTiles = SwapState<Cfg>::kDTiles;
@@ -230,16 +237,17 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, const Tile& ti
     if (__any_sync(0xffffffffu, fired[0] || fired[1])) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        if (!fired[c] || lse[c] != lse[c] || row[c] >= seqlen_q) continue;
-        kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
-            p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, row[c], p.scale_log2, Cfg::kBlockN, inv[c],
-            [&](auto&& f) {
+        if (!fired[c] || lse[c] != lse[c]) continue;
+        float vals[2 * kDTiles];  // value 2i + h: register c + 2h of O^T tile i
+        const float new_inv =
+            repair_row_out_of_line<Cfg, 2 * kDTiles>(p, tile_idx, swap_col(c), SwapCols{c}, vals);  // (tile row)
+        if (new_inv < 0.f) continue;
+        inv[c] = new_inv;
 #pragma unroll
-              for (int i = 0; i < kDTiles; ++i) {
-                f(64 * i + swap_row(c), st.o[i][c]);
-                f(64 * i + swap_row(c + 2), st.o[i][c + 2]);
-              }
-            });
+        for (int i = 0; i < kDTiles; ++i) {
+          st.o[i][c] = vals[2 * i];
+          st.o[i][c + 2] = vals[2 * i + 1];
+        }
       }
     }
   }

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
         const Tile tile = decode_tile<Cfg>(p, t);
         SwapState<Cfg> st;
         swap_mainloop<Cfg>(p, tile, smem, bars, st, pipes);
-        swap_epilogue<Cfg>(p, tile, smem, bars, st, pipes);
+        swap_epilogue<Cfg>(p, t, tile, smem, bars, st, pipes);
         pipes.q.advance();
       }
     } else {
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
         const Tile tile = decode_tile<Cfg>(p, t);
         ConsumerState<Cfg> st;
         consumer_mainloop<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
-        consumer_epilogue<Cfg>(p, tile, smem, bars, warpgroup - 1, st, pipes);
+        consumer_epilogue<Cfg>(p, t, tile, smem, bars, warpgroup - 1, st, pipes);
         pipes.q.advance();
       }
       // The last TMA store must have read the staged O before the CTA's shared memory goes away.
