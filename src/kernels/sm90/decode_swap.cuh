@@ -198,13 +198,6 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
   }
 }
 
-// The head dims of this thread's query column c in O^T (repair_row_out_of_line): value 2i + h is register c + 2h of
-// tile i.
-struct SwapCols {
-  int c;
-  __device__ __forceinline__ int operator()(int k) const { return 64 * (k / 2) + swap_row(c + 2 * (k % 2)); }
-};
-
 // O (or the split's partial) and LSE of the tile's rows from O^T: the columns' sums reduced like their maxima.
 template <class Cfg>
 __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, const Tile& tile, uint8_t* smem,
@@ -238,16 +231,14 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         if (!fired[c] || lse[c] != lse[c]) continue;
-        float vals[2 * kDTiles];  // value 2i + h: register c + 2h of O^T tile i
-        const float new_inv =
-            repair_row_out_of_line<Cfg, 2 * kDTiles>(p, tile_idx, swap_col(c), SwapCols{c}, vals);  // (tile row)
-        if (new_inv < 0.f) continue;
-        inv[c] = new_inv;
+        const float new_inv = repair_row_of_tile<Cfg>(p, tile_idx, swap_col(c), [&](auto&& f) {  // (row: column c)
 #pragma unroll
-        for (int i = 0; i < kDTiles; ++i) {
-          st.o[i][c] = vals[2 * i];
-          st.o[i][c + 2] = vals[2 * i + 1];
-        }
+          for (int i = 0; i < kDTiles; ++i) {
+            f(64 * i + swap_row(c), st.o[i][c]);
+            f(64 * i + swap_row(c + 2), st.o[i][c + 2]);
+          }
+        });
+        if (new_inv >= 0.f) inv[c] = new_inv;
       }
     }
   }

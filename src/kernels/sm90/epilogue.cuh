@@ -23,31 +23,20 @@ namespace flashcore::sm90 {
 template <class Cfg>
 inline constexpr bool kRepairsMaskedV = Cfg::kCausal && Cfg::kElemBytes == 2;
 
-// The rare path of one row, out of line: it decodes its tile again from the index and takes the row's values through
-// a local array, so that the kernel keeps nothing more live through its main loop and ptxas compiles the loop as
-// before (inlined, reading the caller's Tile, it moved loop values out of uniform registers: 1-2.5% on causal cells,
-// perf-notes v56). row: within the tile; col_of(k): the column of value k. Returns the row's new normalizer, or -1
-// when the row needed no repair (vals untouched).
-template <class Cfg, int kVals, class ColOf>
-__device__ __noinline__ float repair_row_out_of_line(const FwdParams& p, int tile_idx, int row, ColOf col_of,
-                                                     float* vals) {
+// The rare path of one row (row: within the tile; cols: kernels::repair_masked_v_row's). It decodes its tile again from
+// the index: reading the caller's Tile kept the tile's fields live through the main loop, which moved loop values out
+// of uniform registers (perf-notes v56). Inlined: out of line, the call made ptxas serialize the wgmmas of a 192 x 64
+// d128 variant (C7514). Returns the row's new normalizer, or -1 when the row needed no repair.
+template <class Cfg, class Cols>
+__device__ __forceinline__ float repair_row_of_tile(const FwdParams& p, int tile_idx, int row, Cols cols) {
   const Tile tile = decode_tile<Cfg>(p, tile_idx);
   const int64_t seq_row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + row;
   if (seq_row >= tile.seq.seqlen_q) return -1.f;  // stored by no one
   float inv_sum = -1.f;
   const bool repaired = kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
-      p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, p.scale_log2, Cfg::kBlockN, inv_sum,
-      [&](auto&& f) {
-        for (int k = 0; k < kVals; ++k) f(col_of(k), vals[k]);
-      });
+      p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, p.scale_log2, Cfg::kBlockN, inv_sum, cols);
   return repaired ? inv_sum : -1.f;
 }
-
-// The main layout's columns of a thread's row (fragment.cuh): value 2j + e is column acc_col(j, e, lane).
-struct RowCols {
-  int lane;
-  __device__ __forceinline__ int operator()(int k) const { return kernels::acc_col(k / 2, k % 2, lane); }
-};
 
 template <class Cfg>
 __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx, int warpgroup, ConsumerState<Cfg>& st,
@@ -69,15 +58,14 @@ __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (!fired[i] || lse[i] != lse[i]) continue;
-      float vals[Cfg::kHeadDim / 4];
-      const float inv = repair_row_out_of_line<Cfg, Cfg::kHeadDim / 4>(p, tile_idx, row + 8 * i, RowCols{lane}, vals);
-      if (inv < 0.f) continue;
-      inv_sum[i] = inv;
+      const float inv = repair_row_of_tile<Cfg>(p, tile_idx, row + 8 * i, [&](auto&& f) {
 #pragma unroll
-      for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
-        st.o[acc_index(j, i, 0)] = vals[2 * j];
-        st.o[acc_index(j, i, 1)] = vals[2 * j + 1];
-      }
+        for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+          f(kernels::acc_col(j, 0, lane), st.o[acc_index(j, i, 0)]);
+          f(kernels::acc_col(j, 1, lane), st.o[acc_index(j, i, 1)]);
+        }
+      });
+      if (inv >= 0.f) inv_sum[i] = inv;
     }
   }
 }
