@@ -5,13 +5,13 @@
 // not possible (other rows of the tile see the same key), while scanning every diagonal V tile cost 7-20% on causal
 // cells (perf-notes v12, v14).
 //
-// So the kernels detect instead, once per tile: in the epilogue, a thread folds its O accumulators into
-// sum(o * 0), which is 0 when they are all finite and NaN otherwise (one FFMA per element, one warp vote). Only when
-// that fires (never for finite inputs) does the rare path below run, per thread and row: it looks for a non-finite
-// V value in the thread's columns at the keys the tile loaded that the row does not see, and if there is one it
-// recomputes the row's O over its visible keys from global memory (float32 scores, an online softmax, the same key
-// range as the tile or split part), so that the row's output is what it would be without the masked values. A
-// non-finite value at a key the row sees stays in O (a NaN in V is the caller's data).
+// So the kernels detect instead, once per tile: in the epilogue, a thread folds the O accumulators of one row of its
+// row pair into sum(o * 0), which is 0 when they are all finite and NaN otherwise (any_nonfinite: one FFMA per element,
+// one warp vote). Only when that fires (never for finite inputs) does the rare path below run, per thread and row of
+// the pair: it looks for a non-finite V value in the thread's columns at the keys the tile loaded that the row does
+// not see, and if there is one it recomputes the row's O over its visible keys from global memory (float32 scores, an
+// online softmax, the same key range as the tile or split part), so that the row's output is what it would be without
+// the masked values. A non-finite value at a key the row sees stays in O (a NaN in V is the caller's data).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,9 +35,28 @@ __device__ __forceinline__ float elem_float<__half>(const __half* row, int col) 
   return __half2float(row[col]);
 }
 
-// sum(o * 0) over a thread's accumulators: 0 when all are finite, NaN when one is NaN or +-Inf.
-__device__ __forceinline__ float nonfinite_probe(float acc, float o) { return fmaf(o, 0.f, acc); }
-__device__ __forceinline__ bool probe_fired(float probe) { return probe != probe; }
+// The probe: true when one of get(0), ..., get(kCount - 1) is NaN or +-Inf, from sum(o * 0) (0 when all are finite,
+// NaN otherwise): one FFMA per value in up to 8 independent chains, then a tree of adds. The epilogue waits on it, and
+// one chain over a row's head_dim / 4 values took 4 cycles per value (perf-notes v57).
+//
+// One row per thread's row pair is enough: a non-finite V value at a loaded key reaches its O column in every row of
+// the tile (0 * NaN, p * NaN, 0 * Inf are NaN; p * Inf is Inf), and the row pair's two rows hold the same columns, so
+// the rows whose probe is not taken are checked by the rare path whenever their partner's fires.
+template <int kCount, class Get>
+__device__ __forceinline__ bool any_nonfinite(Get get) {
+  constexpr int kChains = kCount < 8 ? kCount : 8;
+  float acc[kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) acc[c] = get(c) * 0.f;
+#pragma unroll
+  for (int e = kChains; e < kCount; ++e) acc[e % kChains] = fmaf(get(e), 0.f, acc[e % kChains]);
+#pragma unroll
+  for (int w = 1; w < kChains; w *= 2) {
+#pragma unroll
+    for (int c = 0; c + w < kChains; c += 2 * w) acc[c] += acc[c + w];
+  }
+  return acc[0] != acc[0];
+}
 
 // Key `key` of the tile's sequence in K or V at KV head `head`: a dense batch entry, the packed tensor's row, or the
 // block table's page; nullptr for a page id outside [0, num_pages), which the kernels' loads read as zeros.

@@ -19,21 +19,15 @@ namespace flashcore::sm80 {
 
 // Causal rows: O elements that a non-finite V value at a key their row does not see reached through the P V product
 // of a diagonal block (0 * NaN) are recomputed without it (kernels/common/masked_v.cuh): the epilogue probes each row
-// tile's accumulators before staging them (one FFMA per element; bit 2t + i of the result: row half i of row tile t
-// fired), and only when a warp's probe fired does the rare path below recompute those rows into the staged O, with
+// tile's accumulators before staging them (one FFMA per element of the first row of each pair; bits 2t and 2t + 1:
+// row tile t fired), and only when a warp's probe fired does the rare path below recompute those rows into the staged O, with
 // every accumulator already dead (repairing them in registers, beside the other row tile's, made ptxas spill).
 template <class Cfg>
 __device__ __forceinline__ uint32_t probe_row_tile(const WarpState<Cfg>& st, int t) {
-  float probe[2] = {0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      probe[i] = kernels::nonfinite_probe(probe[i], st.o[t][acc_index(j, i, 0)]);
-      probe[i] = kernels::nonfinite_probe(probe[i], st.o[t][acc_index(j, i, 1)]);
-    }
-  }
-  return (kernels::probe_fired(probe[0]) ? 1u : 0u) << (2 * t) | (kernels::probe_fired(probe[1]) ? 2u : 0u) << (2 * t);
+  // The first row of the pair (its partner holds the same columns: kernels::any_nonfinite); both rows' bits.
+  const bool fired =
+      kernels::any_nonfinite<Cfg::kWarpDim / 4>([&](int e) { return st.o[t][acc_index(e / 2, 0, e % 2)]; });
+  return fired ? 3u << (2 * t) : 0u;
 }
 
 // The rows of `todo` (probe_row_tile's bits, less the rows whose LSE is NaN: NaN whatever V holds), recomputed into

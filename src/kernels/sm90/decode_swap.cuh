@@ -220,17 +220,12 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
   const int64_t seqlen_q = tile.seq.seqlen_q;
   // Causal rows: non-finite V at a query's masked keys (kernels/common/masked_v.cuh; epilogue.cuh repair_masked_v).
   if constexpr (kRepairsMaskedV<Cfg>) {
-    float probe[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < kDTiles; ++i) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) probe[r & 1] = kernels::nonfinite_probe(probe[r & 1], st.o[i][r]);
-    }
-    const bool fired[2] = {kernels::probe_fired(probe[0]), kernels::probe_fired(probe[1])};
-    if (__any_sync(0xffffffffu, fired[0] || fired[1])) {
+    // Query column 0 of the thread's two (column 1 holds the same head-dim rows: kernels::any_nonfinite).
+    const bool fired = kernels::any_nonfinite<2 * kDTiles>([&](int e) { return st.o[e / 2][2 * (e % 2)]; });
+    if (__any_sync(0xffffffffu, fired)) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        if (!fired[c] || lse[c] != lse[c]) continue;
+        if (lse[c] != lse[c]) continue;
         const float new_inv = repair_row_of_tile<Cfg>(p, tile_idx, swap_col(c), [&](auto&& f) {  // (row: column c)
 #pragma unroll
           for (int i = 0; i < kDTiles; ++i) {

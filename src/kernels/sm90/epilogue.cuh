@@ -18,7 +18,7 @@ namespace flashcore::sm90 {
 
 // Causal 16-bit rows: O elements that a non-finite V value at a key their row does not see reached through the P V
 // GEMM of a diagonal block (0 * NaN) are recomputed without it (kernels/common/masked_v.cuh): one FFMA per accumulator
-// and a warp vote per tile; the rare path only when the vote fires. Rows past the sequence are stored by no one; rows
+// of a row pair's first row and a warp vote per tile; the rare path, for both rows, only when the vote fires. Rows past the sequence are stored by no one; rows
 // whose LSE is NaN (a NaN or +Inf score) are NaN whatever V holds. 8-bit rows: not yet (their V is transposed).
 template <class Cfg>
 inline constexpr bool kRepairsMaskedV = Cfg::kCausal && Cfg::kElemBytes == 2;
@@ -42,22 +42,14 @@ template <class Cfg>
 __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx, int warpgroup, ConsumerState<Cfg>& st,
                                                 float (&inv_sum)[2], const float (&lse)[2]) {
   if constexpr (kRepairsMaskedV<Cfg>) {
-    float probe[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        probe[i] = kernels::nonfinite_probe(probe[i], st.o[acc_index(j, i, 0)]);
-        probe[i] = kernels::nonfinite_probe(probe[i], st.o[acc_index(j, i, 1)]);
-      }
-    }
-    const bool fired[2] = {kernels::probe_fired(probe[0]), kernels::probe_fired(probe[1])};
-    if (!__any_sync(0xffffffffu, fired[0] || fired[1])) return;
+    // The first row of the pair (its partner holds the same columns: kernels::any_nonfinite).
+    const bool fired = kernels::any_nonfinite<Cfg::kHeadDim / 4>([&](int e) { return st.o[acc_index(e / 2, 0, e % 2)]; });
+    if (!__any_sync(0xffffffffu, fired)) return;
     const int lane = threadIdx.x % 32;
     const int row = warpgroup * Cfg::kRowsPerWarpgroup + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (!fired[i] || lse[i] != lse[i]) continue;
+      if (lse[i] != lse[i]) continue;
       const float inv = repair_row_of_tile<Cfg>(p, tile_idx, row + 8 * i, [&](auto&& f) {
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
