@@ -274,16 +274,22 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
     if (wg_thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     kernels::named_barrier_sync(1 + warpgroup, 128);
   }
+  // One stmatrix.x4 per two column units j, j + 1 of the warp's 16 rows: its matrices are (rows 0-7, unit j), (rows
+  // 8-15, unit j), (rows 0-7, unit j + 1), (rows 8-15, unit j + 1), whose fragments are the accumulators' pairs, and
+  // lane l gives the address of row l % 8 of matrix l / 8 (a 16-byte unit of the swizzled row). A quarter of the
+  // stores of one 32-bit store per pair (perf-notes v57).
+  static_assert(Cfg::kHeadDim % 16 == 0, "whole stmatrix.x4 column pairs");
+  const int st_row = warp_in_wg * 16 + 8 * ((lane / 8) % 2) + lane % 8;  // this lane's row within the slice
+  const uint32_t st_base = static_cast<uint32_t>(__cvta_generic_to_shared(stage)) + st_row * Cfg::kRowBytes;
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
-    const int chunk = j / 8, unit = j % 8;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = warp_in_wg * 16 + lane / 4 + 8 * i;  // row within the slice; r % 8 == lane / 4
-      const uint32_t packed = Out::pack2(st.o[acc_index(j, i, 0)] * inv_sum[i], st.o[acc_index(j, i, 1)] * inv_sum[i]);
-      uint8_t* dst = stage + chunk * Cfg::kOutChunkBytes + r * Cfg::kRowBytes + ((unit ^ (r % 8)) * 16) + 4 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(dst) = packed;
-    }
+  for (int j = 0; j < Cfg::kHeadDim / 8; j += 2) {
+    const int chunk = j / 8, unit = j % 8 + lane / 16;  // j even: units j % 8 and j % 8 + 1 of one chunk
+    const uint32_t r[4] = {
+        Out::pack2(st.o[acc_index(j, 0, 0)] * inv_sum[0], st.o[acc_index(j, 0, 1)] * inv_sum[0]),
+        Out::pack2(st.o[acc_index(j, 1, 0)] * inv_sum[1], st.o[acc_index(j, 1, 1)] * inv_sum[1]),
+        Out::pack2(st.o[acc_index(j + 1, 0, 0)] * inv_sum[0], st.o[acc_index(j + 1, 0, 1)] * inv_sum[0]),
+        Out::pack2(st.o[acc_index(j + 1, 1, 0)] * inv_sum[1], st.o[acc_index(j + 1, 1, 1)] * inv_sum[1])};
+    stmatrix_x4(st_base + chunk * Cfg::kOutChunkBytes + ((unit ^ (st_row % 8)) * 16), r);
   }
   // Generic-proxy writes must be visible to the TMA (async proxy) before the store is issued.
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
