@@ -20,8 +20,9 @@ namespace flashcore::sm80 {
 // Causal rows: O elements that a non-finite V value at a key their row does not see reached through the P V product
 // of a diagonal block (0 * NaN) are recomputed without it (kernels/common/masked_v.cuh): the epilogue probes each row
 // tile's accumulators before staging them (one FFMA per element of the first row of each pair; bits 2t and 2t + 1:
-// row tile t fired), and only when a warp's probe fired does the rare path below recompute those rows into the staged O, with
-// every accumulator already dead (repairing them in registers, beside the other row tile's, made ptxas spill).
+// row tile t fired), and only when a warp's probe fired does the rare path below recompute those rows into the
+// staged O, with every accumulator already dead (repairing them in registers, beside the other row tile's, made
+// ptxas spill).
 template <class Cfg>
 __device__ __forceinline__ uint32_t probe_row_tile(const WarpState<Cfg>& st, int t) {
   // The first row of the pair (its partner holds the same columns: kernels::any_nonfinite); both rows' bits.

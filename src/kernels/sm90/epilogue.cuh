@@ -18,8 +18,9 @@ namespace flashcore::sm90 {
 
 // Causal 16-bit rows: O elements that a non-finite V value at a key their row does not see reached through the P V
 // GEMM of a diagonal block (0 * NaN) are recomputed without it (kernels/common/masked_v.cuh): one FFMA per accumulator
-// of a row pair's first row and a warp vote per tile; the rare path, for both rows, only when the vote fires. Rows past the sequence are stored by no one; rows
-// whose LSE is NaN (a NaN or +Inf score) are NaN whatever V holds. 8-bit rows: not yet (their V is transposed).
+// of a row pair's first row and a warp vote per tile; the rare path, for both rows, only when the vote fires. Rows
+// past the sequence are stored by no one; rows whose LSE is NaN (a NaN or +Inf score) are NaN whatever V holds. 8-bit
+// rows: not yet (their V is transposed).
 template <class Cfg>
 inline constexpr bool kRepairsMaskedV = Cfg::kCausal && Cfg::kElemBytes == 2;
 
@@ -43,7 +44,8 @@ __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx
                                                 float (&inv_sum)[2], const float (&lse)[2]) {
   if constexpr (kRepairsMaskedV<Cfg>) {
     // The first row of the pair (its partner holds the same columns: kernels::any_nonfinite).
-    const bool fired = kernels::any_nonfinite<Cfg::kHeadDim / 4>([&](int e) { return st.o[acc_index(e / 2, 0, e % 2)]; });
+    const bool fired =
+        kernels::any_nonfinite<Cfg::kHeadDim / 4>([&](int e) { return st.o[acc_index(e / 2, 0, e % 2)]; });
     if (!__any_sync(0xffffffffu, fired)) return;
     const int lane = threadIdx.x % 32;
     const int row = warpgroup * Cfg::kRowsPerWarpgroup + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
