@@ -32,6 +32,10 @@ struct PipelineState {
   int stage = 0;
   uint32_t phase = 0;
   __device__ __forceinline__ PipelineState state() const { return *this; }
+  // The position before this one (the producer's V of the block before: producer.cuh).
+  __device__ __forceinline__ PipelineState previous() const {
+    return stage == 0 ? PipelineState{kStages - 1, phase ^ 1u} : PipelineState{stage - 1, phase};
+  }
   __device__ __forceinline__ void advance() {
     if (++stage == kStages) {
       stage = 0;
@@ -48,6 +52,9 @@ struct PipelineCount {
   uint32_t uses = 0;
   __device__ __forceinline__ PipelineState<kStages> state() const {
     return {static_cast<int>(uses % kStages), (uses / kStages) & 1u};
+  }
+  __device__ __forceinline__ PipelineState<kStages> previous() const {
+    return PipelineCount{uses - 1}.state();
   }
   __device__ __forceinline__ void advance() { ++uses; }
 };

@@ -211,27 +211,53 @@ struct Producer {
       }
     }
     // The K/V row walks down from the last visible block.
-    int64_t row = kv_row(tile, tile.keys.end - 1);
-    for (int n = tile.keys.count(); n > 0; --n, row -= Cfg::kBlockN) {
-      const auto kv_state = kv_pos.state();
-      uint8_t* k_stage = smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes;
-      uint8_t* v_stage = smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes;
-      bars.k.acquire(kv_state);
+    // Two-stage 16-bit rows load K of block n before V of block n + 1 (the block before it in the loop's order), the
+    // order the consumers take them in (mainloop.cuh: S = Q K_n^T beside O += P V_{n+1}). With one stage pair per
+    // block, the K stage that an S GEMM frees then refills half an iteration before the V stage that the P V GEMM
+    // after it frees, instead of waiting behind it (perf-notes v58). Kept together: the transposed decode rows (K and
+    // V of one block in one step), rows of three or more stages (their ring has the slack), 8-bit rows (not
+    // measured), and the dynamic schedule, whose 24-register producer also holds the tile-id ring and spilled
+    // (4-12 bytes, d128 / d256) with the two positions and rows live.
+    constexpr bool kKAhead = !Cfg::kSwapAB && Cfg::kStages == 2 && Cfg::kElemBytes == 2 &&
+                             Cfg::kSchedule != Schedule::kDynamicPersistent;
+    auto load_k = [&](const PipelineState<Cfg::kStages>& st, int64_t r) {
+      bars.k.acquire(st);
       tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
-          &p.tma_k, k_stage, bars.k.commit_tx(kv_state, Cfg::kKTileBytes), row, kv_head, kv_batch);
-      bars.v.acquire(kv_state);
+          &p.tma_k, smem + Cfg::kSmemKOffset + st.stage * Cfg::kKTileBytes, bars.k.commit_tx(st, Cfg::kKTileBytes), r,
+          kv_head, kv_batch);
+    };
+    auto load_v = [&](const PipelineState<Cfg::kStages>& st, int64_t r) {
+      uint8_t* v_stage = smem + Cfg::kSmemVOffset + st.stage * Cfg::kVTileBytes;
+      bars.v.acquire(st);
       if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
         if (v_transposed_by_producer<Cfg>(p)) {  // as stored, like K: the transposer warps take it from here
           tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
-              &p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
+              &p.tma_v, v_stage, bars.v.commit_tx(st, Cfg::kVTileBytes), r, kv_head, kv_batch);
         } else {
-          tma_load_vt<Cfg>(&p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
+          tma_load_vt<Cfg>(&p.tma_v, v_stage, bars.v.commit_tx(st, Cfg::kVTileBytes), r, kv_head, kv_batch);
         }
       } else {
         tma_load_tile<Cfg, Cfg::kVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows, true>(
-            &p.tma_v, v_stage, bars.v.commit_tx(kv_state, Cfg::kVTileBytes), row, kv_head, kv_batch);
+            &p.tma_v, v_stage, bars.v.commit_tx(st, Cfg::kVTileBytes), r, kv_head, kv_batch);
       }
+    };
+    int64_t row = kv_row(tile, tile.keys.end - 1);
+    if constexpr (!kKAhead) {
+      for (int n = tile.keys.count(); n > 0; --n, row -= Cfg::kBlockN) {
+        const auto kv_state = kv_pos.state();
+        load_k(kv_state, row);
+        load_v(kv_state, row);
+        kv_pos.advance();
+      }
+    } else {
+      load_k(kv_pos.state(), row);
       kv_pos.advance();
+      for (int n_block = tile.keys.end - 2; n_block >= tile.keys.begin; --n_block) {
+        load_k(kv_pos.state(), kv_row(tile, n_block));
+        load_v(kv_pos.previous(), kv_row(tile, n_block + 1));  // V of the block before: that block's K position
+        kv_pos.advance();
+      }
+      load_v(kv_pos.previous(), kv_row(tile, tile.keys.begin));
     }
   }
 
