@@ -7,6 +7,9 @@
 #   - the 8-bit rows whose tile lets the producer warps transpose V in shared memory (tile_shape.h
 #     transposes_v_in_place: head dim 64, 128 with key blocks of whole 128 keys, 256 with 128-key blocks) have the
 #     transposer's STSM (transpose_v.cuh);
+#   - the fp16 / bf16 kernels of head dim 128 and 256 have UTMALDG.5D: the host encodes their Q map (and a dense
+#     K/V's whose box is the whole tile) in 5-D, one box of every 128-byte chunk (tile_shape.h tma_chunked), and a
+#     producer that still issued 4-D loads would stop with an illegal instruction;
 #   - its SASS has no LDL/STL (local memory);
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
 #   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510-C7519) anywhere;
@@ -15,6 +18,10 @@
 #     v18: ptxas had moved the second wait above the softmax);
 #   (which kernels have two P sets and transpose V in place: `flashcore info --kernels`, from the library's own
 #   constants, so that this script keeps no copy of those rules);
+#   - no TMA load (UTMALDG) sits in a per-lane loop (an ELECT loop that moves its operands from general to uniform
+#     registers lane by lane, closed by BRA.U.ANY): the producer is an elected thread that ptxas knows to be alone
+#     (kernel.cuh, ptx.cuh elect_one_sync; perf-notes v60). The epilogue's O stores (UTMASTG) are not checked: a
+#     consumer thread issues them, and the split-KV rows' do sit in such loops (once per tile);
 #   - src/kernels/sm90/wgmma_ops.inc matches tools/gen_wgmma.py.
 # Usage: bash tools/check_sass.sh [build-dir]      (default: build)
 set -uo pipefail
@@ -54,22 +61,23 @@ cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "c
 
 # One summary line per kernel: name, HGMMA, QGMMA, IGMMA, UTMALDG, UTMASTG, LDL/STL and STSM counts.
 report=$(awk '
-  /Function : / { if (name != "") print name, h, q, i, l, s, loc, t; name = $NF; h = q = i = l = s = loc = t = 0; next }
+  /Function : / { if (name != "") print name, h, q, i, l, s, loc, t, l5; name = $NF; h = q = i = l = s = loc = t = l5 = 0; next }
   name != "" && /HGMMA/   { h++ }
   name != "" && /QGMMA/   { q++ }
   name != "" && /IGMMA/   { i++ }
   name != "" && /UTMALDG/ { l++ }
+  name != "" && /UTMALDG\.5D/ { l5++ }
   name != "" && /UTMASTG/ { s++ }
   name != "" && /[^A-Z](LDL|STL)[. ]/ { loc++ }
   name != "" && /STSM/    { t++ }
-  END { if (name != "") print name, h, q, i, l, s, loc, t }
+  END { if (name != "") print name, h, q, i, l, s, loc, t, l5 }
 ' "$sass" | grep flashcore_fwd_sm90_kernel | sort -u)
 
 found=$(printf '%s\n' "$report" | grep -c . || true)
 echo "check_sass: $found forward kernel(s) in $lib (expected $expected from the generated instantiations)"
 [[ "$found" -eq "$expected" && "$found" -gt 0 ]] || err "found $found forward kernels, expected $expected"
 
-while read -r name h q i l s loc t; do
+while read -r name h q i l s loc t l5; do
   [[ -z "${name:-}" ]] && continue
   demangled=$(echo "$name" | c++filt 2>/dev/null || echo "$name")
   status="ok"
@@ -88,12 +96,32 @@ while read -r name h q i l s loc t; do
     [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA"; status="FAIL"; }
   fi
   [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
+  # A 16-bit head dim of several 128-byte chunks: the host encodes Q's map in 5-D (tile_shape.h tma_chunked), so the
+  # producer must load it with a 5-D TMA (a 4-D load of a 5-D map is an illegal instruction).
+  if [[ "$demangled" =~ r_(fp16|bf16)_d(128|256)_ ]]; then
+    [[ "$l5" -gt 0 ]] || { err "$demangled: no UTMALDG.5D (a 16-bit tile of several chunks loads as one 5-D box)"; status="FAIL"; }
+  fi
   [[ "$s" -gt 0 || "$demangled" == *_split_* ]] || { err "$demangled: no UTMASTG"; status="FAIL"; }
   [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
   printf 'check_sass: %-4s HGMMA=%-4s QGMMA=%-4s IGMMA=%-3s UTMALDG=%-3s UTMASTG=%-3s LDL/STL=%-3s STSM=%-3s %s\n' "$status" "$h" \
     "$q" "$i" "$l" "$s" "$loc" "$t" \
     "$demangled"
 done <<<"$report"
+
+# TMA loads in per-lane loops: a BRA.U.ANY within two instructions after a UTMALDG, per kernel.
+lane_loops=$(awk '
+  /Function : / { name = $NF; left = 0; next }
+  name == "" { next }
+  /UTMALDG/ { left = 2; next }
+  left > 0 && /BRA\.U\.ANY/ { n[name]++; left = 0; next }
+  left > 0 && /;/ { left-- }
+  END { for (k in n) print k, n[k] }
+' "$sass" | grep flashcore_fwd_sm90_kernel | sort -u)
+while read -r name loops; do
+  [[ -z "${name:-}" ]] && continue
+  err "$(echo "$name" | c++filt 2>/dev/null || echo "$name"): $loops TMA load(s) in a per-lane ELECT loop (the producer thread is not an elected one)"
+done <<<"$lane_loops"
+echo "check_sass: TMA loads checked for per-lane loops"
 
 # Softmax / P V overlap: the most MUFU.EX2 between a wait for S and the next wait for P V, per kernel.
 overlap=$(awk '

@@ -315,8 +315,17 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
       {"o", p.o, out_dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.o_strides, 64},
   };
   CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
+  // One TMA per Q, K or V tile where its box is the whole tile (tile_shape.h tma_chunked, the producer's rule): Q
+  // always, a dense K/V unless split-KV boxes it in 32-row slices; a paged cache's slices and O's stores keep 4-D maps.
+  const int elem_bytes = static_cast<int>(dtype_size(row.dtype));
+  const int chunks = static_cast<int>(p.head_dim * elem_bytes / 128);
+  const bool kv_chunked = !paged && tma_chunked(elem_bytes, chunks, row.shape.block_n, kv_box);
+  const bool chunked[4] = {tma_chunked(elem_bytes, chunks, row.shape.block_m, row.shape.block_m), kv_chunked,
+                           kv_chunked && !eight_bit, false};
   for (int i = 0; i < 4; ++i) {
-    const flashcore_status st = encode_tensor_map(targets[i], maps[i], error);
+    TensorMapArgs args = maps[i];
+    args.chunked = chunked[i];
+    const flashcore_status st = encode_tensor_map(targets[i], args, error);
     if (st != FLASHCORE_SUCCESS) return st;
   }
 

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
   TileScheduler<Cfg> sched{bars};
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32 && elect_one_sync()) {
       Producer<Cfg> producer;
       for (int t = sched.first(); t < p.num_tiles; t = sched.producer_next(p, t)) {
         producer.load_tile(p, decode_tile<Cfg>(p, t), smem, bars);

@@ -16,6 +16,8 @@ namespace flashcore::sm90 {
 // row bytes (the 128B swizzle is a function of the address, so slices of 8k rows compose into the same layout as one
 // box). kV: V's chunks (Cfg::kVChunks of kVChunkCols columns, 128-byte rows), which differ from Q's and K's in an
 // int8 Q K^T config (16-bit V).
+// A 16-bit tile of several chunks in one box (tile_shape.h tma_chunked) is a single TMA of the host's 5-D map, whose
+// box holds every chunk of the tile in that same chunk-major layout.
 template <class Cfg, int kChunkBytes, int kRows, int kBoxRows, bool kV = false>
 __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* smem, uint64_t* bar, int64_t row,
                                               int head, int batch) {
@@ -23,13 +25,19 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* s
   constexpr int kChunks = kV ? Cfg::kVChunks : Cfg::kChunks;
   constexpr int kChunkCols = kV ? Cfg::kVChunkCols : Cfg::kChunkCols;
   constexpr int kRowBytes = kV ? Cfg::kRowBytes : Cfg::kQKRowBytes;
+  if constexpr (tma_chunked(Cfg::kElemBytes, kChunks, kRows, kBoxRows)) {
+    static_assert(kChunkBytes == kRows * kRowBytes, "chunk-major box layout");
+    const int32_t coords[5] = {0, static_cast<int32_t>(row), 0, head, batch};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem, map, coords, bar);
+  } else {
 #pragma unroll
-  for (int r = 0; r < kRows; r += kBoxRows) {
+    for (int r = 0; r < kRows; r += kBoxRows) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int32_t coords[4] = {c * kChunkCols, static_cast<int32_t>(row + r), head, batch};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                      smem + c * kChunkBytes + r * kRowBytes, map, coords, bar);
+      for (int c = 0; c < kChunks; ++c) {
+        const int32_t coords[4] = {c * kChunkCols, static_cast<int32_t>(row + r), head, batch};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                        smem + c * kChunkBytes + r * kRowBytes, map, coords, bar);
+      }
     }
   }
 }
@@ -214,12 +222,11 @@ struct Producer {
     // Two-stage 16-bit rows load K of block n before V of block n + 1 (the block before it in the loop's order), the
     // order the consumers take them in (mainloop.cuh: S = Q K_n^T beside O += P V_{n+1}). With one stage pair per
     // block, the K stage that an S GEMM frees then refills half an iteration before the V stage that the P V GEMM
-    // after it frees, instead of waiting behind it (perf-notes v58). Kept together: the transposed decode rows (K and
-    // V of one block in one step), rows of three or more stages (their ring has the slack), 8-bit rows (not
-    // measured), and the dynamic schedule, whose 24-register producer also holds the tile-id ring and spilled
-    // (4-12 bytes, d128 / d256) with the two positions and rows live.
-    constexpr bool kKAhead = !Cfg::kSwapAB && Cfg::kStages == 2 && Cfg::kElemBytes == 2 &&
-                             Cfg::kSchedule != Schedule::kDynamicPersistent;
+    // after it frees, instead of waiting behind it (perf-notes v58; the dynamic rows since v60, when the elected
+    // producer thread left ptxas the uniform registers that its 24 had lacked). Kept together: the transposed decode
+    // rows (K and V of one block in one step), rows of three or more stages (their ring has the slack) and 8-bit rows
+    // (not measured).
+    constexpr bool kKAhead = !Cfg::kSwapAB && Cfg::kStages == 2 && Cfg::kElemBytes == 2;
     auto load_k = [&](const PipelineState<Cfg::kStages>& st, int64_t r) {
       bars.k.acquire(st);
       tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(

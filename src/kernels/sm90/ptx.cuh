@@ -20,6 +20,22 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// elect.sync over the full warp: true in exactly one lane (the same one each time). Every lane of the warp must
+// call it (converged). A branch on its result is one thread that ptxas knows to be alone, so it keeps values the
+// warp computed uniformly (a TMA's tensor map and coordinates) in uniform registers instead of moving them from
+// general ones lane by lane.
+__device__ __forceinline__ bool elect_one_sync() {
+  uint32_t pred = 0;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "elect.sync _|p, 0xffffffff;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(pred));
+  return pred != 0;
+}
+
 // stmatrix x4 (sm_90): the inverse of ldmatrix x4 (kernels/common/warp.cuh). Lanes 8m..8m+7 give the row addresses
 // (16 bytes each) of 8x8 matrix m; every lane's r[m] goes to row lane/4, elements 2*(lane%4) and +1 of matrix m.
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {

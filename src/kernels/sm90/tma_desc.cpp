@@ -66,8 +66,25 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   // (bench/micro/kv_stream.cu, docs/perf-notes.md v21).
   const CUtensorMapL2promotion promotion =
       row_bytes <= 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  const CUresult res = encode(map, type, 4, const_cast<void*>(a.base), dims, strides, box, elem_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (a.chunked && (row_bytes != 128 || a.head_dim <= row_elems || a.head_dim % row_elems != 0)) {
+    error = std::string("tensor '") + a.name + "': a chunked map needs whole 128-byte chunks (head_dim " +
+            std::to_string(a.head_dim) + ")";
+    return FLASHCORE_ERROR_INTERNAL;
+  }
+  CUresult res;
+  if (a.chunked) {
+    const cuuint64_t dims5[5] = {static_cast<cuuint64_t>(row_elems), dims[1],
+                                 static_cast<cuuint64_t>(a.head_dim / row_elems), dims[2], dims[3]};
+    const cuuint64_t strides5[4] = {strides[0], 128, strides[1], strides[2]};
+    const cuuint32_t box5[5] = {static_cast<cuuint32_t>(row_elems), static_cast<cuuint32_t>(a.box_rows),
+                                static_cast<cuuint32_t>(a.head_dim / row_elems), 1, 1};
+    const cuuint32_t elem_strides5[5] = {1, 1, 1, 1, 1};
+    res = encode(map, type, 5, const_cast<void*>(a.base), dims5, strides5, box5, elem_strides5,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  } else {
+    res = encode(map, type, 4, const_cast<void*>(a.base), dims, strides, box, elem_strides,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
   if (res != CUDA_SUCCESS) {
     error = std::string("cuTensorMapEncodeTiled rejected tensor '") + a.name + "' (CUresult " +
             std::to_string(static_cast<int>(res)) + "): dims (" + std::to_string(a.head_dim) + ", " +

@@ -12,7 +12,9 @@ namespace flashcore::sm90 {
 
 // A (batch, seq, heads, head_dim) tensor viewed as the 4-D map (head_dim, seq, heads, batch) with the
 // caller's strides, 128-byte swizzle, and a box of one 128-byte row chunk x box_rows rows of one head and batch.
-// Out-of-range rows read as zero and are clipped on store.
+// chunked: the 5-D map (64 elements, seq, head_dim / 64, heads, batch), the chunk dimension 128 bytes apart, whose
+// box is every chunk of box_rows rows, chunk-major in shared memory. Out-of-range rows read as zero and are clipped
+// on store.
 struct TensorMapArgs {
   const char* name;  // "q", "k", "v", "o": for error messages
   const void* base;
@@ -21,6 +23,7 @@ struct TensorMapArgs {
   flashcore_tensor_strides strides;  // elements
   int box_rows;
   int row_elems = 0;  // elements per box row (64 or 128 bytes' worth); 0: the head dim, at most 128 bytes of it
+  bool chunked = false;  // the 5-D map (tile_shape.h tma_chunked); only for 16-bit head dims of several chunks
 };
 
 flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& args, std::string& error);
