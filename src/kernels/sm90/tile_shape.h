@@ -29,9 +29,6 @@ struct TileShape {
   bool packed = false;
 };
 
-// Rows per K/V TMA box. A whole key block, except for split-KV decode rows (block_m 64 or less): they load it in
-// 32-row slices with every 128-byte chunk of a slice issued back to back, so that the halves of a 256-byte K/V row
-// are requested together (decode streams K/V from HBM and nothing else).
 // A 16-bit tile of several 128-byte column chunks, loaded in one box of all its rows: one TMA of a 5-D map (the head
 // dim as 64 elements x chunks, tma_desc.h chunked) instead of one per chunk. The host encodes that map (backend.cpp)
 // and the producer issues that load (producer.cuh tma_load_tile) exactly when this holds (perf-notes v60).
@@ -39,6 +36,9 @@ constexpr bool tma_chunked(int elem_bytes, int chunks, int rows, int box_rows) {
   return elem_bytes == 2 && chunks > 1 && rows == box_rows;
 }
 
+// Rows per K/V TMA box. A whole key block, except for split-KV decode rows (block_m 64 or less): they load it in
+// 32-row slices with every 128-byte chunk of a slice issued back to back, so that the halves of a 256-byte K/V row
+// are requested together (decode streams K/V from HBM and nothing else).
 constexpr int kv_box_rows(const TileShape& s) {
   return s.schedule == Schedule::kSplitKv && s.block_m <= 64 && s.block_n > 32 ? 32 : s.block_n;
 }
