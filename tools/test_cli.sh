@@ -153,6 +153,8 @@ expect 2 "out-dtype is for" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --out-
 expect 2 "16-bit inputs only" 1 -- "$BIN" tune --dtype e4m3
 expect 2 "16-bit inputs only" 1 -- "$BIN" tvla --dtype e4m3
 expect 2 "unknown option '--precision'" 1 -- "$BIN" tune --precision fp8
+expect 2 "--variants needs --build" 1 -- "$BIN" tune --variants 128x160x2-pp-dynamic-vote
+expect 2 "--variants: 'x' is not a config name" 1 -- "$BIN" tune --build --variants 128x128x2-pp-static,x
 for cmd in bench check; do
   expect 0 "e4m3" 0 -- "$BIN" $cmd --help
   expect 0 "--precision" 0 -- "$BIN" $cmd --help

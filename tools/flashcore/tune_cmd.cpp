@@ -54,6 +54,8 @@ void print_tune_help() {
       "  --generations N    search steps with --build (default 1: the neighbourhood of the defaults; later\n"
       "                     steps mutate and cross the measured elites)\n"
       "  --population N     new variants per key and step (default 6)\n"
+      "  --variants LIST    with --build: also these configs (names as in configs.txt, e.g.\n"
+      "                     128x160x2-pp-dynamic-vote) in step 1, for every key where they are feasible\n"
       "  --cubin-dir DIR    where built variants go and are reused from (default <cache>/variants)\n"
       "  --compile-only     with --build: compile step 1's variants and stop (no GPU needed)\n"
       "  --jobs N           parallel nvcc runs with --build (default: the core count)\n"
@@ -88,6 +90,7 @@ struct TuneOptions {
   int top_k = 3;
   bool build = false, compile_only = false;
   int generations = 1, population = 6;
+  std::vector<std::string> variants;  // --variants: named shapes added to step 1 of the search
   std::string cubin_dir, out_path, report_path;
   int rounds = 5, iters = 8;
   int jobs = std::max(1u, std::thread::hardware_concurrency());  // parallel nvcc runs
@@ -114,6 +117,13 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
       print_tune_help();
       throw CliError(kExitOk, "");
     } else if (parse_problem_flag(f, a, o.problem)) {
+    } else if (f == "--variants") {
+      for (const std::string& name : split(a.value(f), ',')) {
+        TileShape shape{};
+        if (!sm90::parse_config_name(name, shape)) usage_error("--variants: '" + name + "' is not a config name");
+        o.variants.push_back(name);
+      }
+      if (o.variants.empty()) usage_error("--variants: empty list");
     } else if (f == "--head-dims") {
       for (int64_t d : int_list(f, a.value(f), 1, 1024)) o.head_dims.push_back(static_cast<int>(d));
     } else if (f == "--no-decode") {
@@ -154,6 +164,7 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
   }
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   if (o.compile_only && !o.build) usage_error("--compile-only needs --build");
+  if (!o.variants.empty() && !o.build) usage_error("--variants needs --build");
   if (o.seqlens.empty() && !o.decode) usage_error("--seqlens none with --no-decode leaves no bucket to tune");
   if (o.cubin_dir.empty()) o.cubin_dir = tuning::cache_dir() + "/variants";
   return o;
@@ -382,6 +393,24 @@ std::string key_text(const VariantSpec& k) {
   return std::string(dtype_name(k.dtype)) + " d" + std::to_string(k.head_dim) + (k.causal ? " causal" : " non-causal");
 }
 
+// --variants for one key: the named shapes that are feasible for it and not in `seen` (infeasible ones are
+// reported in `rejected`, as a proposal's build failure would be).
+std::vector<TileShape> named_variants(const VariantSpec& base, const std::vector<std::string>& names,
+                                      const std::set<std::string>& seen, std::map<std::string, std::string>& rejected) {
+  std::vector<TileShape> out;
+  for (const std::string& name : names) {
+    VariantSpec spec = base;
+    if (seen.count(name) || !sm90::parse_config_name(name, spec.shape)) continue;
+    std::string why;
+    if (!sm90::feasible(spec, why)) {
+      rejected[name] = "--variants: not feasible: " + why;
+      continue;
+    }
+    out.push_back(spec.shape);
+  }
+  return out;
+}
+
 // The key's elites over all its buckets, best first: by mean rank, ties by name.
 std::vector<TileShape> key_elites(const KeyState& ks, int k) {
   std::map<std::string, double> rank_sum;
@@ -606,7 +635,10 @@ int run_tune(int argc, char** argv, int first) {
             if (sm90::is_default_for(r, INT64_MAX)) ks.base.shape = r.shape, ks.default_config = r.name;
           }
           if (ks.default_config.empty()) continue;
-          for (const TileShape& t : tune::propose(ks.base, {ks.base.shape}, seen, o.population, o.seed, 1)) {
+          std::vector<TileShape> step1 = tune::propose(ks.base, {ks.base.shape}, seen, o.population, o.seed, 1);
+          for (const TileShape& t : step1) seen.insert(sm90::config_name(t));
+          for (const TileShape& t : named_variants(ks.base, o.variants, seen, ks.rejected)) step1.push_back(t);
+          for (const TileShape& t : step1) {
             VariantSpec spec = ks.base;
             spec.shape = t;
             jobs.push_back({keys.size(), spec});
@@ -717,7 +749,11 @@ int run_tune(int argc, char** argv, int first) {
       std::set<std::string> seen(ks.configs.begin(), ks.configs.end());
       for (const auto& [name, why] : ks.rejected) seen.insert(name);
       const std::vector<TileShape> parents = g == 1 ? std::vector<TileShape>{ks.base.shape} : key_elites(ks, o.top_k);
-      const std::vector<TileShape> p = tune::propose(ks.base, parents, seen, o.population, o.seed, g);
+      std::vector<TileShape> p = tune::propose(ks.base, parents, seen, o.population, o.seed, g);
+      if (g == 1) {
+        for (const TileShape& t : p) seen.insert(sm90::config_name(t));
+        for (const TileShape& t : named_variants(ks.base, o.variants, seen, ks.rejected)) p.push_back(t);
+      }
       std::vector<std::string> before = ks.configs;
       grow(ks, p, o, prog);
       std::vector<std::string> fresh;
