@@ -90,7 +90,7 @@ struct TuneOptions {
   int top_k = 3;
   bool build = false, compile_only = false;
   int generations = 1, population = 6;
-  std::vector<std::string> variants;  // --variants: named shapes added to step 1 of the search
+  std::vector<TileShape> variants;  // --variants: named shapes added to step 1 of the search
   std::string cubin_dir, out_path, report_path;
   int rounds = 5, iters = 8;
   int jobs = std::max(1u, std::thread::hardware_concurrency());  // parallel nvcc runs
@@ -121,7 +121,7 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
       for (const std::string& name : split(a.value(f), ',')) {
         TileShape shape{};
         if (!sm90::parse_config_name(name, shape)) usage_error("--variants: '" + name + "' is not a config name");
-        o.variants.push_back(name);
+        o.variants.push_back(shape);
       }
       if (o.variants.empty()) usage_error("--variants: empty list");
     } else if (f == "--head-dims") {
@@ -393,20 +393,23 @@ std::string key_text(const VariantSpec& k) {
   return std::string(dtype_name(k.dtype)) + " d" + std::to_string(k.head_dim) + (k.causal ? " causal" : " non-causal");
 }
 
-// --variants for one key: the named shapes that are feasible for it and not in `seen` (infeasible ones are
-// reported in `rejected`, as a proposal's build failure would be).
-std::vector<TileShape> named_variants(const VariantSpec& base, const std::vector<std::string>& names,
-                                      const std::set<std::string>& seen, std::map<std::string, std::string>& rejected) {
-  std::vector<TileShape> out;
-  for (const std::string& name : names) {
+// The proposals of search step `generation` for one key (tune::propose), and in step 1 also the --variants shapes
+// that are feasible for it and not already seen or proposed (infeasible ones are reported in `rejected`, as a
+// proposal's build failure would be).
+std::vector<TileShape> step_proposals(const VariantSpec& base, const std::vector<TileShape>& parents,
+                                      std::set<std::string> seen, const TuneOptions& o, int generation,
+                                      std::map<std::string, std::string>& rejected) {
+  std::vector<TileShape> out = tune::propose(base, parents, seen, o.population, o.seed, generation);
+  if (generation != 1) return out;
+  for (const TileShape& t : out) seen.insert(sm90::config_name(t));
+  for (const TileShape& shape : o.variants) {
     VariantSpec spec = base;
-    if (seen.count(name) || !sm90::parse_config_name(name, spec.shape)) continue;
+    spec.shape = shape;
+    const std::string name = sm90::config_name(shape);
+    if (!seen.insert(name).second) continue;
     std::string why;
-    if (!sm90::feasible(spec, why)) {
-      rejected[name] = "--variants: not feasible: " + why;
-      continue;
-    }
-    out.push_back(spec.shape);
+    if (sm90::feasible(spec, why)) out.push_back(shape);
+    else rejected[name] = "--variants: not feasible: " + why;
   }
   return out;
 }
@@ -635,10 +638,7 @@ int run_tune(int argc, char** argv, int first) {
             if (sm90::is_default_for(r, INT64_MAX)) ks.base.shape = r.shape, ks.default_config = r.name;
           }
           if (ks.default_config.empty()) continue;
-          std::vector<TileShape> step1 = tune::propose(ks.base, {ks.base.shape}, seen, o.population, o.seed, 1);
-          for (const TileShape& t : step1) seen.insert(sm90::config_name(t));
-          for (const TileShape& t : named_variants(ks.base, o.variants, seen, ks.rejected)) step1.push_back(t);
-          for (const TileShape& t : step1) {
+          for (const TileShape& t : step_proposals(ks.base, {ks.base.shape}, seen, o, 1, ks.rejected)) {
             VariantSpec spec = ks.base;
             spec.shape = t;
             jobs.push_back({keys.size(), spec});
@@ -749,11 +749,7 @@ int run_tune(int argc, char** argv, int first) {
       std::set<std::string> seen(ks.configs.begin(), ks.configs.end());
       for (const auto& [name, why] : ks.rejected) seen.insert(name);
       const std::vector<TileShape> parents = g == 1 ? std::vector<TileShape>{ks.base.shape} : key_elites(ks, o.top_k);
-      std::vector<TileShape> p = tune::propose(ks.base, parents, seen, o.population, o.seed, g);
-      if (g == 1) {
-        for (const TileShape& t : p) seen.insert(sm90::config_name(t));
-        for (const TileShape& t : named_variants(ks.base, o.variants, seen, ks.rejected)) p.push_back(t);
-      }
+      const std::vector<TileShape> p = step_proposals(ks.base, parents, seen, o, g, ks.rejected);
       std::vector<std::string> before = ks.configs;
       grow(ks, p, o, prog);
       std::vector<std::string> fresh;
