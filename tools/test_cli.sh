@@ -147,10 +147,11 @@ expect 2 "int8 writes O in the input dtype" 1 -- "$BIN" bench --shape "$S1" --dt
   --out-dtype $OTHER16
 expect 2 "int8 writes O in the input dtype" 1 -- "$BIN" check --shape "$S1" --dtype both --precision int8 \
   --out-dtype "$DT"
-expect 2 "16-bit inputs only" 1 -- "$BIN" tune --dtype e5m2
+expect 2 "build makes 16-bit variants only" 1 -- "$BIN" tune --dtype e5m2 --build
 expect 2 "out-dtype is for" 1 -- "$BIN" bench --shape "$S1" --dtype "$DT" --out-dtype fp16
 expect 2 "out-dtype is for" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --out-dtype bf16
-expect 2 "16-bit inputs only" 1 -- "$BIN" tune --dtype e4m3
+expect 2 "build makes 16-bit variants only" 1 -- "$BIN" tune --dtype e4m3 --build --compile-only
+expect 2 "expected fp16, bf16, both, e4m3 or e5m2" 1 -- "$BIN" tune --dtype fp4
 expect 2 "16-bit inputs only" 1 -- "$BIN" tvla --dtype e4m3
 expect 2 "unknown option '--precision'" 1 -- "$BIN" tune --precision fp8
 expect 2 "--variants needs --build" 1 -- "$BIN" tune --variants 128x160x2-pp-dynamic-vote
@@ -222,6 +223,7 @@ if [[ $have_check -eq 1 ]]; then
 fi
 if [[ $HAVE_E4M3 -eq 1 ]]; then
   nogpu bench --shape "$S1" --dtype e4m3 --out-dtype fp16
+  nogpu tune --dtype e4m3 --head-dims 128 --out "$tmp/table.json"
   nogpu bench --shape "$S1" --dtype "$DT" --precision fp8 --json "$tmp/x.json"
   if [[ $have_check -eq 1 ]]; then
     nogpu check --shape "$S1" --dtype e4m3 --causal 1

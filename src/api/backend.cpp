@@ -247,8 +247,9 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
   // Packed (varlen) queries: the packed rows of configs.txt (a dynamic persistent row where a workspace is given,
   // else one CTA per tile, balanced by the hardware across sequence lengths).
   if (p.kernel_config == nullptr && out.sm90 == nullptr) out.sm90 = sm90::varlen_row(p, workspace_given);
-  // choose() only returns configs it found available; should one be gone, the default runs.
-  if (out.sm90 == nullptr && p.kernel_config == nullptr && out_dtype == p.dtype) {
+  // choose() only returns configs it found available; should one be gone, the default runs. An 8-bit call's entry
+  // (the key is the input dtype) serves both O dtypes; a 16-bit call writing O in another dtype has no table.
+  if (out.sm90 == nullptr && p.kernel_config == nullptr && (out_dtype == p.dtype || is_8bit(p.dtype))) {
     const char* tuned = tuning::choose(device, cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
     if (tuned != nullptr) out.sm90 = sm90::select(p.dtype, out_dtype, hd, causal, tuned, p.seqlen_k, error);
     // Dynamic rows take no paged K/V, and those with two consumer warpgroups no packed one (sm90/smem_plan.h):
@@ -258,9 +259,10 @@ flashcore_status select_row(const flashcore_attention_params& p, int device, int
                                 (packed && !sm90::takes_packed(out.sm90->shape)))) {
       out.sm90 = nullptr;
     }
-    // A tuned prefill split row only with the workspace its partials need (else the default runs).
+    // A tuned prefill split row only with the workspace its partials need, a tuned 8-bit row only with the
+    // workspace its V route needs (a caller may have sized it for the default row): else the default runs.
     int sms = 0;
-    if (out.sm90 != nullptr && sm90::splits_last_round(out.sm90->shape) &&
+    if (out.sm90 != nullptr && (sm90::splits_last_round(out.sm90->shape) || is_8bit(p.dtype)) &&
         (api::sm_count(device, sms) != cudaSuccess ||
          sm90::workspace_bytes(*out.sm90, p, device, sms) > workspace_capacity)) {
       out.sm90 = nullptr;

@@ -147,7 +147,8 @@ class Reader {
 };
 
 bool parse_dtype(const std::string& name, flashcore_dtype& dtype) {
-  for (flashcore_dtype d : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+  for (flashcore_dtype d : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP8_E4M3,
+                            FLASHCORE_DTYPE_FP8_E5M2}) {
     if (name == dtype_name(d)) {
       dtype = d;
       return true;
@@ -170,7 +171,8 @@ void read_entry(const Json& j, const std::string& path, Entry& e, std::string& e
   Reader r(j, path, error);
   std::string dtype;
   r.string("dtype", dtype);
-  if (r.ok() && !parse_dtype(dtype, e.dtype)) r.fail("dtype", "\"" + dtype + "\" is not fp16 or bf16");
+  if (r.ok() && !parse_dtype(dtype, e.dtype))
+    r.fail("dtype", "\"" + dtype + "\" is not fp16, bf16, fp8_e4m3 or fp8_e5m2");
   r.integer("head_dim", 1, INT32_MAX, e.head_dim);
   r.boolean("causal", e.causal);
   read_bucket(r, "seqlen_q", e.seqlen_q);

@@ -143,6 +143,7 @@ std::string describe(const Case& c) {
     << " Sq=" << c.seqlen_q << " Sk=" << c.seqlen_k << " D=" << c.head_dim << (c.causal ? " causal" : "")
     << (c.bhsd ? " bhsd" : " bshd");
   if (!c.with_lse) s << " no-lse";
+  if (c.kernel_config != nullptr) s << " config=" << c.kernel_config;
   return s.str();
 }
 
@@ -412,6 +413,7 @@ Result run_case(const Case& c, uint64_t seed, int repeats) {
   p.q_descale = static_cast<const float*>(dqd.ptr);
   p.k_descale = static_cast<const float*>(dkd.ptr);
   p.v_descale = static_cast<const float*>(dvd.ptr);
+  p.kernel_config = c.kernel_config;
   uint64_t ws_bytes = 0;
   if (!detail::validate_and_size(p, ws_bytes, r)) return r;
   if (ws_bytes > 0) {

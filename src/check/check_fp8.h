@@ -44,6 +44,8 @@ struct Case {
   flashcore_dtype dtype = FLASHCORE_DTYPE_FP8_E4M3;
   int32_t precision = FLASHCORE_PRECISION_NATIVE;  // FLASHCORE_PRECISION_FP8 or _INT8 with a 16-bit dtype
   flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // passed as is (SAME: bf16 for e4m3, the input dtype otherwise)
+  const char* kernel_config = nullptr;  // a name from flashcore_list_kernel_configs (nullptr: the default); the
+                                        // autotuner's gate (`flashcore tune --dtype e4m3`)
 };
 
 // O's dtype: out_dtype, or what SAME means for the case.

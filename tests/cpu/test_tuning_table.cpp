@@ -203,6 +203,38 @@ TEST(TuningJson, RoundTrip) {
   EXPECT_EQ(to_json(back), text);  // nothing lost or reordered
 }
 
+// 8-bit keys (`flashcore tune --dtype e4m3`): the dtype as dtype_name writes it, read back, and picked for that dtype
+// only (an entry serves both O dtypes: the key is the input dtype).
+TEST(TuningJson, EightBitEntriesRoundTrip) {
+  Table t = table_of({entry(8192, 8192, {cand("128x192x2-pp-static", 0.9), cand("128x128x3-pp-static", 1.0)}),
+                      entry(1024, 1024, {cand("192x128x3-static", 0.1)})});
+  t.entries[0].dtype = FLASHCORE_DTYPE_FP8_E4M3;
+  t.entries[1].dtype = FLASHCORE_DTYPE_FP8_E5M2;
+  t.entries[1].head_dim = 64;
+  const std::string text = to_json(t);
+  EXPECT_TRUE(has(text, "\"dtype\": \"fp8_e4m3\"")) << text;
+  EXPECT_TRUE(has(text, "\"dtype\": \"fp8_e5m2\"")) << text;
+  Table back;
+  std::string error;
+  ASSERT_TRUE(from_json(text, back, error)) << error;
+  ASSERT_EQ(back.entries.size(), 2u);
+  EXPECT_EQ(back.entries[0].dtype, FLASHCORE_DTYPE_FP8_E4M3);
+  EXPECT_EQ(back.entries[1].dtype, FLASHCORE_DTYPE_FP8_E5M2);
+  EXPECT_EQ(to_json(back), text);
+
+  FakeDevice dev{{"128x192x2-pp-static", "128x128x3-pp-static", "192x128x3-static"}, {}, {}};
+  LoadedTable out;
+  ASSERT_TRUE(load_for(h100(), text, "x", "", dev.check(), out)) << joined(out.warnings);
+  const std::string* chosen = pick(out, FLASHCORE_DTYPE_FP8_E4M3, 128, false, 8192, 8192, true);
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(*chosen, "128x192x2-pp-static");
+  EXPECT_EQ(pick(out, FLASHCORE_DTYPE_BF16, 128, false, 8192, 8192, true), nullptr);  // not the 16-bit key
+  EXPECT_EQ(pick(out, FLASHCORE_DTYPE_FP8_E5M2, 128, false, 8192, 8192, true), nullptr);
+  chosen = pick(out, FLASHCORE_DTYPE_FP8_E5M2, 64, false, 1024, 1024, true);
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(*chosen, "192x128x3-static");
+}
+
 // The header's example, as a person or another tool would write it.
 std::string example_text() {
   std::string text = R"({"format": "flashcore-tuning", "format_version": 1,
@@ -251,7 +283,7 @@ TEST(TuningJson, RejectsMalformedTablesNamingTheField) {
       {R"("created": "2025-06-01T12:00:00Z")", R"("created": null)", "created: expected a string, got null"},
       {R"("entries": [)", R"("entries": {"x": 1}, "y": [)", "entries: expected an array, got object"},
       {R"("dtype": "bf16", "head_dim": 128, "causal": false)", R"("dtype": "fp32", "head_dim": 128, "causal": false)",
-       "entries[0].dtype: \"fp32\" is not fp16 or bf16"},
+       "entries[0].dtype: \"fp32\" is not fp16, bf16, fp8_e4m3 or fp8_e5m2"},
       {R"("head_dim": 128, "causal": false)", R"("head_dim": 0, "causal": false)",
        "entries[0].head_dim: 0 must be positive"},
       {R"("head_dim": 128, "causal": false)", R"("head_dim": -64, "causal": false)",

@@ -28,6 +28,7 @@
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 #include "check/check.h"
+#include "check/check_fp8.h"
 #endif
 
 namespace fccli {
@@ -41,7 +42,8 @@ void print_tune_help() {
       "with the test suite's tolerance, bit-exact determinism); keeps the top-K per bucket and writes the winners\n"
       "as a tuning table that the library reads at first use (docs/tuning.md).\n"
       "options:\n"
-      "  --dtype D          fp16 | bf16 | both (default both)\n"
+      "  --dtype D          fp16 | bf16 | both (default both) | e4m3 | e5m2 (8-bit inputs with per-(batch, KV head)\n"
+      "                     descales, O in bf16; the entries serve both O dtypes; not with --build)\n"
       "  --head-dims LIST   e.g. 64,128 (default: every compiled head dim)\n"
       "  --causal C         0 | 1 | both (default both)\n"
       "  --seqlens LIST     bucket shapes (default 512,1024,2048,4096,8192,16384; none: only the decode ones)\n"
@@ -68,7 +70,8 @@ void print_tune_help() {
       "  --device N         CUDA device (default 0)\n"
       "  --quiet            no progress bar\n"
       "  --test-faulty-variant  (tests) also offer each key's default built with a wrong softmax scale, as\n"
-      "                     <default>-faulty: the gate must reject it (needs nvcc or its cubin in --cubin-dir)\n"
+      "                     <default>-faulty: the gate must reject it (needs nvcc or its cubin in --cubin-dir,\n"
+      "                     which --build --compile-only --test-faulty-variant builds)\n"
       "\n"
       "exit status: 0 table written, 1 failure, 2 bad arguments, 3 no Hopper GPU\n");
 }
@@ -116,6 +119,8 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
     if (f == "-h" || f == "--help") {
       print_tune_help();
       throw CliError(kExitOk, "");
+    } else if (f == "--dtype") {
+      o.problem.dtypes = parse_dtypes(a.value(f), /*allow_8bit=*/true);
     } else if (parse_problem_flag(f, a, o.problem)) {
     } else if (f == "--variants") {
       for (const std::string& name : split(a.value(f), ',')) {
@@ -165,6 +170,10 @@ TuneOptions parse_tune_options(int argc, char** argv, int first) {
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   if (o.compile_only && !o.build) usage_error("--compile-only needs --build");
   if (!o.variants.empty() && !o.build) usage_error("--variants needs --build");
+  for (flashcore_dtype dt : o.problem.dtypes)
+    if (flashcore::is_8bit(dt) && o.build)
+      usage_error(std::string("--build makes 16-bit variants only; --dtype ") + cli_dtype_name(dt) +
+                  " tunes among the compiled 8-bit configs (leave --build out)");
   if (o.seqlens.empty() && !o.decode) usage_error("--seqlens none with --no-decode leaves no bucket to tune");
   if (o.cubin_dir.empty()) o.cubin_dir = tuning::cache_dir() + "/variants";
   return o;
@@ -193,7 +202,9 @@ std::vector<BucketShape> bucket_shapes(const TuneOptions& o, int head_dim) {
 // One (dtype, head dim, causal) key and what the tuner knows of it.
 struct KeyState {
   VariantSpec base;                           // the key, with the default config's shape
-  std::string default_config;
+  std::string default_config;                 // the default of long sequences (flashcore_list_kernel_configs' first)
+  std::map<BucketShape, std::string> bucket_default;  // what the library runs on the bucket without a table (an
+                                                      // 8-bit key's default depends on the key count)
   std::vector<std::string> configs;           // candidates that passed the gate, default first
   std::map<std::string, std::string> cubins;  // config -> cubin path, for built variants
   std::map<std::string, std::string> rejected;  // config -> why (gate, build)
@@ -250,6 +261,19 @@ std::string gate(const VariantSpec& key, const std::string& config, uint64_t see
   const Shape shapes[] = {{2, 8, 2, 1000, 1000}, {1, 3, 1, 113, 4097}, {1, wide_heads, wide_heads, 2048, 2048},
                           {3, 2, 2, 1, 17}};
   for (const Shape& s : shapes) {
+    if (flashcore::is_8bit(key.dtype)) {  // the 8-bit rule (check/check_fp8.h), descales other than 1
+      flashcore::check::fp8::Case c;
+      c.name = "gate";
+      c.batch = s.b, c.heads_q = s.hq, c.heads_kv = s.hkv, c.seqlen_q = s.sq, c.seqlen_k = s.sk;
+      c.head_dim = key.head_dim, c.dtype = key.dtype, c.causal = key.causal;
+      c.kernel_config = config.c_str();
+      const flashcore::check::fp8::Result r = flashcore::check::fp8::run_case(c, seed, 2);
+      if (r.skipped) return "skipped: " + r.message;
+      if (!r.passed || !r.deterministic) {
+        return flashcore::check::fp8::describe(c) + ": " + (r.message.empty() ? "not deterministic" : r.message);
+      }
+      continue;
+    }
     flashcore::check::Case c;
     c.name = "gate";
     c.batch = s.b;
@@ -285,20 +309,33 @@ class BucketTimer {
       : o_(o), stream_(stream) {
     flashcore_attention_params p =
         problem_params(b.batch, b.sq, b.sk, b.heads_q, b.heads_kv, key.head_dim, key.dtype, key.causal, false);
+    // Q, K, V of 2 bytes per element (1 for 8-bit inputs), O of 2.
+    const size_t esize = static_cast<size_t>(flashcore::dtype_size(key.dtype));
     const size_t q_elems = static_cast<size_t>(b.batch * b.sq * b.heads_q * key.head_dim);
     const size_t kv_elems = static_cast<size_t>(b.batch * b.sk * b.heads_kv * key.head_dim);
-    const size_t q_bytes = (q_elems * 2 + 255) & ~size_t{255}, kv_bytes = (kv_elems * 2 + 255) & ~size_t{255};
-    const size_t set_bytes = 2 * q_bytes + 2 * kv_bytes;  // Q K V O
+    auto align = [](size_t x) { return (x + 255) & ~size_t{255}; };
+    const size_t q_bytes = align(q_elems * esize), kv_bytes = align(kv_elems * esize), o_bytes = align(q_elems * 2);
+    const size_t set_bytes = q_bytes + 2 * kv_bytes + o_bytes;  // Q K V O
     size_t sets = static_cast<size_t>(2 * dev.l2_bytes) / set_bytes + 1;
     sets = std::min<size_t>(sets, 64);
     FC_CUDA(cudaMalloc(&arena_, sets * set_bytes));
     std::mt19937_64 rng(static_cast<uint64_t>(b.sq * 31 + b.sk) * 7919u + static_cast<uint64_t>(key.head_dim));
     char* base = static_cast<char*>(arena_);
+    // 8-bit inputs: the pool's values are N(0, 1) * 64, so descales of 1/64 (per (batch, KV head), shared by the
+    // sets) give scores of the 16-bit keys' spread.
+    if (flashcore::is_8bit(key.dtype)) {
+      const size_t n = static_cast<size_t>(b.batch * b.heads_kv);
+      const std::vector<float> host(3 * n, 1.0f / 64);
+      FC_CUDA(cudaMalloc(&descales_, host.size() * sizeof(float)));
+      FC_CUDA(cudaMemcpy(descales_, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+      const float* d = static_cast<const float*>(descales_);
+      p.q_descale = d, p.k_descale = d + n, p.v_descale = d + 2 * n;
+    }
     for (size_t i = 0; i < sets; ++i) {
       char* s = base + i * set_bytes;
-      pool.fill(s, q_elems * 2, key.dtype, rng, stream_);
-      pool.fill(s + q_bytes, kv_elems * 2, key.dtype, rng, stream_);
-      pool.fill(s + q_bytes + kv_bytes, kv_elems * 2, key.dtype, rng, stream_);
+      pool.fill(s, q_elems * esize, key.dtype, rng, stream_);
+      pool.fill(s + q_bytes, kv_elems * esize, key.dtype, rng, stream_);
+      pool.fill(s + q_bytes + kv_bytes, kv_elems * esize, key.dtype, rng, stream_);
       p.q = s;
       p.k = s + q_bytes;
       p.v = s + q_bytes + kv_bytes;
@@ -310,6 +347,7 @@ class BucketTimer {
   ~BucketTimer() {
     cudaFree(arena_);
     cudaFree(workspace_);
+    cudaFree(descales_);
   }
   BucketTimer(const BucketTimer&) = delete;
   BucketTimer& operator=(const BucketTimer&) = delete;
@@ -382,6 +420,7 @@ class BucketTimer {
   cudaStream_t stream_;
   void* arena_ = nullptr;
   void* workspace_ = nullptr;
+  void* descales_ = nullptr;  // 8-bit: q, k, v descales
   uint64_t workspace_bytes_ = 0;
   std::vector<flashcore_attention_params> params_;
   size_t next_ = 0;
@@ -390,7 +429,7 @@ class BucketTimer {
 // ---------------------------------------------------------------------------------------------------
 
 std::string key_text(const VariantSpec& k) {
-  return std::string(dtype_name(k.dtype)) + " d" + std::to_string(k.head_dim) + (k.causal ? " causal" : " non-causal");
+  return std::string(cli_dtype_name(k.dtype)) + " d" + std::to_string(k.head_dim) + (k.causal ? " causal" : " non-causal");
 }
 
 // The proposals of search step `generation` for one key (tune::propose), and in step 1 also the --variants shapes
@@ -493,12 +532,33 @@ int grow(KeyState& ks, const std::vector<TileShape>& proposals, const TuneOption
   return added;
 }
 
+// The config the library runs on the bucket's shape without a table (8-bit keys have defaults per key count,
+// configs_fp8.txt); the key's default of long sequences if none is found.
+std::string library_default(const KeyState& ks, const BucketShape& b) {
+  std::string error;
+  const sm90::KernelRow* row =
+      sm90::select(ks.base.dtype, flashcore::resolved_out_dtype(ks.base.dtype, FLASHCORE_DTYPE_SAME),
+                   ks.base.head_dim, ks.base.causal, nullptr, b.sk, error);
+  return row != nullptr ? row->name : ks.default_config;
+}
+
+// The default a bucket's speedup is measured against.
+std::string default_of(const KeyState& ks, const BucketShape& b) {
+  const auto it = ks.bucket_default.find(b);
+  return it != ks.bucket_default.end() ? it->second : ks.default_config;
+}
+
 void measure_key(KeyState& ks, const std::vector<std::string>& which, const TuneOptions& o, const DeviceInfo& dev,
                  RandomPool& pool, cudaStream_t stream, Progress& prog) {
   for (const BucketShape& b : bucket_shapes(o, ks.base.head_dim)) {
     prog.step(0, key_text(ks.base) + " " + b.text());
-    // The default and the current elites are timed again beside the newcomers: one run, one comparison.
-    std::vector<std::string> set{ks.default_config};
+    // The bucket's default (when it passed the gate) and the current elites are timed again beside the
+    // newcomers: one run, one comparison.
+    std::string def = library_default(ks, b);
+    if (std::find(ks.configs.begin(), ks.configs.end(), def) == ks.configs.end()) def = ks.default_config;
+    ks.bucket_default[b] = def;
+    std::vector<std::string> set{def};
+    if (def != ks.default_config) set.push_back(ks.default_config);
     for (const Measured& m : tune::top_k(ks.times[b], o.top_k))
       if (std::find(set.begin(), set.end(), m.config) == set.end()) set.push_back(m.config);
     for (const std::string& c : which)
@@ -555,7 +615,7 @@ tuning::Table make_table(const std::vector<KeyState>& keys, const tuning::Device
       e.cubin_hash = e.elites[0].cubin_hash;
       double def_ms = 0;
       for (const Measured& m : all)
-        if (m.config == ks.default_config) def_ms = m.ms;
+        if (m.config == default_of(ks, b)) def_ms = m.ms;
       e.speedup = def_ms > 0 ? def_ms / top[0].ms : 1.0;
       t.entries.push_back(e);
     }
@@ -577,8 +637,9 @@ std::string report_text(const std::vector<KeyState>& keys, const TuneOptions& o,
       const std::vector<Measured> top = tune::top_k(all, o.top_k);
       if (top.empty()) continue;
       double def_ms = 0;
+      const std::string def = default_of(ks, b);
       for (const Measured& m : all)
-        if (m.config == ks.default_config) def_ms = m.ms;
+        if (m.config == def) def_ms = m.ms;
       const double speedup = def_ms > 0 ? def_ms / top[0].ms : 1.0;
       all_speedups.push_back(speedup);
       std::string elites;
@@ -586,8 +647,8 @@ std::string report_text(const std::vector<KeyState>& keys, const TuneOptions& o,
       const std::string where = b.text() + " (" + std::to_string(b.batch) + " x " + std::to_string(b.heads_q) + "/" +
                                 std::to_string(b.heads_kv) + ")";
       std::snprintf(line, sizeof line, "| %s | %d | %d | %s | %s | %.4f | %s | %.4f | %.3f | %s |\n",
-                    dtype_name(ks.base.dtype), ks.base.head_dim, ks.base.causal ? 1 : 0, where.c_str(),
-                    ks.default_config.c_str(), def_ms, top[0].config.c_str(),
+                    cli_dtype_name(ks.base.dtype), ks.base.head_dim, ks.base.causal ? 1 : 0, where.c_str(),
+                    def.c_str(), def_ms, top[0].config.c_str(),
                     top[0].ms, speedup, elites.c_str());
       r << line;
     }
@@ -638,6 +699,7 @@ int run_tune(int argc, char** argv, int first) {
             if (sm90::is_default_for(r, INT64_MAX)) ks.base.shape = r.shape, ks.default_config = r.name;
           }
           if (ks.default_config.empty()) continue;
+          if (o.test_faulty) jobs.push_back({keys.size(), ks.base});  // the default's cubin, built as a variant
           for (const TileShape& t : step_proposals(ks.base, {ks.base.shape}, seen, o, 1, ks.rejected)) {
             VariantSpec spec = ks.base;
             spec.shape = t;
