@@ -159,28 +159,49 @@ __device__ __forceinline__ void transpose_v_tile(const Fp8PrepParams& p, int key
   if constexpr (sizeof(T) == 2) scale = quant_scale(p.amax[2 * p.batch * p.heads_kv + b * p.heads_kv + h]);
   constexpr int kUnitElems = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kUnitsPerRow = kHeadDim / kUnitElems;
-  for (int u = threadIdx.x; u < 128 * kUnitsPerRow; u += blockDim.x) {
-    const int r = u / kUnitsPerRow, c = (u % kUnitsPerRow) * kUnitElems;
-    const int key = key0 + r;
-    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-    if (key < p.seqlen_k) raw = *reinterpret_cast<const uint4*>(src + key * p.v.stride_seq + c);
-    uint32_t* row = reinterpret_cast<uint32_t*>(tile + r * kPitch + c);
-    if constexpr (sizeof(T) == 1) {
-      row[0] = raw.x, row[1] = raw.y, row[2] = raw.z, row[3] = raw.w;
-    } else {
-      const T* x = reinterpret_cast<const T*>(&raw);
-      uint32_t lo = 0, hi = 0;
+  // The thread's loads are issued in batches of up to 8 before any is used: one load in flight per thread, as a
+  // rolled loop had it, ran the pass at 2.7-3.1 TB/s on the H200 (perf-notes v62).
+  constexpr int kThreads = 256;  // the launch's block (fp8_prep.cu launch_prep)
+  constexpr int kLoads = 128 * kUnitsPerRow / kThreads;
+  constexpr int kBatch = kLoads < 8 ? kLoads : 8;
+  static_assert(kLoads * kThreads == 128 * kUnitsPerRow && kLoads % kBatch == 0, "whole batches of loads per thread");
 #pragma unroll
-      for (int i = 0; i < 4; ++i) lo |= uint32_t{to_e4m3(static_cast<float>(x[i]) * scale)} << (8 * i);
+  for (int j0 = 0; j0 < kLoads; j0 += kBatch) {
+    uint4 raws[kBatch];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) hi |= uint32_t{to_e4m3(static_cast<float>(x[4 + i]) * scale)} << (8 * i);
-      row[0] = lo, row[1] = hi;
+    for (int j = 0; j < kBatch; ++j) {
+      const int u = static_cast<int>(threadIdx.x) + (j0 + j) * kThreads;
+      const int r = u / kUnitsPerRow, c = (u % kUnitsPerRow) * kUnitElems;
+      raws[j] = key0 + r < p.seqlen_k ? *reinterpret_cast<const uint4*>(src + (key0 + r) * p.v.stride_seq + c)
+                                      : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int u = static_cast<int>(threadIdx.x) + (j0 + j) * kThreads;
+      const int r = u / kUnitsPerRow, c = (u % kUnitsPerRow) * kUnitElems;
+      const uint4 raw = raws[j];
+      uint32_t* row = reinterpret_cast<uint32_t*>(tile + r * kPitch + c);
+      if constexpr (sizeof(T) == 1) {
+        row[0] = raw.x, row[1] = raw.y, row[2] = raw.z, row[3] = raw.w;
+      } else {
+        const T* x = reinterpret_cast<const T*>(&raw);
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lo |= uint32_t{to_e4m3(static_cast<float>(x[i]) * scale)} << (8 * i);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) hi |= uint32_t{to_e4m3(static_cast<float>(x[4 + i]) * scale)} << (8 * i);
+        row[0] = lo, row[1] = hi;
+      }
     }
   }
   __syncthreads();
   const int64_t padded = fp8_vt_padded_keys(p.seqlen_k);
   uint8_t* dst = p.vt + ((int64_t{b} * p.heads_kv + h) * kHeadDim) * padded + key0;
-  for (int u = threadIdx.x; u < (kHeadDim / 4) * 32; u += blockDim.x) {
+  constexpr int kWriteSteps = (kHeadDim / 4) * 32 / kThreads;
+  static_assert(kWriteSteps * kThreads == (kHeadDim / 4) * 32, "whole write-out steps per thread");
+#pragma unroll
+  for (int i = 0; i < kWriteSteps; ++i) {
+    const int u = static_cast<int>(threadIdx.x) + i * kThreads;
     // A warp: the 8 slot quads of one group of 32 keys x 4 groups of 4 rows, so that its 32 loads hit 32 banks: the
     // pitch is 1 mod 32 words, the quads' first keys are 0, 2, 4, 6, 16, 18, 20, 22 (+ 32 per group), and the row
     // groups are b, b + 1, b + 8, b + 9 (in words), which fills the gaps.
@@ -205,6 +226,9 @@ __device__ __forceinline__ void transpose_v_tile(const Fp8PrepParams& p, int key
 
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParams p) {
+  // The attention kernel after it is a programmatic dependent launch (sm90/backend.cpp): its CTAs may be placed once
+  // every block of this grid runs; they wait for this grid's completion before they touch memory (sm90/kernel.cuh).
+  cudaTriggerProgrammaticLaunchCompletion();
   transpose_v_tile<T, kHeadDim>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                                 static_cast<int>(blockIdx.z));
 }
@@ -214,6 +238,7 @@ __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParam
 // memory-bound passes share the machine instead of running one after the other (perf-notes v55).
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) fp8_quantize_and_transpose_kernel(const Fp8PrepParams p) {
+  cudaTriggerProgrammaticLaunchCompletion();  // as fp8_transpose_v_kernel's
   const int key_tiles = static_cast<int>(fp8_vt_padded_keys(p.seqlen_k) / 128);
   const int v_blocks = key_tiles * p.heads_kv * p.batch;
   const int block = static_cast<int>(blockIdx.x);
