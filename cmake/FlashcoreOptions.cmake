@@ -2,6 +2,9 @@
 set(FLASHCORE_HEAD_DIMS "64;128;256" CACHE STRING "Head dims to compile kernels for (subset of 64;128;256)")
 set(FLASHCORE_DTYPES "fp16;bf16;e4m3;e5m2;i8" CACHE STRING "Dtypes to compile kernels for (subset of fp16;bf16;e4m3;e5m2;i8; e4m3, e5m2 and i8 (int8 Q K^T, precision = INT8): sm90 only)")
 set(FLASHCORE_CUDA_ARCHS "90a" CACHE STRING "CUDA archs to generate SASS of the sm90 (Hopper) kernels for (-gencode=arch=compute_X,code=sm_X)")
+# Build tiers: OFF compiles the kernel rows dispatch can pick (each configs.txt row marked default, packed or
+# dispatch, and the rows the shipped tuning tables choose); ON also every tuning option ("-" rows), for tuning runs.
+option(FLASHCORE_ALL_CONFIGS "Compile every row of the configs*.txt tables, not only the ones dispatch picks" OFF)
 option(FLASHCORE_BUILD_SM80 "Build the portable backend (mma.sync + cp.async) for compute capability 8.x" ON)
 set(FLASHCORE_SM80_ARCHS "80;86;89;90" CACHE STRING
     "Archs to generate SASS of the portable kernels for (plain archs >= 80; 90: FLASHCORE_BACKEND=sm80 on Hopper)")
