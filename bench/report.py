@@ -198,7 +198,8 @@ class Runner:
         self.fc_b = fc_lib_b  # --lib-b: a second FlashCore library, system "flashcore_b" (A/B in one process)
         self.fa3 = fa3_mod
         # --timing graph: grid and FP8 cells timed as CUDA-graph replays. Eager timing measured FA3's Python call
-        # (93-207 us of host time per call on an H100) instead of its kernel on the short cells (perf-notes v29).
+        # (93-207 us of host time per call on an H100) instead of its kernel on the short cells
+        # (docs/decisions.md#graph-timing).
         self.grid_graph = getattr(args, "timing", "eager") == "graph"
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
@@ -404,7 +405,7 @@ class Runner:
         # --rounds R: the systems take turns R times on the same tensors; a system's median is over all its calls,
         # so that a clock or temperature drift during the cell falls on every system alike. Odd rounds take the
         # systems in reverse order: whichever system ran first in every round was measured up to 3% faster on
-        # long compute-bound cells (perf-notes v29).
+        # long compute-bound cells (docs/decisions.md#turn-order).
         all_times: Dict[str, List[float]] = {n: [] for n in names}
         errors: Dict[str, Optional[str]] = {n: None for n in names}
         interleave = self.grid_graph and not graph and self.args.interleave

@@ -2,9 +2,9 @@
 # A/B of two FlashCore libraries in one process, on the same tensors: A = $AB_OLD (default
 # .carry/base/libflashcore_old.so), B = $AB_NEW (default build/lib/libflashcore.so), over the bf16 grid
 # (bench/report.py, systems flashcore and flashcore_b). With AB_METHOD=interleave (the default) the two take turns
-# replay by replay, so that both run at the same SM clock (perf-notes v49: under the 700 W cap the clock moves by up
-# to 25% within tens of milliseconds, more than most kernel changes gain); AB_METHOD=blocked times each library's
-# replays in one block per round, as the report does by default. Then B / A per cell and the geometric mean.
+# replay by replay, so that both run at the same SM clock (docs/decisions.md#interleave: under the 700 W cap the clock
+# moves by up to 25% within tens of milliseconds, more than most kernel changes gain); AB_METHOD=blocked times each
+# library's replays in one block per round, as the report does by default. Then B / A per cell and the geometric mean.
 # Run on the GPU machine from the repository root:
 #   bash tools/ab_lib.sh OUT_DIR [extra bench/report.py arguments, e.g. --head-dims 128 --seqlens 4096,8192]
 set -u

@@ -14,14 +14,14 @@
 #   - ptxas reported 0 spill bytes and a 0-byte stack frame for it (from the build log's -Xptxas -v report);
 #   - ptxas did not ignore setmaxnreg (C7508) or serialize wgmma (C7510-C7519) anywhere;
 #   - the softmax overlaps the P V GEMM in every kernel with two P register sets (config.h kTwoPSets): at least 16
-#     MUFU.EX2 between the wait for S (DEPBAR.LE gsb0, 0x1) and the wait for P V (DEPBAR.LE gsb0, 0x0) (perf-notes
-#     v18: ptxas had moved the second wait above the softmax);
+#     MUFU.EX2 between the wait for S (DEPBAR.LE gsb0, 0x1) and the wait for P V (DEPBAR.LE gsb0, 0x0) (see
+#     docs/decisions.md#pv-overlap: ptxas had moved the second wait above the softmax);
 #   (which kernels have two P sets and transpose V in place: `flashcore info --kernels`, from the library's own
 #   constants, so that this script keeps no copy of those rules);
 #   - no TMA load (UTMALDG) sits in a per-lane loop (an ELECT loop that moves its operands from general to uniform
 #     registers lane by lane, closed by BRA.U.ANY): the producer is an elected thread that ptxas knows to be alone
-#     (kernel.cuh, ptx.cuh elect_one_sync; perf-notes v60). The epilogue's O stores (UTMASTG) are not checked: a
-#     consumer thread issues them, and the split-KV rows' do sit in such loops (once per tile);
+#     (kernel.cuh, ptx.cuh elect_one_sync; docs/decisions.md#elected-producer). The epilogue's O stores (UTMASTG) are
+#     not checked: a consumer thread issues them, and the split-KV rows' do sit in such loops (once per tile);
 #   - src/kernels/sm90/wgmma_ops.inc matches tools/gen_wgmma.py.
 # Usage: bash tools/check_sass.sh [build-dir]      (default: build)
 set -uo pipefail
@@ -145,7 +145,7 @@ done <<<"$overlap"
 echo "check_sass: softmax / P V overlap checked in $two_sets kernel(s) with two P register sets"
 
 # Every forward kernel has a key-block loop with MMAs and exponentials (tools/sass_loops.py); its per-class
-# instruction counts go to $BUILD_DIR/main_loops.md (the static audit of perf-notes v20).
+# instruction counts go to $BUILD_DIR/main_loops.md (the static audit of docs/decisions.md#sass-check).
 loops_md="$BUILD_DIR/main_loops.md"
 if python3 tools/sass_loops.py "$sass" --function flashcore_fwd_sm90_kernel --markdown >"$loops_md"; then
   nloops=$(grep -c '^| r_' "$loops_md" || true)

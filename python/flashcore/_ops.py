@@ -463,9 +463,9 @@ def _enqueue(lib: _lib.Library, params, device: torch.device) -> None:
 # - inside a CUDA-graph capture: one buffer per (device, stream, capture), allocated in the graph's pool at the
 #   capture's first call that needs it and shared by its later calls on that stream (they run in stream order at
 #   replay). Its 256 bytes are zeroed in the graph before that first call: a kernel node, about 1.1 us per replay on
-#   an H100, once per graph instead of once per call (perf-notes v27). Another capture, i.e. another graph that may
-#   replay concurrently, gets its own. The entry is dropped when the stream's next capture begins, after which the
-#   graph keeps the block as any tensor freed during its capture (its replays re-zero the header first).
+#   an H100, once per graph instead of once per call (docs/decisions.md#graph-workspace). Another capture, i.e. another
+#   graph that may replay concurrently, gets its own. The entry is dropped when the stream's next capture begins, after
+#   which the graph keeps the block as any tensor freed during its capture (its replays re-zero the header first).
 _WORKSPACES: dict = {}
 _CAPTURE_WORKSPACES: dict = {}  # (device index, stream) -> (capture id, buffer)
 _WORKSPACE_HEADER = 256

@@ -13,9 +13,9 @@
 // output ulp near |O| ~ 1-2 (fp16 ulp(1) = 9.8e-4, bf16 ulp(1) = 7.8e-3 / 2), so that cases whose
 // yardstick error happens to be tiny are not held to an impossible bound, and it grows with |O_ref| so that
 // it stays about one output ulp where |O| is large (inputs*30 cases: |O| ~ 100, bf16 ulp 0.5; one seed of
-// bf16 d256 300 x 300 gave -92.5 for -92.947, one ulp off, against a yardstick error of 0.195: perf-notes v46).
-// Beyond the tolerances: no output element may keep its NaN poison, O must be finite everywhere and 0
-// on fully masked rows, LSE must be finite except exactly -inf on fully masked rows.
+// bf16 d256 300 x 300 gave -92.5 for -92.947, one ulp off, against a yardstick error of 0.195:
+// docs/decisions.md#check-tolerance). Beyond the tolerances: no output element may keep its NaN poison, O must be
+// finite everywhere and 0 on fully masked rows, LSE must be finite except exactly -inf on fully masked rows.
 #include "check/check.h"
 #include "check/check_util.h"
 

@@ -143,8 +143,8 @@ TEST(Variants, TransposedDecodeRowsHaveTheirScratchAndRules) {
   EXPECT_EQ(plan.consumer_warpgroups, 1);
   EXPECT_EQ(plan.threads, 256);
   EXPECT_EQ(plan.q_bytes, 8 * 256);  // 8 rows of 128 bf16 columns
-  // Two Q stages (the next part's Q loads while this part runs, perf-notes v52), 1024-byte aligned for the swizzle;
-  // the prefill rows keep one.
+  // Two Q stages (the next part's Q loads while this part runs, docs/decisions.md#decode-q-ring), 1024-byte aligned for
+  // the swizzle; the prefill rows keep one.
   EXPECT_EQ(plan.q_stages, 2);
   EXPECT_EQ(plan.k_offset, 2 * plan.q_bytes);
   EXPECT_EQ(plan.k_offset % 1024, 0);

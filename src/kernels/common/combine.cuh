@@ -30,7 +30,7 @@ struct SplitRows {
 // columns 64 k + 2 l and 64 k + 2 l + 1). Every warp of the row reads all the splits' LSEs, one per lane 32 at a
 // time (their max by a butterfly; each lane keeps its split's weight), so all agree on the max and the total; the
 // O rows are summed with the weights broadcast, eight loads in flight at once (one warp reading split after split
-// paid a round trip per split: perf-notes v21). Loads go through L2 (ld.global.cg): in the fused merge the
+// paid a round trip per split: docs/decisions.md#combine). Loads go through L2 (ld.global.cg): in the fused merge the
 // partials were written by other CTAs during this grid. Returns the sum of the weights; max_lse is -inf for a row
 // no split saw (acc stays 0).
 template <int kHeadDim>

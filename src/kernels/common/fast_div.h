@@ -1,7 +1,7 @@
 // Division of a non-negative 64-bit value by a divisor fixed for a whole launch, as a multiply-high, an add and a
 // shift (Granlund and Montgomery, "Division by invariant integers using multiplication", 1994, the round-up method
 // with N = 64): the memory-bound preparation passes split flat indices into (batch, seq, head) per 16 bytes loaded,
-// and a 64-bit `/` or `%` there is a software routine of about a hundred instructions (perf-notes v55).
+// and a 64-bit `/` or `%` there is a software routine of about a hundred instructions (docs/decisions.md#fast-div).
 // The magic number is computed on the host (128-bit arithmetic) and travels in the kernel's parameters.
 #pragma once
 #include <cstdint>

@@ -28,8 +28,8 @@ __device__ __forceinline__ uint8_t to_e4m3(float x) {
 
 // grid (batch * heads_kv, ceil(seqlen / kFp8AmaxRows), 3 tensors), 256 threads: rows [kFp8AmaxRows y, +kFp8AmaxRows)
 // of the KV head's heads (all query heads of the group for Q), kInFlight 16-byte loads per thread issued together
-// (one load per thread and 32-row blocks ran at 2-2.7 TB/s, perf-notes v55). NaN does not raise the maximum (fmaxf):
-// it stays NaN when quantized.
+// (one load per thread and 32-row blocks ran at 2-2.7 TB/s, docs/decisions.md#prep-passes). NaN does not raise the
+// maximum (fmaxf): it stays NaN when quantized.
 inline constexpr int kFp8AmaxRows = 128;
 
 template <class T>
@@ -95,7 +95,8 @@ __device__ __forceinline__ void quantize_qk_chunk(const Fp8PrepParams& p, int64_
   const int unit_bits = 31 - __clz(units_per_row);
   const int64_t q_units = int64_t{p.batch} * p.seqlen_q * p.heads_q * units_per_row;
   const int64_t k_units = int64_t{p.batch} * p.seqlen_k * p.heads_kv * units_per_row;
-  // kInFlight units per thread and pass, their loads issued together (one per thread ran at 2.3 TB/s, perf-notes v55).
+  // kInFlight units per thread and pass, their loads issued together (one per thread ran at 2.3 TB/s,
+  // docs/decisions.md#prep-passes).
   constexpr int kInFlight = 4;
   const int64_t step = blockDim.x;
   const int64_t end = q_units + k_units < (chunk + 1) * kFp8QkChunk ? q_units + k_units : (chunk + 1) * kFp8QkChunk;
@@ -160,7 +161,7 @@ __device__ __forceinline__ void transpose_v_tile(const Fp8PrepParams& p, int key
   constexpr int kUnitElems = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kUnitsPerRow = kHeadDim / kUnitElems;
   // The thread's loads are issued in batches of up to 8 before any is used: one load in flight per thread, as a
-  // rolled loop had it, ran the pass at 2.7-3.1 TB/s on the H200 (perf-notes v62).
+  // rolled loop had it, ran the pass at 2.7-3.1 TB/s on the H200 (docs/decisions.md#prep-passes).
   constexpr int kThreads = 256;  // the launch's block (fp8_prep.cu launch_prep)
   constexpr int kLoads = 128 * kUnitsPerRow / kThreads;
   constexpr int kBatch = kLoads < 8 ? kLoads : 8;
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const Fp8PrepParam
 
 // precision = FP8's second pass in one launch (after fp8_amax_kernel): blocks [0, tiles) transpose and quantize V's
 // 128-key tiles (tiles = padded_keys / 128 x heads_kv x batch, tile-major), the rest quantize Q and K; the two
-// memory-bound passes share the machine instead of running one after the other (perf-notes v55).
+// memory-bound passes share the machine instead of running one after the other (docs/decisions.md#prep-passes).
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) fp8_quantize_and_transpose_kernel(const Fp8PrepParams p) {
   cudaTriggerProgrammaticLaunchCompletion();  // as fp8_transpose_v_kernel's

@@ -69,7 +69,8 @@ __device__ __forceinline__ void k_sum_block(const Int8PrepParams& p, int bh, int
   const T* base = static_cast<const T*>(p.k.data) + b * p.k.stride_batch + h * p.k.stride_head + u * 8;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   // kInFlight rows' loads are issued before their adds (a memory-bound pass needs many loads in flight per SM; one
-  // per thread reached 1.6-3.2 TB/s, perf-notes v55); the adds keep the row order, so the sums stay bit-exact.
+  // per thread reached 1.6-3.2 TB/s, docs/decisions.md#prep-passes); the adds keep the row order, so the sums stay
+  // bit-exact.
   constexpr int kInFlight = 4;
   for (int key = key0 + r; key < key1; key += kRowsPar * kInFlight) {
     uint4 raw[kInFlight];

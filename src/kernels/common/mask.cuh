@@ -2,7 +2,7 @@
 // and the causal diagonal (bottom-right aligned). Applied only to the key blocks that need it.
 // 32-bit math on purpose: it is exact because validation caps seqlen_q and seqlen_k at INT32_MAX - 512, so every
 // value below (at most seqlen + 2 * block, at least -seqlen) fits in int; the 64-bit form of the same code cost
-// 2-5% at head dim 64 on short causal sequences (docs/perf-notes.md, v9). Tile and key-range math stays 64-bit
+// 2-5% at head dim 64 on short causal sequences (docs/decisions.md#mask-32bit). Tile and key-range math stays 64-bit
 // (tile_math.h).
 #pragma once
 #include <cmath>

@@ -3,7 +3,7 @@
 // block, and 0 * NaN (or 0 * Inf) is NaN: a NaN or Inf in V at a key a row does not see would turn that row's O
 // column into NaN. Masked positions must never contribute (docs/reliability.md), and zeroing V in shared memory is
 // not possible (other rows of the tile see the same key), while scanning every diagonal V tile cost 7-20% on causal
-// cells (perf-notes v12, v14).
+// cells (docs/decisions.md#masked-v).
 //
 // So the kernels detect instead, once per tile: in the epilogue, a thread folds the O accumulators of one row of its
 // row pair into sum(o * 0), which is 0 when they are all finite and NaN otherwise (any_nonfinite: one FFMA per element,
@@ -37,7 +37,7 @@ __device__ __forceinline__ float elem_float<__half>(const __half* row, int col) 
 
 // The probe: true when one of get(0), ..., get(kCount - 1) is NaN or +-Inf, from sum(o * 0) (0 when all are finite,
 // NaN otherwise): one FFMA per value in up to 8 independent chains, then a tree of adds. The epilogue waits on it, and
-// one chain over a row's head_dim / 4 values took 4 cycles per value (perf-notes v57).
+// one chain over a row's head_dim / 4 values took 4 cycles per value (docs/decisions.md#masked-v).
 //
 // One row per thread's row pair is enough: a non-finite V value at a loaded key reaches its O column in every row of
 // the tile (0 * NaN, p * NaN, 0 * Inf are NaN; p * Inf is Inf), and the row pair's two rows hold the same columns, so

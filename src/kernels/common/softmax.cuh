@@ -4,7 +4,7 @@
 //
 // Non-finite scores: a NaN or +Inf score in a row's visible keys makes that row's O and LSE NaN: fmaxf leaves a
 // NaN out of the row max, but its exponential is NaN, so the row sum is NaN (and Inf - Inf is NaN), and
-// finalize() treats only a zero sum as "no key" (docs/perf-notes.md v9: a NaN-propagating max, FMNMX.NAN, cost
+// finalize() treats only a zero sum as "no key" (docs/decisions.md#nan-scores: a NaN-propagating max, FMNMX.NAN, cost
 // 3-5% at head dim 64). Masked keys are -Inf and contribute exactly 0. A row that sees no key gets O = 0 and
 // LSE = -Inf.
 #pragma once
@@ -50,7 +50,7 @@ struct OnlineSoftmax {
       // kRowAfterRow: row 1's max starts from a value that depends on row 0's first exponential (its bits with sign
       // and exponent set: -inf or a NaN, which fmaxf ignores), so that ptxas cannot hoist row 1's max chain above
       // row 0's exponentials; it then runs that chain between them, in the issue gaps of the exponential unit, as
-      // FlashAttention-3's SASS does (perf-notes v28). Otherwise ptxas reduces both rows first.
+      // FlashAttention-3's SASS does (docs/decisions.md#row-after-row). Otherwise ptxas reduces both rows first.
       const float m = fold_max(s, i, (kRowAfterRow && i == 1) ? fmaxf(row_max[1], after_row0) : row_max[i]);
       exponentiate_row(s, i, quad_max(m), scale_log2, rescale);
       if (kRowAfterRow && i == 0) after_row0 = __uint_as_float(__float_as_uint(s[acc_index(0, 0, 0)]) | 0xff800000u);
@@ -158,7 +158,7 @@ struct OnlineSoftmax {
       // A row with a key has sum >= 1 (its max contributes exp2(0) = 1, or more under the lazy rescale), so the
       // exponential unit's approximate reciprocal and log2 (MUFU.RCP, MUFU.LG2: about one ulp, 2^-22 absolute) need
       // none of the IEEE division's or log2f's range handling: one instruction each instead of ~40 with two branches
-      // per row (perf-notes v29).
+      // per row (docs/decisions.md#epilogue-diet).
       inv_sum[i] = empty ? 0.f : __fdividef(1.f, sum);
       lse[i] = empty ? -INFINITY : (row_max[i] * scale_log2 + __log2f(sum)) * 0.69314718055994530942f;
     }

@@ -75,7 +75,7 @@ __device__ __forceinline__ Tile decode_cache_tile(const Params& p, int tile_idx)
 
 // A paged cache's key -> (block-table entry, row in the page), by shift and mask for a power-of-two page (every
 // engine's case: integer division made the sm90 producer thread slower than the key blocks it feeds at head dim 64,
-// perf-notes v21d). Params: page_shift (tile_math.h, page_shift_of) and page_size.
+// docs/decisions.md#paged-pow2). Params: page_shift (tile_math.h, page_shift_of) and page_size.
 template <class Params>
 __device__ __forceinline__ int page_entry(const Params& p, int key) {
   return p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;

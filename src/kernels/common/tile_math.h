@@ -21,7 +21,7 @@ FLASHCORE_HD constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 
 // most of the grid was done and ran alone: on the H200 the order gained 4-14% on d128/d256 causal 2k-8k. Below
 // kLptMinBlocks query blocks the tiles are short, the imbalance small, and the head-major order's L2 reuse (a head's
 // tiles run together) was worth more (d128 causal 512: -7% with sections): one slice per section is that order.
-// Returns the slices per section (perf-notes v22).
+// Returns the slices per section (docs/decisions.md#l2-sections).
 inline constexpr int64_t kL2SectionBytes = int64_t{32} << 20;
 inline constexpr int64_t kLptMinBlocks = 8;
 FLASHCORE_HD int64_t lpt_section_slices(int64_t seqlen_k, int64_t head_dim, int64_t elem_bytes, int64_t head_ratio,

@@ -17,7 +17,7 @@
 // (two 64-thread barriers per key block). Made for head dim 256, whose O accumulators leave no room for 32 rows per
 // warp: per MMA a warp reads about a third fewer bytes of shared memory than with 16 rows per warp (K: half the keys
 // for 32 rows, V: half the columns; Nsight Compute: 21% fewer wavefronts). That bought speed only in the 8-warp
-// 128 x 64 tile (perf-notes v31).
+// 128 x 64 tile (docs/decisions.md#sm80-warp-pairs).
 // Shared memory holds the Q tile and a ring of kStages (K tile, V tile) pairs; every tile is rows of kHeadDim
 // elements, stored with the 16-byte-unit XOR swizzle of smem.cuh. No alignment beyond 16 bytes is needed.
 #pragma once
@@ -52,9 +52,9 @@ struct KernelConfig {
   static constexpr int kMTiles = kRowsPerWarp / 16;           // m16 row tiles per warp
   static constexpr int kWarpKeys = kBlockN / kSplit;          // S columns per warp
   static constexpr int kWarpDim = kHeadDim / kSplit;          // O columns per warp
-  // The lazy rescale (mainloop.cuh, Softmax): measured per head dim on an H200 running this code (perf-notes v19):
-  // +2..5% at 128, -2..3% at 64 and -7..8% at 256 (there the branch keeps the rescale FMULs from filling the mma
-  // issue gaps), so head dim 128 only.
+  // The lazy rescale (mainloop.cuh, Softmax): measured per head dim on an H200 running this code
+  // (docs/decisions.md#sm80-lazy-rescale): +2..5% at 128, -2..3% at 64 and -7..8% at 256 (there the branch keeps the
+  // rescale FMULs from filling the mma issue gaps), so head dim 128 only.
   static constexpr bool kLazyRescale = kHeadDim == 128;
 
   // Q stays in registers (A fragments of every k-step) when that leaves room for the O accumulators (kHeadDim / 2
@@ -66,7 +66,7 @@ struct KernelConfig {
   static constexpr int kRowUnits = kRowBytes / 16;         // 16-byte units per row (cp.async, ldmatrix rows)
   // cp.async copies: threads per tile row (loads.cuh, TileCopy). 8 at head dims 64 and 128 (one or two 128-byte
   // column groups per thread and row); 16 at head dim 256, where 8 (four 16-byte copies per row back to back) lost
-  // 1-7% on the H100 at 512-4k keys (more MIO-throttle stalls), perf-notes v30.
+  // 1-7% on the H100 at 512-4k keys (more MIO-throttle stalls), docs/decisions.md#sm80-copies.
   static constexpr int kCopyThreadsPerRow = kHeadDim == 256 ? 16 : 8;
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKVTileBytes = kBlockN * kRowBytes;

@@ -33,7 +33,8 @@ __device__ __forceinline__ uint32_t probe_row_tile(const WarpState<Cfg>& st, int
 
 // The rows of `todo` (probe_row_tile's bits, less the rows whose LSE is NaN: NaN whatever V holds), recomputed into
 // the staging buffer (the warp's own rows and columns, as staged). Out of line, its tile decoded again: inlined,
-// reading the caller's Tile, it kept more live through the main loop and changed the loop's code (perf-notes v56).
+// reading the caller's Tile, it kept more live through the main loop and changed the loop's code
+// (docs/decisions.md#masked-v).
 template <class Cfg>
 __device__ __noinline__ void repair_staged_rows(const FwdParams& p, uint8_t* stage, int warp, int lane, int col0,
                                                 uint32_t todo) {
@@ -119,7 +120,7 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   // col0 + l % kWarpUnits of row l / kWarpUnits + kRowsPerPass * u (lane-consecutive units of a row go to consecutive
   // addresses). One global pointer per lane walks down by kRowsPerPass rows; each pass is a shared load, a compare
   // and a predicated store (the per-unit row / unit arithmetic and branch cost ~20 instructions per 16-byte store,
-  // perf-notes v29).
+  // docs/decisions.md#epilogue-diet).
   constexpr int kRowsPerPass = 32 / kWarpUnits;
   static_assert(32 % kWarpUnits == 0 && Cfg::kRowsPerWarp % kRowsPerPass == 0, "whole passes of 32 lanes");
   const int lane_row = lane / kWarpUnits;

@@ -198,7 +198,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kWarpDim /
 
 // O += P_j V_j and S_{j-1} = Q K_{j-1}^T, k-steps alternating: an accumulator's next mma.sync comes twice as many
 // instructions after its last as in either GEMM alone (16 -> 32 at head dim 64), which the GEMMs one after the other
-// spent waiting on the mma latency (Nsight Compute: "wait" stalls at HMMA; perf-notes v24).
+// spent waiting on the mma latency (Nsight Compute: "wait" stalls at HMMA; docs/decisions.md#sm80-overlap).
 template <class Cfg>
 __device__ __forceinline__ void gemm_pv_qk(float (&o)[Cfg::kMTiles][Cfg::kWarpDim / 2],
                                            const uint32_t (&pa)[Cfg::kMTiles][Cfg::kWarpKeys / 16][4], uint32_t v_tile,

@@ -35,7 +35,7 @@ struct PagedRows {
 // and the swizzle (smem.cuh) only permutes a unit within its group of 8, every copy of a thread lands at one shared
 // base plus a compile-time offset, and its source at one row pointer per pass plus a compile-time column offset. (One
 // unit per thread and row, 32 threads a row at head dim 256, took a 64-bit address per copy, ~3 integer instructions
-// each: perf-notes v30.)
+// each: docs/decisions.md#sm80-copies.)
 template <class Cfg, int kRows>
 struct TileCopy {
   static constexpr int kThreadsPerRow = Cfg::kCopyThreadsPerRow;
@@ -126,7 +126,7 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const uint8_t* src, int6
 // A dense tile wholly inside the sequence takes load_rows. A tail tile, and every tile of a paged cache, checks (and
 // looks up) row by row; one loop for both kept the dense kernels' registers (a paged loop of its own in the main loop
 // cost 2-3% on dense calls). The bounds-checked loop for every tile cost ~22 integer instructions per 16-byte copy,
-// about a third of a d256 block's instructions (perf-notes v22).
+// about a third of a d256 block's instructions (docs/decisions.md#sm80-copies).
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_tile(uint32_t dst, const uint8_t* slice, int64_t seq_stride, int64_t row0,
                                           int64_t seqlen, bool is_paged = false, const PagedRows& paged = {}) {

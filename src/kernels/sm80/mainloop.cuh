@@ -28,7 +28,7 @@ using kernels::acc_index;
 
 // The online softmax; with Cfg::kLazyRescale (softmax.cuh: row maxima kept within 2^8), most key blocks leave every
 // row max of a warp alone and the warp skips the O rescale, at kBlockN 64 as many FMULs per block as the block has
-// exponentials at head dim 128 (perf-notes v19).
+// exponentials at head dim 128 (docs/decisions.md#sm80-lazy-rescale).
 template <class Cfg>
 using Softmax = kernels::OnlineSoftmax<Cfg::kWarpKeys, false, Cfg::kLazyRescale>;
 
@@ -65,10 +65,11 @@ struct SoftmaxStats {
 //   (cp.async.wait_group kStages - 2), __syncthreads (every thread's copies visible; every warp is done with
 //   iteration i - 1, whose stage is refilled next), issue the loads of the block kStages - 1 ahead into that
 //   stage and commit (an empty group when there is none, so the counting stays uniform), then compute. The first
-//   iteration waits for its V only before P V (perf-notes v24).
+//   iteration waits for its V only before P V (docs/decisions.md#sm80-overlap).
 // Returns with no copy in flight; a tile without key blocks (rows that see no key) loads nothing.
 // A paged cache's K/V come through the block table (loads.cuh, PagedRows), in the same loop: a loop of its own per
-// kernel cost 17 MB of library (four images of every portable kernel) for 1-2% on dense calls (perf-notes v22).
+// kernel cost 17 MB of library (four images of every portable kernel) for 1-2% on dense calls
+// (docs/decisions.md#sm80-copies).
 template <class Cfg>
 __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, uint8_t* smem, WarpState<Cfg>& st) {
 #pragma unroll

@@ -20,7 +20,7 @@ __host__ __device__ __forceinline__ uint32_t swizzled_offset(int row, int unit) 
 // (u2 + c) ^ r == u2 ^ (r ^ c), so with the lane's constant key = ((row % 8) ^ c) << 4 the offset is
 //   row * kRowBytes + (u2 & ~7) * 16 + (key ^ (u2 & 7) * 16):
 // the lane-dependent part is computed once per GEMM, the rest is compile-time constants. (Register use measured the
-// same as with swizzled_offset; speed was not compared on its own: perf-notes v16.)
+// same as with swizzled_offset; speed was not compared on its own: docs/decisions.md#sm80-registers.)
 __host__ __device__ __forceinline__ uint32_t lane_swizzle_key(int row, int c) {
   return static_cast<uint32_t>(((row & 7) ^ c) << 4);
 }

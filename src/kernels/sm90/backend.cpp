@@ -127,7 +127,7 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
     if (r->shape.schedule == Schedule::kSplitKv && !splits_last_round(r->shape) && same_key(*r, p) &&
         swaps_gemms(r->shape) == swap) {
       // (Leaving one-part plans to the whole-tile kernel was faster at 32 x 4k only, slower on the three other
-      // large rows: perf-notes v12.)
+      // large rows: docs/decisions.md#split-one-part.)
       return plan_for(*r, p, sms).bytes <= workspace_capacity ? r : nullptr;
     }
   }

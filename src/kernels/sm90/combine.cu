@@ -27,7 +27,7 @@ cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_
   if (kernel == nullptr) return cudaErrorInvalidValue;
   kernels::CombineParams params = c;
   // Eight splits or more: a CTA per row, four warps sharing its splits (at 1 x 8k, 32 rows of 16 splits, the
-  // combine took 7.9 us on 8 CTAs of one warp per row; perf-notes v21b). Fewer: a warp per row.
+  // combine took 7.9 us on 8 CTAs of one warp per row; docs/decisions.md#combine). Fewer: a warp per row.
   params.warps_per_row = c.splits >= 8 ? 4 : 1;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>((c.rows * params.warps_per_row + 3) / 4));

@@ -60,7 +60,7 @@ struct KernelConfig {
   static constexpr bool kSkipUnitRescale = kShape.rescale_vote;
   static constexpr bool kLazyRescale = kSkipUnitRescale && !kFp8;  // 8-bit P keeps the exact max
   // The softmax reduces row 1's max between row 0's exponentials (softmax.cuh kRowAfterRow): +1..4% at d128 and d64
-  // causal on the H100, -2..5% in the d64 non-causal rows, which keep ptxas's order (perf-notes v28).
+  // causal on the H100, -2..5% in the d64 non-causal rows, which keep ptxas's order (docs/decisions.md#row-after-row).
   static constexpr bool kRowAfterRow = kHeadDim != 64 || kCausal;
 
   // Launch shape and shared-memory layout (smem_plan.h, shared with the host).
@@ -79,7 +79,7 @@ struct KernelConfig {
   // before their softmax.
   static constexpr int kPSteps = kBlockN / kPVMmaK;  // P V k-steps; a P set is 4 registers per step
   // 8-bit P leaves more room: 208 (d128 128 x 192, the long-sequence defaults: O 64 + S 96 + two P sets of 24, no
-  // spills; perf-notes v41).
+  // spills; docs/decisions.md#pv-overlap).
   static constexpr int kTwoPSetsBudget = kFp8 ? 208 : 192;
   static constexpr bool kTwoPSets =  // (the transposed decode rows keep P in shared memory: decode_swap.cuh)
       !kSwapAB && kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= kTwoPSetsBudget;

@@ -26,8 +26,8 @@ inline constexpr bool kRepairsMaskedV = Cfg::kCausal && Cfg::kElemBytes == 2;
 
 // The rare path of one row (row: within the tile; cols: kernels::repair_masked_v_row's). It decodes its tile again from
 // the index: reading the caller's Tile kept the tile's fields live through the main loop, which moved loop values out
-// of uniform registers (perf-notes v56). Inlined: out of line, the call made ptxas serialize the wgmmas of a 192 x 64
-// d128 variant (C7514). Returns the row's new normalizer, or -1 when the row needed no repair.
+// of uniform registers (docs/decisions.md#masked-v). Inlined: out of line, the call made ptxas serialize the wgmmas of
+// a 192 x 64 d128 variant (C7514). Returns the row's new normalizer, or -1 when the row needed no repair.
 template <class Cfg, class Cols>
 __device__ __forceinline__ float repair_row_of_tile(const FwdParams& p, int tile_idx, int row, Cols cols) {
   const Tile tile = decode_tile<Cfg>(p, tile_idx);
@@ -124,8 +124,8 @@ __device__ __forceinline__ bool count_part_is_last(const FwdParams& p, int64_t c
 // The merge fused into the split kernel (p.split_counters; split_plan.h): after storing its partials, a split counts
 // itself in its tile's byte of the workspace header, and the split that completes the count merges the tile's rows
 // into O and LSE (combine.cuh, one warp per row) and puts the byte back to 0 for the next call. Saves the combine
-// kernel's launch and its wait for the whole grid (perf-notes v25). The count: count_part_is_last. The result does not
-// depend on which split comes last: the merge reads the splits in order.
+// kernel's launch and its wait for the whole grid (docs/decisions.md#fused-merge). The count: count_part_is_last. The
+// result does not depend on which split comes last: the merge reads the splits in order.
 template <class Cfg>
 __device__ __forceinline__ void merge_if_last_split(const FwdParams& p, const Tile& tile, int warpgroup) {
   static_assert(Cfg::kConsumerWarpgroups == 1, "one count per split: the split rows have one consumer warpgroup");
@@ -266,7 +266,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
       }
     }
     // One part (the plan's choice when the tiles alone fill the GPU, or a prefill split row's whole tile): O is final
-    // here, and the dense store below writes it; the host launches no combine (perf-notes v21c).
+    // here, and the dense store below writes it; the host launches no combine (docs/decisions.md#split-one-part).
   }
 
   // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma has
@@ -279,7 +279,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
   // One stmatrix.x4 per two column units j, j + 1 of the warp's 16 rows: its matrices are (rows 0-7, unit j), (rows
   // 8-15, unit j), (rows 0-7, unit j + 1), (rows 8-15, unit j + 1), whose fragments are the accumulators' pairs, and
   // lane l gives the address of row l % 8 of matrix l / 8 (a 16-byte unit of the swizzled row). A quarter of the
-  // stores of one 32-bit store per pair (perf-notes v57).
+  // stores of one 32-bit store per pair (docs/decisions.md#epilogue-stmatrix).
   static_assert(Cfg::kHeadDim % 16 == 0, "whole stmatrix.x4 column pairs");
   const int st_row = warp_in_wg * 16 + 8 * ((lane / 8) % 2) + lane % 8;  // this lane's row within the slice
   const uint32_t st_base = static_cast<uint32_t>(__cvta_generic_to_shared(stage)) + st_row * Cfg::kRowBytes;

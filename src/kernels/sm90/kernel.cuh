@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
   cudaTriggerProgrammaticLaunchCompletion();
   // A packed (varlen) batch's grid covers its longest sequence for every sequence (tile.cuh), so many CTAs of a
   // one-tile-per-CTA launch hold a query block past their own sequence's end: nothing to load, compute or store. They
-  // leave before the rest of the set-up (perf-notes v28).
+  // leave before the rest of the set-up (docs/decisions.md#varlen).
   if constexpr (Cfg::kSchedule == Schedule::kOneTilePerCta && kServingLayouts<Cfg>) {
     if (static_cast<int>(blockIdx.x) < p.num_tiles && !tile_has_rows<Cfg>(p, static_cast<int>(blockIdx.x))) return;
   }

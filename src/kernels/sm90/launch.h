@@ -73,12 +73,12 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
 // the SMs mostly idle (2 x 8 heads x 2k at d64: 176 tiles of 192 rows on 132 SMs, two rounds) runs a compiled row of
 // the same key with fewer rows per tile when rounds x rows, with kSmallTileCost on the smaller tile's rows, is lower
 // (256 tiles of 128 rows: also two rounds, of two thirds the rows). `chosen` otherwise. kSmallTileCost: the 128-row
-// d64 row's time per row over the 192-row rows' on full grids (1.2 on the H200: docs/perf-notes.md v53).
+// d64 row's time per row over the 192-row rows' on full grids (1.2 on the H200: docs/decisions.md#wave-row).
 // Or, with a workspace for its partials (workspace_capacity bytes), the key's prefill split row (smem_plan.h
 // splits_last_round) for a call of fewer tiles than half the SMs against at least kSplitMinKeyBlocks key blocks: each
 // tile's key range cut into parts over the idle SMs, merged by its last part (1 x 4 heads x 2k at d64: 20.1 us
 // against 23.1 for 128-row tiles; with a round of whole tiles first, 2 x 8 heads x 2k, 48.7 against 44.2: not cut
-// there; 1 x 8 heads x 512 lost; perf-notes v54).
+// there; 1 x 8 heads x 512 lost; docs/decisions.md#prefill-split).
 inline constexpr double kSmallTileCost = 1.2;
 inline constexpr int64_t kSplitMinKeyBlocks = 16;
 const KernelRow* wave_row(const flashcore_attention_params& p, int device, const KernelRow* chosen,

@@ -110,9 +110,10 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], SmemDesc q
 // The tile's first key block (its last, where the causal diagonal and the sequence's end lie) when no row of the
 // warpgroup's slice sees its second half: the warpgroup's 64 rows of the diagonal block of a 128-row tile (or a
 // sequence that ends in the block's first half). Its S GEMM then computes the first half of the keys (an N = kBlockN / 2
-// wgmma) and the second half's scores are -inf, so P is 0 there and the P V GEMM is unchanged (perf-notes v50).
-// Causal 16-bit rows whose half block has a wgmma shape (kBlockN 128 or 192): in the non-causal rows, where only odd
-// lengths take it, the branch alone cost the d64 rows 3-7% at every length (perf-notes v50).
+// wgmma) and the second half's scores are -inf, so P is 0 there and the P V GEMM is unchanged
+// (docs/decisions.md#half-block). Causal 16-bit rows whose half block has a wgmma shape (kBlockN 128 or 192): in the
+// non-causal rows, where only odd lengths take it, the branch alone cost the d64 rows 3-7% at every length
+// (docs/decisions.md#half-block).
 template <class Cfg>
 inline constexpr bool kHalfFirstBlock = Cfg::kCausal && Cfg::kElemBytes == 2 && !Cfg::kInt8QK && !Cfg::kSwapAB &&
                                         (Cfg::kBlockN == 128 || Cfg::kBlockN == 192);
@@ -195,7 +196,8 @@ __device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const T
   kernels::named_barrier_sync(kZeroVBarrier<Cfg>, Cfg::kConsumerThreads);
 }
 
-// The softmax of block j must run while the P V GEMM of block j + 1 does; ptxas undid that twice (perf-notes v18):
+// The softmax of block j must run while the P V GEMM of block j + 1 does; ptxas undid that twice
+// (docs/decisions.md#pv-overlap):
 // - it counts a wgmma's register A operand as read when the wgmma issues, not when it completes, so it gave the
 //   registers of the running GEMM's P to the next block's P and then waited for the GEMM before packing into them;
 // - within one basic block it moves the wait for the P V GEMM up to the first instruction it can, before the softmax.
@@ -244,7 +246,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   tile_scales<Cfg>(p, tile, st);
   // Q: taken for every tile (producer.cuh); a tile with no key block has nothing to compute.
   // (The wait comes after the first ping-pong hand-over below: waiting first cost 2-3% on short non-causal
-  // sequences, perf-notes v9.)
+  // sequences, docs/decisions.md#q-wait.)
   if (tile.keys.count() == 0) {
     bars.q.wait(pipes.q);
     if (Cfg::kSeparateO) bars.q.release(pipes.q);
@@ -298,8 +300,8 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   // warpgroups get the tensor cores to themselves. 192-row configs only (three consumer warpgroups): the 128-row
   // ones pad 64 rows or more only at odd lengths, and compile as before. It keeps step with the others on every
   // shared barrier, in the order of the loop below (K and V stages, the ping-pong turns, the Q release), and leaves
-  // O = 0 and an empty softmax: the epilogue stores none of its rows (perf-notes v26). Dense batches only (no V rows
-  // to zero, zero_v_rows_past_end): the V zeroing's named barrier met from this second code path made
+  // O = 0 and an empty softmax: the epilogue stores none of its rows (docs/decisions.md#empty-warpgroup). Dense batches
+  // only (no V rows to zero, zero_v_rows_past_end): the V zeroing's named barrier met from this second code path made
   // compute-sanitizer's synccheck report divergent threads, so the serving layouts keep computing those rows.
   if (Cfg::kConsumerWarpgroups == 3 && !p.zero_v_tail &&
       static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup >= tile.seq.seqlen_q) {
@@ -388,7 +390,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     pipes.v.advance();
     // Rescale "vote" rows: once the running maxima settle, most blocks change no row max of a warp (kept within a
     // slack of 2^8 in 16-bit and int8 P: OnlineSoftmax, kLazyRescale), and the rescale is a multiply by exactly 1
-    // that the warp skips (docs/perf-notes.md, v8 and v19).
+    // that the warp skips (docs/decisions.md#lazy-rescale).
     if (!Cfg::kSkipUnitRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
       kernels::rescale_rows<Cfg::kHeadDim>(st.o, rescale);
     }

@@ -5,7 +5,7 @@
 //   consumer: wait (until the stage is full), release (hand it back)
 // Each side walks the ring with its own PipelineState (stage + phase parity), so both sides agree on the phase
 // of every use as long as both skip or take the same uses: a tile with no key blocks takes no Q stage on
-// either side (which rules out the phase aliasing of a shared Q barrier, docs/perf-notes.md v7).
+// either side (which rules out the phase aliasing of a shared Q barrier, docs/decisions.md#q-stage).
 // The number of producer arrivals is a parameter: 1 for a TMA producer thread, a warp or more for copy
 // engines that gather rows (cp.async, paged KV).
 #pragma once

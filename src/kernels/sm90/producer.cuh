@@ -86,7 +86,7 @@ __device__ __forceinline__ BlockPages block_pages(const FwdParams& p, const Tile
 // thread's tiles and writes the page of every (key block, slice) into SharedBarriers::page_slots, last block first,
 // whole key blocks per chunk of kPageChunk slots in a two-chunk ring, one table load per lane. The producer thread
 // reads a block's pages from shared memory and waits only for a chunk's first block. With its own loads, each waited
-// for before its block's TMA, 1 x 8k paged decode trailed dense by 0.7 us (perf-notes v47).
+// for before its block's TMA, 1 x 8k paged decode trailed dense by 0.7 us (docs/decisions.md#paged-table-warp).
 template <class Cfg>
 struct PageFetcher {
   static_assert(Cfg::kBlockN / 8 <= kPageChunk, "a key block's slices (8 rows or more) fit in a chunk");
@@ -222,7 +222,7 @@ struct Producer {
     // Two-stage 16-bit rows load K of block n before V of block n + 1 (the block before it in the loop's order), the
     // order the consumers take them in (mainloop.cuh: S = Q K_n^T beside O += P V_{n+1}). With one stage pair per
     // block, the K stage that an S GEMM frees then refills half an iteration before the V stage that the P V GEMM
-    // after it frees, instead of waiting behind it (perf-notes v58; the dynamic rows since v60, when the elected
+    // after it frees, instead of waiting behind it (docs/decisions.md#k-before-v; the dynamic rows since the elected
     // producer thread left ptxas the uniform registers that its 24 had lacked). Kept together: the transposed decode
     // rows (K and V of one block in one step), rows of three or more stages (their ring has the slack) and 8-bit rows
     // (not measured).

@@ -88,9 +88,9 @@ __device__ __forceinline__ uint64_t make_smem_desc_kmajor(const void* smem_ptr) 
 
 // A descriptor as two 32-bit words, for operands whose start address moves by known byte offsets (k-steps, pipeline
 // stages): the fixed fields are built once, and a move adds offset >> 4 to the low word (one integer add per wgmma
-// instead of rebuilding the descriptor: perf-notes v19). Shared-memory addresses stay below 2^18, so the start
-// address field (bits 0-13) never carries into the leading byte offset. Offsets must be multiples of 16. (u64() packs
-// the words with mov.b64: the same pack written as shift-or took 14 more R2UR and 11 more IMAD per d128 kernel.)
+// instead of rebuilding the descriptor: docs/decisions.md#wgmma-desc). Shared-memory addresses stay below 2^18, so the
+// start address field (bits 0-13) never carries into the leading byte offset. Offsets must be multiples of 16. (u64()
+// packs the words with mov.b64: the same pack written as shift-or took 14 more R2UR and 11 more IMAD per d128 kernel.)
 struct SmemDesc {
   uint32_t lo, hi;
   __device__ __forceinline__ explicit SmemDesc(uint64_t d) : lo(static_cast<uint32_t>(d)), hi(static_cast<uint32_t>(d >> 32)) {}

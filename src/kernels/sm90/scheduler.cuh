@@ -91,7 +91,7 @@ struct TileScheduler {
       return p.num_tiles;
     } else if constexpr (kPolicy == Schedule::kStaticPersistent || kPolicy == Schedule::kSplitKv) {
       // Split-KV parts are persistent too: the producer streams the next part's K/V while the consumers finish
-      // the current one, so the ring never drains between parts (perf-notes v12).
+      // the current one, so the ring never drains between parts (docs/decisions.md#split-persistent).
       return t + static_cast<int>(gridDim.x);
     } else {
       // Every processed tile is followed by exactly one fetch, so a launch makes num_tiles fetches: values

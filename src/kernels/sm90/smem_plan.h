@@ -77,8 +77,8 @@ struct SmemPlan {
   // Q tiles in the Q ring (q_stages of q_bytes from q_offset): 2 on the transposed split-KV decode rows (16-bit, 8
   // rows: 1-2 KB each), else 1. With one Q stage the producer, done with a part's loads, waited for the consumers to
   // release that part's Q before it loaded the next part's Q and K/V, so the K/V ring drained at every part boundary
-  // (perf-notes v52: cutting tiles into more parts cost 2-4 us each). Their epilogue stages nothing in the Q tile. The
-  // prefill rows keep one: two there measured level (v50).
+  // (docs/decisions.md#decode-q-ring: cutting tiles into more parts cost 2-4 us each). Their epilogue stages nothing in
+  // the Q tile. The prefill rows keep one: two there measured level.
   int q_stages;
   // Byte offsets from the 1024-byte aligned base.
   int q_offset, k_offset, v_offset, kv_end;

@@ -33,7 +33,8 @@ inline constexpr int kSplitCounterMaxSplits = 255;
 // most 128) is the smallest whose wave efficiency tiles * s / (waves * sms) is within 95% of the best one's, and
 // then trimmed so that no split is empty for the longest range. Fewer splits mean fewer pipeline fills and a
 // cheaper combine, but a decode call is bound by the bandwidth of the SMs it keeps busy: at 1 x 8k (8 tiles) 16
-// splits beat the 13 that an 85% rule gave by 3% dense and 10% paged (perf-notes v21, bench/decode_splits.py).
+// splits beat the 13 that an 85% rule gave by 3% dense and 10% paged (docs/decisions.md#split-count,
+// bench/decode_splits.py).
 inline int64_t wave_efficiency_permille(int64_t ctas, int sms) {
   const int64_t waves = kernels::ceil_div(ctas, static_cast<int64_t>(sms));
   return waves == 0 ? 0 : 1000 * ctas / (waves * sms);

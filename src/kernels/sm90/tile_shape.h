@@ -25,13 +25,15 @@ struct TileShape {
   bool rescale_vote;  // skip the O rescale when a warp vote finds every factor is 1 (data-dependent branch)
   // The packed flavour of a row (name suffix "-packed"): its producer keeps its ring positions as counts
   // (pipeline.cuh PipelineCount), which leaves room in a 24-register dynamic producer for a packed (varlen) tile's
-  // decode (smem_plan.h takes_packed). A row of its own, so that the dense rows keep their code (perf-notes v36).
+  // decode (smem_plan.h takes_packed). A row of its own, so that the dense rows keep their code
+  // (docs/decisions.md#varlen).
   bool packed = false;
 };
 
 // A 16-bit tile of several 128-byte column chunks, loaded in one box of all its rows: one TMA of a 5-D map (the head
 // dim as 64 elements x chunks, tma_desc.h chunked) instead of one per chunk. The host encodes that map (backend.cpp)
-// and the producer issues that load (producer.cuh tma_load_tile) exactly when this holds (perf-notes v60).
+// and the producer issues that load (producer.cuh tma_load_tile) exactly when this holds
+// (docs/decisions.md#tma-one-box).
 constexpr bool tma_chunked(int elem_bytes, int chunks, int rows, int box_rows) {
   return elem_bytes == 2 && chunks > 1 && rows == box_rows;
 }
@@ -45,8 +47,8 @@ constexpr int kv_box_rows(const TileShape& s) {
 
 // Rows per K/V TMA box of a paged cache whose key blocks go in slices of slice_rows rows (a divisor of the page and
 // of the key block): a slice of 128 rows or more (pages of 128 keys and up) in the row's own boxes, so that a split-KV
-// row loads it as it loads a dense block (+0.5..1.6% paged decode at pages 128 and 256, perf-notes v37); a smaller
-// slice in one box (32-row boxes in 64-key pages gained nothing at 8 x 8k and cost 1 x 8k 4%).
+// row loads it as it loads a dense block (+0.5..1.6% paged decode at pages 128 and 256, docs/decisions.md#paged-boxes);
+// a smaller slice in one box (32-row boxes in 64-key pages gained nothing at 8 x 8k and cost 1 x 8k 4%).
 // box_rows: the row's kv_box_rows (a box that does not divide the slice is not used).
 constexpr int paged_box_rows(int box_rows, int slice_rows) {
   return slice_rows >= 128 && box_rows < slice_rows && slice_rows % box_rows == 0 ? box_rows : slice_rows;

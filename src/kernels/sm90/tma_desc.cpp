@@ -63,7 +63,7 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   // L2 promotion no wider than a box row: with 256-byte promotion of 128-byte rows a streaming read (the decode
   // rows) stops at 4.2 TB/s on an H200, with 128 bytes (or none) it reaches 4.5 TB/s, as cp.async does
-  // (bench/micro/kv_stream.cu, docs/perf-notes.md v21).
+  // (bench/micro/kv_stream.cu, docs/decisions.md#tma-l2-promotion).
   const CUtensorMapL2promotion promotion =
       row_bytes <= 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   if (a.chunked && (row_bytes != 128 || a.head_dim <= row_elems || a.head_dim % row_elems != 0)) {

@@ -150,7 +150,7 @@ struct VTransposer {
   }
 
   // Warp W's steps of a tile: W, W + 3, ..., unrolled, so that every block choice is a constant (a table read in a
-  // rolled loop cost about 31 instructions per two blocks; perf-notes v34/v35).
+  // rolled loop cost about 31 instructions per two blocks; docs/decisions.md#v-transpose).
   template <int W>
   static constexpr int kWarpSteps = (kSteps - W + kTransposeWarps - 1) / kTransposeWarps;
   template <int W, int... I>

@@ -1,6 +1,6 @@
-// Where an 8-bit call's V, given as stored, is transposed into the K-major layout 8-bit wgmma reads (perf-notes v34,
-// v35, v44): by the kernel's producer warps (transpose_v.cuh), or by a pass into the workspace before the kernel.
-// Host-only arithmetic, tested on the CPU.
+// Where an 8-bit call's V, given as stored, is transposed into the K-major layout 8-bit wgmma reads (see
+// docs/decisions.md#v-route): by the kernel's producer warps (transpose_v.cuh), or by a pass into the workspace before
+// the kernel. Host-only arithmetic, tested on the CPU.
 //
 // In the kernel, every query tile transposes each V block it reads, at a cost per tile that is about fixed and does
 // not depend on the memory. The pass moves V through DRAM once (read and written), plus a launch, and its cost is
