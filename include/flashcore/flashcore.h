@@ -304,6 +304,34 @@ FLASHCORE_API flashcore_status flashcore_stream_capture_id(flashcore_stream_t st
 FLASHCORE_API flashcore_status flashcore_attention_selected_config(const flashcore_attention_params* params, char* name,
                                                                    uint64_t capacity);
 
+/* ---- Plan once, run many times (since 0.3) ----
+ * A plan holds every decision a call needs before it launches: the kernel config, its schedule and the split of its
+ * key ranges, the workspace size and layout, and the launches around the kernel (KV append, 8-bit preparation,
+ * split-KV combine). flashcore_attention_forward makes one per call; an engine that calls the same shapes many
+ * times (a decode step, a CUDA graph it captures) makes it once, before capture, and runs it:
+ *   flashcore_plan* plan; flashcore_attention_plan(&params, &plan);
+ *   flashcore_plan_workspace_size(plan, &bytes);      allocate and zero-fill `bytes` once
+ *   for each step: set the pointers in params, then flashcore_attention_run(plan, &params, stream);
+ *   flashcore_plan_destroy(plan);
+ * The plan is made on the current device for the params' shapes, dtypes, flags and optional tensors (which of
+ * lse, seqused_k, cu_seqlens_*, block_table, k_new, the descales are given) and for a workspace of workspace_size
+ * bytes when params->workspace is set, else for the workspace the plan reports (what a caller who allocates
+ * flashcore_plan_workspace_size bytes runs). Pointers, strides and softmax_scale are read at each run.
+ * flashcore_attention_plan validates params like forward and returns what forward returns before launching; on
+ * failure *plan is NULL. */
+typedef struct flashcore_plan flashcore_plan;
+FLASHCORE_API flashcore_status flashcore_attention_plan(const flashcore_attention_params* params, flashcore_plan** plan);
+/* Bytes of zero-filled device workspace the plan's runs need (0: none). */
+FLASHCORE_API flashcore_status flashcore_plan_workspace_size(const flashcore_plan* plan, uint64_t* bytes);
+/* The plan's kernel config name (as flashcore_attention_selected_config writes it). */
+FLASHCORE_API flashcore_status flashcore_plan_config(const flashcore_plan* plan, char* name, uint64_t capacity);
+/* Run the plan for `params`: validated like forward, on the plan's device, with the plan's shapes (else
+ * _INVALID_ARGUMENT naming the first field that differs from the plan's) and at least the plan's workspace. */
+FLASHCORE_API flashcore_status flashcore_attention_run(const flashcore_plan* plan, const flashcore_attention_params* params,
+                                                       flashcore_stream_t stream);
+/* Free a plan (NULL: nothing). */
+FLASHCORE_API void flashcore_plan_destroy(flashcore_plan* plan);
+
 /* Names of the kernel configs compiled for (dtype, head_dim, causal) on the current device, the default first.
  * Writes at most `capacity` pointers (static strings) to `names` and the total count to `count` (0 when nothing
  * is compiled for that combination; names may be NULL when capacity is 0). Returns _NULL_POINTER (count NULL,

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/plan.h"
 #include "flashcore/flashcore.h"
 
 namespace flashcore::backend {
@@ -45,7 +46,17 @@ int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, con
 bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, const char* name,
                       bool* needs_workspace);
 
-// workspace_size(), forward() and selected_config() agree on the config a call runs: the one p.kernel_config
+// The plan of a validated call on `device` (compute capability `cc`) for a workspace of `workspace_capacity` bytes
+// (UINT64_MAX: the size the plan reports, which the caller then allocates): made by the backend that serves `cc`
+// (core/plan.h). workspace_size(), forward(), selected_config() and the C ABI's plan/run pair all go through it.
+flashcore_status plan(const flashcore_attention_params& p, int device, int cc, uint64_t workspace_capacity,
+                      core::Plan& out, std::string& error);
+
+// Launch `plan` for `p` (the call it was made for, or one with the same shapes) on `stream`.
+flashcore_status run(const core::Plan& plan, const flashcore_attention_params& p, float softmax_scale,
+                     cudaStream_t stream, std::string& error);
+
+// workspace_size(), forward() and selected_config() agree on the config a call runs (they read one plan): the one p.kernel_config
 // names; for a call that names none on an sm90 device, the tuning table's choice for its shape bucket
 // (tuning::choose; tables are measured with O in the input dtype, so a call with another out_dtype runs the
 // default), else the backend's default. forward() and selected_config() count a workspace as given when

@@ -9,7 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/backend.h"
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "api/error.h"
 #include "api/validate.h"
 #include "flashcore/flashcore.h"

@@ -2,12 +2,14 @@
 #include "flashcore/flashcore.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 
 #include "api/backend.h"
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "api/error.h"
 #include "api/params.h"
 #include "api/validate.h"
@@ -49,7 +51,54 @@ flashcore_status checked_params(const flashcore_attention_params* params, bool w
   return status;
 }
 
+// The fields a plan depends on (flashcore.h, flashcore_attention_plan): a field of `run` that differs from the
+// plan's call's, or "" when they agree. Pointers count by whether they are given; strides and the scale do not count.
+std::string plan_mismatch(const flashcore_attention_params& plan, const std::string& plan_config,
+                          const flashcore_attention_params& run) {
+  const std::pair<const char*, bool> same[] = {
+      {"batch", plan.batch == run.batch},
+      {"seqlen_q", plan.seqlen_q == run.seqlen_q},
+      {"seqlen_k", plan.seqlen_k == run.seqlen_k},
+      {"num_heads_q", plan.num_heads_q == run.num_heads_q},
+      {"num_heads_kv", plan.num_heads_kv == run.num_heads_kv},
+      {"head_dim", plan.head_dim == run.head_dim},
+      {"dtype", plan.dtype == run.dtype},
+      {"causal", plan.causal == run.causal},
+      {"out_dtype", plan.out_dtype == run.out_dtype},
+      {"precision", plan.precision == run.precision},
+      {"flags", plan.flags == run.flags},
+      {"kernel_config", plan_config == (run.kernel_config != nullptr ? run.kernel_config : "")},
+      {"lse (given or not)", (plan.lse != nullptr) == (run.lse != nullptr)},
+      {"seqused_k (given or not)", (plan.seqused_k != nullptr) == (run.seqused_k != nullptr)},
+      {"cu_seqlens_q (given or not)", (plan.cu_seqlens_q != nullptr) == (run.cu_seqlens_q != nullptr)},
+      {"cu_seqlens_k (given or not)", (plan.cu_seqlens_k != nullptr) == (run.cu_seqlens_k != nullptr)},
+      {"total_q", plan.total_q == run.total_q},
+      {"total_k", plan.total_k == run.total_k},
+      {"block_table (given or not)", (plan.block_table != nullptr) == (run.block_table != nullptr)},
+      {"block_table_stride", plan.block_table_stride == run.block_table_stride},
+      {"page_size", plan.page_size == run.page_size},
+      {"num_pages", plan.num_pages == run.num_pages},
+      {"num_splits", plan.num_splits == run.num_splits},
+      {"k_new (given or not)", (plan.k_new != nullptr) == (run.k_new != nullptr)},
+      {"seqlen_new", plan.seqlen_new == run.seqlen_new},
+      {"q_descale (given or not)", (plan.q_descale != nullptr) == (run.q_descale != nullptr)},
+      {"k_descale (given or not)", (plan.k_descale != nullptr) == (run.k_descale != nullptr)},
+      {"v_descale (given or not)", (plan.v_descale != nullptr) == (run.v_descale != nullptr)},
+  };
+  for (const auto& [field, equal] : same) {
+    if (!equal) return field;
+  }
+  return "";
+}
+
 }  // namespace
+
+// A plan of the C ABI: the backend's plan and the call it was made for.
+struct flashcore_plan {
+  flashcore::core::Plan plan;
+  flashcore_attention_params call;  // as planned (pointers kept only to tell given from not given)
+  std::string kernel_config;        // call.kernel_config's text ("" for none)
+};
 
 extern "C" {
 
@@ -150,6 +199,79 @@ flashcore_status flashcore_attention_forward(const flashcore_attention_params* p
     return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
   });
 }
+
+flashcore_status flashcore_attention_plan(const flashcore_attention_params* params, flashcore_plan** plan) {
+  return guarded("flashcore_attention_plan", [&] {
+    if (plan == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "plan is NULL");
+    *plan = nullptr;
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_params(params, /*with_device=*/true, p, device, cc, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    auto made = std::make_unique<flashcore_plan>();
+    const uint64_t capacity = p.workspace != nullptr ? p.workspace_size : UINT64_MAX;
+    status = flashcore::backend::plan(p, device, cc, capacity, made->plan, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    made->call = p;
+    made->kernel_config = p.kernel_config != nullptr ? p.kernel_config : "";
+    made->call.kernel_config = nullptr;
+    *plan = made.release();
+    return FLASHCORE_SUCCESS;
+  });
+}
+
+flashcore_status flashcore_plan_workspace_size(const flashcore_plan* plan, uint64_t* bytes) {
+  return guarded("flashcore_plan_workspace_size", [&] {
+    if (plan == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "plan is NULL");
+    if (bytes == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "bytes is NULL");
+    *bytes = plan->plan.workspace.bytes;
+    return FLASHCORE_SUCCESS;
+  });
+}
+
+flashcore_status flashcore_plan_config(const flashcore_plan* plan, char* name, uint64_t capacity) {
+  return guarded("flashcore_plan_config", [&] {
+    if (plan == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "plan is NULL");
+    if (name == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "name is NULL");
+    if (capacity > 0) name[0] = '\0';
+    const size_t length = std::strlen(plan->plan.config);
+    if (capacity <= length) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "capacity = " + std::to_string(capacity) +
+                                                             " is too small for the config name \"" +
+                                                             plan->plan.config + "\" (" + std::to_string(length + 1) +
+                                                             " bytes)");
+    }
+    std::memcpy(name, plan->plan.config, length + 1);
+    return FLASHCORE_SUCCESS;
+  });
+}
+
+flashcore_status flashcore_attention_run(const flashcore_plan* plan, const flashcore_attention_params* params,
+                                         flashcore_stream_t stream) {
+  return guarded("flashcore_attention_run", [&] {
+    if (plan == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "plan is NULL");
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_params(params, /*with_device=*/true, p, device, cc, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    if (device != plan->plan.device) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "the current device is " + std::to_string(device) +
+                                                             "; the plan was made on device " +
+                                                             std::to_string(plan->plan.device));
+    }
+    if (const std::string field = plan_mismatch(plan->call, plan->kernel_config, p); !field.empty()) {
+      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT,
+                       "params." + field + " differs from the plan's (flashcore_attention_plan): make a plan for it");
+    }
+    const float scale = flashcore::api::resolve_softmax_scale(p);
+    status = flashcore::backend::run(plan->plan, p, scale, stream, message);
+    return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
+  });
+}
+
+void flashcore_plan_destroy(flashcore_plan* plan) { delete plan; }
 
 flashcore_status flashcore_attention_workspace_size(const flashcore_attention_params* params, uint64_t* bytes) {
   return guarded("flashcore_attention_workspace_size", [&] {

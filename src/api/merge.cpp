@@ -5,9 +5,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "api/error.h"
-#include "api/launch_util.h"
+#include "core/launch_util.h"
 #include "api/merge.h"
 #include "api/validate.h"
 #include "kernels/common/merge_launch.h"
@@ -159,7 +159,7 @@ flashcore_status validate_merge_device(const flashcore_merge_params& m, std::str
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
     (void)cudaGetLastError();
-    message = cuda_message("cudaGetDevice", err);
+    message = core::cuda_message("cudaGetDevice", err);
     return err == cudaErrorNoDevice ? FLASHCORE_ERROR_NO_DEVICE : FLASHCORE_ERROR_CUDA;
   }
   const std::pair<const char*, const void*> pointers[] = {
@@ -199,7 +199,7 @@ flashcore_status launch_merge_checked(const flashcore_merge_params& m, cudaStrea
   const cudaError_t err = kernels::launch_merge(merge_kernel_params(m), m.part_dtype, m.out_dtype,
                                                 static_cast<int>(m.head_dim), stream);
   if (err != cudaSuccess) {
-    message = cuda_message("merge kernel launch", err);
+    message = core::cuda_message("merge kernel launch", err);
     return FLASHCORE_ERROR_CUDA;
   }
   return FLASHCORE_SUCCESS;

@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/backend.h"
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "kernels/common/fp8_prep_params.h"
 
 namespace flashcore::api {

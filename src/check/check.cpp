@@ -31,7 +31,7 @@
 #include <set>
 #include <sstream>
 
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "reference/reference.h"
 
 namespace flashcore::check {

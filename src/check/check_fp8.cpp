@@ -13,7 +13,7 @@
 #include <set>
 #include <sstream>
 
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "check/check.h"
 #include "check/check_util.h"
 #include "reference/reference.h"

@@ -12,9 +12,9 @@
 #include <cuda_runtime_api.h>
 
 #include "api/backend.h"
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "api/error.h"
-#include "api/launch_util.h"
+#include "core/launch_util.h"
 #include "api/merge.h"
 #include "api/params.h"
 #include "api/validate.h"
@@ -265,7 +265,7 @@ flashcore_status forward_workspace(Geometry& g, const flashcore_attention_params
 
 flashcore_status cuda_status(const char* what, cudaError_t err, std::string& message) {
   if (err == cudaSuccess) return FLASHCORE_SUCCESS;
-  message = api::cuda_message(what, err);
+  message = core::cuda_message(what, err);
   return FLASHCORE_ERROR_CUDA;
 }
 

@@ -481,6 +481,44 @@ TEST(WorkspaceSize, NoDevice) {
 
 // WorkspaceSize on a Hopper GPU (it needs device buffers): tests/gpu/test_kernel_configs.cpp.
 
+TEST(Plan, NullArguments) {
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  EXPECT_EQ(flashcore_attention_plan(&p, nullptr), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(flashcore_last_error()).find("plan is NULL"), std::string::npos);
+  flashcore_plan* plan = reinterpret_cast<flashcore_plan*>(&pr);  // overwritten with NULL on failure
+  EXPECT_EQ(flashcore_attention_plan(nullptr, &plan), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(plan, nullptr);
+  uint64_t bytes = 0;
+  char name[8];
+  EXPECT_EQ(flashcore_plan_workspace_size(nullptr, &bytes), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_EQ(flashcore_plan_config(nullptr, name, sizeof(name)), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_EQ(flashcore_attention_run(nullptr, &p, nullptr), FLASHCORE_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(flashcore_last_error()).find("plan is NULL"), std::string::npos);
+  flashcore_plan_destroy(nullptr);  // nothing
+}
+
+TEST(Plan, ValidatesArgumentsLikeForward) {
+  Problem pr;
+  flashcore_attention_params p = valid_params(pr);
+  p.num_heads_kv = 3;
+  flashcore_plan* plan = nullptr;
+  EXPECT_EQ(flashcore_attention_plan(&p, &plan), FLASHCORE_ERROR_INVALID_HEAD_RATIO);
+  EXPECT_NE(std::string(flashcore_last_error()).find("num_heads_q = 4"), std::string::npos);
+  EXPECT_EQ(plan, nullptr);
+}
+
+TEST(Plan, NoDevice) {
+  if (flashcore::testing::cuda_device_visible()) GTEST_SKIP() << "a CUDA device is visible; this test covers the GPU-less case";
+  Problem pr;
+  const flashcore_attention_params p = valid_params(pr);
+  flashcore_plan* plan = nullptr;
+  EXPECT_EQ(flashcore_attention_plan(&p, &plan), FLASHCORE_ERROR_NO_DEVICE);
+  EXPECT_EQ(plan, nullptr);
+}
+
+// Plans on a Hopper GPU (run against forward, reuse, mismatches): tests/gpu/test_plan.cpp.
+
 TEST(StreamCaptureId, NullPointer) {
   EXPECT_EQ(flashcore_stream_capture_id(nullptr, nullptr), FLASHCORE_ERROR_NULL_POINTER);
   EXPECT_NE(std::string(flashcore_last_error()).find("capture_id is NULL"), std::string::npos);

@@ -14,7 +14,7 @@
 #include "flashcore/flashcore.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/v_route.h"
-#include "api/launch_util.h"
+#include "core/launch_util.h"
 
 namespace {
 
@@ -241,11 +241,11 @@ TEST(BackendTable, Sm90DefaultsFollowTheKeyCount) {
 // DRAM; head dim 64 always transposes in the kernel; a causal tile counts half.
 TEST(BackendTable, Sm90VRouteScalesWithDramBandwidth) {
   namespace sm90 = flashcore::sm90;
-  const double h100 = flashcore::api::dram_peak_gbps_of(2619000, 5120);  // H100 SXM 80GB HBM3
-  const double h200 = flashcore::api::dram_peak_gbps_of(3201000, 6144);  // H200
+  const double h100 = flashcore::core::dram_peak_gbps_of(2619000, 5120);  // H100 SXM 80GB HBM3
+  const double h200 = flashcore::core::dram_peak_gbps_of(3201000, 6144);  // H200
   EXPECT_NEAR(h100, 3352, 1);
   EXPECT_NEAR(h200, 4917, 1);
-  EXPECT_EQ(flashcore::api::dram_peak_gbps_of(0, 5120), 0.0);
+  EXPECT_EQ(flashcore::core::dram_peak_gbps_of(0, 5120), 0.0);
   EXPECT_NEAR(sm90::in_kernel_v_tile_limit(h100), 16.0, 0.01);
   EXPECT_NEAR(sm90::in_kernel_v_tile_limit(h200), 10.9, 0.05);
   EXPECT_EQ(sm90::in_kernel_v_tile_limit(0), 16.0);  // unknown DRAM: the reference

@@ -1,7 +1,7 @@
-// GQA packing for decode (src/api/gqa_pack.h): the rewritten call addresses the same elements.
+// GQA packing for decode (src/core/gqa_pack.h): the rewritten call addresses the same elements.
 #include <gtest/gtest.h>
 
-#include "api/gqa_pack.h"
+#include "core/gqa_pack.h"
 
 namespace {
 
@@ -19,18 +19,18 @@ int64_t offset(const flashcore_tensor_strides& s, int64_t b, int64_t row, int64_
 }
 
 TEST(GqaPack, OnlyDecodeWithSharedKvHeads) {
-  EXPECT_TRUE(flashcore::api::gqa_packable(decode(2, 32, 8, 128, 0, 0)));
-  EXPECT_FALSE(flashcore::api::gqa_packable(decode(2, 8, 8, 128, 0, 0)));  // MHA: nothing to share
+  EXPECT_TRUE(flashcore::core::gqa_packable(decode(2, 32, 8, 128, 0, 0)));
+  EXPECT_FALSE(flashcore::core::gqa_packable(decode(2, 8, 8, 128, 0, 0)));  // MHA: nothing to share
   flashcore_attention_params p = decode(2, 32, 8, 128, 0, 0);
   p.seqlen_q = 2;
-  EXPECT_FALSE(flashcore::api::gqa_packable(p));  // two query positions: rows of one head are not contiguous
+  EXPECT_FALSE(flashcore::core::gqa_packable(p));  // two query positions: rows of one head are not contiguous
 }
 
 TEST(GqaPack, SameElementsBothLayouts) {
   for (int bhsd : {0, 1}) {
     for (int causal : {0, 1}) {
       const flashcore_attention_params p = decode(3, 32, 8, 128, causal, bhsd);
-      const flashcore_attention_params q = flashcore::api::gqa_packed(p);
+      const flashcore_attention_params q = flashcore::core::gqa_packed(p);
       EXPECT_EQ(q.seqlen_q, 4);
       EXPECT_EQ(q.num_heads_q, 8);
       EXPECT_EQ(q.num_heads_kv, 8);

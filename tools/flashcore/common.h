@@ -8,8 +8,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "api/dtype.h"
-#include "api/launch_util.h"
+#include "core/dtype.h"
+#include "core/launch_util.h"
 #include "flashcore/flashcore.h"
 
 namespace fccli {
@@ -134,7 +134,7 @@ struct DeviceInfo {
   int64_t mem_bytes = 0;
   // Theoretical DRAM bandwidth, GB/s: 2 transfers per memory clock x bus width (0 when unknown), as the library's V
   // route rule computes it.
-  double hbm_peak_gbps() const { return flashcore::api::dram_peak_gbps_of(mem_clock_mhz * 1000, mem_bus_bits); }
+  double hbm_peak_gbps() const { return flashcore::core::dram_peak_gbps_of(mem_clock_mhz * 1000, mem_bus_bits); }
   std::string pci_bus_id;  // for NVML
 };
 

@@ -3,7 +3,7 @@
 #include <fstream>
 #include <string>
 
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "commands.h"
 #include "kernels/sm90/launch.h"
 #include "common.h"

@@ -1,6 +1,6 @@
 // The KV-cache append kernel (append_kv.cuh): its parameters from the call and its host launch, compiled for every
 // backend's archs (src/CMakeLists.txt, FLASHCORE_COMMON_KERNEL_SOURCES).
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "kernels/common/append_kv.cuh"
 
 namespace flashcore::kernels {

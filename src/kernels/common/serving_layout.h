@@ -1,6 +1,6 @@
 // The serving layouts of a call (flashcore.h: a KV cache's lengths, packed variable-length Q/O and K/V, a paged K/V)
 // as every backend's kernel reads them: a base of each backend's FwdParams, filled on the host by
-// api::set_serving_layout (launch_util.h) and read by kernels/common/tile.cuh (decode_cache_tile, page_entry).
+// core::set_serving_layout (launch_util.h) and read by kernels/common/tile.cuh (decode_cache_tile, page_entry).
 #pragma once
 #include <cstdint>
 

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <vector>
 
-#include "api/dtype.h"
-#include "api/launch_util.h"
+#include "core/dtype.h"
+#include "core/launch_util.h"
+#include "core/plan.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/launch.h"
@@ -39,7 +42,7 @@ constexpr int kArchs[] = {FLASHCORE_SM80_ARCH_LIST};
 // body built for another arch would trap) and raise the kernel's dynamic shared-memory limit (> 48 KB needs
 // the opt-in). Both are per-context state, so a cudaDeviceReset (a new context) re-runs them.
 flashcore_status prepare(const KernelRow& row, int device, int cc, std::string& error) {
-  return api::prepare_kernel(row.kernel, device, row.smem_bytes, "portable (sm80) kernel image",
+  return core::prepare_kernel(row.kernel, device, row.smem_bytes, "portable (sm80) kernel image",
                              [cc](const cudaFuncAttributes& a) {
     if (a.binaryVersion / 10 == cc / 10 && a.binaryVersion <= cc) return std::string();
     return "the loaded portable kernel image is for sm_" + std::to_string(a.binaryVersion) +
@@ -128,12 +131,7 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
                         int cc, cudaStream_t stream, std::string& error) {
   const long long m_blocks = kernels::ceil_div(p.seqlen_q, row.shape.block_m);
-  const long long tiles = m_blocks * p.num_heads_q * p.batch;
-  if (tiles > 0x7fffffffLL) {
-    error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(row.shape.block_m) + ") = " +
-            std::to_string(tiles) + " exceeds the grid limit 2^31-1";
-    return FLASHCORE_ERROR_SIZE_OVERFLOW;
-  }
+  const long long tiles = m_blocks * p.num_heads_q * p.batch;  // at most 2^31-1 (the plan's check)
   FwdParams fp{};
   fp.q = tensor_ref(p.q, p.q_strides);
   fp.k = tensor_ref(p.k, p.k_strides);
@@ -146,15 +144,15 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(tiles);
-  api::tile_order(p, m_blocks, fp.num_slices, fp.section_slices);
+  core::tile_order(p, m_blocks, fp.num_slices, fp.section_slices);
   fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
 
-  api::set_serving_layout(fp, p);  // seqused_k, packed, paged (one batch entry of total rows, or the pages)
+  core::set_serving_layout(fp, p);  // seqused_k, packed, paged (one batch entry of total rows, or the pages)
 
   if (const flashcore_status st = prepare(row, device, cc, error); st != FLASHCORE_SUCCESS) return st;
 
   // New K/V rows go into the cache first, on the same stream.
-  if (const flashcore_status st = api::append_new_kv(p, device, stream, fp, error); st != FLASHCORE_SUCCESS) return st;
+  if (const flashcore_status st = core::append_new_kv(p, device, stream, fp, error); st != FLASHCORE_SUCCESS) return st;
 
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(tiles));
@@ -165,10 +163,71 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   // The launch's own status: unlike cudaGetLastError, it neither reports nor clears an earlier, unrelated error.
   const cudaError_t err = cudaLaunchKernelExC(&config, row.kernel, args);
   if (err != cudaSuccess) {
-    error = api::cuda_message("kernel launch failed", err);
+    error = core::cuda_message("kernel launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
   return FLASHCORE_SUCCESS;
 }
+
+namespace {
+
+// The portable plan (core::BackendOps::plan): the row select() picks for the device; no workspace.
+flashcore_status plan_call(const flashcore_attention_params& p, const core::PlanRequest& /*request*/, core::Plan& plan,
+                           std::string& error) {
+  if (p.precision != FLASHCORE_PRECISION_NATIVE) {
+    error = std::string(p.precision == FLASHCORE_PRECISION_INT8 ? "precision = INT8" : "precision = FP8") +
+            " needs the sm90 backend (Hopper); this device is served by sm80";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const KernelRow* row = select(p.dtype, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(p.head_dim),
+                                p.causal != 0, p.kernel_config, plan.cc, p.seqlen_k, error);
+  if (row == nullptr) {
+    return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  // One CTA per query tile: the grid's x dimension holds at most 2^31-1 of them.
+  const long long tiles = kernels::ceil_div(p.seqlen_q, row->shape.block_m) * p.num_heads_q * p.batch;
+  if (tiles > 0x7fffffffLL) {
+    error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(row->shape.block_m) + ") = " +
+            std::to_string(tiles) + " exceeds the grid limit 2^31-1";
+    return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  plan.row = row;
+  plan.config = row->name;
+  plan.append_kv = p.k_new != nullptr;
+  return FLASHCORE_SUCCESS;
+}
+
+flashcore_status run_call(const core::Plan& plan, const flashcore_attention_params& p, float softmax_scale,
+                          cudaStream_t stream, std::string& error) {
+  return launch(*static_cast<const KernelRow*>(plan.row), p, softmax_scale, plan.device, plan.cc, stream, error);
+}
+
+void archs(std::vector<int>& out) { out.insert(out.end(), std::begin(kArchs), std::end(kArchs)); }
+
+void listed_rows(int cc, std::vector<core::RowInfo>& out) {
+  for (const KernelRow* r : kRows) {
+    if (cc != 0 && !fits(*r, cc)) continue;  // cannot launch there
+    out.push_back({r->name, r->dtype, r->out_dtype, r->head_dim, r->causal, r->is_default, r->smem_bytes});
+  }
+}
+
+const char* default_config(int cc, flashcore_dtype dtype, flashcore_dtype out, int head_dim, bool causal) {
+  std::string ignored;
+  const KernelRow* r = select(dtype, out, head_dim, causal, nullptr, cc, INT64_MAX, ignored);
+  return r != nullptr ? r->name : nullptr;
+}
+
+bool config_available(int cc, flashcore_dtype dtype, flashcore_dtype out, int head_dim, bool causal, const char* name,
+                      bool* needs_workspace) {
+  std::string ignored;
+  if (select(dtype, out, head_dim, causal, name, cc, INT64_MAX, ignored) == nullptr) return false;
+  if (needs_workspace != nullptr) *needs_workspace = false;
+  return true;
+}
+
+}  // namespace
+
+const core::BackendOps kBackend = {"sm80", 80, 89, has_image_for, archs, listed_rows, default_config,
+                                   config_available, plan_call, run_call};
 
 }  // namespace flashcore::sm80

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/plan.h"
 #include "flashcore/flashcore.h"
 #include "kernels/sm80/kernel_row.h"
 
@@ -42,5 +43,8 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
 // Launch `row` on `device` (compute capability `cc`). `p` has passed validation; `softmax_scale` is resolved.
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
                         int cc, cudaStream_t stream, std::string& error);
+
+// The portable backend's plan and run (core/plan.h), for the backend table.
+extern const core::BackendOps kBackend;
 
 }  // namespace flashcore::sm80

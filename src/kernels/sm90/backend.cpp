@@ -1,23 +1,22 @@
-// Host side of the sm90 backend: the generated kernel rows, their selection, the kernel parameters (tensor
-// maps, tile counts) and the launch.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include <cmath>
+// Host side of the sm90 backend: the generated kernel rows, the rules that pick one for a call (decode, varlen,
+// tuning tables, wave quantization), and the backend's plan and run (core/plan.h). The launch itself: launch.cpp;
+// precision = FP8 / INT8: precision.cpp.
 #include <cstdlib>
-#include <numeric>
 #include <cstring>
+#include <numeric>
 #include <string>
+#include <vector>
 
-#include "api/dtype.h"
-#include "api/launch_util.h"
+#include "core/dtype.h"
+#include "core/gqa_pack.h"
+#include "core/launch_util.h"
+#include "core/plan.h"
 #include "kernels/common/tile_math.h"
-#include "kernels/sm90/kernel_params.h"
 #include "kernels/sm90/launch.h"
+#include "kernels/sm90/precision.h"
 #include "kernels/sm90/scheduler_grid.h"
 #include "kernels/sm90/smem_plan.h"
 #include "kernels/sm90/split_plan.h"
-#include "kernels/sm90/tma_desc.h"
 #include "kernels/sm90/v_route.h"
 
 namespace flashcore::sm90 {
@@ -40,17 +39,6 @@ const KernelRow* const kPackedRows[] = {
 #include "kernels/sm90/packed_rows.inc"
 #undef FLASHCORE_SM90_PACKED_ROW
     nullptr};
-
-// Once per (kernel, context): check that the loaded image is the real sm_90a kernel (not a body compiled for
-// another arch, which would trap) and raise its dynamic shared-memory limit. Both are per-context state, so a
-// cudaDeviceReset (a new context) re-runs them. Returns SUCCESS or a message.
-flashcore_status prepare(const KernelRow& row, int device, std::string& error) {
-  return api::prepare_kernel(row.kernel, device, row.smem_bytes, "sm90 kernel image", [](const cudaFuncAttributes& a) {
-    if (a.binaryVersion == 90 && (a.ptxVersion == 0 || a.ptxVersion >= 90)) return std::string();
-    return "the loaded sm90 kernel image is for sm_" + std::to_string(a.binaryVersion) + " (from PTX " +
-           std::to_string(a.ptxVersion) + "), not the sm_90a build: rebuild FlashCore with FLASHCORE_CUDA_ARCHS=90a";
-  }, error);
-}
 
 }  // namespace
 
@@ -114,7 +102,7 @@ SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, in
 
 const KernelRow* decode_row(const flashcore_attention_params& p, int device, uint64_t workspace_capacity) {
   int sms = 0;
-  if (api::sm_count(device, sms) != cudaSuccess) return nullptr;
+  if (core::sm_count(device, sms) != cudaSuccess) return nullptr;
   // One query block of 64 rows per (batch, head) against at least 8 key blocks of 128: the 64-row split tile wastes
   // no rows and split_plan() cuts the keys only as far as the GPU is not yet full (one part when it is).
   // num_splits = 1 asks for no split; packed (varlen) queries have no split form yet.
@@ -163,7 +151,7 @@ const KernelRow* wave_row(const flashcore_attention_params& p, int device, const
     return chosen;
   }
   int sms = 0;
-  if (api::sm_count(device, sms) != cudaSuccess || sms <= 0) return chosen;
+  if (core::sm_count(device, sms) != cudaSuccess || sms <= 0) return chosen;
   // Time ~ rounds of tiles an SM runs x the rows of a tile; a smaller tile's rows cost up to kSmallTileCost times more.
   const auto cost = [&](const KernelRow& r, double row_cost) {
     const int64_t rounds = kernels::ceil_div(query_tiles(r, p), static_cast<int64_t>(sms));
@@ -198,6 +186,7 @@ const KernelRow* wave_row(const flashcore_attention_params& p, int device, const
   return best;
 }
 
+
 bool needs_workspace(const KernelRow& row) {
   return row.shape.schedule == Schedule::kDynamicPersistent || row.shape.schedule == Schedule::kSplitKv ||
          is_8bit(row.dtype);
@@ -214,8 +203,6 @@ size_t fp8_vt_bytes(const flashcore_attention_params& p) {
 }
 
 namespace {
-// An 8-bit call's workspace: 256 bytes kept zero (flashcore.h), then the transposed V.
-constexpr size_t kFp8VtOffset = 256;
 
 // The V route of an 8-bit call (v_route.h): FLASHCORE_FP8_V_TRANSPOSE=kernel or =pass forces one (measurements); a
 // config whose tile cannot transpose in place (tile_shape.h) always takes the pass.
@@ -227,219 +214,220 @@ bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_para
     if (std::strcmp(force, "pass") == 0) return false;
   }
   double dram_gbps = 0;  // unknown: the reference device's limit
-  if (api::dram_peak_gbps(device, dram_gbps) != cudaSuccess) dram_gbps = 0;
+  if (core::dram_peak_gbps(device, dram_gbps) != cudaSuccess) dram_gbps = 0;
   const int64_t tiles = kernels::ceil_div(p.seqlen_q, row.shape.block_m) * (p.num_heads_q / p.num_heads_kv);
   return v_transposed_in_kernel(static_cast<int>(row.head_dim), row.causal, tiles, dram_gbps);
 }
-}  // namespace
 
-namespace {
-// The workspace of a call whose V route (transposes_v_in_kernel) is already decided: launch() decides it once.
-size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int sms, bool v_in_kernel) {
-  if (row.shape.schedule == Schedule::kSplitKv) return plan_for(row, p, sms).bytes;
-  if (is_8bit(row.dtype)) {  // (V given transposed, or transposed in the kernel: only the zero-filled head, the
-                             // dynamic schedule's counter)
+// The workspace of a native call on `row` (core::WorkspaceLayout), its V route decided (`v_in_kernel`): split-KV
+// partials (split_plan.h), an 8-bit call's head and, unless V comes transposed or the kernel transposes it, the
+// transposed V; a dynamic row's tile counter in the head.
+core::WorkspaceLayout row_workspace(const KernelRow& row, const flashcore_attention_params& p, int sms,
+                                   bool v_in_kernel) {
+  core::WorkspaceLayout l;
+  if (row.shape.schedule == Schedule::kSplitKv) {
+    const SplitPlan s = plan_for(row, p, sms);
+    l.o_partial = s.o_offset;
+    l.lse_partial = s.lse_offset;
+    l.bytes = s.bytes;
+  } else if (is_8bit(row.dtype)) {
     const bool vt_in_workspace = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) == 0 && !v_in_kernel;
-    return kFp8VtOffset + (vt_in_workspace ? fp8_vt_bytes(p) : 0);
+    l.vt = vt_in_workspace ? core::WorkspaceLayout::kHead : 0;
+    l.bytes = core::WorkspaceLayout::kHead + (vt_in_workspace ? fp8_vt_bytes(p) : 0);
+  } else if (row.shape.schedule == Schedule::kDynamicPersistent) {
+    l.bytes = 16;  // one int counter, padded
   }
-  return row.shape.schedule == Schedule::kDynamicPersistent ? 16 : 0;  // one int counter, padded
-}
-}  // namespace
-
-size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int device, int sms) {
-  return workspace_bytes(row, p, sms, transposes_v_in_kernel(row, p, device));
+  return l;
 }
 
-flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
-                        cudaStream_t stream, std::string& error, const uint8_t* prepared_vt) {
-  int sms = 0;
-  cudaError_t err = api::sm_count(device, sms);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("cannot query the device", err);
-    return FLASHCORE_ERROR_CUDA;
-  }
-  const bool split = row.shape.schedule == Schedule::kSplitKv;
-  const SplitPlan plan = split ? plan_for(row, p, sms) : SplitPlan{};
-  const bool v_in_kernel = transposes_v_in_kernel(row, p, device);
-  const size_t ws = split ? plan.bytes : workspace_bytes(row, p, sms, v_in_kernel);
-  if (ws > 0 && (p.workspace == nullptr || p.workspace_size < ws)) {
-    error = std::string("kernel config \"") + row.name + "\" needs " + std::to_string(ws) +
-            " bytes of zero-filled workspace (flashcore_attention_workspace_size); workspace_size = " +
-            std::to_string(p.workspace_size);
-    return FLASHCORE_ERROR_INVALID_ARGUMENT;
-  }
-  FwdParams fp{};
-  fp.never_block = -1;
+flashcore_status no_row_status(const flashcore_attention_params& p) {
+  return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+}
+
+// The row a (native or quantized-key) call runs for a workspace of `capacity` bytes: the kernel_config it names;
+// else the split-KV decode row (decode-shaped calls with a workspace), the packed rows (varlen), the tuning tables'
+// choice, the default; then wave_row's smaller-tile or prefill split row.
+const KernelRow* choose_row(const flashcore_attention_params& p, const core::Plan& plan, uint64_t capacity,
+                            const core::TunedChoice tuned, std::string& error) {
+  const bool workspace_given = capacity >= 16;  // the dynamic scheduler's counter
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
-  // Packed tensors are one batch entry of total rows; a paged K/V is num_pages entries of page_size rows, loaded in
-  // slices that divide both the page and the key block.
-  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
-  const bool paged = p.block_table != nullptr;
-  const int64_t q_rows = varlen_q ? p.total_q : p.seqlen_q, q_entries = varlen_q ? 1 : p.batch;
-  const int64_t kv_rows = varlen_k ? p.total_k : (paged ? p.page_size : p.seqlen_k);
-  const int64_t kv_entries = varlen_k ? 1 : (paged ? p.num_pages : p.batch);
-  const int slice_rows = paged ? static_cast<int>(std::gcd<int64_t>(p.page_size, row.shape.block_n)) : 0;
-  if (paged && slice_rows % 16 != 0) {
-    error = "page_size = " + std::to_string(p.page_size) + " and kernel config "" + row.name + "" (key block " +
-            std::to_string(row.shape.block_n) + ") share no 16-row slice";
+  const int hd = static_cast<int>(p.head_dim);
+  const bool causal = p.causal != 0;
+  const KernelRow* row = nullptr;
+  // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
+  // workspace for its partials. Tuning tables time whole-tile configs and come after it.
+  if (p.kernel_config == nullptr && workspace_given) row = decode_row(p, plan.device, capacity);
+  // Packed (varlen) queries: the packed rows of configs.txt (a dynamic persistent row where a workspace is given,
+  // else one CTA per tile, balanced by the hardware across sequence lengths).
+  if (p.kernel_config == nullptr && row == nullptr) row = varlen_row(p, workspace_given);
+  // The tables' choice, when it is compiled or registered; should one be gone, the default runs. An 8-bit call's
+  // entry (the key is the input dtype) serves both O dtypes; a 16-bit call writing O in another dtype has no table.
+  if (row == nullptr && p.kernel_config == nullptr && tuned != nullptr && (out_dtype == p.dtype || is_8bit(p.dtype))) {
+    const char* name = tuned(plan.device, plan.cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
+    if (name != nullptr) row = select(p.dtype, out_dtype, hd, causal, name, p.seqlen_k, error);
+    // Dynamic rows take no paged K/V, and those with two consumer warpgroups no packed one (smem_plan.h): such calls
+    // take the default.
+    const bool packed = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr;
+    if (row != nullptr && ((p.block_table != nullptr && !takes_paged(row->shape)) ||
+                           (packed && !takes_packed(row->shape)))) {
+      row = nullptr;
+    }
+    // A tuned prefill split row only with the workspace its partials need, a tuned 8-bit row only with the workspace
+    // its V route needs (a caller may have sized it for the default row): else the default runs.
+    if (row != nullptr && (splits_last_round(row->shape) || is_8bit(p.dtype)) &&
+        row_workspace(*row, p, plan.sms, transposes_v_in_kernel(*row, p, plan.device)).bytes > capacity) {
+      row = nullptr;
+    }
+  }
+  if (row == nullptr) row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
+  if (p.kernel_config == nullptr) row = wave_row(p, plan.device, row, capacity);
+  return row;
+}
+
+// The sm90 plan (core::BackendOps::plan).
+flashcore_status plan_call(const flashcore_attention_params& call, const core::PlanRequest& request, core::Plan& plan,
+                           std::string& error) {
+  flashcore_attention_params p = call;
+  // A decode call with shared KV heads is packed (core/gqa_pack.h), unless it names a causal kernel config (the
+  // packed call is non-causal, another key).
+  plan.gqa_packed = core::gqa_packable(p) && (p.kernel_config == nullptr || p.causal == 0) && !is_8bit(p.dtype) &&
+                    p.precision == FLASHCORE_PRECISION_NATIVE;
+  if (plan.gqa_packed) p = core::gqa_packed(p);
+  plan.precision = p.precision;
+  // precision = FP8 / INT8: the quantized copies fill the workspace (precision.h), which the 8-bit row reads.
+  core::WorkspaceLayout quantized;
+  if (p.precision != FLASHCORE_PRECISION_NATIVE) {
+    quantized = quantized_layout(p);
+    p = quantized_key(p);
+  }
+  const KernelRow* row = choose_row(p, plan, request.workspace_capacity, request.tuned, error);
+  if (row == nullptr) return no_row_status(call);
+  plan.row = row;
+  plan.config = row->name;
+  if (row->shape.schedule == Schedule::kSplitKv) plan.split = plan_for(*row, p, plan.sms);
+  if (const flashcore_status st = check_row(*row, p, plan, error); st != FLASHCORE_SUCCESS) return st;
+  plan.append_kv = p.k_new != nullptr;
+  plan.combine = row->shape.schedule == Schedule::kSplitKv && plan.split.splits > 1 && !plan.split.fused_merge;
+  if (call.precision == FLASHCORE_PRECISION_NATIVE) {
+    plan.v_in_kernel = transposes_v_in_kernel(*row, p, plan.device);
+    plan.workspace = row_workspace(*row, p, plan.sms, plan.v_in_kernel);
+    plan.v_pass = plan.workspace.vt != 0;
+  } else {
+    plan.workspace = quantized;  // FP8: the quantization writes the transposed V; INT8: V is read as given
+    plan.lse_shift = call.precision == FLASHCORE_PRECISION_INT8 && call.lse != nullptr;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+// The sm90 run (core::BackendOps::run): what the plan says, in stream order.
+flashcore_status run_call(const core::Plan& plan, const flashcore_attention_params& call, float softmax_scale,
+                          cudaStream_t stream, std::string& error) {
+  const flashcore_attention_params p = plan.gqa_packed ? core::gqa_packed(call) : call;
+  char* ws = static_cast<char*>(p.workspace);
+  if (plan.precision == FLASHCORE_PRECISION_NATIVE) {
+    // 8-bit V: given transposed, or transposed into the workspace by the plan's pass.
+    const uint8_t* vt = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0 ? static_cast<const uint8_t*>(p.v)
+                        : plan.v_pass                                 ? reinterpret_cast<uint8_t*>(ws + plan.workspace.vt)
+                                                                      : nullptr;
+    return launch_row(plan, p, softmax_scale, vt, stream, error);
+  }
+  const char* what = plan.precision == FLASHCORE_PRECISION_INT8 ? "precision = INT8" : "precision = FP8";
+  if (p.workspace == nullptr || p.workspace_size < plan.workspace.bytes) {
+    error = std::string(what) + " needs " + std::to_string(plan.workspace.bytes) + " bytes of workspace for " +
+            (plan.precision == FLASHCORE_PRECISION_INT8 ? "the int8 copies of Q and K" : "the e4m3 copies of Q, K and V") +
+            " (flashcore_attention_workspace_size); workspace_size = " + std::to_string(p.workspace_size);
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  if ((paged && !takes_paged(row.shape)) || ((varlen_q || varlen_k) && !takes_packed(row.shape))) {
-    error = std::string("kernel config \"") + row.name + "\" (" +
-            (splits_last_round(row.shape) ? "prefill split-KV" : "dynamic schedule") + ") has no " +
-            (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
-    return FLASHCORE_ERROR_INVALID_ARGUMENT;
-  }
-  // A paged slice's TMA box (tile_shape.h paged_box_rows, the box producer.cuh issues).
-  const int kv_box = paged ? paged_box_rows(kv_box_rows(row.shape), slice_rows) : kv_box_rows(row.shape);
-  // 8-bit: the kernel reads V transposed (kernel_params.h): as stored and transposed by its producer warps
-  // (transpose_v), or from the workspace, written by the transpose kernel below or already by the quantization of a
-  // precision = FP8 call (prepared_vt), or given transposed (FLASHCORE_FLAG_V_TRANSPOSED).
-  const bool eight_bit = is_8bit(row.dtype);
-  const bool transpose_v = prepared_vt == nullptr && v_in_kernel;
-  const int64_t vt_keys = kernels::fp8_vt_padded_keys(p.seqlen_k);
-  uint8_t* vt = eight_bit ? static_cast<uint8_t*>(p.workspace) + kFp8VtOffset : nullptr;
-  if (eight_bit && (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) prepared_vt = static_cast<const uint8_t*>(p.v);
-  if (prepared_vt != nullptr) vt = const_cast<uint8_t*>(prepared_vt);
-  const flashcore_tensor_strides vt_strides{p.num_heads_kv * p.head_dim * vt_keys, vt_keys, p.head_dim * vt_keys, 1};
-  const TensorMapArgs v_map =
-      eight_bit && !transpose_v
-          ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch, vt_strides,
-                          static_cast<int>(p.head_dim), vt_chunk_keys(row.shape, row.head_dim)}
-          : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, p.head_dim, kv_rows, p.num_heads_kv,
-                          kv_entries, p.v_strides, kv_box};  // (int8 Q K^T: V in O's 16-bit dtype)
-  const TensorMapArgs maps[4] = {
-      {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.q_strides, row.shape.block_m},
-      {"k", p.k, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},
-      v_map,
-      {"o", p.o, out_dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.o_strides, 64},
-  };
-  CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
-  // One TMA per Q, K or V tile where its box is the whole tile (tile_shape.h tma_chunked, the producer's rule): Q
-  // always, a dense K/V unless split-KV boxes it in 32-row slices; a paged cache's slices and O's stores keep 4-D maps.
-  const int elem_bytes = static_cast<int>(dtype_size(row.dtype));
-  const int chunks = static_cast<int>(p.head_dim * elem_bytes / 128);
-  const bool kv_chunked = !paged && tma_chunked(elem_bytes, chunks, row.shape.block_n, kv_box);
-  const bool chunked[4] = {tma_chunked(elem_bytes, chunks, row.shape.block_m, row.shape.block_m), kv_chunked,
-                           kv_chunked && !eight_bit, false};
-  for (int i = 0; i < 4; ++i) {
-    TensorMapArgs args = maps[i];
-    args.chunked = chunked[i];
-    const flashcore_status st = encode_tensor_map(targets[i], args, error);
-    if (st != FLASHCORE_SUCCESS) return st;
-  }
-
-  const long long m_blocks = kernels::ceil_div(p.seqlen_q, row.shape.block_m);
-  const long long tiles = m_blocks * p.num_heads_q * p.batch;
-  if (tiles > 0x7fffffffLL - 4096) {
-    error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(row.shape.block_m) + ") = " +
-            std::to_string(tiles) + " exceeds the tile limit 2^31-4097";
-    return FLASHCORE_ERROR_SIZE_OVERFLOW;
-  }
-  fp.lse = p.lse;
-  api::set_serving_layout(fp, p);
-  fp.kv_slice_rows = slice_rows;
-  fp.page_block_slices = paged ? row.shape.block_n / slice_rows : 0;
-  fp.page_chunk_blocks = paged ? kPageChunk / fp.page_block_slices : 0;
-  fp.zero_v_tail = p.seqused_k != nullptr || varlen_k || paged;
-  fp.q_ref = {p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
-  fp.k_ref = {p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
-  fp.v_ref = {p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
-  fp.o = p.o;
-  const int64_t out_bytes = dtype_size(out_dtype);
-  fp.o_stride_batch_bytes = p.o_strides.batch * out_bytes;
-  fp.o_stride_seq_bytes = p.o_strides.seq * out_bytes;
-  fp.o_stride_head_bytes = p.o_strides.head * out_bytes;
-  fp.tile_counter = static_cast<int*>(p.workspace);
-  fp.seqlen_q = p.seqlen_q;
-  fp.seqlen_k = p.seqlen_k;
-  fp.num_heads_q = static_cast<int>(p.num_heads_q);
-  fp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
-  fp.num_m_blocks = static_cast<int>(m_blocks);
-  fp.num_tiles = static_cast<int>(tiles);
-  api::tile_order(p, m_blocks, fp.num_slices, fp.section_slices);
-  fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
-  fp.q_descale = p.q_descale;
-  fp.k_descale = p.k_descale;
-  fp.v_descale = p.v_descale;
-  fp.num_heads_kv = static_cast<int>(p.num_heads_kv);
-
-  if (split) {
-    if (splits_last_round(row.shape) && !plan.last_round) {
-      error = std::string("kernel config \"") + row.name + "\" (prefill split-KV) runs on at most " +
-              std::to_string(kSplitCounterTiles) + " SMs; this device has " + std::to_string(sms);
-      return FLASHCORE_ERROR_INVALID_ARGUMENT;
-    }
-    if (!plan.last_round && tiles * plan.splits > 0x7fffffffLL - 4096) {  // (last_round_plan bounds its own)
-      error = "the split-KV grid (" + std::to_string(tiles) + " tiles x " + std::to_string(plan.splits) +
-              " splits) exceeds the tile limit 2^31-4097";
-      return FLASHCORE_ERROR_SIZE_OVERFLOW;
-    }
-    char* base = static_cast<char*>(p.workspace);
-    fp.o_partial = reinterpret_cast<float*>(base + plan.o_offset);
-    fp.lse_partial = reinterpret_cast<float*>(base + plan.lse_offset);
-    fp.num_splits = plan.splits;
-    fp.blocks_per_split = plan.blocks_per_split;
-    fp.split_whole_tiles = static_cast<int>(plan.whole);  // 0 for the decode rows' equal parts
-    fp.num_tiles = static_cast<int>(plan.last_round ? plan.total : tiles * plan.splits);
-    if (plan.fused_merge) fp.split_counters = reinterpret_cast<uint32_t*>(base + kSplitCounterOffset);
-  }
-  if (const flashcore_status st = prepare(row, device, error); st != FLASHCORE_SUCCESS) return st;
-
-  // New K/V rows go into the cache first, on the same stream.
-  if (const flashcore_status st = api::append_new_kv(p, device, stream, fp, error); st != FLASHCORE_SUCCESS) return st;
-
-  fp.transpose_v = transpose_v;
-  if (eight_bit && prepared_vt == nullptr && !transpose_v) {  // V transposed into the workspace first, same stream
-    kernels::Fp8PrepParams prep = fp8_prep_params(p);
-    prep.vt = vt;
-    err = launch_fp8_transpose_v(prep, stream);
-    if (err != cudaSuccess) {
-      error = api::cuda_message("8-bit V transpose launch failed", err);
+  const flashcore_attention_params q = quantized_call(p, plan.workspace);
+  if (plan.precision == FLASHCORE_PRECISION_FP8) {
+    const kernels::Fp8PrepParams prep = fp8_quantize_params(p, plan.workspace);
+    if (const cudaError_t err = launch_fp8_quantize(prep, p.dtype, stream); err != cudaSuccess) {
+      error = core::cuda_message("FP8 quantization launch failed", err);
       return FLASHCORE_ERROR_CUDA;
     }
+    return launch_row(plan, q, softmax_scale, prep.vt, stream, error);
   }
-
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid_size(row.shape.schedule, fp.num_tiles, sms));  // x splits for kSplitKv
-  config.blockDim = dim3(static_cast<unsigned>(row.threads));
-  config.dynamicSmemBytes = static_cast<size_t>(row.smem_bytes);
-  config.stream = stream;
-  // Programmatic dependent launch: the grid is set up and its CTAs placed while the previous kernel on the stream
-  // finishes; the kernel waits for it before touching memory (kernel.cuh).
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  void* args[] = {&fp};
-  // The launch's own status: unlike cudaGetLastError, it neither reports nor clears an earlier, unrelated error.
-  err = cudaLaunchKernelExC(&config, row.kernel, args);
-  if (err != cudaSuccess) {
-    error = api::cuda_message("kernel launch failed", err);
+  const kernels::Int8PrepParams prep = int8_prep_params(p, plan.workspace, softmax_scale);
+  if (const cudaError_t err = launch_int8_quantize(prep, p.dtype, stream); err != cudaSuccess) {
+    error = core::cuda_message("INT8 quantization launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  // Merge the splits into O (and LSE) on the same stream, unless the tiles' last splits did (or one part wrote O).
-  if (split && plan.splits > 1 && !plan.fused_merge) {
-    kernels::CombineParams c{};
-    c.o_partial = fp.o_partial;
-    c.lse_partial = fp.lse_partial;
-    c.o = p.o;
-    c.o_stride_batch = p.o_strides.batch;
-    c.o_stride_seq = p.o_strides.seq;
-    c.o_stride_head = p.o_strides.head;
-    c.lse = p.lse;
-    c.rows = p.batch * p.num_heads_q * p.seqlen_q;
-    c.seqlen_q = p.seqlen_q;
-    c.heads = static_cast<int>(p.num_heads_q);
-    c.splits = plan.splits;
-    err = launch_combine(c, out_dtype, static_cast<int>(p.head_dim), stream);
-    if (err != cudaSuccess) {
-      error = api::cuda_message("split-KV combine launch failed", err);
+  if (const flashcore_status st = launch_row(plan, q, softmax_scale, nullptr, stream, error); st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  if (plan.lse_shift) {
+    if (const cudaError_t err = launch_int8_lse_shift(prep, plan.sms, stream); err != cudaSuccess) {
+      error = core::cuda_message("INT8 LSE shift launch failed", err);
       return FLASHCORE_ERROR_CUDA;
     }
   }
   return FLASHCORE_SUCCESS;
 }
+
+bool has_image(int cc) { return cc == 90; }
+void archs(std::vector<int>& out) { out.push_back(90); }  // sm_90a
+
+void listed_rows(int /*cc*/, std::vector<core::RowInfo>& out) {
+  auto add = [&](const KernelRow& r, bool variant) {
+    out.push_back({r.name, r.dtype, r.out_dtype, r.head_dim, r.causal, r.is_default, r.smem_bytes, variant});
+  };
+  for (const KernelRow* r : kRows) add(*r, false);
+  for (const KernelRow* r : registered_rows()) add(*r, true);  // then the runtime variants registered so far (variant.h)
+}
+
+const char* default_config(int /*cc*/, flashcore_dtype dtype, flashcore_dtype out, int head_dim, bool causal) {
+  std::string ignored;
+  const KernelRow* r = select(dtype, out, head_dim, causal, nullptr, INT64_MAX, ignored);
+  return r != nullptr ? r->name : nullptr;
+}
+
+bool config_available(int /*cc*/, flashcore_dtype dtype, flashcore_dtype out, int head_dim, bool causal,
+                      const char* name, bool* needs_ws) {
+  std::string ignored;
+  const KernelRow* row = select(dtype, out, head_dim, causal, name, INT64_MAX, ignored);
+  if (row != nullptr && needs_ws != nullptr) *needs_ws = needs_workspace(*row);
+  return row != nullptr;
+}
+
+}  // namespace
+
+flashcore_status check_row(const KernelRow& row, const flashcore_attention_params& p, const core::Plan& plan,
+                           std::string& error) {
+  const bool paged = p.block_table != nullptr;
+  if (paged && std::gcd<int64_t>(p.page_size, row.shape.block_n) % 16 != 0) {
+    error = "page_size = " + std::to_string(p.page_size) + " and kernel config \"" + row.name + "\" (key block " +
+            std::to_string(row.shape.block_n) + ") share no 16-row slice";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if ((paged && !takes_paged(row.shape)) ||
+      ((p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr) && !takes_packed(row.shape))) {
+    error = std::string("kernel config \"") + row.name + "\" (" +
+            (splits_last_round(row.shape) ? "prefill split-KV" : "dynamic schedule") + ") has no " +
+            (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const int64_t tiles = query_tiles(row, p);
+  if (tiles > kMaxTileIndex) {
+    error = "batch * num_heads_q * ceil(seqlen_q / " + std::to_string(row.shape.block_m) + ") = " +
+            std::to_string(tiles) + " exceeds the tile limit 2^31-4097";
+    return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  if (row.shape.schedule == Schedule::kSplitKv) {
+    if (splits_last_round(row.shape) && !plan.split.last_round) {
+      error = std::string("kernel config \"") + row.name + "\" (prefill split-KV) runs on at most " +
+              std::to_string(kSplitCounterTiles) + " SMs; this device has " + std::to_string(plan.sms);
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (!plan.split.last_round && tiles * plan.split.splits > kMaxTileIndex) {  // (last_round_plan bounds its own)
+      error = "the split-KV grid (" + std::to_string(tiles) + " tiles x " + std::to_string(plan.split.splits) +
+              " splits) exceeds the tile limit 2^31-4097";
+      return FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+const core::BackendOps kBackend = {"sm90", 90, 90, has_image, archs, listed_rows, default_config,
+                                   config_available, plan_call, run_call};
 
 }  // namespace flashcore::sm90

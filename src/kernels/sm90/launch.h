@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/plan.h"
 #include "flashcore/flashcore.h"
 #include "kernels/common/append_params.h"
 #include "kernels/common/combine_params.h"
@@ -87,8 +88,14 @@ const KernelRow* wave_row(const flashcore_attention_params& p, int device, const
 // Whether the row needs a workspace at all (the dynamic scheduler's counter, split-KV partials).
 bool needs_workspace(const KernelRow& row);
 
-// Device workspace the row needs for these params on `device` (with `sms` SMs), in bytes (0 for most rows).
-size_t workspace_bytes(const KernelRow& row, const flashcore_attention_params& p, int device, int sms);
+// The checks the row's launch shape puts on a call (shape only: no pointer is read): a paged cache's slices, the
+// serving layouts the row has a path for, the tile index space (scheduler_grid.h kMaxTileIndex) and, for a split
+// row, the plan's split (plan.split, plan.sms). SUCCESS, or the status and a message naming the config.
+flashcore_status check_row(const KernelRow& row, const flashcore_attention_params& p, const core::Plan& plan,
+                           std::string& error);
+
+// The sm90 backend's plan and run (core/plan.h), for the backend table.
+extern const core::BackendOps kBackend;
 
 // The split-KV combine kernel (kernels/common/combine.cuh) for O of `out_dtype` and `head_dim`.
 cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_dtype, int head_dim,
@@ -110,10 +117,11 @@ kernels::Fp8PrepParams fp8_prep_params(const flashcore_attention_params& p);
 // Bytes an 8-bit call's workspace holds past its first 256 (zero-filled) bytes: the transposed V.
 size_t fp8_vt_bytes(const flashcore_attention_params& p);
 
-// Encode the tensor maps and launch `row` on `device`. `p` has passed validation; `softmax_scale` is resolved.
-// An 8-bit row reads V transposed from the workspace (fp8_vt_bytes past its first 256 bytes), written first by a
-// transpose kernel -- or, when prepared_vt is given, already there (the quantization of a precision = FP8 call).
-flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,
-                        cudaStream_t stream, std::string& error, const uint8_t* prepared_vt = nullptr);
+// Launch the plan's row for `p` (the call the row runs: GQA-packed, or the quantized call of precision = FP8 / INT8):
+// its tensor maps and parameters, the launches the plan puts before it (KV append, the V transpose into the workspace)
+// and after it (combine). `vt`: an 8-bit row's transposed V (the workspace's, or V given transposed), unless the
+// kernel transposes V itself (plan.v_in_kernel). launch.cpp.
+flashcore_status launch_row(const core::Plan& plan, const flashcore_attention_params& p, float softmax_scale,
+                            const uint8_t* vt, cudaStream_t stream, std::string& error);
 
 }  // namespace flashcore::sm90

@@ -6,26 +6,23 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/plan.h"
 #include "kernels/common/tile_math.h"
+#include "kernels/sm90/scheduler_grid.h"
 
 namespace flashcore::sm90 {
 
-struct SplitPlan {
-  int splits = 1;  // parts per tile (the decode rows' equal parts) or per remaining tile (last_round_plan)
-  int blocks_per_split = 1;
-  // The prefill rows' last-round split (last_round_plan): whole tiles, then each remaining tile in `splits` equal
-  // parts of blocks_per_split key blocks; the tile index space is total = whole + (tiles - whole) x splits.
-  bool last_round = false;
-  int64_t whole = 0, total = 0;
-  size_t o_offset = 0, lse_offset = 0, bytes = 0;  // workspace layout: [256-byte header][O partials][LSE partials]
-  bool fused_merge = false;  // the tiles' last splits merge them (split counters in the header), no combine kernel
+// The split (core::SplitKv) and where its partials go: [the 256-byte zero-filled head][O partials][LSE partials]
+// (core::WorkspaceLayout; the sm90 plan copies these offsets into the call's layout).
+struct SplitPlan : core::SplitKv {
+  size_t o_offset = 0, lse_offset = 0, bytes = 0;
 };
 
 // The split counters: one byte per tile in the workspace's zero-filled header (flashcore.h: its first 256 bytes stay
 // zero after every call), after the dynamic scheduler's 16 bytes. A count reaches the number of splits, so at most
 // 255 of them; a plan with more tiles or splits merges with the combine kernel after the grid.
-inline constexpr size_t kSplitCounterOffset = 16;
-inline constexpr int64_t kSplitCounterTiles = 256 - kSplitCounterOffset;
+inline constexpr size_t kSplitCounterOffset = core::WorkspaceLayout::kSplitCounters;
+inline constexpr int64_t kSplitCounterTiles = core::WorkspaceLayout::kHead - kSplitCounterOffset;
 inline constexpr int kSplitCounterMaxSplits = 255;
 
 // tiles: query tiles without splitting (batch * heads * m_blocks); key_blocks: key blocks of the longest range.
@@ -60,9 +57,9 @@ inline SplitPlan split_plan(int64_t tiles, int64_t key_blocks, int sms, int64_t 
   plan.fused_merge = plan.splits > 1 && tiles <= kSplitCounterTiles && plan.splits <= kSplitCounterMaxSplits;
   const size_t rows =
       static_cast<size_t>(batch_heads) * static_cast<size_t>(plan.splits) * static_cast<size_t>(seqlen_q);
-  plan.o_offset = 256;  // the first 16 bytes are the dynamic scheduler's counter in every layout; keep 256 aligned
-  plan.lse_offset = plan.o_offset + ((rows * static_cast<size_t>(head_dim) * sizeof(float) + 255) & ~size_t{255});
-  plan.bytes = plan.lse_offset + ((rows * sizeof(float) + 255) & ~size_t{255});
+  plan.o_offset = core::WorkspaceLayout::kHead;
+  plan.lse_offset = plan.o_offset + core::align256(rows * static_cast<size_t>(head_dim) * sizeof(float));
+  plan.bytes = plan.lse_offset + core::align256(rows * sizeof(float));
   return plan;
 }
 
@@ -78,7 +75,7 @@ inline SplitPlan last_round_plan(int64_t tiles, int64_t key_blocks, int sms, int
   SplitPlan plan;
   tiles = std::max<int64_t>(tiles, 1);
   key_blocks = std::max<int64_t>(key_blocks, 1);
-  if (sms <= 0 || sms > kSplitCounterTiles || tiles > int64_t{0x7fffffff} - 4096) return plan;
+  if (sms <= 0 || sms > kSplitCounterTiles || tiles > kMaxTileIndex) return plan;
   const int64_t rest = tiles % sms;
   const int64_t most = rest == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(key_blocks, sms / rest));
   const int64_t per_part = kernels::ceil_div(key_blocks, most);
@@ -90,9 +87,9 @@ inline SplitPlan last_round_plan(int64_t tiles, int64_t key_blocks, int sms, int
   plan.total = plan.whole + rest * parts;
   plan.fused_merge = parts > 1;
   const size_t rows = static_cast<size_t>(rest * parts) * static_cast<size_t>(block_m);
-  plan.o_offset = 256;
-  plan.lse_offset = plan.o_offset + ((rows * static_cast<size_t>(head_dim) * sizeof(float) + 255) & ~size_t{255});
-  plan.bytes = plan.lse_offset + ((rows * sizeof(float) + 255) & ~size_t{255});
+  plan.o_offset = core::WorkspaceLayout::kHead;
+  plan.lse_offset = plan.o_offset + core::align256(rows * static_cast<size_t>(head_dim) * sizeof(float));
+  plan.bytes = plan.lse_offset + core::align256(rows * sizeof(float));
   return plan;
 }
 

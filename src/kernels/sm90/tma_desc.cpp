@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "api/dtype.h"
+#include "core/dtype.h"
 
 namespace flashcore::sm90 {
 namespace {

@@ -16,7 +16,7 @@
 namespace flashcore::sm90 {
 
 inline constexpr double kVRouteReferenceTiles = 16;       // the H100's crossover, head dims >= 128
-// H100 SXM (2 x 2619 MHz x 5120 bits, as api::dram_peak_gbps_of computes it): 3352 GB/s.
+// H100 SXM (2 x 2619 MHz x 5120 bits, as core::dram_peak_gbps_of computes it): 3352 GB/s.
 inline constexpr double kVRouteReferenceDramGbps = 2.0 * 2619 * (5120 / 8) / 1000;
 
 // The most query tiles per KV head (a causal tile counting half) for which the kernel's route is taken at head dims

@@ -8,7 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "api/launch_util.h"
+#include "core/launch_util.h"
 #include "kernels/sm90/kernel_params.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/variant.h"
@@ -53,7 +53,7 @@ flashcore_status check_image(const void* kernel, const VariantSpec& spec, int th
   if (err == cudaSuccess) err = cudaFuncGetName(&mangled, kernel);
   if (err == cudaSuccess) err = cudaFuncGetParamInfo(kernel, 0, &offset, &param_bytes);
   if (err != cudaSuccess) {
-    return fail(error, api::cuda_message("cannot inspect the variant's kernel", err), FLASHCORE_ERROR_CUDA);
+    return fail(error, core::cuda_message("cannot inspect the variant's kernel", err), FLASHCORE_ERROR_CUDA);
   }
   if (a.binaryVersion != 90) {
     return fail(error, "the variant's image is for sm_" + std::to_string(a.binaryVersion) + ", not sm_90a",
@@ -109,7 +109,7 @@ flashcore_status register_row(const VariantSpec& spec, const std::string& cubin_
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     const bool no_device = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver;
-    return fail(error, api::cuda_message(("cannot load " + path).c_str(), err),
+    return fail(error, core::cuda_message(("cannot load " + path).c_str(), err),
                 no_device ? FLASHCORE_ERROR_NO_DEVICE : FLASHCORE_ERROR_CUDA);
   }
   const Footprint fp = footprint(spec);
@@ -119,7 +119,7 @@ flashcore_status register_row(const VariantSpec& spec, const std::string& cubin_
   if (err == cudaSuccess && count == 1) err = cudaLibraryEnumerateKernels(&kernel, 1, v->library);
   flashcore_status st = FLASHCORE_SUCCESS;
   if (err != cudaSuccess) {
-    st = fail(error, api::cuda_message("cannot list the variant's kernels", err), FLASHCORE_ERROR_CUDA);
+    st = fail(error, core::cuda_message("cannot list the variant's kernels", err), FLASHCORE_ERROR_CUDA);
   } else if (count != 1) {
     st = fail(error, path + " holds " + std::to_string(count) + " kernels, not one", FLASHCORE_ERROR_INVALID_ARGUMENT);
   } else {

@@ -10,7 +10,7 @@
 #include "flashcore/flashcore.h"
 #include "kernels/common/serving_layout.h"
 
-namespace flashcore::api {
+namespace flashcore::core {
 
 // "<what>: <cudaErrorName>: <description>".
 std::string cuda_message(const char* what, cudaError_t err);
@@ -47,4 +47,4 @@ void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_par
 flashcore_status append_new_kv(const flashcore_attention_params& p, int device, cudaStream_t stream,
                                kernels::ServingLayout& s, std::string& error);
 
-}  // namespace flashcore::api
+}  // namespace flashcore::core

@@ -10,7 +10,7 @@
 #pragma once
 #include "flashcore/flashcore.h"
 
-namespace flashcore::api {
+namespace flashcore::core {
 
 // True when `p` is a decode call that packing helps.
 inline bool gqa_packable(const flashcore_attention_params& p) {
@@ -32,4 +32,4 @@ inline flashcore_attention_params gqa_packed(const flashcore_attention_params& p
   return q;
 }
 
-}  // namespace flashcore::api
+}  // namespace flashcore::core

@@ -1,5 +1,5 @@
 // Implementation of launch_util.h.
-#include "api/launch_util.h"
+#include "core/launch_util.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <utility>
 
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "kernels/common/append_params.h"
 #include "kernels/common/tile_math.h"
 
-namespace flashcore::api {
+namespace flashcore::core {
 namespace {
 
 // Identity of the current CUDA context (changes after cudaDeviceReset), through the driver's cuCtxGetId.
@@ -167,4 +167,4 @@ flashcore_status append_new_kv(const flashcore_attention_params& p, int device, 
   return FLASHCORE_SUCCESS;
 }
 
-}  // namespace flashcore::api
+}  // namespace flashcore::core

@@ -1,0 +1,15 @@
+# The layering rule (docs/design.md): src/core/ sits below src/api/ and src/kernels/, so no file under src/kernels or
+# src/core includes an api/ header. Run by CTest: cmake -DROOT=<source dir> -P tests/layering.cmake
+file(GLOB_RECURSE _files ${ROOT}/src/kernels/* ${ROOT}/src/core/*)
+set(_bad "")
+foreach(_f IN LISTS _files)
+  file(STRINGS ${_f} _lines REGEX "#include \"api/")
+  foreach(_l IN LISTS _lines)
+    file(RELATIVE_PATH _rel ${ROOT} ${_f})
+    string(APPEND _bad "  ${_rel}: ${_l}\n")
+  endforeach()
+endforeach()
+if(_bad)
+  message(FATAL_ERROR "files under src/kernels or src/core include api/ headers (move the helper to src/core/):\n${_bad}")
+endif()
+message(STATUS "layering: no file under src/kernels or src/core includes an api/ header")
