@@ -3,6 +3,8 @@
 // here, so nothing thrown reaches the C ABI.
 #include "api/tuning.h"
 
+#include "api/build_id.h"
+
 #include <cuda_runtime_api.h>
 #include <sys/stat.h>
 
@@ -23,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/backend.h"
-#include "api/dtype.h"
+#include "core/dtype.h"
 #include "kernels/sm90/variant.h"
 
 namespace flashcore::tuning {
@@ -239,6 +241,7 @@ bool parse_table(const std::string& text, Table& out, std::string& error) {
     d.integer("driver_version", 1, INT32_MAX, t.device.driver_version);
   }
   r.string("library_version", t.library_version);
+  r.string("kernels_hash", t.kernels_hash, /*optional=*/true, /*allow_empty=*/true);
   r.unsigned64("seed", t.seed);
   r.string("created", t.created, /*optional=*/false, /*allow_empty=*/true);
   const Json* entries = r.field("entries");
@@ -297,6 +300,13 @@ std::string mismatch(const Table& t, const DeviceKey& device, bool check_driver)
   if (t.library_version != flashcore_version_string()) {
     return "it was made by FlashCore " + t.library_version + ", this is " + flashcore_version_string() +
            " (re-run flashcore tune)";
+  }
+  // A user table must come from this build's kernels; a built-in one is part of the sources (the configure step
+  // checks that every config it names is compiled: src/kernels/sm90/sources.cmake).
+  if (check_driver && t.kernels_hash != kernels_hash()) {
+    return "it was made for the kernels of another build (kernels_hash " +
+           (t.kernels_hash.empty() ? std::string("absent") : "\"" + t.kernels_hash + "\"") + ", this library's is \"" +
+           kernels_hash() + "\"; re-run flashcore tune)";
   }
   if (check_driver && t.device.driver_version / 1000 != device.driver_version / 1000) {
     return "it was made under CUDA driver " + std::to_string(t.device.driver_version) + ", this one is " +
@@ -428,6 +438,8 @@ const LoadedTable& table_for(int device, int cc) {
 
 }  // namespace
 
+const char* kernels_hash() { return FLASHCORE_KERNELS_HASH; }
+
 std::string to_json(const Table& table) {
   OrderedJson j;
   j["format"] = kFormat;
@@ -437,6 +449,7 @@ std::string to_json(const Table& table) {
                  {"cc", table.device.cc},
                  {"driver_version", table.device.driver_version}};
   j["library_version"] = table.library_version;
+  j["kernels_hash"] = table.kernels_hash;
   j["seed"] = table.seed;
   j["created"] = table.created;
   OrderedJson entries = OrderedJson::array();

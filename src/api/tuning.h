@@ -57,10 +57,16 @@ struct Table {
   int format_version = 1;
   DeviceKey device;
   std::string library_version;  // flashcore_version_string() of the library that made it
+  std::string kernels_hash;     // kernels_hash() of the library that made it ("" in tables from before 0.3.0's)
   uint64_t seed = 0;
   std::string created;          // ISO 8601 UTC
   std::vector<Entry> entries;
 };
+
+// A hash of the kernel sources and build flags this library was compiled from (16 hex digits; src/CMakeLists.txt,
+// generated api/build_id.h). A table made by another build is stale for a user table even at the same version: the
+// kernels it timed may have changed (the version string stayed 0.3.0 over some 40 kernel changes).
+const char* kernels_hash();
 
 // JSON text <-> Table. from_json rejects (false + error) anything that is not a well-formed table of this format.
 std::string to_json(const Table& table);
@@ -140,7 +146,7 @@ struct LoadedTable {
 // missing or whose sm90::file_hash differs from the recorded one, or that `available` rejects, is dropped with
 // a warning naming the config and why (identical warnings once); an entry left with no candidate is dropped.
 // `table_dir` resolves relative cubin paths. `check_driver` = false for the built-in tables, which are made for a
-// GPU kind and hold under any driver.
+// GPU kind and hold under any driver and kernels hash (a user table must match both).
 bool load_for(const DeviceKey& device, const std::string& text, const std::string& origin,
               const std::string& table_dir, const Availability& available, LoadedTable& out, bool check_driver = true);
 

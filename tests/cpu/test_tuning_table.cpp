@@ -113,6 +113,7 @@ Table table_of(std::vector<Entry> entries, const DeviceKey& device = h100()) {
   Table t;
   t.device = device;
   t.library_version = flashcore_version_string();
+  t.kernels_hash = flashcore::tuning::kernels_hash();
   t.seed = 7;
   t.created = "2025-06-01T12:00:00Z";
   t.entries = std::move(entries);
@@ -239,7 +240,7 @@ TEST(TuningJson, EightBitEntriesRoundTrip) {
 std::string example_text() {
   std::string text = R"({"format": "flashcore-tuning", "format_version": 1,
     "device": {"gpu_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "cc": 90, "driver_version": 12080},
-    "library_version": "@VERSION@", "seed": 7, "created": "2025-06-01T12:00:00Z",
+    "library_version": "@VERSION@", "kernels_hash": "@KERNELS@", "seed": 7, "created": "2025-06-01T12:00:00Z",
     "entries": [{"dtype": "bf16", "head_dim": 128, "causal": false, "seqlen_q": 4096, "seqlen_k": 4096,
                  "config": "128x176x2-static", "speedup": 1.08,
                  "elites": [{"config": "128x176x2-static", "ms": 1.21}, {"config": "128x128x2-pp-static", "ms": 1.3}]},
@@ -247,6 +248,7 @@ std::string example_text() {
                  "config": "128x128x2-pp-dynamic", "speedup": 1.02,
                  "elites": [{"config": "128x128x2-pp-dynamic", "ms": 0.5}]}]})";
   text.replace(text.find("@VERSION@"), 9, flashcore_version_string());
+  text.replace(text.find("@KERNELS@"), 9, flashcore::tuning::kernels_hash());
   return text;
 }
 
@@ -548,6 +550,22 @@ TEST(TuningLoad, TableForAnotherDeviceOrLibraryIsIgnored) {
     EXPECT_EQ(out.entries.size(), 1u) << c.what;
   }
   EXPECT_TRUE(dev.asked.empty()) << "an ignored table's candidates are not checked";
+
+  // The same version from another build's kernels (or from before kernel hashes) is stale for a user table, not for
+  // a built-in one.
+  for (const char* other : {"0123456789abcdef", ""}) {
+    Table t = table_of({entry(4096, 4096, {cand("128x176x2-static", 1.0)})});
+    t.kernels_hash = other;
+    LoadedTable out;
+    EXPECT_FALSE(load_for(h100(), to_json(t), "/t/x.json", "/t", dev.check(), out)) << other;
+    ASSERT_EQ(out.warnings.size(), 1u);
+    EXPECT_TRUE(has(out.warnings[0], "made for the kernels of another build")) << out.warnings[0];
+    EXPECT_TRUE(has(out.warnings[0], std::string("this library's is \"") + flashcore::tuning::kernels_hash()))
+        << out.warnings[0];
+    LoadedTable builtin;
+    EXPECT_TRUE(load_for(h100(), to_json(t), "builtin", "", dev.check(), builtin, /*check_driver=*/false))
+        << joined(builtin.warnings);
+  }
 
   Table t = table_of({entry(4096, 4096, {cand("128x176x2-static", 1.0)})}, same_driver);
   LoadedTable out;

@@ -86,7 +86,7 @@ const char* cli_dtype_name(flashcore_dtype dtype);
 std::vector<bool> parse_causal(const std::string& text);
 // "bshd" -> false, "bhsd" -> true.
 bool parse_layout_bhsd(const std::string& text);
-using flashcore::dtype_name;  // src/api/dtype.h
+using flashcore::dtype_name;  // src/core/dtype.h
 
 // The problem flags shared by bench, check and tune: --dtype, --causal, --layout; with allow_8bit (bench, check)
 // also --dtype e4m3, --precision and --out-dtype.

@@ -588,6 +588,7 @@ tuning::Table make_table(const std::vector<KeyState>& keys, const tuning::Device
   tuning::Table t;
   t.device = dk;
   t.library_version = flashcore_version_string();
+  t.kernels_hash = flashcore::tuning::kernels_hash();
   t.seed = o.seed;
   t.created = iso_now();
   for (const KeyState& ks : keys) {
