@@ -2,10 +2,13 @@
 # FlashCore's test command (what CI runs): dependencies, configure, build everything, CTest (cpu + gpu
 # labels; GPU tests skip visibly without an sm_90 GPU), the SASS check, the Python tests. Exits non-zero on
 # any failure and prints a summary.
+# The dependencies include the Python tests' torch, numpy and transformers (installed when missing; see
+# tools/setup_deps.sh; FLASHCORE_NO_TORCH=1 skips them, and the tests that need them skip).
 #
 # Usage: bash tools/run_tests.sh
 # Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS (extra configure arguments, e.g.
-#   "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=bf16"), FLASHCORE_JOBS (default: the core count, nproc), CI=true (-Werror).
+#   "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=bf16"), FLASHCORE_JOBS (default: the core count, nproc), CI=true (-Werror),
+#   FLASHCORE_NO_TORCH=1 (install no torch/numpy/transformers for the Python tests).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${FLASHCORE_BUILD_DIR:-build}"
@@ -33,7 +36,7 @@ summary() {
 section() { echo; echo "==> $*"; }
 
 section "dependencies"
-bash tools/setup_deps.sh "$BUILD_DIR"
+bash tools/setup_deps.sh --python-tests "$BUILD_DIR"
 rc=$?
 record "dependencies" $rc
 if [[ $rc -ne 0 ]]; then summary; exit 1; fi
