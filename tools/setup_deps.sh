@@ -132,8 +132,8 @@ pip_ready() {
 # site-packages is not writable. On failure prints pip's error lines and returns 1.
 PIP_LOG="$TOOLS_DIR/pip.log"
 pip_install() {
-  local extra=() attempt
-  for attempt in 1 2 3; do
+  local extra=()
+  for _ in 1 2 3; do  # at most: plain, then with one or both of the two options
     if python3 -m pip install --quiet --progress-bar off "${PIP_NET_OPTS[@]}" ${extra[@]+"${extra[@]}"} "$@" \
          >"$PIP_LOG" 2>&1; then
       return 0
