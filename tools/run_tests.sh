@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # FlashCore's test command (what CI runs): dependencies, configure, build everything, CTest (cpu + gpu
 # labels; GPU tests skip visibly without an sm_90 GPU), the SASS check, the Python tests. Exits non-zero on
-# any failure and prints a summary.
+# any failure and prints a summary, which lists ctest's and pytest's skips grouped by reason.
+# The dependencies include the Python tests' torch, numpy and transformers (installed when missing; see
+# tools/setup_deps.sh; FLASHCORE_NO_TORCH=1 skips them, and the tests that need them skip).
 #
 # Usage: bash tools/run_tests.sh
 # Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS (extra configure arguments, e.g.
-#   "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=bf16"), FLASHCORE_JOBS (default: the core count, nproc), CI=true (-Werror).
+#   "-DFLASHCORE_HEAD_DIMS=128 -DFLASHCORE_DTYPES=bf16"), FLASHCORE_JOBS (default: the core count, nproc), CI=true (-Werror),
+#   FLASHCORE_NO_TORCH=1 (install no torch/numpy/transformers for the Python tests).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${FLASHCORE_BUILD_DIR:-build}"
@@ -27,13 +30,17 @@ summary() {
     echo "  skipped tests and why:"
     echo "$SKIPS" | sed 's/^/    /'
   fi
+  if [[ -n "${PYTEST_SKIPS:-}" ]]; then
+    echo "  skipped Python tests (pytest: ${PYTEST_COUNTS:-?}) and why:"
+    echo "$PYTEST_SKIPS" | sed 's/^/    /'
+  fi
   if [[ $FAILED -eq 0 ]]; then echo "  RESULT: PASS"; else echo "  RESULT: FAIL"; fi
   echo "================================================================"
 }
 section() { echo; echo "==> $*"; }
 
 section "dependencies"
-bash tools/setup_deps.sh "$BUILD_DIR"
+bash tools/setup_deps.sh --python-tests "$BUILD_DIR"
 rc=$?
 record "dependencies" $rc
 if [[ $rc -ne 0 ]]; then summary; exit 1; fi
@@ -98,8 +105,45 @@ fi
 
 if [[ -d python/tests ]] && compgen -G "python/tests/test_*.py" >/dev/null; then
   section "python tests"
-  python3 -m pytest python/tests -q -rs
-  record "pytest" $?
+  # The library this run built, unless the caller chose one (the package itself only looks in <repo>/build).
+  if [[ -z "${FLASHCORE_LIBRARY:-}" && -f "$BUILD_DIR/lib/libflashcore.so" ]]; then
+    FLASHCORE_LIBRARY="$(cd "$BUILD_DIR/lib" && pwd)/libflashcore.so"
+    export FLASHCORE_LIBRARY
+  fi
+  python3 -m pytest python/tests -q -rs 2>&1 | tee "$BUILD_DIR/pytest.log"
+  record "pytest" "${PIPESTATUS[0]}"
+  PYTEST_COUNTS="$(grep -E '^(no tests ran|[0-9]+ [a-z]+).* in [0-9.]+s' "$BUILD_DIR/pytest.log" | tail -1 |
+                   sed -E 's/ in [0-9.]+s.*//')"
+  # pytest -rs prints "SKIPPED [count] file:line: reason" (a reason may go on over more lines): list them, grouped
+  # by reason, as the ctest skips above.
+  PYTEST_SKIPS="$(awk '
+    /^=+ short test summary info =+$/ { in_summary = 1; next }
+    !in_summary { next }
+    /^SKIPPED \[[0-9]+\] / {
+      n_this = substr($2, 2, length($2) - 2) + 0
+      rest = substr($0, index($0, "] ") + 2)
+      split_at = index(rest, ": ")
+      where = split_at ? substr(rest, 1, split_at - 1) : "?"
+      key = split_at ? substr(rest, split_at + 2) : rest
+      sub(/^python\/tests\//, "", where)
+      last = key
+      if (!(key in count)) order[n++] = key
+      count[key] += n_this
+      if (!((key, where) in seen)) {
+        seen[key, where] = 1
+        if (++places[key] <= 3) names[key] = names[key] (places[key] > 1 ? ", " : "") where
+      }
+      next
+    }
+    /^(FAILED|ERROR|XFAIL|XPASS|PASSED|=)/ || /^(no tests ran|[0-9]+ [a-z]+).* in [0-9.]+s/ { last = ""; next }
+    last != "" { more[last] = 1 }  # a reason over several lines: its first line stands for it, marked "..."
+    END {
+      for (i = 0; i < n; i++) {
+        k = order[i]
+        printf "%d test(s): %s%s\n      e.g. %s%s\n", count[k], k, (k in more ? " ..." : ""), names[k], (places[k] > 3 ? ", ..." : "")
+      }
+    }
+  ' "$BUILD_DIR/pytest.log")"
 else
   record "pytest (no python tests)" 0
 fi

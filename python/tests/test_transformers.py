@@ -349,6 +349,102 @@ def test_cpu_emulated_uncompiled_head_dim_same_in_eager_and_compiled(emulated_ad
     assert count_calls == []
 
 
+# The first flashcore call of a fresh process, made under torch.compile: nothing is cached yet, the library is not
+# loaded. Run in a subprocess, since the point is the process state (the head-dims cache, the loaded library, dynamo's
+# caches); the library is the host-only stub (head dims 64, 128, 256) through $FLASHCORE_LIBRARY, the kernel emulated.
+_FIRST_CALL_COMPILED = r"""
+import sys
+import pytest
+import torch
+from flashcore import _lib
+import flashcore.integrations.transformers as fc_hf
+from reference import emulate_on_cpu, reference
+
+mode = sys.argv[1]  # fallback, strict, or missing (no library: the op's loader error, in both modes)
+strict = mode == "strict"
+mp = pytest.MonkeyPatch()
+if mode == "missing":
+    mp.setattr(fc_hf._ops, "_check_device", lambda q, k, v: None)  # the real library check, which fails
+else:
+    emulate_on_cpu(mp)
+mp.setattr(fc_hf, "_is_cuda", lambda t: True)
+calls = []
+real_attention = fc_hf._ops.attention
+mp.setattr(fc_hf._ops, "attention", lambda *a, **k: calls.append(a[0].shape) or real_attention(*a, **k))
+assert _lib._library is None and fc_hf._head_dims_cache == (None, None), "not the process's first flashcore call"
+
+torch.manual_seed(0)
+q = torch.randn(1, 4, 12, 96, dtype=torch.bfloat16)
+k, v = (torch.randn(1, 2, 12, 96, dtype=torch.bfloat16) for _ in range(2))
+module = torch.nn.Module()
+module.is_causal = True
+module.num_key_value_groups = 2
+fn = fc_hf.strict_attention_forward if strict else fc_hf.attention_forward
+
+def run(q, k, v):
+    return fn(module, q, k, v, None)[0]
+
+compiled = torch.compile(run, backend="eager")
+if mode == "missing":
+    for name, call in (("compiled", compiled), ("eager", run)):
+        try:
+            call(q, k, v)
+        except RuntimeError as exc:
+            assert type(exc) is RuntimeError and "could not be loaded" in str(exc), f"{name}: {exc!r}"
+        else:
+            raise AssertionError(f"{name}: no error without a library")
+    print("FIRST-CALL-OK")
+    sys.exit(0)
+if strict:
+    for name, call in (("compiled", compiled), ("eager", run)):
+        try:
+            call(q, k, v)
+        except Exception as exc:  # dynamo may wrap what it re-raises
+            assert "unsupported call: head_dim 96" in str(exc), f"{name}: {type(exc).__name__}: {exc}"
+        else:
+            raise AssertionError(f"{name}: no error for head_dim 96 in strict mode")
+else:
+    got = compiled(q, k, v)  # the first call: must fall back to SDPA, as eager does
+    eager = run(q, k, v)
+    torch.testing.assert_close(got, eager)
+    want, _ = reference(*(t.transpose(1, 2) for t in (q, k, v)), causal=True)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+assert calls == [], f"flashcore was called: {calls}"
+assert fc_hf._head_dims_cache[1] == (64, 128, 256), fc_hf._head_dims_cache
+print("FIRST-CALL-OK")
+"""
+
+
+def _run_first_call_compiled(mode, library):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    env = dict(os.environ, FLASHCORE_LIBRARY=library)
+    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent), str(tests), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL_COMPILED, mode],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0 and "FIRST-CALL-OK" in result.stdout, (
+        f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+    )
+
+
+@pytest.mark.parametrize("mode", ["fallback", "strict"])
+def test_first_call_compiled_uncompiled_head_dim_matches_eager(stub_library, mode):
+    """A process whose first flashcore call happens under torch.compile, with head_dim 96 (not compiled), takes
+    the eager decision: SDPA fallback (or, strict, the adapter's ValueError), never a flashcore call that fails."""
+    _run_first_call_compiled(mode, stub_library)
+
+
+def test_first_call_compiled_without_library_raises_as_eager(tmp_path):
+    """No library: the first call, compiled or eager, raises the loader's RuntimeError (no silent fallback)."""
+    _run_first_call_compiled("missing", str(tmp_path / "libflashcore.so"))
+
+
 def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     """While compiling, the head dims come from the cache filled by an eager call (no library call in the graph)."""
 

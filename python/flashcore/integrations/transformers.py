@@ -197,17 +197,37 @@ def _is_cuda(t: torch.Tensor) -> bool:
 _head_dims_cache = (None, None)
 
 
-def _compiled_head_dims():
-    """The library's compiled head dims. Eager: loads the library (RuntimeError when missing: no silent fallback)
-    and caches the answer. While compiling: the cached answer, or None when nothing was cached yet (the op itself
-    then checks at run time, as it does in eager mode)."""
+def _load_head_dims():
+    """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims."""
     global _head_dims_cache
-    if torch.compiler.is_compiling():
-        return _head_dims_cache[1]
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         _head_dims_cache = (lib, tuple(lib.compiled()[1]))
     return _head_dims_cache[1]
+
+
+@torch.compiler.assume_constant_result
+def _head_dims_outside_graph():
+    """While compiling: dynamo runs this as plain Python at trace time and bakes its result into the graph as a
+    constant (the library is never called from the graph). The cached answer, else the library is loaded now, as
+    an eager call would: the first flashcore call of a process may well be a compiled one. A library that cannot be
+    loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does."""
+    cached = _head_dims_cache[1]
+    if cached is not None:
+        return cached
+    try:
+        return _load_head_dims()
+    except RuntimeError:
+        return None
+
+
+def _compiled_head_dims():
+    """The library's compiled head dims, the same answer in eager and compiled calls. Eager: loads the library
+    (RuntimeError when missing) and caches the answer. While compiling: the cached answer, or, when nothing was
+    cached yet, the library's, read at trace time outside the graph."""
+    if torch.compiler.is_compiling():
+        return _head_dims_outside_graph()
+    return _load_head_dims()
 
 
 def _sliding_window(module, kwargs):
