@@ -30,6 +30,8 @@ _TORCH_EXPORTS = (
     "varlen_attention_fwd",
     "quantize_fp8",
     "fp8_transpose_v",
+    "plan_attention",
+    "AttentionPlan",
 )
 
 __all__ = [

@@ -358,6 +358,11 @@ def _declare(cdll: ctypes.CDLL) -> frozenset:
         "flashcore_fp8_transpose_v": (ctypes.c_int, [params_p, ctypes.c_void_p, ctypes.c_void_p]),
         "flashcore_merge_params_init": (None, [ctypes.POINTER(MergeParamsStruct)]),
         "flashcore_attention_merge": (ctypes.c_int, [ctypes.POINTER(MergeParamsStruct), ctypes.c_void_p]),
+        "flashcore_attention_plan": (ctypes.c_int, [params_p, ctypes.POINTER(ctypes.c_void_p)]),
+        "flashcore_plan_workspace_size": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]),
+        "flashcore_plan_config": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64]),
+        "flashcore_attention_run": (ctypes.c_int, [ctypes.c_void_p, params_p, ctypes.c_void_p]),
+        "flashcore_plan_destroy": (None, [ctypes.c_void_p]),
         "flashcore_ring_params_init": (None, [ctypes.POINTER(RingParamsStruct)]),
         "flashcore_ring_shard": (
             ctypes.c_int,
@@ -576,6 +581,14 @@ class Library:
         self.check(status, "flashcore_attention_forward")
 
 
+    def plan(self, params: AttentionParamsStruct) -> "Plan":
+        """flashcore_attention_plan: the decisions of a call with params' shapes, made once (see Plan)."""
+        self._require("flashcore_attention_plan")
+        handle = ctypes.c_void_p()
+        status = self._cdll.flashcore_attention_plan(ctypes.byref(params), ctypes.byref(handle))
+        self.check(status, "flashcore_attention_plan")
+        return Plan(self, handle)
+
     # -- merge and ring (since 0.2) --------------------------------------------------------------------------------
 
     def _require(self, name: str) -> None:
@@ -605,6 +618,42 @@ class Library:
         status = self._cdll.flashcore_ring_shard(ctypes.byref(ring), rank, *(ctypes.byref(x) for x in out))
         self.check(status, "flashcore_ring_shard")
         return ((out[0].value, out[1].value), (out[2].value, out[3].value))
+
+
+class Plan:
+    """A plan of the C ABI (flashcore.h, flashcore_attention_plan): the kernel config, schedule, split and workspace
+    of calls with one set of shapes, decided once; run() launches it for params with new pointers. Freed with the
+    object (or close())."""
+
+    def __init__(self, library: "Library", handle: ctypes.c_void_p):
+        self._lib = library
+        self._handle = handle
+        size = ctypes.c_uint64(0)
+        library.check(library._cdll.flashcore_plan_workspace_size(handle, ctypes.byref(size)),
+                      "flashcore_plan_workspace_size")
+        self.workspace_size = int(size.value)
+        buf = ctypes.create_string_buffer(128)
+        library.check(library._cdll.flashcore_plan_config(handle, buf, len(buf)), "flashcore_plan_config")
+        self.config = buf.value.decode("utf-8", "replace")
+
+    def run(self, params: AttentionParamsStruct, stream: int) -> None:
+        """Enqueue the plan for `params` (the plan's shapes; its workspace given) on `stream` (a cudaStream_t)."""
+        if self._handle is None:
+            raise RuntimeError("FlashCore: this plan was closed")
+        status = self._lib._cdll.flashcore_attention_run(self._handle, ctypes.byref(params),
+                                                         ctypes.c_void_p(stream or None))
+        self._lib.check(status, "flashcore_attention_run")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib._cdll.flashcore_plan_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
 
 
 def fill_params(

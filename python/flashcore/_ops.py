@@ -856,7 +856,7 @@ def attention(
         absmax -> 448) in the op's workspace and runs the 8-bit kernel; no descales. O in q's dtype by default.
       - 16-bit q, k, v with precision="int8" (the high-accuracy 8-bit mode): q is quantized to int8 per token, k less
         its mean over the keys per 128-key block; Q K^T runs on the int8 tensor cores, P V in q's dtype on v as given.
-        About 4x less error than "fp8" (docs/perf-notes.md); O in q's dtype.
+        About 4x less error than "fp8" (docs/decisions.md#int8-mode); O in q's dtype.
       - v_transposed=True: v is fp8_transpose_v(v8) of the 8-bit V (transposed once, e.g. for a KV cache that several
         calls attend to): the call skips its own transpose of V. Same result, bit for bit.
     out_dtype: torch.float16 or torch.bfloat16 (None: the default above). precision: None or "native" (the input
@@ -885,6 +885,67 @@ def attention(
             out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
                                      None if o_dtype == default_dtype else o_dtype, precision_code)
     return (out, lse) if return_lse else out
+
+
+class AttentionPlan:
+    """A plan of dense attention calls with fixed shapes (the C ABI's flashcore_attention_plan): the kernel config,
+    its schedule, the split of its key ranges and the workspace are decided once, here, and the plan owns its
+    zero-filled workspace, so run() does no planning and allocates nothing (make the plan before a CUDA-graph
+    capture, then capture or call run() as often as needed). Made by plan_attention; run() takes tensors of the
+    plan's shapes, dtypes and device (strides may differ) and checks them. No autograd: use attention() to train."""
+
+    def __init__(self, q, k, v, causal: bool, softmax_scale: Optional[float], return_lse: bool):
+        self.scale = _check_scale(softmax_scale)
+        _check_inputs(q, k, v, "bshd")
+        self._lib = _check_supported(q, q.shape[3])
+        self.causal, self.return_lse = bool(causal), bool(return_lse)
+        self.shapes = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
+        self.dtype, self.device = q.dtype, q.device
+        out, lse = _empty_outputs(q, self.return_lse)
+        with torch.cuda.device(q.device):
+            self._plan = self._lib.plan(self._params(q, k, v, out, lse))
+            self.workspace = torch.zeros(max(self._plan.workspace_size, _WORKSPACE_HEADER), dtype=torch.uint8,
+                                         device=q.device)
+
+    @property
+    def config(self) -> str:
+        """The kernel config the plan runs (as flashcore_attention_selected_config names it)."""
+        return self._plan.config
+
+    def _params(self, q, k, v, out, lse):
+        q, k, v = (kernel_operand(t)[0] for t in (q, k, v))
+        return kernel_params(self._lib, q, k, v, out, lse, self.causal, self.scale)
+
+    def run(self, q, k, v, out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None):
+        """Attention for q, k, v of the plan's shapes on the current stream: out (and lse with return_lse), written
+        into `out` / `lse` when given (contiguous, of the shapes attention() returns)."""
+        if (tuple(q.shape), tuple(k.shape), tuple(v.shape)) != self.shapes or q.dtype != self.dtype or \
+                q.device != self.device:
+            raise ValueError(f"FlashCore: the plan is for q, k, v of shapes {self.shapes}, {self.dtype} on "
+                             f"{self.device}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {q.dtype} on "
+                             f"{q.device}: make another plan")
+        _check_inputs(q, k, v, "bshd")
+        new_out, new_lse = _empty_outputs(q, self.return_lse)
+        out = new_out if out is None else out
+        lse = new_lse if lse is None else lse
+        for name, t, like in (("out", out, new_out), ("lse", lse, new_lse)):
+            if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device or not t.is_contiguous():
+                raise ValueError(f"FlashCore: {name} must be a contiguous {like.dtype} tensor of shape "
+                                 f"{tuple(like.shape)} on {like.device}")
+        params = self._params(q, k, v, out, lse)
+        params.workspace = self.workspace.data_ptr()
+        params.workspace_size = self._plan.workspace_size
+        with torch.cuda.device(q.device):
+            self._plan.run(params, torch.cuda.current_stream(q.device).cuda_stream)
+        return (out, lse) if self.return_lse else out
+
+
+def plan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   softmax_scale: Optional[float] = None, return_lse: bool = False) -> AttentionPlan:
+    """Plan attention(q, k, v, causal, softmax_scale, return_lse) once for calls of these shapes (16-bit, dense);
+    AttentionPlan.run(q, k, v) then launches it. For engines that call the same shapes many times, and for CUDA
+    graphs: plan before the capture."""
+    return AttentionPlan(q, k, v, causal, softmax_scale, return_lse)
 
 
 def attention_with_kvcache(

@@ -277,3 +277,31 @@ def test_second_device(caps):
     _need(caps, torch.float16, 64)
     device = torch.device("cuda", 1)
     check_against_sdpa(*_inputs(device, torch.float16, 2, 64, 64, 4, 4, 64), True)
+
+
+@pytest.mark.parametrize("shape,causal", [((2, 1, 4096, 16, 4, 128), False), ((2, 300, 1000, 8, 2, 64), True)])
+def test_plan_run_matches_attention_and_replays_in_a_graph(cuda, caps, shape, causal):
+    """flashcore.plan_attention: decided once, run with new tensors, captured in a CUDA graph; bit-identical to
+    flashcore.attention on the same tensors."""
+    batch, sq, sk, hq, hkv, d = shape
+    _need(caps, torch.bfloat16, d)
+    q, k, v = _inputs(cuda, torch.bfloat16, batch, sq, sk, hq, hkv, d, seed=3)
+    plan = flashcore.plan_attention(q, k, v, causal=causal, return_lse=True)
+    assert plan.config
+    want, want_lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
+    out, lse = plan.run(q, k, v)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    check_against_sdpa(q, k, v, causal, out=out, lse=lse)
+    # New inputs of the same shapes through the same plan, inside a CUDA graph with preallocated outputs.
+    q2, k2, v2 = _inputs(cuda, torch.bfloat16, batch, sq, sk, hq, hkv, d, seed=4)
+    out2 = torch.full_like(out, float("nan"))
+    lse2 = torch.full_like(lse, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q2, k2, v2, out=out2, lse=lse2)
+    graph.replay()
+    torch.cuda.synchronize()
+    want2, want2_lse = flashcore.attention(q2, k2, v2, causal=causal, return_lse=True)
+    assert torch.equal(out2, want2) and torch.equal(lse2, want2_lse)
+    with pytest.raises(ValueError, match="make another plan"):
+        plan.run(q2[:, :1] if sq > 1 else q2.repeat(1, 2, 1, 1), k2, v2)

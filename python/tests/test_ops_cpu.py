@@ -198,3 +198,26 @@ def test_softmax_scale_outside_the_abi_range(scale):
 def test_softmax_scale_range_ends_are_accepted(emulated, scale):
     q, k, v = _qkv(torch.bfloat16)
     assert flashcore.attention(q, k, v, softmax_scale=scale).shape == q.shape
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plans (flashcore.plan_attention; the C ABI's flashcore_attention_plan / _run).
+
+
+def test_plan_api_is_exported_and_bound():
+    assert flashcore.plan_attention is _ops.plan_attention and flashcore.AttentionPlan is _ops.AttentionPlan
+    from flashcore import _lib
+
+    try:
+        lib = _lib.load()
+    except RuntimeError as exc:
+        pytest.skip(f"libflashcore.so not loadable: {exc}")
+    if lib.version < (0, 3, 0) or lib.path.endswith("stub.so"):
+        pytest.skip(f"{lib.path} ({lib.version_string()}) predates plans")
+    assert {"flashcore_attention_plan", "flashcore_attention_run", "flashcore_plan_destroy"} <= lib._optional
+
+
+def test_plan_refuses_cpu_tensors():
+    q = torch.empty(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises((ValueError, RuntimeError)):
+        flashcore.plan_attention(q, q, q)
