@@ -356,8 +356,8 @@ class Runner:
     def run_interleaved(self, names, sets, causal):
         """--interleave (grid and FP8 cells with graph timing): every system's graph is captured first, then the
         systems take turns replay by replay, in reverse order every other replay, --rounds x the replays of
-        run_system each. Under the 700 W cap the SM clock moves by 15-25% within tens of milliseconds (perf-notes
-        v49); timed one after the other, two systems can each see a different clock. Returns ({name: per-call ms},
+        run_system each. Under the 700 W cap the SM clock moves by 15-25% within tens of milliseconds
+        (docs/decisions.md#interleave); timed one after the other, two systems can each see a different clock. Returns ({name: per-call ms},
         {name: float copy of set 0's output}, {name: error or None})."""
         torch = self.torch
         calls, replays = self.grid_graph_shape(len(sets))
@@ -1006,7 +1006,7 @@ def write_markdown(path: str, meta: dict, cells: List[dict], small: List[dict], 
     if not meta.get("interleave"):
         L.append("- Clocks are not locked: under the 700 W cap the SM clock moves by up to 25% within tens of "
                  "milliseconds, and each system's block of replays runs at a clock set partly by the system before it, "
-                 "so a single cell's ratio can carry a clock difference of several percent (perf-notes v49). "
+                 "so a single cell's ratio can carry a clock difference of several percent (docs/decisions.md#interleave). "
                  "`--interleave` times the systems at one clock; `bench/power_diag.py --cells grid` at each one's own "
                  "sustained power.")
     L.append(f"- Run time: {meta['elapsed_s']:.0f} s; date {meta['date']}\n")
@@ -1293,7 +1293,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="graph-timed grid and FP8 cells: capture every system's graph first, then let the systems "
                          "take turns replay by replay, so that all see the same SM clock (kernel efficiency at one "
                          "clock). The default times each system's replays in one block per round; under the 700 W cap "
-                         "each block then runs at a clock set partly by its own power (perf-notes v49)")
+                         "each block then runs at a clock set partly by its own power (docs/decisions.md#interleave)")
     ap.add_argument("--no-plots", dest="plots", action="store_false")
     ap.add_argument("--serving", action="store_true",
                     help="after the grid, also measure bench/serving.py's tables in this process (needs its imports: "

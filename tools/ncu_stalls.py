@@ -7,7 +7,8 @@
     python3 tools/ncu_stalls.py kernel.csv [other.csv ...] [--ex2] [--regions]
 
 Prints, per file, the share of all samples in each stall reason and in each opcode (the SASS mnemonic before the
-first dot), the two views perf-notes v28 compares between FlashCore and FlashAttention-3. --ex2 adds the stall
+first dot), the two views the notebook (git show fbb0859:docs/perf-notes.md, v28) compares between FlashCore and
+FlashAttention-3. --ex2 adds the stall
 reasons of the MUFU.EX2 instructions alone. Files may be .xz-compressed. A file that holds several kernels (a
 report of a whole call: FA3's call launches a fill kernel before its attention kernel) is read at its largest
 kernel, the one with the most SASS lines.
@@ -17,7 +18,8 @@ loop's body runs once per (key block, consumer warp), the tile's prologue and ep
 warp), the producer's wait loops some other number. Per region: instructions, executions, samples and samples per
 execution of the region's body. Two kernels of the same attention call have regions of the same execution counts
 (an unrolled loop is two regions whose counts add up), so the view says whether a time difference lies in the loop
-(perf-notes v50: the same 460 instructions per key block, 6.6% more samples) or at the tile edges.
+(git show fbb0859:docs/perf-notes.md v50: the same 460 instructions per key block, 6.6% more samples) or at the
+tile edges.
 """
 import argparse
 import collections

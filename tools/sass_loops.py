@@ -10,7 +10,7 @@ the loop counts both ways (what is skipped at run time is counted too), so compa
 
   python3 tools/sass_loops.py build/lib/libflashcore.so --function 'bf16.*d128'
   python3 tools/sass_loops.py ../shared/fa3/prefill/flash_attn_3/_C.abi3.so --function hdim128_bf16
-  python3 tools/sass_loops.py OBJ --markdown     (a table per kernel, for docs/perf-notes.md)
+  python3 tools/sass_loops.py OBJ --markdown     (a table per kernel, for docs/decisions.md#sass-check)
 
 --function matches a regex against the (mangled) kernel name. Needs cuobjdump (PATH, or
 tools/setup_deps.sh's <build>/.tools/env.sh).

@@ -5,7 +5,7 @@
 For each system: 30 back-to-back calls between CUDA events (eager time per call), the host time those calls took
 (perf_counter), and the time per call of a CUDA graph of 20 calls (median of 5 replays; bench/report.py's
 time_graph). Where the host time reaches the eager time, an eagerly timed benchmark measures the Python wrapper, not
-the kernel: this is why bench/report.py times the grid as graph replays (--timing graph, perf-notes v29).
+the kernel: this is why bench/report.py times the grid as graph replays (--timing graph, docs/decisions.md#graph-timing).
 
     PYTHONPATH=.fa3 python3 bench/micro/host_time.py
 """
