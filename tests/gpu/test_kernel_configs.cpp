@@ -109,7 +109,14 @@ TEST(KernelConfigs, WorkspaceSizeIsZeroForTheDefaultAndACounterForTheDynamicSche
   uint64_t bytes = 1;
   EXPECT_EQ(flashcore_attention_workspace_size(&d.p, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
   EXPECT_EQ(bytes, 0u);
-  d.p.kernel_config = "128x128x2-pp-dynamic";
+  // A compiled dynamic-schedule row of the key (which ones a build holds: configs.txt and its build tiers).
+  std::vector<std::string> configs;
+  ASSERT_EQ(flashcore::test::kernel_configs(FLASHCORE_DTYPE_BF16, 128, /*causal=*/true, configs), FLASHCORE_SUCCESS);
+  const auto dynamic = std::find_if(configs.begin(), configs.end(), [](const std::string& c) {
+    return c.find("-dynamic") != std::string::npos && c.find("-packed") == std::string::npos;
+  });
+  ASSERT_NE(dynamic, configs.end()) << "no dynamic-schedule row compiled for bf16 d128 causal";
+  d.p.kernel_config = dynamic->c_str();
   EXPECT_EQ(flashcore_attention_workspace_size(&d.p, &bytes), FLASHCORE_SUCCESS) << flashcore_last_error();
   EXPECT_EQ(bytes, 16u);
   // Without the workspace the call is refused, naming what it needs.

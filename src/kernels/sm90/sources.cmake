@@ -161,9 +161,12 @@ foreach(_pair IN LISTS _fc_pairs)
       set(_packedb true)
     elseif(_def STREQUAL "dispatch" AND NOT (_sched STREQUAL "split" OR _sched STREQUAL "static"))
       message(FATAL_ERROR "src/kernels/sm90/configs.txt: only split and static rows are picked by a dispatch rule in '${_line}'")
-    elseif(NOT _def STREQUAL "packed" AND NOT _def STREQUAL "dispatch" AND NOT _def STREQUAL "-")
-      message(FATAL_ERROR
-        "src/kernels/sm90/configs.txt: default must be default, default(seqlen_k<=N), packed, packed-only, dispatch or - in '${_line}'")
+    elseif(_def STREQUAL "plain" AND NOT _rescale STREQUAL "always")
+      message(FATAL_ERROR "src/kernels/sm90/configs.txt: a plain row is a vote default's tile without the vote, in '${_line}'")
+    elseif(NOT _def STREQUAL "packed" AND NOT _def STREQUAL "dispatch" AND NOT _def STREQUAL "plain" AND
+           NOT _def STREQUAL "-")
+      message(FATAL_ERROR "src/kernels/sm90/configs.txt: default must be default, default(seqlen_k<=N), packed, "
+                          "packed-only, dispatch, plain or - in '${_line}'")
     endif()
     if(_packedb)
       set(_name "${_name}-packed")
