@@ -101,7 +101,7 @@ struct BackendOps {
   void (*compiled_archs)(std::vector<int>& out);
   // Its rows that can run on `cc` (0: every compiled row), runtime variants last, in table order.
   void (*rows)(int cc, std::vector<RowInfo>& out);
-  // The config a call of this key runs by default on `cc` for long key ranges (listings name it first); nullptr if none.
+  // The config a call of this key runs by default on `cc` for long key ranges (listings name it first), or nullptr.
   const char* (*default_config)(int cc, flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal);
   // Whether `name` runs for the key on `cc`; *needs_workspace (when not NULL) whether it needs a workspace.
   bool (*config_available)(int cc, flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,

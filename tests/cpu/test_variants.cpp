@@ -84,7 +84,7 @@ class CubinDir {
 
 TEST(Variants, ConfigNamesRoundTrip) {
   for (const KernelRow* r : compiled_rows()) {
-    EXPECT_EQ(flashcore::sm90::config_name(r->shape), r->name);  // sources.cmake's naming
+    EXPECT_EQ(flashcore::sm90::config_name(r->shape), r->name);  // the build's naming (config_grammar.h)
     TileShape t{};
     ASSERT_TRUE(flashcore::sm90::parse_config_name(r->name, t)) << r->name;
     EXPECT_EQ(flashcore::sm90::config_name(t), r->name);

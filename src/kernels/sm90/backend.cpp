@@ -326,15 +326,19 @@ flashcore_status run_call(const core::Plan& plan, const flashcore_attention_para
   char* ws = static_cast<char*>(p.workspace);
   if (plan.precision == FLASHCORE_PRECISION_NATIVE) {
     // 8-bit V: given transposed, or transposed into the workspace by the plan's pass.
-    const uint8_t* vt = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0 ? static_cast<const uint8_t*>(p.v)
-                        : plan.v_pass                                 ? reinterpret_cast<uint8_t*>(ws + plan.workspace.vt)
-                                                                      : nullptr;
+    const uint8_t* vt = nullptr;
+    if ((p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) {
+      vt = static_cast<const uint8_t*>(p.v);
+    } else if (plan.v_pass) {
+      vt = reinterpret_cast<uint8_t*>(ws + plan.workspace.vt);
+    }
     return launch_row(plan, p, softmax_scale, vt, stream, error);
   }
   const char* what = plan.precision == FLASHCORE_PRECISION_INT8 ? "precision = INT8" : "precision = FP8";
   if (p.workspace == nullptr || p.workspace_size < plan.workspace.bytes) {
-    error = std::string(what) + " needs " + std::to_string(plan.workspace.bytes) + " bytes of workspace for " +
-            (plan.precision == FLASHCORE_PRECISION_INT8 ? "the int8 copies of Q and K" : "the e4m3 copies of Q, K and V") +
+    const char* holds =
+        plan.precision == FLASHCORE_PRECISION_INT8 ? "the int8 copies of Q and K" : "the e4m3 copies of Q, K and V";
+    error = std::string(what) + " needs " + std::to_string(plan.workspace.bytes) + " bytes of workspace for " + holds +
             " (flashcore_attention_workspace_size); workspace_size = " + std::to_string(p.workspace_size);
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
@@ -372,7 +376,7 @@ void listed_rows(int /*cc*/, std::vector<core::RowInfo>& out) {
     out.push_back({r.name, r.dtype, r.out_dtype, r.head_dim, r.causal, r.is_default, r.smem_bytes, variant});
   };
   for (const KernelRow* r : kRows) add(*r, false);
-  for (const KernelRow* r : registered_rows()) add(*r, true);  // then the runtime variants registered so far (variant.h)
+  for (const KernelRow* r : registered_rows()) add(*r, true);  // then the runtime variants registered (variant.h)
 }
 
 const char* default_config(int /*cc*/, flashcore_dtype dtype, flashcore_dtype out, int head_dim, bool causal) {

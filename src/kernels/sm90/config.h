@@ -1,5 +1,5 @@
 // A kernel config: one row of the tile-config table (configs.txt) turned into the compile-time constants the
-// sm90 kernel is built from. Rows are generated (sources.cmake) as small structs with the fields below; the
+// sm90 kernel is built from. Rows are generated (gen_rows.cpp) as small structs with the fields below; the
 // kernel takes KernelConfig<Row> as its only template parameter.
 //
 //   struct Row {                              // e.g. bf16, head dim 128, non-causal, 128x128, 2 stages
@@ -131,16 +131,12 @@ struct KernelConfig {
   static_assert(kElemBytes == 2 || !kSplitKv, "8-bit: no split-KV rows (yet)");
   static_assert(!kLastRoundSplit || kSeparateO, "a prefill split row's parts hand back their Q tile in the main loop");
   static_assert(!kInt8QK || (kBlockN % 64 == 0 && kVElemBytes == 2), "int8 Q K^T: one K scale per 64 keys, 16-bit V");
-  static_assert(kHeadDim % kChunkCols == 0, "head dim must be a multiple of one 128-byte row");
+  static_assert(shape_fault(kShape, kHeadDim, kChunkCols, kPVMmaK, kSmemBytes) == ShapeFault::kNone,
+                "the tile config breaks a shape rule (smem_plan.h shape_fault: head dim, block_m, block_n, stages, "
+                "ping-pong, packed flavour, shared memory)");
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");
   static_assert(kQStages == 1 || kSwapAB, "a Q ring only on the transposed decode rows (no O staged in Q)");
-  static_assert((kBlockM % 64 == 0 || kSwapAB) && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3,
-                "one 64-row slice per consumer warpgroup, at most 3 (or one transposed 8-row decode tile)");
-  static_assert(!kSwapAB || (kElemBytes == 2 && kBlockN % 64 == 0 && !kPingPong && kHeadDim % 64 == 0),
-                "transposed decode: 16-bit, whole 64-key m-tiles, one warpgroup");
-  static_assert(kBlockN % kPVMmaK == 0 && kBlockN <= 256, "wgmma N and the PV k-loop need kBlockN % (MMA k) == 0");
-  static_assert(kSmemBytes <= kSmemLimitBytes, "tile does not fit in shared memory");
-  static_assert(!kPingPong || kConsumerWarpgroups >= 2, "ping-pong needs two or more consumer warpgroups");
+  static_assert(!kSwapAB || kElemBytes == 2, "transposed decode: 16-bit inputs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
 };
 

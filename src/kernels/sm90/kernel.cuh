@@ -3,7 +3,7 @@
 // producer.cuh (loads), transpose_v.cuh (8-bit V transposed by the producer's other warps), mainloop.cuh (GEMMs +
 // softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs); decode_swap.cuh is the consumer of the transposed
 // decode rows (block_m 8).
-// Included by the generated instantiation units only (sources.cmake); host code sees kernel_row.h.
+// Included by the generated instantiation units only (gen_rows.cpp, run by sources.cmake); host code sees kernel_row.h.
 #pragma once
 #include <cuda_runtime.h>
 

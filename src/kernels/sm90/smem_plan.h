@@ -21,6 +21,30 @@ constexpr bool swaps_gemms(const TileShape& s) {
   return s.schedule == Schedule::kSplitKv && s.block_m == kSwapRows;
 }
 
+// The shape rules every sm90 tile config obeys, in one place: KernelConfig (config.h) asserts them at compile time
+// and variant.cpp's feasible() checks them, with the numbers, before nvcc builds a runtime variant. chunk_cols: the
+// head-dim columns of one 128-byte row (64 for 16-bit inputs); mma_k: the P V GEMM's k-step (16 for 16-bit P);
+// smem_bytes: smem_plan()'s total.
+enum class ShapeFault : int { kNone, kHeadDim, kBlockM, kBlockN, kStages, kSchedule, kPingPong, kPacked, kSmem };
+constexpr ShapeFault shape_fault(const TileShape& s, int head_dim, int chunk_cols, int mma_k, int smem_bytes) {
+  const int sched = static_cast<int>(s.schedule);
+  if (head_dim % chunk_cols != 0 || head_dim < chunk_cols || head_dim > 256) return ShapeFault::kHeadDim;
+  // 64 query rows per consumer warpgroup, one to three of them; or the transposed decode tile of kSwapRows rows
+  // (swaps_gemms), whose keys are whole 64-row m-tiles of one warpgroup.
+  if (swaps_gemms(s) ? (s.block_n % 64 != 0 || s.pingpong)
+                     : (s.block_m % kRowsPerWarpgroup != 0 || s.block_m < 64 || s.block_m > 192)) {
+    return ShapeFault::kBlockM;
+  }
+  if (s.block_n % mma_k != 0 || s.block_n < mma_k || s.block_n > 256) return ShapeFault::kBlockN;  // wgmma N <= 256
+  if (s.stages < 1 || s.stages > 8) return ShapeFault::kStages;
+  if (sched < 0 || sched > static_cast<int>(Schedule::kSplitKv)) return ShapeFault::kSchedule;
+  if (s.pingpong && s.block_m < 2 * kRowsPerWarpgroup) return ShapeFault::kPingPong;  // needs two warpgroups
+  // A packed flavour counts its ring positions in the producer (TileShape::packed): a dynamic row's.
+  if (s.packed && s.schedule != Schedule::kDynamicPersistent) return ShapeFault::kPacked;
+  if (smem_bytes > kSmemLimitBytes) return ShapeFault::kSmem;
+  return ShapeFault::kNone;
+}
+
 // A split-KV row with more than one consumer warpgroup is a prefill row: its grid runs the call's whole tiles
 // round-robin and then cuts the last round's tiles into equal parts of their key ranges (split_plan.h
 // last_round_plan), where the decode rows cut every tile. No paged K/V, no table warp; persistent like a static row.

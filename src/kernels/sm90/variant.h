@@ -5,6 +5,7 @@
 #include <string>
 
 #include "flashcore/flashcore.h"
+#include "kernels/sm90/config_grammar.h"
 #include "kernels/sm90/kernel_row.h"
 #include "kernels/sm90/tile_shape.h"
 
@@ -17,10 +18,7 @@ struct VariantSpec {
   TileShape shape{};
 };
 
-// The config name in configs.txt's naming, e.g. "128x176x2-static", "192x128x3-pp-onecta-vote".
-std::string config_name(const TileShape& shape);
-// The inverse; false on a malformed name.
-bool parse_config_name(const std::string& name, TileShape& shape);
+// Config names ("128x176x2-static", "192x128x3-pp-onecta-vote") and their parse: config_grammar.h.
 
 // The host mirror of KernelConfig (config.h): what a spec costs before it is built.
 struct Footprint {
