@@ -102,6 +102,8 @@ def _check_flag(name: str, value) -> bool:
     scale where FlashCore used to take causal, and bool(0.125) would have run causal attention silently."""
     if isinstance(value, bool):
         return value
+    if isinstance(value, torch.SymBool):  # a comparison of symbolic sizes under torch.compile: guarded, as bool() did
+        return bool(value)
     if isinstance(value, numbers.Integral) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
         if value in (0, 1):
             return bool(value)
