@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from typing import Optional, Tuple, Union
 
 import torch
@@ -95,18 +96,35 @@ def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp
     _check_device(q, k, v)
 
 
-def _check_scale(softmax_scale) -> float:
-    """The scale to pass to the C ABI: 0.0 means the default 1/sqrt(head_dim)."""
+def _check_flag(name: str, value) -> bool:
+    """A bool argument (causal, return_lse, ...): True / False, or the ints 0 / 1 (numpy's too). Anything else
+    raises, naming the argument, instead of going through bool(): flash_attn_func(q, k, v, 0.125) passes a softmax
+    scale where FlashCore used to take causal, and bool(0.125) would have run causal attention silently."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, torch.SymBool):  # a comparison of symbolic sizes under torch.compile: guarded, as bool() did
+        return bool(value)
+    if isinstance(value, numbers.Integral) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
+        if value in (0, 1):
+            return bool(value)
+        raise ValueError(f"FlashCore: {name} must be a bool (or 0 / 1), got {value!r}")
+    shown = f" {value!r}" if isinstance(value, (numbers.Number, str)) else ""
+    raise TypeError(f"FlashCore: {name} must be a bool, got {type(value).__name__}{shown}")
+
+
+def _check_scale(softmax_scale, name: str = "softmax_scale") -> float:
+    """The scale to pass to the C ABI: 0.0 means the default 1/sqrt(head_dim). `name`: the argument's name in the
+    caller's signature (sdpa calls it scale)."""
     if softmax_scale is None:
         return 0.0
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"FlashCore: softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"FlashCore: {name} must be a float or None, got {type(softmax_scale).__name__}")
     scale = float(softmax_scale)
     # The C ABI's range (checked here in double precision: a scale like 1e-50 would become 0.0 as a C float,
     # which means "the default 1/sqrt(head_dim)", and be used silently).
     if not (math.isfinite(scale) and SOFTMAX_SCALE_MIN <= scale <= SOFTMAX_SCALE_MAX):
         raise ValueError(
-            f"FlashCore: softmax_scale must be a finite number in [2**-100, 2**100] (or None for 1/sqrt(head_dim)), "
+            f"FlashCore: {name} must be a finite number in [2**-100, 2**100] (or None for 1/sqrt(head_dim)), "
             f"got {softmax_scale}"
         )
     return scale
@@ -830,10 +848,10 @@ def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     causal: bool = False,
     softmax_scale: Optional[float] = None,
     return_lse: bool = False,
-    *,
     q_descale: Optional[torch.Tensor] = None,
     k_descale: Optional[torch.Tensor] = None,
     v_descale: Optional[torch.Tensor] = None,
@@ -848,7 +866,12 @@ def attention(
     return_lse=True also lse (B, Hq, Sq) float32 (natural log of the softmax denominator; -inf for rows that see no
     key).
 
-    8-bit attention (sm90 backend; keyword-only arguments):
+    Every argument after q, k, v is keyword-only (since 0.3): FlashAttention's flash_attn_func takes softmax_scale
+    and causal as its 4th and 5th positional arguments, in the other order, so a positional call ported from it
+    raises TypeError here instead of computing something else. causal and return_lse must be bools (or 0 / 1),
+    softmax_scale a number or None.
+
+    8-bit attention (sm90 backend):
       - q, k, v float8_e4m3fn: the real values are stored * descale, with q_descale, k_descale, v_descale float32
         (B, Hkv) tensors on q's device (FlashAttention-3's names and shapes; query head h uses the factor of its KV
         head h // (Hq // Hkv)); None means 1. quantize_fp8 makes such inputs. O defaults to bfloat16.
@@ -863,6 +886,8 @@ def attention(
     dtype's kernel), "fp8" or "int8".
     """
     scale = _check_scale(softmax_scale)
+    causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
+    v_transposed = _check_flag("v_transposed", v_transposed)
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
@@ -873,16 +898,16 @@ def attention(
         # Precise errors up front in eager mode; the op checks again when run.
         lib = _check_supported(q, q.shape[3])
         if extended:
-            _check_extended_supported(lib, q, bool(causal), o_dtype, precision_code)
+            _check_extended_supported(lib, q, causal, o_dtype, precision_code)
     if not extended:  # the 0.2 call
-        out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse))
+        out, lse = attention_fwd(q, k, v, causal, scale, return_lse)
     else:
         default_dtype = torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype
         if v_transposed:
-            out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
+            out, lse = attention_fwd(q, k, v, causal, scale, return_lse, q_descale, k_descale, v_descale,
                                      None if o_dtype == default_dtype else o_dtype, precision_code, True)
         else:
-            out, lse = attention_fwd(q, k, v, bool(causal), scale, bool(return_lse), q_descale, k_descale, v_descale,
+            out, lse = attention_fwd(q, k, v, causal, scale, return_lse, q_descale, k_descale, v_descale,
                                      None if o_dtype == default_dtype else o_dtype, precision_code)
     return (out, lse) if return_lse else out
 
@@ -896,9 +921,9 @@ class AttentionPlan:
 
     def __init__(self, q, k, v, causal: bool, softmax_scale: Optional[float], return_lse: bool):
         self.scale = _check_scale(softmax_scale)
+        self.causal, self.return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
         _check_inputs(q, k, v, "bshd")
         self._lib = _check_supported(q, q.shape[3])
-        self.causal, self.return_lse = bool(causal), bool(return_lse)
         self.shapes = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
         self.dtype, self.device = q.dtype, q.device
         out, lse = _empty_outputs(q, self.return_lse)
@@ -942,7 +967,7 @@ class AttentionPlan:
 
 def plan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    softmax_scale: Optional[float] = None, return_lse: bool = False) -> AttentionPlan:
-    """Plan attention(q, k, v, causal, softmax_scale, return_lse) once for calls of these shapes (16-bit, dense);
+    """Plan attention(q, k, v, causal=, softmax_scale=, return_lse=) once for calls of these shapes (16-bit, dense);
     AttentionPlan.run(q, k, v) then launches it. For engines that call the same shapes many times, and for CUDA
     graphs: plan before the capture."""
     return AttentionPlan(q, k, v, causal, softmax_scale, return_lse)
@@ -952,6 +977,7 @@ def attention_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    *,
     k: Optional[torch.Tensor] = None,
     v: Optional[torch.Tensor] = None,
     cache_seqlens: Optional[Union[torch.Tensor, int]] = None,
@@ -977,8 +1003,14 @@ def attention_with_kvcache(
     never read into the output, NaN included. num_splits: split-KV parts for decode-shaped calls (0: the library's
     choice, 1: no split, n: at most n). Returns out (B, Sq, Hq, D), and lse (B, Hq, Sq) float32 with
     return_softmax_lse.
+
+    Every argument after q, k_cache, v_cache is keyword-only (since 0.3): FlashAttention-3's sixth positional
+    argument is qv where FlashAttention-2's is rotary_cos (and this function's was cache_seqlens), so a positional
+    call ported from either raises TypeError instead of binding the wrong argument.
     """
     scale = _check_scale(softmax_scale)
+    causal = _check_flag("causal", causal)
+    return_softmax_lse = _check_flag("return_softmax_lse", return_softmax_lse)
     splits = _check_num_splits(num_splits)
     if page_table is not None:
         if block_table is not None and page_table is not block_table:
@@ -1027,7 +1059,7 @@ def attention_with_kvcache(
     _kvcache_inputs(q, k_cache, v_cache, lengths, block_table)
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[3])
-    out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, bool(causal), scale, bool(return_softmax_lse),
+    out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
                                      block_table, splits)
     return (out, lse) if return_softmax_lse else out
 
@@ -1061,13 +1093,14 @@ def varlen_attention(
     rows not covered by cu_seqlens_q are left unwritten.
     """
     scale = _check_scale(softmax_scale)
+    causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[2])
     out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                    bool(causal), scale, bool(return_lse))
+                                    causal, scale, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -1078,10 +1111,14 @@ def sdpa(
     attn_mask: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    *,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """Drop-in for torch.nn.functional.scaled_dot_product_attention on (B, H, S, D) tensors.
+
+    The same positional order as torch's: query, key, value, attn_mask, dropout_p, is_causal; scale and
+    enable_gqa keyword-only (as torch's own function takes them).
 
     Supported: no attn_mask, dropout_p == 0, 4-D inputs. GQA/MQA (Hq a multiple of Hkv) is always accepted,
     whatever enable_gqa says. is_causal is bottom-right aligned: the same as SDPA's when Sq == Sk (SDPA aligns
@@ -1095,12 +1132,14 @@ def sdpa(
         )
     if dropout_p != 0.0:
         raise ValueError(f"FlashCore sdpa: dropout is not supported (dropout_p must be 0.0, got {dropout_p})")
-    scale_value = _check_scale(scale)
+    scale_value = _check_scale(scale, "scale")
+    is_causal = _check_flag("is_causal", is_causal)
+    _check_flag("enable_gqa", enable_gqa)
     _check_inputs(query, key, value, "bhsd")
     if not torch.compiler.is_compiling():
         _check_supported(query, query.shape[3])
     # (B, H, S, D) -> (B, S, H, D) views: the strides reach the C ABI unchanged, no copy.
     out, _ = attention_fwd(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bool(is_causal), scale_value, False
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal, scale_value, False
     )
     return out.transpose(1, 2)
