@@ -91,6 +91,18 @@ std::string plan_mismatch(const flashcore_attention_params& plan, const std::str
   return "";
 }
 
+// Writes the config name `selected` and its NUL to `name` (capacity bytes), or fails naming what it needs.
+flashcore_status copy_config_name(const char* selected, char* name, uint64_t capacity) {
+  const size_t length = std::strlen(selected);
+  if (capacity <= length) {
+    return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "capacity = " + std::to_string(capacity) +
+                                                           " is too small for the config name \"" + selected + "\" (" +
+                                                           std::to_string(length + 1) + " bytes)");
+  }
+  std::memcpy(name, selected, length + 1);
+  return FLASHCORE_SUCCESS;
+}
+
 }  // namespace
 
 // A plan of the C ABI: the backend's plan and the call it was made for.
@@ -235,15 +247,7 @@ flashcore_status flashcore_plan_config(const flashcore_plan* plan, char* name, u
     if (plan == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "plan is NULL");
     if (name == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "name is NULL");
     if (capacity > 0) name[0] = '\0';
-    const size_t length = std::strlen(plan->plan.config);
-    if (capacity <= length) {
-      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "capacity = " + std::to_string(capacity) +
-                                                             " is too small for the config name \"" +
-                                                             plan->plan.config + "\" (" + std::to_string(length + 1) +
-                                                             " bytes)");
-    }
-    std::memcpy(name, plan->plan.config, length + 1);
-    return FLASHCORE_SUCCESS;
+    return copy_config_name(plan->plan.config, name, capacity);
   });
 }
 
@@ -357,14 +361,7 @@ flashcore_status flashcore_attention_selected_config(const flashcore_attention_p
     const char* selected = nullptr;
     if (status == FLASHCORE_SUCCESS) status = flashcore::backend::selected_config(p, device, cc, selected, message);
     if (status != FLASHCORE_SUCCESS) return set_error(status, message);
-    const size_t length = std::strlen(selected);
-    if (capacity <= length) {
-      return set_error(FLASHCORE_ERROR_INVALID_ARGUMENT, "capacity = " + std::to_string(capacity) +
-                                                             " is too small for the config name \"" + selected +
-                                                             "\" (" + std::to_string(length + 1) + " bytes)");
-    }
-    std::memcpy(name, selected, length + 1);
-    return FLASHCORE_SUCCESS;
+    return copy_config_name(selected, name, capacity);
   });
 }
 

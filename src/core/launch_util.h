@@ -12,6 +12,16 @@
 
 namespace flashcore::core {
 
+// Programmatic dependent launch on `config`: the grid is set up and its CTAs placed while the previous kernel on the
+// stream finishes; the kernel waits for it (griddepcontrol) before touching memory. `attribute` outlives the launch.
+inline void allow_dependent_launch(cudaLaunchConfig_t& config, cudaLaunchAttribute& attribute) {
+  attribute = cudaLaunchAttribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+}
+
 // "<what>: <cudaErrorName>: <description>".
 std::string cuda_message(const char* what, cudaError_t err);
 

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "core/launch_util.h"
 #include "kernels/common/combine.cuh"
 #include "kernels/sm90/launch.h"
 
@@ -35,11 +36,8 @@ cudaError_t launch_combine(const kernels::CombineParams& c, flashcore_dtype out_
   config.stream = stream;
   // Programmatic dependent launch: the combine is set up while the forward kernel's last CTAs finish (each one
   // signals after storing its partials, epilogue.cuh); the kernel itself waits for the whole forward grid.
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute;
+  core::allow_dependent_launch(config, attribute);
   void* args[] = {&params};
   return cudaLaunchKernelExC(&config, kernel, args);
 }

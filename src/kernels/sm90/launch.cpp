@@ -161,13 +161,8 @@ flashcore_status launch_row(const core::Plan& plan, const flashcore_attention_pa
   config.blockDim = dim3(static_cast<unsigned>(row.threads));
   config.dynamicSmemBytes = static_cast<size_t>(row.smem_bytes);
   config.stream = stream;
-  // Programmatic dependent launch: the grid is set up and its CTAs placed while the previous kernel on the stream
-  // finishes; the kernel waits for it before touching memory (kernel.cuh).
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute;
+  core::allow_dependent_launch(config, attribute);  // the kernel waits for the previous one (kernel.cuh)
   void* args[] = {&fp};
   // The launch's own status: unlike cudaGetLastError, it neither reports nor clears an earlier, unrelated error.
   if (const cudaError_t err = cudaLaunchKernelExC(&config, row.kernel, args); err != cudaSuccess) {
