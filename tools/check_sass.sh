@@ -57,8 +57,8 @@ done <<<"$kernels"
 # The row a kernel symbol instantiates (KernelConfig<r_...>).
 row_of() { if [[ "$1" =~ (r_[a-z0-9_]+) ]]; then echo "${BASH_REMATCH[1]}"; else echo "?"; fi; }
 sass="$BUILD_DIR/flashcore.sass"
-# The sm_90a images only: the forward kernels have no other (check_sass_sm80.sh reads the portable ones).
-cuobjdump --dump-sass -arch sm_90a "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
+# Every image (check_sass_sm80.sh reads the portable ones from the same dump when it is newer than the library).
+cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "cuobjdump failed on $lib"; exit 1; }
 
 # One summary line per kernel: name, HGMMA, QGMMA, IGMMA, UTMALDG, UTMASTG, LDL/STL and STSM counts.
 report=$(awk '
