@@ -40,12 +40,16 @@ summary() {
 section() { echo; echo "==> $*"; }
 
 section "dependencies"
-bash tools/setup_deps.sh --python-tests "$BUILD_DIR"
+bash tools/setup_deps.sh "$BUILD_DIR"
 rc=$?
 record "dependencies" $rc
 if [[ $rc -ne 0 ]]; then summary; exit 1; fi
 # shellcheck disable=SC1091
 source "$BUILD_DIR/.tools/env.sh"
+# The Python tests' torch, numpy and transformers (about a minute from PyPI when missing) install beside the build;
+# the tests wait for them.
+bash tools/setup_deps.sh --python-tests "$BUILD_DIR" >"$BUILD_DIR/python_deps.log" 2>&1 &
+PYDEPS_PID=$!
 
 section "configure (Release, FLASHCORE_WERROR=$WERROR)"
 # shellcheck disable=SC2086
@@ -71,6 +75,12 @@ find "$BUILD_DIR" -name '*.cu.o.log' ! -newer "$stamp" -print 2>/dev/null | sort
 done >>"$BUILD_DIR/build.log"
 record "build" $rc
 if [[ $rc -ne 0 ]]; then summary; exit 1; fi
+
+section "Python test dependencies (installed beside the build; log: $BUILD_DIR/python_deps.log)"
+wait "$PYDEPS_PID"
+rc=$?
+grep -E "Python tests|installing|installed|ERROR" "$BUILD_DIR/python_deps.log"
+record "python test dependencies" $rc
 
 # The SASS checks read the built library only: they run beside ctest and pytest (one core each on CI's two) and
 # report after them.
