@@ -146,7 +146,6 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
   }
   out.device = device;
   out.cc = cc;
-  out.workspace_capacity = workspace_capacity;
   if (const cudaError_t err = core::sm_count(device, out.sms); err != cudaSuccess) {
     error = core::cuda_message("cannot query the device", err);
     return FLASHCORE_ERROR_CUDA;

@@ -66,7 +66,6 @@ struct Plan {
   bool lse_shift = false;        // precision = INT8 with an LSE: the shift launch after the kernel
   SplitKv split;
   WorkspaceLayout workspace;
-  uint64_t workspace_capacity = 0;  // the workspace bytes the plan was made for (UINT64_MAX: what it reports)
 };
 
 // One backend's view of a compiled kernel, for listings.
@@ -106,8 +105,8 @@ struct BackendOps {
   // Whether `name` runs for the key on `cc`; *needs_workspace (when not NULL) whether it needs a workspace.
   bool (*config_available)(int cc, flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
                            const char* name, bool* needs_workspace);
-  // Plan a validated call (plans do not depend on the softmax scale). plan.backend, device, cc, sms and
-  // workspace_capacity are set on entry.
+  // Plan a validated call (plans do not depend on the softmax scale). plan.backend, device, cc and sms are set on
+  // entry.
   flashcore_status (*plan)(const flashcore_attention_params& p, const PlanRequest& request, Plan& plan,
                            std::string& error);
   // Launch a plan for `p` (the call it was made for, or one of the same shapes).

@@ -222,14 +222,19 @@ bool transposes_v_in_kernel(const KernelRow& row, const flashcore_attention_para
 // The workspace of a native call on `row` (core::WorkspaceLayout), its V route decided (`v_in_kernel`): split-KV
 // partials (split_plan.h), an 8-bit call's head and, unless V comes transposed or the kernel transposes it, the
 // transposed V; a dynamic row's tile counter in the head.
+core::WorkspaceLayout split_workspace(const SplitPlan& s) {
+  core::WorkspaceLayout l;
+  l.o_partial = s.o_offset;
+  l.lse_partial = s.lse_offset;
+  l.bytes = s.bytes;
+  return l;
+}
+
 core::WorkspaceLayout row_workspace(const KernelRow& row, const flashcore_attention_params& p, int sms,
                                    bool v_in_kernel) {
   core::WorkspaceLayout l;
   if (row.shape.schedule == Schedule::kSplitKv) {
-    const SplitPlan s = plan_for(row, p, sms);
-    l.o_partial = s.o_offset;
-    l.lse_partial = s.lse_offset;
-    l.bytes = s.bytes;
+    l = split_workspace(plan_for(row, p, sms));
   } else if (is_8bit(row.dtype)) {
     const bool vt_in_workspace = (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) == 0 && !v_in_kernel;
     l.vt = vt_in_workspace ? core::WorkspaceLayout::kHead : 0;
@@ -304,13 +309,15 @@ flashcore_status plan_call(const flashcore_attention_params& call, const core::P
   if (row == nullptr) return no_row_status(call);
   plan.row = row;
   plan.config = row->name;
-  if (row->shape.schedule == Schedule::kSplitKv) plan.split = plan_for(*row, p, plan.sms);
+  const bool split = row->shape.schedule == Schedule::kSplitKv;
+  const SplitPlan parts = split ? plan_for(*row, p, plan.sms) : SplitPlan{};
+  plan.split = parts;
   if (const flashcore_status st = check_row(*row, p, plan, error); st != FLASHCORE_SUCCESS) return st;
   plan.append_kv = p.k_new != nullptr;
-  plan.combine = row->shape.schedule == Schedule::kSplitKv && plan.split.splits > 1 && !plan.split.fused_merge;
+  plan.combine = split && plan.split.splits > 1 && !plan.split.fused_merge;
   if (call.precision == FLASHCORE_PRECISION_NATIVE) {
     plan.v_in_kernel = transposes_v_in_kernel(*row, p, plan.device);
-    plan.workspace = row_workspace(*row, p, plan.sms, plan.v_in_kernel);
+    plan.workspace = split ? split_workspace(parts) : row_workspace(*row, p, plan.sms, plan.v_in_kernel);
     plan.v_pass = plan.workspace.vt != 0;
   } else {
     plan.workspace = quantized;  // FP8: the quantization writes the transposed V; INT8: V is read as given
