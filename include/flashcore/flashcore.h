@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 3
+#define FLASHCORE_VERSION_MINOR 4
 #define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
@@ -189,6 +189,23 @@ typedef struct flashcore_attention_params {
   const float* v_descale;
   int32_t precision;  /* FLASHCORE_PRECISION_*: how a 16-bit (FP16 / BF16) call computes [FLASHCORE_PRECISION_NATIVE] */
   int32_t reserved2;  /* must be 0 [0] */
+
+  /* ---- Since 0.4: the backward pass (flashcore_attention_backward; the forward ignores these fields). A caller
+   * compiled against 0.3 passes FLASHCORE_ATTENTION_PARAMS_V3_SIZE; they take their defaults then.
+   * The backward reads q, k, v, o (the forward's output, an input here) and lse (required: the forward's LSE for the
+   * same q, k, v, causal and softmax_scale), and dout; it writes dq, dk and dv (for GQA / MQA, dk and dv of a KV head
+   * are summed over the query heads that read it). Strides follow the forward's rules. ---- */
+  const void* dout;                      /* dO: (batch, seqlen_q, num_heads_q, head_dim) through dout_strides, dtype */
+  void* dq;                              /* (batch, seqlen_q, num_heads_q, head_dim) through dq_strides, dtype */
+  void* dk;                              /* (batch, seqlen_k, num_heads_kv, head_dim) through dk_strides, dtype */
+  void* dv;                              /* (batch, seqlen_k, num_heads_kv, head_dim) through dv_strides, dtype */
+  flashcore_tensor_strides dout_strides; /* elements, dim stride 1 [zero] */
+  flashcore_tensor_strides dq_strides;
+  flashcore_tensor_strides dk_strides;
+  flashcore_tensor_strides dv_strides;
+  int32_t deterministic; /* 1: dq is bit-identical from run to run (its fp32 sums are added in a fixed order); 0: the
+                            faster atomic order. dk and dv are always bit-identical [0] */
+  int32_t reserved3;     /* must be 0 [0] */
 } flashcore_attention_params;
 
 /* flashcore_attention_params::precision (since 0.3). */
@@ -227,6 +244,9 @@ typedef struct flashcore_attention_params {
 /* struct_size of the 0.2 layout (everything up to seqlen_new): also accepted, the fields since 0.3 take their
  * defaults. */
 #define FLASHCORE_ATTENTION_PARAMS_V2_SIZE 448
+/* struct_size of the 0.3 layout (everything up to reserved2): also accepted, the backward fields take their
+ * defaults. */
+#define FLASHCORE_ATTENTION_PARAMS_V3_SIZE 480
 
 /* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
  * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept
@@ -331,6 +351,22 @@ FLASHCORE_API flashcore_status flashcore_attention_run(const flashcore_plan* pla
                                                        flashcore_stream_t stream);
 /* Free a plan (NULL: nothing). */
 FLASHCORE_API void flashcore_plan_destroy(flashcore_plan* plan);
+
+/* ---- The backward pass (since 0.4) ----
+ * dQ, dK, dV of O = softmax(softmax_scale * Q K^T [+ causal mask]) V for the upstream gradient dO (params->dout),
+ * from Q, K, V, O and the forward's LSE (params->lse, (batch, num_heads_q, seqlen_q) float32 contiguous, natural
+ * log, as flashcore_attention_forward writes it). Shapes, dtypes, strides, GQA, causal alignment and softmax_scale
+ * as in the forward; dq has Q's shape, dk and dv K's. A query row that sees no key (LSE = -inf) contributes nothing.
+ * The fields of this version: FP16 / BF16, head_dim 64 or 128, dense batches (no seqused_k, cu_seqlens_*,
+ * block_table, k_new), precision NATIVE, out_dtype SAME, flags 0, no kernel_config; on a GPU of the sm90 backend.
+ * Anything else returns an error naming the field, before any device work.
+ * Needs a workspace of flashcore_attention_backward_workspace_size bytes (any contents: the call initializes what it
+ * uses; the fp32 dQ accumulator, rowsum(dO * O) and the scaled LSE, about (4 * head_dim + 8) * batch * num_heads_q *
+ * seqlen_q bytes). Asynchronous, on `stream`; dq, dk, dv are written whole (nothing accumulates into them). */
+FLASHCORE_API flashcore_status flashcore_attention_backward_workspace_size(const flashcore_attention_params* params,
+                                                                           uint64_t* bytes);
+FLASHCORE_API flashcore_status flashcore_attention_backward(const flashcore_attention_params* params,
+                                                            flashcore_stream_t stream);
 
 /* Names of the kernel configs compiled for (dtype, head_dim, causal) on the current device, the default first.
  * Writes at most `capacity` pointers (static strings) to `names` and the total count to `count` (0 when nothing

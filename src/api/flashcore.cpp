@@ -185,6 +185,11 @@ flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_p
     params->k_strides = p.k_strides;
     params->v_strides = p.v_strides;
     params->o_strides = p.o_strides;
+    // The backward's tensors (since 0.4) take Q's and K's layouts, where the caller's struct has them.
+    if (params->struct_size >= sizeof(flashcore_attention_params)) {
+      params->dout_strides = params->dq_strides = p.q_strides;
+      params->dk_strides = params->dv_strides = p.k_strides;
+    }
     return FLASHCORE_SUCCESS;
   });
 }

@@ -6,6 +6,7 @@ namespace flashcore::api {
 
 bool accepted_params_size(uint32_t struct_size) {
   return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE ||
+         struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE ||
          (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
 }
 
@@ -41,11 +42,26 @@ void set_post_v2_defaults(flashcore_attention_params& p) {
   p.v_descale = nullptr;
   p.precision = FLASHCORE_PRECISION_NATIVE;
   p.reserved2 = 0;
+  set_post_v3_defaults(p);
+}
+
+void set_post_v3_defaults(flashcore_attention_params& p) {
+  p.dout = nullptr;
+  p.dq = nullptr;
+  p.dk = nullptr;
+  p.dv = nullptr;
+  p.dout_strides = flashcore_tensor_strides{0, 0, 0, 1};
+  p.dq_strides = flashcore_tensor_strides{0, 0, 0, 1};
+  p.dk_strides = flashcore_tensor_strides{0, 0, 0, 1};
+  p.dv_strides = flashcore_tensor_strides{0, 0, 0, 1};
+  p.deterministic = 0;
+  p.reserved3 = 0;
 }
 
 size_t field_bytes_of(uint32_t struct_size) {
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) return kParamsV1FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE) return kParamsV2FieldBytes;
+  if (struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE) return kParamsV3FieldBytes;
   return sizeof(flashcore_attention_params);
 }
 
@@ -68,6 +84,9 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
   } else if (size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE) {
     std::memcpy(&out, user, kParamsV2FieldBytes);
     set_post_v2_defaults(out);
+  } else if (size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE) {
+    std::memcpy(&out, user, kParamsV3FieldBytes);
+    set_post_v3_defaults(out);
   } else if (size == kCurrent) {
     std::memcpy(&out, user, kCurrent);
   } else if (size > kCurrent && size <= kMaxParamsStructSize) {
@@ -84,7 +103,8 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
   } else {
     message = "params->struct_size = " + std::to_string(size) + " is not an accepted size: " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V1_SIZE) + " (the 0.1 layout), " +
-              std::to_string(FLASHCORE_ATTENTION_PARAMS_V2_SIZE) + " (the 0.2 layout), " + std::to_string(kCurrent) +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V2_SIZE) + " (the 0.2 layout), " +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V3_SIZE) + " (the 0.3 layout), " + std::to_string(kCurrent) +
               " (sizeof(flashcore_attention_params) of this library), or " + std::to_string(kCurrent + 1) + ".." +
               std::to_string(kMaxParamsStructSize) +
               " with zero bytes past " + std::to_string(kCurrent) + " (call flashcore_attention_params_init first)";
