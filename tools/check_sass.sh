@@ -36,6 +36,9 @@ err() { echo "check_sass: FAIL: $*"; fail=1; }
 if ! python3 tools/gen_wgmma.py | cmp -s - src/kernels/sm90/wgmma_ops.inc; then
   err "src/kernels/sm90/wgmma_ops.inc is stale: run python3 tools/gen_wgmma.py > src/kernels/sm90/wgmma_ops.inc"
 fi
+if ! python3 tools/gen_wgmma.py --bwd | cmp -s - src/kernels/sm90/wgmma_bwd_ops.inc; then
+  err "src/kernels/sm90/wgmma_bwd_ops.inc is stale: run python3 tools/gen_wgmma.py --bwd > src/kernels/sm90/wgmma_bwd_ops.inc"
+fi
 
 lib=""
 for cand in "$BUILD_DIR/lib/libflashcore.so" "$BUILD_DIR/lib/libflashcore.a"; do

@@ -191,6 +191,50 @@ flashcore_status selected_config(const flashcore_attention_params& p, int device
 
 size_t fp8_transposed_v_bytes(const flashcore_attention_params& p) { return sm90::fp8_vt_bytes(p); }
 
+bool backward_compiled(flashcore_dtype dtype, int head_dim) {
+  for (const core::BackendOps* b : kBackends) {
+    if (b->backward_compiled != nullptr && b->backward_compiled(dtype, head_dim)) return true;
+  }
+  return false;
+}
+
+namespace {
+// The backend that runs the backward on `cc`, or nullptr with the reason in `error`.
+const core::BackendOps* backward_backend(int cc, std::string& error) {
+  const core::BackendOps* b = find(cc);
+  if (b == nullptr) {
+    error = "no backend serves compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10);
+  } else if (b->backward == nullptr) {
+    error = std::string("the ") + b->name + " backend has no backward pass yet (the sm90 backend has it: a Hopper GPU" +
+            ", without FLASHCORE_BACKEND=sm80)";
+    b = nullptr;
+  }
+  return b;
+}
+}  // namespace
+
+flashcore_status backward_workspace_size(const flashcore_attention_params& p, int cc, uint64_t& bytes,
+                                         std::string& error) {
+  const core::BackendOps* b = backward_backend(cc, error);
+  if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  bytes = b->backward_workspace(p);
+  return FLASHCORE_SUCCESS;
+}
+
+flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
+                          cudaStream_t stream, std::string& error) {
+  const core::BackendOps* b = backward_backend(cc, error);
+  if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  const uint64_t needed = b->backward_workspace(p);
+  if (p.workspace == nullptr || p.workspace_size < needed) {
+    error = "workspace: the backward needs " + std::to_string(needed) +
+            " bytes (flashcore_attention_backward_workspace_size); workspace_size = " + std::to_string(p.workspace_size) +
+            (p.workspace == nullptr ? " and workspace is NULL" : "");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  return b->backward(p, softmax_scale, device, stream, error);
+}
+
 flashcore_status fp8_transpose_v(const flashcore_attention_params& p, void* vt, int cc, cudaStream_t stream,
                                  std::string& error) {
   // The 8-bit path is the sm90 backend's.

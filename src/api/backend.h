@@ -72,6 +72,16 @@ flashcore_status workspace_size(const flashcore_attention_params& p, int cc, siz
 flashcore_status forward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
                          cudaStream_t stream, std::string& error);
 
+// The backward pass (flashcore.h flashcore_attention_backward) of a validated call (validate_backward_arguments) on a
+// device of compute capability `cc`: whether some backend compiled it for (dtype, head_dim) (any arch), the workspace
+// bytes, and the launches. A backend without a backward (the portable one, in this version) returns
+// UNSUPPORTED_ARCH naming itself.
+bool backward_compiled(flashcore_dtype dtype, int head_dim);
+flashcore_status backward_workspace_size(const flashcore_attention_params& p, int cc, uint64_t& bytes,
+                                         std::string& error);
+flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,
+                          cudaStream_t stream, std::string& error);
+
 // 8-bit V in the kernels' transposed layout (flashcore.h: flashcore_fp8_transpose_v): its bytes, and the transpose of
 // p's V into `vt` on `stream` (sm90 backend). `p` has passed validation and is an 8-bit call without
 // FLASHCORE_FLAG_V_TRANSPOSED.

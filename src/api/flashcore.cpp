@@ -217,6 +217,52 @@ flashcore_status flashcore_attention_forward(const flashcore_attention_params* p
   });
 }
 
+namespace {
+// The backward's checks: the forward's arguments, the backward's (validate.h), then the device and the backward's
+// own tensors' memory.
+flashcore_status checked_backward(const flashcore_attention_params* params, flashcore_attention_params& p, int& device,
+                                  int& cc, std::string& message) {
+  flashcore_status status = upgrade_params(params, p, message);
+  if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_arguments(&p, message);
+  if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_backward_arguments(p, message);
+  if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_device(p, device, cc, message);
+  const std::pair<const char*, const void*> tensors[] = {{"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}};
+  for (const auto& [name, ptr] : tensors) {
+    if (status == FLASHCORE_SUCCESS) status = flashcore::api::check_device_pointer(name, ptr, device, message);
+  }
+  return status;
+}
+}  // namespace
+
+flashcore_status flashcore_attention_backward_workspace_size(const flashcore_attention_params* params, uint64_t* bytes) {
+  return guarded("flashcore_attention_backward_workspace_size", [&] {
+    if (bytes == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "bytes is NULL");
+    *bytes = 0;
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_backward(params, p, device, cc, message);
+    uint64_t size = 0;
+    if (status == FLASHCORE_SUCCESS) status = flashcore::backend::backward_workspace_size(p, cc, size, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    *bytes = size;
+    return FLASHCORE_SUCCESS;
+  });
+}
+
+flashcore_status flashcore_attention_backward(const flashcore_attention_params* params, flashcore_stream_t stream) {
+  return guarded("flashcore_attention_backward", [&] {
+    std::string message;
+    flashcore_attention_params p;
+    int device = 0, cc = 0;
+    flashcore_status status = checked_backward(params, p, device, cc, message);
+    if (status != FLASHCORE_SUCCESS) return set_error(status, message);
+    const float scale = flashcore::api::resolve_softmax_scale(p);
+    status = flashcore::backend::backward(p, scale, device, cc, stream, message);
+    return status == FLASHCORE_SUCCESS ? status : set_error(status, message);
+  });
+}
+
 flashcore_status flashcore_attention_plan(const flashcore_attention_params* params, flashcore_plan** plan) {
   return guarded("flashcore_attention_plan", [&] {
     if (plan == nullptr) return set_error(FLASHCORE_ERROR_NULL_POINTER, "plan is NULL");

@@ -608,6 +608,99 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   return FLASHCORE_SUCCESS;
 }
 
+flashcore_status validate_backward_arguments(const flashcore_attention_params& p, std::string& message) {
+  const Tensor tensors[6] = {
+      {"q", p.q, &p.q_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
+      {"k", p.k, &p.k_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
+      {"v", p.v, &p.v_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
+      {"o", p.o, &p.o_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
+      {"dout", p.dout, &p.dout_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"},
+       {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
+      {"lse", p.lse, nullptr, {}, {}},
+  };
+  const Tensor outputs[3] = {
+      {"dq", p.dq, &p.dq_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
+      {"dk", p.dk, &p.dk_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
+      {"dv", p.dv, &p.dv_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
+  };
+  if (p.lse == nullptr) {
+    message = "lse is NULL: the backward reads the forward's LSE (flashcore_attention_forward with lse set)";
+    return FLASHCORE_ERROR_NULL_POINTER;
+  }
+  for (const Tensor* t : {&tensors[4], &outputs[0], &outputs[1], &outputs[2]}) {
+    if (t->ptr == nullptr) {
+      message = cat(t->name, " is NULL");
+      return FLASHCORE_ERROR_NULL_POINTER;
+    }
+  }
+  const std::pair<const char*, bool> not_yet[] = {
+      {"seqused_k", p.seqused_k != nullptr},
+      {"cu_seqlens_q", p.cu_seqlens_q != nullptr},
+      {"cu_seqlens_k", p.cu_seqlens_k != nullptr},
+      {"block_table", p.block_table != nullptr},
+      {"k_new", p.k_new != nullptr},
+      {"precision", p.precision != FLASHCORE_PRECISION_NATIVE},
+      {"out_dtype", p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype},
+      {"kernel_config", p.kernel_config != nullptr},
+      {"flags", p.flags != 0},
+  };
+  for (const auto& [field, set] : not_yet) {
+    if (set) {
+      message = cat(field, " is set: the backward takes dense batches in the input dtype with the library's kernel only ",
+                    "(no seqused_k, cu_seqlens_q/k, block_table, k_new, precision, out_dtype, kernel_config or flags) in ",
+                    "this version");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+  }
+  if (p.deterministic != 0 && p.deterministic != 1) {
+    message = cat("deterministic = ", p.deterministic, " must be 0 or 1");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.reserved3 != 0) {
+    message = cat("reserved3 = ", p.reserved3, " must be 0");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
+    message = cat("dtype = ", dtype_name(p.dtype), ": the backward takes fp16 and bf16");
+    return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
+  }
+  if (!backend::backward_compiled(p.dtype, static_cast<int>(p.head_dim))) {
+    message = cat("head_dim = ", p.head_dim, " has no backward kernel for ", dtype_name(p.dtype),
+                  " in this build (the backward has head dims 64 and 128, where FLASHCORE_HEAD_DIMS holds them)");
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  const int64_t elem_size = dtype_size(p.dtype);
+  for (const Tensor* t : {&tensors[4], &outputs[0], &outputs[1], &outputs[2]}) {
+    if (const flashcore_status s = check_overflow(*t, elem_size, message); s != FLASHCORE_SUCCESS) return s;
+    if (reinterpret_cast<uintptr_t>(t->ptr) % kAlignment != 0) {
+      message = cat(t->name, " = ", hex(t->ptr), " is not ", kAlignment, "-byte aligned");
+      return FLASHCORE_ERROR_MISALIGNED_POINTER;
+    }
+    if (const flashcore_status s = check_strides(*t, p.dtype, message); s != FLASHCORE_SUCCESS) return s;
+  }
+  const uintptr_t lse_begin = reinterpret_cast<uintptr_t>(p.lse);
+  const Span lse_span{lse_begin, lse_begin + static_cast<uintptr_t>(p.batch * p.num_heads_q * p.seqlen_q * 4)};
+  for (int i = 0; i < 3; ++i) {
+    const Span out = span_of(outputs[i], elem_size);
+    for (const Tensor& t : tensors) {
+      const Span in = t.strides == nullptr ? lse_span : span_of(t, elem_size);
+      if (out.overlaps(in)) {
+        message = cat(describe(outputs[i].name, out), " overlaps ", describe(t.name, in));
+        return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
+      }
+    }
+    for (int j = 0; j < i; ++j) {
+      const Span other = span_of(outputs[j], elem_size);
+      if (out.overlaps(other)) {
+        message = cat(describe(outputs[i].name, out), " overlaps ", describe(outputs[j].name, other));
+        return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
+      }
+    }
+    if (const flashcore_status s = check_self_overlap(outputs[i], message); s != FLASHCORE_SUCCESS) return s;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
 namespace {
 
 // "9.0, 10.0" from backend::compiled_archs.

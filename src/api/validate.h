@@ -53,6 +53,20 @@ inline constexpr int32_t kMaxSplits = 256;
 // message naming the argument and its value.
 flashcore_status validate_arguments(const flashcore_attention_params* params, std::string& message);
 
+// The backward's arguments (flashcore_attention_backward), for params that passed validate_arguments, in this order:
+//   NULL_POINTER        lse, dout, dq, dk, dv NULL
+//   INVALID_ARGUMENT    a field the backward does not take yet, named: seqused_k, cu_seqlens_q, cu_seqlens_k,
+//                       block_table, k_new, precision (not NATIVE), out_dtype (not SAME or dtype), kernel_config, flags;
+//                       deterministic not 0/1; reserved3 != 0
+//   UNSUPPORTED_DTYPE   an 8-bit dtype
+//   UNSUPPORTED_HEAD_DIM no backward kernel compiled for (dtype, head_dim) (64 and 128 exist)
+//   SIZE_OVERFLOW       dout, dq, dk, dv's extents
+//   MISALIGNED_POINTER  dout, dq, dk, dv not 16-byte aligned
+//   INVALID_STRIDE      their strides, as the forward's
+//   OVERLAPPING_OUTPUT  dq, dk or dv overlapping q, k, v, o, dout, lse, each other or itself
+// Touches no device.
+flashcore_status validate_backward_arguments(const flashcore_attention_params& p, std::string& message);
+
 // The arguments of flashcore_fp8_transpose_v / flashcore_fp8_transposed_v_size: only V's fields are read (dtype
 // 8-bit, batch, seqlen_k, num_heads_kv, head_dim compiled for it, v 16-byte aligned, v_strides as in
 // validate_arguments); flags must not have FLASHCORE_FLAG_V_TRANSPOSED. Touches no device.

@@ -112,6 +112,12 @@ struct BackendOps {
   // Launch a plan for `p` (the call it was made for, or one of the same shapes).
   flashcore_status (*run)(const Plan& plan, const flashcore_attention_params& p, float softmax_scale,
                           cudaStream_t stream, std::string& error);
+  // The backward pass (flashcore.h flashcore_attention_backward), nullptr where the backend has none: whether a
+  // kernel is compiled for (dtype, head_dim), the workspace bytes of a validated call, and its launches.
+  bool (*backward_compiled)(flashcore_dtype dtype, int head_dim) = nullptr;
+  uint64_t (*backward_workspace)(const flashcore_attention_params& p) = nullptr;
+  flashcore_status (*backward)(const flashcore_attention_params& p, float softmax_scale, int device,
+                               cudaStream_t stream, std::string& error) = nullptr;
 };
 
 }  // namespace flashcore::core

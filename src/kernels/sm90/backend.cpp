@@ -12,6 +12,7 @@
 #include "core/launch_util.h"
 #include "core/plan.h"
 #include "kernels/common/tile_math.h"
+#include "kernels/sm90/bwd_launch.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/precision.h"
 #include "kernels/sm90/scheduler_grid.h"
@@ -438,7 +439,11 @@ flashcore_status check_row(const KernelRow& row, const flashcore_attention_param
   return FLASHCORE_SUCCESS;
 }
 
-const core::BackendOps kBackend = {"sm90", 90, 90, has_image, archs, listed_rows, default_config,
-                                   config_available, plan_call, run_call};
+bool backward_compiled(flashcore_dtype dtype, int head_dim) { return find_bwd_row(dtype, head_dim) != nullptr; }
+uint64_t backward_workspace(const flashcore_attention_params& p) { return bwd_workspace(p).bytes; }
+
+const core::BackendOps kBackend = {"sm90",           90,       90, has_image, archs, listed_rows, default_config,
+                                   config_available, plan_call, run_call, backward_compiled, backward_workspace,
+                                   backward};
 
 }  // namespace flashcore::sm90

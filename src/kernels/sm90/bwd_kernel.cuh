@@ -1,0 +1,64 @@
+// The sm90 backward kernel: a producer warpgroup (TMA; bwd_producer.cuh) and two consumer warpgroups (wgmma;
+// bwd_mainloop.cuh, stores in bwd_epilogue.cuh) per CTA, one CTA per (key block, KV head, batch): grid
+// (ceil(seqlen_k / 128), num_heads_kv, batch). The launches around it (D, scaled LSE, dQ conversion):
+// kernels/common/bwd_prep.cuh. Included by the generated units (sources.cmake) only; host code sees bwd_launch.h.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/common/bwd_prep.cuh"
+#include "kernels/sm90/bwd_config.h"
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/ptx.cuh"
+
+namespace flashcore::sm90 {
+template <class T, int N>
+struct WgmmaSSTransAB;
+#include "kernels/sm90/wgmma_bwd_ops.inc"
+}  // namespace flashcore::sm90
+
+#include "kernels/sm90/bwd_epilogue.cuh"
+#include "kernels/sm90/bwd_mainloop.cuh"
+#include "kernels/sm90/bwd_producer.cuh"
+#include "kernels/sm90/bwd_launch.h"
+
+namespace flashcore::sm90 {
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(const __grid_constant__ BwdParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* smem = smem_raw + ((1024u - (base & 1023u)) & 1023u);  // 128-byte swizzled tiles: 1024-byte aligned
+  auto& bars = *reinterpret_cast<BwdBarriers<Cfg>*>(smem + Cfg::kSmemBarriers);
+  static_assert(sizeof(BwdBarriers<Cfg>) <= Cfg::kSmemBarrierBytes, "barriers overflow their shared memory");
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (threadIdx.x == 0) bars.init();
+  __syncthreads();
+  const BwdWork work = bwd_work<Cfg>(p);
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x < 32 && elect_one_sync()) bwd_produce<Cfg>(p, work, smem, bars);
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    bwd_consume<Cfg>(p, work, smem, bars, warpgroup - 1);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for another arch: the host checks the image before launching
+#endif
+}
+
+}  // namespace flashcore::sm90
+
+// One row of the backward table (bwd_launch.h): the generated unit of (T, head dim) names it here.
+#define FLASHCORE_SM90_DEFINE_BWD(NAME, T, DTYPE, HEAD_DIM)                                                       \
+  namespace flashcore::sm90 {                                                                                   \
+  extern const BwdKernelRow kBwd_##NAME = {                                                                     \
+      DTYPE,                                                                                                    \
+      HEAD_DIM,                                                                                                 \
+      {reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, false>>),               \
+       reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, true>>)},               \
+      BwdConfig<T, HEAD_DIM, false>::kSmemBytes,                                                                \
+      BwdConfig<T, HEAD_DIM, false>::kThreads,                                                                  \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM>),                                 \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>)};                          \
+  }

@@ -1,0 +1,175 @@
+// The sm90 backward's launches (bwd_launch.h): D and the scaled LSE (kernels/common/bwd_prep.cuh), the kernel
+// (bwd_kernel.cuh), the dQ conversion, on one stream.
+#include "kernels/sm90/bwd_launch.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/launch_util.h"
+#include "kernels/common/bwd_layout.h"
+#include "kernels/common/bwd_prep_params.h"
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/tma_desc.h"
+
+// The generated units' rows: FLASHCORE_SM90_BWD(NAME) per compiled (dtype, head dim).
+#define FLASHCORE_SM90_BWD(NAME) extern const BwdKernelRow kBwd_##NAME;
+namespace flashcore::sm90 {
+#include "kernels/sm90/bwd_rows.inc"
+}  // namespace flashcore::sm90
+#undef FLASHCORE_SM90_BWD
+
+namespace flashcore::sm90 {
+namespace {
+
+#define FLASHCORE_SM90_BWD(NAME) &kBwd_##NAME,
+const BwdKernelRow* const kBwdRows[] = {
+#include "kernels/sm90/bwd_rows.inc"
+    nullptr};
+#undef FLASHCORE_SM90_BWD
+
+constexpr int kBlockM = 64, kBlockN = 128;
+
+uint64_t align256(uint64_t x) { return (x + 255) / 256 * 256; }
+
+flashcore_status prepare(const void* kernel, int device, int smem_bytes, std::string& error) {
+  return core::prepare_kernel(kernel, device, smem_bytes, "sm90 backward kernel image", [](const cudaFuncAttributes& a) {
+    if (a.binaryVersion == 90 && (a.ptxVersion == 0 || a.ptxVersion >= 90)) return std::string();
+    return "the loaded sm90 backward kernel image is for sm_" + std::to_string(a.binaryVersion) +
+           ", not the sm_90a build: rebuild FlashCore with FLASHCORE_CUDA_ARCHS=90a";
+  }, error);
+}
+
+flashcore_status launch(const void* kernel, dim3 grid, int threads, int smem, void* args, cudaStream_t stream,
+                        const char* what, std::string& error) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  void* argv[] = {args};
+  if (const cudaError_t err = cudaLaunchKernelExC(&config, kernel, argv); err != cudaSuccess) {
+    error = core::cuda_message(what, err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+}  // namespace
+
+const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim) {
+  for (const BwdKernelRow* row : kBwdRows) {
+    if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim) return row;
+  }
+  return nullptr;
+}
+
+BwdWorkspace bwd_workspace(const flashcore_attention_params& p) {
+  const uint64_t slices = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q);
+  const uint64_t rows = static_cast<uint64_t>(kernels::bwd_padded_rows(p.seqlen_q));
+  BwdWorkspace w;
+  w.lse = 0;
+  w.dpsum = align256(w.lse + slices * rows * 4);
+  w.dq_accum = align256(w.dpsum + slices * rows * 4);
+  w.semaphore = align256(w.dq_accum + slices * rows * static_cast<uint64_t>(p.head_dim) * 4);
+  w.bytes = align256(w.semaphore + (p.deterministic != 0 ? slices * (rows / kBlockM) * 4 : 0));
+  return w;
+}
+
+flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, cudaStream_t stream,
+                          std::string& error) {
+  const BwdKernelRow* row = find_bwd_row(p.dtype, static_cast<int>(p.head_dim));
+  if (row == nullptr) {
+    error = std::string("no sm90 backward kernel compiled for dtype ") + dtype_name(p.dtype) + " and head_dim " +
+            std::to_string(p.head_dim);
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  const void* kernel = row->kernel[p.causal != 0 ? 1 : 0];
+  if (const flashcore_status st = prepare(kernel, device, row->smem_bytes, error); st != FLASHCORE_SUCCESS) return st;
+  const BwdWorkspace ws = bwd_workspace(p);
+  char* base = static_cast<char*>(p.workspace);
+  const int m_blocks = static_cast<int>((p.seqlen_q + kBlockM - 1) / kBlockM);
+  const int64_t pad = kernels::bwd_padded_rows(p.seqlen_q);
+
+  BwdParams bp{};
+  const TensorMapArgs maps[4] = {
+      {"q", p.q, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.q_strides, kBlockM},
+      {"dout", p.dout, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.dout_strides, kBlockM},
+      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, kBlockN},
+      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, kBlockN},
+  };
+  CUtensorMap* targets[4] = {&bp.tma_q, &bp.tma_do, &bp.tma_k, &bp.tma_v};
+  for (int i = 0; i < 4; ++i) {
+    TensorMapArgs args = maps[i];
+    args.chunked = p.head_dim > 64;  // one TMA per tile: every 128-byte chunk of its rows (bwd_producer.cuh)
+    if (const flashcore_status st = encode_tensor_map(targets[i], args, error); st != FLASHCORE_SUCCESS) return st;
+  }
+  bp.lse_log2 = reinterpret_cast<const float*>(base + ws.lse);
+  bp.dpsum = reinterpret_cast<const float*>(base + ws.dpsum);
+  bp.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  bp.dq_semaphore = p.deterministic != 0 ? reinterpret_cast<int*>(base + ws.semaphore) : nullptr;
+  bp.dk = p.dk;
+  bp.dv = p.dv;
+  bp.dk_stride_batch = p.dk_strides.batch;
+  bp.dk_stride_seq = p.dk_strides.seq;
+  bp.dk_stride_head = p.dk_strides.head;
+  bp.dv_stride_batch = p.dv_strides.batch;
+  bp.dv_stride_seq = p.dv_strides.seq;
+  bp.dv_stride_head = p.dv_strides.head;
+  bp.seqlen_q = static_cast<int>(p.seqlen_q);
+  bp.seqlen_k = static_cast<int>(p.seqlen_k);
+  bp.seqlen_q_pad = static_cast<int>(pad);
+  bp.num_heads_q = static_cast<int>(p.num_heads_q);
+  bp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
+  bp.num_m_blocks = m_blocks;
+  bp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+  bp.softmax_scale = softmax_scale;
+  bp.never_step = -1;
+
+  kernels::BwdPrepParams prep{};
+  prep.o = p.o;
+  prep.o_stride_batch = p.o_strides.batch;
+  prep.o_stride_seq = p.o_strides.seq;
+  prep.o_stride_head = p.o_strides.head;
+  prep.dout = p.dout;
+  prep.do_stride_batch = p.dout_strides.batch;
+  prep.do_stride_seq = p.dout_strides.seq;
+  prep.do_stride_head = p.dout_strides.head;
+  prep.lse = p.lse;
+  prep.lse_log2 = const_cast<float*>(bp.lse_log2);
+  prep.dpsum = const_cast<float*>(bp.dpsum);
+  prep.dq_accum = bp.dq_accum;
+  prep.dq_semaphore = bp.dq_semaphore;
+  prep.seqlen_q = bp.seqlen_q;
+  prep.seqlen_q_pad = bp.seqlen_q_pad;
+  prep.num_heads_q = bp.num_heads_q;
+  prep.m_blocks = m_blocks;
+
+  kernels::BwdDqParams conv{};
+  conv.dq_accum = bp.dq_accum;
+  conv.dq = p.dq;
+  conv.stride_batch = p.dq_strides.batch;
+  conv.stride_seq = p.dq_strides.seq;
+  conv.stride_head = p.dq_strides.head;
+  conv.seqlen_q = bp.seqlen_q;
+  conv.num_heads_q = bp.num_heads_q;
+  conv.m_blocks = m_blocks;
+  conv.softmax_scale = softmax_scale;
+
+  const dim3 q_grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads_q),
+                    static_cast<unsigned>(p.batch));
+  const dim3 kv_grid(static_cast<unsigned>((p.seqlen_k + kBlockN - 1) / kBlockN), static_cast<unsigned>(p.num_heads_kv),
+                     static_cast<unsigned>(p.batch));
+  if (flashcore_status st = launch(row->prep, q_grid, 256, 0, &prep, stream, "backward preparation launch failed", error);
+      st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  if (flashcore_status st = launch(kernel, kv_grid, row->threads, row->smem_bytes, &bp, stream,
+                                   "backward kernel launch failed", error);
+      st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  return launch(row->dq_convert, q_grid, 256, 0, &conv, stream, "backward dQ conversion launch failed", error);
+}
+
+}  // namespace flashcore::sm90

@@ -1,0 +1,35 @@
+// The sm90 backward, host side: its kernel table (one row per compiled (dtype, head dim), generated units) and the
+// launches of a validated call (bwd_launch.cpp).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "flashcore/flashcore.h"
+
+namespace flashcore::sm90 {
+
+struct BwdKernelRow {
+  flashcore_dtype dtype;
+  int head_dim;
+  const void* kernel[2];  // [causal]
+  int smem_bytes, threads;
+  const void* prep;        // kernels::flashcore_bwd_prep<T, D>
+  const void* dq_convert;  // kernels::flashcore_bwd_dq_convert<T, D>
+};
+
+// The compiled row for (dtype, head_dim), or nullptr.
+const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim);
+
+// The workspace of a validated backward call: bytes and where each part starts.
+struct BwdWorkspace {
+  uint64_t lse = 0, dpsum = 0, dq_accum = 0, semaphore = 0, bytes = 0;
+};
+BwdWorkspace bwd_workspace(const flashcore_attention_params& p);
+
+// Enqueue the backward of a validated call (flashcore.h flashcore_attention_backward) on `stream`.
+flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, cudaStream_t stream,
+                          std::string& error);
+
+}  // namespace flashcore::sm90

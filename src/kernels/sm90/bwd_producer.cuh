@@ -1,0 +1,89 @@
+// The backward's producer thread: K and V of the CTA's key block once, then per step (query head of the KV group x
+// query block) the Q and dO tiles by TMA and the block's scaled LSE and D rows by bulk copy, into a ring of kStages.
+// The order of the steps is bwd_steps's, which the consumers walk too.
+#pragma once
+#include <cuda/ptx>
+
+#include "kernels/sm90/bwd_config.h"
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/pipeline.cuh"
+
+namespace flashcore::sm90 {
+
+// The barriers of the backward kernel, in shared memory at kSmemBarriers.
+template <class Cfg>
+struct BwdBarriers {
+  Pipeline<Cfg::kStages> step;  // a step's Q, dO, LSE and D
+  uint64_t kv;                  // K and V, loaded once
+  uint32_t sink;                // written only by bwd_keep_allocated's branch, which never runs
+
+  __device__ __forceinline__ void init() {
+    step.init(1, Cfg::kConsumerThreads);
+    cuda::ptx::mbarrier_init(&kv, 1);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+};
+
+// The CTA's work: key block n_block of KV head kv_head in batch `batch`, and the query blocks [m_first, num_m_blocks)
+// of every query head of the group. Causal: query blocks wholly above the bottom-right diagonal see none of the keys.
+struct BwdWork {
+  int n_block, kv_head, batch, m_first;
+};
+
+template <class Cfg>
+__device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
+  BwdWork w{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), 0};
+  if constexpr (Cfg::kCausal) {
+    // Query i sees key j iff j <= i + seqlen_k - seqlen_q: the block's first key is seen from query first_q on.
+    const int first_q = w.n_block * Cfg::kBlockN - (p.seqlen_k - p.seqlen_q);
+    w.m_first = first_q <= 0 ? 0 : first_q / Cfg::kBlockM;
+  }
+  return w;
+}
+
+// A tile of `kRows` rows from `map` into shared memory: one TMA of every chunk (the 5-D chunked map) at head dim 128,
+// one of the only chunk at 64.
+template <class Cfg, int kRows>
+__device__ __forceinline__ void bwd_load_tile(const CUtensorMap* map, uint8_t* dst, int row, int head, int batch,
+                                              uint64_t* bar) {
+  if constexpr (Cfg::kChunks > 1) {
+    const int32_t coords[5] = {0, row, 0, head, batch};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
+  } else {
+    const int32_t coords[4] = {0, row, head, batch};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void bwd_produce(const BwdParams& p, const BwdWork& w, uint8_t* smem,
+                                            BwdBarriers<Cfg>& bars) {
+  const uint32_t kv_bytes = Cfg::kKVTxBytes, stat_bytes = Cfg::kRowStatBytes;  // (the wrappers take references)
+  cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, &bars.kv,
+                                       kv_bytes);
+  const int key0 = w.n_block * Cfg::kBlockN;
+  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_k, smem + Cfg::kSmemK, key0, w.kv_head, w.batch, &bars.kv);
+  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_v, smem + Cfg::kSmemV, key0, w.kv_head, w.batch, &bars.kv);
+  PipelineState<Cfg::kStages> st;
+  for (int g = 0; g < p.head_ratio; ++g) {
+    const int head = w.kv_head * p.head_ratio + g;
+    const int64_t rows = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.seqlen_q_pad;
+    for (int m = w.m_first; m < p.num_m_blocks; ++m) {
+      bars.step.acquire(st);
+      uint64_t* bar = bars.step.commit_tx(st, Cfg::kStepTxBytes);
+      const int row = m * Cfg::kBlockM;
+      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_q, smem + Cfg::kSmemQ + st.stage * Cfg::kQBytes, row, head, w.batch, bar);
+      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_do, smem + Cfg::kSmemDo + st.stage * Cfg::kQBytes, row, head, w.batch,
+                                       bar);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                               smem + Cfg::kSmemLse + st.stage * Cfg::kRowStatBytes, p.lse_log2 + rows + row,
+                               stat_bytes, bar);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                               smem + Cfg::kSmemD + st.stage * Cfg::kRowStatBytes, p.dpsum + rows + row,
+                               stat_bytes, bar);
+      st.advance();
+    }
+  }
+}
+
+}  // namespace flashcore::sm90
