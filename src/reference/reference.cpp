@@ -1,4 +1,5 @@
-// CPU reference attention: float64 (attention) and GPU-like low precision (attention_lowp).
+// CPU reference attention: float64 (attention, attention_backward) and GPU-like low precision (attention_lowp,
+// attention_backward_lowp).
 #include "reference/reference.h"
 
 #include <algorithm>
@@ -226,6 +227,134 @@ Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// attention_backward
+// ---------------------------------------------------------------------------------------------
+
+// a . b over n elements, summed in order as Row sums its scores: a score recomputed here equals the forward's, so that
+// P = exp(s - LSE) is exactly 1 for a row that sees one key, and dO . v_j here equals dO . O there.
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// The gradients, FlashAttention-style: per (batch, KV head), with K, V and the group's Q and dO made dense,
+//   pass 1 (rows):  LSE_i and O_i through the forward's Row (so the probabilities are the forward's), D_i = dO_i . O_i;
+//   pass 2 (keys):  dV_j = sum_i P_ij dO_i, dK_j = scale * sum_i dS_ij q_i over the group's heads and the rows that
+//                   see key j, with P_ij = exp(scale * q_i . k_j - LSE_i), dS_ij = P_ij (dO_i . v_j - D_i);
+//   pass 3 (rows):  dQ_i = scale * sum_j dS_ij k_j over the keys row i sees.
+// P and dS are recomputed in passes 2 and 3, so every output element is a sum in a fixed order, whatever the thread
+// count, with no partial buffers to reduce. T and row.round() as in Row: exact (double) or the low-precision model.
+template <typename T>
+Gradients run_backward(const flashcore_attention_params& p, const void* dout, int threads, const Row<T>& row) {
+  validate(p);
+  if (dout == nullptr) throw std::invalid_argument("reference: host_dout must be a non-null host pointer");
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.num_heads_q, Hkv = p.num_heads_kv,
+                D = p.head_dim, group = Hq / Hkv;
+  const T scale = row.scale;
+  auto at = [](std::vector<T>& v, int64_t i) -> T& { return v[static_cast<size_t>(i)]; };
+
+  Gradients out;
+  out.dq.assign(static_cast<size_t>(B * Sq * Hq * D), 0.0);
+  out.dk.assign(static_cast<size_t>(B * Sk * Hkv * D), 0.0);
+  out.dv.assign(static_cast<size_t>(B * Sk * Hkv * D), 0.0);
+
+  // Tasks of about a quarter of a thread's share: rows (of all the group's heads) for passes 1 and 3, keys for 2.
+  const int64_t rows = group * Sq;
+  const int64_t row_chunk = std::max<int64_t>(1, (rows + 4 * threads - 1) / (4 * threads));
+  const int64_t row_tasks = (rows + row_chunk - 1) / row_chunk;
+  const int64_t key_chunk = std::max<int64_t>(1, (Sk + 4 * threads - 1) / (4 * threads));
+  const int64_t key_tasks = (Sk + key_chunk - 1) / key_chunk;
+
+  std::vector<T> K(static_cast<size_t>(Sk * D)), V(static_cast<size_t>(Sk * D));
+  std::vector<T> Q(static_cast<size_t>(rows * D)), dO(static_cast<size_t>(rows * D));
+  std::vector<T> lse(static_cast<size_t>(rows)), delta(static_cast<size_t>(rows));
+  std::vector<int64_t> visible(static_cast<size_t>(Sq));
+
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < Sq; ++i) visible[static_cast<size_t>(i)] = visible_keys(p, b, i);
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+      parallel_for(key_tasks, threads, [&](int64_t c) {
+        for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j)
+          for (int64_t d = 0; d < D; ++d) {
+            at(K, j * D + d) = load_element(p.k, p.dtype, element_index(p.k_strides, b, j, hkv, d));
+            at(V, j * D + d) = load_element(p.v, p.dtype, element_index(p.v_strides, b, j, hkv, d));
+          }
+      });
+      // Row r = g * Sq + i: query row i of head hkv * group + g.
+      parallel_for(row_tasks, threads, [&](int64_t c) {
+        std::vector<double> o(static_cast<size_t>(D));
+        std::vector<T> s(static_cast<size_t>(Sk)), o_t(static_cast<size_t>(D));  // o_t: O in T (exact: Row's are T)
+        for (int64_t r = c * row_chunk; r < std::min(rows, (c + 1) * row_chunk); ++r) {
+          const int64_t h = hkv * group + r / Sq, i = r % Sq;
+          for (int64_t d = 0; d < D; ++d) {
+            at(Q, r * D + d) = load_element(p.q, p.dtype, element_index(p.q_strides, b, i, h, d));
+            at(dO, r * D + d) = load_element(dout, p.dtype, element_index(p.dout_strides, b, i, h, d));
+          }
+          const int64_t n = visible[static_cast<size_t>(i)];
+          double row_lse = 0;
+          row(&at(Q, r * D), K.data(), V.data(), n, D, o.data(), &row_lse, s);
+          at(lse, r) = static_cast<T>(row_lse);
+          for (int64_t d = 0; d < D; ++d) o_t[static_cast<size_t>(d)] = static_cast<T>(o[static_cast<size_t>(d)]);
+          at(delta, r) = n > 0 ? dot(&at(dO, r * D), o_t.data(), D) : T(0);
+        }
+      });
+      // P_ij and dS_ij of row r and key j (the row sees the key).
+      auto p_and_ds = [&](int64_t r, int64_t j, T& pij, T& ds) {
+        const T* q = &Q[static_cast<size_t>(r * D)];
+        pij = std::exp(dot(q, &K[static_cast<size_t>(j * D)], D) * scale - lse[static_cast<size_t>(r)]);
+        ds = pij * (dot(&dO[static_cast<size_t>(r * D)], &V[static_cast<size_t>(j * D)], D) -
+                    delta[static_cast<size_t>(r)]);
+      };
+      parallel_for(key_tasks, threads, [&](int64_t c) {
+        std::vector<T> dk(static_cast<size_t>(D)), dv(static_cast<size_t>(D));
+        for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j) {
+          std::fill(dk.begin(), dk.end(), T(0));
+          std::fill(dv.begin(), dv.end(), T(0));
+          for (int64_t r = 0; r < rows; ++r) {
+            if (visible[static_cast<size_t>(r % Sq)] <= j) continue;
+            T pij, ds;
+            p_and_ds(r, j, pij, ds);
+            const T pr = row.round(pij), dsr = row.round(ds);
+            const T* q = &Q[static_cast<size_t>(r * D)];
+            const T* g = &dO[static_cast<size_t>(r * D)];
+            for (int64_t d = 0; d < D; ++d) {
+              dv[static_cast<size_t>(d)] += pr * g[d];
+              dk[static_cast<size_t>(d)] += dsr * q[d];
+            }
+          }
+          const size_t base = static_cast<size_t>(((b * Sk + j) * Hkv + hkv) * D);
+          for (int64_t d = 0; d < D; ++d) {
+            out.dk[base + static_cast<size_t>(d)] = static_cast<double>(row.round(dk[static_cast<size_t>(d)] * scale));
+            out.dv[base + static_cast<size_t>(d)] = static_cast<double>(row.round(dv[static_cast<size_t>(d)]));
+          }
+        }
+      });
+      parallel_for(row_tasks, threads, [&](int64_t c) {
+        std::vector<T> dq(static_cast<size_t>(D));
+        for (int64_t r = c * row_chunk; r < std::min(rows, (c + 1) * row_chunk); ++r) {
+          const int64_t h = hkv * group + r / Sq, i = r % Sq;
+          std::fill(dq.begin(), dq.end(), T(0));
+          for (int64_t j = 0; j < visible[static_cast<size_t>(i)]; ++j) {
+            T pij, ds;
+            p_and_ds(r, j, pij, ds);
+            const T dsr = row.round(ds);
+            const T* k = &K[static_cast<size_t>(j * D)];
+            for (int64_t d = 0; d < D; ++d) dq[static_cast<size_t>(d)] += dsr * k[d];
+          }
+          const size_t base = static_cast<size_t>(((b * Sq + i) * Hq + h) * D);
+          for (int64_t d = 0; d < D; ++d)
+            out.dq[base + static_cast<size_t>(d)] = static_cast<double>(row.round(dq[static_cast<size_t>(d)] * scale));
+        }
+      });
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 double resolved_softmax_scale(const flashcore_attention_params& p) {
@@ -240,6 +369,17 @@ Output attention_lowp(const flashcore_attention_params& host_problem, const std:
                       int threads) {
   const float scale = static_cast<float>(resolved_softmax_scale(host_problem));
   return run(host_problem, rows, threads, Row<float>{scale, host_problem.dtype});
+}
+
+Gradients attention_backward(const flashcore_attention_params& host_problem, const void* host_dout, int threads) {
+  return run_backward(host_problem, host_dout, threads,
+                      Row<double>{resolved_softmax_scale(host_problem), host_problem.dtype});
+}
+
+Gradients attention_backward_lowp(const flashcore_attention_params& host_problem, const void* host_dout,
+                                  int threads) {
+  const float scale = static_cast<float>(resolved_softmax_scale(host_problem));
+  return run_backward(host_problem, host_dout, threads, Row<float>{scale, host_problem.dtype});
 }
 
 }  // namespace flashcore::reference
