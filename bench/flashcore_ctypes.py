@@ -9,9 +9,15 @@ python/flashcore/_lib.py (one mirror of the header, tested against it and a C co
     lib.forward(params, torch.cuda.current_stream().cuda_stream)
     params = lib.params_for(q8, k8, v8, o, bhsd=False, descales=(qd, kd, vd))  # e4m3 inputs, O in o's dtype
     params = lib.params_for(q, k, v, o, precision=PRECISION_FP8)  # 16-bit inputs quantized by the library
+
+The backward (ABI 0.4, flashcore_attention_backward), on the forward's q, k, v, o and lse:
+
+    bparams = lib.backward_params_for(q, k, v, o, lse, dout, dq, dk, dv, causal=True)  # workspace allocated here
+    lib.backward(bparams, torch.cuda.current_stream().cuda_stream)
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from typing import Any, Optional, Tuple
@@ -35,6 +41,31 @@ from flashcore._lib import (  # noqa: E402,F401  (re-exported for users of this 
     CapabilitiesStruct as Capabilities,
     TensorStridesStruct as TensorStrides,
 )
+
+# flashcore_attention_params with the backward's fields (since 0.4: dout, dq, dk, dv, their strides, deterministic,
+# reserved3). The package's mirror (_lib.AttentionParamsStruct) is used as is once it has them; until then this module
+# extends the 0.3 mirror, whose fields end exactly where the 0.4 ones begin (FLASHCORE_ATTENTION_PARAMS_V3_SIZE = 480).
+BACKWARD_FIELDS = [
+    ("dout", ctypes.c_void_p),
+    ("dq", ctypes.c_void_p),
+    ("dk", ctypes.c_void_p),
+    ("dv", ctypes.c_void_p),
+    ("dout_strides", TensorStrides),
+    ("dq_strides", TensorStrides),
+    ("dk_strides", TensorStrides),
+    ("dv_strides", TensorStrides),
+    ("deterministic", ctypes.c_int32),
+    ("reserved3", ctypes.c_int32),
+]
+ATTENTION_PARAMS_V3_SIZE = 480
+
+if hasattr(AttentionParams, "dout"):
+    BackwardParams = AttentionParams
+else:
+    class BackwardParams(ctypes.Structure):
+        """flashcore_attention_params of ABI 0.4: the package's 0.3 mirror and the backward's fields."""
+
+        _fields_ = list(AttentionParams._fields_) + BACKWARD_FIELDS
 
 # Short names as the CLI and the report spell them.
 DTYPE_NAMES = {DTYPE_FP16: "fp16", DTYPE_BF16: "bf16", _lib.DTYPE_FP32: "fp32", _lib.DTYPE_FP8_E4M3: "fp8_e4m3",
@@ -140,6 +171,90 @@ class FlashCoreLib:
 
     def forward(self, params: AttentionParams, stream: int) -> None:
         self.library.forward(params, stream)
+
+    # -- the backward (ABI 0.4) ------------------------------------------------------------------------------------
+
+    def _raw(self, name: str, argtypes, restype=ctypes.c_int):
+        """A fresh ctypes function object for symbol `name` (CDLL[name] is not the cached attribute _lib declared, so
+        the argtypes set here, which take BackwardParams by address, never change the package's declarations)."""
+        fn = self.lib[name]
+        fn.argtypes = argtypes
+        fn.restype = restype
+        return fn
+
+    def has_backward(self) -> bool:
+        """Whether the library has flashcore_attention_backward and a params struct as large as BackwardParams."""
+        if not hasattr(self.lib, "flashcore_attention_backward"):
+            return False
+        return self.library.capabilities().params_struct_size >= ctypes.sizeof(BackwardParams)
+
+    def _require_backward(self) -> None:
+        if not self.has_backward():
+            raise RuntimeError(f"FlashCore: {self.path} (version {self.version()}) has no flashcore_attention_backward "
+                               f"taking a {ctypes.sizeof(BackwardParams)}-byte params struct; a 0.4 library is needed")
+
+    def new_backward_params(self) -> BackwardParams:
+        """An initialised BackwardParams (struct_size = its sizeof: the library reads the backward's fields)."""
+        self._require_backward()
+        params = BackwardParams()
+        init = self._raw("flashcore_attention_params_init_sized", [ctypes.c_void_p, ctypes.c_uint32], None)
+        init(ctypes.addressof(params), ctypes.sizeof(BackwardParams))
+        if params.struct_size != ctypes.sizeof(BackwardParams):
+            raise RuntimeError(f"FlashCore: flashcore_attention_params_init_sized refused struct_size "
+                               f"{ctypes.sizeof(BackwardParams)}: {self.library.last_error()}")
+        return params
+
+    def backward_workspace_size(self, params: BackwardParams) -> int:
+        """Bytes of workspace flashcore_attention_backward needs for `params` (validates them like the backward)."""
+        size = ctypes.c_uint64(0)
+        fn = self._raw("flashcore_attention_backward_workspace_size", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)])
+        self.library.check(fn(ctypes.addressof(params), ctypes.byref(size)), "flashcore_attention_backward_workspace_size")
+        return int(size.value)
+
+    def backward_params_for(self, q, k, v, o, lse, dout, dq, dk, dv, causal: bool = False, bhsd: bool = True,
+                            softmax_scale: float = 0.0, deterministic: bool = False) -> BackwardParams:
+        """Validated backward params for torch tensors indexed (B, H, S, D) when bhsd, else (B, S, H, D): the forward's
+        q, k, v, o and lse ((B, Hq, Sq) float32 contiguous), dout (o's shape), and the outputs dq (q's shape), dk, dv
+        (k's). The workspace (backward_workspace_size bytes, any contents) is allocated here and kept alive with the
+        others (release_workspaces)."""
+        import torch  # only needed here
+
+        dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16}
+        if q.dtype not in dtypes:
+            raise ValueError(f"the backward takes float16 or bfloat16 tensors, not {q.dtype}")
+        if bhsd:
+            B, Hq, Sq, D = q.shape
+            _, Hkv, Sk, _ = k.shape
+        else:
+            B, Sq, Hq, D = q.shape
+            _, Sk, Hkv, _ = k.shape
+        params = _lib.fill_params(
+            self.new_backward_params(),
+            pointers=(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()),
+            strides=tuple(self._strides(t, bhsd) for t in (q, k, v, o)),
+            sizes=(B, Sq, Sk, Hq, Hkv, D),
+            dtype=dtypes[q.dtype],
+            causal=causal,
+            softmax_scale=softmax_scale,
+        )
+        params.dout, params.dq, params.dk, params.dv = (t.data_ptr() for t in (dout, dq, dk, dv))
+        for field, t in zip(("dout_strides", "dq_strides", "dk_strides", "dv_strides"), (dout, dq, dk, dv)):
+            target = getattr(params, field)
+            target.batch, target.seq, target.head, target.dim = self._strides(t, bhsd)
+        params.deterministic = 1 if deterministic else 0
+        size = self.backward_workspace_size(params)
+        if size:
+            buf = torch.empty(size, dtype=torch.uint8, device=q.device)
+            self._workspaces.append(buf)
+            params.workspace = buf.data_ptr()
+            params.workspace_size = size
+        return params
+
+    def backward(self, params: BackwardParams, stream: int) -> None:
+        """Enqueue flashcore_attention_backward on `stream` (a cudaStream_t as an integer)."""
+        fn = self._backward_fn = getattr(self, "_backward_fn", None) or self._raw(
+            "flashcore_attention_backward", [ctypes.c_void_p, ctypes.c_void_p])
+        self.library.check(fn(ctypes.addressof(params), ctypes.c_void_p(stream or None)), "flashcore_attention_backward")
 
     def release_workspaces(self) -> None:
         """Drop the workspaces of earlier params_for calls (their params must not be used afterwards)."""

@@ -182,6 +182,19 @@ if [[ $HAVE_E4M3 -eq 0 ]]; then
     expect 2 "unsupported dtype e4m3: not compiled" 1 -- "$BIN" check --shape "$S1" --dtype e4m3
   fi
 fi
+# the backward's modes (--mode bwd / fwdbwd): 16-bit inputs at native precision, with LSE
+for cmd in bench check; do
+  usage_form $cmd --mode x
+  expect 2 "expected fwd, bwd or fwdbwd" 1 -- "$BIN" $cmd --mode backward
+  expect 0 "--mode" 0 -- "$BIN" $cmd --help
+  expect 2 "the backward takes 16-bit inputs" 1 -- "$BIN" $cmd --mode bwd --shape "$S1" --dtype e4m3
+  expect 2 "the backward runs at native precision" 1 -- "$BIN" $cmd --mode fwdbwd --shape "$S1" --dtype "$DT" \
+    --precision fp8
+done
+expect 2 "the backward needs the forward's LSE" 1 -- "$BIN" bench --mode bwd --no-lse --dtype "$DT"
+expect 2 "--deterministic is for --mode bwd" 1 -- "$BIN" bench --deterministic --dtype "$DT"
+expect 2 "takes no value" 1 -- "$BIN" bench --mode bwd --deterministic=1
+expect 0 "2.5" 0 -- "$BIN" bench --help
 expect 2 "--causal" 1 -- "$BIN" bench --causal 2
 expect 2 "--layout" 1 -- "$BIN" bench --layout sbhd
 expect 2 "not an integer" 1 -- "$BIN" bench --iters abc
@@ -213,6 +226,8 @@ nogpu bench --dtype "$DT"
 nogpu bench seeds --dtype "$DT"
 nogpu bench grid --dtype "$DT" --causal both
 nogpu bench --shape "$S1" --dtype "$DT" --graph --json "$tmp/x.json"
+nogpu bench --shape "$S1" --dtype "$DT" --mode bwd --deterministic
+nogpu bench grid --dtype "$DT" --mode fwdbwd
 nogpu tvla --shape "$S1" --dtype "$DT" --n 10
 nogpu tune --dtype "$DT" --out "$tmp/table.json"
 if [[ $have_check -eq 1 ]]; then
@@ -220,6 +235,9 @@ if [[ $have_check -eq 1 ]]; then
   nogpu check --shape "$S1" --dtype "$DT" --determinism 3
   nogpu check --quick --json "$tmp/check.json" --csv "$tmp/check.csv"
   nogpu bench --shape "$S1" --dtype "$DT" --check
+  nogpu check --quick --mode bwd
+  nogpu check --shape "$S1" --dtype "$DT" --mode fwdbwd --determinism 3
+  nogpu bench --shape "$S1" --dtype "$DT" --mode bwd --check
 fi
 if [[ $HAVE_E4M3 -eq 1 ]]; then
   nogpu bench --shape "$S1" --dtype e4m3 --out-dtype fp16

@@ -1,5 +1,6 @@
-// `flashcore bench`: CUDA-event timing of flashcore_attention_forward with buffer rotation, optional CUDA
-// graph mode, NVML power sampling, inline correctness check, table / JSON / CSV / repro output.
+// `flashcore bench`: CUDA-event timing of flashcore_attention_forward (--mode bwd: flashcore_attention_backward; fwdbwd:
+// both) with buffer rotation, optional CUDA graph mode, NVML power sampling, inline correctness check, table / JSON /
+// CSV / repro output.
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 #include "check/check.h"
+#include "check/check_bwd.h"
 #endif
 
 namespace fccli {
@@ -61,6 +63,8 @@ struct ShapeArg {
 };
 
 struct Options {
+  PassMode mode = PassMode::Fwd;  // what is timed: the forward, the backward (after one forward), or both
+  bool deterministic = false;     // the backward's deterministic flag
   std::vector<std::string> presets;
   std::vector<ShapeArg> shapes;
   ProblemFlags problem;  // dtypes, causal (empty: default), layout
@@ -86,7 +90,7 @@ struct Stats {
 
 struct RowResult {
   RowSpec spec;
-  std::string status = "ok";  // ok | error | skipped
+  std::string status = "ok";  // ok | error | skipped (the library's backward does not take the row: head dim, dtype)
   std::string message;
   Stats ms;
   double flops = 0;
@@ -94,10 +98,12 @@ struct RowResult {
   double kv_gbps = NAN;  // bytes of K and V the call reads (every key of every KV head once) / median time
   int rotate_sets = 0;
   int64_t bytes_per_set = 0;
+  int64_t bwd_workspace_bytes = 0;  // flashcore_attention_backward_workspace_size (the backward's modes)
   PowerStats power;
   bool checked = false;
   std::string check_status;  // pass | FAIL | skip
   double check_o_err = NAN, check_o_tol = NAN, check_lse_err = NAN;
+  double check_grad_err = NAN, check_grad_tol = NAN;  // backward: the largest of dQ, dK, dV's max |err| / max |ref|
   std::string check_message;
   std::string repro;
   std::string config;  // the kernel config the library ran (flashcore_attention_selected_config)
@@ -144,6 +150,11 @@ Options parse_options(int argc, char** argv, int first) {
       o.presets.push_back(p);
     } else if (f == "--shape") {
       o.shapes.push_back(parse_shape_arg(a.value(f)));
+    } else if (f == "--mode") {
+      o.mode = parse_mode(a.value(f));
+    } else if (f == "--deterministic") {
+      a.no_value(f);
+      o.deterministic = true;
     } else if (parse_problem_flag(f, a, o.problem)) {
     } else if (f == "--iters") {
       o.iters = static_cast<int>(parse_int(f, a.value(f), 1, 1000000));
@@ -192,6 +203,9 @@ Options parse_options(int argc, char** argv, int first) {
   if (o.check) usage_error("--check: this flashcore was built without the check library");
 #endif
   check_problem_flags(o.problem);  // --precision against --dtype, --out-dtype
+  check_mode_flags(o.mode, o.problem);  // the backward: 16-bit, native precision
+  if (runs_backward(o.mode) && !o.lse) usage_error("--no-lse: the backward needs the forward's LSE (--mode fwd only)");
+  if (o.deterministic && !runs_backward(o.mode)) usage_error("--deterministic is for --mode bwd / fwdbwd");
   if (o.v_transposed && !(o.problem.dtypes.size() == 1 && flashcore::is_8bit(o.problem.dtypes[0])))
     usage_error("--v-transposed is for --dtype e4m3 / e5m2 (8-bit V given transposed)");
   if (o.presets.empty() && o.shapes.empty()) o.presets.push_back("seeds");
@@ -301,6 +315,15 @@ struct DeviceArena {
 struct RowError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// A row the library's backward does not take (FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM / _DTYPE): listed as skipped, not
+// a failure.
+struct RowSkip : RowError {
+  using RowError::RowError;
+};
+
+// FLOPs of the timed work per forward FLOP, as FlashAttention counts them: the backward does 2.5x the forward's
+// matrix products (5 GEMMs of the forward's size against 2), forward + backward 3.5x.
+double mode_flop_factor(PassMode mode) { return mode == PassMode::Bwd ? 2.5 : mode == PassMode::FwdBwd ? 3.5 : 1.0; }
 
 // ---------------------------------------------------------------------------------------------------
 // One row
@@ -314,7 +337,8 @@ class RowRunner {
 
   void run(RowResult& res) {
     const RowSpec& r = res.spec;
-    res.flops = row_flops(r);
+    res.flops = row_flops(r) * mode_flop_factor(o_.mode);
+    const bool backward = runs_backward(o_.mode);
     flashcore_attention_params p;
     try {  // a row the library refuses is that row's error, not the run's
       p = problem_params(r.batch, r.seqlen_q, r.seqlen_k, r.heads_q, r.heads_kv, r.head_dim, r.dtype, r.causal,
@@ -331,11 +355,14 @@ class RowRunner {
     const size_t kv_bytes = static_cast<size_t>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) * esize;
     const size_t o_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * 2;
     const size_t lse_bytes = o_.lse ? static_cast<size_t>(r.batch * r.heads_q * r.seqlen_q) * 4 : 0;
-    // Layout of one set: Q K V O [LSE], each 256-byte aligned.
+    // Layout of one set: Q K V O [LSE], each 256-byte aligned; the backward's modes add dO dQ dK dV (16-bit).
     const size_t off_k = align256(q_bytes), off_v = off_k + align256(kv_bytes), off_o = off_v + align256(kv_bytes);
     const size_t off_lse = off_o + align256(o_bytes);
-    const size_t set_bytes = off_lse + align256(lse_bytes);
-    const size_t touched = q_bytes + 2 * kv_bytes + o_bytes + lse_bytes;
+    const size_t off_dout = off_lse + align256(lse_bytes), off_dq = off_dout + (backward ? align256(q_bytes) : 0);
+    const size_t off_dk = off_dq + (backward ? align256(q_bytes) : 0), off_dv = off_dk + (backward ? align256(kv_bytes) : 0);
+    const size_t set_bytes = off_dv + (backward ? align256(kv_bytes) : 0);
+    // Bytes one timed call reads or writes: the forward Q K V O [LSE]; the backward also dO, dQ, dK, dV.
+    const size_t touched = q_bytes + 2 * kv_bytes + o_bytes + lse_bytes + (backward ? 2 * q_bytes + 2 * kv_bytes : 0);
     res.bytes_per_set = static_cast<int64_t>(touched);
 
     size_t sets = 1;
@@ -359,6 +386,7 @@ class RowRunner {
       pool_.fill(s + off_k, kv_bytes, r.dtype, rng, stream_);
       pool_.fill(s + off_v, kv_bytes, r.dtype, rng, stream_);
       FC_CUDA(cudaMemsetAsync(s + off_o, 0, o_bytes, stream_));
+      if (backward) pool_.fill(s + off_dout, q_bytes, r.dtype, rng, stream_);  // dO; dQ, dK, dV are written whole
     }
     // e4m3 inputs: descales per (batch, KV head), (k / 64) / 64 with k in [32, 128] (the pool's values are N(0, 1) * 64:
     // real values ~N(0, 1) * [0.5, 2]); shared by the sets.
@@ -403,6 +431,34 @@ class RowRunner {
     flashcore_status st = flashcore_attention_validate(&params_[0]);
     if (st != FLASHCORE_SUCCESS)
       throw RowError(std::string("validate: ") + flashcore_status_string(st) + ": " + flashcore_last_error());
+    // The backward's params: the forward's tensors (O and LSE as inputs), dO, dQ, dK, dV, and a workspace of its own
+    // (any contents; the forward's must stay zero-filled), shared by the sets.
+    if (backward) {
+      bwd_params_ = params_;
+      for (size_t i = 0; i < sets; ++i) {
+        char* s = base + i * set_bytes;
+        flashcore_attention_params& q = bwd_params_[i];
+        q.dout = s + off_dout, q.dq = s + off_dq, q.dk = s + off_dk, q.dv = s + off_dv;
+        q.dout_strides = q.dq_strides = q.q_strides;
+        q.dk_strides = q.dv_strides = q.k_strides;
+        q.deterministic = o_.deterministic ? 1 : 0;
+      }
+      uint64_t bwd_bytes = 0;
+      st = flashcore_attention_backward_workspace_size(&bwd_params_[0], &bwd_bytes);
+      if (st == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || st == FLASHCORE_ERROR_UNSUPPORTED_DTYPE)
+        throw RowSkip(std::string("backward: ") + flashcore_status_string(st) + ": " + flashcore_last_error());
+      if (st != FLASHCORE_SUCCESS)
+        throw RowError(std::string("backward_workspace_size: ") + flashcore_status_string(st) + ": " +
+                       flashcore_last_error());
+      res.bwd_workspace_bytes = static_cast<int64_t>(bwd_bytes);
+      if (bwd_bytes > 0) {
+        FC_CUDA(cudaMalloc(&bwd_workspace_.ptr, bwd_bytes));
+        for (flashcore_attention_params& q : bwd_params_) {
+          q.workspace = bwd_workspace_.ptr;
+          q.workspace_size = bwd_bytes;
+        }
+      }
+    }
     // The workspace the call needs (a tuned config may use the dynamic scheduler), zero-filled, shared by the sets.
     uint64_t ws_bytes = 0;
     st = flashcore_attention_workspace_size(&params_[0], &ws_bytes);
@@ -417,25 +473,46 @@ class RowRunner {
       }
     }
 
+    // --mode bwd: the forward once per set (untimed), for the O and LSE the backward reads.
+    if (o_.mode == PassMode::Bwd) {
+      for (size_t i = 0; i < sets; ++i) forward(i);
+      FC_CUDA(cudaStreamSynchronize(stream_));
+    }
+
     std::vector<double> times = o_.graph ? time_graph() : time_plain();
     res.ms = summarize(times);
     res.tflops = res.flops / (res.ms.median * 1e-3) / 1e12;
-    res.kv_gbps = 2.0 * static_cast<double>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) *
-                  static_cast<double>(esize) /* bytes per input element */ / (res.ms.median * 1e-3) / 1e9;
+    // The KV stream figure is the forward's (K and V read once); not reported for the backward's modes.
+    res.kv_gbps = backward ? NAN
+                           : 2.0 * static_cast<double>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) *
+                                 static_cast<double>(esize) /* bytes per input element */ / (res.ms.median * 1e-3) / 1e9;
     char config[128] = "";
-    if (flashcore_attention_selected_config(&params_[0], config, sizeof config) == FLASHCORE_SUCCESS) {
-      res.config = config;
+    if (o_.mode != PassMode::Bwd &&
+        flashcore_attention_selected_config(&params_[0], config, sizeof config) == FLASHCORE_SUCCESS) {
+      res.config = config;  // the forward's kernel config (the backward has no config query)
     }
   }
 
   PowerStats power() const { return power_; }
 
  private:
-  void call(size_t set) {
-    flashcore_status st = flashcore_attention_forward(&params_[set % params_.size()], stream_);
+  void forward(size_t i) {
+    flashcore_status st = flashcore_attention_forward(&params_[i], stream_);
     if (st != FLASHCORE_SUCCESS)
       throw RowError(std::string("flashcore_attention_forward: ") + flashcore_status_string(st) + ": " +
                      flashcore_last_error());
+  }
+  void backward(size_t i) {
+    flashcore_status st = flashcore_attention_backward(&bwd_params_[i], stream_);
+    if (st != FLASHCORE_SUCCESS)
+      throw RowError(std::string("flashcore_attention_backward: ") + flashcore_status_string(st) + ": " +
+                     flashcore_last_error());
+  }
+  // One timed call on buffer set `set`: the forward, the backward, or the forward then the backward (--mode).
+  void call(size_t set) {
+    const size_t i = set % params_.size();
+    if (o_.mode != PassMode::Bwd) forward(i);
+    if (runs_backward(o_.mode)) backward(i);
   }
 
   // Keeps the GPU busy with more calls (untimed) until the sampler has seen `power_ms` of steady load.
@@ -555,7 +632,9 @@ class RowRunner {
   cudaStream_t stream_;
   PowerSampler* sampler_;
   std::vector<flashcore_attention_params> params_;
+  std::vector<flashcore_attention_params> bwd_params_;  // the backward's modes: params_ with dO, dQ, dK, dV
   DeviceArena workspace_;
+  DeviceArena bwd_workspace_;  // the backward's workspace (any contents)
   DeviceArena descales_;  // e4m3: q, k, v descales (3 x batch x heads_kv floats)
   DeviceArena vt_;        // --v-transposed: each set's transposed V
   PowerStats power_;
@@ -578,6 +657,8 @@ std::string repro_command(const Options& o, const RowSpec& r) {
                   std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup);
   if (r.precision != FLASHCORE_PRECISION_NATIVE) c += std::string(" --precision ") + cli_precision_name(r.precision);
   if (r.out_dtype != FLASHCORE_DTYPE_SAME) c += std::string(" --out-dtype ") + cli_dtype_name(r.out_dtype);
+  if (o.mode != PassMode::Fwd) c += std::string(" --mode ") + mode_name(o.mode);
+  if (o.deterministic) c += " --deterministic";
   if (o.graph) c += " --graph --graph-calls " + std::to_string(o.graph_calls);
   if (!o.rotate) c += " --no-rotate";
   if (!o.lse) c += " --no-lse";
@@ -606,7 +687,13 @@ double tflops_per_watt(const RowResult& r) {
 
 const char* kTableFmt = "%-8s %-18s %-9s %-6s %10s %10s %10s %10s %8s %13s %7s %7s %6s %5s %7s %s\n";
 
-void print_header(bool check) {
+void print_header(const Options& o, bool check) {
+  if (runs_backward(o.mode))  // the forward's table is unchanged; the backward's says what its times are
+    std::printf("mode %s%s: %s; TFLOPS = %.1f x the forward's FLOPs\n", mode_name(o.mode),
+                o.deterministic ? " (deterministic)" : "",
+                o.mode == PassMode::Bwd ? "flashcore_attention_backward alone (the forward ran once before, untimed)"
+                                        : "flashcore_attention_forward then flashcore_attention_backward per call",
+                mode_flop_factor(o.mode));
   std::printf(kTableFmt, "tag", "B,H,S,D[,Hkv,Sk]", "dtype", "causal", "median_ms", "mean_ms", "p99_ms", "min_ms",
               "TFLOPS", "KV_GB/s(peak)", "W_mean", "W_peak", "SM_MHz", "temp", "TFLOP/W", check ? "check" : "");
   std::fflush(stdout);
@@ -615,7 +702,10 @@ void print_header(bool check) {
 // hbm_peak_gbps: the device's DRAM peak, for the KV GB/s column's share (0: unknown, no share printed).
 void print_row(const RowResult& r, bool check, double hbm_peak_gbps) {
   std::string chk;
-  if (check && r.checked) chk = r.check_status + (std::isfinite(r.check_o_err) ? " " + fmt("%.2e", r.check_o_err) : "");
+  if (check && r.checked) {
+    chk = r.check_status + (std::isfinite(r.check_o_err) ? " " + fmt("%.2e", r.check_o_err) : "");
+    if (std::isfinite(r.check_grad_err)) chk += " grad " + fmt("%.2e", r.check_grad_err);
+  }
   if (r.status != "ok") chk = r.status + ": " + r.message;
   const PowerStats& p = r.power;
   std::printf(kTableFmt, r.spec.tag.c_str(), shape_text(r.spec).c_str(), dtype_label(r.spec).c_str(),
@@ -644,7 +734,9 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
     << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"graph_calls\": " << o.graph_calls
     << ", \"rotate\": " << (o.rotate ? "true" : "false") << ", \"lse\": " << (o.lse ? "true" : "false")
     << ", \"layout\": \"" << (o.problem.bhsd ? "bhsd" : "bshd") << "\", \"statistic\": \"median\""
-    << ", \"tflops_rule\": \"4*B*H*D*visible_pairs; causal Sq==Sk: S*S/2\"},\n";
+    << ", \"tflops_rule\": \"" << (o.mode == PassMode::Bwd ? "2.5*" : o.mode == PassMode::FwdBwd ? "3.5*" : "")
+    << "4*B*H*D*visible_pairs; causal Sq==Sk: S*S/2\", \"mode\": \"" << mode_name(o.mode)
+    << "\", \"deterministic\": " << (o.deterministic ? "true" : "false") << "},\n";
   f << "  \"rows\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const RowResult& r = rows[i];
@@ -660,7 +752,8 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
       << ", \"min_ms\": " << json_num(r.ms.min) << ", \"flops\": " << json_num(r.flops)
       << ", \"tflops\": " << json_num(r.tflops) << ", \"kv_gbps\": " << json_num(r.kv_gbps) << ", \"config\": \"" << json_escape(r.config) << "\""
       << ", \"rotate_sets\": " << r.rotate_sets
-      << ", \"bytes_per_set\": " << r.bytes_per_set;
+      << ", \"bytes_per_set\": " << r.bytes_per_set << ", \"mode\": \"" << mode_name(o.mode)
+      << "\", \"bwd_workspace_bytes\": " << r.bwd_workspace_bytes;
     const PowerStats& p = r.power;
     f << ", \"power_mean_w\": " << (p.valid ? json_num(p.power_mean_w) : "null")
       << ", \"power_peak_w\": " << (p.valid ? json_num(p.power_peak_w) : "null")
@@ -671,6 +764,7 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
     if (r.checked)
       f << ", \"check\": {\"status\": \"" << r.check_status << "\", \"o_err\": " << json_num(r.check_o_err)
         << ", \"o_tol\": " << json_num(r.check_o_tol) << ", \"lse_err\": " << json_num(r.check_lse_err)
+        << ", \"grad_err\": " << json_num(r.check_grad_err) << ", \"grad_tol\": " << json_num(r.check_grad_tol)
         << ", \"message\": \"" << json_escape(r.check_message) << "\"}";
     else
       f << ", \"check\": null";
@@ -680,12 +774,12 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
   if (!f) throw CliError(kExitFailure, "error writing " + path);
 }
 
-void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
+void write_csv(const std::string& path, const Options& o, const std::vector<RowResult>& rows) {
   std::ofstream f(path);
   if (!f) throw CliError(kExitFailure, "cannot write " + path);
   f << "tag,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,dtype,causal,status,median_ms,mean_ms,p99_ms,min_ms,"
        "tflops,power_mean_w,power_peak_w,sm_clock_mean_mhz,temp_max_c,tflops_per_w,check,check_o_err,repro,out_dtype,"
-       "precision\n";
+       "precision,mode\n";
   auto num = [](double v) { return std::isfinite(v) ? json_num(v) : std::string(); };
   for (const RowResult& r : rows) {
     const RowSpec& s = r.spec;
@@ -697,7 +791,7 @@ void write_csv(const std::string& path, const std::vector<RowResult>& rows) {
       << "," << (p.valid ? num(p.sm_clock_mean_mhz) : "") << "," << (p.valid ? std::to_string(p.temp_max_c) : "")
       << "," << num(tflops_per_watt(r)) << "," << (r.checked ? r.check_status : "") << ","
       << num(r.check_o_err) << ",\"" << r.repro << "\"," << dtype_name(flashcore::resolved_out_dtype(s.dtype, s.out_dtype))
-      << "," << cli_precision_name(s.precision) << "\n";
+      << "," << cli_precision_name(s.precision) << "," << mode_name(o.mode) << "\n";
   }
   if (!f) throw CliError(kExitFailure, "error writing " + path);
 }
@@ -744,7 +838,39 @@ void check_row(const Options& o, RowResult& r) {
   c.causal = r.spec.causal;
   c.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
   c.with_lse = o.lse;
-  record_check(ck::run_case(c, o.seed, 1), r);
+  if (o.mode != PassMode::Bwd) record_check(ck::run_case(c, o.seed, 1), r);
+  if (!runs_backward(o.mode)) return;
+
+  // The backward (check/check_bwd.h), where the float64 reference of every (query, key) pair is affordable.
+  namespace bwd = flashcore::check::bwd;
+  std::string status, message;
+  if (bwd::reference_macs(c) > bwd::kMaxReferenceMacs) {
+    char why[200];
+    std::snprintf(why, sizeof why,
+                  "backward not checked: %.3g reference multiply-adds > %.3g (check smaller shapes with 'flashcore "
+                  "check --mode bwd --shape')",
+                  bwd::reference_macs(c), bwd::kMaxReferenceMacs);
+    status = "skip", message = why;
+  } else {
+    const bwd::Result b = bwd::run_case(c, o.seed, 1);
+    status = b.skipped ? "skip" : (b.passed ? "pass" : "FAIL");
+    message = b.message;
+    if (!b.skipped) {
+      r.check_grad_err = std::max({b.dq_err, b.dk_err, b.dv_err});
+      r.check_grad_tol = b.tol;
+    }
+  }
+  if (!r.checked) {  // --mode bwd: the backward's verdict alone
+    r.checked = true;
+    r.check_status = status;
+    r.check_message = message;
+    return;
+  }
+  // fwdbwd: FAIL if either failed, skip only if both were skipped.
+  const std::string fwd = r.check_status;
+  r.check_status = fwd == "FAIL" || status == "FAIL" ? "FAIL" : (fwd == "skip" && status == "skip" ? "skip" : "pass");
+  const std::string bwd_part = "backward " + status + (message.empty() ? "" : ": " + message);
+  r.check_message = r.check_message.empty() ? bwd_part : r.check_message + "; " + bwd_part;
 }
 #endif
 
@@ -752,10 +878,13 @@ void check_row(const Options& o, RowResult& r) {
 
 void print_bench_help() {
   std::printf(
-      "usage: flashcore bench [seeds|grid|decode]... [--shape B,H,S,D[,Hkv[,Sk]]]... [options]\n"
+      "usage: flashcore bench [seeds|grid|decode]... [--shape B,H,S,D[,Hkv[,Sk]]]... [--mode fwd|bwd|fwdbwd]\n"
+      "                       [options]\n"
       "\n"
       "Times flashcore_attention_forward with CUDA events (median of --iters calls after --warmup calls),\n"
       "rotating among enough input buffer sets that each timed cycle touches more than 2x the L2 cache.\n"
+      "--mode bwd times flashcore_attention_backward alone (the forward runs once per buffer set first, untimed,\n"
+      "for O and LSE; random dO), --mode fwdbwd the forward then the backward in each timed call.\n"
       "\n"
       "presets (default: seeds):\n"
       "  seeds            1,8,512,64 mission; 2,8,512,64 small; 2,8,2048,64 long; 1,1,128,64 tiny;\n"
@@ -765,6 +894,10 @@ void print_bench_help() {
       "                   d128, 32 query heads, 8 KV heads (the serving issue's rows; KV_GB/s is the figure)\n"
       "options:\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable)\n"
+      "  --mode M         fwd | bwd | fwdbwd (default fwd): what is timed. The backward's modes take fp16 / bf16\n"
+      "                   at native precision and need the LSE; rows the library's backward does not take (head\n"
+      "                   dim 256 in v1) are listed as skipped\n"
+      "  --deterministic  the backward with deterministic = 1 (dQ summed in a fixed order; --mode bwd / fwdbwd)\n"
       "  --dtype D        fp16 | bf16 | both | e4m3 | e5m2 (default bf16). e4m3, e5m2: 8-bit Q, K, V (random\n"
       "                   N(0,1)*64 in the 8-bit type) with random per-(batch, KV head) descales in [1/128, 1/32], O in bf16, a\n"
       "                   zero-filled workspace (the library transposes V into it, inside the timed call)\n"
@@ -782,7 +915,9 @@ void print_bench_help() {
       "  --graph          CUDA-graph mode: --graph-calls K calls per graph (default 20); time per call\n"
       "                   without launch overhead\n"
       "  --check          check each row against the reference (flashcore::check::run_case; e4m3 and\n"
-      "                   --precision fp8 / int8 rows: the 8-bit rule of flashcore check)\n"
+      "                   --precision fp8 / int8 rows: the 8-bit rule of flashcore check; --mode bwd / fwdbwd:\n"
+      "                   the backward's rule of flashcore check --mode bwd, on rows whose float64 reference\n"
+      "                   is affordable: at most 2e10 multiply-adds, 5*B*H*Sq*Sk*D)\n"
       "  --no-rotate      reuse one buffer set (L2-warm numbers)\n"
       "  --no-lse         do not write the log-sum-exp output\n"
       "  --power-ms N     keep the GPU busy >= N ms per row while NVML samples power (default 200; 0 = off)\n"
@@ -794,9 +929,9 @@ void print_bench_help() {
       "  --quiet          no progress line on stderr\n"
       "\n"
       "TFLOPS = 4*B*H*Sq*Sk*D / median (halved for causal with Sq == Sk; visible pairs when Sq != Sk), the\n"
-      "same count for every dtype.\n"
+      "same count for every dtype; as FlashAttention counts them, x 2.5 for --mode bwd, x 3.5 for fwdbwd.\n"
       "KV_GB/s = bytes of K and V (B*Sk*Hkv*D*s each, s = 2, or 1 for e4m3) / median, with the share of the\n"
-      "DRAM peak in brackets.\n"
+      "DRAM peak in brackets (forward only: n/a in the backward's modes).\n"
       "dtype column: bf16, fp16, e4m3 (O in bf16), e4m3>fp16 (O in fp16), bf16:fp8 (--precision fp8),\n"
       "bf16:int8 (--precision int8).\n");
 }
@@ -823,7 +958,7 @@ int run_bench(int argc, char** argv, int first) {
   const bool progress = !o.quiet && specs.size() > 1;
   int failures = 0;
 
-  print_header(o.check);
+  print_header(o, o.check);
   try {
     for (size_t i = 0; i < specs.size(); ++i) {
       RowResult r;
@@ -844,6 +979,9 @@ int run_bench(int argc, char** argv, int first) {
           if (r.check_status == "FAIL") ++failures;
         }
 #endif
+      } catch (const RowSkip& e) {  // the library's backward does not take this row: listed, not a failure
+        r.status = "skipped";
+        r.message = e.what();
       } catch (const RowError& e) {
         r.status = "error";
         r.message = e.what();
@@ -857,13 +995,13 @@ int run_bench(int argc, char** argv, int first) {
   } catch (...) {
     // A CUDA error (sticky) ends the run; keep what was measured.
     if (!o.json_path.empty()) write_json(o.json_path, o, dev, sampler.available(), results);
-    if (!o.csv_path.empty()) write_csv(o.csv_path, results);
+    if (!o.csv_path.empty()) write_csv(o.csv_path, o, results);
     throw;
   }
   pool.reset();
   FC_CUDA(cudaStreamDestroy(stream));
   if (!o.json_path.empty()) write_json(o.json_path, o, dev, sampler.available(), results);
-  if (!o.csv_path.empty()) write_csv(o.csv_path, results);
+  if (!o.csv_path.empty()) write_csv(o.csv_path, o, results);
   if (failures) {
     std::fprintf(stderr, "flashcore bench: %d of %zu row(s) failed\n", failures, results.size());
     return kExitFailure;

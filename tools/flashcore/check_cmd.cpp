@@ -9,6 +9,7 @@
 
 #ifdef FLASHCORE_CLI_HAVE_CHECK
 #include "check/check.h"
+#include "check/check_bwd.h"
 #endif
 
 namespace fccli {
@@ -16,14 +17,19 @@ namespace fp8 = flashcore::check::fp8;
 
 void print_check_help() {
   std::printf(
-      "usage: flashcore check [--quick | --shape B,H,S,D[,Hkv[,Sk]]...] [options]\n"
+      "usage: flashcore check [--quick | --shape B,H,S,D[,Hkv[,Sk]]...] [--mode fwd|bwd|fwdbwd] [options]\n"
       "\n"
       "Runs FlashCore against the float64 CPU reference, one line per case: 16-bit cases through\n"
       "flashcore::check::run_case, 8-bit cases (e4m3 and e5m2 inputs with per-(batch, KV head) descales, and\n"
       "--precision fp8 / int8: 16-bit inputs quantized by the library) through their own runner.\n"
       "Without --shape: the full case list, or the small subset with --quick; both end with the 8-bit cases\n"
       "when this build has e4m3 kernels, and with the --precision int8 ones when it has int8 Q K^T kernels.\n"
+      "--mode bwd checks the backward pass instead (flashcore::check::bwd::run_case): random Q, K, V, dO, the\n"
+      "forward once (O, LSE), then flashcore_attention_backward with deterministic = 1 and = 0, dQ, dK, dV\n"
+      "(poisoned with NaN before every call, as is the backward's workspace) against the float64 reference; its\n"
+      "case list (fp16 / bf16, head dims 64 / 128, names bwd_*) or --shape. --mode fwdbwd runs both lists.\n"
       "options:\n"
+      "  --mode M         fwd | bwd | fwdbwd (default fwd): the forward's cases, the backward's, or both\n"
       "  --quick          small shapes of every dtype x head dim x causal (for sanitizers / smoke runs)\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable); uses --dtype, --causal, --layout, --precision,\n"
       "                   --out-dtype\n"
@@ -37,7 +43,8 @@ void print_check_help() {
       "  --layout L       bshd | bhsd (default bshd; --shape only)\n"
       "  --filter TEXT    only cases whose name or description contains TEXT (8-bit: \"e4m3\", \"e5m2\", \"fp8\",\n"
       "                   \"int8\")\n"
-      "  --determinism N  also require bit-identical output over N runs\n"
+      "  --determinism N  also require bit-identical output over N runs (backward: N runs with deterministic = 1\n"
+      "                   give bit-identical dQ, dK, dV, and N runs with deterministic = 0 bit-identical dK, dV)\n"
       "  --seed N         input seed (default 1)\n"
       "  --device N       CUDA device (default 0)\n"
       "  --json FILE      write every case (shape, errors, tolerances, verdict, message) as JSON\n"
@@ -50,6 +57,9 @@ void print_check_help() {
       "relative RMSE <= 0.07, max |O - ref| <= 0.2 * max |ref| + 2e-2, |LSE - ref| <= 0.25; --precision int8\n"
       "(P V in 16 bits) likewise: relative RMSE <= 0.025, max |O - ref| <= 0.08 * max |ref| + 1e-2,\n"
       "|LSE - ref| <= 0.1. Every case: O and LSE written and finite, O = 0 / LSE = -inf on rows that see no key.\n"
+      "Backward (--mode bwd): for each of dQ, dK, dV, max |dX - ref| / max |ref| <= 2.5e-3 (fp16) / 2e-2 (bf16)\n"
+      "(2-3x the error of a low-precision model of the FlashAttention backward; src/check/check_bwd.cpp);\n"
+      "every gradient written and finite, dQ = 0 on rows that see no key.\n"
       "\n"
       "exit status: 0 all passed (or skipped), 1 a case failed, 2 bad arguments, 3 no Hopper GPU\n");
 }
@@ -57,6 +67,7 @@ void print_check_help() {
 namespace {
 
 struct CheckOptions {
+  PassMode mode = PassMode::Fwd;
   bool quick = false;
   std::vector<std::string> shapes;
   ProblemFlags problem;  // dtypes, causal (default both), layout
@@ -79,6 +90,8 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
     } else if (f == "--quick") {
       a.no_value(f);
       o.quick = true;
+    } else if (f == "--mode") {
+      o.mode = parse_mode(a.value(f));
     } else if (f == "--shape") {
       o.shapes.push_back(a.value(f));
     } else if (parse_problem_flag(f, a, o.problem)) {
@@ -100,6 +113,7 @@ bool parse_check_options(int argc, char** argv, int first, CheckOptions& o) {
   }
   if (o.quick && !o.shapes.empty()) usage_error("--quick and --shape are exclusive");
   check_problem_flags(o.problem);  // --precision against --dtype, --out-dtype
+  check_mode_flags(o.mode, o.problem);  // the backward: 16-bit, native precision
   if (o.problem.causal.empty()) o.problem.causal = {false, true};
   return true;
 }
@@ -117,16 +131,21 @@ int run_check(int argc, char** argv, int first) {
 #else
 
 namespace ck = flashcore::check;
+namespace bwd = flashcore::check::bwd;
 
 namespace {
 
-// One case of the run: a 16-bit one (flashcore::check) or an 8-bit one (check/check_fp8.h).
+// One case of the run: a 16-bit one (flashcore::check), an 8-bit one (check/check_fp8.h), or a backward one
+// (check/check_bwd.h: c through the backward).
 struct Item {
   bool eight = false;
   ck::Case c;
   fp8::Case f;
+  bool backward = false;
   const std::string& name() const { return eight ? f.name : c.name; }
-  std::string description() const { return eight ? fp8::describe(f) : ck::describe(c); }
+  std::string description() const {
+    return eight ? fp8::describe(f) : (backward ? "backward " : "") + ck::describe(c);
+  }
 };
 
 // What the report files and the console line say of a case, whichever runner ran it.
@@ -139,6 +158,11 @@ struct CaseRow {
   double o_err = NAN, o_tol = NAN, lse_err = NAN, lse_tol = NAN;
   double rel_rmse = NAN, rel_rmse_tol = NAN;  // 8-bit cases only
   std::string message;
+  // Backward cases: "bwd" (the others "fwd"), each gradient's max |error| / max |ref|, their bound, and whether the
+  // deterministic = 0 runs gave bit-identical dK and dV (deterministic: the deterministic = 1 runs, all three).
+  std::string mode = "fwd";
+  double dq_err = NAN, dk_err = NAN, dv_err = NAN, grad_tol = NAN;
+  bool dkdv_deterministic = true;
 };
 
 const char* verdict_word(const CaseRow& r) { return r.skipped ? "skipped" : (r.passed ? "passed" : "failed"); }
@@ -153,7 +177,20 @@ CaseRow run_item(const Item& it, uint64_t seed, int repeats) {
   row.name = it.name();
   row.description = it.description();
   row.seed = seed;
-  if (it.eight) {
+  if (it.backward) {
+    const ck::Case& c = it.c;
+    row.mode = "bwd";
+    row.dtype = dtype_name(c.dtype);
+    row.out_dtype = row.dtype;
+    row.precision = "native";
+    row.batch = c.batch, row.heads_q = c.heads_q, row.heads_kv = c.heads_kv, row.seqlen_q = c.seqlen_q;
+    row.seqlen_k = c.seqlen_k, row.head_dim = c.head_dim, row.causal = c.causal, row.with_lse = false;
+    row.layout = c.layout == ck::Layout::BHSD ? "bhsd" : "bshd";
+    const bwd::Result r = bwd::run_case(c, seed, repeats);
+    row.skipped = r.skipped, row.passed = r.passed, row.deterministic = r.deterministic, row.message = r.message;
+    row.dkdv_deterministic = r.dkdv_deterministic;
+    row.dq_err = r.dq_err, row.dk_err = r.dk_err, row.dv_err = r.dv_err, row.grad_tol = r.tol;
+  } else if (it.eight) {
     const fp8::Case& c = it.f;
     row.dtype = dtype_name(c.dtype);
     row.out_dtype = dtype_name(fp8::resolved_out_dtype(c));
@@ -197,6 +234,7 @@ void write_json(const std::string& path, const CheckOptions& o, const DeviceInfo
   f << "  \"device\": {\"index\": " << dev.index << ", \"name\": \"" << json_escape(dev.name) << "\", \"sm\": "
     << dev.major << dev.minor << "},\n";
   f << "  \"seed\": " << o.seed << ",\n  \"determinism_runs\": " << o.repeats << ",\n";
+  f << "  \"mode\": \"" << mode_name(o.mode) << "\",\n";
   f << "  \"summary\": {\"passed\": " << passed << ", \"failed\": " << failed << ", \"skipped\": " << skipped
     << "},\n  \"cases\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -214,7 +252,11 @@ void write_json(const std::string& path, const CheckOptions& o, const DeviceInfo
       << (ran && o.repeats > 1 ? (r.deterministic ? "true" : "false") : "null") << ", \"message\": \""
       << json_escape(r.message) << "\", \"out_dtype\": \"" << r.out_dtype << "\", \"precision\": \"" << r.precision
       << "\", \"rel_rmse\": " << (ran ? num(r.rel_rmse) : "null")
-      << ", \"rel_rmse_tol\": " << (ran ? num(r.rel_rmse_tol) : "null") << "}";
+      << ", \"rel_rmse_tol\": " << (ran ? num(r.rel_rmse_tol) : "null") << ", \"mode\": \"" << r.mode
+      << "\", \"dq_err\": " << (ran ? num(r.dq_err) : "null") << ", \"dk_err\": " << (ran ? num(r.dk_err) : "null")
+      << ", \"dv_err\": " << (ran ? num(r.dv_err) : "null") << ", \"grad_tol\": " << (ran ? num(r.grad_tol) : "null")
+      << ", \"dkdv_deterministic\": "
+      << (ran && o.repeats > 1 && r.mode == "bwd" ? (r.dkdv_deterministic ? "true" : "false") : "null") << "}";
   }
   f << "\n  ]\n}\n";
   if (!f) throw CliError(kExitFailure, "error writing " + path);
@@ -224,7 +266,7 @@ void write_csv(const std::string& path, const CheckOptions& o, const std::vector
   std::ofstream f(path);
   if (!f) throw CliError(kExitFailure, "cannot write " + path);
   f << "name,dtype,shape,causal,layout,seed,o_err,o_tol,lse_err,lse_tol,deterministic,status,message,out_dtype,"
-       "precision,rel_rmse,rel_rmse_tol\n";
+       "precision,rel_rmse,rel_rmse_tol,mode,dq_err,dk_err,dv_err,grad_tol,dkdv_deterministic\n";
   auto cell = [](bool have, double v) { return have && std::isfinite(v) ? num(v) : std::string(); };
   for (const CaseRow& r : rows) {
     const bool ran = !r.skipped;
@@ -233,7 +275,9 @@ void write_csv(const std::string& path, const CheckOptions& o, const std::vector
       << cell(ran && r.with_lse, r.lse_err) << "," << cell(ran && r.with_lse, r.lse_tol) << ","
       << (ran && o.repeats > 1 ? (r.deterministic ? "yes" : "no") : "") << "," << verdict_word(r) << ","
       << csv_field(r.message) << "," << r.out_dtype << "," << r.precision << "," << cell(ran, r.rel_rmse) << ","
-      << cell(ran, r.rel_rmse_tol) << "\n";
+      << cell(ran, r.rel_rmse_tol) << "," << r.mode << "," << cell(ran, r.dq_err) << "," << cell(ran, r.dk_err) << ","
+      << cell(ran, r.dv_err) << "," << cell(ran, r.grad_tol) << ","
+      << (ran && o.repeats > 1 && r.mode == "bwd" ? (r.dkdv_deterministic ? "yes" : "no") : "") << "\n";
   }
   if (!f) throw CliError(kExitFailure, "error writing " + path);
 }
@@ -250,11 +294,16 @@ int run_check(int argc, char** argv, int first) {
   flashcore_capabilities caps = capabilities();
   // The 8-bit cases need the e4m3 kernels, except precision = INT8's: the int8 Q K^T kernels.
   const bool have_e4m3 = caps_has_dtype(caps, FLASHCORE_DTYPE_FP8_E4M3), have_int8 = have_int8_kernels();
+  const bool fwd = o.mode != PassMode::Bwd, backward = runs_backward(o.mode);
   std::vector<Item> list;
   if (shapes.empty()) {
-    for (const ck::Case& c : ck::cases(o.quick)) list.push_back({false, c, {}});
-    for (const fp8::Case& c : fp8::cases(o.quick))
-      if (fp8::is_precision_int8(c) ? have_int8 : have_e4m3) list.push_back({true, {}, c});
+    if (fwd) {
+      for (const ck::Case& c : ck::cases(o.quick)) list.push_back({false, c, {}});
+      for (const fp8::Case& c : fp8::cases(o.quick))
+        if (fp8::is_precision_int8(c) ? have_int8 : have_e4m3) list.push_back({true, {}, c});
+    }
+    if (backward)
+      for (const ck::Case& c : bwd::cases(o.quick)) list.push_back({false, c, {}, true});
   } else {
     for (flashcore_dtype dt : o.problem.dtypes)
       if (!caps_has_dtype(caps, dt))
@@ -284,7 +333,11 @@ int run_check(int argc, char** argv, int first) {
           cs.causal = c;
           cs.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
           cs.name = "shape " + s;
-          list.push_back({false, cs, {}});
+          if (fwd) list.push_back({false, cs, {}});
+          if (backward) {  // 16-bit, native precision (check_mode_flags); the library decides on the head dim
+            cs.name = "bwd shape " + s;
+            list.push_back({false, cs, {}, true});
+          }
         }
       }
     }
@@ -298,10 +351,10 @@ int run_check(int argc, char** argv, int first) {
   }
 
   const DeviceInfo dev = require_hopper(o.device);
-  if (shapes.empty() && !have_e4m3)
+  if (shapes.empty() && fwd && !have_e4m3)
     std::fprintf(stderr, "flashcore check: note: no e4m3 kernels in this build: the e4m3, e5m2 and precision fp8 "
                          "cases are left out\n");
-  if (shapes.empty() && !have_int8)
+  if (shapes.empty() && fwd && !have_int8)
     std::fprintf(stderr, "flashcore check: note: no int8 Q K^T kernels in this build: the precision int8 cases are "
                          "left out\n");
 
@@ -323,7 +376,13 @@ int run_check(int argc, char** argv, int first) {
       else
         ++failed;
       std::printf("%s  %-28s %s", verdict, r.name.c_str(), r.description.c_str());
-      if (!r.skipped) {
+      if (!r.skipped && r.mode == "bwd") {
+        // Each gradient's max |error| / max |ref|, then the bound they share.
+        std::printf("  dq=%.3e dk=%.3e dv=%.3e /%.1e", r.dq_err, r.dk_err, r.dv_err, r.grad_tol);
+        if (repeats > 1)
+          std::printf(" deterministic=%s dkdv_deterministic(det=0)=%s", r.deterministic ? "yes" : "NO",
+                      r.dkdv_deterministic ? "yes" : "NO");
+      } else if (!r.skipped) {
         if (std::isfinite(r.rel_rmse_tol)) std::printf("  rmse=%.3e/%.3e", r.rel_rmse, r.rel_rmse_tol);
         std::printf("  o_err=%.3e/%.3e", r.o_err, r.o_tol);
         if (r.with_lse) std::printf(" lse_err=%.3e/%.3e", r.lse_err, r.lse_tol);

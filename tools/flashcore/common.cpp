@@ -173,6 +173,31 @@ void check_problem_flags(const ProblemFlags& p) {
   }
 }
 
+PassMode parse_mode(const std::string& text) {
+  if (text == "fwd") return PassMode::Fwd;
+  if (text == "bwd") return PassMode::Bwd;
+  if (text == "fwdbwd") return PassMode::FwdBwd;
+  usage_error("--mode: '" + text + "' (expected fwd, bwd or fwdbwd)");
+}
+
+const char* mode_name(PassMode mode) {
+  return mode == PassMode::Bwd ? "bwd" : mode == PassMode::FwdBwd ? "fwdbwd" : "fwd";
+}
+
+void check_mode_flags(PassMode mode, const ProblemFlags& p) {
+  if (!runs_backward(mode)) return;
+  for (flashcore_dtype dt : p.dtypes)
+    if (flashcore::is_8bit(dt))
+      usage_error(std::string("--mode ") + mode_name(mode) + ": the backward takes 16-bit inputs (fp16, bf16); not --dtype " +
+                  cli_dtype_name(dt));
+  if (p.precision != FLASHCORE_PRECISION_NATIVE)
+    usage_error(std::string("--mode ") + mode_name(mode) + ": the backward runs at native precision; not --precision " +
+                cli_precision_name(p.precision));
+  if (p.out_dtype != FLASHCORE_DTYPE_SAME)
+    usage_error(std::string("--mode ") + mode_name(mode) + ": the backward writes O and the gradients in the input dtype "
+                "(leave --out-dtype out)");
+}
+
 flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                                           int64_t heads_kv, int64_t head_dim, flashcore_dtype dtype, bool causal,
                                           bool bhsd) {

@@ -105,6 +105,18 @@ bool parse_problem_flag(const std::string& flag, Args& a, ProblemFlags& p);
 // not given for native 16-bit calls; usage_error otherwise.
 void check_problem_flags(const ProblemFlags& p);
 
+// --mode of bench and check: the forward alone (the default), the backward (flashcore_attention_backward; the forward
+// runs once before it for O and LSE), or both.
+enum class PassMode { Fwd, Bwd, FwdBwd };
+// "fwd" / "bwd" / "fwdbwd" -> the mode; usage_error otherwise.
+PassMode parse_mode(const std::string& text);
+// The mode's command-line word (also the JSON / CSV "mode" field).
+const char* mode_name(PassMode mode);
+inline bool runs_backward(PassMode mode) { return mode != PassMode::Fwd; }
+// After parsing: the backward takes 16-bit inputs at native precision and writes gradients in the input dtype, so a
+// backward mode refuses --dtype e4m3 / e5m2, --precision fp8 / int8 and --out-dtype (usage_error).
+void check_mode_flags(PassMode mode, const ProblemFlags& p);
+
 // Params for a problem of these sizes with contiguous strides ("bshd", or "bhsd" when `bhsd`); pointers unset.
 // Throws CliError(kExitFailure) naming flashcore_last_error() when the library refuses the sizes.
 flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
