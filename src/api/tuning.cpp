@@ -555,7 +555,10 @@ bool load_for(const DeviceKey& device, const std::string& text, const std::strin
       const auto [it, fresh] = verdicts.try_emplace(id);
       if (fresh) {
         it->second = check(e, c, table_dir, available);
-        if (!it->second.ok) {
+        // A built-in table's runners-up that the build tier left out (docs/decisions.md#build-tiers) go quietly: the
+        // configure step checks that its choices are compiled.
+        const bool builtin_runner_up = origin.rfind("built-in", 0) == 0 && c.config != e.config;
+        if (!it->second.ok && !builtin_runner_up) {
           warn(out, "tuning table " + origin + ": dropping config \"" + c.config + "\" for " + key_text(e) + ": " +
                         it->second.why);
         }

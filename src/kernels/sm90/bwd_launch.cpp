@@ -72,7 +72,8 @@ BwdWorkspace bwd_workspace(const flashcore_attention_params& p) {
   w.dpsum = align256(w.lse + slices * rows * 4);
   w.dq_accum = align256(w.dpsum + slices * rows * 4);
   w.semaphore = align256(w.dq_accum + slices * rows * static_cast<uint64_t>(p.head_dim) * 4);
-  w.bytes = align256(w.semaphore + (p.deterministic != 0 ? slices * (rows / kBlockM) * 4 : 0));
+  // The counters of deterministic calls are counted either way, so that one size serves both modes.
+  w.bytes = align256(w.semaphore + slices * (rows / kBlockM) * 4);
   return w;
 }
 
