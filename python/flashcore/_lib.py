@@ -108,8 +108,11 @@ DTYPE_NAMES = {
 }
 
 MAX_CAPS = 16  # FLASHCORE_MAX_CAPS
+# The backward's functions (since 0.4): both present, or the library has no backward.
+_BACKWARD_FUNCTIONS = frozenset({"flashcore_attention_backward", "flashcore_attention_backward_workspace_size"})
 ATTENTION_PARAMS_V1_SIZE = 240  # FLASHCORE_ATTENTION_PARAMS_V1_SIZE: a 0.1 library's struct_size
 ATTENTION_PARAMS_V2_SIZE = 448  # FLASHCORE_ATTENTION_PARAMS_V2_SIZE: a 0.2 library's struct_size
+ATTENTION_PARAMS_V3_SIZE = 480  # FLASHCORE_ATTENTION_PARAMS_V3_SIZE: a 0.3 library's struct_size
 CAPABILITIES_V1_SIZE = 216  # FLASHCORE_CAPABILITIES_V1_SIZE
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,6 +185,18 @@ class AttentionParamsStruct(ctypes.Structure):
         ("v_descale", ctypes.c_void_p),
         ("precision", ctypes.c_int32),  # PRECISION_*
         ("reserved2", ctypes.c_int32),
+        # Since 0.4: the backward pass (a 0.3 library is passed struct_size ATTENTION_PARAMS_V3_SIZE and never reads
+        # these; the forward ignores them). dO and dQ have Q's shape, dK and dV K's; element strides, dim stride 1.
+        ("dout", ctypes.c_void_p),  # const void*
+        ("dq", ctypes.c_void_p),
+        ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+        ("dout_strides", TensorStridesStruct),
+        ("dq_strides", TensorStridesStruct),
+        ("dk_strides", TensorStridesStruct),
+        ("dv_strides", TensorStridesStruct),
+        ("deterministic", ctypes.c_int32),  # 1: dQ's fp32 sums in a fixed order (bit-identical reruns)
+        ("reserved3", ctypes.c_int32),
     ]
 
 
@@ -368,6 +383,9 @@ def _declare(cdll: ctypes.CDLL) -> frozenset:
             ctypes.c_int,
             [ctypes.POINTER(RingParamsStruct), ctypes.c_int32] + [ctypes.POINTER(ctypes.c_int64)] * 4,
         ),
+        # Since 0.4: the backward pass.
+        "flashcore_attention_backward": (ctypes.c_int, [params_p, ctypes.c_void_p]),
+        "flashcore_attention_backward_workspace_size": (ctypes.c_int, [params_p, ctypes.POINTER(ctypes.c_uint64)]),
     }
     present = set()
     for name, (restype, argtypes) in {**required, **optional}.items():
@@ -395,21 +413,21 @@ class Library:
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
         # The struct_size to pass: the library reports its own (capabilities.params_struct_size, since 0.2). A
-        # library as new as this mirror or newer accepts the mirror's size; a 0.2 (0.1) library takes the 0.2
-        # (0.1) layout, which is the mirror's prefix: it never reads the fields added later, and the bindings never
-        # set them for it (has_params_field).
+        # library as new as this mirror or newer accepts the mirror's size; a 0.3 (0.2, 0.1) library takes the 0.3
+        # (0.2, 0.1) layout, which is the mirror's prefix: it never reads the fields added later, and the bindings
+        # never set them for it (has_params_field).
         mirror = ctypes.sizeof(AttentionParamsStruct)
         library_size = self._raw_capabilities().params_struct_size or ATTENTION_PARAMS_V1_SIZE
         if library_size >= mirror:
             self.params_struct_size = mirror
-        elif library_size in (ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE):
+        elif library_size in (ATTENTION_PARAMS_V3_SIZE, ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE):
             self.params_struct_size = library_size
         else:
             raise RuntimeError(
                 f"FlashCore: ABI mismatch with {path}: it reports sizeof(flashcore_attention_params) = "
-                f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}) nor the 0.2 layout "
-                f"({ATTENTION_PARAMS_V2_SIZE}) nor at least this mirror's {mirror}; rebuild the library or update "
-                f"the bindings"
+                f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}), the 0.2 ({ATTENTION_PARAMS_V2_SIZE}) "
+                f"nor the 0.3 layout ({ATTENTION_PARAMS_V3_SIZE}) nor at least this mirror's {mirror}; rebuild the "
+                f"library or update the bindings"
             )
         probe = self.new_params()
         strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
@@ -494,10 +512,11 @@ class Library:
     def has_params_field(self, name: str) -> bool:
         """Whether the loaded library reads the params field `name`: a 0.1 library knows none of the fields since
         0.2 (out_dtype lies in the 0.1 struct's tail padding, which it ignores), a 0.2 library none of those since 0.3
-        (descales, precision)."""
+        (descales, precision), a 0.3 library none of those since 0.4 (the backward's)."""
         known = {
             ATTENTION_PARAMS_V1_SIZE: AttentionParamsStruct.out_dtype.offset,
             ATTENTION_PARAMS_V2_SIZE: ATTENTION_PARAMS_V2_SIZE,
+            ATTENTION_PARAMS_V3_SIZE: ATTENTION_PARAMS_V3_SIZE,
         }.get(self.params_struct_size, self.params_struct_size)
         field = getattr(AttentionParamsStruct, name)
         return field.offset + field.size <= known
@@ -579,6 +598,36 @@ class Library:
         """Enqueue the forward pass on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream)."""
         status = self._cdll.flashcore_attention_forward(ctypes.byref(params), ctypes.c_void_p(stream or None))
         self.check(status, "flashcore_attention_forward")
+
+    # -- backward (since 0.4) ----------------------------------------------------------------------------------------
+
+    def has_backward(self) -> bool:
+        """Whether the loaded library has the backward pass (flashcore_attention_backward and its workspace query, and
+        a params struct with the backward's fields)."""
+        return (_BACKWARD_FUNCTIONS <= self._optional) and self.has_params_field("reserved3")
+
+    def _require_backward(self, name: str) -> None:
+        self._require(name)
+        if not self.has_params_field("reserved3"):
+            raise RuntimeError(f"FlashCore: {self.path} (version {self.version_string()}) exports {name} but its "
+                               f"flashcore_attention_params ({self.params_struct_size} bytes) has no backward fields; "
+                               "a 0.4 library or newer is needed")
+
+    def backward_workspace_size(self, params: AttentionParamsStruct) -> int:
+        """Bytes of device workspace the backward needs for `params` (flashcore_attention_backward_workspace_size;
+        any contents). RuntimeError naming the function when the library predates the backward."""
+        self._require_backward("flashcore_attention_backward_workspace_size")
+        size = ctypes.c_uint64(0)
+        status = self._cdll.flashcore_attention_backward_workspace_size(ctypes.byref(params), ctypes.byref(size))
+        self.check(status, "flashcore_attention_backward_workspace_size")
+        return int(size.value)
+
+    def backward(self, params: AttentionParamsStruct, stream: int) -> None:
+        """Enqueue the backward pass on `stream` (a cudaStream_t as an integer): dq, dk, dv from q, k, v, o, lse and
+        dout (fill_backward_params). RuntimeError naming the function when the library predates the backward."""
+        self._require_backward("flashcore_attention_backward")
+        status = self._cdll.flashcore_attention_backward(ctypes.byref(params), ctypes.c_void_p(stream or None))
+        self.check(status, "flashcore_attention_backward")
 
 
     def plan(self, params: AttentionParamsStruct) -> "Plan":
@@ -685,6 +734,24 @@ def fill_params(
         params.lse_capacity = 0
     else:
         params.lse_capacity = sizes[0] * sizes[3] * sizes[1] if lse_capacity is None else lse_capacity
+    return params
+
+
+def fill_backward_params(
+    params: AttentionParamsStruct,
+    *,
+    pointers: Tuple[int, int, int, int],
+    strides: Tuple[Tuple[int, int, int, int], ...],
+    deterministic: bool,
+) -> AttentionParamsStruct:
+    """Set the backward's fields of params already filled for the forward's tensors (fill_params: q, k, v, o and the
+    forward's lse, sizes, dtype, causal, scale). pointers: (dout, dq, dk, dv) addresses; strides: theirs, in that
+    order, as (batch, seq, head, dim)."""
+    params.dout, params.dq, params.dk, params.dv = (p or None for p in pointers)
+    for field, (batch, seq, head, dim) in zip(("dout_strides", "dq_strides", "dk_strides", "dv_strides"), strides):
+        target = getattr(params, field)
+        target.batch, target.seq, target.head, target.dim = batch, seq, head, dim
+    params.deterministic = 1 if deterministic else 0
     return params
 
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
 from . import _lib
 
 __all__ = ["attention", "sdpa", "attention_fwd", "attention_with_kvcache", "attention_kvcache_fwd",
-           "varlen_attention", "varlen_attention_fwd", "quantize_fp8", "BACKWARD_NOT_IMPLEMENTED"]
-
-BACKWARD_NOT_IMPLEMENTED = "FlashCore: backward is not implemented yet (forward only)"
+           "varlen_attention", "varlen_attention_fwd", "quantize_fp8", "attention_bwd"]
 
 # The softmax_scale range the C ABI accepts (besides 0, its "default" value): scale * log2(e) stays a normal float.
 SOFTMAX_SCALE_MIN = 2.0**-100
@@ -577,7 +575,7 @@ def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, return_lse: bool,
     q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
     v_descale: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-    precision: int = _lib.PRECISION_NATIVE, v_transposed: bool = False
+    precision: int = _lib.PRECISION_NATIVE, v_transposed: bool = False, deterministic: bool = False
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """FlashCore forward, (B, S, H, D) layout. softmax_scale 0.0 means 1/sqrt(head_dim).
 
@@ -588,8 +586,13 @@ def attention_fwd(
 
     v_transposed: v is fp8_transpose_v of the 8-bit V (uint8 (B, Hkv, D, Sk rounded up to 128)).
 
+    deterministic (since 0.4): not used by the forward; the autograd formula passes it to the backward
+    (flashcore::attention_bwd), so that a call decides it where FlashAttention's flash_attn_func does.
+
     Returns (out (B, Sq, Hq, D) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
-    else an empty (0,) tensor (a custom op cannot return None)."""
+    else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v (16-bit calls; see
+    _backward): a call that will be differentiated should ask for lse, which the backward reads (without it, the
+    backward runs the forward again to get it)."""
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
@@ -616,7 +619,7 @@ def attention_fwd(
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse, q_descale=None, k_descale=None, v_descale=None,
-                        out_dtype=None, precision=_lib.PRECISION_NATIVE, v_transposed=False):
+                        out_dtype=None, precision=_lib.PRECISION_NATIVE, v_transposed=False, deterministic=False):
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
@@ -812,32 +815,225 @@ def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, m
     return _empty_varlen_outputs(q, return_lse)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The backward (since 0.4): the flashcore::attention_bwd custom op (flashcore_attention_backward) and the autograd
+# formulas of the forward ops.
+
+# The head dims the library's backward takes (flashcore.h, 0.4: 64 and 128). The op leaves the decision to the
+# library (its error names the field); the transformers adapter reads this to fall back to SDPA for training calls
+# the backward cannot take, before running the forward.
+BACKWARD_HEAD_DIMS = (64, 128)
+
+VARLEN_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention (flashcore.varlen_attention, packed "
+                                 "cu_seqlens batches) is not supported yet; use flashcore.attention on padded "
+                                 "(B, S, H, D) batches to train, or run varlen_attention under torch.no_grad()")
+KVCACHE_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of KV-cache attention (flashcore.attention_with_kvcache, "
+                                  "dense or paged caches) is not supported yet; it is for inference: run it under "
+                                  "torch.no_grad() / torch.inference_mode()")
+
+
+def _abi_layout(t: torch.Tensor) -> bool:
+    """Whether the C ABI takes a freshly allocated tensor with t's sizes and strides as it is (abi_strides without
+    the pointer check: metadata only, so it gives the same answer on fake tensors)."""
+    align = max(1, 16 // t.element_size())
+    for size, stride in zip(t.shape[:3], t.stride()[:3]):
+        if size > 1 and (stride <= 0 or stride % align != 0):
+            return False
+    return t.shape[3] <= 1 or t.stride(3) == 1
+
+
+def _grad_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor for t's gradient: t's layout when the C ABI takes it (a (B, H, S, D) tensor that sdpa
+    viewed as (B, S, H, D) gets a gradient of its own layout, so .grad needs no copy), else contiguous (B, S, H, D).
+    Metadata only: the fake implementation allocates the same."""
+    grad = torch.empty_like(t, memory_format=torch.preserve_format)
+    return grad if _abi_layout(grad) else t.new_empty(t.shape)
+
+
+def _check_backward_inputs(dout, q, k, v, out, lse) -> None:
+    """The backward's arguments (metadata only): 16-bit q, k, v as the forward takes them; dout and out of q's shape
+    and dtype; lse float32 (B, Hq, Sq), the forward's."""
+    _check_inputs(q, k, v, "bshd")
+    for name, t in (("dout", dout), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.shape != q.shape or t.dtype != q.dtype:
+            raise ValueError(f"FlashCore: {name} must have q's shape and dtype {tuple(q.shape)} {q.dtype}, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"FlashCore: {name} is on {t.device}, q on {q.device}")
+    want = (q.shape[0], q.shape[2], q.shape[1])
+    if not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32 or tuple(lse.shape) != want:
+        got = f"{lse.dtype} {tuple(lse.shape)}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+        raise ValueError(f"FlashCore: lse must be the forward's float32 (batch, num_heads_q, seqlen_q) = {want} "
+                         f"(attention_fwd with return_lse=True), got {got}")
+    if lse.device != q.device:
+        raise ValueError(f"FlashCore: lse is on {lse.device}, q on {q.device}")
+
+
+def backward_params(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, causal: bool, softmax_scale: float,
+                    deterministic: bool):
+    """The C params of one backward call on tensors the ABI takes as they are (kernel_operand; dq, dk, dv fresh,
+    _grad_like), without a workspace: the forward's fields for q, k, v, out and the contiguous float32 lse, and the
+    backward's for dout, dq, dk, dv."""
+    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale)
+    strides = tuple(abi_strides(t) for t in (dout, dq, dk, dv))
+    if any(st is None for st in strides):
+        raise ValueError("FlashCore: backward_params needs dout, dq, dk, dv the C ABI takes as they are")
+    return _lib.fill_backward_params(params, pointers=tuple(t.data_ptr() for t in (dout, dq, dk, dv)),
+                                     strides=strides, deterministic=deterministic)
+
+
+def _launch_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, causal: bool, softmax_scale: float,
+                     deterministic: bool) -> None:
+    """Enqueue flashcore_attention_backward on the current stream of q's device: dq, dk, dv (fresh tensors the ABI
+    takes as they are) are written whole. Inputs it cannot take as they are (a strided last dimension, misaligned)
+    are copied, as for the forward. The workspace (any contents) is a torch allocation on the same stream: freed
+    after the launch, reused in stream order; inside a CUDA-graph capture it comes from the graph's pool."""
+    if not lib.has_backward():
+        raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) has no flashcore_attention_backward"
+                           " (the backward pass needs a 0.4 library or newer): rebuild libflashcore.so")
+    q, k, v, out, dout = (kernel_operand(t)[0] for t in (q, k, v, out, dout))
+    params = backward_params(lib, dout, q, k, v, out, lse.contiguous(), dq, dk, dv, causal, softmax_scale,
+                             deterministic)
+    with torch.cuda.device(q.device):
+        size = lib.backward_workspace_size(params)
+        workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
+        if workspace is not None:
+            params.workspace = workspace.data_ptr()
+            params.workspace_size = size
+        lib.backward(params, torch.cuda.current_stream(q.device).cuda_stream)
+
+
 @torch.library.custom_op("flashcore::attention_bwd", mutates_args=())
 def attention_bwd(
-    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    causal: bool, softmax_scale: float, deterministic: bool = False
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Placeholder backward: traces (so compiled training graphs build) but raises when run."""
-    raise NotImplementedError(BACKWARD_NOT_IMPLEMENTED)
+    """FlashCore backward, (B, S, H, D) layout: (dq, dk, dv) of out = attention(q, k, v, causal, softmax_scale) for
+    the upstream gradient dout, from the forward's out and lse (float32 (B, Hq, Sq)). softmax_scale 0.0 means
+    1/sqrt(head_dim). GQA / MQA: dk and dv of a KV head are summed over its query heads. deterministic: dq
+    bit-identical from run to run (dk and dv always are). 16-bit dense calls; the library says which head dims (64
+    and 128 in 0.4). dq, dk, dv have q's, k's, v's layout when the C ABI takes it, else are contiguous."""
+    _check_backward_inputs(dout, q, k, v, out, lse)
+    lib = _check_supported(q, q.shape[3])
+    dq, dk, dv = (_grad_like(t) for t in (q, k, v))
+    if q.numel() == 0 or k.numel() == 0:  # no query row or no key: no gradient flows
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    _launch_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, deterministic)
+    return dq, dk, dv
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(grad_out, q, k, v):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic=False):
+    _check_backward_inputs(dout, q, k, v, out, lse)
+    return tuple(_grad_like(t) for t in (q, k, v))
+
+
+def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int) -> Optional[str]:
+    """Why a forward call has no backward yet (None: it has)."""
+    if q.dtype in FP8_DTYPES:
+        return "FlashCore: the backward of 8-bit attention (float8 q, k, v) is not supported yet"
+    if precision != _lib.PRECISION_NATIVE:
+        name = "fp8" if precision == _lib.PRECISION_FP8 else "int8"
+        return f"FlashCore: the backward of precision='{name}' attention is not supported yet"
+    if out.dtype != q.dtype:
+        return (f"FlashCore: the backward of attention with out_dtype={out.dtype} (inputs {q.dtype}) is not supported "
+                "yet")
+    return None
+
+
+def _lse_grads(q, k, v, out, lse, grad_lse, dq, dk, causal: bool, softmax_scale: float, deterministic: bool):
+    """dq, dk with the gradient that flows back through lse (the library's backward takes dO only).
+
+    lse_i = log sum_j exp(s_ij) with s_ij = scale q_i.k_j, so d lse_i / d s_ij = P_ij, and g = grad_lse adds
+    dS_ij = g_i P_ij: dq_i += scale g_i sum_j P_ij k_j, which is scale g_i times the attention of q over (k, k); and
+    dk_j += scale sum_i P_ij g_i q_i, which is the dV of a backward with dO = g * q (P^T dO, summed over each KV head's
+    query heads). dv does not change. Rows that see no key have P = 0 and get nothing, whatever g holds there."""
+    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(q.shape[3])
+    g = grad_lse.transpose(1, 2).unsqueeze(-1)  # (B, Sq, Hq, 1)
+    if dq is not None:
+        k_mean, _ = attention_fwd(q, k, k, causal, softmax_scale, False)
+        dq = (dq.float() + (scale * g) * k_mean.float()).to(dq.dtype)
+    if dk is not None:
+        _, _, dk_lse = attention_bwd((g * q.float()).to(q.dtype), q, k, v, out, lse, causal, softmax_scale,
+                                     deterministic)
+        dk = (dk.float() + scale * dk_lse.float()).to(dk.dtype)
+    return dq, dk
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v = inputs[:3]
-    ctx.save_for_backward(q, k, v)
+    (q, k, v, causal, softmax_scale, _return_lse, _q_descale, _k_descale, _v_descale, _out_dtype, precision,
+     _v_transposed, deterministic) = inputs
+    out, lse = output
+    ctx.set_materialize_grads(False)  # an output nobody used (lse, mostly) comes back as None, not as zeros
+    ctx.unsupported = _backward_unsupported(q, out, precision)
+    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+    ctx.save_for_backward(q, k, v, *((out, lse) if ctx.unsupported is None else ()))
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v = ctx.saved_tensors
-    grad_q, grad_k, grad_v = attention_bwd(grad_out, q, k, v)
-    # causal, softmax_scale, return_lse, the three descales, out_dtype, precision: no gradient.
-    return (grad_q, grad_k, grad_v) + (None,) * 8
+    """The autograd formula of flashcore::attention_fwd: gradients for q, k, v (none for the flags, descales, ...)."""
+    none = (None,) * 10  # causal, softmax_scale, return_lse, the three descales, out_dtype, precision, v_transposed,
+    #                       deterministic
+    if ctx.unsupported is not None:
+        given = [g for g in (grad_out, grad_lse) if g is not None]
+        return tuple(backward_not_supported(given, list(ctx.saved_tensors), ctx.unsupported)) + none
+    needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
+    if (grad_out is None and grad_lse is None) or not (needs_q or needs_k or needs_v):
+        return (None, None, None) + none
+    q, k, v, out, lse = ctx.saved_tensors
+    causal, scale, deterministic = ctx.causal, ctx.softmax_scale, ctx.deterministic
+    if lse.dim() != 3:  # the op ran with return_lse=False (the front ends ask for lse when grads are needed)
+        grad_lse = None  # the gradient of the empty placeholder: nothing
+        if grad_out is None:
+            return (None, None, None) + none
+        out, lse = attention_fwd(q, k, v, causal, scale, True)
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = attention_bwd(grad_out, q, k, v, out, lse, causal, scale, deterministic)
+    if grad_lse is not None and (needs_q or needs_k):
+        dq, dk = _lse_grads(q, k, v, out, lse, grad_lse, dq if needs_q else None, dk if needs_k else None, causal,
+                            scale, deterministic)
+    return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None) + none
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("flashcore::backward_not_supported", mutates_args=())
+def backward_not_supported(grads: List[torch.Tensor], inputs: List[torch.Tensor], message: str) -> List[torch.Tensor]:
+    """The gradients of `inputs` for a call whose backward FlashCore does not have, given the gradients of its outputs
+    (`grads`, read by nothing: they keep a compiled graph's partitioner from moving the op into the forward): raises
+    NotImplementedError(message) when run. Its fake traces (gradients shaped like the inputs), so a compiled graph
+    whose inputs require grad still builds, and the error comes when its backward runs, as in eager mode."""
+    raise NotImplementedError(message)
+
+
+@backward_not_supported.register_fake
+def _backward_not_supported_fake(grads, inputs, message):
+    return [torch.empty_like(t) for t in inputs]
+
+
+def _register_unsupported_backward(op, message: str, count: int) -> None:
+    """An autograd formula for `op` (with `count` inputs, the first three q, k, v) that raises
+    NotImplementedError(message) when the backward reaches it: inputs may require grad until then, and no gradient is
+    ever made up."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*inputs[:3])
+
+    def backward(ctx, *grads):
+        given = [g for g in grads if g is not None]
+        return tuple(backward_not_supported(given, list(ctx.saved_tensors), message)) + (None,) * (count - 3)
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+# (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse)
+_register_unsupported_backward(varlen_attention_fwd, VARLEN_BACKWARD_NOT_SUPPORTED, 11)
+# (q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table, num_splits)
+_register_unsupported_backward(attention_kvcache_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 9)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -858,6 +1054,7 @@ def attention(
     out_dtype: Optional[torch.dtype] = None,
     precision: Optional[str] = None,
     v_transposed: bool = False,
+    deterministic: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention in FlashAttention's layout: q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), Hq a multiple of Hkv.
 
@@ -884,9 +1081,15 @@ def attention(
         calls attend to): the call skips its own transpose of V. Same result, bit for bit.
     out_dtype: torch.float16 or torch.bfloat16 (None: the default above). precision: None or "native" (the input
     dtype's kernel), "fp8" or "int8".
+
+    Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128 in 0.4),
+    through out and lse. deterministic (FlashAttention's name): the backward's dq is bit-identical from run to run
+    (dk and dv always are), a little slower. The 8-bit paths, precision="fp8" / "int8" and out_dtype other than the
+    input's have no backward yet (NotImplementedError when .backward() reaches them).
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
+    deterministic = _check_flag("deterministic", deterministic)
     v_transposed = _check_flag("v_transposed", v_transposed)
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
@@ -899,8 +1102,8 @@ def attention(
         lib = _check_supported(q, q.shape[3])
         if extended:
             _check_extended_supported(lib, q, causal, o_dtype, precision_code)
-    if not extended:  # the 0.2 call
-        out, lse = attention_fwd(q, k, v, causal, scale, return_lse)
+    if not extended:  # the 0.2 call; lse also when the backward will need it
+        out, lse = _differentiable_fwd(q, k, v, causal, scale, return_lse, deterministic)
     else:
         default_dtype = torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype
         if v_transposed:
@@ -910,6 +1113,20 @@ def attention(
             out, lse = attention_fwd(q, k, v, causal, scale, return_lse, q_descale, k_descale, v_descale,
                                      None if o_dtype == default_dtype else o_dtype, precision_code)
     return (out, lse) if return_lse else out
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd will record a call on these tensors (traceable: torch.compile guards on both)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _differentiable_fwd(q, k, v, causal: bool, scale: float, return_lse: bool, deterministic: bool):
+    """attention_fwd for a 16-bit call of the front ends: with lse whenever the call will be differentiated (the
+    backward reads it), deterministic passed only when set (the 0.2 call otherwise)."""
+    want_lse = return_lse or _needs_grad(q, k, v)
+    if deterministic:
+        return attention_fwd(q, k, v, causal, scale, want_lse, deterministic=True)
+    return attention_fwd(q, k, v, causal, scale, want_lse)
 
 
 class AttentionPlan:
@@ -1114,6 +1331,7 @@ def sdpa(
     *,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """Drop-in for torch.nn.functional.scaled_dot_product_attention on (B, H, S, D) tensors.
 
@@ -1124,6 +1342,9 @@ def sdpa(
     whatever enable_gqa says. is_causal is bottom-right aligned: the same as SDPA's when Sq == Sk (SDPA aligns
     top-left). The result is a (B, H, S, D) view of a (B, S, H, D)-contiguous tensor, so
     `out.transpose(1, 2).reshape(B, S, H * D)` is free.
+
+    Differentiable in query, key and value (since 0.4; as flashcore.attention). deterministic (keyword-only, a
+    FlashCore addition after torch's arguments): bit-identical gradients from run to run.
     """
     if attn_mask is not None:
         raise ValueError(
@@ -1135,11 +1356,11 @@ def sdpa(
     scale_value = _check_scale(scale, "scale")
     is_causal = _check_flag("is_causal", is_causal)
     _check_flag("enable_gqa", enable_gqa)
+    deterministic = _check_flag("deterministic", deterministic)
     _check_inputs(query, key, value, "bhsd")
     if not torch.compiler.is_compiling():
         _check_supported(query, query.shape[3])
     # (B, H, S, D) -> (B, S, H, D) views: the strides reach the C ABI unchanged, no copy.
-    out, _ = attention_fwd(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal, scale_value, False
-    )
+    out, _ = _differentiable_fwd(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal,
+                                 scale_value, False, deterministic)
     return out.transpose(1, 2)

@@ -84,6 +84,73 @@ def reference_fp64(q, k, v, causal=False, softmax_scale=None, max_scores=2**25):
     return out, lse
 
 
+def attention_autograd(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64):
+    """(out (B, Sq, Hq, D), lse (B, Hq, Sq)) of (B, S, H, D) inputs in `dtype`, as plain differentiable torch ops (the
+    whole score matrix at once: small shapes). Causal is bottom-right aligned; rows that see no key give 0 / -inf and
+    pass no gradient. GQA: query head h reads KV head h // (Hq // Hkv)."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
+    qt = q.to(dtype).transpose(1, 2)
+    kt = k.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
+    vt = v.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
+    scores = (qt @ kt.transpose(-1, -2)) * scale
+    if causal:
+        scores = scores.masked_fill(~causal_mask(seqlen_q, seqlen_k, q.device), -math.inf)
+    empty = (scores == -math.inf).all(dim=-1, keepdim=True) if seqlen_k else None
+    if empty is not None:
+        scores = scores.masked_fill(empty, 0.0)  # no -inf - -inf below; these rows are zeroed
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse[..., None])
+    out = probs @ vt
+    if empty is not None:
+        out = out.masked_fill(empty, 0.0)
+        lse = lse.masked_fill(empty[..., 0], -math.inf)
+    else:
+        lse = lse.new_full(lse.shape, -math.inf)
+    return out.transpose(1, 2), lse
+
+
+def reference_grads(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, dtype=torch.float64):
+    """(dq, dk, dv) in `dtype` of attention_autograd for the upstream gradients dout (B, Sq, Hq, D) and, optionally,
+    dlse (B, Hq, Sq)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = attention_autograd(*leaves, causal, softmax_scale, dtype)
+    outputs, grads = [out], [dout.to(dtype)]
+    if dlse is not None:
+        outputs.append(lse)
+        grads.append(torch.where(torch.isfinite(lse), dlse.to(dtype), 0.0))
+    return torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
+
+
+def backward_fp64(q, k, v, dout, causal=False, softmax_scale=None):
+    """(dq, dk, dv) in float64 from the backward's formulas, as the kernel computes them (no autograd: it runs inside
+    the emulated op, below autograd): P = softmax(S), dV = P^T dO, dP = dO V^T, D = rowsum(dO * O),
+    dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q; GQA sums dK, dV over each KV head's query heads."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
+    qt, dot = (t.double().transpose(1, 2) for t in (q, dout))  # (B, Hq, Sq, D)
+    kt, vt = (t.double().transpose(1, 2).repeat_interleave(group, dim=1) for t in (k, v))  # (B, Hq, Sk, D)
+    scores = (qt @ kt.transpose(-1, -2)) * scale
+    if causal:
+        scores = scores.masked_fill(~causal_mask(seqlen_q, seqlen_k, q.device), -math.inf)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.where(torch.isneginf(lse), 0.0, torch.exp(scores - torch.where(torch.isneginf(lse), 0.0, lse)))
+    out = probs @ vt
+    dv = probs.transpose(-1, -2) @ dot
+    dp = dot @ vt.transpose(-1, -2)
+    ds = probs * (dp - (dot * out).sum(-1, keepdim=True))
+    dq = (ds @ kt) * scale
+    dk = (ds.transpose(-1, -2) @ qt) * scale
+
+    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D)
+        return t.reshape(batch, heads_kv, group, seqlen_k, head_dim).sum(2).transpose(1, 2)
+
+    return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
+
+
 def dequantize(x, descale, heads_kv=None):
     """float64 values of an 8-bit (B, S, H, D) tensor: x * descale, descale float32 (B, Hkv) (None: 1), query head
     h using the factor of KV head h // (H // Hkv)."""
@@ -104,7 +171,8 @@ def emulate_on_cpu(monkeypatch):
     """Run flashcore's torch ops on CPU tensors with reference() in place of the native library.
 
     Checks the Python wiring (validation, custom op, fake impl, autograd, torch.compile, the transformers
-    adapter) without a GPU; the kernel itself is not exercised. 8-bit calls are emulated by the float64 reference
+    adapter) without a GPU; the kernel itself is not exercised. The backward is emulated by backward_fp64 (the
+    kernel's formulas in float64), written into the op's dq, dk, dv. 8-bit calls are emulated by the float64 reference
     of the dequantized inputs (precision="fp8": of the inputs quantized per (batch, KV head) by quantize_fp8, as
     the library does); the emulated library has 8-bit kernels for head dims 128 and 256."""
     from flashcore import _lib, _ops
@@ -144,7 +212,12 @@ def emulate_on_cpu(monkeypatch):
         if lse.numel():
             lse.copy_(l)
 
+    def launch_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, deterministic):
+        for got, want in zip((dq, dk, dv), backward_fp64(q, k, v, dout, causal, softmax_scale)):
+            got.copy_(want)
+
     monkeypatch.setattr(_ops, "_check_device", lambda q, k, v: None)
     monkeypatch.setattr(_ops, "_check_supported", check_supported)
+    monkeypatch.setattr(_ops, "_launch_backward", launch_backward)
     monkeypatch.setattr(_ops, "_check_extended_supported", check_extended_supported)
     monkeypatch.setattr(_ops, "_launch", launch)

@@ -96,6 +96,7 @@ def test_enums_match_header(header_text):
     assert _lib.MAX_CAPS == parse_define(header_text, "FLASHCORE_MAX_CAPS")
     assert _lib.ATTENTION_PARAMS_V1_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V1_SIZE")
     assert _lib.ATTENTION_PARAMS_V2_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V2_SIZE")
+    assert _lib.ATTENTION_PARAMS_V3_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V3_SIZE")
     assert _lib.PRECISION_NATIVE == parse_define(header_text, "FLASHCORE_PRECISION_NATIVE") == 0
     assert _lib.PRECISION_FP8 == parse_define(header_text, "FLASHCORE_PRECISION_FP8") == 1
     assert _lib.PRECISION_INT8 == parse_define(header_text, "FLASHCORE_PRECISION_INT8") == 2
@@ -133,9 +134,18 @@ def test_v2_prefix_of_the_mirror():
     params = _lib.AttentionParamsStruct
     assert params.seqlen_new.offset + params.seqlen_new.size == _lib.ATTENTION_PARAMS_V2_SIZE
     assert params.q_descale.offset == _lib.ATTENTION_PARAMS_V2_SIZE
-    assert [name for name, _ in params._fields_][-5:] == ["q_descale", "k_descale", "v_descale", "precision",
-                                                          "reserved2"]
-    assert ctypes.sizeof(params) == 480
+    names = [name for name, _ in params._fields_]
+    assert names[names.index("q_descale"):names.index("dout")] == ["q_descale", "k_descale", "v_descale",
+                                                                   "precision", "reserved2"]
+
+
+def test_v3_prefix_of_the_mirror():
+    """A 0.3 library is handed the mirror's first 480 bytes: the 0.3 fields end there, the backward's (0.4) follow."""
+    params = _lib.AttentionParamsStruct
+    assert params.reserved2.offset + params.reserved2.size == _lib.ATTENTION_PARAMS_V3_SIZE == params.dout.offset
+    assert [name for name, _ in params._fields_][-10:] == ["dout", "dq", "dk", "dv", "dout_strides", "dq_strides",
+                                                           "dk_strides", "dv_strides", "deterministic", "reserved3"]
+    assert ctypes.sizeof(params) == 648
 
 
 def test_every_status_maps_to_an_exception():
@@ -253,7 +263,9 @@ def test_stub_loads_and_reports(use_library, stub_library):
     assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 64, False) == ()  # the stub's 8-bit head dims: 128, 256
     assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 128, True) == ("default",)
     assert _lib.load().compiled() == (("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256))
-    assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2"))
+    assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2",
+                                                               "dout", "reserved3"))
+    assert _lib.load().has_backward()
 
 
 def test_params_reach_c_intact(use_library, stub_library):
@@ -285,6 +297,8 @@ def test_params_reach_c_intact(use_library, stub_library):
     assert (seen.out_dtype, seen.lse_capacity, seen.workspace, seen.kernel_config) == (_lib.DTYPE_SAME, 0, None, None)
     assert (seen.q_descale, seen.k_descale, seen.v_descale, seen.precision, seen.reserved2) == (
         None, None, None, _lib.PRECISION_NATIVE, 0)
+    assert (seen.dout, seen.dq, seen.dk, seen.dv, seen.deterministic, seen.reserved3) == (None,) * 4 + (0, 0)
+    assert all(getattr(seen, f).dim == 1 for f in ("dout_strides", "dq_strides", "dk_strides", "dv_strides"))
     assert lib.workspace_size(params) == 0
 
 

@@ -145,7 +145,7 @@ def test_empty_sizes(caps, cuda):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# torch.compile, CUDA graphs, inference mode, autograd.
+# torch.compile, CUDA graphs, inference mode (the backward: test_backward_gpu.py).
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -211,25 +211,6 @@ def test_inference_mode(caps, cuda):
     with torch.inference_mode():
         out = flashcore.attention(q, k, v, causal=True)
     check_against_sdpa(q, k, v, True, out=out)
-
-
-def test_backward_raises(caps, cuda):
-    _need(caps, torch.float16, 64)
-    q, k, v = _inputs(cuda, torch.float16, 2, 64, 64, 4, 4, 64)
-    q.requires_grad_()
-    out = flashcore.attention(q, k, v)
-    with pytest.raises(NotImplementedError, match=r"backward is not implemented yet \(forward only\)"):
-        out.float().sum().backward()
-
-
-def test_compiled_backward_raises(caps, cuda):
-    _need(caps, torch.float16, 64)
-    torch._dynamo.reset()
-    q, k, v = _inputs(cuda, torch.float16, 2, 64, 64, 4, 4, 64)
-    q.requires_grad_()
-    out = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), fullgraph=True)(q, k, v)
-    with pytest.raises(NotImplementedError, match="forward only"):
-        out.float().sum().backward()
 
 
 # ---------------------------------------------------------------------------------------------------------------

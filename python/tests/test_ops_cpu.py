@@ -165,23 +165,6 @@ def test_compile_fullgraph_wiring(emulated, backend):
         torch.testing.assert_close(got, want)
 
 
-def test_backward_raises(emulated):
-    q, k, v = _qkv(torch.bfloat16)
-    q.requires_grad_()
-    out = flashcore.attention(q, k, v)
-    with pytest.raises(NotImplementedError, match=r"backward is not implemented yet \(forward only\)"):
-        out.float().sum().backward()
-
-
-def test_compiled_backward_raises_at_run_time(emulated):
-    torch._dynamo.reset()
-    q, k, v = _qkv(torch.bfloat16)
-    q.requires_grad_()
-    out = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), fullgraph=True, backend="aot_eager")(q, k, v)
-    with pytest.raises(NotImplementedError, match="forward only"):
-        out.float().sum().backward()
-
-
 def test_inference_mode(emulated):
     with torch.inference_mode():
         assert flashcore.attention(*_qkv()).shape == (2, 16, 4, 64)

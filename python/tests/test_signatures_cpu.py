@@ -45,7 +45,7 @@ POSITIONAL = {
 # Keywords FlashCore shares with FA3 that were checked to mean the same thing (same values, same effect, same
 # default; the default is compared below). A keyword shared with FA3 must be here or in DIFFERENT.
 SAME_MEANING = {
-    "attention": {"softmax_scale", "causal", "q_descale", "k_descale", "v_descale"},
+    "attention": {"softmax_scale", "causal", "q_descale", "k_descale", "v_descale", "deterministic"},
     "varlen_attention": {"softmax_scale", "causal", "seqused_k"},
     "attention_with_kvcache": {"k", "v", "cache_seqlens", "softmax_scale", "causal", "return_softmax_lse"},
 }
@@ -87,6 +87,8 @@ KEYWORD_ONLY_HERE = {
         "q_descale": "After qv in FA3, which FlashCore does not have: positions cannot line up.",
         "k_descale": "As q_descale.",
         "v_descale": "As q_descale.",
+        "deterministic": "FA3's 15th positional argument, after window_size, softcap, num_splits, ... which FlashCore "
+                         "does not have: positions cannot line up.",
     },
     "varlen_attention": {
         "seqused_k": "FA3's 9th positional argument, after seqused_q, which FlashCore does not have.",
@@ -165,18 +167,31 @@ def test_only_the_listed_arguments_are_positional(name):
     assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in params if n not in positional)
 
 
+# Keyword-only arguments flashcore.sdpa takes after all of torch's (torch's function has none of them), and why.
+SDPA_EXTRAS = {
+    "deterministic": (False, "Bit-identical gradients from run to run (the backward's fixed-order dq sums), "
+                             "FlashAttention's name; torch has a process-wide switch instead "
+                             "(torch.use_deterministic_algorithms)."),
+}
+
+
 def test_sdpa_takes_torchs_positional_order():
     """flashcore.sdpa is the drop-in for F.scaled_dot_product_attention: the same names in the same order, the same
     defaults, and torch's split between positional and keyword-only arguments (probed by calling torch's function:
-    its signature is not introspectable)."""
+    its signature is not introspectable). After them only FlashCore's own keyword-only extras (SDPA_EXTRAS), each
+    with a default, so a call written for torch means the same here."""
     torch_sdpa = torch.nn.functional.scaled_dot_product_attention
     header = torch_sdpa.__doc__.strip().split("->")[0]
     torch_args = ast.parse(f"def {header}: pass").body[0].args
     names = [a.arg for a in torch_args.args + torch_args.kwonlyargs]
     defaults = [ast.literal_eval(d) for d in torch_args.defaults + [d for d in torch_args.kw_defaults if d]]
     params = _params("sdpa")
-    assert list(params) == names
-    assert [p.default for p in params.values() if p.default is not inspect.Parameter.empty] == defaults
+    assert list(params) == names + list(SDPA_EXTRAS)
+    assert not set(SDPA_EXTRAS) & set(names)
+    for name, (default, reason) in SDPA_EXTRAS.items():
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default == default and reason
+    assert [p.default for n, p in params.items() if n in names and p.default is not inspect.Parameter.empty] == \
+        defaults
 
     q = torch.randn(1, 2, 4, 8)
     values = [q, q, q, None, 0.0, False, None, False]

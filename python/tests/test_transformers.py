@@ -123,6 +123,7 @@ def emulated_adapter(request, monkeypatch):
     emulate_on_cpu(monkeypatch)
     monkeypatch.setattr(fc_hf, "_is_cuda", lambda t: True)
     monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 128, 256))
+    monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 128))
     return fc_hf.register(request.param)
 
 
@@ -223,6 +224,72 @@ def test_strict_mode_raises(emulated_adapter):
             model(input_ids=ids, attention_mask=mask)
     finally:
         fc_hf.register(emulated_adapter)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training (since 0.4): the backward.
+
+
+def compare_grads(fc, sdpa, ref, input_ids, atol):
+    """One forward and backward of three models with the same weights (FlashCore, SDPA at the same dtype, fp32 SDPA):
+    for every parameter, max |grad(flashcore) - grad(ref)| <= 2 * max |grad(SDPA) - grad(ref)| + atol * max |grad(ref)|
+    (the project's error rule, on gradients). Returns the losses."""
+    losses = []
+    for model in (fc, sdpa, ref):
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    ref_params = dict(ref.named_parameters())
+    for (name, p_fc), (_, p_sdpa) in zip(fc.named_parameters(), sdpa.named_parameters()):
+        want = ref_params[name].grad.float()
+        err = (p_fc.grad.float() - want).abs().max().item()
+        base = (p_sdpa.grad.float() - want).abs().max().item()
+        assert err <= 2 * base + atol * want.abs().max().item(), f"{name}: flashcore {err:.3g}, SDPA {base:.3g}"
+    return losses
+
+
+def _three_models(name, device):
+    fc = tiny_llama(name, torch.bfloat16, device).train()
+    sdpa = tiny_llama("sdpa", torch.bfloat16, device).train()
+    ref = tiny_llama("sdpa", torch.float32, device).train()
+    ref.load_state_dict({k: v.float() for k, v in sdpa.state_dict().items()})
+    return fc, sdpa, ref
+
+
+def test_cpu_emulated_training_step(emulated_adapter, count_calls):
+    """Gradients of a training step go through FlashCore's backward (emulated), for every layer, and match SDPA's."""
+    fc, sdpa, ref = _three_models(emulated_adapter, "cpu")
+    ids = torch.randint(0, 1000, (2, 33))
+    compare_grads(fc, sdpa, ref, ids, atol=2e-2)
+    assert len(count_calls) == 2  # both layers ran on FlashCore, with inputs that require grad
+    optimizer = torch.optim.AdamW(fc.parameters(), lr=1e-3)
+    optimizer.step()  # the gradients are usable as they are (dtype, layout)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_cpu_emulated_training_without_backward_falls_back(emulated_adapter, count_calls, monkeypatch, strict):
+    """A call that will be differentiated but that FlashCore's backward cannot take (a head dim it has no backward
+    for, or a library without the backward) runs on SDPA, with a warning naming the reason (strict: ValueError), never
+    a forward whose backward then fails. Without gradients the same call stays on FlashCore."""
+    fn = fc_hf.strict_attention_forward if strict else fc_hf.attention_forward
+    q, k, v = (t.requires_grad_() for t in _attention_inputs(d=256))
+    module = _causal_module()
+    for dims, needle in (((64, 128), "gradients with head_dim 256"), ((), "no backward pass")):
+        monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda dims=dims: dims)
+        fc_hf._logged_reasons.clear()
+        if strict:
+            with pytest.raises(ValueError, match=needle):
+                fn(module, q, k, v, None)
+        else:
+            with pytest.warns(UserWarning, match=needle):
+                out, _ = fn(module, q, k, v, None)
+            out.float().sum().backward()
+        assert count_calls == []
+        with torch.no_grad():
+            fn(module, q, k, v, None)
+        assert len(count_calls) == 1
+        count_calls.clear()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -453,6 +520,10 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
         def compiled():
             return ("bfloat16",), (64,)
 
+        @staticmethod
+        def has_backward():
+            return True
+
     fake = FakeLib()
     monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
     monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
@@ -460,6 +531,7 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     monkeypatch.setattr(fc_hf.torch.compiler, "is_compiling", lambda: True)
     monkeypatch.setattr(fc_hf._lib, "load", lambda: pytest.fail("library loaded while compiling"))
     assert fc_hf._compiled_head_dims() == (64,)
+    assert fc_hf._compiled_backward_head_dims() == (64,)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -504,3 +576,75 @@ def test_gpu_llama_compiled_fullgraph(gpu_name, count_calls):
         eager = model(input_ids=ids, use_cache=False).logits
         compiled = torch.compile(model, fullgraph=True)(input_ids=ids, use_cache=False).logits
     torch.testing.assert_close(compiled.float(), eager.float(), atol=2e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU training: the real backward (a 0.4 library with flashcore_attention_backward).
+
+
+@pytest.fixture(scope="module")
+def gpu_train_name(gpu_name):
+    if not fc_hf._lib.load().has_backward():
+        pytest.skip(f"{flashcore.library_path()} ({flashcore.library_version()}) has no backward (0.4 needed)")
+    return gpu_name
+
+
+def test_gpu_llama_training_step_grads_match_sdpa(gpu_train_name, count_calls):
+    fc, sdpa, ref = _three_models(gpu_train_name, "cuda")
+    ids = torch.randint(0, 1000, (4, 128), device="cuda")
+    compare_grads(fc, sdpa, ref, ids, atol=1e-2)
+    assert len(count_calls) == 2
+
+
+TRAIN_STEPS, TRAIN_WINDOW = 150, 25
+_sdpa_curves = {}
+
+
+def train_curve(name, steps=TRAIN_STEPS, backend=None):
+    """Per-step losses of the tiny Llama (bf16, seed 0) trained with AdamW (lr 1e-3) on 8 fixed batches of random
+    tokens (4 x 128, seed 1), cycled: the model can only lower the loss by memorising them, through attention."""
+    import contextlib
+
+    from torch.nn.attention import sdpa_kernel
+
+    model = tiny_llama(name, torch.bfloat16, "cuda").train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    data = torch.randint(0, 1000, (8, 4, 128), device="cuda", generator=gen)
+    losses = []
+    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+        for step in range(steps):
+            ids = data[step % len(data)]
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+    return torch.stack(losses).float().cpu()
+
+
+def _windows(curve):
+    return curve.reshape(-1, TRAIN_WINDOW).mean(dim=1)
+
+
+def test_gpu_llama_training_matches_sdpa(gpu_train_name, count_calls):
+    """150 AdamW steps with attn_implementation=flashcore and with sdpa, same init and data: the loss curves agree.
+
+    bf16 training is chaotic: any difference in rounding (FlashCore's kernels or another SDPA backend) makes two runs
+    drift apart slowly, so steps are not compared one by one. The rule, on the means of 25-step windows: |FlashCore -
+    SDPA| <= 2 * (the largest window gap between SDPA's default backend and its math backend, two correct bf16
+    attentions that round differently) + 1% of the loss. And the run must have learnt something (the last window at
+    least 0.5 below the first), so that a backward that lost the attention gradients would show."""
+    from torch.nn.attention import SDPBackend
+
+    if "sdpa" not in _sdpa_curves:
+        _sdpa_curves["sdpa"] = train_curve("sdpa")
+        _sdpa_curves["math"] = train_curve("sdpa", backend=SDPBackend.MATH)
+    sdpa, math_backend = _windows(_sdpa_curves["sdpa"]), _windows(_sdpa_curves["math"])
+    fc = _windows(train_curve(gpu_train_name))
+    assert len(count_calls) == 2 * TRAIN_STEPS
+    noise = (math_backend - sdpa).abs().max().item()
+    gap = (fc - sdpa).abs()
+    assert torch.all(gap <= 2 * noise + 0.01 * sdpa), (
+        f"window means: flashcore {fc.tolist()}, sdpa {sdpa.tolist()}, sdpa math {math_backend.tolist()}")
+    assert fc[-1] < fc[0] - 0.5, f"flashcore did not learn: window means {fc.tolist()}"

@@ -24,6 +24,9 @@ Two names, one implementation:
 
 What runs on FlashCore: fp16/bf16 CUDA inputs with a compiled head dim, no dropout, and either no mask or a pure
 causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv).
+Training too (since 0.4): a call whose inputs require grad (grad mode on) runs FlashCore's forward and backward
+when the library has a backward for its head dim (64 and 128 in 0.4); otherwise it falls back to SDPA like the
+calls below (with fallback=False: ValueError), so that no backward fails after the forward ran.
 Everything else (padding masks, sliding-window masks once the window is exceeded, a static cache's mask,
 dropout, fp32, softcap / attention sinks / position bias, a sliding window shorter than the keys, an uncompiled
 head dim) falls back to transformers' own SDPA path, unless register(fallback=False), which raises ValueError
@@ -193,16 +196,21 @@ def _is_cuda(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
-# (library object, its compiled head dims): read outside any graph, so that eager and compiled calls agree.
+# (library object, its compiled head dims) and (library object, the head dims its backward takes): read outside any
+# graph, so that eager and compiled calls agree.
 _head_dims_cache = (None, None)
+_backward_dims_cache = (None, None)
 
 
 def _load_head_dims():
-    """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims."""
-    global _head_dims_cache
+    """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, and those
+    its backward takes (() for a library older than 0.4)."""
+    global _head_dims_cache, _backward_dims_cache
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
-        _head_dims_cache = (lib, tuple(lib.compiled()[1]))
+        head_dims = tuple(lib.compiled()[1])
+        backward_dims = tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims) if lib.has_backward() else ()
+        _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
     return _head_dims_cache[1]
 
 
@@ -211,23 +219,36 @@ def _head_dims_outside_graph():
     """While compiling: dynamo runs this as plain Python at trace time and bakes its result into the graph as a
     constant (the library is never called from the graph). The cached answer, else the library is loaded now, as
     an eager call would: the first flashcore call of a process may well be a compiled one. A library that cannot be
-    loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does."""
-    cached = _head_dims_cache[1]
-    if cached is not None:
-        return cached
-    try:
-        return _load_head_dims()
-    except RuntimeError:
-        return None
+    loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does.
+    Returns (compiled head dims, head dims the backward takes)."""
+    if _head_dims_cache[1] is None:
+        try:
+            _load_head_dims()
+        except RuntimeError:
+            return None
+    return _head_dims_cache[1], _backward_dims_cache[1]
+
+
+def _library_head_dims():
+    """(the library's compiled head dims, those its backward takes), the same answer in eager and compiled calls.
+    Eager: loads the library (RuntimeError when missing) and caches the answer. While compiling: the cached answer,
+    or, when nothing was cached yet, the library's, read at trace time outside the graph (None without a library)."""
+    if torch.compiler.is_compiling():
+        return _head_dims_outside_graph()
+    _load_head_dims()
+    return _head_dims_cache[1], _backward_dims_cache[1]
 
 
 def _compiled_head_dims():
-    """The library's compiled head dims, the same answer in eager and compiled calls. Eager: loads the library
-    (RuntimeError when missing) and caches the answer. While compiling: the cached answer, or, when nothing was
-    cached yet, the library's, read at trace time outside the graph."""
-    if torch.compiler.is_compiling():
-        return _head_dims_outside_graph()
-    return _load_head_dims()
+    """The library's compiled head dims (see _library_head_dims)."""
+    dims = _library_head_dims()
+    return None if dims is None else dims[0]
+
+
+def _compiled_backward_head_dims():
+    """The head dims FlashCore's backward takes with the loaded library (see _library_head_dims)."""
+    dims = _library_head_dims()
+    return None if dims is None else dims[1]
 
 
 def _sliding_window(module, kwargs):
@@ -304,6 +325,12 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
     head_dims = _compiled_head_dims()
     if head_dims is not None and query.shape[-1] not in head_dims:
         return f"head_dim {query.shape[-1]} (compiled: {list(head_dims)})"
+    if _ops._needs_grad(query, key, value):  # training: the call will be differentiated
+        backward_dims = _compiled_backward_head_dims()
+        if backward_dims is not None and query.shape[-1] not in backward_dims:
+            if not backward_dims:
+                return "gradients (the loaded libflashcore.so has no backward pass: 0.4 or newer needed)"
+            return f"gradients with head_dim {query.shape[-1]} (FlashCore's backward: {list(backward_dims)})"
     return None
 
 

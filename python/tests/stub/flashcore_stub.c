@@ -6,7 +6,12 @@
  * Compiled with -DSTUB_BAD_STRUCT_SIZE, flashcore_get_capabilities reports a params_struct_size that is neither the
  * 0.1 layout nor the current one. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V2_SIZE it plays a 0.2
  * library: it reports that params_struct_size, accepts only that struct_size, reads (and records) only that many
- * bytes, and compiles no 8-bit dtype. */
+ * bytes, and compiles no 8-bit dtype.
+ * The backward (since 0.4): flashcore_attention_backward records its params and stream as the forward does (separately:
+ * stub_last_backward_params) and fails the same way for head_dim >= 1000; flashcore_attention_backward_workspace_size
+ * reports (4 * head_dim + 8) * batch * num_heads_q * seqlen_q bytes, the header's estimate. Compiled with
+ * -DSTUB_NO_BACKWARD (a library older than 0.4, e.g. with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V3_SIZE) it
+ * exports neither. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,6 +19,10 @@
 
 static flashcore_attention_params g_last;
 static void* g_last_stream;
+#ifndef STUB_NO_BACKWARD
+static flashcore_attention_params g_last_backward;
+static void* g_last_backward_stream;
+#endif
 static char g_error[256];
 
 #ifndef STUB_PARAMS_SIZE
@@ -31,6 +40,9 @@ FLASHCORE_API void flashcore_attention_params_init_sized(flashcore_attention_par
   params->struct_size = (uint32_t)STUB_PARAMS_SIZE;
   params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
   params->out_dtype = FLASHCORE_DTYPE_SAME;
+  if (STUB_PARAMS_SIZE == sizeof(flashcore_attention_params)) {
+    params->dout_strides.dim = params->dq_strides.dim = params->dk_strides.dim = params->dv_strides.dim = 1;
+  }
 }
 
 /* The 0.1 entry point (the header makes flashcore_attention_params_init a macro: parenthesise the name). */
@@ -149,3 +161,34 @@ FLASHCORE_API flashcore_status flashcore_list_kernel_configs(flashcore_dtype dty
   if (capacity > 0 && names) names[0] = "default";
   return FLASHCORE_SUCCESS;
 }
+
+#ifndef STUB_NO_BACKWARD
+FLASHCORE_API flashcore_status flashcore_attention_backward_workspace_size(const flashcore_attention_params* params,
+                                                                           uint64_t* bytes) {
+  if (!bytes) return FLASHCORE_ERROR_NULL_POINTER;
+  *bytes = 0;
+  flashcore_status status = flashcore_attention_validate(params);
+  if (status != FLASHCORE_SUCCESS) return status;
+  *bytes = (uint64_t)(4 * params->head_dim + 8) * (uint64_t)(params->batch * params->num_heads_q * params->seqlen_q);
+  return FLASHCORE_SUCCESS;
+}
+
+FLASHCORE_API flashcore_status flashcore_attention_backward(const flashcore_attention_params* params,
+                                                            flashcore_stream_t stream) {
+  flashcore_status status = flashcore_attention_validate(params);
+  if (status != FLASHCORE_SUCCESS) return status;
+  if (params->head_dim >= 1000) {
+    status = (flashcore_status)(params->head_dim - 1000);
+    snprintf(g_error, sizeof(g_error), "stub failure with status %d", (int)status);
+    return status;
+  }
+  memset(&g_last_backward, 0, sizeof(g_last_backward));
+  memcpy(&g_last_backward, params, STUB_PARAMS_SIZE);
+  g_last_backward_stream = (void*)stream;
+  g_error[0] = '\0';
+  return FLASHCORE_SUCCESS;
+}
+
+FLASHCORE_API void stub_last_backward_params(flashcore_attention_params* out) { *out = g_last_backward; }
+FLASHCORE_API void* stub_last_backward_stream(void) { return g_last_backward_stream; }
+#endif

@@ -1,0 +1,294 @@
+"""The backward of flashcore.attention / flashcore.sdpa on the GPU (flashcore_attention_backward, since 0.4).
+
+Reference: the gradients of float64 attention (reference.reference_grads: the inputs upcast, plain torch ops,
+autograd). Error rule, per gradient (dq, dk, dv): max |FlashCore - reference| <= 2 * max |SDPA - reference| + atol,
+SDPA being torch's scaled_dot_product_attention at the inputs' dtype (default backend) differentiated by autograd,
+and atol = ATOL[dtype] * max(1, max |reference|) (gradients are not of unit size). Needs torch, a CUDA GPU and a
+libflashcore.so with the backward (FLASHCORE_LIBRARY=build/lib/libflashcore.so); skips otherwise, with the reason."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import torch.nn.functional as F  # noqa: E402
+
+import flashcore  # noqa: E402
+from flashcore import _lib, _ops  # noqa: E402
+from reference import causal_mask, reference_grads  # noqa: E402
+
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 5e-3}
+BACKWARD_HEAD_DIMS = (64, 128)
+
+
+@pytest.fixture(scope="module")
+def caps(cuda):
+    try:
+        caps = flashcore.capabilities()
+    except RuntimeError as exc:
+        pytest.skip(f"libflashcore.so not loadable: {exc}")
+    if not caps.device_supported:
+        pytest.skip(f"the library has no kernel for this GPU (sm_{caps.device_arch}; compiled: {caps.archs})")
+    lib = _lib.load()
+    if not lib.has_backward():
+        pytest.skip(f"{lib.path} ({lib.version_string()}) has no flashcore_attention_backward (0.4 needed)")
+    return caps
+
+
+def _need(caps, dtype, head_dim):
+    if str(dtype).replace("torch.", "") not in caps.dtypes or head_dim not in caps.head_dims:
+        pytest.skip(f"{dtype} / head_dim {head_dim} not compiled in ({caps.dtypes}, {caps.head_dims})")
+
+
+def _inputs(device, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, device=device, dtype=dtype, generator=gen)
+    dout = torch.randn(batch, seqlen_q, heads_q, head_dim, device=device, dtype=dtype, generator=gen)
+    return q, k, v, dout
+
+
+def sdpa_grads(q, k, v, dout, causal=False, softmax_scale=None):
+    """(dq, dk, dv) of torch SDPA at the inputs' dtype (default backend), for (B, S, H, D) tensors: the baseline.
+    Bottom-right causal masks; rows that see no key are unmasked for SDPA and their output zeroed (no gradient)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    heads_q, heads_kv = q.shape[2], k.shape[2]
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    qt = leaves[0].transpose(1, 2)
+    kt, vt = (t.transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1) for t in leaves[1:])
+    mask, empty = None, None
+    if causal and seqlen_q != seqlen_k:
+        mask = causal_mask(seqlen_q, seqlen_k, q.device)
+        empty = ~mask.any(dim=-1)
+        mask = mask | empty[:, None]
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and mask is None,
+                                         scale=softmax_scale)
+    if empty is not None:
+        out = out.masked_fill(empty[:, None], 0.0)
+    out.transpose(1, 2).backward(dout)
+    return tuple(t.grad for t in leaves)
+
+
+def check_grads(q, k, v, dout, causal, softmax_scale=None, grads=None, deterministic=False):
+    """Run flashcore.attention forward and backward (unless `grads` are given) and check them against the float64
+    reference with the error rule. Returns (dq, dk, dv)."""
+    if grads is None:
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = flashcore.attention(*leaves, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic)
+        out.backward(dout)
+        grads = tuple(t.grad for t in leaves)
+    want = reference_grads(q, k, v, dout, causal, softmax_scale)
+    base = sdpa_grads(q, k, v, dout, causal, softmax_scale)
+    for name, got, ref, sdpa, like in zip(("dq", "dk", "dv"), grads, want, base, (q, k, v)):
+        assert got.shape == like.shape and got.dtype == like.dtype, name
+        assert torch.isfinite(got).all(), f"{name} has non-finite values"
+        err = (got.double() - ref).abs().max().item()
+        base_err = (sdpa.double() - ref).abs().max().item()
+        atol = ATOL[q.dtype] * max(1.0, ref.abs().max().item())
+        assert err <= 2 * base_err + atol, f"{name}: flashcore error {err:.3g} vs SDPA {q.dtype} error {base_err:.3g}"
+    return grads
+
+
+SEQLENS = [(1, 1), (17, 17), (113, 113), (128, 128), (1, 113), (17, 113), (113, 17), (300, 1000)]
+HEADS = [(4, 4), (8, 2), (8, 1)]  # MHA, GQA 4, MQA
+
+
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"sq{a}-sk{b}" for a, b in SEQLENS])
+@pytest.mark.parametrize("heads", HEADS, ids=[f"hq{a}-hkv{b}" for a, b in HEADS])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", BACKWARD_HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_grads_match_reference(caps, cuda, dtype, head_dim, causal, heads, seqlens):
+    _need(caps, dtype, head_dim)
+    check_grads(*_inputs(cuda, dtype, 2, *seqlens, *heads, head_dim), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_long_sequence(caps, cuda, causal):
+    _need(caps, torch.bfloat16, 128)
+    check_grads(*_inputs(cuda, torch.bfloat16, 1, 2048, 2048, 16, 2, 128), causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_custom_softmax_scale(caps, cuda, dtype):
+    _need(caps, dtype, 128)
+    check_grads(*_inputs(cuda, dtype, 2, 77, 200, 8, 2, 128), True, softmax_scale=0.3)
+
+
+def test_rows_without_keys_get_no_gradient(caps, cuda):
+    _need(caps, torch.bfloat16, 64)
+    q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, 40, 16, 4, 4, 64)
+    dq, _, _ = check_grads(q, k, v, dout, True)
+    assert torch.all(dq[:, :24] == 0)  # query i sees key j iff j <= i - 24
+
+
+def test_strided_inputs_and_grad_out(caps, cuda):
+    """q a (B, H, S, D) tensor viewed as (B, S, H, D), k and v head slices of one packed tensor, dout with a
+    strided last dimension (copied) or a transposed layout (passed as it is): the same gradients, bit for bit, as
+    contiguous tensors, and the error rule."""
+    _need(caps, torch.bfloat16, 64)
+    q0, k0, v0, dout0 = _inputs(cuda, torch.bfloat16, 2, 97, 97, 8, 2, 64)
+    q = q0.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    kv = torch.cat([k0, v0], dim=2).requires_grad_()
+    k, v = kv[:, :, :2], kv[:, :, 2:]
+    for t in (q, k, v):
+        assert not _ops.kernel_operand(t)[2], "expected a zero-copy operand"
+    douts = {
+        "strided last dim": torch.stack([dout0, torch.zeros_like(dout0)], dim=-1)[..., 0],
+        "(B, H, S, D) storage": dout0.transpose(1, 2).contiguous().transpose(1, 2),
+    }
+    assert _ops.kernel_operand(douts["strided last dim"])[2]  # copied
+    assert not _ops.kernel_operand(douts["(B, H, S, D) storage"])[2]  # passed as it is
+    contiguous = check_grads(q0, k0, v0, dout0, True, deterministic=True)
+    for name, dout in douts.items():
+        q.grad = kv.grad = None
+        flashcore.attention(q, k, v, causal=True, deterministic=True).backward(dout)
+        assert q.grad.stride() == q.stride(), "dq should have q's layout"
+        dk, dv = kv.grad[:, :, :2], kv.grad[:, :, 2:]
+        for got, want in zip((q.grad, dk, dv), contiguous):
+            torch.testing.assert_close(got, want, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_front_end(caps, cuda, causal):
+    _need(caps, torch.float16, 128)
+    q, k, v, dout = _inputs(cuda, torch.float16, 2, 256, 256, 8, 2, 128)
+    qb, kb, vb = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))  # genuine (B, H, S, D)
+    out = flashcore.sdpa(qb, kb, vb, is_causal=causal, scale=0.1, enable_gqa=True)
+    out.backward(dout.transpose(1, 2))
+    for t in (qb, kb, vb):
+        assert t.grad.is_contiguous(), "the gradient of a (B, H, S, D) tensor has its layout"
+    check_grads(q, k, v, dout, causal, 0.1, grads=tuple(t.grad.transpose(1, 2) for t in (qb, kb, vb)))
+
+
+def test_grads_through_lse(caps, cuda):
+    """A loss on out and lse: the gradient through lse (computed with a second forward and backward) matches float64
+    autograd."""
+    _need(caps, torch.bfloat16, 64)
+    q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, 100, 150, 8, 2, 64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = flashcore.attention(*leaves, causal=True, return_lse=True)
+    dlse = torch.randn_like(lse)
+    torch.autograd.backward([out, lse], [dout, dlse])
+    want = reference_grads(q, k, v, dout, True, dlse=dlse)
+    for name, t, w in zip(("dq", "dk", "dv"), leaves, want):
+        err = (t.grad.double() - w).abs().max().item()
+        assert err <= 2e-2 * max(1.0, w.abs().max().item()), f"{name}: {err:.3g}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_deterministic_is_bit_identical(caps, cuda, dtype, causal):
+    """deterministic=True: two runs give the same dq, dk, dv bit for bit (a larger call in between), within the error
+    rule. Many query blocks per key block and a GQA group of 8, where an atomic dq order would differ."""
+    _need(caps, dtype, 128)
+    q, k, v, dout = _inputs(cuda, dtype, 2, 1024, 1024, 16, 2, 128)
+    first = check_grads(q, k, v, dout, causal, deterministic=True)
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        flashcore.attention(*leaves, causal=causal, deterministic=True).backward(dout)
+        for name, t, want in zip(("dq", "dk", "dv"), leaves, first):
+            assert torch.equal(t.grad, want), f"{name} differs between two deterministic runs"
+        other = [t.repeat(2, 1, 1, 1).requires_grad_() for t in (q, k, v)]
+        flashcore.attention(*other, causal=not causal).backward(dout.repeat(2, 1, 1, 1))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_torch_compile_fullgraph_backward(caps, cuda, dynamic):
+    """torch.compile(fullgraph=True) of a function calling flashcore.attention, then .backward(): the gradients
+    equal eager's (deterministic=True: bit for bit)."""
+    _need(caps, torch.bfloat16, 128)
+    torch._dynamo.reset()
+
+    def loss(q, k, v, weight):
+        out = flashcore.attention(q, k, v, causal=True, deterministic=True)
+        return (out.float() * weight).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=dynamic)
+    for seqlen in (64, 100):
+        q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, seqlen, seqlen, 8, 2, 128)
+        weight = dout.float()
+        grads = []
+        for fn in (compiled, loss):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            fn(*leaves, weight).backward()
+            grads.append([t.grad for t in leaves])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+        check_grads(q, k, v, dout, True, grads=tuple(grads[0]))
+
+
+def test_cuda_graph_forward_and_backward(caps, cuda):
+    """Forward and backward captured in one CUDA graph (static inputs and grad_out), replayed with new contents: the
+    same gradients as eager calls, bit for bit (deterministic=True)."""
+    _need(caps, torch.bfloat16, 128)
+    q, k, v, dout = (t.clone() for t in _inputs(cuda, torch.bfloat16, 2, 200, 300, 8, 4, 128))
+    for t in (q, k, v):
+        t.requires_grad_()
+
+    def step():
+        out = flashcore.attention(q, k, v, causal=True, deterministic=True)
+        out.backward(dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in (q, k, v):
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    static_grads = (q.grad, k.grad, v.grad)
+    for seed in (1, 2):
+        new = _inputs(cuda, torch.bfloat16, 2, 200, 300, 8, 4, 128, seed=seed)
+        with torch.no_grad():
+            for static, value in zip((q, k, v, dout), new):
+                static.copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        leaves = [t.clone().requires_grad_() for t in new[:3]]
+        flashcore.attention(*leaves, causal=True, deterministic=True).backward(new[3])
+        for name, got, t in zip(("dq", "dk", "dv"), static_grads, leaves):
+            assert torch.equal(got, t.grad), f"{name}: graph replay differs from eager"
+
+
+def test_backward_on_a_side_stream(caps, cuda):
+    _need(caps, torch.float16, 64)
+    q, k, v, dout = _inputs(cuda, torch.float16, 2, 64, 64, 4, 4, 64)
+    want = check_grads(q, k, v, dout, False, deterministic=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        flashcore.attention(*leaves, deterministic=True).backward(dout)
+    torch.cuda.current_stream().wait_stream(side)
+    for got, t in zip(want, leaves):
+        assert torch.equal(got, t.grad)
+
+
+def test_unsupported_head_dim_raises_from_the_library(caps, cuda):
+    """A head dim with a forward but no backward (256 in 0.4): the library's error, naming the field, at backward."""
+    head_dim = next((d for d in caps.head_dims if d not in BACKWARD_HEAD_DIMS), None)
+    if head_dim is None:
+        pytest.skip(f"every compiled head dim {caps.head_dims} has a backward")
+    q, k, v, dout = _inputs(cuda, torch.bfloat16, 1, 32, 32, 2, 2, head_dim)
+    q.requires_grad_()
+    out = flashcore.attention(q, k, v)
+    with pytest.raises((ValueError, TypeError), match="head_dim"):
+        out.backward(dout)
+
+
+def test_varlen_backward_raises(caps, cuda):
+    _need(caps, torch.bfloat16, 64)
+    q, k, v, _ = _inputs(cuda, torch.bfloat16, 1, 12, 12, 4, 2, 64)
+    q = q[0].requires_grad_()
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=cuda)
+    out = flashcore.varlen_attention(q, k[0], v[0], cu, cu, 7, 7, causal=True)
+    with pytest.raises(NotImplementedError, match="backward of varlen attention"):
+        out.float().sum().backward()
+    assert math.isfinite(out.float().sum().item())
