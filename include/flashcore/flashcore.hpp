@@ -180,6 +180,60 @@ inline uint64_t workspace_size(const TensorView& q, const TensorView& k, const T
   return bytes;
 }
 
+// The backward pass (since 0.4, flashcore.h flashcore_attention_backward): dQ, dK, dV for the upstream gradient dO of
+// O = attention_forward(q, k, v), from q, k, v, o and the forward's LSE (options.lse: required). dq has q's shape,
+// dk and dv k's; for GQA / MQA dk and dv are summed over the query heads of each KV head. options.workspace must hold
+// backward_workspace_size() bytes (any contents). deterministic: dq bit-identical from run to run.
+struct BackwardOptions {
+  ForwardOptions forward;  // causal, softmax_scale and lse as in the forward call; workspace for the backward
+  bool deterministic = false;
+};
+
+inline flashcore_attention_params make_backward_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                       const TensorView& o, const TensorView& dout,
+                                                       const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                       const BackwardOptions& options) {
+  flashcore_attention_params p = make_params(q, k, v, o, options.forward);
+  auto same_shape = [](const char* name, const TensorView& a, const TensorView& like) {
+    if (a.batch != like.batch || a.seq != like.seq || a.heads != like.heads || a.head_dim != like.head_dim ||
+        a.dtype != like.dtype) {
+      throw Error(FLASHCORE_ERROR_INVALID_ARGUMENT, std::string(name) + "'s shape or dtype differs from the tensor it is the gradient of");
+    }
+  };
+  same_shape("dout", dout, o);
+  same_shape("dq", dq, q);
+  same_shape("dk", dk, k);
+  same_shape("dv", dv, v);
+  p.dout = dout.data;
+  p.dout_strides = dout.strides;
+  p.dq = dq.mutable_data();
+  p.dq_strides = dq.strides;
+  p.dk = dk.mutable_data();
+  p.dk_strides = dk.strides;
+  p.dv = dv.mutable_data();
+  p.dv_strides = dv.strides;
+  p.deterministic = options.deterministic ? 1 : 0;
+  return p;
+}
+
+inline uint64_t backward_workspace_size(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& o, const TensorView& dout, const TensorView& dq,
+                                        const TensorView& dk, const TensorView& dv, const BackwardOptions& options) {
+  const flashcore_attention_params p = make_backward_params(q, k, v, o, dout, dq, dk, dv, options);
+  uint64_t bytes = 0;
+  check(flashcore_attention_backward_workspace_size(&p, &bytes));
+  return bytes;
+}
+
+// Enqueued on `stream`; throws Error on failure.
+inline void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                               const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                               const TensorView& dv, const BackwardOptions& options,
+                               flashcore_stream_t stream = nullptr) {
+  const flashcore_attention_params p = make_backward_params(q, k, v, o, dout, dq, dk, dv, options);
+  check(flashcore_attention_backward(&p, stream));
+}
+
 // 8-bit V transposed once for many calls (flashcore.h: flashcore_fp8_transpose_v): the bytes it takes, and the
 // transpose of v (an e4m3 / e5m2 view) into vt (device memory of that size), enqueued on `stream`.
 inline flashcore_attention_params v_transpose_params(const TensorView& v) {

@@ -566,3 +566,33 @@ TEST(ListKernelConfigs, OnAHopperGpu) {
 }
 
 }  // namespace
+
+// The backward's C++ layer: make_backward_params fills the backward's fields from the views and refuses a gradient
+// view whose shape or dtype is not its tensor's.
+TEST(MakeBackwardParams, FillsTheBackwardFields) {
+  Problem pr;
+  std::vector<uint16_t> dout(pr.o.size()), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size());
+  std::vector<float> lse(pr.b * pr.hq * pr.sq);
+  const auto doutv = flashcore::TensorView::bshd(dout.data(), pr.dtype, pr.b, pr.sq, pr.hq, pr.d);
+  const auto dqv = flashcore::TensorView::bshd(dq.data(), pr.dtype, pr.b, pr.sq, pr.hq, pr.d);
+  const auto dkv = flashcore::TensorView::bhsd(dk.data(), pr.dtype, pr.b, pr.sk, pr.hkv, pr.d);
+  const auto dvv = flashcore::TensorView::bshd(dv.data(), pr.dtype, pr.b, pr.sk, pr.hkv, pr.d);
+  flashcore::BackwardOptions opt;
+  opt.forward.causal = true;
+  opt.forward.lse = lse.data();
+  opt.deterministic = true;
+  const flashcore_attention_params p =
+      flashcore::make_backward_params(pr.qv, pr.kv, pr.vv, pr.ov, doutv, dqv, dkv, dvv, opt);
+  EXPECT_EQ(p.dout, dout.data());
+  EXPECT_EQ(p.dq, dq.data());
+  EXPECT_EQ(p.dk, dk.data());
+  EXPECT_EQ(p.dv, dv.data());
+  EXPECT_EQ(p.dk_strides.seq, dkv.strides.seq);
+  EXPECT_EQ(p.dq_strides.seq, dqv.strides.seq);
+  EXPECT_EQ(p.deterministic, 1);
+  EXPECT_EQ(p.causal, 1);
+  EXPECT_EQ(p.lse, lse.data());
+  const auto wrong = flashcore::TensorView::bshd(dk.data(), pr.dtype, pr.b, pr.sq, pr.hkv, pr.d);  // q's length
+  expect_error([&] { flashcore::make_backward_params(pr.qv, pr.kv, pr.vv, pr.ov, doutv, dqv, wrong, dvv, opt); },
+               FLASHCORE_ERROR_INVALID_ARGUMENT, "dk");
+}

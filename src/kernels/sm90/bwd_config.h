@@ -35,6 +35,9 @@ struct BwdConfig {
   static constexpr bool kDqSplitKeys = kChunks == 1;
   static constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;
   static constexpr int kDqRegs = 32;  // m64n64 fp32
+  // The consumer threads that fill a dQ block before the writer warp may add it to the workspace: both warpgroups at
+  // head dim 128 (a region each), warpgroup 1 at 64 (it adds its sums to warpgroup 0's).
+  static constexpr int kDqFullArrivals = kDqSplitKeys ? 128 : kConsumerThreads;
 
   // Shared memory, byte offsets from the 1024-aligned base. Each operand is chunk-major: chunk c (64 columns) of all
   // its rows, 128-byte rows, 128-byte swizzle (as TMA writes them).
@@ -51,8 +54,8 @@ struct BwdConfig {
   static constexpr int kSmemQ = kSmemV + kKVBytes;
   static constexpr int kSmemDo = kSmemQ + kStages * kQBytes;
   static constexpr int kSmemDs = kSmemDo + kStages * kQBytes;  // two buffers, alternating by step
-  static constexpr int kSmemDq = kSmemDs + 2 * kDsBytes;
-  static constexpr int kSmemLse = kSmemDq + kDqBytes;          // kStages x kRowStatBytes
+  static constexpr int kSmemDq = kSmemDs + 2 * kDsBytes;     // two buffers, alternating by step
+  static constexpr int kSmemLse = kSmemDq + 2 * kDqBytes;      // kStages x kRowStatBytes
   static constexpr int kSmemD = kSmemLse + kStages * kRowStatBytes;
   static constexpr int kSmemBarriers = kSmemD + kStages * kRowStatBytes;
   static constexpr int kSmemBarrierBytes = 128;

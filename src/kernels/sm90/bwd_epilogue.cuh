@@ -1,9 +1,7 @@
 // The backward's stores. Per step, the warpgroups' dQ (64 queries x 64 columns each) goes to a shared-memory block
-// in the workspace's order (kernels/common/bwd_layout.h) and one thread adds the block to the workspace's fp32 dQ
-// accumulator with a bulk reduction (cp.reduce.async.bulk .add.f32): the key blocks of a query block add theirs in
-// any order, or, for deterministic calls, in key-block order (a counter per query block: a CTA waits until it reads
-// its key block's index, adds, and moves the counter on once its addition is complete). At the end, dK (times
-// softmax_scale) and dV from registers, in the call's dtype.
+// in the workspace's order (kernels/common/bwd_layout.h), two blocks in turn, and a writer thread adds each block to
+// the workspace's fp32 dQ accumulator (bwd_dq_write). At the end, dK (times softmax_scale) and dV from registers, in
+// the call's dtype.
 #pragma once
 #include <cuda/atomic>
 #include <cuda/ptx>
@@ -18,22 +16,15 @@
 
 namespace flashcore::sm90 {
 
-inline constexpr uint32_t kBwdDqBarrier = 2;     // warpgroup 0's share of the dQ block written (256 threads)
-inline constexpr uint32_t kBwdDqSumBarrier = 3;  // head dim 64: warpgroup 1's sums written (its 128 threads)
-// The thread that issues the bulk reductions: the first of consumer warpgroup 1.
-inline constexpr unsigned kBwdDqIssuer = 256;
+inline constexpr uint32_t kBwdDqBarrier = 2;  // head dim 64: warpgroup 0's partial sums written (256 threads)
 
-// Before a step's threads write the dQ block: the previous step's reduction has read it (the issuer waits, then
-// meets the others at the dS barrier of bwd_mainloop.cuh).
+// The consumers' half of a step's dQ: the warpgroups' accumulators into dQ buffer st.stage (once the writer has
+// read what it held two steps ago), then the full barrier for the writer warp.
 template <class Cfg>
-__device__ __forceinline__ void bwd_dq_wait_block_free() {
-  if (threadIdx.x == kBwdDqIssuer) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-}
-
-template <class Cfg>
-__device__ __forceinline__ void bwd_dq_reduce(const BwdParams& p, const BwdWork& w, int head, int m, uint8_t* smem,
-                                              int wg, int thread, const float (&dq)[Cfg::kDqRegs]) {
-  float* block = reinterpret_cast<float*>(smem + Cfg::kSmemDq);
+__device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& bars, const PipelineState<2>& st, int wg,
+                                             int thread, const float (&dq)[Cfg::kDqRegs]) {
+  float* block = reinterpret_cast<float*>(smem + Cfg::kSmemDq + st.stage * Cfg::kDqBytes);
+  bars.dq.acquire(st);
   if (Cfg::kDqSplitKeys && wg == 1) {
     // Head dim 64: both warpgroups hold partial sums of the same 64 x 64 block; add ours to warpgroup 0's.
     kernels::named_barrier_sync(kBwdDqBarrier, Cfg::kConsumerThreads);
@@ -47,8 +38,6 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdParams& p, const BwdWork&
       v.w += dq[4 * g + 3];
       *at = v;
     }
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before the bulk reduction reads them
-    kernels::named_barrier_sync(kBwdDqSumBarrier, 128);
   } else {
     const int region = Cfg::kDqSplitKeys ? 0 : wg;
 #pragma unroll
@@ -56,37 +45,53 @@ __device__ __forceinline__ void bwd_dq_reduce(const BwdParams& p, const BwdWork&
       *reinterpret_cast<float4*>(block + kernels::bwd_dq_index(region, 4 * g, thread)) =
           make_float4(dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
     }
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    if (wg == 0) {
+    if (Cfg::kDqSplitKeys) {  // warpgroup 0 at head dim 64: warpgroup 1 adds to it and fills the block
       kernels::named_barrier_arrive(kBwdDqBarrier, Cfg::kConsumerThreads);
-    } else {
-      kernels::named_barrier_sync(kBwdDqBarrier, Cfg::kConsumerThreads);
+      return;
     }
   }
-  if (threadIdx.x != kBwdDqIssuer) return;
-  const int64_t index = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks + m;
-  float* dst = p.dq_accum + index * (64 * Cfg::kHeadDim);
-  if (p.dq_semaphore != nullptr) {
-    cuda::atomic_ref<int, cuda::thread_scope_device> turn(p.dq_semaphore[index]);
-    while (turn.load(cuda::memory_order_acquire) != w.n_block) __nanosleep(32);
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the earlier blocks' additions before ours
-    cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst, block,
-                                    static_cast<uint32_t>(Cfg::kDqBytes));
-    cuda::ptx::cp_async_bulk_commit_group();
-    cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});  // complete, not only read
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-    turn.store(w.n_block + 1, cuda::memory_order_release);
-  } else {
-    cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst, block,
-                                    static_cast<uint32_t>(Cfg::kDqBytes));
-    cuda::ptx::cp_async_bulk_commit_group();
-  }
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before the bulk reduction reads them
+  bars.dq.commit(st);
 }
 
-// The last reduction complete before the CTA (and its shared memory) goes away.
+// The writer: one thread of the producer warpgroup's second warp. Per step, in the consumers' order, it waits for the
+// dQ block, adds it to the workspace's fp32 accumulator with one bulk reduction (cp.reduce.async.bulk .add.f32) and
+// hands the buffer back once the reduction has read it. The key blocks of a query block add theirs in any order,
+// or, for deterministic calls, in key-block order: a counter per query block, which the writer waits to read as its
+// key block's index and moves on once its addition is complete. Waiting here keeps the consumers' steps going.
 template <class Cfg>
-__device__ __forceinline__ void bwd_dq_finish() {
-  if (threadIdx.x == kBwdDqIssuer) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+__device__ __forceinline__ void bwd_dq_write(const BwdParams& p, const BwdWork& w, uint8_t* smem,
+                                             BwdBarriers<Cfg>& bars) {
+  PipelineState<2> st;
+  for (int g = 0; g < p.head_ratio; ++g) {
+    const int head = w.kv_head * p.head_ratio + g;
+    for (int m = w.m_first; m < p.num_m_blocks; ++m) {
+      const float* block = reinterpret_cast<const float*>(smem + Cfg::kSmemDq + st.stage * Cfg::kDqBytes);
+      const int64_t index = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks + m;
+      float* dst = p.dq_accum + index * (64 * Cfg::kHeadDim);
+      bars.dq.wait(st);
+      if (p.dq_semaphore != nullptr) {
+        cuda::atomic_ref<int, cuda::thread_scope_device> turn(p.dq_semaphore[index]);
+        while (turn.load(cuda::memory_order_acquire) != w.n_block) __nanosleep(20);
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the earlier key blocks' additions before ours
+        cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst,
+                                        block, static_cast<uint32_t>(Cfg::kDqBytes));
+        cuda::ptx::cp_async_bulk_commit_group();
+        cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});  // complete, not only read
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+        turn.store(w.n_block + 1, cuda::memory_order_release);
+      } else {
+        cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst,
+                                        block, static_cast<uint32_t>(Cfg::kDqBytes));
+        cuda::ptx::cp_async_bulk_commit_group();
+        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+      }
+      bars.dq.release(st);
+      st.advance();
+    }
+  }
+  // The last reductions complete before the CTA (and its shared memory) goes away.
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 }
 
 // dK and dV of the warpgroup's 64 keys: row lane/4 (+8) of each warp's 16, two columns of each group of 8.

@@ -1,4 +1,5 @@
-// The sm90 backward kernel: a producer warpgroup (TMA; bwd_producer.cuh) and two consumer warpgroups (wgmma;
+// The sm90 backward kernel: a producer warpgroup (TMA loads, bwd_producer.cuh; its second warp adds dQ blocks to the
+// workspace, bwd_epilogue.cuh) and two consumer warpgroups (wgmma;
 // bwd_mainloop.cuh, stores in bwd_epilogue.cuh) per CTA, one CTA per (key block, KV head, batch): grid
 // (ceil(seqlen_k / 128), num_heads_kv, batch). The launches around it (D, scaled LSE, dQ conversion):
 // kernels/common/bwd_prep.cuh. Included by the generated units (sources.cmake) only; host code sees bwd_launch.h.
@@ -37,7 +38,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
   const BwdWork work = bwd_work<Cfg>(p);
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x < 32 && elect_one_sync()) bwd_produce<Cfg>(p, work, smem, bars);
+    if (threadIdx.x < 32) {
+      if (elect_one_sync()) bwd_produce<Cfg>(p, work, smem, bars);
+    } else if (threadIdx.x < 64) {
+      if (elect_one_sync()) bwd_dq_write<Cfg>(p, work, smem, bars);
+    }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     bwd_consume<Cfg>(p, work, smem, bars, warpgroup - 1);

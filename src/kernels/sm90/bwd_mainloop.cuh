@@ -22,7 +22,7 @@ namespace flashcore::sm90 {
 
 using kernels::acc_index;
 
-// Named barriers of the consumers (0 is __syncthreads): both halves of dS^T written; dQ block written (bwd_epilogue).
+// Named barriers of the consumers (0 is __syncthreads): both halves of dS^T written (and bwd_epilogue.cuh's).
 inline constexpr uint32_t kBwdDsBarrier = 1;
 
 // S^T (64 keys x 64 queries) = A (the warpgroup's 64 rows of K or V) * B^T (the step's Q or dO tile), both K-major.
@@ -111,9 +111,9 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
   mbar_wait(&bars.kv, 0u);
 
   PipelineState<Cfg::kStages> st;
+  PipelineState<2> dq_st;
   int step = 0;
-  for (int g = 0; g < p.head_ratio; ++g) {
-    const int head = w.kv_head * p.head_ratio + g;
+  for (int g = 0; g < p.head_ratio; ++g) {  // the query heads of the KV group: the producer's order
     for (int m = w.m_first; m < p.num_m_blocks; ++m, ++step) {
       bars.step.wait(st);
       const uint32_t q_off = st.stage * Cfg::kQBytes;
@@ -175,10 +175,8 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
         }
       }
       bwd_gemm_acc<Cfg>(dk, dsa, q_nmajor + q_off);
-      // dS^T of both warpgroups in place (and the previous step's dQ block read by its bulk reduction) before the
-      // dQ GEMM reads it through the async proxy.
+      // dS^T of both warpgroups in place before the dQ GEMM reads it through the async proxy.
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-      bwd_dq_wait_block_free<Cfg>();
       kernels::named_barrier_sync(kBwdDsBarrier, Cfg::kConsumerThreads);
       float dq[Cfg::kDqRegs];
       bwd_gemm_dq<Cfg>(dq, ds0 + (step & 1) * Cfg::kDsBytes, k_dq);
@@ -188,11 +186,11 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
       fence_regs(dk);
       fence_regs(dv);
       bars.step.release(st);  // Q, dO, LSE and D of the stage are read
-      bwd_dq_reduce<Cfg>(p, w, head, m, smem, wg, thread, dq);
+      bwd_dq_store<Cfg>(smem, bars, dq_st, wg, thread, dq);
+      dq_st.advance();
       st.advance();
     }
   }
-  bwd_dq_finish<Cfg>();
   bwd_store_dkdv<Cfg>(p, w, wg, warp, lane, dk, dv);
 }
 

@@ -14,11 +14,13 @@ namespace flashcore::sm90 {
 template <class Cfg>
 struct BwdBarriers {
   Pipeline<Cfg::kStages> step;  // a step's Q, dO, LSE and D
+  Pipeline<2> dq;               // a step's dQ block: filled by the consumers, added to the workspace by the writer
   uint64_t kv;                  // K and V, loaded once
   uint32_t sink;                // written only by bwd_keep_allocated's branch, which never runs
 
   __device__ __forceinline__ void init() {
     step.init(1, Cfg::kConsumerThreads);
+    dq.init(Cfg::kDqFullArrivals, 1);
     cuda::ptx::mbarrier_init(&kv, 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
