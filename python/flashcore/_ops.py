@@ -1030,8 +1030,82 @@ def _register_unsupported_backward(op, message: str, count: int) -> None:
     op.register_autograd(backward, setup_context=setup_context)
 
 
-# (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse)
-_register_unsupported_backward(varlen_attention_fwd, VARLEN_BACKWARD_NOT_SUPPORTED, 11)
+@torch.library.custom_op("flashcore::varlen_attention_bwd", mutates_args=())
+def varlen_attention_bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+    softmax_scale: float, deterministic: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of varlen_attention_fwd (packed q, out, dout (total_q, Hq, D); k, v (total_k, Hkv, D); lse
+    float32 (Hq, total_q), the forward's): (dq, dk, dv), packed like q, k, v. Rows not covered by cu_seqlens get
+    zeros."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
+    lib = _check_supported(q, q.shape[2])
+    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
+    if q.numel() == 0 or k.numel() == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        return dq, dk, dv
+    if not lib.has_backward():
+        raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) has no flashcore_attention_backward"
+                           " (the backward pass needs a 0.4 library or newer): rebuild libflashcore.so")
+    q, k, v, out, dout = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (q, k, v, out, dout))
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    params = kernel_params(lib, q, k, v, out, lse.contiguous(), causal, softmax_scale, cu_seqlens_q=cu_q,
+                           cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    strides = tuple(abi_strides(t.unsqueeze(0)) for t in (dout, dq, dk, dv))
+    params = _lib.fill_backward_params(params, pointers=tuple(t.data_ptr() for t in (dout, dq, dk, dv)),
+                                       strides=strides, deterministic=deterministic)
+    with torch.cuda.device(q.device):
+        size = lib.backward_workspace_size(params)
+        workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
+        if workspace is not None:
+            params.workspace = workspace.data_ptr()
+            params.workspace_size = size
+        lib.backward(params, torch.cuda.current_stream(q.device).cuda_stream)
+    return dq, dk, dv
+
+
+@varlen_attention_bwd.register_fake
+def _varlen_attention_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal, softmax_scale, deterministic=False):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention with seqused_k is not supported "
+                                         "yet (packed batches without seqused_k are)")
+
+
+def _varlen_setup_context(ctx, inputs, output) -> None:
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+     _return_lse) = inputs[:11]
+    deterministic = inputs[11] if len(inputs) > 11 else False
+    out, lse = output
+    ctx.set_materialize_grads(False)
+    ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED if seqused_k is not None else None
+    ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
+    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+
+
+def _varlen_backward(ctx, grad_out, grad_lse):
+    none = (None,) * (9 if len(ctx.needs_input_grad) > 11 else 8)  # everything after q, k, v
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if ctx.unsupported is not None:
+        given = [g for g in (grad_out, grad_lse) if g is not None]
+        return tuple(backward_not_supported(given, [q, k, v], ctx.unsupported)) + none
+    needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
+    if grad_out is None or not (needs_q or needs_k or needs_v):
+        return (None, None, None) + none
+    if grad_lse is not None:
+        raise NotImplementedError("FlashCore: a gradient through varlen_attention's lse is not supported yet")
+    if lse.dim() != 2:
+        raise RuntimeError("FlashCore: varlen_attention_fwd ran without lse where its backward is needed")
+    dq, dk, dv = varlen_attention_bwd(grad_out, q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen[0], ctx.max_seqlen[1],
+                                      ctx.causal, ctx.softmax_scale, ctx.deterministic)
+    return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None) + none
+
+
+varlen_attention_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 # (q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table, num_splits)
 _register_unsupported_backward(attention_kvcache_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 9)
 
@@ -1316,8 +1390,9 @@ def varlen_attention(
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[2])
+    want_lse = return_lse or (_needs_grad(q, k, v) and seqused_k is None)  # the backward reads lse
     out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                    causal, scale, return_lse)
+                                    causal, scale, want_lse)
     return (out, lse) if return_lse else out
 
 

@@ -6,6 +6,7 @@ SDPA being torch's scaled_dot_product_attention at the inputs' dtype (default ba
 and atol = ATOL[dtype] * max(1, max |reference|) (gradients are not of unit size). Needs torch, a CUDA GPU and a
 libflashcore.so with the backward (FLASHCORE_LIBRARY=build/lib/libflashcore.so); skips otherwise, with the reason."""
 
+import itertools
 import math
 
 import pytest
@@ -283,12 +284,40 @@ def test_unsupported_head_dim_raises_from_the_library(caps, cuda):
         out.backward(dout)
 
 
-def test_varlen_backward_raises(caps, cuda):
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", BACKWARD_HEAD_DIMS)
+def test_varlen_backward_matches_each_sequence(caps, cuda, head_dim, causal):
+    """Packed sequences (cu_seqlens): each sequence's gradients pass the error rule against its own float64
+    reference and SDPA."""
+    _need(caps, torch.bfloat16, head_dim)
+    lens_q, lens_k = [17, 64, 1, 200, 130], [33, 64, 5, 200, 257]
+    if causal:
+        lens_k = lens_q
+    heads_q, heads_kv = 4, 2
+    gen = torch.Generator(device=cuda).manual_seed(5)
+    def packed(lens, heads):
+        return torch.randn(sum(lens), heads, head_dim, device=cuda, dtype=torch.bfloat16, generator=gen)
+    q, dout = packed(lens_q, heads_q), packed(lens_q, heads_q)
+    k, v = packed(lens_k, heads_kv), packed(lens_k, heads_kv)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32, device=cuda)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32, device=cuda)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = flashcore.varlen_attention(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    out.backward(dout)
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        one = lambda t, s: t[s].unsqueeze(0)
+        check_grads(one(q, qs), one(k, ks), one(v, ks), one(dout, qs), causal,
+                    grads=(one(leaves[0].grad, qs), one(leaves[1].grad, ks), one(leaves[2].grad, ks)))
+
+
+def test_varlen_backward_with_seqused_k_raises(caps, cuda):
     _need(caps, torch.bfloat16, 64)
     q, k, v, _ = _inputs(cuda, torch.bfloat16, 1, 12, 12, 4, 2, 64)
     q = q[0].requires_grad_()
     cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=cuda)
-    out = flashcore.varlen_attention(q, k[0], v[0], cu, cu, 7, 7, causal=True)
-    with pytest.raises(NotImplementedError, match="backward of varlen attention"):
+    used = torch.tensor([5, 6], dtype=torch.int32, device=cuda)
+    out = flashcore.varlen_attention(q, k[0], v[0], cu, cu, 7, 7, causal=True, seqused_k=used)
+    with pytest.raises(NotImplementedError, match="seqused_k is not supported"):
         out.float().sum().backward()
     assert math.isfinite(out.float().sum().item())

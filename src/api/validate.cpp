@@ -609,19 +609,34 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 }
 
 flashcore_status validate_backward_arguments(const flashcore_attention_params& p, std::string& message) {
+  // Packed (varlen) tensors are one batch entry of total rows, their batch strides ignored, as in the forward.
+  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  const int64_t qe = varlen_q ? 1 : p.batch, qr = varlen_q ? p.total_q : p.seqlen_q;
+  const int64_t ke = varlen_k ? 1 : p.batch, kr = varlen_k ? p.total_k : p.seqlen_k;
+  const char* qen = varlen_q ? "1 (packed)" : "batch";
+  const char* qrn = varlen_q ? "total_q" : "seqlen_q";
+  const char* ken = varlen_k ? "1 (packed)" : "batch";
+  const char* krn = varlen_k ? "total_k" : "seqlen_k";
+  auto packed = [](flashcore_tensor_strides s, bool varlen) {
+    if (varlen) s.batch = 0;
+    return s;
+  };
+  const flashcore_tensor_strides qs = packed(p.q_strides, varlen_q), ks = packed(p.k_strides, varlen_k),
+                                 vs = packed(p.v_strides, varlen_k), os = packed(p.o_strides, varlen_q),
+                                 dos = packed(p.dout_strides, varlen_q), dqs = packed(p.dq_strides, varlen_q),
+                                 dks = packed(p.dk_strides, varlen_k), dvs = packed(p.dv_strides, varlen_k);
   const Tensor tensors[6] = {
-      {"q", p.q, &p.q_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
-      {"k", p.k, &p.k_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
-      {"v", p.v, &p.v_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
-      {"o", p.o, &p.o_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
-      {"dout", p.dout, &p.dout_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"},
-       {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
+      {"q", p.q, &qs, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
+      {"k", p.k, &ks, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
+      {"v", p.v, &vs, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
+      {"o", p.o, &os, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
+      {"dout", p.dout, &dos, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
       {"lse", p.lse, nullptr, {}, {}},
   };
   const Tensor outputs[3] = {
-      {"dq", p.dq, &p.dq_strides, {"batch", "seqlen_q", "num_heads_q", "head_dim"}, {p.batch, p.seqlen_q, p.num_heads_q, p.head_dim}},
-      {"dk", p.dk, &p.dk_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
-      {"dv", p.dv, &p.dv_strides, {"batch", "seqlen_k", "num_heads_kv", "head_dim"}, {p.batch, p.seqlen_k, p.num_heads_kv, p.head_dim}},
+      {"dq", p.dq, &dqs, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
+      {"dk", p.dk, &dks, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
+      {"dv", p.dv, &dvs, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
   };
   if (p.lse == nullptr) {
     message = "lse is NULL: the backward reads the forward's LSE (flashcore_attention_forward with lse set)";
@@ -635,8 +650,6 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
   }
   const std::pair<const char*, bool> not_yet[] = {
       {"seqused_k", p.seqused_k != nullptr},
-      {"cu_seqlens_q", p.cu_seqlens_q != nullptr},
-      {"cu_seqlens_k", p.cu_seqlens_k != nullptr},
       {"block_table", p.block_table != nullptr},
       {"k_new", p.k_new != nullptr},
       {"precision", p.precision != FLASHCORE_PRECISION_NATIVE},
@@ -646,11 +659,17 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
   };
   for (const auto& [field, set] : not_yet) {
     if (set) {
-      message = cat(field, " is set: the backward takes dense batches in the input dtype with the library's kernel only ",
-                    "(no seqused_k, cu_seqlens_q/k, block_table, k_new, precision, out_dtype, kernel_config or flags) in ",
-                    "this version");
+      message = cat(field, " is set: the backward takes dense or packed (cu_seqlens_q and cu_seqlens_k) batches in the ",
+                    "input dtype with the library's kernel only (no seqused_k, block_table, k_new, precision, out_dtype, ",
+                    "kernel_config or flags) in this version");
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
+  }
+  if ((p.cu_seqlens_q != nullptr) != (p.cu_seqlens_k != nullptr)) {
+    message = cat(p.cu_seqlens_q != nullptr ? "cu_seqlens_q is set and cu_seqlens_k is NULL"
+                                            : "cu_seqlens_k is set and cu_seqlens_q is NULL",
+                  ": the backward of a packed batch takes both");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   if (p.deterministic != 0 && p.deterministic != 1) {
     message = cat("deterministic = ", p.deterministic, " must be 0 or 1");
@@ -679,7 +698,7 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
     if (const flashcore_status s = check_strides(*t, p.dtype, message); s != FLASHCORE_SUCCESS) return s;
   }
   const uintptr_t lse_begin = reinterpret_cast<uintptr_t>(p.lse);
-  const Span lse_span{lse_begin, lse_begin + static_cast<uintptr_t>(p.batch * p.num_heads_q * p.seqlen_q * 4)};
+  const Span lse_span{lse_begin, lse_begin + static_cast<uintptr_t>(qe * p.num_heads_q * qr * 4)};
   for (int i = 0; i < 3; ++i) {
     const Span out = span_of(outputs[i], elem_size);
     for (const Tensor& t : tensors) {

@@ -5,6 +5,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace flashcore::kernels {
 
 // Register `reg` (0..31) of thread `thread` (0..127) of the warpgroup whose accumulator holds region `region`.
@@ -23,5 +25,44 @@ __host__ __device__ constexpr void bwd_dq_position(int e, int& row, int& col) {
 
 // Rows of the workspace's per-(batch, head) arrays: seqlen_q rounded up to whole 64-row blocks.
 __host__ __device__ constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 63) / 64 * 64; }
+
+// One sequence of a call: its query and key rows in Q / K (packed batches: from cu_seqlens, clamped to the tensors
+// as the forward clamps them) and its lengths.
+struct BwdSeq {
+  int64_t q_start, k_start;
+  int len_q, len_k;
+};
+
+// Where the backward's per-row workspace arrays (the scaled LSE, D, the fp32 dQ rows) of a call live. Dense batches:
+// (batch, head) slices of padded_rows(seqlen_q) rows. Packed (varlen) batches: per head, total_q + 128 * batch + 64
+// rows, sequence b's starting at 128 * b + its first row rounded up to 4 (16-byte aligned for the bulk copies, and
+// each sequence's rows padded to whole 64-row blocks without reaching the next one's).
+struct BwdRows {
+  const int* cu_seqlens_q;  // nullptr: dense
+  const int* cu_seqlens_k;
+  int64_t seqlen_q, seqlen_k;  // dense lengths, or the longest sequence's
+  int64_t total_q, total_k;    // packed rows (varlen)
+  int64_t head_rows;           // rows per (batch, head) slice (dense) or per head (varlen)
+  int heads;
+
+  __host__ __device__ static int64_t head_rows_of(bool varlen, int64_t seqlen_q, int64_t total_q, int64_t batch) {
+    return varlen ? total_q + 128 * batch + 64 : bwd_padded_rows(seqlen_q);
+  }
+  __host__ __device__ int64_t rows(int64_t batch) const { return head_rows * heads * (cu_seqlens_q ? 1 : batch); }
+#if defined(__CUDACC__)
+  __device__ BwdSeq seq(int b) const {
+    if (cu_seqlens_q == nullptr) return {0, 0, static_cast<int>(seqlen_q), static_cast<int>(seqlen_k)};
+    auto clamp = [](int64_t x, int64_t hi) { return x < 0 ? int64_t{0} : (x > hi ? hi : x); };
+    const int64_t q0 = clamp(__ldg(cu_seqlens_q + b), total_q), q1 = clamp(__ldg(cu_seqlens_q + b + 1), total_q);
+    const int64_t k0 = clamp(__ldg(cu_seqlens_k + b), total_k), k1 = clamp(__ldg(cu_seqlens_k + b + 1), total_k);
+    return {q0, k0, static_cast<int>(clamp(q1 - q0, seqlen_q)), static_cast<int>(clamp(k1 - k0, seqlen_k))};
+  }
+  // The first row of (sequence b, head h)'s block of rows.
+  __device__ int64_t base(int b, int h, const BwdSeq& s) const {
+    if (cu_seqlens_q == nullptr) return (static_cast<int64_t>(b) * heads + h) * head_rows;
+    return h * head_rows + 128 * static_cast<int64_t>(b) + (s.q_start + 3) / 4 * 4;
+  }
+#endif
+};
 
 }  // namespace flashcore::kernels

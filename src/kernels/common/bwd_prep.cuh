@@ -19,15 +19,21 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
   constexpr int kPerLane = kD / 32;  // 2 or 4 elements: one 4- or 8-byte load per lane and row
   using Vec = std::conditional_t<kPerLane == 2, uint32_t, uint2>;
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const BwdSeq seq = p.rows.seq(b);
+  if (m * 64 >= seq.len_q) return;  // a block past this sequence's rows: no kernel reads it
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t slice = static_cast<int64_t>(b) * p.num_heads_q + h;
-  const auto* o = static_cast<const T*>(p.o) + b * p.o_stride_batch + h * p.o_stride_head + lane * kPerLane;
-  const auto* dout = static_cast<const T*>(p.dout) + b * p.do_stride_batch + h * p.do_stride_head + lane * kPerLane;
+  const bool varlen = p.rows.cu_seqlens_q != nullptr;
+  const int64_t base = p.rows.base(b, h, seq);
+  const int64_t lse0 = varlen ? h * p.rows.total_q + seq.q_start : (static_cast<int64_t>(b) * p.rows.heads + h) * seq.len_q;
+  const auto* o = static_cast<const T*>(p.o) + (varlen ? 0 : b * p.o_stride_batch) + seq.q_start * p.o_stride_seq +
+                  h * p.o_stride_head + lane * kPerLane;
+  const auto* dout = static_cast<const T*>(p.dout) + (varlen ? 0 : b * p.do_stride_batch) +
+                     seq.q_start * p.do_stride_seq + h * p.do_stride_head + lane * kPerLane;
 #pragma unroll 2
   for (int i = 0; i < 8; ++i) {
     const int row = m * 64 + warp * 8 + i;
     float sum = 0.f;
-    if (row < p.seqlen_q) {
+    if (row < seq.len_q) {
       Vec ov = *reinterpret_cast<const Vec*>(o + row * p.o_stride_seq);
       Vec dv = *reinterpret_cast<const Vec*>(dout + row * p.do_stride_seq);
       const T* oe = reinterpret_cast<const T*>(&ov);
@@ -38,27 +44,30 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane == 0) {
-      const int64_t at = slice * p.seqlen_q_pad + row;
       float lse = INFINITY;  // the padding, and rows that see no key: P = exp2(s - inf) = 0
-      if (row < p.seqlen_q) {
-        const float l = p.lse[slice * p.seqlen_q + row];
+      if (row < seq.len_q) {
+        const float l = p.lse[lse0 + row];
         if (l != -INFINITY) lse = l * static_cast<float>(M_LOG2E);
       }
-      p.lse_log2[at] = lse;
-      p.dpsum[at] = sum;
+      p.lse_log2[base + row] = lse;
+      p.dpsum[base + row] = sum;
     }
   }
-  float4* block = reinterpret_cast<float4*>(p.dq_accum + (slice * p.m_blocks + m) * 64 * kD);
+  float4* block = reinterpret_cast<float4*>(p.dq_accum + (base + 64 * m) * kD);
   for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 4; i += 256) block[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (p.dq_semaphore != nullptr && threadIdx.x == 0) p.dq_semaphore[slice * p.m_blocks + m] = 0;
+  if (p.dq_semaphore != nullptr && threadIdx.x == 0) {
+    p.dq_semaphore[(static_cast<int64_t>(b) * p.rows.heads + h) * p.m_blocks + m] = 0;
+  }
 }
 
 template <class T, int kD>
 __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParams p) {
   __shared__ float tile[64][kD + 2];
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const int64_t slice = static_cast<int64_t>(b) * p.num_heads_q + h;
-  const float4* block = reinterpret_cast<const float4*>(p.dq_accum + (slice * p.m_blocks + m) * 64 * kD);
+  const BwdSeq seq = p.rows.seq(b);
+  if (m * 64 >= seq.len_q) return;
+  const bool varlen = p.rows.cu_seqlens_q != nullptr;
+  const float4* block = reinterpret_cast<const float4*>(p.dq_accum + (p.rows.base(b, h, seq) + 64 * m) * kD);
   for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 4; i += 256) {
     const float4 v = block[i];
     const float vals[4] = {v.x, v.y, v.z, v.w};
@@ -71,11 +80,11 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParam
   }
   __syncthreads();
   using E = ElemTraits<T>;
-  auto* dq = static_cast<T*>(p.dq) + b * p.stride_batch + h * p.stride_head;
+  auto* dq = static_cast<T*>(p.dq) + (varlen ? 0 : b * p.stride_batch) + seq.q_start * p.stride_seq + h * p.stride_head;
   for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 2; i += 256) {
     const int row = i / (kD / 2), col = 2 * (i % (kD / 2));
     const int q = m * 64 + row;
-    if (q < p.seqlen_q) {
+    if (q < seq.len_q) {
       *reinterpret_cast<uint32_t*>(dq + q * p.stride_seq + col) =
           E::pack2(p.softmax_scale * tile[row][col], p.softmax_scale * tile[row][col + 1]);
     }

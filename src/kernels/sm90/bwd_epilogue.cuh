@@ -65,10 +65,11 @@ __device__ __forceinline__ void bwd_dq_write(const BwdParams& p, const BwdWork& 
   PipelineState<2> st;
   for (int g = 0; g < p.head_ratio; ++g) {
     const int head = w.kv_head * p.head_ratio + g;
-    for (int m = w.m_first; m < p.num_m_blocks; ++m) {
+    const int64_t rows = p.rows.base(w.batch, head, w.seq);
+    for (int m = w.m_first; m < w.m_end; ++m) {
       const float* block = reinterpret_cast<const float*>(smem + Cfg::kSmemDq + st.stage * Cfg::kDqBytes);
       const int64_t index = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks + m;
-      float* dst = p.dq_accum + index * (64 * Cfg::kHeadDim);
+      float* dst = p.dq_accum + (rows + 64 * m) * Cfg::kHeadDim;
       bars.dq.wait(st);
       if (p.dq_semaphore != nullptr) {
         cuda::atomic_ref<int, cuda::thread_scope_device> turn(p.dq_semaphore[index]);
@@ -102,12 +103,15 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdParams& p, const BwdWork
   using Element = typename Cfg::Element;
   using E = kernels::ElemTraits<Element>;
   using kernels::acc_index;
-  auto* dk_base = static_cast<Element*>(p.dk) + w.batch * p.dk_stride_batch + w.kv_head * p.dk_stride_head;
-  auto* dv_base = static_cast<Element*>(p.dv) + w.batch * p.dv_stride_batch + w.kv_head * p.dv_stride_head;
+  const bool dense = p.rows.cu_seqlens_q == nullptr;
+  auto* dk_base = static_cast<Element*>(p.dk) + (dense ? w.batch * p.dk_stride_batch : 0) +
+                  w.seq.k_start * p.dk_stride_seq + w.kv_head * p.dk_stride_head;
+  auto* dv_base = static_cast<Element*>(p.dv) + (dense ? w.batch * p.dv_stride_batch : 0) +
+                  w.seq.k_start * p.dv_stride_seq + w.kv_head * p.dv_stride_head;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = w.n_block * Cfg::kBlockN + wg * 64 + 16 * warp + lane / 4 + 8 * i;
-    if (key >= p.seqlen_k) continue;
+    if (key >= w.seq.len_k) continue;
     Element* dk_row = dk_base + key * p.dk_stride_seq + 2 * (lane % 4);
     Element* dv_row = dv_base + key * p.dv_stride_seq + 2 * (lane % 4);
 #pragma unroll

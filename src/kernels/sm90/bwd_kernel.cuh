@@ -1,7 +1,7 @@
 // The sm90 backward kernel: a producer warpgroup (TMA loads, bwd_producer.cuh; its second warp adds dQ blocks to the
 // workspace, bwd_epilogue.cuh) and two consumer warpgroups (wgmma;
 // bwd_mainloop.cuh, stores in bwd_epilogue.cuh) per CTA, one CTA per (key block, KV head, batch): grid
-// (ceil(seqlen_k / 128), num_heads_kv, batch). The launches around it (D, scaled LSE, dQ conversion):
+// (ceil(seqlen_k / 128), num_heads_kv, batch), seqlen_k the longest sequence's for packed (varlen) batches. The launches around it (D, scaled LSE, dQ conversion):
 // kernels/common/bwd_prep.cuh. Included by the generated units (sources.cmake) only; host code sees bwd_launch.h.
 #pragma once
 #include <cuda_runtime.h>
@@ -36,6 +36,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
   if (threadIdx.x == 0) bars.init();
   __syncthreads();
   const BwdWork work = bwd_work<Cfg>(p);
+  if (!work.has_keys) return;  // a packed batch's grid covers its longest sequence
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x < 32) {

@@ -64,16 +64,33 @@ const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim) {
   return nullptr;
 }
 
+namespace {
+kernels::BwdRows bwd_rows(const flashcore_attention_params& p) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  kernels::BwdRows r{};
+  r.cu_seqlens_q = p.cu_seqlens_q;
+  r.cu_seqlens_k = p.cu_seqlens_k;
+  r.seqlen_q = p.seqlen_q;
+  r.seqlen_k = p.seqlen_k;
+  r.total_q = p.total_q;
+  r.total_k = p.total_k;
+  r.head_rows = kernels::BwdRows::head_rows_of(varlen, p.seqlen_q, p.total_q, p.batch);
+  r.heads = static_cast<int>(p.num_heads_q);
+  return r;
+}
+}  // namespace
+
 BwdWorkspace bwd_workspace(const flashcore_attention_params& p) {
-  const uint64_t slices = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q);
-  const uint64_t rows = static_cast<uint64_t>(kernels::bwd_padded_rows(p.seqlen_q));
+  const uint64_t rows = static_cast<uint64_t>(bwd_rows(p).rows(p.batch));
+  const uint64_t blocks = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q) *
+                          static_cast<uint64_t>((p.seqlen_q + kBlockM - 1) / kBlockM);
   BwdWorkspace w;
   w.lse = 0;
-  w.dpsum = align256(w.lse + slices * rows * 4);
-  w.dq_accum = align256(w.dpsum + slices * rows * 4);
-  w.semaphore = align256(w.dq_accum + slices * rows * static_cast<uint64_t>(p.head_dim) * 4);
+  w.dpsum = align256(w.lse + rows * 4);
+  w.dq_accum = align256(w.dpsum + rows * 4);
+  w.semaphore = align256(w.dq_accum + rows * static_cast<uint64_t>(p.head_dim) * 4);
   // The counters of deterministic calls are counted either way, so that one size serves both modes.
-  w.bytes = align256(w.semaphore + slices * (rows / kBlockM) * 4);
+  w.bytes = align256(w.semaphore + blocks * 4);
   return w;
 }
 
@@ -90,18 +107,22 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   const BwdWorkspace ws = bwd_workspace(p);
   char* base = static_cast<char*>(p.workspace);
   const int m_blocks = static_cast<int>((p.seqlen_q + kBlockM - 1) / kBlockM);
-  const int64_t pad = kernels::bwd_padded_rows(p.seqlen_q);
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  // Packed tensors are one batch entry of total rows (their batch strides are not read).
+  const int64_t q_rows = varlen ? p.total_q : p.seqlen_q, k_rows = varlen ? p.total_k : p.seqlen_k;
+  const int64_t entries = varlen ? 1 : p.batch;
 
   BwdParams bp{};
   const TensorMapArgs maps[4] = {
-      {"q", p.q, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.q_strides, kBlockM},
-      {"dout", p.dout, p.dtype, p.head_dim, p.seqlen_q, p.num_heads_q, p.batch, p.dout_strides, kBlockM},
-      {"k", p.k, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_strides, kBlockN},
-      {"v", p.v, p.dtype, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_strides, kBlockN},
+      {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.q_strides, kBlockM},
+      {"dout", p.dout, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.dout_strides, kBlockM},
+      {"k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.k_strides, kBlockN},
+      {"v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.v_strides, kBlockN},
   };
   CUtensorMap* targets[4] = {&bp.tma_q, &bp.tma_do, &bp.tma_k, &bp.tma_v};
   for (int i = 0; i < 4; ++i) {
     TensorMapArgs args = maps[i];
+    if (varlen) args.strides.batch = 0;
     args.chunked = p.head_dim > 64;  // one TMA per tile: every 128-byte chunk of its rows (bwd_producer.cuh)
     if (const flashcore_status st = encode_tensor_map(targets[i], args, error); st != FLASHCORE_SUCCESS) return st;
   }
@@ -117,9 +138,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.dv_stride_batch = p.dv_strides.batch;
   bp.dv_stride_seq = p.dv_strides.seq;
   bp.dv_stride_head = p.dv_strides.head;
-  bp.seqlen_q = static_cast<int>(p.seqlen_q);
-  bp.seqlen_k = static_cast<int>(p.seqlen_k);
-  bp.seqlen_q_pad = static_cast<int>(pad);
+  bp.rows = bwd_rows(p);
   bp.num_heads_q = static_cast<int>(p.num_heads_q);
   bp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   bp.num_m_blocks = m_blocks;
@@ -141,9 +160,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   prep.dpsum = const_cast<float*>(bp.dpsum);
   prep.dq_accum = bp.dq_accum;
   prep.dq_semaphore = bp.dq_semaphore;
-  prep.seqlen_q = bp.seqlen_q;
-  prep.seqlen_q_pad = bp.seqlen_q_pad;
-  prep.num_heads_q = bp.num_heads_q;
+  prep.rows = bp.rows;
   prep.m_blocks = m_blocks;
 
   kernels::BwdDqParams conv{};
@@ -152,9 +169,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   conv.stride_batch = p.dq_strides.batch;
   conv.stride_seq = p.dq_strides.seq;
   conv.stride_head = p.dq_strides.head;
-  conv.seqlen_q = bp.seqlen_q;
-  conv.num_heads_q = bp.num_heads_q;
-  conv.m_blocks = m_blocks;
+  conv.rows = bp.rows;
   conv.softmax_scale = softmax_scale;
 
   const dim3 q_grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads_q),

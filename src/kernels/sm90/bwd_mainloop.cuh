@@ -106,15 +106,15 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
                                            Cfg::kKVChunkBytes, 1024));
 
   const int key_row = w.n_block * Cfg::kBlockN + wg * 64 + 16 * warp + lane / 4;  // + 8i: the thread's keys
-  const int diagonal = p.seqlen_k - p.seqlen_q;
-  const bool keys_past_end = (w.n_block + 1) * Cfg::kBlockN > p.seqlen_k;
+  const int diagonal = w.seq.len_k - w.seq.len_q;
+  const bool keys_past_end = (w.n_block + 1) * Cfg::kBlockN > w.seq.len_k;
   mbar_wait(&bars.kv, 0u);
 
   PipelineState<Cfg::kStages> st;
   PipelineState<2> dq_st;
   int step = 0;
   for (int g = 0; g < p.head_ratio; ++g) {  // the query heads of the KV group: the producer's order
-    for (int m = w.m_first; m < p.num_m_blocks; ++m, ++step) {
+    for (int m = w.m_first; m < w.m_end; ++m, ++step) {
       bars.step.wait(st);
       const uint32_t q_off = st.stage * Cfg::kQBytes;
       float s[32], dp[32];
@@ -138,7 +138,7 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
             float x = exp2f(fmaf(s[r], p.scale_log2, -(e ? stat[j].y : stat[j].x)));
             if (masked) {
               const int key = key_row + 8 * i, query = q0 + 8 * j + e;
-              if (key >= p.seqlen_k || (Cfg::kCausal && key > query + diagonal)) x = 0.f;
+              if (key >= w.seq.len_k || (Cfg::kCausal && key > query + diagonal)) x = 0.f;
             }
             s[r] = x;
           }

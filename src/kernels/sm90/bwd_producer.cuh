@@ -26,18 +26,29 @@ struct BwdBarriers {
   }
 };
 
-// The CTA's work: key block n_block of KV head kv_head in batch `batch`, and the query blocks [m_first, num_m_blocks)
+// The CTA's work: key block n_block of KV head kv_head in sequence `batch`, and the query blocks [m_first, m_end)
 // of every query head of the group. Causal: query blocks wholly above the bottom-right diagonal see none of the keys.
+// The grid covers the longest sequence: a key block past this sequence's keys has no work (has_keys false).
 struct BwdWork {
-  int n_block, kv_head, batch, m_first;
+  int n_block, kv_head, batch, m_first, m_end;
+  kernels::BwdSeq seq;
+  bool has_keys;
+  int tma_batch;  // the TMA maps' batch coordinate: 0 for packed tensors
 };
 
 template <class Cfg>
 __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
-  BwdWork w{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), 0};
+  BwdWork w{};
+  w.n_block = static_cast<int>(blockIdx.x);
+  w.kv_head = static_cast<int>(blockIdx.y);
+  w.batch = static_cast<int>(blockIdx.z);
+  w.seq = p.rows.seq(w.batch);
+  w.has_keys = w.n_block * Cfg::kBlockN < w.seq.len_k;
+  w.tma_batch = p.rows.cu_seqlens_q != nullptr ? 0 : w.batch;
+  w.m_end = (w.seq.len_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if constexpr (Cfg::kCausal) {
-    // Query i sees key j iff j <= i + seqlen_k - seqlen_q: the block's first key is seen from query first_q on.
-    const int first_q = w.n_block * Cfg::kBlockN - (p.seqlen_k - p.seqlen_q);
+    // Query i sees key j iff j <= i + len_k - len_q: the block's first key is seen from query first_q on.
+    const int first_q = w.n_block * Cfg::kBlockN - (w.seq.len_k - w.seq.len_q);
     w.m_first = first_q <= 0 ? 0 : first_q / Cfg::kBlockM;
   }
   return w;
@@ -63,20 +74,23 @@ __device__ __forceinline__ void bwd_produce(const BwdParams& p, const BwdWork& w
   const uint32_t kv_bytes = Cfg::kKVTxBytes, stat_bytes = Cfg::kRowStatBytes;  // (the wrappers take references)
   cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, &bars.kv,
                                        kv_bytes);
-  const int key0 = w.n_block * Cfg::kBlockN;
-  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_k, smem + Cfg::kSmemK, key0, w.kv_head, w.batch, &bars.kv);
-  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_v, smem + Cfg::kSmemV, key0, w.kv_head, w.batch, &bars.kv);
+  // Packed batches: rows past the sequence belong to the next one (or read as zeros past the tensor). Its keys are
+  // masked (bwd_mainloop.cuh), its queries have P = 0 (their scaled LSE rows are +inf), so they add nothing.
+  const int key0 = static_cast<int>(w.seq.k_start) + w.n_block * Cfg::kBlockN;
+  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_k, smem + Cfg::kSmemK, key0, w.kv_head, w.tma_batch, &bars.kv);
+  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_v, smem + Cfg::kSmemV, key0, w.kv_head, w.tma_batch, &bars.kv);
   PipelineState<Cfg::kStages> st;
   for (int g = 0; g < p.head_ratio; ++g) {
     const int head = w.kv_head * p.head_ratio + g;
-    const int64_t rows = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.seqlen_q_pad;
-    for (int m = w.m_first; m < p.num_m_blocks; ++m) {
+    const int64_t rows = p.rows.base(w.batch, head, w.seq);
+    for (int m = w.m_first; m < w.m_end; ++m) {
       bars.step.acquire(st);
       uint64_t* bar = bars.step.commit_tx(st, Cfg::kStepTxBytes);
-      const int row = m * Cfg::kBlockM;
-      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_q, smem + Cfg::kSmemQ + st.stage * Cfg::kQBytes, row, head, w.batch, bar);
-      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_do, smem + Cfg::kSmemDo + st.stage * Cfg::kQBytes, row, head, w.batch,
+      const int row = m * Cfg::kBlockM, q_row = static_cast<int>(w.seq.q_start) + row;
+      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_q, smem + Cfg::kSmemQ + st.stage * Cfg::kQBytes, q_row, head, w.tma_batch,
                                        bar);
+      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_do, smem + Cfg::kSmemDo + st.stage * Cfg::kQBytes, q_row, head,
+                                       w.tma_batch, bar);
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                smem + Cfg::kSmemLse + st.stage * Cfg::kRowStatBytes, p.lse_log2 + rows + row,
                                stat_bytes, bar);
