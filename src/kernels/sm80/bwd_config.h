@@ -4,7 +4,7 @@
 // step (64 queries x head dim) is split over the same warps: row tile w % 4, column part w / 4.
 // The tiles (sources.cmake, _fc_sm80_bwd_tiles): 128 keys, Q / dO double-buffered, where shared memory allows
 // (81 KB at head dim 64: every 8.x device; 145 KB at 128: sm_80/87/90); 64 keys, single Q / dO buffers at head
-// dim 128 on sm_86/89 (72.5 KB of their 99 KB).
+// dim 128 on sm_86/89 (72.5 KB of their 99 KB). Why this shape: docs/decisions.md#sm80-backward.
 // Shared memory: every tile is rows of 16-byte units with the XOR swizzle of smem.cuh (K, V, Q, dO: rows of kHeadDim
 // elements; dS^T: one 128-byte row of 64 queries per key). The members kThreads, kElemBytes, kRowBytes, kRowUnits and
 // kCopyThreadsPerRow are the ones loads.cuh's copies read.
