@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the portable (sm80) kernels in the built library (CI runs this right after tools/check_sass.sh; no GPU):
-#   - every generated portable kernel is there once per arch of FLASHCORE_SM80_ARCHS, and in no other arch;
+#   - every generated portable kernel is there once per arch of FLASHCORE_SM80_ARCHS, and in no other arch (the
+#     backward's too: two per row of bwd_rows.inc);
 #   - each of them has HMMA (mma.sync), LDGSTS (cp.async), LDSM (ldmatrix) and LDSM...MT88 (ldmatrix.trans),
 #     and no LDL/STL (local memory);
 #   - ptxas reported a 0-byte stack frame and 0 spill bytes for each of them, per arch (the -Xptxas -v report in
@@ -87,6 +88,25 @@ while read -r name arch h g s t loc; do
     "$status" "$arch" "$h" "$g" "$s" "$t" "$loc" "$short"
 done <<<"$portable"
 
+# The backward kernels (bwd_rows.inc: one row per (dtype, head dim, tile), each a causal and a non-causal kernel): the
+# same instructions, no local memory, once per arch.
+bwd_rows=$(grep -c "^FLASHCORE_SM80_BWD" "$BUILD_DIR/generated/kernels/sm80/bwd_rows.inc" 2>/dev/null || echo 0)
+bwd_expected=$((2 * bwd_rows * narchs))
+backward=$(grep flashcore_bwd_sm80_kernel <<<"$report" || true)
+bwd_found=$(printf '%s\n' "$backward" | grep -c . || true)
+echo "check_sass_sm80: $bwd_found portable backward kernel image(s) (expected $bwd_expected: $bwd_rows rows x 2 x archs $archs)"
+[[ "$bwd_found" -eq "$bwd_expected" ]] || err "found $bwd_found portable backward kernel images, expected $bwd_expected"
+while read -r name arch h g s t loc; do
+  [[ -z "${name:-}" ]] && continue
+  short=$(echo "$name" | c++filt 2>/dev/null | grep -o 'BwdConfig<[^>]*>' | head -1)
+  [[ -n "$short" ]] || short="$name"
+  status="ok"
+  [[ "$h" -gt 0 && "$g" -gt 0 && "$s" -gt 0 && "$t" -gt 0 ]] || { err "$short ($arch): HMMA=$h LDGSTS=$g LDSM=$s LDSM.T=$t"; status="FAIL"; }
+  [[ "$loc" -eq 0 ]] || { err "$short ($arch): $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
+  printf 'check_sass_sm80: %-4s %-6s HMMA=%-4s LDGSTS=%-4s LDSM=%-4s LDSM.T=%-4s LDL/STL=%-3s %s\n' \
+    "$status" "$arch" "$h" "$g" "$s" "$t" "$loc" "$short"
+done <<<"$backward"
+
 # The sm90 kernels: in the sm_90a image only (a body for another arch would be the trap-only one).
 wrong=$(grep flashcore_fwd_sm90_kernel <<<"$report" | awk '$2 != "sm_90a"' || true)
 if [[ -n "$wrong" ]]; then
@@ -104,13 +124,15 @@ else
   spills=$(awk '
     /Compiling entry function / { name = $(NF - 2); arch = $NF; gsub(/\047/, "", name); gsub(/\047/, "", arch); next }
     name != "" && /bytes stack frame/ { print name, arch, $1, $5, $9; name = "" }
-  ' "$log" | grep flashcore_fwd_sm80_kernel | sort -u)
+  ' "$log" | grep -E "flashcore_(fwd|bwd)_sm80_kernel" | sort -u)
   nspill=$(printf '%s\n' "$spills" | awk 'NF' | awk '{print $1, $2}' | sort -u | grep -c . || true)
-  [[ "$nspill" -ge "$expected" ]] || err "ptxas -v report covers $nspill portable kernel images, expected $expected"
+  [[ "$nspill" -ge $((expected + bwd_expected)) ]] ||
+    err "ptxas -v report covers $nspill portable kernel images, expected $((expected + bwd_expected))"
   while read -r name arch stack st ld; do
     [[ -z "${name:-}" ]] && continue
     if [[ "$stack" != 0 || "$st" != 0 || "$ld" != 0 ]]; then
-      err "$(grep -o 'r80_[A-Za-z0-9_]*' <<<"$name" | head -1) ($arch): stack $stack B, spill stores $st B, spill loads $ld B"
+      who=$(grep -o 'r80_[A-Za-z0-9_]*' <<<"$name" | head -1)
+      err "${who:-$name} ($arch): stack $stack B, spill stores $st B, spill loads $ld B"
     fi
   done <<<"$spills"
   echo "check_sass_sm80: ptxas reports for $nspill portable kernel image(s): stack frame and spills checked"

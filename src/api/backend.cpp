@@ -205,8 +205,7 @@ const core::BackendOps* backward_backend(int cc, std::string& error) {
   if (b == nullptr) {
     error = "no backend serves compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10);
   } else if (b->backward == nullptr) {
-    error = std::string("the ") + b->name + " backend has no backward pass yet (the sm90 backend has it: a Hopper GPU" +
-            ", without FLASHCORE_BACKEND=sm80)";
+    error = std::string("the ") + b->name + " backend has no backward pass";
     b = nullptr;
   }
   return b;

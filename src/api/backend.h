@@ -74,7 +74,7 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
 
 // The backward pass (flashcore.h flashcore_attention_backward) of a validated call (validate_backward_arguments) on a
 // device of compute capability `cc`: whether some backend compiled it for (dtype, head_dim) (any arch), the workspace
-// bytes, and the launches. A backend without a backward (the portable one, in this version) returns
+// bytes, and the launches. A backend without a backward (core::BackendOps::backward nullptr) returns
 // UNSUPPORTED_ARCH naming itself.
 bool backward_compiled(flashcore_dtype dtype, int head_dim);
 flashcore_status backward_workspace_size(const flashcore_attention_params& p, int cc, uint64_t& bytes,

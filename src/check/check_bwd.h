@@ -19,7 +19,7 @@ double tolerance(flashcore_dtype dtype);
 
 struct Result {
   bool passed = false;
-  bool skipped = false;          // no sm90 device, or the library's backward does not take this case (head dim, dtype)
+  bool skipped = false;          // no device, or the library's backward does not take this case (head dim, dtype, arch)
   double dq_err = 0, dk_err = 0, dv_err = 0;  // max |dX - ref| / max |ref| (the worse of the deterministic=0 and =1 runs)
   double dq_max = 0, dk_max = 0, dv_max = 0;  // max |ref|: the scale of each error
   double tol = 0;                // the bound on each of the three errors
@@ -50,8 +50,9 @@ inline constexpr double kMaxReferenceMacs = 2e10;
 // deterministic = 0, poisoning dQ, dK, dV and the backward's workspace (NaN bytes: "any contents") before every call.
 // Every run's dQ, dK, dV are judged; with repeats > 1 the deterministic=1 runs must be bit-identical in dQ, dK and
 // dV, and the deterministic=0 runs in dK and dV. Cases that use a field the backward does not take (serving layouts,
-// ring, no LSE, kernel_config) fail with "invalid case". Skipped without an sm90 device, or when the library refuses
-// the case with FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM / _DTYPE (the v1 backward: fp16 / bf16, head dim 64 / 128).
+// ring, no LSE, kernel_config) fail with "invalid case". Skipped without a device, or when the library refuses the
+// case with FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM / _DTYPE / _ARCH (the v1 backward: fp16 / bf16, head dim 64 / 128,
+// on either backend).
 // Runs on a private non-blocking stream.
 Result run_case(const Case& c, uint64_t seed, int repeats = 1);
 Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_stream_t stream);

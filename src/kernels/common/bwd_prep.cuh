@@ -1,6 +1,8 @@
 // The launches around a backward kernel, arch-neutral: before it, per 64-row query block, D = rowsum(dO * O), the LSE
 // scaled to base 2 (+inf where a row sees no key, so its P is 0), a zeroed fp32 dQ block and its ordering counter;
 // after it, dQ = softmax_scale * the accumulated block, in the call's dtype and strides. Memory-bound: a CTA per block.
+// kBackend: one instance per backend (90, 80). Each backend's units compile these kernels for their own archs; two
+// backends' instances of one template would share a host symbol, and the launch could pick the other backend's image.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,7 +16,7 @@
 
 namespace flashcore::kernels {
 
-template <class T, int kD>
+template <class T, int kD, int kBackend = 90>
 __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p) {
   constexpr int kPerLane = kD / 32;  // 2 or 4 elements: one 4- or 8-byte load per lane and row
   using Vec = std::conditional_t<kPerLane == 2, uint32_t, uint2>;
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
   }
 }
 
-template <class T, int kD>
+template <class T, int kD, int kBackend = 90>
 __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParams p) {
   __shared__ float tile[64][kD + 2];
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);

@@ -15,6 +15,7 @@
 #include "core/launch_util.h"
 #include "core/plan.h"
 #include "kernels/common/tile_math.h"
+#include "kernels/sm80/bwd_launch.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/launch.h"
 
@@ -227,7 +228,10 @@ bool config_available(int cc, flashcore_dtype dtype, flashcore_dtype out, int he
 
 }  // namespace
 
+// The backward's hooks (bwd_launch.h): the device's row is chosen at launch, by its shared memory; one workspace
+// layout serves every row.
 const core::BackendOps kBackend = {"sm80", 80, 89, has_image_for, archs, listed_rows, default_config,
-                                   config_available, plan_call, run_call};
+                                   config_available, plan_call, run_call, bwd_compiled, bwd_workspace_bytes,
+                                   backward};
 
 }  // namespace flashcore::sm80

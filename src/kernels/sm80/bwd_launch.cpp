@@ -1,0 +1,208 @@
+// The portable backward's launches (bwd_launch.h): D and the scaled LSE (kernels/common/bwd_prep.cuh), the kernel
+// (bwd_kernel.cuh), the dQ conversion, on one stream. The workspace is laid out as the sm90 backward's (the same
+// preparation and conversion kernels read it): the scaled LSE and D rows, the fp32 dQ blocks, the ordering counters.
+#include "kernels/sm80/bwd_launch.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/launch_util.h"
+#include "kernels/common/bwd_layout.h"
+#include "kernels/common/bwd_prep_params.h"
+#include "kernels/sm80/bwd_params.h"
+#include "kernels/sm80/launch.h"
+
+// The generated units' rows: FLASHCORE_SM80_BWD(NAME) per compiled (dtype, head dim, tile), largest tile first.
+#define FLASHCORE_SM80_BWD(NAME) extern const BwdKernelRow kBwd_##NAME;
+namespace flashcore::sm80 {
+#include "kernels/sm80/bwd_rows.inc"
+}  // namespace flashcore::sm80
+#undef FLASHCORE_SM80_BWD
+
+namespace flashcore::sm80 {
+namespace {
+
+#define FLASHCORE_SM80_BWD(NAME) &kBwd_##NAME,
+const BwdKernelRow* const kBwdRows[] = {
+#include "kernels/sm80/bwd_rows.inc"
+    nullptr};
+#undef FLASHCORE_SM80_BWD
+
+constexpr int kBlockM = 64;  // the query block of the kernel and of the workspace's dQ blocks
+
+uint64_t align256(uint64_t x) { return (x + 255) / 256 * 256; }
+
+struct BwdWorkspace {
+  uint64_t lse = 0, dpsum = 0, dq_accum = 0, semaphore = 0, bytes = 0;
+};
+
+BwdWorkspace bwd_workspace(const flashcore_attention_params& p) {
+  const uint64_t slices = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q);
+  const uint64_t rows = static_cast<uint64_t>(kernels::bwd_padded_rows(p.seqlen_q));
+  BwdWorkspace w;
+  w.lse = 0;
+  w.dpsum = align256(w.lse + slices * rows * 4);
+  w.dq_accum = align256(w.dpsum + slices * rows * 4);
+  w.semaphore = align256(w.dq_accum + slices * rows * static_cast<uint64_t>(p.head_dim) * 4);
+  // The counters of deterministic calls are counted either way, so that one size serves both modes.
+  w.bytes = align256(w.semaphore + slices * (rows / kBlockM) * 4);
+  return w;
+}
+
+// Once per (kernel, context): the loaded image must be one of this device's major version (as the forward's).
+flashcore_status prepare(const void* kernel, int device, int cc, int smem_bytes, std::string& error) {
+  return core::prepare_kernel(kernel, device, smem_bytes, "portable (sm80) backward kernel image",
+                              [cc](const cudaFuncAttributes& a) {
+    if (a.binaryVersion / 10 == cc / 10 && a.binaryVersion <= cc) return std::string();
+    return "the loaded portable backward kernel image is for sm_" + std::to_string(a.binaryVersion) +
+           ", which cannot serve compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
+           ": rebuild FlashCore with the device's arch in FLASHCORE_SM80_ARCHS";
+  }, error);
+}
+
+flashcore_status launch(const void* kernel, dim3 grid, int threads, int smem, void* args, cudaStream_t stream,
+                        const char* what, std::string& error) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  void* argv[] = {args};
+  if (const cudaError_t err = cudaLaunchKernelExC(&config, kernel, argv); err != cudaSuccess) {
+    error = core::cuda_message(what, err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+kernels::TensorRef tensor_ref(const void* ptr, const flashcore_tensor_strides& s) {
+  return {ptr, s.batch, s.seq, s.head};
+}
+
+}  // namespace
+
+bool bwd_compiled(flashcore_dtype dtype, int head_dim) {
+  for (const BwdKernelRow* row : kBwdRows) {
+    if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim) return true;
+  }
+  return false;
+}
+
+const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim, int cc) {
+  for (const BwdKernelRow* row : kBwdRows) {
+    if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim && row->smem_bytes <= smem_limit(cc)) {
+      return row;
+    }
+  }
+  return nullptr;
+}
+
+uint64_t bwd_workspace_bytes(const flashcore_attention_params& p) { return bwd_workspace(p).bytes; }
+
+flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, cudaStream_t stream,
+                          std::string& error) {
+  int major = 0, minor = 0;
+  if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      err != cudaSuccess || (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+                                cudaSuccess) {
+    error = core::cuda_message("cannot query the device's compute capability", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  const int cc = 10 * major + minor;
+  const BwdKernelRow* row = find_bwd_row(p.dtype, static_cast<int>(p.head_dim), cc);
+  if (row == nullptr) {
+    error = std::string("no portable (sm80) backward kernel compiled for dtype ") + dtype_name(p.dtype) +
+            " and head_dim " + std::to_string(p.head_dim) + " that fits compute capability " +
+            std::to_string(major) + "." + std::to_string(minor);
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  const int64_t n_blocks = (p.seqlen_k + row->block_n - 1) / row->block_n;
+  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  // Grid y and z: KV heads and batch entries (the query grid: query heads and batch entries).
+  if (p.num_heads_q > 65535 || p.batch > 65535 || n_blocks > 0x7fffffffLL || m_blocks > 0x7fffffffLL) {
+    error = "the backward's grids take at most 65535 heads and batch entries (num_heads_q = " +
+            std::to_string(p.num_heads_q) + ", batch = " + std::to_string(p.batch) + ")";
+    return FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  const void* kernel = row->kernel[p.causal != 0 ? 1 : 0];
+  for (const void* k : {row->prep, kernel, row->dq_convert}) {
+    const int smem = k == kernel ? row->smem_bytes : 0;
+    if (const flashcore_status st = prepare(k, device, cc, smem, error); st != FLASHCORE_SUCCESS) return st;
+  }
+  const BwdWorkspace ws = bwd_workspace(p);
+  char* base = static_cast<char*>(p.workspace);
+
+  BwdParams bp{};
+  bp.q = tensor_ref(p.q, p.q_strides);
+  bp.k = tensor_ref(p.k, p.k_strides);
+  bp.v = tensor_ref(p.v, p.v_strides);
+  bp.dout = tensor_ref(p.dout, p.dout_strides);
+  bp.lse_log2 = reinterpret_cast<const float*>(base + ws.lse);
+  bp.dpsum = reinterpret_cast<const float*>(base + ws.dpsum);
+  bp.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  bp.dq_semaphore = p.deterministic != 0 ? reinterpret_cast<int*>(base + ws.semaphore) : nullptr;
+  bp.dk = p.dk;
+  bp.dv = p.dv;
+  bp.dk_stride_batch = p.dk_strides.batch;
+  bp.dk_stride_seq = p.dk_strides.seq;
+  bp.dk_stride_head = p.dk_strides.head;
+  bp.dv_stride_batch = p.dv_strides.batch;
+  bp.dv_stride_seq = p.dv_strides.seq;
+  bp.dv_stride_head = p.dv_strides.head;
+  bp.seqlen_q = static_cast<int>(p.seqlen_q);
+  bp.seqlen_k = static_cast<int>(p.seqlen_k);
+  bp.seqlen_q_pad = static_cast<int>(kernels::bwd_padded_rows(p.seqlen_q));
+  bp.num_heads_q = static_cast<int>(p.num_heads_q);
+  bp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
+  bp.num_m_blocks = static_cast<int>(m_blocks);
+  bp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+  bp.softmax_scale = softmax_scale;
+
+  kernels::BwdPrepParams prep{};
+  prep.o = p.o;
+  prep.o_stride_batch = p.o_strides.batch;
+  prep.o_stride_seq = p.o_strides.seq;
+  prep.o_stride_head = p.o_strides.head;
+  prep.dout = p.dout;
+  prep.do_stride_batch = p.dout_strides.batch;
+  prep.do_stride_seq = p.dout_strides.seq;
+  prep.do_stride_head = p.dout_strides.head;
+  prep.lse = p.lse;
+  prep.lse_log2 = const_cast<float*>(bp.lse_log2);
+  prep.dpsum = const_cast<float*>(bp.dpsum);
+  prep.dq_accum = bp.dq_accum;
+  prep.dq_semaphore = bp.dq_semaphore;
+  prep.seqlen_q = bp.seqlen_q;
+  prep.seqlen_q_pad = bp.seqlen_q_pad;
+  prep.num_heads_q = bp.num_heads_q;
+  prep.m_blocks = bp.num_m_blocks;
+
+  kernels::BwdDqParams conv{};
+  conv.dq_accum = bp.dq_accum;
+  conv.dq = p.dq;
+  conv.stride_batch = p.dq_strides.batch;
+  conv.stride_seq = p.dq_strides.seq;
+  conv.stride_head = p.dq_strides.head;
+  conv.seqlen_q = bp.seqlen_q;
+  conv.num_heads_q = bp.num_heads_q;
+  conv.m_blocks = bp.num_m_blocks;
+  conv.softmax_scale = softmax_scale;
+
+  const dim3 q_grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads_q),
+                    static_cast<unsigned>(p.batch));
+  const dim3 kv_grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(p.num_heads_kv),
+                     static_cast<unsigned>(p.batch));
+  if (flashcore_status st = launch(row->prep, q_grid, 256, 0, &prep, stream, "backward preparation launch failed", error);
+      st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  if (flashcore_status st = launch(kernel, kv_grid, row->threads, row->smem_bytes, &bp, stream,
+                                   "backward kernel launch failed", error);
+      st != FLASHCORE_SUCCESS) {
+    return st;
+  }
+  return launch(row->dq_convert, q_grid, 256, 0, &conv, stream, "backward dQ conversion launch failed", error);
+}
+
+}  // namespace flashcore::sm80

@@ -1,0 +1,203 @@
+// The backward's main loop (FlashAttention-2's structure). The CTA's K and V stay in shared memory; per step (a query
+// block of one query head of the KV group) each warp recomputes the probabilities of its 16 keys, transposed, and
+// accumulates dV and dK in registers (bwd_gemm.cuh):
+//   S^T  = K_w Q^T         P^T  = exp2(S^T * scale_log2 - lse_log2)   [masked: 0]
+//   dP^T = V_w dO^T        dS^T = P^T * (dP^T - D)
+//   dV  += P^T dO          dK  += dS^T Q          (P^T, dS^T as A fragments from registers)
+//   dQ   = dS K            (dS^T of every warp through shared memory; added to the workspace, bwd_epilogue.cuh)
+// Q, dO and the step's LSE and D rows come by cp.async into kStages buffers (a group per step); the step's dS^T goes
+// to shared memory, and one __syncthreads in the middle of the step (every warp's dS^T written, every warp done with
+// the step's Q and dO) lets the dQ GEMM read dS^T and the next loads reuse the buffer.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common/element.cuh"
+#include "kernels/common/fragment.cuh"
+#include "kernels/sm80/bwd_config.h"
+#include "kernels/sm80/bwd_epilogue.cuh"
+#include "kernels/sm80/bwd_gemm.cuh"
+#include "kernels/sm80/bwd_params.h"
+#include "kernels/sm80/loads.cuh"
+#include "kernels/sm80/ptx.cuh"
+#include "kernels/sm80/smem.cuh"
+
+namespace flashcore::sm80 {
+
+// The CTA's work: key block n_block of KV head kv_head in batch `batch`, and the query blocks [m_first, num_m_blocks)
+// of every query head of the group, head-major: step s is query block m_first + s % per_head of head
+// kv_head * head_ratio + s / per_head. Causal: query blocks wholly above the bottom-right diagonal see none of the
+// keys (at least one block is left: the block's first key is seen by query first_q < seqlen_q).
+template <class Cfg>
+struct BwdWork {
+  int n_block, kv_head, batch, m_first, per_head, steps;
+  __device__ __forceinline__ explicit BwdWork(const BwdParams& p)
+      : n_block(static_cast<int>(blockIdx.x)), kv_head(static_cast<int>(blockIdx.y)),
+        batch(static_cast<int>(blockIdx.z)), m_first(0) {
+    if constexpr (Cfg::kCausal) {
+      // Query i sees key j iff j <= i + seqlen_k - seqlen_q.
+      const int first_q = n_block * Cfg::kBlockN - (p.seqlen_k - p.seqlen_q);
+      m_first = first_q <= 0 ? 0 : first_q / Cfg::kBlockM;
+    }
+    per_head = p.num_m_blocks - m_first;
+    steps = per_head * p.head_ratio;
+  }
+  __device__ __forceinline__ int head(const BwdParams& p, int step) const {
+    return kv_head * p.head_ratio + step / per_head;
+  }
+  __device__ __forceinline__ int m_block(int step) const { return m_first + step % per_head; }
+};
+
+// Issue the copies of step `step` into its buffer: the Q and dO tiles (rows past seqlen_q zero-filled) and the
+// block's 64 scaled LSE and D values (the workspace's rows are padded to whole blocks), 16 bytes per thread of the
+// first warp.
+template <class Cfg>
+__device__ __forceinline__ void bwd_load_step(const BwdParams& p, const BwdWork<Cfg>& w, uint32_t smem, int step) {
+  const int stage = step % Cfg::kStages, head = w.head(p, step), m = w.m_block(step);
+  load_tile<Cfg, Cfg::kBlockM>(smem + Cfg::kSmemQ + stage * Cfg::kQBytes, slice_base<Cfg>(p.q, w.batch, head),
+                               p.q.seq_stride, static_cast<int64_t>(m) * Cfg::kBlockM, p.seqlen_q);
+  load_tile<Cfg, Cfg::kBlockM>(smem + Cfg::kSmemDo + stage * Cfg::kQBytes, slice_base<Cfg>(p.dout, w.batch, head),
+                               p.dout.seq_stride, static_cast<int64_t>(m) * Cfg::kBlockM, p.seqlen_q);
+  if (threadIdx.x < 32) {
+    const int unit = static_cast<int>(threadIdx.x);  // units 0..15: LSE, 16..31: D
+    const int64_t row = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.seqlen_q_pad +
+                        static_cast<int64_t>(m) * Cfg::kBlockM + 4 * (unit % 16);
+    const float* src = (unit < 16 ? p.lse_log2 : p.dpsum) + row;
+    cp_async_16(smem + Cfg::kSmemStats + stage * Cfg::kStatBytes + 16 * unit, src, true);
+  }
+}
+
+// A row statistic (scaled LSE or D) for each of the thread's query columns: column 8j + 2(lane%4) + e.
+template <int kGroups>
+__device__ __forceinline__ void bwd_load_columns(const uint8_t* stats, int lane, float2 (&out)[kGroups]) {
+  const float2* s = reinterpret_cast<const float2*>(stats) + lane % 4;
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) out[j] = s[4 * j];
+}
+
+// Sub-step h of a step (queries h * kSubM .. of the block, bwd_config.h): the warp's P^T and dS^T, dS^T into shared
+// memory, dV and dK updated.
+template <class Cfg>
+__device__ __forceinline__ void bwd_substep(const BwdParams& p, uint8_t* smem, uint32_t q_tile, uint32_t do_tile,
+                                            const uint8_t* stats, int h, int m, bool masked, int key_row, int diagonal,
+                                            int warp, int lane, float (&dk)[Cfg::kHeadDim / 2],
+                                            float (&dv)[Cfg::kHeadDim / 2]) {
+  using Element = typename Cfg::Element;
+  constexpr int kN = Cfg::kSubM, kGroups = kN / 8;
+  const uint32_t rows = h * kN * Cfg::kRowBytes;  // the sub-step's first Q / dO row
+  const uint32_t base = smem_addr(smem);
+  // P^T = exp2(S^T * scale_log2 - lse_log2), 0 at masked (key, query) pairs and at keys past the sequence.
+  float s[kN / 2];
+  bwd_gemm_rows<Cfg, kN>(s, base + Cfg::kSmemK, q_tile + rows, 16 * warp, lane);
+  float2 stat[kGroups];
+  bwd_load_columns<kGroups>(stats + h * kN * 4, lane, stat);
+  const int q0 = m * Cfg::kBlockM + h * kN + 2 * (lane % 4);
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = acc_index(j, i, e);
+        float x = exp2f(fmaf(s[r], p.scale_log2, -(e ? stat[j].y : stat[j].x)));
+        if (masked) {
+          const int key = key_row + 8 * i, query = q0 + 8 * j + e;
+          if (key >= p.seqlen_k || (Cfg::kCausal && key > query + diagonal)) x = 0.f;
+        }
+        s[r] = x;
+      }
+    }
+  }
+  // dS^T = P^T (dP^T - D).
+  float dp[kN / 2];
+  bwd_gemm_rows<Cfg, kN>(dp, base + Cfg::kSmemV, do_tile + rows, 16 * warp, lane);
+  bwd_load_columns<kGroups>(stats + (Cfg::kBlockM + h * kN) * 4, lane, stat);
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = acc_index(j, i, e);
+        dp[r] = s[r] * (dp[r] - (e ? stat[j].y : stat[j].x));
+      }
+    }
+  }
+  uint32_t pa[kN / 16][4], dsa[kN / 16][4];
+  kernels::pack_p_fragments<Element, kN>(s, pa);
+  kernels::pack_p_fragments<Element, kN>(dp, dsa);
+  // dS^T into shared memory for dQ: row = key, 8-column group j of the sub-step's queries is unit h * kGroups + j.
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = 16 * warp + lane / 4 + 8 * i;
+      *reinterpret_cast<uint32_t*>(smem + Cfg::kSmemDs + swizzled_offset<Cfg::kDsRowBytes>(row, h * kGroups + j) +
+                                   4 * (lane % 4)) = dsa[j / 2][(j % 2) * 2 + i];
+    }
+  }
+  bwd_gemm_acc<Cfg::kRowBytes, Cfg::kHeadDim, kN / 16, Element>(dv, pa, do_tile + rows, 0, lane);
+  bwd_gemm_acc<Cfg::kRowBytes, Cfg::kHeadDim, kN / 16, Element>(dk, dsa, q_tile + rows, 0, lane);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void bwd_mainloop(const BwdParams& p, uint8_t* smem) {
+  const BwdWork<Cfg> w(p);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const uint32_t base = smem_addr(smem);
+  const uint32_t k_tile = base + Cfg::kSmemK, v_tile = base + Cfg::kSmemV, ds_tile = base + Cfg::kSmemDs;
+
+  // Groups (per thread, in commit order): [K, V, step 0], [step 1] (two stages), then one per step, issued in its
+  // middle for step + kStages (an empty group when there is none, so that the counting stays uniform).
+  const int key0 = w.n_block * Cfg::kBlockN;
+  load_tile<Cfg, Cfg::kBlockN>(k_tile, slice_base<Cfg>(p.k, w.batch, w.kv_head), p.k.seq_stride, key0, p.seqlen_k);
+  load_tile<Cfg, Cfg::kBlockN>(v_tile, slice_base<Cfg>(p.v, w.batch, w.kv_head), p.v.seq_stride, key0, p.seqlen_k);
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages; ++s) {
+    if (s < w.steps) bwd_load_step<Cfg>(p, w, base, s);
+    cp_async_commit();
+  }
+
+  float dk[Cfg::kHeadDim / 2], dv[Cfg::kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  const int key_row = key0 + 16 * warp + lane / 4;  // + 8i: the thread's keys
+  const int diagonal = p.seqlen_k - p.seqlen_q;
+  const bool keys_past_end = key0 + Cfg::kBlockN > p.seqlen_k;
+  const int rt = warp % 4, dq_col0 = (warp / 4) * Cfg::kDqCols;  // the warp's dQ rows and columns
+
+  for (int step = 0; step < w.steps; ++step) {
+    cp_async_wait<Cfg::kStages - 1>();
+    __syncthreads();  // the step's copies have landed; every warp is done with the previous step's dS^T
+    const int stage = step % Cfg::kStages, m = w.m_block(step);
+    const uint32_t q_tile = base + Cfg::kSmemQ + stage * Cfg::kQBytes;
+    const uint32_t do_tile = base + Cfg::kSmemDo + stage * Cfg::kQBytes;
+    const uint8_t* stats = smem + Cfg::kSmemStats + stage * Cfg::kStatBytes;
+    const bool masked = keys_past_end || (Cfg::kCausal && key0 + Cfg::kBlockN - 1 > m * Cfg::kBlockM + diagonal);
+#pragma unroll
+    for (int h = 0; h < Cfg::kBlockM / Cfg::kSubM; ++h) {
+      bwd_substep<Cfg>(p, smem, q_tile, do_tile, stats, h, m, masked, key_row, diagonal, warp, lane, dk, dv);
+    }
+    __syncthreads();  // dS^T whole; the step's Q, dO, LSE and D are read
+    if (step + Cfg::kStages < w.steps) bwd_load_step<Cfg>(p, w, base, step + Cfg::kStages);
+    cp_async_commit();
+
+    // dQ of the step: computed, then (deterministic: in key-block order) added to the workspace's block.
+    const int head = w.head(p, step);
+    const int64_t index = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks + m;
+    float* block = p.dq_accum + index * (Cfg::kBlockM * Cfg::kHeadDim);
+#pragma unroll
+    for (int c = 0; c < Cfg::kDqCols / Cfg::kDqChunk; ++c) {
+      const int col0 = dq_col0 + c * Cfg::kDqChunk;
+      float dq[Cfg::kDqChunk / 2];
+      bwd_gemm_dq<Cfg>(dq, ds_tile, k_tile, rt, col0, lane);
+      if (c == 0 && p.dq_semaphore != nullptr) bwd_dq_acquire(p.dq_semaphore + index, w.n_block);
+      bwd_dq_add<Cfg>(block, dq, rt, col0, lane);
+    }
+    if (p.dq_semaphore != nullptr) bwd_dq_release(p.dq_semaphore + index, w.n_block);
+  }
+  cp_async_wait<0>();  // (the last groups are empty)
+  bwd_store_dkdv<Cfg>(p, w.n_block, w.kv_head, w.batch, warp, lane, dk, dv);
+}
+
+}  // namespace flashcore::sm80
