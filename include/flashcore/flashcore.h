@@ -357,9 +357,11 @@ FLASHCORE_API void flashcore_plan_destroy(flashcore_plan* plan);
  * from Q, K, V, O and the forward's LSE (params->lse, (batch, num_heads_q, seqlen_q) float32 contiguous, natural
  * log, as flashcore_attention_forward writes it). Shapes, dtypes, strides, GQA, causal alignment and softmax_scale
  * as in the forward; dq has Q's shape, dk and dv K's. A query row that sees no key (LSE = -inf) contributes nothing.
- * The fields of this version: FP16 / BF16, head_dim 64 or 128, dense batches (no seqused_k, cu_seqlens_*,
- * block_table, k_new), precision NATIVE, out_dtype SAME, flags 0, no kernel_config; on either backend (sm90, and the
- * portable sm80 backend: Ampere, Ada, and Hopper with FLASHCORE_BACKEND=sm80).
+ * The fields of this version: FP16 / BF16, head_dim 64 or 128, dense batches or (sm90 backend) packed ones with
+ * cu_seqlens_q and cu_seqlens_k together (Q, O, dO, dq (total_q, heads, head_dim), LSE (num_heads_q, total_q), K, V,
+ * dk, dv (total_k, ...), as the forward takes them); no seqused_k, block_table, k_new; precision NATIVE, out_dtype
+ * SAME, flags 0, no kernel_config; on either backend (sm90, and the portable sm80 backend: Ampere, Ada, and Hopper
+ * with FLASHCORE_BACKEND=sm80).
  * Anything else returns an error naming the field, before any device work.
  * Needs a workspace of flashcore_attention_backward_workspace_size bytes (any contents: the call initializes what it
  * uses; the fp32 dQ accumulator, rowsum(dO * O) and the scaled LSE, about (4 * head_dim + 8) * batch * num_heads_q *

@@ -110,6 +110,11 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
     return FLASHCORE_ERROR_CUDA;
   }
   const int cc = 10 * major + minor;
+  if (p.cu_seqlens_q != nullptr) {
+    error = "cu_seqlens_q is set: the portable (sm80) backend's backward takes dense batches only in this version (the "
+            "sm90 backend's takes packed ones)";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
   const BwdKernelRow* row = find_bwd_row(p.dtype, static_cast<int>(p.head_dim), cc);
   if (row == nullptr) {
     error = std::string("no portable (sm80) backward kernel compiled for dtype ") + dtype_name(p.dtype) +
@@ -173,9 +178,13 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   prep.dpsum = const_cast<float*>(bp.dpsum);
   prep.dq_accum = bp.dq_accum;
   prep.dq_semaphore = bp.dq_semaphore;
-  prep.seqlen_q = bp.seqlen_q;
-  prep.seqlen_q_pad = bp.seqlen_q_pad;
-  prep.num_heads_q = bp.num_heads_q;
+  // Dense batches: the sm90 layout of the workspace's rows (kernels/common/bwd_layout.h), which the kernel reads.
+  kernels::BwdRows rows{};
+  rows.seqlen_q = p.seqlen_q;
+  rows.seqlen_k = p.seqlen_k;
+  rows.head_rows = bp.seqlen_q_pad;
+  rows.heads = bp.num_heads_q;
+  prep.rows = rows;
   prep.m_blocks = bp.num_m_blocks;
 
   kernels::BwdDqParams conv{};
@@ -184,9 +193,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   conv.stride_batch = p.dq_strides.batch;
   conv.stride_seq = p.dq_strides.seq;
   conv.stride_head = p.dq_strides.head;
-  conv.seqlen_q = bp.seqlen_q;
-  conv.num_heads_q = bp.num_heads_q;
-  conv.m_blocks = bp.num_m_blocks;
+  conv.rows = rows;
   conv.softmax_scale = softmax_scale;
 
   const dim3 q_grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads_q),
