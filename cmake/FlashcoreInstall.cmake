@@ -1,10 +1,11 @@
 # Install rules (included last by the root CMakeLists.txt).
 #
-#   FLASHCORE_PYTHON_WHEEL=ON (pyproject.toml): flashcore/lib/libflashcore.so and the CLI as flashcore/bin/flashcore
-#     (flashcore.tune() runs it), component "python".
+#   FLASHCORE_PYTHON_WHEEL=ON (pyproject.toml): flashcore/lib/libflashcore.so (which then also holds the CLI's
+#     commands) and flashcore/bin/flashcore, main() linked to it with the rpath $ORIGIN/../lib (the console script,
+#     python -m flashcore and flashcore.tune() run it; tools/CMakeLists.txt), component "python".
 #   FLASHCORE_INSTALL=ON (default when top level):
 #     <includedir>/flashcore/flashcore.h, flashcore.hpp, ring.h
-#     <libdir>/libflashcore.so (+ .so.0, .so.0.2.0 links), libflashcore_static.a
+#     <libdir>/libflashcore.so (+ .so.<major>, .so.<version> links), libflashcore_static.a
 #     <libdir>/cmake/flashcore/flashcoreConfig.cmake, flashcoreConfigVersion.cmake, flashcoreTargets*.cmake
 #       -> find_package(flashcore) gives flashcore::flashcore (shared) and flashcore::static
 #     <libdir>/pkgconfig/flashcore.pc
@@ -57,6 +58,9 @@ if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
 else()
   set(FLASHCORE_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
+# The CUDA toolkit's headers and runtime for the caller's own CUDA calls (absolute: the toolkit of this build).
+list(GET CUDAToolkit_INCLUDE_DIRS 0 FLASHCORE_PC_CUDA_INCLUDEDIR)
+set(FLASHCORE_PC_CUDA_LIBDIR "${CUDAToolkit_LIBRARY_DIR}")
 configure_file(${CMAKE_CURRENT_LIST_DIR}/flashcore.pc.in ${PROJECT_BINARY_DIR}/flashcore.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/flashcore.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
 

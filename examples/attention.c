@@ -1,7 +1,8 @@
-/* FlashCore from C: query the library, then (on a Hopper GPU) run one causal bf16 forward pass and check it.
+/* FlashCore from C: query the library, then (on a GPU it supports) run one causal bf16 forward pass and check it.
  *
  * Q and K are zero, so every key a query may see gets the same weight and O[s] is the mean of V[0..s]: an
- * answer the host computes exactly. Without a Hopper GPU it says so and exits 0.
+ * answer the host computes exactly. Without a GPU FlashCore supports (sm_90a: the Hopper kernels; sm_80 and newer:
+ * the portable ones) it says so and exits 0.
  * Build: see examples/CMakeLists.txt (find_package(flashcore)). */
 #include <cuda_runtime_api.h>
 #include <flashcore/flashcore.h>
@@ -42,7 +43,7 @@ int main(void) {
     return 1;
   }
   if (!caps.device_supported) {
-    printf("attention_c: no Hopper (sm_90a) GPU found (device arch %d): nothing to run\n", caps.device_arch);
+    printf("attention_c: no supported GPU found (device arch %d): nothing to run\n", caps.device_arch);
     return 0;
   }
   int has_bf16 = 0;

@@ -1,5 +1,5 @@
-// FlashCore from C++ (flashcore.hpp): errors as exceptions, capabilities, and (on a Hopper GPU) one forward
-// pass on (B, S, H, D) bf16 tensors. Without a Hopper GPU it says so and exits 0.
+// FlashCore from C++ (flashcore.hpp): errors as exceptions, capabilities, and (on a GPU it supports) one forward
+// pass on (B, S, H, D) bf16 tensors. Without a supported GPU (sm_80 or newer) it says so and exits 0.
 // Build: see examples/CMakeLists.txt (find_package(flashcore)).
 #include <cuda_runtime_api.h>
 
@@ -49,7 +49,7 @@ int main() {
     for (int d : caps.head_dims) head_dims += (head_dims.empty() ? "" : ",") + std::to_string(d);
     std::printf("attention_cpp: compiled head dims %s; device arch %d\n", head_dims.c_str(), caps.device_arch);
     if (!caps.device_supported) {
-      std::printf("attention_cpp: no Hopper (sm_90a) GPU found: nothing to run\n");
+      std::printf("attention_cpp: no supported GPU found: nothing to run\n");
       return 0;
     }
 

@@ -4,7 +4,7 @@ torch.nn.functional.scaled_dot_product_attention.
     pip install ".[torch]"          # or: pip install flashcore_attn-*.whl torch
     python examples/torch_attention.py
 
-Without a CUDA GPU, or on a GPU that is not a Hopper (sm_90), it says so and exits 0.
+Without a CUDA GPU, or on one FlashCore does not support (older than sm_80), it says so and exits 0.
 """
 
 import sys
@@ -26,7 +26,7 @@ def main() -> int:
         return 0
     caps = flashcore.capabilities()  # RuntimeError naming every place tried if libflashcore.so is missing
     if not caps.device_supported:
-        print(f"torch_attention: {torch.cuda.get_device_name()} is not a Hopper (sm_90a) GPU: nothing to run")
+        print(f"torch_attention: {torch.cuda.get_device_name()} is not a GPU FlashCore supports: nothing to run")
         return 0
 
     head_dim = 128 if 128 in caps.head_dims else caps.head_dims[0]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FlashCore's main command: dependencies, Release build, then the benchmark of the seed shapes with a
-# correctness check (`flashcore bench seeds --check`). Needs a Hopper (sm_90) GPU; without one the
-# CLI says "no Hopper GPU found" and this script exits with its non-zero code.
+# correctness check (`flashcore bench seeds --check`). Needs a GPU that FlashCore runs on (Hopper: the sm90 kernels;
+# Ampere, Ada and newer: the portable ones); without one the CLI says "no supported GPU found" and this script exits
+# with its non-zero code.
 #
 # Usage: bash tools/run_main.sh [extra flashcore bench arguments]
 # Environment: FLASHCORE_BUILD_DIR (default build), FLASHCORE_CMAKE_ARGS, FLASHCORE_JOBS (default: the core count).

@@ -6,7 +6,7 @@
 #
 # One summary line per tool ("memcheck: 0 errors"); the sanitizer report of each tool is in
 # DIR/<tool>.log and the program's own output in DIR/<tool>.out. Exit status: 0 when every tool found 0
-# errors and every check passed; 1 otherwise; 3 when there is no Hopper GPU.
+# errors and every check passed; 1 otherwise; 3 when there is no GPU FlashCore runs on.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -51,8 +51,8 @@ for tool in $tools; do
     "$bin" check "${check_args[@]}" >"$out/$tool.out" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
-  if grep -q "no Hopper GPU found" "$out/$tool.out"; then
-    line="$tool: no Hopper GPU found"
+  if grep -q "no supported GPU found" "$out/$tool.out"; then
+    line="$tool: no supported GPU found"
     status=3
   else
     # "ERROR SUMMARY: N errors" (every tool); racecheck also prints "RACECHECK SUMMARY: ... (N errors, ...)".

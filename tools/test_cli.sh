@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU-only test of the `flashcore` program: argument errors (exit 2, one line on stderr of the form
 # "flashcore <cmd>: <problem>; see 'flashcore <cmd> --help'"), the no-GPU path of bench/check/tvla (exactly
-# one line containing "no Hopper GPU found", exit 3; forced with CUDA_VISIBLE_DEVICES= so it also runs on GPU
+# one line containing "no supported GPU found", exit 3; forced with CUDA_VISIBLE_DEVICES= so it also runs on GPU
 # machines), help of every command (exit 0), version, info and info --json (exit 0).
 # usage: tools/test_cli.sh path/to/flashcore
 set -u
@@ -49,12 +49,14 @@ S1="1,8,512,$HD"
 # help, version, info
 expect 0 "usage: flashcore" 0 -- "$BIN" --help
 expect 0 "usage: flashcore" 0 -- "$BIN" -h
-for cmd in bench check info tvla tune; do
+for cmd in bench check info tvla tune ring; do
   expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd --help
   expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd -h
   expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" help $cmd
-  # --help wins over the other arguments, even bad ones after it
-  expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd --device 0 --help --bogus
+  # --help wins over the other arguments, even bad ones after it (ring has --gpus where the others have --device)
+  opt=(--device 0)
+  [[ $cmd == ring ]] && opt=(--gpus 1)
+  expect 0 "^usage: flashcore $cmd" 0 -- "$BIN" $cmd "${opt[@]}" --help --bogus
 done
 expect 0 "^flashcore [0-9]" 0 -- "$BIN" --version
 expect 0 "head dims" 0 -- "$BIN" info
@@ -104,6 +106,15 @@ usage_form tune --compile-only
 usage_form tune --top-k 0
 usage_form tune --seqlens 512,x
 usage_form tune --out=
+# ring: the other commands' names (--head-dims, --iters), the old ones (--head-dim, --reps) as aliases
+usage_form ring --bogus
+usage_form ring --head-dims 64,128
+usage_form ring --head-dims 32
+usage_form ring --head-dim 512
+usage_form ring --iters 0
+usage_form ring --reps 0
+expect 0 "old name: --head-dim" 0 -- "$BIN" ring --help
+expect 0 "old name: --reps" 0 -- "$BIN" ring --help
 expect 2 "^flashcore: unknown command 'frobnicate'; see 'flashcore --help'$" 1 -- "$BIN" frobnicate
 expect 2 "^flashcore: help: unknown command 'frobnicate'; see 'flashcore --help'$" 1 -- "$BIN" help frobnicate
 
@@ -214,9 +225,9 @@ else
   expect 2 "without the check library" 1 -- "$BIN" bench --dtype "$DT" --check
 fi
 
-# no GPU: exactly one line containing "no Hopper GPU found", exit 3, nothing on stdout
+# no GPU: exactly one line containing "no supported GPU found", exit 3, nothing on stdout
 nogpu() {
-  expect 3 "no Hopper GPU found" 1 -- env CUDA_VISIBLE_DEVICES= "$BIN" "$@"
+  expect 3 "no supported GPU found" 1 -- env CUDA_VISIBLE_DEVICES= "$BIN" "$@"
   if [[ -s $tmp/out ]]; then
     echo "FAIL  stdout not empty for no-GPU: $*"
     fails=$((fails + 1))
@@ -258,7 +269,7 @@ if [[ $HAVE_INT8 -eq 1 ]]; then
   fi
 fi
 # the no-GPU message says why (no driver / driver too old / no GPU), not only a CUDA error name
-expect 3 "no Hopper GPU found: \(no NVIDIA driver found\|NVIDIA driver too old\|no GPU\)" 1 -- \
+expect 3 "no supported GPU found: \(no NVIDIA driver found\|NVIDIA driver too old\|no GPU\)" 1 -- \
   env CUDA_VISIBLE_DEVICES= "$BIN" bench --dtype "$DT"
 # nothing is written when nothing ran
 for f in x.json check.json check.csv table.json; do
@@ -267,8 +278,8 @@ for f in x.json check.json check.csv table.json; do
     fails=$((fails + 1))
   fi
 done
-# a device index that does not exist is the same "no Hopper GPU found" path
-expect 3 "no Hopper GPU found" 1 -- "$BIN" bench --dtype "$DT" --device 1023
+# a device index that does not exist is the same "no supported GPU found" path
+expect 3 "no supported GPU found" 1 -- "$BIN" bench --dtype "$DT" --device 1023
 
 if [[ $fails -ne 0 ]]; then
   echo "test_cli: $fails failure(s)"

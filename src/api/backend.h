@@ -26,7 +26,9 @@ int compiled_archs(int* out, int capacity);
 // Name of the backend that serves a device of compute capability `cc`, or nullptr when none does:
 //   "sm90" for 9.0 (Hopper: wgmma + TMA, sm_90a);
 //   "sm80" for 8.x (Ampere, Ada: the portable mma.sync + cp.async kernels) when a compiled image runs there
-//          (FLASHCORE_SM80_ARCHS holds an arch of the same major version, at most cc).
+//          (FLASHCORE_SM80_ARCHS holds an arch of the same major version, at most cc), and for GPUs newer than
+//          Hopper (10.x, 12.x, ...) from the PTX compiled beside that SASS (FLASHCORE_SM80_PTX: the newest arch's,
+//          at most cc), which the driver JIT-compiles at first use (kernels/sm80/image_rule.h).
 // The environment variable FLASHCORE_BACKEND (read at every call) overrides the choice: "sm80" or "sm90" forces
 // that backend wherever it has an image (FLASHCORE_BACKEND=sm80 runs the portable kernels on a Hopper GPU, from
 // their plain sm_90 image, for testing and measuring); any other name serves nothing. Unset, "" or "auto": the

@@ -2,7 +2,8 @@
 # FlashCore inside a parent project (FetchContent with SOURCE_DIR = this checkout) whose CMAKE_CUDA_ARCHITECTURES
 # lists other archs (80;90) and which sets no build type. Checks:
 #   - the kernels are exactly FLASHCORE_CUDA_ARCHS (sm_90a) plus FLASHCORE_SM80_ARCHS (the parent sets 86, so an
-#     sm_80 or plain sm_90 image would be the parent's doing), without PTX, object by object (the targets set
+#     sm_80 or plain sm_90 image would be the parent's doing), with PTX only of the newest portable arch (86:
+#     FLASHCORE_SM80_PTX) in the portable and arch-neutral units, object by object (the targets set
 #     CUDA_ARCHITECTURES OFF; the -gencode flags are per source);
 #   - FlashCore's tests/CLI/install are off (checked in parent_project/CMakeLists.txt), the parent's build type
 #     is left empty, and the libraries are built in FlashCore's own binary dir;
@@ -28,21 +29,25 @@ echo "parent_project: not top level: no tests/CLI/install, build type left empty
 
 command -v cuobjdump >/dev/null || fail "cuobjdump not on PATH"
 archs=$(cuobjdump --list-elf "$lib" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')
-ptx=$(cuobjdump --list-ptx "$lib" 2>/dev/null | grep -c '^PTX file' || true)
-echo "parent_project: kernel images: ${archs:-none}; PTX entries: $ptx (parent's CMAKE_CUDA_ARCHITECTURES: 80;90)"
-[[ "$archs" == "sm_86 sm_90a " && "$ptx" -eq 0 ]] || fail "expected sm_86 and sm_90a SASS only"
+ptx=$(cuobjdump --list-ptx "$lib" 2>/dev/null | grep -o 'sm_[0-9]*a\?\.ptx' | sort -u | tr '\n' ' ')
+echo "parent_project: kernel images: ${archs:-none}; PTX: ${ptx:-none} (parent's CMAKE_CUDA_ARCHITECTURES: 80;90)"
+[[ "$archs" == "sm_86 sm_90a " && "$ptx" == "sm_86.ptx " ]] ||
+  fail "expected sm_86 and sm_90a SASS and compute_86 PTX (FLASHCORE_SM80_PTX) only"
 # Per object: the sm90 units hold sm_90a only, the portable units sm_86 only, the arch-neutral units (merge.cu: the
 # merge of partial results and the row copy; append.cu: the KV-cache append) both.
 tmp=$(mktemp -d)
 (cd "$tmp" && ar x "$lib") || fail "cannot unpack $lib"
 for o in "$tmp"/*.cu.o; do
   got=$(cuobjdump --list-elf "$o" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')
+  got_ptx=$(cuobjdump --list-ptx "$o" 2>/dev/null | grep -o 'sm_[0-9]*a\?\.ptx' | sort -u | tr '\n' ' ')
   case "$(basename "$o")" in
-    r80_*) want="sm_86 " ;;
-    merge.cu.o | append.cu.o) want="sm_86 sm_90a " ;;
-    *) want="sm_90a " ;;
+    r80_*) want="sm_86 " want_ptx="sm_86.ptx " ;;
+    merge.cu.o | append.cu.o) want="sm_86 sm_90a " want_ptx="sm_86.ptx " ;;
+    *) want="sm_90a " want_ptx="" ;;
   esac
   [[ "$got" == "$want" ]] || { rm -rf "$tmp"; fail "$(basename "$o") holds ${got:-none}, expected $want"; }
+  [[ "$got_ptx" == "$want_ptx" ]] ||
+    { rm -rf "$tmp"; fail "$(basename "$o") holds PTX ${got_ptx:-none}, expected ${want_ptx:-none}"; }
 done
 rm -rf "$tmp"
 

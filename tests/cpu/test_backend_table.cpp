@@ -1,6 +1,7 @@
 // The backend table without a GPU: which backend serves each compute capability (the portable sm80 backend for
-// 8.x, sm90 for 9.0, nothing for 10.0), FLASHCORE_BACKEND forcing a backend, the compiled archs, and the
-// per-device kernel-config lists (the portable rows that fit the device's shared memory).
+// 8.x and, through its PTX, for 10.x and 12.x; sm90 for 9.0; nothing below 8.0), FLASHCORE_BACKEND forcing a
+// backend, the compiled archs, and the per-device kernel-config lists (the portable rows that fit the device's
+// shared memory).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "api/backend.h"
 #include "cpu/configured_archs.h"
 #include "flashcore/flashcore.h"
+#include "kernels/sm80/image_rule.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/v_route.h"
 #include "core/launch_util.h"
@@ -21,6 +23,7 @@ namespace {
 using flashcore::backend::backend_for_arch;
 using flashcore::testing::configured_archs;
 using flashcore::testing::configured_sm80_archs;
+using flashcore::testing::configured_sm80_ptx_arch;
 
 // Sets (or unsets, for nullptr) FLASHCORE_BACKEND for the scope, and puts back what was there.
 class ScopedBackendEnv {
@@ -91,8 +94,12 @@ TEST(BackendTable, DefaultChoicePerComputeCapability) {
     EXPECT_EQ(name_or_empty(backend_for_arch(87)), "sm80");  // runs the sm_86 (or sm_80) image
     EXPECT_EQ(name_or_empty(backend_for_arch(89)), "sm80");
   }
-  // No PTX is shipped: nothing runs on archs of another major version.
-  for (int cc : {0, 70, 75, 100, 103, 120}) EXPECT_EQ(backend_for_arch(cc), nullptr) << cc;
+  // Newer GPUs run the portable kernels from their PTX (FLASHCORE_SM80_PTX, on by default); nothing below 8.0.
+  for (int cc : {100, 103, 110, 120, 121}) {
+    EXPECT_EQ(name_or_empty(backend_for_arch(cc)), configured_sm80_ptx_arch() > 0 ? "sm80" : "") << cc;
+    EXPECT_EQ(name_or_empty(backend_for_arch(cc)), flashcore::testing::expected_backend(cc)) << cc;
+  }
+  for (int cc : {0, 70, 75}) EXPECT_EQ(backend_for_arch(cc), nullptr) << cc;
   EXPECT_EQ(flashcore::backend::forced_backend(), nullptr);
   ScopedBackendEnv autoenv("auto");
   EXPECT_EQ(flashcore::backend::forced_backend(), nullptr);
@@ -105,9 +112,10 @@ TEST(BackendTable, ForcedPortableBackend) {
   ASSERT_NE(flashcore::backend::forced_backend(), nullptr);
   EXPECT_EQ(std::string(flashcore::backend::forced_backend()), "sm80");
   // Hopper runs the portable kernels from their plain sm_90 image.
-  EXPECT_EQ(name_or_empty(backend_for_arch(90)), sm80_has(90) ? "sm80" : "");
-  for (int cc : {80, 86, 89}) EXPECT_EQ(name_or_empty(backend_for_arch(cc)), sm80_has(cc) ? "sm80" : "") << cc;
-  EXPECT_EQ(backend_for_arch(100), nullptr);
+  EXPECT_EQ(name_or_empty(backend_for_arch(90)), flashcore::testing::sm80_image_for(90) ? "sm80" : "");
+  for (int cc : {80, 86, 89, 100, 120}) {
+    EXPECT_EQ(name_or_empty(backend_for_arch(cc)), flashcore::testing::sm80_image_for(cc) ? "sm80" : "") << cc;
+  }
   EXPECT_EQ(backend_for_arch(75), nullptr);
 }
 
@@ -182,7 +190,49 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
                 tiered({"128x64x2-w4", "128x128x2", "128x64x2", "128x32x2-w4"}, {"128x128x2", "128x32x2-w4"}));
     }
   }
-  EXPECT_TRUE(configs(100, FLASHCORE_DTYPE_BF16, 128, false).empty());
+}
+
+// A GPU newer than Hopper (10.x, 12.x: JIT-compiled from the PTX) gets the portable rows of the smallest shared
+// memory, 8.6's; without the PTX, none.
+TEST(BackendTable, NewerGpusRunThePortableRowsFromPtx) {
+  if (!sm80_built()) GTEST_SKIP() << "the portable backend is not built (FLASHCORE_BUILD_SM80=OFF)";
+  if (!flashcore::testing::sm80_image_for(86)) GTEST_SKIP() << "no portable image runs on 8.6 in this build";
+  ScopedBackendEnv env(nullptr);
+  flashcore_dtype dt{};
+  int checked = 0;
+  for (int cc : {100, 120}) {
+    for (int hd : {64, 128, 256}) {
+      if (!compiled(dt, hd)) continue;
+      if (configured_sm80_ptx_arch() > 0) {
+        EXPECT_EQ(configs(cc, dt, hd, false), configs(86, dt, hd, false)) << cc << " d" << hd;
+      } else {
+        EXPECT_TRUE(configs(cc, dt, hd, false).empty()) << cc << " d" << hd;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// The portable image rule itself (kernels/sm80/image_rule.h), on other builds' archs than this one's: SASS serves
+// later minors of its major, PTX any capability from its arch up, so a 10.x or 12.x GPU is served exactly when the
+// PTX is compiled in.
+TEST(BackendTable, PortableImageRule) {
+  using flashcore::sm80::image_runs_on;
+  const int defaults[] = {80, 86, 89, 90};
+  for (int ptx : {0, 90}) {
+    for (int cc : {80, 86, 87, 89, 90}) EXPECT_TRUE(image_runs_on(cc, defaults, 4, ptx)) << cc << " ptx " << ptx;
+    for (int cc : {70, 75}) EXPECT_FALSE(image_runs_on(cc, defaults, 4, ptx)) << cc << " ptx " << ptx;
+    for (int cc : {100, 103, 110, 120, 121}) EXPECT_EQ(image_runs_on(cc, defaults, 4, ptx), ptx > 0) << cc;
+  }
+  const int only86[] = {86};
+  EXPECT_FALSE(image_runs_on(80, only86, 1, 86));  // neither sm_86 SASS nor compute_86 PTX runs on 8.0
+  EXPECT_TRUE(image_runs_on(89, only86, 1, 0));    // sm_86 SASS on 8.9
+  EXPECT_FALSE(image_runs_on(90, only86, 1, 0));   // another major version, no PTX
+  EXPECT_TRUE(image_runs_on(90, only86, 1, 86));   // compute_86 PTX on 9.0
+  EXPECT_TRUE(image_runs_on(120, only86, 1, 86));
+  EXPECT_FALSE(image_runs_on(120, nullptr, 0, 0));
+  EXPECT_GE(flashcore::sm80::kMaxServedCc, 121);
 }
 
 // sm90 default rows with a sequence-length condition (configs.txt "default(seqlen_k<=N)", kernel_row.h): every key

@@ -236,7 +236,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
                              {"medium", 4, 16, 1024, 64, 16, 1024, true}, {"hd128", 2, 8, 512, 128, 8, 512, true},
                              {"large", 8, 16, 2048, 64, 16, 2048, true}};
       shapes.insert(shapes.end(), std::begin(seeds), std::end(seeds));
-    } else if (p == "decode") {  // the serving issue's decode rows: one new token, d128, 32 query / 8 KV heads
+    } else if (p == "decode") {  // decode steps (bench/serving.py DECODE_ROWS): one new token, d128, 32 query / 8 KV heads
       for (const auto& [b, sk] : {std::pair<int64_t, int64_t>{1, 8192}, {8, 8192}, {32, 4096}, {64, 16384},
                                   {128, 2048}, {16, 65536}})
         shapes.push_back({"decode", b, 32, 1, 128, 8, sk, true});
@@ -445,7 +445,9 @@ class RowRunner {
       }
       uint64_t bwd_bytes = 0;
       st = flashcore_attention_backward_workspace_size(&bwd_params_[0], &bwd_bytes);
-      if (st == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || st == FLASHCORE_ERROR_UNSUPPORTED_DTYPE)
+      // A head dim, dtype or device backend the library's backward does not take (the portable backend has none yet).
+      if (st == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || st == FLASHCORE_ERROR_UNSUPPORTED_DTYPE ||
+          st == FLASHCORE_ERROR_UNSUPPORTED_ARCH)
         throw RowSkip(std::string("backward: ") + flashcore_status_string(st) + ": " + flashcore_last_error());
       if (st != FLASHCORE_SUCCESS)
         throw RowError(std::string("backward_workspace_size: ") + flashcore_status_string(st) + ": " +
@@ -728,7 +730,7 @@ void write_json(const std::string& path, const Options& o, const DeviceInfo& dev
   f << "  \"library_version\": \"" << json_escape(flashcore_version_string()) << "\",\n";
   f << "  \"device\": {\"name\": \"" << json_escape(dev.name) << "\", \"sm\": " << dev.major << dev.minor
     << ", \"sms\": " << dev.sms << ", \"l2_bytes\": " << dev.l2_bytes << ", \"hbm_peak_gbps\": " << json_num(dev.hbm_peak_gbps())
-    << ", \"max_sm_clock_mhz\": " << dev.clock_mhz
+    << ", \"max_sm_clock_mhz\": " << dev.clock_mhz << ", \"backend\": \"" << json_escape(dev.backend) << "\""
     << ", \"nvml\": " << (nvml ? "true" : "false") << "},\n";
   f << "  \"method\": {\"iters\": " << o.iters << ", \"warmup\": " << o.warmup
     << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"graph_calls\": " << o.graph_calls
@@ -891,7 +893,9 @@ void print_bench_help() {
       "                   4,16,1024,64 medium; 2,8,512,128 hd128; 8,16,2048,64 large\n"
       "  grid             head dim 64/128/256 x seqlen 512..16384, batch = 16384/S, heads = 2048/D\n"
       "  decode           one new token against a KV cache: batch x cache 1x8k 8x8k 32x4k 64x16k 128x2k 16x64k,\n"
-      "                   d128, 32 query heads, 8 KV heads (the serving issue's rows; KV_GB/s is the figure)\n"
+      "                   d128, 32 query heads, 8 KV heads (the decode steps of a serving engine, from one long\n"
+      "                   sequence to 128 short ones; bench/serving.py's decode table has the same rows; KV_GB/s,\n"
+      "                   the rate K and V are read at, is the figure)\n"
       "options:\n"
       "  --shape SPEC     B,H,S,D[,Hkv[,Sk]] (repeatable)\n"
       "  --mode M         fwd | bwd | fwdbwd (default fwd): what is timed. The backward's modes take fp16 / bf16\n"
@@ -941,7 +945,13 @@ int run_bench(int argc, char** argv, int first) {
   flashcore_capabilities caps = capabilities();
   int skipped = 0;
   std::vector<RowSpec> specs = build_rows(o, caps, skipped);
-  DeviceInfo dev = require_hopper(o.device);
+  DeviceInfo dev = require_device(o.device);
+  for (const RowSpec& spec : specs) {
+    if (runs_8bit(spec)) {  // the 8-bit kernels are sm90's: say so once, before any row
+      require_hopper_backend(dev, "8-bit attention (" + dtype_label(spec) + ")");
+      break;
+    }
+  }
   if (skipped && !o.quiet)
     std::fprintf(stderr, "flashcore bench: note: %d preset shape(s) skipped: head dim not compiled (compiled: %s)\n",
                  skipped, caps_head_dims_string(caps).c_str());

@@ -344,16 +344,36 @@ bool query_device(int index, DeviceInfo& info, std::string& reason) {
   return true;
 }
 
-DeviceInfo require_hopper(int index) {
+DeviceInfo require_device(int index) {
   DeviceInfo info;
   std::string reason;
-  if (!query_device(index, info, reason)) throw CliError(kExitNoGpu, "no Hopper GPU found: " + reason);
-  if (info.major != 9 || info.minor != 0)
-    throw CliError(kExitNoGpu, "no Hopper GPU found: device " + std::to_string(index) + " is " + info.name +
-                                   ", sm_" + std::to_string(info.major) + std::to_string(info.minor) +
-                                   "; FlashCore needs sm_90");
+  if (!query_device(index, info, reason)) throw CliError(kExitNoGpu, "no supported GPU found: " + reason);
   FC_CUDA(cudaSetDevice(index));
+  // The library's own answer for the current device: the backend table (sm90 for 9.0, the portable backend for 8.x
+  // and for newer GPUs through its PTX), FLASHCORE_BACKEND included.
+  const flashcore_capabilities caps = capabilities();
+  if (!caps.device_supported) {
+    std::string archs;
+    for (int i = 0; i < caps.num_archs && i < FLASHCORE_MAX_CAPS; ++i)
+      archs += (i ? "," : "") + std::to_string(caps.archs[i]);
+    const char* forced = std::getenv("FLASHCORE_BACKEND");
+    throw CliError(kExitNoGpu, "no supported GPU found: device " + std::to_string(index) + " is " + info.name + ", " +
+                                   info.arch_text() + ", which no backend of this FlashCore serves (compiled for " +
+                                   (archs.empty() ? std::string("none") : archs) + ")" +
+                                   (forced != nullptr && forced[0] != '\0' && std::string(forced) != "auto"
+                                        ? std::string("; FLASHCORE_BACKEND=") + forced + " is set"
+                                        : std::string("")));
+  }
+  info.backend = caps.device_backend;
   return info;
+}
+
+void require_hopper_backend(const DeviceInfo& dev, const std::string& what) {
+  if (dev.hopper_backend()) return;
+  throw CliError(kExitNoGpu, what + " runs on Hopper (the sm90 backend) only; device " + std::to_string(dev.index) +
+                                 " (" + dev.name + ", " + dev.arch_text() + ") is served by the " +
+                                 (dev.backend == "sm80" ? std::string("portable sm80 backend (fp16 / bf16)")
+                                                        : "'" + dev.backend + "' backend"));
 }
 
 std::string shell_quote(const std::string& s) {

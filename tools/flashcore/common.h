@@ -26,7 +26,8 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,  // a run failed: CUDA error, kernel error, a check failed
   kExitUsage = 2,    // bad command line: unknown flag/preset, malformed shape, unsupported dtype/head dim
-  kExitNoGpu = 3,    // no Hopper (sm_90) GPU
+  kExitNoGpu = 3,    // no GPU that runs the command: none, one no backend of this build serves, or a Hopper-only
+                     // feature (8-bit, the autotuner) asked of a GPU the portable backend serves
 };
 
 // Thrown anywhere; main() prints "flashcore[ <command>]: <message>" on one line and exits with `code`.
@@ -148,6 +149,9 @@ struct DeviceInfo {
   // route rule computes it.
   double hbm_peak_gbps() const { return flashcore::core::dram_peak_gbps_of(mem_clock_mhz * 1000, mem_bus_bits); }
   std::string pci_bus_id;  // for NVML
+  std::string backend;     // the library's backend for it (flashcore_capabilities.device_backend): "sm90", "sm80"
+  bool hopper_backend() const { return backend == "sm90"; }
+  std::string arch_text() const { return "sm_" + std::to_string(major) + std::to_string(minor); }
 };
 
 // Fills `info` for device `index`. Returns false with a reason when there is no usable CUDA device; never
@@ -166,9 +170,16 @@ std::string cuda_driver_version();
 // The oldest driver branch for a runtime major version, e.g. 13 -> 580 (R580); 0 when not known.
 int min_driver_branch(int runtime_major);
 
-// For `bench` and `check`: selects device `index` and requires compute capability 9.0. Otherwise throws
-// CliError(kExitNoGpu, "no Hopper GPU found: <reason>").
-DeviceInfo require_hopper(int index);
+// For `bench`, `check`, `tune` and `tvla`: selects device `index` and requires that a backend of this library serves
+// it (flashcore_capabilities.device_supported: sm90 on Hopper, the portable sm80 backend on 8.x and, through its PTX,
+// on newer GPUs; FLASHCORE_BACKEND=sm80 is honoured). Otherwise throws CliError(kExitNoGpu, "no supported GPU found:
+// <reason>"). The returned info names the backend.
+DeviceInfo require_device(int index);
+
+// For what only the sm90 backend runs (8-bit inputs, precision fp8 / int8, the autotuner): throws
+// CliError(kExitNoGpu, "<what> runs on Hopper (the sm90 backend) only; device N (<name>, sm_XY) is served by the
+// portable sm80 backend ...") unless `dev`'s backend is sm90.
+void require_hopper_backend(const DeviceInfo& dev, const std::string& what);
 
 std::string shell_quote(const std::string& s);
 std::string json_escape(const std::string& s);

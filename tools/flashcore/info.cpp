@@ -37,6 +37,11 @@ constexpr bool kHaveCheck = true;
 #else
 constexpr bool kHaveCheck = false;
 #endif
+// The arch of the PTX compiled in beside the portable kernels' SASS (FLASHCORE_SM80_PTX), 0 without (tools/CMakeLists.txt).
+#ifndef FLASHCORE_CLI_SM80_PTX_ARCH
+#define FLASHCORE_CLI_SM80_PTX_ARCH 0
+#endif
+constexpr int kPortablePtxArch = FLASHCORE_CLI_SM80_PTX_ARCH;
 
 std::string dtypes_text(const flashcore_dtype* list, int n, const char* sep, const char* quote) {
   std::string s;
@@ -66,7 +71,8 @@ void write_json(const std::string& path, const flashcore_capabilities& caps, boo
   f << "  \"capabilities\": {\"dtypes\": [" << dtypes_text(caps.dtypes, caps.num_dtypes, ", ", "\"")
     << "], \"head_dims\": [" << ints_text(caps.head_dims, caps.num_head_dims, ", ", "")
     << "], \"archs\": [" << ints_text(caps.archs, caps.num_archs, ", ", "")
-    << "], \"out_dtypes\": [" << dtypes_text(caps.out_dtypes, caps.num_out_dtypes, ", ", "\"")
+    << "], \"portable_ptx_arch\": " << (kPortablePtxArch > 0 ? std::to_string(kPortablePtxArch) : "null")
+    << ", \"out_dtypes\": [" << dtypes_text(caps.out_dtypes, caps.num_out_dtypes, ", ", "\"")
     << "], \"params_struct_size\": " << caps.params_struct_size
     << ", \"params_v1_size\": " << FLASHCORE_ATTENTION_PARAMS_V1_SIZE
     << ", \"params_v2_size\": " << FLASHCORE_ATTENTION_PARAMS_V2_SIZE
@@ -126,7 +132,10 @@ int run_info(int argc, char** argv, int first) {
   flashcore_capabilities caps = capabilities();
   std::printf("dtypes:    %s\n", or_none(dtypes_text(caps.dtypes, caps.num_dtypes, ",", "")).c_str());
   std::printf("head dims: %s\n", caps_head_dims_string(caps).c_str());
-  std::printf("archs:     %s\n", or_none(ints_text(caps.archs, caps.num_archs, ",", "sm_")).c_str());
+  std::printf("archs:     %s", or_none(ints_text(caps.archs, caps.num_archs, ",", "sm_")).c_str());
+  if (kPortablePtxArch > 0)
+    std::printf(" + compute_%d PTX of the portable kernels (JIT-compiled on newer GPUs: 10.x, 12.x)", kPortablePtxArch);
+  std::printf("\n");
   std::printf("O dtypes:  %s\n", or_none(dtypes_text(caps.out_dtypes, caps.num_out_dtypes, ",", "")).c_str());
   std::printf("abi:       params struct %u bytes (0.1 layout: %d, 0.2 layout: %d)\n", caps.params_struct_size,
               FLASHCORE_ATTENTION_PARAMS_V1_SIZE, FLASHCORE_ATTENTION_PARAMS_V2_SIZE);

@@ -30,12 +30,12 @@ void print_ring_help() {
       "usage: flashcore ring [options]\n"
       "  ring attention over the visible GPUs (one thread each, NCCL), against one GPU on the whole sequence\n"
       "  --seqlens L1,L2,..   sequence lengths (default 32768,65536,131072,262144)\n"
-      "  --head-dim D         64, 128 or 256 (default 128)\n"
+      "  --head-dims D        64, 128 or 256 (default 128): one head dim per run (old name: --head-dim)\n"
       "  --heads H            query heads (default 16)\n"
       "  --kv-heads H         KV heads (default 16)\n"
       "  --gpus N             ranks (default: every visible GPU)\n"
       "  --layout zigzag|contiguous  (default zigzag)\n"
-      "  --reps N             timed repetitions, median reported (default 5)\n"
+      "  --iters N            timed repetitions, median reported (default 5; old name: --reps)\n"
       "  --json FILE          also write the rows as JSON\n"
       "  NCCL: $FLASHCORE_NCCL_LIBRARY, else libnccl.so.2 on the loader's path\n");
 }
@@ -111,15 +111,17 @@ int run_ring(int argc, char** argv, int first) {
     } else if (a == "--seqlens") {
       seqlens.clear();
       for (const std::string& s : split(value(), ',')) seqlens.push_back(parse_int(a, s, 2, 1 << 24));
-    } else if (a == "--head-dim") {
-      D = parse_int(a, value(), 64, 256);
+    } else if (a == "--head-dims" || a == "--head-dim") {  // --head-dim: the old name, kept as an alias
+      const std::vector<std::string> dims = split(value(), ',');
+      if (dims.size() != 1) usage_error(a + ": one head dim per run (the ring's rows share it)");
+      D = parse_int(a, dims[0], 64, 256);
     } else if (a == "--heads") {
       Hq = parse_int(a, value(), 1, 1024);
     } else if (a == "--kv-heads") {
       Hkv = parse_int(a, value(), 1, 1024);
     } else if (a == "--gpus") {
       gpus = parse_int(a, value(), 1, 64);
-    } else if (a == "--reps") {
+    } else if (a == "--iters" || a == "--reps") {  // --reps: the old name, kept as an alias
       reps = parse_int(a, value(), 1, 1000);
     } else if (a == "--layout") {
       const std::string l = value();

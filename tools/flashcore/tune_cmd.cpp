@@ -73,6 +73,9 @@ void print_tune_help() {
       "                     <default>-faulty: the gate must reject it (needs nvcc or its cubin in --cubin-dir,\n"
       "                     which --build --compile-only --test-faulty-variant builds)\n"
       "\n"
+      "Hopper (sm90) only: the tables and variants are the sm90 kernels'; on a GPU the portable backend serves it\n"
+      "exits 3. --build --compile-only needs no GPU.\n"
+      "\n"
       "exit status: 0 table written, 1 failure, 2 bad arguments, 3 no Hopper GPU\n");
 }
 
@@ -736,7 +739,10 @@ int run_tune(int argc, char** argv, int first) {
     return built > 0 ? kExitOk : kExitFailure;
   }
 
-  const DeviceInfo dev = require_hopper(o.device);
+  const DeviceInfo dev = require_device(o.device);
+  // The tables and the variants are the sm90 kernels' (the portable backend picks its row by the device's shared
+  // memory and reads no table).
+  require_hopper_backend(dev, "the autotuner");
   tuning::DeviceKey dk;
   if (!tuning::device_key(o.device, dk)) {
     throw CliError(kExitFailure, "cannot query device " + std::to_string(o.device));

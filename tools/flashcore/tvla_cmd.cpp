@@ -39,7 +39,7 @@ void print_tvla_help() {
       "  --seed S           seed of the random inputs and the order (default 1)\n"
       "  --device I         CUDA device (default 0)\n"
       "\n"
-      "exit status: 0 all PASS, 1 a FAIL or a run error, 2 bad arguments, 3 no Hopper GPU\n");
+      "exit status: 0 all PASS, 1 a FAIL or a run error, 2 bad arguments, 3 no supported GPU\n");
 }
 
 namespace {
@@ -226,7 +226,7 @@ bool run_shape(const TvlaOptions& o, const TvlaShape& sh, std::mt19937_64& rng) 
 
 int run_tvla(int argc, char** argv, int first) {
   const TvlaOptions o = parse(argc, argv, first);
-  const DeviceInfo dev = require_hopper(o.device);  // throws CliError(kExitNoGpu, "no Hopper GPU found: ...")
+  const DeviceInfo dev = require_device(o.device);  // throws CliError(kExitNoGpu, "no supported GPU found: ...")
   const flashcore_capabilities caps = capabilities();
   std::printf("flashcore tvla: %s (device %d), %s, n = %lld per class, seed %llu, PASS when |t| < %g\n",
               dev.name.c_str(), dev.index, dtype_name(o.dtype), static_cast<long long>(o.n),

@@ -16,11 +16,15 @@
 #include "core/plan.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm80/bwd_launch.h"
+#include "kernels/sm80/image_rule.h"
 #include "kernels/sm80/kernel_params.h"
 #include "kernels/sm80/launch.h"
 
 #ifndef FLASHCORE_SM80_ARCH_LIST
 #error "FLASHCORE_SM80_ARCH_LIST (e.g. 80,86,89,90) must be defined by the build (src/kernels/sm80/sources.cmake)"
+#endif
+#ifndef FLASHCORE_SM80_PTX_ARCH
+#error "FLASHCORE_SM80_PTX_ARCH (e.g. 90, or 0 without PTX) must be defined by the build (src/kernels/sm80/sources.cmake)"
 #endif
 
 namespace flashcore::sm80 {
@@ -38,6 +42,8 @@ const KernelRow* const kRows[] = {
 };
 
 constexpr int kArchs[] = {FLASHCORE_SM80_ARCH_LIST};
+// The arch of the PTX embedded beside the SASS (FLASHCORE_SM80_PTX: the newest of kArchs), 0 when there is none.
+constexpr int kPtxArch = FLASHCORE_SM80_PTX_ARCH;
 
 // Once per (kernel, context): check that the loaded image was compiled for this device's major version (a
 // body built for another arch would trap) and raise the kernel's dynamic shared-memory limit (> 48 KB needs
@@ -46,6 +52,7 @@ flashcore_status prepare(const KernelRow& row, int device, int cc, std::string& 
   return core::prepare_kernel(row.kernel, device, row.smem_bytes, "portable (sm80) kernel image",
                              [cc](const cudaFuncAttributes& a) {
     if (a.binaryVersion / 10 == cc / 10 && a.binaryVersion <= cc) return std::string();
+    // A kernel the driver JIT-compiled from the PTX reports the device's own arch.
     return "the loaded portable kernel image is for sm_" + std::to_string(a.binaryVersion) +
            ", which cannot serve compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
            ": rebuild FlashCore with the device's arch in FLASHCORE_SM80_ARCHS";
@@ -68,12 +75,9 @@ const int* compiled_archs(int& count) {
   return kArchs;
 }
 
-bool has_image_for(int cc) {
-  for (int a : kArchs) {
-    if (a / 10 == cc / 10 && a <= cc) return true;
-  }
-  return false;
-}
+bool has_image_for(int cc) { return image_runs_on(cc, kArchs, sizeof(kArchs) / sizeof(kArchs[0]), kPtxArch); }
+
+int ptx_arch() { return kPtxArch; }
 
 int smem_limit(int cc) {
   switch (cc) {
@@ -228,10 +232,7 @@ bool config_available(int cc, flashcore_dtype dtype, flashcore_dtype out, int he
 
 }  // namespace
 
-// The backward's hooks (bwd_launch.h): the device's row is chosen at launch, by its shared memory; one workspace
-// layout serves every row.
-const core::BackendOps kBackend = {"sm80", 80, 89, has_image_for, archs, listed_rows, default_config,
-                                   config_available, plan_call, run_call, bwd_compiled, bwd_workspace_bytes,
-                                   backward};
+#include "kernels/sm80/bwd_launch.h"
+#include "kernels/sm80/image_rule.h"
 
 }  // namespace flashcore::sm80

@@ -19,12 +19,17 @@ const KernelRow* const* rows(int& count);
 // The archs the kernels were compiled for (FLASHCORE_SM80_ARCHS, e.g. 80, 86, 89, 90), ascending.
 const int* compiled_archs(int& count);
 
-// True when a compiled image can run on compute capability `cc`: some compiled arch a with the same major
-// version and a <= cc (SASS runs on later minor versions of its major: sm_80 on 8.6/8.7/8.9, sm_90 on 9.0).
+// True when a compiled image can run on compute capability `cc` (image_rule.h): some compiled arch a with the same
+// major version and a <= cc (SASS runs on later minor versions of its major: sm_80 on 8.6/8.7/8.9, sm_90 on 9.0),
+// or, with the PTX compiled in (FLASHCORE_SM80_PTX), any cc >= its arch (10.x, 12.x: JIT-compiled by the driver).
 bool has_image_for(int cc);
 
+// The arch of the PTX compiled in beside the SASS (the newest of FLASHCORE_SM80_ARCHS), 0 when there is none.
+int ptx_arch();
+
 // Per-block shared memory (opt-in) of compute capability `cc`: 163 KB for 8.0/8.7, 227 KB for 9.0, 99 KB
-// otherwise (8.6, 8.9). Rows above it are not offered on such a device.
+// otherwise (8.6, 8.9, and the GPUs newer than Hopper that run the PTX: the smallest of them, 12.x, has 99 KB).
+// Rows above it are not offered on such a device.
 int smem_limit(int cc);
 
 // True when `row` fits a device of compute capability `cc`.

@@ -1,8 +1,9 @@
 # Portable (sm80) kernels: one generated translation unit per (dtype, row of configs.txt, causal) and per backward
 # (dtype, head dim), compiled for every arch in FLASHCORE_SM80_ARCHS (per-source -gencode, src/CMakeLists.txt).
-# Inputs : FLASHCORE_HEAD_DIMS, FLASHCORE_DTYPES, FLASHCORE_SM80_ARCHS.
-# Outputs: FLASHCORE_SM80_SOURCES (the host backend.cpp, bwd_launch.cpp and the generated .cu units), FLASHCORE_SM80_KERNEL_SOURCES
-#          (the .cu units only), FLASHCORE_SM80_GENCODE, FLASHCORE_SM80_ARCH_LIST ("80,86,89,90"), and
+# Inputs : FLASHCORE_HEAD_DIMS, FLASHCORE_DTYPES, FLASHCORE_SM80_ARCHS, FLASHCORE_SM80_PTX.
+# Outputs: FLASHCORE_SM80_SOURCES (the host backend.cpp, bwd_launch.cpp and the generated .cu units),
+#          FLASHCORE_SM80_KERNEL_SOURCES (the .cu units only), FLASHCORE_SM80_GENCODE, FLASHCORE_SM80_ARCH_LIST
+#          ("80,86,89,90"), FLASHCORE_SM80_PTX_ARCH (the arch of the embedded PTX, e.g. 90; 0 without), and
 #          ${FLASHCORE_GENERATED_INCLUDE_DIR}/kernels/sm80/rows.inc (one FLASHCORE_SM80_ROW(symbol) per kernel), and
 #          bwd_rows.inc beside it (one FLASHCORE_SM80_BWD(symbol) per backward row).
 # Uses _fc_write_if_changed and the dtype tables of src/kernels/sm90/sources.cmake (included first).
@@ -22,6 +23,19 @@ foreach(_fc_arch IN LISTS FLASHCORE_SM80_ARCHS)
     string(APPEND FLASHCORE_SM80_ARCH_LIST ",${_fc_arch}")
   endif()
 endforeach()
+# PTX of the newest arch as well (FLASHCORE_SM80_PTX): a GPU newer than every SASS target (compute capability 10.x,
+# 12.x) has the driver JIT-compile it at first use. nvcc makes that PTX anyway for the arch's own SASS, so it only
+# adds the text to the fatbinary (docs/decisions.md#portable-ptx).
+set(FLASHCORE_SM80_PTX_ARCH 0)
+if(FLASHCORE_SM80_PTX)
+  foreach(_fc_arch IN LISTS FLASHCORE_SM80_ARCHS)
+    if(_fc_arch GREATER FLASHCORE_SM80_PTX_ARCH)
+      set(FLASHCORE_SM80_PTX_ARCH ${_fc_arch})
+    endif()
+  endforeach()
+  list(APPEND FLASHCORE_SM80_GENCODE
+       "-gencode=arch=compute_${FLASHCORE_SM80_PTX_ARCH},code=compute_${FLASHCORE_SM80_PTX_ARCH}")
+endif()
 
 set(_fc_gen80_dir ${PROJECT_BINARY_DIR}/generated/kernels/sm80)
 file(MAKE_DIRECTORY ${_fc_gen80_dir})

@@ -11,6 +11,6 @@ int main(void) {
   }
   printf("parent_consumer: FlashCore %s, %d head dim(s), device arch %d, %s\n", flashcore_version_string(),
          caps.num_head_dims, caps.device_arch,
-         caps.device_supported ? "Hopper GPU present" : "no Hopper (sm_90a) GPU found");
+         caps.device_supported ? "supported GPU present" : "no supported GPU found");
   return 0;
 }
