@@ -232,7 +232,11 @@ bool config_available(int cc, flashcore_dtype dtype, flashcore_dtype out, int he
 
 }  // namespace
 
-#include "kernels/sm80/bwd_launch.h"
-#include "kernels/sm80/image_rule.h"
+// Served by default: 8.x and every newer capability that is not Hopper's (the table asks sm90 first; 10.x and 12.x
+// run the PTX where it is compiled in, has_image_for). The backward's hooks (bwd_launch.h): the device's row is
+// chosen at launch, by its shared memory; one workspace layout serves every row.
+const core::BackendOps kBackend = {"sm80", 80, kMaxServedCc, has_image_for, archs, listed_rows, default_config,
+                                   config_available, plan_call, run_call, bwd_compiled, bwd_workspace_bytes,
+                                   backward};
 
 }  // namespace flashcore::sm80
