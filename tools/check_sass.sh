@@ -112,6 +112,29 @@ while read -r name h q i l s loc t l5; do
     "$demangled"
 done <<<"$report"
 
+# The backward kernels (bwd_kernel.cuh): 16-bit wgmma (HGMMA), TMA loads (UTMALDG), the dQ bulk reduction
+# (UBLKRED) and no local memory, per kernel.
+bwd_report=$(awk '
+  /Function : / { if (name != "") print name, h, l, r, loc; name = $NF; h = l = r = loc = 0; next }
+  name != "" && /HGMMA/   { h++ }
+  name != "" && /UTMALDG/ { l++ }
+  name != "" && /UBLKRED/ { r++ }
+  name != "" && /[^A-Z](LDL|STL)[. ]/ { loc++ }
+  END { if (name != "") print name, h, l, r, loc }
+' "$sass" | grep flashcore_bwd_sm90_kernel | sort -u)
+bwd_found=$(printf '%s\n' "$bwd_report" | grep -c . || true)
+[[ "$bwd_found" -gt 0 ]] || echo "check_sass: no sm90 backward kernel in this build (FLASHCORE_HEAD_DIMS / FLASHCORE_DTYPES without 64 / 128 or fp16 / bf16)"
+while read -r name h l r loc; do
+  [[ -z "${name:-}" ]] && continue
+  demangled=$(echo "$name" | c++filt 2>/dev/null || echo "$name")
+  status="ok"
+  [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA"; status="FAIL"; }
+  [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
+  [[ "$r" -gt 0 ]] || { err "$demangled: no UBLKRED (the dQ bulk reduction)"; status="FAIL"; }
+  [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
+  printf 'check_sass: %-4s HGMMA=%-4s UTMALDG=%-3s UBLKRED=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$l" "$r" "$loc" "$demangled"
+done <<<"$bwd_report"
+
 # TMA loads in per-lane loops: a BRA.U.ANY within two instructions after a UTMALDG, per kernel.
 lane_loops=$(awk '
   /Function : / { name = $NF; left = 0; next }

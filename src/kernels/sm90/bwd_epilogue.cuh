@@ -62,17 +62,19 @@ __device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& ba
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_write(const BwdParams& p, const BwdWork& w, uint8_t* smem,
                                              BwdBarriers<Cfg>& bars) {
+  // (Pointers advanced per block rather than recomputed: the producer warpgroup has 24 registers, and the 64-bit
+  // row arithmetic of each block spilled at head dim 64.)
   PipelineState<2> st;
   for (int g = 0; g < p.head_ratio; ++g) {
     const int head = w.kv_head * p.head_ratio + g;
-    const int64_t rows = p.rows.base(w.batch, head, w.seq);
-    for (int m = w.m_first; m < w.m_end; ++m) {
+    float* dst = p.dq_accum + (p.rows.base(w.batch, head, w.seq) + 64 * w.m_first) * Cfg::kHeadDim;
+    int* counter = p.dq_semaphore == nullptr ? nullptr
+                   : p.dq_semaphore + (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks + w.m_first;
+    for (int m = w.m_first; m < w.m_end; ++m, dst += 64 * Cfg::kHeadDim, counter += counter != nullptr ? 1 : 0) {
       const float* block = reinterpret_cast<const float*>(smem + Cfg::kSmemDq + st.stage * Cfg::kDqBytes);
-      const int64_t index = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks + m;
-      float* dst = p.dq_accum + (rows + 64 * m) * Cfg::kHeadDim;
       bars.dq.wait(st);
-      if (p.dq_semaphore != nullptr) {
-        cuda::atomic_ref<int, cuda::thread_scope_device> turn(p.dq_semaphore[index]);
+      if (counter != nullptr) {
+        cuda::atomic_ref<int, cuda::thread_scope_device> turn(*counter);
         while (turn.load(cuda::memory_order_acquire) != w.n_block) __nanosleep(20);
         cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the earlier key blocks' additions before ours
         cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst,
