@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "flashcore/flashcore.h"
+
 namespace flashcore::kernels {
 
 // Register `reg` (0..31) of thread `thread` (0..127) of the warpgroup whose accumulator holds region `region`.
@@ -64,5 +66,38 @@ struct BwdRows {
   }
 #endif
 };
+
+// The call's rows (host), from its params.
+inline BwdRows bwd_rows_of(const flashcore_attention_params& p) {
+  BwdRows r{};
+  r.cu_seqlens_q = p.cu_seqlens_q;
+  r.cu_seqlens_k = p.cu_seqlens_k;
+  r.seqlen_q = p.seqlen_q;
+  r.seqlen_k = p.seqlen_k;
+  r.total_q = p.total_q;
+  r.total_k = p.total_k;
+  r.head_rows = BwdRows::head_rows_of(p.cu_seqlens_q != nullptr, p.seqlen_q, p.total_q, p.batch);
+  r.heads = static_cast<int>(p.num_heads_q);
+  return r;
+}
+
+// The workspace of a backward call, both backends: the scaled LSE and D (a float per row), the fp32 dQ rows, and a
+// counter per (batch, query head, query block) for deterministic calls -- counted in either mode, so that one size
+// serves both. Byte offsets, 256-aligned.
+struct BwdWorkspace {
+  uint64_t lse = 0, dpsum = 0, dq_accum = 0, semaphore = 0, bytes = 0;
+};
+inline BwdWorkspace bwd_workspace_of(const flashcore_attention_params& p) {
+  auto align = [](uint64_t x) { return (x + 255) / 256 * 256; };
+  const uint64_t rows = static_cast<uint64_t>(bwd_rows_of(p).rows(p.batch));
+  const uint64_t blocks = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q) *
+                          static_cast<uint64_t>((p.seqlen_q + 63) / 64);
+  BwdWorkspace w;
+  w.dpsum = align(w.lse + rows * 4);
+  w.dq_accum = align(w.dpsum + rows * 4);
+  w.semaphore = align(w.dq_accum + rows * static_cast<uint64_t>(p.head_dim) * 4);
+  w.bytes = align(w.semaphore + blocks * 4);
+  return w;
+}
 
 }  // namespace flashcore::kernels

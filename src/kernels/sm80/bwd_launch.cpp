@@ -31,24 +31,8 @@ const BwdKernelRow* const kBwdRows[] = {
 
 constexpr int kBlockM = 64;  // the query block of the kernel and of the workspace's dQ blocks
 
-uint64_t align256(uint64_t x) { return (x + 255) / 256 * 256; }
-
-struct BwdWorkspace {
-  uint64_t lse = 0, dpsum = 0, dq_accum = 0, semaphore = 0, bytes = 0;
-};
-
-BwdWorkspace bwd_workspace(const flashcore_attention_params& p) {
-  const uint64_t slices = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q);
-  const uint64_t rows = static_cast<uint64_t>(kernels::bwd_padded_rows(p.seqlen_q));
-  BwdWorkspace w;
-  w.lse = 0;
-  w.dpsum = align256(w.lse + slices * rows * 4);
-  w.dq_accum = align256(w.dpsum + slices * rows * 4);
-  w.semaphore = align256(w.dq_accum + slices * rows * static_cast<uint64_t>(p.head_dim) * 4);
-  // The counters of deterministic calls are counted either way, so that one size serves both modes.
-  w.bytes = align256(w.semaphore + slices * (rows / kBlockM) * 4);
-  return w;
-}
+using kernels::BwdWorkspace;
+BwdWorkspace bwd_workspace(const flashcore_attention_params& p) { return kernels::bwd_workspace_of(p); }
 
 // Once per (kernel, context): the loaded image must be one of this device's major version (as the forward's).
 flashcore_status prepare(const void* kernel, int device, int cc, int smem_bytes, std::string& error) {

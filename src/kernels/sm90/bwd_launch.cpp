@@ -30,8 +30,6 @@ const BwdKernelRow* const kBwdRows[] = {
 
 constexpr int kBlockM = 64, kBlockN = 128;
 
-uint64_t align256(uint64_t x) { return (x + 255) / 256 * 256; }
-
 flashcore_status prepare(const void* kernel, int device, int smem_bytes, std::string& error) {
   return core::prepare_kernel(kernel, device, smem_bytes, "sm90 backward kernel image", [](const cudaFuncAttributes& a) {
     if (a.binaryVersion == 90 && (a.ptxVersion == 0 || a.ptxVersion >= 90)) return std::string();
@@ -64,35 +62,7 @@ const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim) {
   return nullptr;
 }
 
-namespace {
-kernels::BwdRows bwd_rows(const flashcore_attention_params& p) {
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  kernels::BwdRows r{};
-  r.cu_seqlens_q = p.cu_seqlens_q;
-  r.cu_seqlens_k = p.cu_seqlens_k;
-  r.seqlen_q = p.seqlen_q;
-  r.seqlen_k = p.seqlen_k;
-  r.total_q = p.total_q;
-  r.total_k = p.total_k;
-  r.head_rows = kernels::BwdRows::head_rows_of(varlen, p.seqlen_q, p.total_q, p.batch);
-  r.heads = static_cast<int>(p.num_heads_q);
-  return r;
-}
-}  // namespace
-
-BwdWorkspace bwd_workspace(const flashcore_attention_params& p) {
-  const uint64_t rows = static_cast<uint64_t>(bwd_rows(p).rows(p.batch));
-  const uint64_t blocks = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q) *
-                          static_cast<uint64_t>((p.seqlen_q + kBlockM - 1) / kBlockM);
-  BwdWorkspace w;
-  w.lse = 0;
-  w.dpsum = align256(w.lse + rows * 4);
-  w.dq_accum = align256(w.dpsum + rows * 4);
-  w.semaphore = align256(w.dq_accum + rows * static_cast<uint64_t>(p.head_dim) * 4);
-  // The counters of deterministic calls are counted either way, so that one size serves both modes.
-  w.bytes = align256(w.semaphore + blocks * 4);
-  return w;
-}
+BwdWorkspace bwd_workspace(const flashcore_attention_params& p) { return kernels::bwd_workspace_of(p); }
 
 flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, cudaStream_t stream,
                           std::string& error) {
@@ -138,7 +108,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.dv_stride_batch = p.dv_strides.batch;
   bp.dv_stride_seq = p.dv_strides.seq;
   bp.dv_stride_head = p.dv_strides.head;
-  bp.rows = bwd_rows(p);
+  bp.rows = kernels::bwd_rows_of(p);
   bp.num_heads_q = static_cast<int>(p.num_heads_q);
   bp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   bp.num_m_blocks = m_blocks;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "flashcore/flashcore.h"
+#include "kernels/common/bwd_layout.h"
 
 namespace flashcore::sm90 {
 
@@ -22,10 +23,8 @@ struct BwdKernelRow {
 // The compiled row for (dtype, head_dim), or nullptr.
 const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim);
 
-// The workspace of a validated backward call: bytes and where each part starts.
-struct BwdWorkspace {
-  uint64_t lse = 0, dpsum = 0, dq_accum = 0, semaphore = 0, bytes = 0;
-};
+// The workspace of a validated backward call (kernels/common/bwd_layout.h): bytes and where each part starts.
+using BwdWorkspace = kernels::BwdWorkspace;
 BwdWorkspace bwd_workspace(const flashcore_attention_params& p);
 
 // Enqueue the backward of a validated call (flashcore.h flashcore_attention_backward) on `stream`.
