@@ -61,7 +61,9 @@ if command -v pkg-config >/dev/null 2>&1; then
   resolved=$(env -u LD_LIBRARY_PATH ldd "$work/attention_pc" | awk '/libflashcore\.so/ {print $3}')
   [[ $(realpath "$resolved" 2>/dev/null) == $(realpath "$libdir/libflashcore.so.$major") ]] ||
     fail "attention_pc (rpath): libflashcore.so.$major resolves to '${resolved:-nothing}', not $libdir"
-  env -u LD_LIBRARY_PATH ldd "$work/attention_pc_norpath" | grep -q "libflashcore.so.$major => not found" ||
+  # ldd's output whole before grep reads it: with pipefail, grep -q leaving early could fail ldd with SIGPIPE.
+  norpath_ldd=$(env -u LD_LIBRARY_PATH ldd "$work/attention_pc_norpath" 2>&1)
+  grep -q "libflashcore.so.$major => not found" <<<"$norpath_ldd" ||
     fail "attention_pc_norpath: libflashcore.so.$major found without rpath or LD_LIBRARY_PATH (test assumption)"
   resolved=$(LD_LIBRARY_PATH=$libdir ldd "$work/attention_pc_norpath" | awk '/libflashcore\.so/ {print $3}')
   [[ $(realpath "$resolved" 2>/dev/null) == $(realpath "$libdir/libflashcore.so.$major") ]] ||
