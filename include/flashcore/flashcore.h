@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 4
+#define FLASHCORE_VERSION_MINOR 5
 #define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
@@ -206,6 +206,30 @@ typedef struct flashcore_attention_params {
   int32_t deterministic; /* 1: dq is bit-identical from run to run (its fp32 sums are added in a fixed order); 0: the
                             faster atomic order. dk and dv are always bit-identical [0] */
   int32_t reserved3;     /* must be 0 [0] */
+
+  /* ---- Since 0.5: the attention variants of today's models. A caller compiled against 0.4 passes
+   * FLASHCORE_ATTENTION_PARAMS_V4_SIZE; they take their defaults then. 16-bit forward calls, both backends; an
+   * 8-bit call (dtype or precision) or a backward call refuses a window, softcap, sinks or attention_chunk
+   * with FLASHCORE_ERROR_INVALID_ARGUMENT naming the field. ---- */
+  int32_t local;             /* 1: sliding-window (local) attention with FlashAttention's window_size: query i of a
+                                sequence sees key j iff i + d - window_size_left <= j <= i + d + window_size_right,
+                                d = seqlen_k - seqlen_q of that sequence (bottom-right aligned, as causal), a bound of
+                                -1 being unbounded. causal = 1 with local = 1 is the window with right bound 0. Key
+                                blocks outside every row's window are never read [0: no window] */
+  int32_t window_size_left;  /* -1 or >= 0; read only when local = 1 [0] */
+  int32_t window_size_right; /* -1 or >= 0; read only when local = 1 (and not with causal = 1) [0] */
+  float softcap;             /* > 0: every score s = softmax_scale * q.k becomes softcap * tanh(s / softcap) before the
+                                softmax (Gemma 2, Grok; FlashAttention's softcap); 0: none [0] */
+  const float* sinks;        /* device float32 (num_heads_q,), 4-byte aligned: per query head h, a logit sinks[h] that
+                                joins every row's softmax denominator (exp(sinks[h]) is added to the sum of
+                                exp(score)) but not its output: O = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) +
+                                exp(sinks[h] - m)), LSE = log(sum_j exp(s_j) + exp(sinks[h])). Not scaled by
+                                softmax_scale (gpt-oss's attention sinks, FlashAttention-4's learnable_sink). A row
+                                that sees no key gets O = 0 and LSE = sinks[h] [NULL: none] */
+  int32_t attention_chunk;   /* > 0: chunked local attention (Llama 4): query i sees only keys j of its own chunk,
+                                floor(j / attention_chunk) == floor((i + d) / attention_chunk), combined with causal
+                                and the window [0: none] */
+  int32_t reserved4;         /* must be 0 [0] */
 } flashcore_attention_params;
 
 /* flashcore_attention_params::precision (since 0.3). */
@@ -237,7 +261,8 @@ typedef struct flashcore_attention_params {
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
- * defaults), FLASHCORE_ATTENTION_PARAMS_V2_SIZE (a 0.2 caller: the fields since 0.3 take theirs), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
+ * defaults), FLASHCORE_ATTENTION_PARAMS_V2_SIZE (a 0.2 caller: the fields since 0.3 take theirs), _V3_SIZE and
+ * _V4_SIZE (0.3 and 0.4 callers), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
  * built against a newer header) provided every byte past the library's sizeof is zero, i.e. the caller left
  * the fields this library does not know at their defaults. Anything else is FLASHCORE_ERROR_INVALID_ARGUMENT. */
 #define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
@@ -247,6 +272,9 @@ typedef struct flashcore_attention_params {
 /* struct_size of the 0.3 layout (everything up to reserved2): also accepted, the backward fields take their
  * defaults. */
 #define FLASHCORE_ATTENTION_PARAMS_V3_SIZE 480
+/* struct_size of the 0.4 layout (everything up to reserved3): also accepted, the variant fields take their
+ * defaults. */
+#define FLASHCORE_ATTENTION_PARAMS_V4_SIZE 648
 
 /* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
  * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept

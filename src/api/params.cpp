@@ -6,7 +6,7 @@ namespace flashcore::api {
 
 bool accepted_params_size(uint32_t struct_size) {
   return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE ||
-         struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE ||
+         struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE ||
          (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
 }
 
@@ -56,12 +56,24 @@ void set_post_v3_defaults(flashcore_attention_params& p) {
   p.dv_strides = flashcore_tensor_strides{0, 0, 0, 1};
   p.deterministic = 0;
   p.reserved3 = 0;
+  set_post_v4_defaults(p);
+}
+
+void set_post_v4_defaults(flashcore_attention_params& p) {
+  p.local = 0;
+  p.window_size_left = 0;
+  p.window_size_right = 0;
+  p.softcap = 0.f;
+  p.sinks = nullptr;
+  p.attention_chunk = 0;
+  p.reserved4 = 0;
 }
 
 size_t field_bytes_of(uint32_t struct_size) {
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) return kParamsV1FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE) return kParamsV2FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE) return kParamsV3FieldBytes;
+  if (struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE) return kParamsV4FieldBytes;
   return sizeof(flashcore_attention_params);
 }
 
@@ -87,6 +99,9 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
   } else if (size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE) {
     std::memcpy(&out, user, kParamsV3FieldBytes);
     set_post_v3_defaults(out);
+  } else if (size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE) {
+    std::memcpy(&out, user, kParamsV4FieldBytes);
+    set_post_v4_defaults(out);
   } else if (size == kCurrent) {
     std::memcpy(&out, user, kCurrent);
   } else if (size > kCurrent && size <= kMaxParamsStructSize) {
@@ -104,7 +119,8 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
     message = "params->struct_size = " + std::to_string(size) + " is not an accepted size: " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V1_SIZE) + " (the 0.1 layout), " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V2_SIZE) + " (the 0.2 layout), " +
-              std::to_string(FLASHCORE_ATTENTION_PARAMS_V3_SIZE) + " (the 0.3 layout), " + std::to_string(kCurrent) +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V3_SIZE) + " (the 0.3 layout), " +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V4_SIZE) + " (the 0.4 layout), " + std::to_string(kCurrent) +
               " (sizeof(flashcore_attention_params) of this library), or " + std::to_string(kCurrent + 1) + ".." +
               std::to_string(kMaxParamsStructSize) +
               " with zero bytes past " + std::to_string(kCurrent) + " (call flashcore_attention_params_init first)";

@@ -338,6 +338,56 @@ flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::str
 }
 }  // namespace
 
+// The fields since 0.5: the sliding window, softcap, sinks and attention_chunk (flashcore.h).
+flashcore_status check_variant_fields(const flashcore_attention_params& p, std::string& message) {
+  if (p.reserved4 != 0) {
+    message = cat("reserved4 = ", p.reserved4, " must be 0");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.local != 0 && p.local != 1) {
+    message = cat("local = ", p.local, " must be 0 or 1");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.local == 1) {
+    if (p.window_size_left < -1) {
+      message = cat("window_size_left = ", p.window_size_left, " must be -1 (unbounded) or >= 0");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (p.causal == 0 && p.window_size_right < -1) {
+      message = cat("window_size_right = ", p.window_size_right, " must be -1 (unbounded) or >= 0");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+  }
+  if (!(p.softcap >= 0.f && p.softcap <= 3.0e38f)) {  // (false for NaN)
+    message = cat("softcap = ", p.softcap, " must be 0 (none) or a finite positive cap");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.attention_chunk < 0) {
+    message = cat("attention_chunk = ", p.attention_chunk, " must be 0 (none) or positive");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.sinks != nullptr && reinterpret_cast<uintptr_t>(p.sinks) % 4 != 0) {
+    message = cat("sinks = ", hex(p.sinks), " is not 4-byte aligned (float32, one per query head)");
+    return FLASHCORE_ERROR_MISALIGNED_POINTER;
+  }
+  const char* variant = p.local == 1 ? "local" : p.softcap != 0.f ? "softcap" : p.sinks != nullptr ? "sinks"
+                        : p.attention_chunk != 0                  ? "attention_chunk"
+                                                                  : nullptr;
+  if (variant == nullptr) return FLASHCORE_SUCCESS;
+  if (is_8bit(p.dtype) || p.precision != FLASHCORE_PRECISION_NATIVE) {
+    message = cat(variant, " is set, but ", is_8bit(p.dtype) ? "8-bit inputs" : "an 8-bit precision",
+                  " take no window, softcap, sinks or attention_chunk in this version (16-bit calls do)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  // The masks compare positions in 32 bits (kernels/common/mask.cuh): a row plus both lengths must fit.
+  if ((p.local == 1 || p.attention_chunk != 0) && p.seqlen_q + p.seqlen_k > (int64_t{1} << 31) - 1024) {
+    message = cat("seqlen_q + seqlen_k = ", p.seqlen_q + p.seqlen_k, " with ", variant,
+                  ": windowed and chunked calls take seqlen_q + seqlen_k < 2^31 - 1024");
+    return FLASHCORE_ERROR_INVALID_SIZE;
+  }
+  return FLASHCORE_SUCCESS;
+}
+
 flashcore_status validate_arguments(const flashcore_attention_params* params, std::string& message) {
   if (params == nullptr) {
     message = "params is NULL";
@@ -352,6 +402,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   if (const flashcore_status s = check_serving_fields(p, message); s != FLASHCORE_SUCCESS) return s;
   if (const flashcore_status s = check_8bit_fields(p, message); s != FLASHCORE_SUCCESS) return s;
+  if (const flashcore_status s = check_variant_fields(p, message); s != FLASHCORE_SUCCESS) return s;
 
   // The tensors as the kernels address them: packed (varlen) Q/O and K/V are one batch entry of total rows (their
   // batch strides are ignored); a paged K/V is num_pages entries of page_size rows.
@@ -518,7 +569,8 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   const std::pair<const char*, const void*> descales[] = {{"q_descale", p.q_descale},
                                                           {"k_descale", p.k_descale},
-                                                          {"v_descale", p.v_descale}};
+                                                          {"v_descale", p.v_descale},
+                                                          {"sinks", p.sinks}};
   for (const auto& [name, ptr] : descales) {
     if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0) {
       message = cat(name, " = ", hex(ptr), " is not 4-byte aligned (float32 entries)");
@@ -656,12 +708,16 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
       {"out_dtype", p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype},
       {"kernel_config", p.kernel_config != nullptr},
       {"flags", p.flags != 0},
+      {"local", p.local != 0},
+      {"softcap", p.softcap != 0.f},
+      {"sinks", p.sinks != nullptr},
+      {"attention_chunk", p.attention_chunk != 0},
   };
   for (const auto& [field, set] : not_yet) {
     if (set) {
       message = cat(field, " is set: the backward takes dense or packed (cu_seqlens_q and cu_seqlens_k) batches in the ",
                     "input dtype with the library's kernel only (no seqused_k, block_table, k_new, precision, out_dtype, ",
-                    "kernel_config or flags) in this version");
+                    "kernel_config, flags, window, softcap, sinks or attention_chunk) in this version");
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
   }
@@ -881,7 +937,8 @@ flashcore_status validate_device(const flashcore_attention_params& p, int& devic
                                                           {"v_new", p.v_new},
                                                           {"q_descale", p.q_descale},
                                                           {"k_descale", p.k_descale},
-                                                          {"v_descale", p.v_descale}};
+                                                          {"v_descale", p.v_descale},
+                                                          {"sinks", p.sinks}};
   for (const auto& [name, ptr] : pointers) {
     if (ptr == nullptr) continue;  // the optional pointers may be NULL
     if (const flashcore_status s = check_device_pointer(name, ptr, device, message); s != FLASHCORE_SUCCESS) return s;
