@@ -209,8 +209,8 @@ typedef struct flashcore_attention_params {
 
   /* ---- Since 0.5: the attention variants of today's models. A caller compiled against 0.4 passes
    * FLASHCORE_ATTENTION_PARAMS_V4_SIZE; they take their defaults then. 16-bit forward calls, both backends; an
-   * 8-bit call (dtype or precision) or a backward call refuses a window, softcap, sinks or attention_chunk
-   * with FLASHCORE_ERROR_INVALID_ARGUMENT naming the field. ---- */
+   * 8-bit call (dtype or precision) or a backward call refuses a window, softcap or sinks with
+   * FLASHCORE_ERROR_INVALID_ARGUMENT naming the field. ---- */
   int32_t local;             /* 1: sliding-window (local) attention with FlashAttention's window_size: query i of a
                                 sequence sees key j iff i + d - window_size_left <= j <= i + d + window_size_right,
                                 d = seqlen_k - seqlen_q of that sequence (bottom-right aligned, as causal), a bound of
@@ -226,9 +226,9 @@ typedef struct flashcore_attention_params {
                                 exp(sinks[h] - m)), LSE = log(sum_j exp(s_j) + exp(sinks[h])). Not scaled by
                                 softmax_scale (gpt-oss's attention sinks, FlashAttention-4's learnable_sink). A row
                                 that sees no key gets O = 0 and LSE = sinks[h] [NULL: none] */
-  int32_t attention_chunk;   /* > 0: chunked local attention (Llama 4): query i sees only keys j of its own chunk,
-                                floor(j / attention_chunk) == floor((i + d) / attention_chunk), combined with causal
-                                and the window [0: none] */
+  int32_t attention_chunk;   /* reserved for chunked local attention (Llama 4: query i sees only keys j of its own
+                                chunk, floor(j / attention_chunk) == floor((i + d) / attention_chunk)); this version
+                                refuses any value but 0 [0: none] */
   int32_t reserved4;         /* must be 0 [0] */
 } flashcore_attention_params;
 
@@ -362,9 +362,10 @@ FLASHCORE_API flashcore_status flashcore_attention_selected_config(const flashco
  *   for each step: set the pointers in params, then flashcore_attention_run(plan, &params, stream);
  *   flashcore_plan_destroy(plan);
  * The plan is made on the current device for the params' shapes, dtypes, flags and optional tensors (which of
- * lse, seqused_k, cu_seqlens_*, block_table, k_new, the descales are given) and for a workspace of workspace_size
- * bytes when params->workspace is set, else for the workspace the plan reports (what a caller who allocates
- * flashcore_plan_workspace_size bytes runs). Pointers, strides and softmax_scale are read at each run.
+ * lse, seqused_k, cu_seqlens_*, block_table, k_new, the descales, sinks are given, whether softcap is), its window
+ * and chunk (local, window_size_*, attention_chunk), and for a workspace of workspace_size bytes when
+ * params->workspace is set, else for the workspace the plan reports (what a caller who allocates
+ * flashcore_plan_workspace_size bytes runs). Pointers, strides, softmax_scale and softcap are read at each run.
  * flashcore_attention_plan validates params like forward and returns what forward returns before launching; on
  * failure *plan is NULL. */
 typedef struct flashcore_plan flashcore_plan;

@@ -84,6 +84,12 @@ std::string plan_mismatch(const flashcore_attention_params& plan, const std::str
       {"q_descale (given or not)", (plan.q_descale != nullptr) == (run.q_descale != nullptr)},
       {"k_descale (given or not)", (plan.k_descale != nullptr) == (run.k_descale != nullptr)},
       {"v_descale (given or not)", (plan.v_descale != nullptr) == (run.v_descale != nullptr)},
+      {"local", plan.local == run.local},
+      {"window_size_left", plan.local == 0 || plan.window_size_left == run.window_size_left},
+      {"window_size_right", plan.local == 0 || plan.window_size_right == run.window_size_right},
+      {"attention_chunk", plan.attention_chunk == run.attention_chunk},
+      {"softcap (given or not)", (plan.softcap != 0.f) == (run.softcap != 0.f)},
+      {"sinks (given or not)", (plan.sinks != nullptr) == (run.sinks != nullptr)},
   };
   for (const auto& [field, equal] : same) {
     if (!equal) return field;

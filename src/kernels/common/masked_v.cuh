@@ -21,6 +21,7 @@
 #include "kernels/common/serving_layout.h"
 #include "kernels/common/tensor_ref.h"
 #include "kernels/common/tile.cuh"
+#include "kernels/common/variant_params.h"
 
 namespace flashcore::kernels {
 
@@ -80,21 +81,31 @@ __device__ __forceinline__ const T* kv_row(const ServingLayout& sl, const Tensor
 // keys.end) of `block_n` keys were multiplied into O. cols(f) calls f(column, accumulator) for each of this thread's
 // columns of the row. If a masked key of those blocks holds a non-finite V value in one of them, the row's
 // accumulators are replaced by its unnormalized O over the visible keys and inv_sum by that O's normalizer (0 for a
-// row that sees no key of the range: O = 0) and it returns true; otherwise nothing changes (false). scale_log2:
-// softmax_scale * log2(e).
+// row that sees no key of the range: O = 0) and it returns true; otherwise nothing changes (false). scale_log2: the
+// kernel's (softmax_scale * log2(e), or softcap * log2(e) with a softcap); the window, softcap and sink of
+// `var` apply as in the kernel.
 template <class T, int kHeadDim, class Cols>
-__device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, const TensorRef& q, const TensorRef& k,
-                                                    const TensorRef& v, const Tile& tile, int head_kv, int64_t row,
-                                                    float scale_log2, int block_n, float& inv_sum, Cols cols) {
-  const int64_t limit = tile.seq.key_limit(row, /*causal=*/true);  // keys < limit are visible
+__device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, const VariantParams& var,
+                                                    const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                                                    const Tile& tile, int head_kv, int64_t row, float scale_log2,
+                                                    int block_n, float& inv_sum, Cols cols) {
+  SeqInfo seq = tile.seq;  // with the call's window (tile.cuh, windowed)
+  seq.window_left = var.window_left;
+  seq.window_right = var.window_right;
+  const int64_t first = seq.key_first(row, /*causal=*/true);  // keys in [first, limit) are visible
+  const int64_t limit = seq.key_limit(row, /*causal=*/true);
   const int64_t begin = static_cast<int64_t>(tile.keys.begin) * block_n;
   const int64_t loaded = static_cast<int64_t>(tile.keys.end) * block_n;
   const int64_t end = loaded < tile.seq.seqlen_k ? loaded : tile.seq.seqlen_k;  // past it: zeros (TMA, zero_v)
   bool leaked = false;
-  for (int64_t key = limit > begin ? limit : begin; key < end && !leaked; ++key) {
-    const T* vr = kv_row<T>(sl, v, tile, key, head_kv);
-    if (vr != nullptr) cols([&](int c, float&) { leaked = leaked || !isfinite(elem_float(vr, c)); });
-  }
+  auto scan = [&](int64_t from, int64_t to) {
+    for (int64_t key = from; key < to && !leaked; ++key) {
+      const T* vr = kv_row<T>(sl, v, tile, key, head_kv);
+      if (vr != nullptr) cols([&](int c, float&) { leaked = leaked || !isfinite(elem_float(vr, c)); });
+    }
+  };
+  scan(begin, first < end ? first : end);        // left of the window
+  scan(limit > begin ? limit : begin, end);      // right of the diagonal (or the window)
   if (!leaked) return false;
 
   const int64_t q_entry = sl.cu_seqlens_q != nullptr ? 0 : tile.batch;
@@ -102,8 +113,9 @@ __device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, con
                 static_cast<int64_t>(tile.head) * q.head_stride;
   cols([](int, float& o) { o = 0.f; });
   float m = -INFINITY, l = 0.f;
+  const int64_t visible_begin = first > begin ? first : begin;
   const int64_t visible_end = limit < end ? limit : end;
-  for (int64_t key = begin; key < visible_end; ++key) {
+  for (int64_t key = visible_begin; key < visible_end; ++key) {
     const T* kr = kv_row<T>(sl, k, tile, key, head_kv);
     const T* vr = kv_row<T>(sl, v, tile, key, head_kv);
     float s = 0.f;
@@ -111,6 +123,7 @@ __device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, con
 #pragma unroll 8
       for (int d = 0; d < kHeadDim; ++d) s = fmaf(elem_float(qr, d), elem_float(kr, d), s);
     }
+    if (var.softcap_scale != 0.f) s = tanhf(s * var.softcap_scale);
     s *= scale_log2;
     const float m_new = fmaxf(m, s);
     const float correction = exp2f(m - m_new), w = exp2f(s - m_new);
@@ -118,7 +131,14 @@ __device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, con
     m = m_new;
     cols([&](int c, float& o) { o = o * correction + (vr != nullptr ? w * elem_float(vr, c) : 0.f); });
   }
-  inv_sum = l > 0.f ? 1.f / l : 0.f;
+  // A sink joins the denominator (softmax.cuh, finalize): O is relative to m, the total to top = max(m, sink).
+  const float sink = var.sinks != nullptr ? __ldg(var.sinks + tile.head) * 1.4426950408889634f : -INFINITY;
+  if (l > 0.f && sink != -INFINITY) {
+    const float top = fmaxf(m, sink), w = exp2f(m - top);
+    inv_sum = w / (l * w + exp2f(sink - top));
+  } else {
+    inv_sum = l > 0.f ? 1.f / l : 0.f;
+  }
   return true;
 }
 

@@ -149,11 +149,24 @@ struct OnlineSoftmax {
   }
 
   // Final per-row normalizer (0 for rows that saw no key) and natural-log LSE (-inf for such rows; NaN when
-  // the row's scores held NaN or +Inf, matching O).
-  __device__ __forceinline__ void finalize(float scale_log2, float (&inv_sum)[2], float (&lse)[2]) {
+  // the row's scores held NaN or +Inf, matching O). sink_log2: an attention sink's logit times log2(e) (sink_log2_of),
+  // which joins the denominator (the row's sum of exp(scores) gains exp(sink)) but not O; -inf: none.
+  __device__ __forceinline__ void finalize(float scale_log2, float (&inv_sum)[2], float (&lse)[2],
+                                           float sink_log2 = -INFINITY) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float sum = quad_sum(row_sum[i]);
+      if (sink_log2 != -INFINITY) {  // (uniform: one sink per head)
+        // The sum is relative to the row's max m: total = sum * 2^(m - top) + 2^(sink - top), top the larger of the
+        // two, so that neither term overflows; a row that saw no key has sum 0 and gets O = 0, LSE = sink.
+        const float m = row_max[i] == -INFINITY ? -INFINITY : row_max[i] * scale_log2;
+        const float top = fmaxf(m, sink_log2);
+        const float w = exp2f(m - top);
+        const float total = fmaf(sum, w, exp2f(sink_log2 - top));
+        inv_sum[i] = w / total;
+        lse[i] = (top + __log2f(total)) * 0.69314718055994530942f;
+        continue;
+      }
       const bool empty = sum == 0.f;
       // A row with a key has sum >= 1 (its max contributes exp2(0) = 1, or more under the lazy rescale), so the
       // exponential unit's approximate reciprocal and log2 (MUFU.RCP, MUFU.LG2: about one ulp, 2^-22 absolute) need
@@ -164,6 +177,19 @@ struct OnlineSoftmax {
     }
   }
 };
+
+// The attention sink of query head `head` (VariantParams::sinks) in log2 units, -inf without sinks.
+__device__ __forceinline__ float sink_log2_of(const float* sinks, int head) {
+  return sinks != nullptr ? __ldg(sinks + head) * 1.4426950408889634f : -INFINITY;
+}
+
+// Logit softcapping (VariantParams::softcap_scale): s becomes tanh(s * softcap_scale); the softmax's scale then
+// carries softcap * log2(e). Before the mask, whose -inf it would turn into -1.
+template <int kRegs>
+__device__ __forceinline__ void apply_softcap(float (&s)[kRegs], float softcap_scale) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) s[i] = tanh_approx(s[i] * softcap_scale);
+}
 
 // O *= rescale per row: the running output's correction when a row max grew (row-pair fragments, kCols columns).
 template <int kCols>

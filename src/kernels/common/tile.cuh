@@ -1,6 +1,7 @@
 // A tile of work as every backend's kernel sees it, and how a dense batch's tile index maps to it.
 #pragma once
 #include "kernels/common/tile_math.h"
+#include "kernels/common/variant_params.h"
 
 namespace flashcore::kernels {
 
@@ -19,10 +20,24 @@ struct Tile {
   int64_t counter = 0;
 };
 
+// The tile's sequence with the call's window (the causal rows' masks; VariantParams), in the rows that take one
+// (Cfg::kTakesWindow). Tile::seq keeps the defaults (causal) so that the main loop reads the window from the kernel
+// parameters, in constant memory, instead of holding it in registers (mask.cuh).
+template <class Cfg>
+__device__ __forceinline__ SeqInfo windowed(const SeqInfo& seq, const VariantParams& v) {
+  SeqInfo w = seq;
+  if constexpr (Cfg::kTakesWindow) {
+    w.window_left = v.window_left;
+    w.window_right = v.window_right;
+  }
+  return w;
+}
+
 // Tile order. Non-causal (equal tiles): query blocks fastest, so the CTAs running at once share one head's K/V in
 // L2. Causal: longest first within L2-sized sections of (batch, head) slices (tile_math.h, lpt_section_slices):
 // section-major, then query block (heaviest, i.e. the bottom one, first), then slice. Params: any backend's kernel
-// parameters with num_m_blocks, num_heads_q, num_slices (batch x num_heads_q), section_slices, seqlen_q, seqlen_k.
+// parameters with num_m_blocks, num_heads_q, num_slices (batch x num_heads_q), section_slices, seqlen_q, seqlen_k
+// and the VariantParams base (variant_params.h).
 template <class Cfg, class Params>
 __device__ __forceinline__ Tile decode_dense_tile(const Params& p, int tile_idx) {
   Tile t;
@@ -38,7 +53,7 @@ __device__ __forceinline__ Tile decode_dense_tile(const Params& p, int tile_idx)
   t.m_block = Cfg::kCausal ? p.num_m_blocks - 1 - m_idx : m_idx;
   t.seq.seqlen_q = p.seqlen_q;
   t.seq.seqlen_k = p.seqlen_k;
-  t.keys = key_range(t.seq, t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
+  t.keys = key_range(windowed<Cfg>(t.seq, p), t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
   return t;
 }
 
@@ -68,7 +83,7 @@ __device__ __forceinline__ Tile decode_cache_tile(const Params& p, int tile_idx)
     const int64_t used = clamp64(p.seqused_k[t.batch], 0, t.seq.seqlen_k) + p.seqused_k_add;
     t.seq.seqlen_k = used < t.seq.seqlen_k ? used : t.seq.seqlen_k;
   }
-  t.keys = key_range(t.seq, t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
+  t.keys = key_range(windowed<Cfg>(t.seq, p), t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
   if (static_cast<int64_t>(t.m_block) * Cfg::kBlockM >= t.seq.seqlen_q) t.keys = KeyRange{};
   return t;
 }

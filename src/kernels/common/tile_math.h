@@ -59,20 +59,41 @@ FLASHCORE_HD void lpt_tile_slot(int tile_idx, int num_m_blocks, int num_slices, 
 
 // The sequence a tile belongs to. Dense batches: every sequence has the tensor's lengths and starts at row 0
 // of its batch entry. Variable-length batches set the offsets of the packed sequence (rows of the tensor).
+// Masked rows (the kernels' causal rows: causal or a sliding window, kernels/common/variant_params.h) see the keys
+// [key_first(row), key_limit(row)); the other rows see every key. Row and key positions are within the sequence;
+// d = seqlen_k - seqlen_q aligns the last query with the last key (bottom-right), as FlashAttention does.
 struct SeqInfo {
   int64_t seqlen_q = 0;
   int64_t seqlen_k = 0;
   int64_t q_row0 = 0;  // first row of this sequence in the Q/O tensor's seq dimension
   int64_t k_row0 = 0;  // first row of this sequence in the K/V tensor's seq dimension
+  // The window of masked rows: key j visible to row i iff i + d - window_left <= j <= i + d + window_right, -1 being
+  // unbounded (window_left -1, window_right 0: causal).
+  int window_left = -1;
+  int window_right = 0;
 
   // Bottom-right causal alignment: query row i sees key j iff j <= i + (seqlen_k - seqlen_q).
   FLASHCORE_HD int64_t causal_offset() const { return seqlen_k - seqlen_q; }
+  // The right bound's reach past the diagonal, a finite stand-in for "unbounded": row + d + seqlen_q covers every key.
+  FLASHCORE_HD int64_t right_reach() const {
+    return window_right < 0 || window_right > seqlen_q ? seqlen_q : window_right;
+  }
+  // The left bound's reach before the diagonal: row + d - seqlen_k is before the first key for every row.
+  FLASHCORE_HD int64_t left_reach() const { return window_left < 0 || window_left > seqlen_k ? seqlen_k : window_left; }
   // One past the last key row `row` may see (clamped to [0, seqlen_k]).
   FLASHCORE_HD int64_t key_limit(int64_t row, bool causal) const {
     if (!causal) return seqlen_k;
-    const int64_t lim = row + 1 + causal_offset();
+    const int64_t lim = row + 1 + causal_offset() + right_reach();
     return lim < 0 ? 0 : (lim < seqlen_k ? lim : seqlen_k);
   }
+  // The first key row `row` may see (clamped to [0, seqlen_k]).
+  FLASHCORE_HD int64_t key_first(int64_t row, bool causal) const {
+    if (!causal) return 0;
+    const int64_t first = row + causal_offset() - left_reach();
+    return first < 0 ? 0 : (first < seqlen_k ? first : seqlen_k);
+  }
+  // Whether masked rows have a left bound (a window) besides the sequence's start.
+  FLASHCORE_HD bool bounded_left() const { return window_left >= 0; }
 };
 
 // Key blocks [begin, end) a tile visits (from end-1 down to begin). Split-KV gives each split a sub-range.
@@ -83,10 +104,15 @@ struct KeyRange {
 };
 
 // The key blocks query block `m_block` (rows [m_block*block_m, +block_m)) must visit.
+// Both bounds grow with the row, so the tile's first row sees the first key of the range and its last row the last.
+// A tile whose rows see no key visits none (begin == end).
 FLASHCORE_HD KeyRange key_range(const SeqInfo& seq, int64_t m_block, int block_m, int block_n, bool causal) {
   const int64_t last_row = (m_block + 1) * block_m - 1;
   const int64_t keys = seq.key_limit(last_row, causal);
-  return KeyRange{0, static_cast<int>(ceil_div(keys, block_n))};
+  const int end = static_cast<int>(ceil_div(keys, block_n));
+  if (!causal || !seq.bounded_left()) return KeyRange{0, end};
+  const int begin = static_cast<int>(seq.key_first(m_block * block_m, causal) / block_n);
+  return KeyRange{begin < end ? begin : end, end};
 }
 
 // The prefill split rows' index space (sm90 split_plan.h last_round_plan, scheduler.cuh): indices below `whole` are

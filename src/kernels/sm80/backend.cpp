@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/launch_util.h"
 #include "core/plan.h"
+#include "core/variants.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm80/bwd_launch.h"
 #include "kernels/sm80/image_rule.h"
@@ -150,7 +151,7 @@ flashcore_status launch(const KernelRow& row, const flashcore_attention_params& 
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(tiles);
   core::tile_order(p, m_blocks, fp.num_slices, fp.section_slices);
-  fp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+  fp.scale_log2 = core::set_variants(fp, p, softmax_scale);
 
   core::set_serving_layout(fp, p);  // seqused_k, packed, paged (one batch entry of total rows, or the pages)
 
@@ -185,7 +186,7 @@ flashcore_status plan_call(const flashcore_attention_params& p, const core::Plan
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const KernelRow* row = select(p.dtype, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(p.head_dim),
-                                p.causal != 0, p.kernel_config, plan.cc, p.seqlen_k, error);
+                                core::masked_call(p), p.kernel_config, plan.cc, p.seqlen_k, error);
   if (row == nullptr) {
     return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }

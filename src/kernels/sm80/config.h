@@ -34,6 +34,7 @@ struct KernelConfig {
   using OutElement = typename Row::OutElement;
   static constexpr int kHeadDim = Row::kHeadDim;
   static constexpr bool kCausal = Row::kCausal;
+  static constexpr bool kTakesWindow = kCausal;  // a sliding window in the causal rows (kernels/common/mask.cuh)
   static constexpr TileShape kShape = Row::kShape;
   static constexpr int kBlockM = kShape.block_m;
   static constexpr int kBlockN = kShape.block_n;

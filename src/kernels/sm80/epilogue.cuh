@@ -50,7 +50,7 @@ __device__ __noinline__ void repair_staged_rows(const FwdParams& p, uint8_t* sta
       float acc[Cfg::kWarpDim / 4];
       float inv_sum = 0.f;
       const bool repaired = kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
-          p, p.q, p.k, p.v, tile, tile.head / p.head_ratio, row, p.scale_log2, Cfg::kBlockN, inv_sum,
+          p, p, p.q, p.k, p.v, tile, tile.head / p.head_ratio, row, p.scale_log2, Cfg::kBlockN, inv_sum,
           [&](auto&& f) {
 #pragma unroll
             for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {
@@ -88,7 +88,7 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   uint32_t fired = 0;  // causal rows' probes (probe_row_tile)
 #pragma unroll
   for (int t = 0; t < Cfg::kMTiles; ++t) {
-    st.softmax[t].finalize(p.scale_log2, inv_sum[t], lse[t]);
+    st.softmax[t].finalize(p.scale_log2, inv_sum[t], lse[t], kernels::sink_log2_of(p.sinks, tile.head));
     if constexpr (Cfg::kCausal) fired |= probe_row_tile<Cfg>(st, t);
 #pragma unroll
     for (int j = 0; j < Cfg::kWarpDim / 8; ++j) {

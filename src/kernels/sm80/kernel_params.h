@@ -6,13 +6,15 @@
 
 #include "kernels/common/serving_layout.h"
 #include "kernels/common/tensor_ref.h"
+#include "kernels/common/variant_params.h"
 
 namespace flashcore::sm80 {
 
 using kernels::TensorRef;
 
-// The serving layouts (seqused_k, packed, paged; LSE strides): kernels/common/serving_layout.h.
-struct FwdParams : kernels::ServingLayout {
+// The serving layouts (seqused_k, packed, paged; LSE strides): kernels/common/serving_layout.h; the window, chunk,
+// softcap and sinks: kernels/common/variant_params.h.
+struct FwdParams : kernels::ServingLayout, kernels::VariantParams {
   TensorRef q, k, v, o;  // o.ptr is written (const only to share the type)
   float* lse;            // optional, (B, Hq, Sq) contiguous
   int64_t seqlen_q;

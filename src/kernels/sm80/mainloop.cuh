@@ -188,14 +188,18 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   // The scores S of key block n_block, masked, through the online softmax (O rescaled), as P fragments.
   auto softmax_to_p = [&](int n_block) {
     const bool masked =
-        kernels::block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(tile.seq, n_block, tile.m_block);
+        kernels::block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal, Cfg::kTakesWindow>(tile.seq, p, n_block, tile.m_block);
     // This thread's first key of the block (split tiles: in the warp's half).
     const int64_t col0 = static_cast<int64_t>(n_block) * Cfg::kBlockN + half * Cfg::kWarpKeys + 2 * (lane % 4);
+    if (p.softcap_scale != 0.f) {  // (before the mask: kernels::apply_softcap)
+#pragma unroll
+      for (int t = 0; t < Cfg::kMTiles; ++t) kernels::apply_softcap(s[t], p.softcap_scale);
+    }
     if constexpr (Cfg::kSplit == 2) {
       float m[Cfg::kMTiles][2];
 #pragma unroll
       for (int t = 0; t < Cfg::kMTiles; ++t) {
-        if (masked) kernels::apply_mask<Cfg::kWarpKeys, Cfg::kCausal>(s[t], tile.seq, row0 + 16 * t, col0);
+        if (masked) kernels::apply_mask<Cfg::kWarpKeys, Cfg::kCausal, Cfg::kTakesWindow>(s[t], tile.seq, p, row0 + 16 * t, col0);
         st.softmax[t].block_max(s[t], m[t]);
       }
       pair.combine_max(m);
@@ -211,7 +215,7 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
     } else {
 #pragma unroll
       for (int t = 0; t < Cfg::kMTiles; ++t) {
-        if (masked) kernels::apply_mask<Cfg::kWarpKeys, Cfg::kCausal>(s[t], tile.seq, row0 + 16 * t, col0);
+        if (masked) kernels::apply_mask<Cfg::kWarpKeys, Cfg::kCausal, Cfg::kTakesWindow>(s[t], tile.seq, p, row0 + 16 * t, col0);
         if constexpr (Cfg::kSoftmaxInSmem) stats.load(st.softmax[t], t);
         st.softmax[t].update(s[t], p.scale_log2, rescale);
         if constexpr (Cfg::kSoftmaxInSmem) stats.store(st.softmax[t], t);

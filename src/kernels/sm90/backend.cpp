@@ -11,6 +11,7 @@
 #include "core/gqa_pack.h"
 #include "core/launch_util.h"
 #include "core/plan.h"
+#include "core/variants.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm90/bwd_launch.h"
 #include "kernels/sm90/launch.h"
@@ -81,7 +82,7 @@ namespace {
 // Whether row r is compiled for the call's (dtype, out dtype, head dim, mask).
 bool same_key(const KernelRow& r, const flashcore_attention_params& p) {
   return r.dtype == p.dtype && r.out_dtype == resolved_out_dtype(p.dtype, p.out_dtype) && r.head_dim == p.head_dim &&
-         r.causal == (p.causal != 0);
+         r.causal == core::masked_call(p);  // (a window or chunk runs on the causal rows: core/variants.h)
 }
 
 // Query tiles of the call on the row: (batch, head, block of block_m query rows).
@@ -91,13 +92,17 @@ int64_t query_tiles(const KernelRow& row, const flashcore_attention_params& p) {
 
 // The split of a kSplitKv row's launch for these params (split_plan.h): equal parts for the decode rows, the
 // last-round split for the prefill rows.
+// Key blocks per tile: the sequence's, or the window's (a tile's range may start mid-block: one more).
 SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
+  const int64_t span = core::visible_key_span(p, row.shape.block_m);
+  const int64_t all = kernels::ceil_div(p.seqlen_k, row.shape.block_n);
+  const int64_t window = kernels::ceil_div(span, row.shape.block_n) + 1;
+  const int64_t blocks = span < p.seqlen_k && window < all ? window : all;
   if (splits_last_round(row.shape)) {
-    return last_round_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms,
-                           row.shape.block_m, static_cast<int>(p.head_dim));
+    return last_round_plan(query_tiles(row, p), blocks, sms, row.shape.block_m, static_cast<int>(p.head_dim));
   }
-  return split_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
-                    p.seqlen_q, static_cast<int>(p.head_dim), p.num_splits);
+  return split_plan(query_tiles(row, p), blocks, sms, p.batch * p.num_heads_q, p.seqlen_q,
+                    static_cast<int>(p.head_dim), p.num_splits);
 }
 }  // namespace
 
@@ -111,7 +116,10 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   if (p.num_splits == 1 || p.cu_seqlens_q != nullptr) return nullptr;
   // At most 8 query rows (one new token of a GQA group of up to 8 heads, packed): the row with the GEMMs transposed
   // (decode_swap.cuh), whose wgmma tile has 8 rows instead of 64; else the 64-row one.
-  const bool swap = p.seqlen_q <= kSwapRows;
+  // Sinks join the denominator once per row, which the split merges do not do yet: such calls run whole tiles.
+  // The transposed-GEMM consumer has no window, chunk or softcap: the 64-row split tile (the main loop) takes them.
+  if (p.sinks != nullptr) return nullptr;
+  const bool swap = p.seqlen_q <= kSwapRows && !core::has_variant(p);
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule == Schedule::kSplitKv && !splits_last_round(r->shape) && same_key(*r, p) &&
         swaps_gemms(r->shape) == swap) {
@@ -143,12 +151,40 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
   return first;
 }
 
+namespace {
+// Whether row r's kernel takes a sliding window (KernelConfig::kTakesWindow: causal 16-bit rows of at most two consumer
+// warpgroups).
+bool takes_window(const KernelRow& r) {
+  return r.causal && dtype_size(r.dtype) == 2 &&
+         smem_plan(r.shape, static_cast<int>(r.head_dim), 2, 2, 2).consumer_warpgroups < 3;
+}
+
+// A windowed call (core::windowed_call) whose chosen row takes no window runs on the first one-CTA or static row of
+// its key that does (configs.txt lists one for d64, whose default rows have three consumer warpgroups); nullptr
+// when none is compiled, or when the call named the row.
+const KernelRow* window_row(const flashcore_attention_params& p, const KernelRow* chosen, std::string& error) {
+  if (chosen == nullptr || !core::windowed_call(p) || takes_window(*chosen)) return chosen;
+  if (p.kernel_config == nullptr) {
+    for (const KernelRow* r : kRows) {
+      if (same_key(*r, p) && takes_window(*r) &&
+          (r->shape.schedule == Schedule::kOneTilePerCta || r->shape.schedule == Schedule::kStaticPersistent)) {
+        return r;
+      }
+    }
+  }
+  error = std::string("kernel config \"") + chosen->name + "\" takes no sliding window (three consumer warpgroups: " +
+          "no registers for its bounds)" + (p.kernel_config != nullptr ? "; name another config or none" : "");
+  return nullptr;
+}
+}  // namespace
+
 const KernelRow* wave_row(const flashcore_attention_params& p, int device, const KernelRow* chosen,
                           uint64_t workspace_capacity) {
   // Only whole-tile non-causal rows of dense 16-bit calls: causal tiles differ in length (the dynamic schedule balances
   // them), packed and split calls have rows of their own.
+  // (Sinks: no split merge takes them yet, decode_row.)
   if (chosen == nullptr || chosen->causal || is_8bit(chosen->dtype) || p.cu_seqlens_q != nullptr ||
-      p.cu_seqlens_k != nullptr || chosen->shape.schedule == Schedule::kSplitKv) {
+      p.cu_seqlens_k != nullptr || chosen->shape.schedule == Schedule::kSplitKv || p.sinks != nullptr) {
     return chosen;
   }
   int sms = 0;
@@ -258,7 +294,7 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
   const bool workspace_given = capacity >= 16;  // the dynamic scheduler's counter
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const int hd = static_cast<int>(p.head_dim);
-  const bool causal = p.causal != 0;
+  const bool causal = core::masked_call(p);
   const KernelRow* row = nullptr;
   // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
   // workspace for its partials. Tuning tables time whole-tile configs and come after it.
@@ -280,6 +316,7 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
     }
     // A tuned prefill split row only with the workspace its partials need, a tuned 8-bit row only with the workspace
     // its V route needs (a caller may have sized it for the default row): else the default runs.
+    if (row != nullptr && p.sinks != nullptr && row->shape.schedule == Schedule::kSplitKv) row = nullptr;  // (decode_row)
     if (row != nullptr && (splits_last_round(row->shape) || is_8bit(p.dtype)) &&
         row_workspace(*row, p, plan.sms, transposes_v_in_kernel(*row, p, plan.device)).bytes > capacity) {
       row = nullptr;
@@ -287,7 +324,7 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
   }
   if (row == nullptr) row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
   if (p.kernel_config == nullptr) row = wave_row(p, plan.device, row, capacity);
-  return row;
+  return window_row(p, row, error);
 }
 
 // The sm90 plan (core::BackendOps::plan).
@@ -296,8 +333,11 @@ flashcore_status plan_call(const flashcore_attention_params& call, const core::P
   flashcore_attention_params p = call;
   // A decode call with shared KV heads is packed (core/gqa_pack.h), unless it names a causal kernel config (the
   // packed call is non-causal, another key).
+  // Not with a window or chunk (the packed call is non-causal) nor sinks (one per query head; a packed tile mixes
+  // heads).
   plan.gqa_packed = core::gqa_packable(p) && (p.kernel_config == nullptr || p.causal == 0) && !is_8bit(p.dtype) &&
-                    p.precision == FLASHCORE_PRECISION_NATIVE;
+                    p.precision == FLASHCORE_PRECISION_NATIVE && p.local == 0 && p.attention_chunk == 0 &&
+                    p.sinks == nullptr;
   if (plan.gqa_packed) p = core::gqa_packed(p);
   plan.precision = p.precision;
   // precision = FP8 / INT8: the quantized copies fill the workspace (precision.h), which the 8-bit row reads.
@@ -416,6 +456,14 @@ flashcore_status check_row(const KernelRow& row, const flashcore_attention_param
     error = std::string("kernel config \"") + row.name + "\" (" +
             (splits_last_round(row.shape) ? "prefill split-KV" : "dynamic schedule") + ") has no " +
             (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  // Split merges take no sinks, the transposed-GEMM consumer no variant (decode_row).
+  if (row.shape.schedule == Schedule::kSplitKv &&
+      (p.sinks != nullptr || (swaps_gemms(row.shape) && core::has_variant(p)))) {
+    error = std::string("kernel config \"") + row.name + "\" (split-KV" +
+            (swaps_gemms(row.shape) ? ", transposed GEMMs" : "") + ") takes no " +
+            (p.sinks != nullptr ? "sinks" : "window, chunk or softcap") + " yet; name another config or none";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const int64_t tiles = query_tiles(row, p);

@@ -35,7 +35,8 @@ __device__ __forceinline__ float repair_row_of_tile(const FwdParams& p, int tile
   if (seq_row >= tile.seq.seqlen_q) return -1.f;  // stored by no one
   float inv_sum = -1.f;
   const bool repaired = kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
-      p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, p.scale_log2, Cfg::kBlockN, inv_sum, cols);
+      p, p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, p.scale_log2, Cfg::kBlockN, inv_sum,
+      cols);
   return repaired ? inv_sum : -1.f;
 }
 
@@ -241,7 +242,8 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
   const int wg_thread = threadIdx.x % 128;
 
   float inv_sum[2], lse[2];
-  st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse);
+  st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse,
+                      kTakesVariants<Cfg> ? kernels::sink_log2_of(p.sinks, tile.head) : -INFINITY);
   repair_masked_v<Cfg>(p, tile_idx, warpgroup, st, inv_sum, lse);
   if constexpr (Cfg::kFp8) {
     inv_sum[0] *= st.o_scale;

@@ -7,11 +7,13 @@
 
 #include "kernels/common/serving_layout.h"
 #include "kernels/common/tensor_ref.h"
+#include "kernels/common/variant_params.h"
 
 namespace flashcore::sm90 {
 
-// The serving layouts (seqused_k, packed, paged; LSE strides): kernels/common/serving_layout.h.
-struct FwdParams : kernels::ServingLayout {
+// The serving layouts (seqused_k, packed, paged; LSE strides): kernels/common/serving_layout.h; the window, chunk,
+// softcap and sinks: kernels/common/variant_params.h.
+struct FwdParams : kernels::ServingLayout, kernels::VariantParams {
   CUtensorMap tma_q;  // (D, Sq, Hq, B), box (one 128-byte row chunk, kBlockM)
   CUtensorMap tma_k;  // (D, Sk, Hkv, B), box (chunk, kBlockN)
   CUtensorMap tma_v;  // (D, Sk, Hkv, B), box (chunk, kBlockN)

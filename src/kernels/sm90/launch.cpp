@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/launch_util.h"
+#include "core/variants.h"
 #include "kernels/common/tile_math.h"
 #include "kernels/sm90/kernel_params.h"
 #include "kernels/sm90/launch.h"
@@ -105,7 +106,7 @@ void fill_params(const core::Plan& plan, const KernelRow& row, const flashcore_a
   fp.num_m_blocks = static_cast<int>(m_blocks);
   fp.num_tiles = static_cast<int>(m_blocks * p.num_heads_q * p.batch);
   core::tile_order(p, m_blocks, fp.num_slices, fp.section_slices);
-  fp.scale_log2 = softmax_scale * row.test_scale_factor * static_cast<float>(M_LOG2E);
+  fp.scale_log2 = core::set_variants(fp, p, softmax_scale) * row.test_scale_factor;
   fp.q_descale = p.q_descale;
   fp.k_descale = p.k_descale;
   fp.v_descale = p.v_descale;

@@ -118,6 +118,11 @@ template <class Cfg>
 inline constexpr bool kHalfFirstBlock = Cfg::kCausal && Cfg::kElemBytes == 2 && !Cfg::kInt8QK && !Cfg::kSwapAB &&
                                         (Cfg::kBlockN == 128 || Cfg::kBlockN == 192);
 
+// The 16-bit rows take the softcap and the sinks (kernels/common/variant_params.h); the host refuses both in 8-bit
+// calls. The window and the chunk are the causal rows' masks (kernels/common/mask.cuh).
+template <class Cfg>
+inline constexpr bool kTakesVariants = Cfg::kElemBytes == 2 && !Cfg::kInt8QK;
+
 // P as wgmma A fragments (kernels::pack_p_fragments, or its 8-bit form with the key permutation of element.cuh),
 // for all k-steps before the first P*V wgmma so that no register is written between the wgmma.fence and the MMAs.
 template <class Cfg>
@@ -268,9 +273,13 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
 #pragma unroll
       for (int i = 0; i < Cfg::kBlockN / 2; ++i) s[i] = kernels::int8_bits_to_float(__float_as_uint(s[i]));
     }
-    if (kernels::block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>(tile.seq, n_block, tile.m_block)) {
-      kernels::apply_mask<Cfg::kBlockN, Cfg::kCausal>(
-          s, tile.seq, row0, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
+    if constexpr (kTakesVariants<Cfg>) {
+      if (p.softcap_scale != 0.f) kernels::apply_softcap(s, p.softcap_scale);
+    }
+    if (kernels::block_needs_mask<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal, Cfg::kTakesWindow>(tile.seq, p, n_block,
+                                                                                      tile.m_block)) {
+      kernels::apply_mask<Cfg::kBlockN, Cfg::kCausal, Cfg::kTakesWindow>(
+          s, tile.seq, p, row0, static_cast<int64_t>(n_block) * Cfg::kBlockN + 2 * (lane % 4));
     }
     if constexpr (Cfg::kInt8QK) {
       const float sc[2] = {st.q_scale[0] * k_scale, st.q_scale[1] * k_scale};
@@ -334,7 +343,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
   // Same for the warpgroup's four warps (its slice's last row): a uniform branch around the first S GEMM.
   const bool half = kHalfFirstBlock<Cfg> &&
                     kernels::second_half_masked(
-                        tile.seq, n_block, Cfg::kBlockN,
+                        kernels::windowed<Cfg>(tile.seq, p), n_block, Cfg::kBlockN,
                         static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + (warpgroup + 1) * Cfg::kRowsPerWarpgroup - 1,
                         Cfg::kCausal);
   bars.k.wait(pipes.k);

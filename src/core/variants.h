@@ -1,0 +1,72 @@
+// The attention variants of a call (flashcore.h: local / window_size_*, softcap, sinks) on the host:
+// which kernel rows serve it and what their kernel parameters say (kernels/common/variant_params.h). Any backend.
+#pragma once
+#include <cstdint>
+
+#include "flashcore/flashcore.h"
+#include "kernels/common/variant_params.h"
+
+namespace flashcore::core {
+
+// The effective window of a call: FlashAttention's (left, right) with -1 unbounded; causal is (-1, 0).
+struct Window {
+  int left = -1;
+  int right = -1;
+};
+inline Window window_of(const flashcore_attention_params& p) {
+  Window w;
+  if (p.local == 1) {
+    w.left = p.window_size_left;
+    w.right = p.causal != 0 ? 0 : p.window_size_right;
+  } else if (p.causal != 0) {
+    w.right = 0;
+  }
+  return w;
+}
+
+// Whether the call masks keys by position (causal or a bounded window): it runs on the causal kernel rows, whose
+// masks take the window at run time. A window of (-1, -1) without causal masks nothing.
+inline bool masked_call(const flashcore_attention_params& p) {
+  const Window w = window_of(p);
+  return w.left >= 0 || w.right >= 0;
+}
+
+// Whether the call needs a row that takes a window (kernels' Cfg::kTakesWindow): a bounded window other than causal.
+inline bool windowed_call(const flashcore_attention_params& p) {
+  const Window w = window_of(p);
+  return w.left >= 0 || w.right > 0;
+}
+
+// The most keys a block of `rows` consecutive query rows can see: the whole sequence, or less with a bounded window
+// (the split-KV plans cut that many keys of each tile, not the sequence: decode with a window of 4k on a
+// 64k cache reads 4k keys per row).
+inline int64_t visible_key_span(const flashcore_attention_params& p, int64_t rows) {
+  const Window w = window_of(p);
+  const int64_t span = w.left >= 0 && w.right >= 0 ? int64_t{w.left} + rows + w.right : p.seqlen_k;
+  return span < p.seqlen_k ? span : p.seqlen_k;
+}
+
+// Whether the call uses any variant (each one refused where a path has none).
+inline bool has_variant(const flashcore_attention_params& p) {
+  return p.local != 0 || p.attention_chunk != 0 || p.softcap != 0.f || p.sinks != nullptr;
+}
+
+// The kernels' VariantParams of the call, and the softmax's scale in log2 units (softmax_scale * log2(e), or
+// softcap * log2(e) with a softcap, whose tanh takes the softmax scale: variant_params.h).
+inline float set_variants(kernels::VariantParams& v, const flashcore_attention_params& p, float softmax_scale) {
+  // Normalized for the kernels' 32-bit masks (kernels/common/mask.cuh): a left bound of seqlen_k or more is none, an
+  // unbounded right one is seqlen_q, which reaches past the last key from every row.
+  const Window w = window_of(p);
+  v.window_left = w.left >= 0 && w.left < p.seqlen_k ? w.left : -1;
+  v.window_right = w.right >= 0 && w.right < p.seqlen_q ? w.right : static_cast<int>(p.seqlen_q);
+  v.sinks = p.sinks;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (p.softcap > 0.f) {
+    v.softcap_scale = softmax_scale / p.softcap;
+    return p.softcap * kLog2e;
+  }
+  v.softcap_scale = 0.f;
+  return softmax_scale * kLog2e;
+}
+
+}  // namespace flashcore::core
