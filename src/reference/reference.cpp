@@ -169,7 +169,15 @@ struct Row {
     T dot = 0;
     for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
     const T s = dot * scale;
-    return softcap > 0 ? softcap * std::tanh(s / softcap) : s;
+    if (softcap <= 0) return s;
+    T t = std::tanh(s / softcap);
+    if constexpr (!std::is_same_v<T, double>) {
+      // Kernels take tanh from the hardware (tanh.approx.f32: relative error up to 2^-11, fp16's precision), whose
+      // error on saturated scores (softcap * 2^-11 each) is felt in O. The model rounds tanh to fp16 so that its
+      // own error, the kernels' yardstick, includes one of that size. fp32 problems keep exact rounding, as everywhere.
+      if (dtype != FLASHCORE_DTYPE_FP32) t = round_to_dtype(t, FLASHCORE_DTYPE_FP16);
+    }
+    return softcap * t;
   }
   // d(score) / d(scale * q.k) at the capped score s: tanh' = 1 - tanh^2, with tanh = s / softcap.
   T score_slope(T s) const {

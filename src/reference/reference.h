@@ -39,9 +39,10 @@ Output attention(const flashcore_attention_params& host_problem, const std::vect
                  int threads = 0);
 
 // The same problem computed the way a low-precision GPU kernel (or PyTorch SDPA) would: float32 scores
-// (softcap's tanh in float32) and softmax (the sink's term added to the float32 denominator), probabilities
-// rounded to `dtype` before the P*V product, float32 accumulation, output rounded to `dtype`. Its error against
-// attention() is the yardstick for kernel tolerances.
+// (softcap's tanh rounded to fp16 precision for 16-bit inputs, as the hardware's tanh.approx.f32 is about that
+// precise) and softmax (the sink's term added to the float32 denominator), probabilities rounded to `dtype` before
+// the P*V product, float32 accumulation, output rounded to `dtype`. Its error against attention() is the yardstick
+// for kernel tolerances.
 Output attention_lowp(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows = {},
                       int threads = 0);
 
