@@ -67,6 +67,11 @@ std::string case_name(const Case& c) {
   if (!c.seqused_k.empty()) n += "_used";
   if (c.num_splits != 0) n += "_splits" + std::to_string(c.num_splits);
   if (c.ring_world > 0) n += std::string(c.ring_layout == FLASHCORE_RING_ZIGZAG ? "_zigzag" : "_contig") + std::to_string(c.ring_world);
+  auto bound = [](int32_t w) { return w < 0 ? std::string("inf") : std::to_string(w); };
+  if (c.local) n += "_win" + bound(c.window_left) + "x" + (c.causal ? std::string("0") : bound(c.window_right));
+  if (c.softcap != 0.0f) n += "_cap" + format_float(c.softcap);
+  if (!c.sinks.empty()) n += "_sinks";
+  if (c.attention_chunk != 0) n += "_chunk" + std::to_string(c.attention_chunk);
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') ch = 'p';
   return n;
@@ -90,6 +95,10 @@ std::string lengths_text(const std::vector<int32_t>& v) {
 
 bool is_serving(const Case& c) { return !c.varlen_q.empty() || !c.varlen_k.empty() || c.page_size > 0; }
 
+bool has_variant(const Case& c) {
+  return c.local || c.softcap != 0.0f || !c.sinks.empty() || c.attention_chunk != 0;
+}
+
 std::string describe(const Case& c) {
   std::ostringstream s;
   s << dtype_name(c.dtype) << " B=" << c.batch << " Hq=" << c.heads_q << " Hkv=" << c.heads_kv
@@ -110,6 +119,10 @@ std::string describe(const Case& c) {
     s << " ring=" << c.ring_world << (c.ring_layout == FLASHCORE_RING_ZIGZAG ? " zigzag" : " contiguous")
       << " (simulated)";
   }
+  if (c.local) s << " window=(" << c.window_left << "," << (c.causal ? 0 : c.window_right) << ")";
+  if (c.softcap != 0.0f) s << " softcap=" << format_float(c.softcap);
+  if (!c.sinks.empty()) s << " sinks";
+  if (c.attention_chunk != 0) s << " attention_chunk=" << c.attention_chunk;
   return s.str();
 }
 
@@ -331,6 +344,103 @@ void add_ring_cases(CaseList& L, bool quick) {
   }
 }
 
+// Sink logits for `heads` query heads: spread over [-2, 6], so that some heads' sinks weigh little and some take most
+// of a row's mass (scores of N(0, 1) inputs are O(1)).
+std::vector<float> sink_logits(int64_t heads) {
+  std::vector<float> s(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h) s[static_cast<size_t>(h)] = -2.0f + 8.0f * static_cast<float>(h % 5) / 4.0f;
+  return s;
+}
+
+Case& with_window(Case& c, int32_t left, int32_t right) {
+  c.local = true, c.window_left = left, c.window_right = right;
+  return c;
+}
+
+// The attention variants (ABI 0.5): sliding windows, softcap, sinks, attention_chunk, alone and together, dense and
+// serving. tests/gpu/test_attention_variants.cpp covers more.
+void add_variant_cases(CaseList& L, bool quick) {
+  const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
+  if (quick) {
+    // Four small ones (B * Hq * Sq * Sk <= 64K): a causal window; softcap with sinks and rows without keys; a chunk
+    // with a window; a packed batch with a window and sinks.
+    with_window(L.add(BF16, 128, true, 2, 2, 2, 113, 113), 16, -1);
+    {
+      Case& c = L.add(F16, 64, true, 1, 4, 2, 95, 33, Layout::BHSD);
+      c.softcap = 5.0f, c.sinks = sink_logits(4);
+    }
+    with_window(L.add(BF16, 256, true, 1, 2, 1, 65, 65), 20, 0).attention_chunk = 16;
+    {
+      Case& c = add_varlen(L, F16, 128, false, 2, 1, {1, 17, 0, 40}, {20, 17, 5, 64});
+      with_window(c, 8, 2).sinks = sink_logits(2);
+    }
+    return;
+  }
+
+  // 10a. Windows (FlashAttention's window_size): the diagonal alone, one key back, left-only, right-only, both, and a
+  // left bound past every key; causal and not; shapes cycling through square, Sq < Sk, Sq > Sk and decode.
+  const std::pair<int32_t, int32_t> windows[] = {{0, 0}, {1, 0}, {16, -1}, {-1, 16}, {100, 7}, {5000, 3}};
+  const struct { int64_t sq, sk; } shapes[] = {{1000, 1000}, {113, 400}, {400, 113}, {17, 17}, {1, 4097}, {257, 257}};
+  int n = 0;
+  for (const auto& [left, right] : windows)
+    for (bool causal : {false, true}) {
+      const auto sh = shapes[static_cast<size_t>(n) % std::size(shapes)];
+      const int64_t B = sh.sq * sh.sk <= 65536 ? 2 : 1;
+      with_window(L.add(kDtypes[n % 2], kHeadDims[n % 3], causal, B, 4, 2, sh.sq, sh.sk,
+                        n % 4 == 3 ? Layout::BHSD : Layout::BSHD),
+                  left, right);
+      ++n;
+    }
+  // GQA 8:2 with a window; MQA decode against a long cache with a left window.
+  with_window(L.add(BF16, 128, true, 1, 8, 2, 1000, 1000), 256, 0);
+  with_window(L.add(F16, 64, false, 2, 8, 1, 1, 4097), 512, -1);
+
+  // 10b. softcap: 30 on inputs * 30 (scores in the hundreds, all capped), 5 on plain inputs, and with a window.
+  {
+    Case& c = L.add(BF16, 128, true, 1, 2, 2, 300, 300);
+    c.input_scale = 30.0f, c.softcap = 30.0f;
+  }
+  L.add(F16, 64, false, 2, 4, 2, 113, 255).softcap = 5.0f;
+  with_window(L.add(F16, 256, true, 1, 2, 1, 1000, 1000), 64, 0).softcap = 30.0f;
+
+  // 10c. sinks: alone, with rows that see no key (causal, Sq > Sk), with a window, with GQA.
+  L.add(BF16, 64, false, 2, 4, 4, 129, 129).sinks = sink_logits(4);
+  L.add(F16, 128, true, 1, 4, 2, 300, 100, Layout::BHSD).sinks = sink_logits(4);
+  with_window(L.add(BF16, 256, false, 1, 2, 2, 500, 500), 32, 32).sinks = sink_logits(2);
+  with_window(L.add(F16, 64, true, 1, 8, 2, 1000, 1000), 128, 0).sinks = sink_logits(8);
+
+  // 10d. attention_chunk (with causal, as Llama 4 uses it): 64 and 100, Sq = Sk, Sq < Sk, Sq > Sk, not causal, and
+  // with a window.
+  L.add(BF16, 128, true, 1, 4, 2, 1000, 1000).attention_chunk = 64;
+  L.add(F16, 64, true, 2, 2, 2, 257, 513).attention_chunk = 100;
+  L.add(BF16, 256, true, 1, 2, 1, 500, 200, Layout::BHSD).attention_chunk = 64;
+  L.add(F16, 128, false, 1, 2, 2, 300, 300).attention_chunk = 100;
+  with_window(L.add(BF16, 64, true, 1, 4, 2, 1000, 1000), 80, 0).attention_chunk = 256;
+
+  // 10e. Serving layouts: packed sequences with a window and sinks, a dense KV cache (seqused_k) with a chunk, paged
+  // decode with a window and softcap.
+  {
+    Case& c = add_varlen(L, BF16, 128, true, 4, 2, {1, 17, 0, 113, 300}, {5, 0, 40, 113, 333});
+    with_window(c, 32, 0).sinks = sink_logits(4);
+  }
+  {
+    Case& c = L.add(F16, 64, true, 3, 4, 2, 64, 1000);
+    c.seqused_k = {1000, 100, 0};
+    c.attention_chunk = 128;
+  }
+  {
+    Case& c = add_paged(L, BF16, 128, true, 8, 2, 1, 64, {0, 1, 17, 113, 4097});
+    with_window(c, 256, 0).softcap = 30.0f;
+  }
+
+  // 10f. Everything at once.
+  {
+    Case& c = L.add(F16, 128, false, 2, 4, 2, 333, 777);
+    with_window(c, 200, 50);
+    c.softcap = 20.0f, c.sinks = sink_logits(4), c.attention_chunk = 300;
+  }
+}
+
 }  // namespace
 
 std::vector<Case> cases(bool quick) {
@@ -349,6 +459,7 @@ std::vector<Case> cases(bool quick) {
         }
     add_serving_cases(L, true);
     add_ring_cases(L, true);
+    add_variant_cases(L, true);
     return L.finish();
   }
 
@@ -422,6 +533,9 @@ std::vector<Case> cases(bool quick) {
   // count), GQA, every head dim and dtype.
   add_ring_cases(L, false);
 
+  // 10. Attention variants: windows, softcap, sinks, attention_chunk.
+  add_variant_cases(L, false);
+
   return L.finish();
 }
 
@@ -451,6 +565,33 @@ flashcore_tensor_strides layout_strides(Layout layout, int64_t S, int64_t H, int
   return {S * H * D, H * D, D, 1};
 }
 
+// The case's variant fields into params; `sinks` is where the sink logits are for the reader of params (a device
+// array for the library, c.sinks itself for the reference).
+void set_variants(const Case& c, flashcore_attention_params& p, const float* sinks) {
+  p.local = c.local ? 1 : 0;
+  p.window_size_left = c.window_left, p.window_size_right = c.window_right;
+  p.softcap = c.softcap;
+  p.sinks = c.sinks.empty() ? nullptr : sinks;
+  p.attention_chunk = c.attention_chunk;
+}
+
+// Why the case's variant fields make it invalid for the harness ("" when they do not).
+std::string variant_error(const Case& c) {
+  if (!c.sinks.empty() && static_cast<int64_t>(c.sinks.size()) != c.heads_q)
+    return "sinks has " + std::to_string(c.sinks.size()) + " entries for heads_q " + std::to_string(c.heads_q);
+  if (has_variant(c) && c.ring_world > 0) return "a ring case takes no window, softcap, sinks or attention_chunk";
+  return "";
+}
+
+// The mask of the case (causal and the variants) as the reference states it, for the rows that must see no key.
+flashcore_attention_params mask_of(const Case& c) {
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.causal = c.causal ? 1 : 0;
+  set_variants(c, p, nullptr);
+  return p;
+}
+
 }  // namespace
 
 std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
@@ -466,9 +607,23 @@ std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
   const int64_t last_tile = Sq - Sq % 64;
   add(last_tile - 1), add(last_tile);
   if (c.causal && Sq > Sk) add(Sq - Sk - 1), add(Sq - Sk), add(Sq - Sk + 1);  // first row seeing a key
+  // Where a variant's mask changes shape (row i's diagonal key is i + Sk - Sq): the first rows whose window starts
+  // at or past key 0 (before them the left bound is clipped), and the rows on either side of the first chunk
+  // boundaries (a row that starts a chunk sees one key under causal).
+  const int64_t diagonal_of_row0 = Sk - Sq;
+  if (c.local && c.window_left >= 0)
+    for (int64_t r = -1; r <= 1; ++r) add(c.window_left - diagonal_of_row0 + r);
+  if (c.attention_chunk > 0) {
+    // The first three chunk boundaries past row 0's diagonal (floor division: the diagonal may be negative).
+    const int64_t chunk = c.attention_chunk;
+    const int64_t first = (diagonal_of_row0 >= 0 ? diagonal_of_row0 / chunk : -((chunk - 1 - diagonal_of_row0) / chunk)) + 1;
+    for (int64_t k = first; k < first + 3; ++k) add(k * chunk - diagonal_of_row0 - 1), add(k * chunk - diagonal_of_row0);
+  }
   std::mt19937_64 rng(splitmix(seed ^ 0x5eed));
   std::uniform_int_distribution<int64_t> pick(0, Sq - 1);
-  while (static_cast<int64_t>(rows.size()) < std::min<int64_t>(64, Sq)) rows.insert(pick(rng));
+  // (8 more rows with a variant, so that its targeted rows above do not crowd out the random ones)
+  const int64_t wanted = std::min<int64_t>(has_variant(c) ? 72 : 64, Sq);
+  while (static_cast<int64_t>(rows.size()) < wanted) rows.insert(pick(rng));
   return {rows.begin(), rows.end()};
 }
 
@@ -488,7 +643,9 @@ bool cuda_ok(cudaError_t e, const char* what, Result& r) {
 void append(std::string& msg, const std::string& part) { msg += (msg.empty() ? "" : "; ") + part; }
 
 // The whole-buffer checks that need no reference: every output element written (not the NaN poison), finite, and
-// O = 0 / LSE = -inf on rows that see no key. `where` is called for the first bad element only.
+// O = 0 / LSE = -inf on rows that see no key (callers pass fully_masked = false to lse() for such a row with a sink,
+// whose LSE is the finite sink logit, compared with the reference's like any other). `where` is called for the first
+// bad element only.
 struct OutputScan {
   int64_t unwritten = 0, nonfinite = 0, masked_bad = 0;
   std::string first_bad;
@@ -607,6 +764,7 @@ struct ServingLayout {
   std::vector<uint16_t> q, k, v;                // device images, NaN guards included
   std::vector<uint16_t> k_logical, v_logical;   // paged: dense (B, sk, Hkv, D) for the reference
   flashcore_tensor_strides logical_strides{};
+  std::vector<float> sinks;                     // the case's sink logits (the device array's contents)
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -647,6 +805,12 @@ bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout
     err = std::string("the harness has no input generator for dtype ") + dtype_name(c.dtype);
     return false;
   }
+
+  if (const std::string why = variant_error(c); !why.empty()) {
+    err = why;
+    return false;
+  }
+  L.sinks = c.sinks;
 
   // Lengths.
   L.sq = L.varlen_q ? std::max<int64_t>(max_of(c.varlen_q), c.seqlen_q) : c.seqlen_q;
@@ -802,7 +966,7 @@ bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout
 
 // The device side of a serving case: buffers sized by a layout, and the params that point into them.
 struct ServingDevice {
-  DeviceBuffer q, k, v, o, lse, cu_q, cu_k, used, table, ws;
+  DeviceBuffer q, k, v, o, lse, cu_q, cu_k, used, table, ws, sinks;
   flashcore_attention_params p{};
   size_t esize = 2;
 
@@ -817,7 +981,8 @@ struct ServingDevice {
         !alloc(cu_q, L.cu_q.size() * 4, "cudaMalloc(cu_seqlens_q)") ||
         !alloc(cu_k, L.cu_k.size() * 4, "cudaMalloc(cu_seqlens_k)") ||
         !alloc(used, L.seqused.size() * 4, "cudaMalloc(seqused_k)") ||
-        !alloc(table, L.table.size() * 4, "cudaMalloc(block_table)"))
+        !alloc(table, L.table.size() * 4, "cudaMalloc(block_table)") ||
+        !alloc(sinks, L.sinks.size() * 4, "cudaMalloc(sinks)"))
       return false;
     flashcore_attention_params_init(&p);
     auto at = [&](void* base, int64_t elements) { return static_cast<char*>(base) + elements * static_cast<int64_t>(esize); };
@@ -836,6 +1001,7 @@ struct ServingDevice {
     p.block_table_stride = L.param_stride;
     p.page_size = L.page_size, p.num_pages = L.num_pages;
     p.num_splits = c.num_splits;
+    set_variants(c, p, static_cast<const float*>(sinks.ptr));
     return true;
   }
 
@@ -864,6 +1030,7 @@ struct ServingDevice {
            put(cu_k, L.cu_k.data(), L.cu_k.size() * 4, "cudaMemcpyAsync(cu_seqlens_k)") &&
            put(used, L.seqused.data(), L.seqused.size() * 4, "cudaMemcpyAsync(seqused_k)") &&
            put(table, L.table.data(), L.table.size() * 4, "cudaMemcpyAsync(block_table)") &&
+           put(sinks, L.sinks.data(), L.sinks.size() * 4, "cudaMemcpyAsync(sinks)") &&
            cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize (upload)", r);
   }
 
@@ -909,9 +1076,9 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
     return L.lse_off + (L.varlen_q ? h * L.total_q + L.cu_q[static_cast<size_t>(b)] + i : (b * Hq + h) * L.sq + i);
   };
   auto to_float = [&](uint16_t x) { return c.dtype == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(x) : ref::bf16_to_float(x); };
+  const flashcore_attention_params mask = mask_of(c);
   auto fully_masked = [&](int64_t b, int64_t i) {
-    const int64_t keys = L.used[static_cast<size_t>(b)];
-    return keys == 0 || (c.causal && i + keys - L.len_q[static_cast<size_t>(b)] < 0);
+    return ref::visible_key_range(mask, L.len_q[static_cast<size_t>(b)], L.used[static_cast<size_t>(b)], i).empty();
   };
 
   // Guards: nothing outside the tensors may be written.
@@ -951,7 +1118,7 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
           });
         }
         if (!c.with_lse) continue;
-        scan.lse(hlse[static_cast<size_t>(lse_at(b, h, i))], fully_masked(b, i), [&] {
+        scan.lse(hlse[static_cast<size_t>(lse_at(b, h, i))], fully_masked(b, i) && c.sinks.empty(), [&] {
           return "sequence " + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i);
         });
       }
@@ -962,6 +1129,7 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
   flashcore_attention_params_init(&host);
   host.batch = 1, host.num_heads_q = Hq, host.num_heads_kv = L.Hkv, host.head_dim = D;
   host.dtype = c.dtype, host.causal = c.causal ? 1 : 0, host.softmax_scale = c.softmax_scale;
+  set_variants(c, host, c.sinks.data());
   host.q_strides = L.qs;
   host.k_strides = host.v_strides = L.paged ? L.logical_strides : L.ks;
   ErrorTally tally(c);
@@ -1066,6 +1234,9 @@ std::string graph_mismatch(const Case& a, const Case& b, const ServingLayout& la
       {"kernel_config", (a.kernel_config == nullptr) == (b.kernel_config == nullptr) &&
                             (a.kernel_config == nullptr || std::string(a.kernel_config) == b.kernel_config)},
       {"num_splits", a.num_splits == b.num_splits},
+      {"variants (local, window, softcap, sinks, attention_chunk)",
+       a.local == b.local && a.window_left == b.window_left && a.window_right == b.window_right &&
+           a.softcap == b.softcap && a.sinks.size() == b.sinks.size() && a.attention_chunk == b.attention_chunk},
       {"mode (varlen_q / varlen_k / page_size / seqused_k given)",
        la.varlen_q == lb.varlen_q && la.varlen_k == lb.varlen_k && la.page_size == lb.page_size &&
            la.seqused.empty() == lb.seqused.empty()},
@@ -1345,6 +1516,10 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     r.message = "invalid case: " + describe(c);
     return r;
   }
+  if (const std::string why = variant_error(c); !why.empty()) {
+    r.message = "invalid case: " + why + " (" + describe(c) + ")";
+    return r;
+  }
   const size_t esize = static_cast<size_t>(flashcore::dtype_size(c.dtype));
   const int64_t nq = B * Sq * Hq * D, nkv = B * Sk * Hkv * D, nlse = B * Hq * Sq;
 
@@ -1355,6 +1530,14 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
       !cuda_ok(cudaMalloc(&dout.ptr, static_cast<size_t>(nq) * esize), "cudaMalloc(o)", r) ||
       (c.with_lse && !cuda_ok(cudaMalloc(&dlse.ptr, static_cast<size_t>(nlse) * sizeof(float)), "cudaMalloc(lse)", r)))
     return r;
+
+  DeviceBuffer dsinks;
+  if (!c.sinks.empty()) {
+    const size_t bytes = c.sinks.size() * sizeof(float);
+    if (!cuda_ok(cudaMalloc(&dsinks.ptr, bytes), "cudaMalloc(sinks)", r) ||
+        !cuda_ok(cudaMemcpy(dsinks.ptr, c.sinks.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy(sinks)", r))
+      return r;
+  }
 
   DeviceBuffer dused;
   if (!c.seqused_k.empty()) {
@@ -1379,6 +1562,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
   p.kernel_config = c.kernel_config;
   p.num_splits = c.num_splits;
+  set_variants(c, p, static_cast<const float*>(dsinks.ptr));
 
   uint64_t ws_bytes = 0;
   if (!detail::validate_and_size(p, ws_bytes, r)) return r;
@@ -1470,7 +1654,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     return first_o[static_cast<size_t>(b * os.batch + i * os.seq + h * os.head + d)];
   };
   auto to_float = [&](uint16_t x) { return c.dtype == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(x) : ref::bf16_to_float(x); };
-  auto fully_masked = [&](int64_t b, int64_t i) { return keys_of(b) == 0 || (c.causal && i + keys_of(b) - Sq < 0); };
+  auto fully_masked = [&](int64_t b, int64_t i) { return ref::visible_key_range(p, Sq, keys_of(b), i).empty(); };
   OutputScan scan;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Sq; ++i)
@@ -1483,7 +1667,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
           });
         }
         if (!c.with_lse) continue;
-        scan.lse(first_lse[static_cast<size_t>((b * Hq + h) * Sq + i)], fully_masked(b, i), [&] {
+        scan.lse(first_lse[static_cast<size_t>((b * Hq + h) * Sq + i)], fully_masked(b, i) && c.sinks.empty(), [&] {
           return "b=" + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i);
         });
       }
@@ -1493,6 +1677,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   flashcore_attention_params host = p;
   host.q = hq.data(), host.k = hk.data(), host.v = hv.data(), host.o = nullptr, host.lse = nullptr;
   host.seqused_k = c.seqused_k.empty() ? nullptr : c.seqused_k.data();
+  host.sinks = c.sinks.empty() ? nullptr : c.sinks.data();  // the reference reads the sinks on the host
   std::vector<int64_t> rows = checked_rows(c, seed);
   const ref::Output exact = ref::attention(host, rows), lowp = ref::attention_lowp(host, rows);
   if (rows.empty()) {

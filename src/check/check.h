@@ -49,6 +49,16 @@ struct Case {
   // flashcore_attention_params::num_splits (0: the library's choice; 1: never split; n: at most n parts).
   int num_splits = 0;
 
+  // ---- Attention variants (flashcore_attention_params' local, window_size_left / _right, softcap, sinks,
+  // attention_chunk; ABI 0.5), passed as they are to the library and to the reference (dense and serving cases, not
+  // ring ones). Rows a variant leaves without a key must give O = 0 and LSE = -inf, or LSE = sinks[h] with sinks
+  // (checked against the reference like any LSE). ----
+  bool local = false;                         // sliding window (FlashAttention's window_size)
+  int32_t window_left = 0, window_right = 0;  // read with local: -1 unbounded, else keys left / right of the diagonal
+  float softcap = 0.0f;                       // > 0: scores become softcap * tanh(s / softcap)
+  std::vector<float> sinks;                   // one sink logit per query head (heads_q entries); empty: none
+  int32_t attention_chunk = 0;                // > 0: a query sees the keys of its own chunk of that many keys only
+
   // > 0: ring attention over ring_world simulated ranks (flashcore_ring_attention_simulate) instead of one forward
   // call: the global Q, K, V (seqlen_q = seqlen_k) are cut into the ranks' shards under ring_layout, each rank's O and
   // LSE are put back in place, and the result is judged against the reference like any case. Dense cases only.
@@ -58,6 +68,8 @@ struct Case {
 
 // True when the case uses varlen_q, varlen_k or page_size.
 bool is_serving(const Case& c);
+// True when the case sets a variant field (local, softcap, sinks, attention_chunk).
+bool has_variant(const Case& c);
 
 // The list. `quick` = a small subset for sanitizers/smoke runs (every dtype x head dim x causal, small
 // shapes). The full list covers the GPU-suite requirements of issue #3.
@@ -105,9 +117,10 @@ Result run_case(const Case& c, uint64_t seed, int repeats = 1);
 Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_stream_t stream);
 
 // The query rows run_case compares against the reference (for every batch and head): empty = all rows,
-// used when Sq * Sk <= 256 * 256 or Sq <= 64; otherwise 64 rows: 0, 1, Sq-2, Sq-1, the 64-row tile edges
-// 63/64, 127/128, 191/192, 255/256, the edges of the last tile, the first rows that see a key (causal,
-// Sq > Sk), and random rows drawn from `seed`.
+// used when Sq * Sk <= 256 * 256 or Sq <= 64; otherwise 64 rows (a few more with a variant): 0, 1, Sq-2, Sq-1, the
+// 64-row tile edges 63/64, 127/128, 191/192, 255/256, the edges of the last tile, the first rows that see a key
+// (causal, Sq > Sk), with a window the first rows whose window lies wholly among the keys, with attention_chunk the
+// rows on either side of the first chunk boundaries, and random rows drawn from `seed`.
 // Serving cases take this per sequence, from a batch-1 case of that sequence's query count and keys used.
 std::vector<int64_t> checked_rows(const Case& c, uint64_t seed);
 
@@ -126,5 +139,6 @@ Result run_graph_replay(const Case& captured, const Case& replayed, uint64_t see
 std::string device_skip_reason();
 
 std::string describe(const Case& c);  // one line, e.g. "bf16 B=2 Hq=8 Hkv=2 Sq=113 Sk=4097 D=128 causal bshd"
+                                      // (variants: " window=(16,-1) softcap=30 sinks attention_chunk=64")
 
 }  // namespace flashcore::check

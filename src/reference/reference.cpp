@@ -114,6 +114,17 @@ void validate(const flashcore_attention_params& p) {
   if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16 && p.dtype != FLASHCORE_DTYPE_FP32)
     fail("dtype must be fp16, bf16 or fp32");
   if (!(p.softmax_scale >= 0.0f) || std::isinf(p.softmax_scale)) fail("softmax_scale must be finite and >= 0");
+  // The variant fields (ABI 0.5), by the library's rules (api/validate.cpp check_variant_fields).
+  if (p.local != 0 && p.local != 1) fail("local must be 0 or 1");
+  if (p.local == 1 && (p.window_size_left < -1 || (!p.causal && p.window_size_right < -1)))
+    fail("window_size_left / window_size_right must be -1 (unbounded) or >= 0");
+  if (!(p.softcap >= 0.0f) || std::isinf(p.softcap)) fail("softcap must be finite and >= 0");
+  if (p.attention_chunk < 0) fail("attention_chunk must be >= 0");
+  if (p.sinks != nullptr)
+    for (int64_t h = 0; h < p.num_heads_q; ++h)
+      // -inf is a sink that takes nothing (exp(-inf) = 0); NaN and +inf have no meaning.
+      if (std::isnan(p.sinks[h]) || p.sinks[h] == std::numeric_limits<float>::infinity())
+        fail("sinks[" + std::to_string(h) + "] must be finite or -inf");
 }
 
 int64_t element_index(const flashcore_tensor_strides& s, int64_t b, int64_t pos, int64_t h, int64_t d) {
@@ -126,49 +137,79 @@ int64_t sequence_keys(const flashcore_attention_params& p, int64_t b) {
   return std::clamp<int64_t>(p.seqused_k[b], 0, p.seqlen_k);
 }
 
-// How many keys query row i of sequence b sees (keys 0 .. n-1); causal is bottom-right against its keys.
-int64_t visible_keys(const flashcore_attention_params& p, int64_t b, int64_t i) {
-  const int64_t keys = sequence_keys(p, b);
-  if (!p.causal) return keys;
-  return std::clamp<int64_t>(i + keys - p.seqlen_q + 1, 0, keys);
+// The keys query row i of dense sequence b sees.
+KeyRange visible_keys(const flashcore_attention_params& p, int64_t b, int64_t i) {
+  return visible_key_range(p, p.seqlen_q, sequence_keys(p, b), i);
 }
 
-// One query row. q: head_dim values; K, V: dense (seqlen_k, head_dim); n: visible keys; o: head_dim outputs.
+// The sink logit of query head h as T: -inf without sinks, which adds exp(-inf) = 0 to the denominator and makes
+// the LSE of a row without keys -inf: the formulas with a sink are the ones without it.
+template <typename T>
+T sink_of(const flashcore_attention_params& p, int64_t h) {
+  return p.sinks != nullptr ? static_cast<T>(p.sinks[h]) : -std::numeric_limits<T>::infinity();
+}
+
+// One query row. q: head_dim values; K, V: dense (seqlen_k, head_dim); keys: the ones the row sees; sink: the
+// head's sink logit (-inf: none); o: head_dim outputs.
 // T = double: the exact reference (no rounding). T = float: the low-precision model, where P is rounded to
 // `dtype` before the P*V product and O to `dtype` at the end (l sums the unrounded P, as kernels do).
 template <typename T>
 struct Row {
   T scale;
   flashcore_dtype dtype;
+  T softcap = 0;  // > 0: scores pass through softcap * tanh(s / softcap)
 
   T round(T x) const {
     if constexpr (std::is_same_v<T, double>) return x;
     else return round_to_dtype(x, dtype);
   }
-  void operator()(const T* q, const T* K, const T* V, int64_t n, int64_t D, double* o, double* lse,
+  // The score of q against k: scale * q.k, capped. Summed in order, so that the backward's recomputed scores are
+  // the forward's to the last bit (P = exp(s - LSE) is then exactly 1 for a row that sees one key).
+  T score(const T* q, const T* k, int64_t D) const {
+    T dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+    const T s = dot * scale;
+    if (softcap <= 0) return s;
+    T t = std::tanh(s / softcap);
+    if constexpr (!std::is_same_v<T, double>) {
+      // Kernels take tanh from the hardware (tanh.approx.f32: relative error up to 2^-11, fp16's precision), whose
+      // error on saturated scores (softcap * 2^-11 each) is felt in O. The model rounds tanh to fp16 so that its
+      // own error, the kernels' yardstick, includes one of that size. fp32 problems keep exact rounding, as everywhere.
+      if (dtype != FLASHCORE_DTYPE_FP32) t = round_to_dtype(t, FLASHCORE_DTYPE_FP16);
+    }
+    return softcap * t;
+  }
+  // d(score) / d(scale * q.k) at the capped score s: tanh' = 1 - tanh^2, with tanh = s / softcap.
+  T score_slope(T s) const {
+    if (softcap <= 0) return 1;
+    const T t = s / softcap;
+    return 1 - t * t;
+  }
+  void operator()(const T* q, const T* K, const T* V, KeyRange keys, T sink, int64_t D, double* o, double* lse,
                   std::vector<T>& s) const {
-    if (n <= 0) {
+    if (keys.empty()) {
+      // No key: nothing to average (O = 0); the denominator holds the sink alone (LSE = sink, -inf without one).
       std::fill(o, o + D, 0.0);
-      *lse = -std::numeric_limits<double>::infinity();
+      *lse = static_cast<double>(sink);
       return;
     }
-    T m = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < n; ++j) {
-      const T* k = K + j * D;
-      T dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-      s[static_cast<size_t>(j)] = dot * scale;
-      m = std::max(m, s[static_cast<size_t>(j)]);
+    // The maximum includes the sink, so that neither exp(s - m) nor exp(sink - m) can overflow.
+    T m = sink;
+    for (int64_t j = keys.begin; j < keys.end; ++j) {
+      T& sj = s[static_cast<size_t>(j - keys.begin)];
+      sj = score(q, K + j * D, D);
+      m = std::max(m, sj);
     }
     std::vector<T> acc(static_cast<size_t>(D), T(0));
     T l = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const T pj = std::exp(s[static_cast<size_t>(j)] - m);
+    for (int64_t j = keys.begin; j < keys.end; ++j) {
+      const T pj = std::exp(s[static_cast<size_t>(j - keys.begin)] - m);
       l += pj;
       const T pr = round(pj);
       const T* v = V + j * D;
       for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += pr * v[d];
     }
+    l += std::exp(sink - m);  // the sink joins the denominator only (0 without one)
     for (int64_t d = 0; d < D; ++d) o[d] = static_cast<double>(round(acc[static_cast<size_t>(d)] / l));
     *lse = static_cast<double>(m + std::log(l));
   }
@@ -219,7 +260,7 @@ Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows
             q[static_cast<size_t>(d)] = load_element(p.q, p.dtype, element_index(p.q_strides, b, i, h, d));
           double* o = &out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D)];
           double* lse = &out.lse[static_cast<size_t>((b * Hq + h) * Sq + i)];
-          row(q.data(), K.data(), V.data(), visible_keys(p, b, i), D, o, lse, s);
+          row(q.data(), K.data(), V.data(), visible_keys(p, b, i), sink_of<T>(p, h), D, o, lse, s);
         }
       });
     }
@@ -231,8 +272,8 @@ Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows
 // attention_backward
 // ---------------------------------------------------------------------------------------------
 
-// a . b over n elements, summed in order as Row sums its scores: a score recomputed here equals the forward's, so that
-// P = exp(s - LSE) is exactly 1 for a row that sees one key, and dO . v_j here equals dO . O there.
+// a . b over n elements, summed in order as Row sums its scores: dO . v_j here equals dO . O for a row that sees one
+// key.
 template <typename T>
 T dot(const T* a, const T* b, int64_t n) {
   T s = 0;
@@ -243,8 +284,11 @@ T dot(const T* a, const T* b, int64_t n) {
 // The gradients, FlashAttention-style: per (batch, KV head), with K, V and the group's Q and dO made dense,
 //   pass 1 (rows):  LSE_i and O_i through the forward's Row (so the probabilities are the forward's), D_i = dO_i . O_i;
 //   pass 2 (keys):  dV_j = sum_i P_ij dO_i, dK_j = scale * sum_i dS_ij q_i over the group's heads and the rows that
-//                   see key j, with P_ij = exp(scale * q_i . k_j - LSE_i), dS_ij = P_ij (dO_i . v_j - D_i);
+//                   see key j, with P_ij = exp(s_ij - LSE_i), dS_ij = P_ij (dO_i . v_j - D_i) * slope(s_ij);
 //   pass 3 (rows):  dQ_i = scale * sum_j dS_ij k_j over the keys row i sees.
+// s_ij is Row::score (softcap included) and slope its derivative (1 - tanh^2 with a softcap, else 1). A sink needs
+// nothing more: it is in LSE_i, so P_ij is the probability the forward used, and O_i = sum_j P_ij v_j still holds,
+// so D_i = dO_i . O_i = sum_j P_ij dP_ij as without one.
 // P and dS are recomputed in passes 2 and 3, so every output element is a sum in a fixed order, whatever the thread
 // count, with no partial buffers to reduce. T and row.round() as in Row: exact (double) or the low-precision model.
 template <typename T>
@@ -272,7 +316,7 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
   std::vector<T> K(static_cast<size_t>(Sk * D)), V(static_cast<size_t>(Sk * D));
   std::vector<T> Q(static_cast<size_t>(rows * D)), dO(static_cast<size_t>(rows * D));
   std::vector<T> lse(static_cast<size_t>(rows)), delta(static_cast<size_t>(rows));
-  std::vector<int64_t> visible(static_cast<size_t>(Sq));
+  std::vector<KeyRange> visible(static_cast<size_t>(Sq));
 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i < Sq; ++i) visible[static_cast<size_t>(i)] = visible_keys(p, b, i);
@@ -294,20 +338,21 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
             at(Q, r * D + d) = load_element(p.q, p.dtype, element_index(p.q_strides, b, i, h, d));
             at(dO, r * D + d) = load_element(dout, p.dtype, element_index(p.dout_strides, b, i, h, d));
           }
-          const int64_t n = visible[static_cast<size_t>(i)];
+          const KeyRange keys = visible[static_cast<size_t>(i)];
           double row_lse = 0;
-          row(&at(Q, r * D), K.data(), V.data(), n, D, o.data(), &row_lse, s);
+          row(&at(Q, r * D), K.data(), V.data(), keys, sink_of<T>(p, h), D, o.data(), &row_lse, s);
           at(lse, r) = static_cast<T>(row_lse);
           for (int64_t d = 0; d < D; ++d) o_t[static_cast<size_t>(d)] = static_cast<T>(o[static_cast<size_t>(d)]);
-          at(delta, r) = n > 0 ? dot(&at(dO, r * D), o_t.data(), D) : T(0);
+          at(delta, r) = keys.empty() ? T(0) : dot(&at(dO, r * D), o_t.data(), D);
         }
       });
-      // P_ij and dS_ij of row r and key j (the row sees the key).
+      // P_ij and dS_ij of row r and key j (the row sees the key); dS_ij is the gradient of the uncapped score.
       auto p_and_ds = [&](int64_t r, int64_t j, T& pij, T& ds) {
-        const T* q = &Q[static_cast<size_t>(r * D)];
-        pij = std::exp(dot(q, &K[static_cast<size_t>(j * D)], D) * scale - lse[static_cast<size_t>(r)]);
+        const T sij = row.score(&Q[static_cast<size_t>(r * D)], &K[static_cast<size_t>(j * D)], D);
+        pij = std::exp(sij - lse[static_cast<size_t>(r)]);
         ds = pij * (dot(&dO[static_cast<size_t>(r * D)], &V[static_cast<size_t>(j * D)], D) -
-                    delta[static_cast<size_t>(r)]);
+                    delta[static_cast<size_t>(r)]) *
+             row.score_slope(sij);
       };
       parallel_for(key_tasks, threads, [&](int64_t c) {
         std::vector<T> dk(static_cast<size_t>(D)), dv(static_cast<size_t>(D));
@@ -315,7 +360,7 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
           std::fill(dk.begin(), dk.end(), T(0));
           std::fill(dv.begin(), dv.end(), T(0));
           for (int64_t r = 0; r < rows; ++r) {
-            if (visible[static_cast<size_t>(r % Sq)] <= j) continue;
+            if (!visible[static_cast<size_t>(r % Sq)].contains(j)) continue;
             T pij, ds;
             p_and_ds(r, j, pij, ds);
             const T pr = row.round(pij), dsr = row.round(ds);
@@ -338,7 +383,8 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
         for (int64_t r = c * row_chunk; r < std::min(rows, (c + 1) * row_chunk); ++r) {
           const int64_t h = hkv * group + r / Sq, i = r % Sq;
           std::fill(dq.begin(), dq.end(), T(0));
-          for (int64_t j = 0; j < visible[static_cast<size_t>(i)]; ++j) {
+          const KeyRange keys = visible[static_cast<size_t>(i)];
+          for (int64_t j = keys.begin; j < keys.end; ++j) {
             T pij, ds;
             p_and_ds(r, j, pij, ds);
             const T dsr = row.round(ds);
@@ -361,25 +407,81 @@ double resolved_softmax_scale(const flashcore_attention_params& p) {
   return p.softmax_scale != 0.0f ? static_cast<double>(p.softmax_scale) : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
 }
 
+KeyRange visible_key_range(const flashcore_attention_params& p, int64_t seqlen_q, int64_t keys, int64_t i) {
+  // Every rule bounds j to an interval around the row's diagonal key i + d (bottom-right alignment), so the visible
+  // keys are the intersection of intervals: one interval.
+  const int64_t diagonal = i + keys - seqlen_q;
+  KeyRange r{0, keys};
+  if (p.causal) r.end = std::min(r.end, diagonal + 1);
+  if (p.local == 1) {
+    if (p.window_size_left >= 0) r.begin = std::max<int64_t>(r.begin, diagonal - p.window_size_left);
+    // With causal the right bound is the diagonal itself, whatever window_size_right says.
+    if (!p.causal && p.window_size_right >= 0) r.end = std::min<int64_t>(r.end, diagonal + p.window_size_right + 1);
+  }
+  if (p.attention_chunk > 0) {
+    // The chunk of the diagonal key: floor division, also for a negative diagonal (rows above the first key).
+    const int64_t c = p.attention_chunk;
+    const int64_t chunk = diagonal >= 0 ? diagonal / c : -((-diagonal + c - 1) / c);
+    r.begin = std::max(r.begin, chunk * c);
+    r.end = std::min(r.end, chunk * c + c);
+  }
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
+namespace {
+
+template <typename T>
+Row<T> row_of(const flashcore_attention_params& p) {
+  return Row<T>{static_cast<T>(resolved_softmax_scale(p)), p.dtype, static_cast<T>(p.softcap)};
+}
+
+}  // namespace
+
 Output attention(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows, int threads) {
-  return run(host_problem, rows, threads, Row<double>{resolved_softmax_scale(host_problem), host_problem.dtype});
+  return run(host_problem, rows, threads, row_of<double>(host_problem));
 }
 
 Output attention_lowp(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows,
                       int threads) {
-  const float scale = static_cast<float>(resolved_softmax_scale(host_problem));
-  return run(host_problem, rows, threads, Row<float>{scale, host_problem.dtype});
+  return run(host_problem, rows, threads, row_of<float>(host_problem));
 }
 
 Gradients attention_backward(const flashcore_attention_params& host_problem, const void* host_dout, int threads) {
-  return run_backward(host_problem, host_dout, threads,
-                      Row<double>{resolved_softmax_scale(host_problem), host_problem.dtype});
+  return run_backward(host_problem, host_dout, threads, row_of<double>(host_problem));
 }
 
 Gradients attention_backward_lowp(const flashcore_attention_params& host_problem, const void* host_dout,
                                   int threads) {
-  const float scale = static_cast<float>(resolved_softmax_scale(host_problem));
-  return run_backward(host_problem, host_dout, threads, Row<float>{scale, host_problem.dtype});
+  return run_backward(host_problem, host_dout, threads, row_of<float>(host_problem));
+}
+
+std::vector<double> attention_backward_sinks(const flashcore_attention_params& host_problem, const void* host_dout,
+                                             int threads) {
+  if (host_dout == nullptr) throw std::invalid_argument("reference: host_dout must be a non-null host pointer");
+  const flashcore_attention_params& p = host_problem;
+  std::vector<double> dsinks(static_cast<size_t>(std::max<int64_t>(p.num_heads_q, 0)), 0.0);
+  const Output out = attention(p, {}, threads);  // validates the problem
+  if (p.sinks == nullptr) return dsinks;
+  // O_i = sum_j exp(s_ij) v_j / Z_i with Z_i = sum_j exp(s_ij) + exp(sink_h), and dZ_i / dsink_h = exp(sink_h), so
+  // dO_i / dsink_h = -P_sink,i O_i, where P_sink,i = exp(sink_h - LSE_i) is the sink's share of Z_i. Hence
+  // dL / dsink_h = -sum over the head's rows of P_sink,i D_i, with D_i = dO_i . O_i.
+  const int64_t B = p.batch, Sq = p.seqlen_q, Hq = p.num_heads_q, D = p.head_dim;
+  for (int64_t h = 0; h < Hq; ++h) {
+    // A -inf sink takes no share of any row (and exp(-inf - LSE) would be NaN on a row without keys).
+    if (std::isinf(p.sinks[h])) continue;
+    double sum = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Sq; ++i) {
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d)
+          delta += static_cast<double>(load_element(host_dout, p.dtype, element_index(p.dout_strides, b, i, h, d))) *
+                   out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D + d)];
+        sum += std::exp(static_cast<double>(p.sinks[h]) - out.lse[static_cast<size_t>((b * Hq + h) * Sq + i)]) * delta;
+      }
+    dsinks[static_cast<size_t>(h)] = -sum;
+  }
+  return dsinks;
 }
 
 }  // namespace flashcore::reference

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "check/check.h"
+#include "reference/reference.h"
 
 namespace check = flashcore::check;
 
@@ -20,6 +21,20 @@ bool any(const std::vector<check::Case>& list, Pred pred) {
 }
 
 bool fully_masked_rows(const check::Case& c) { return c.causal && c.seqlen_q > c.seqlen_k; }
+
+// The keys the reference reads for query row i of the case (it reads only the visible ones: a window or a chunk makes
+// a long case cheap). Rows of a causal case without a variant count all seqlen_k keys, as they always have here.
+int64_t keys_read(const check::Case& c, int64_t i) {
+  if (!c.local && c.attention_chunk == 0) return c.seqlen_k;
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.causal = c.causal ? 1 : 0;
+  p.local = c.local ? 1 : 0;
+  p.window_size_left = c.window_left, p.window_size_right = c.window_right;
+  p.attention_chunk = c.attention_chunk;
+  const flashcore::reference::KeyRange r = flashcore::reference::visible_key_range(p, c.seqlen_q, c.seqlen_k, i);
+  return r.end - r.begin;
+}
 
 }  // namespace
 
@@ -55,12 +70,45 @@ TEST(CheckCases, FullListCoversTheRequirements) {
   EXPECT_TRUE(any(list, [](const check::Case& c) { return c.input_scale == 30.0f; }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return c.softmax_scale != 0.0f; }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return !c.with_lse; }));
+
+  // The variants (ABI 0.5): windows causal and not (the diagonal alone, left-only, right-only, a left bound past every
+  // key), softcap alone and with a window, sinks alone, with rows that see no key and with a window, attention_chunk
+  // with causal, serving layouts with a variant, and each dtype and head dim with a variant.
+  for (bool causal : {false, true}) {
+    EXPECT_TRUE(any(list, [&](const check::Case& c) {
+      return c.local && c.causal == causal && c.window_left == 0 && (causal || c.window_right == 0);
+    })) << "window (0, 0), causal=" << causal;
+    EXPECT_TRUE(any(list, [&](const check::Case& c) { return c.local && c.causal == causal && c.window_right == -1; }));
+    EXPECT_TRUE(any(list, [&](const check::Case& c) { return c.local && c.causal == causal && c.window_left == -1; }));
+    EXPECT_TRUE(any(list, [&](const check::Case& c) {
+      return c.local && c.causal == causal && c.window_left > c.seqlen_k;
+    })) << "a left bound past every key, causal=" << causal;
+  }
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.softcap > 0 && !c.local && c.sinks.empty(); }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.softcap > 0 && c.local; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.softcap > 0 && c.input_scale == 30.0f; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return !c.sinks.empty() && !c.local && c.attention_chunk == 0; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return !c.sinks.empty() && fully_masked_rows(c); }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return !c.sinks.empty() && c.local; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.causal; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.local; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return check::has_variant(c) && !c.varlen_q.empty(); }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return check::has_variant(c) && c.page_size > 0; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return check::has_variant(c) && !c.seqused_k.empty(); }));
+  for (auto dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
+    for (int64_t D : {64, 128, 256})
+      EXPECT_TRUE(any(list, [&](const check::Case& c) { return check::has_variant(c) && c.dtype == dt && c.head_dim == D; }))
+          << "a variant with dtype " << dt << " D=" << D;
+  for (const auto& c : list)
+    if (!c.sinks.empty()) {
+      EXPECT_EQ(static_cast<int64_t>(c.sinks.size()), c.heads_q) << c.name;
+    }
 }
 
 TEST(CheckCases, QuickListIsSmallAndCoversDtypeHeadDimCausal) {
   const auto quick = check::cases(true);
   EXPECT_GE(quick.size(), 20u);
-  EXPECT_LE(quick.size(), 31u);
+  EXPECT_LE(quick.size(), 35u);  // 24 dense, 6 serving, 1 ring, 4 variant cases
   for (auto dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
     for (int64_t D : {64, 128, 256})
       for (bool causal : {false, true})
@@ -69,6 +117,10 @@ TEST(CheckCases, QuickListIsSmallAndCoversDtypeHeadDimCausal) {
         })) << "dtype " << dt << " D=" << D << " causal=" << causal;
   for (const auto& c : quick) EXPECT_LE(c.batch * c.heads_q * c.seqlen_q * c.seqlen_k, 64 * 1024) << check::describe(c);
   EXPECT_TRUE(any(quick, fully_masked_rows));
+  EXPECT_TRUE(any(quick, [](const check::Case& c) { return c.local; }));
+  EXPECT_TRUE(any(quick, [](const check::Case& c) { return c.softcap > 0; }));
+  EXPECT_TRUE(any(quick, [](const check::Case& c) { return !c.sinks.empty(); }));
+  EXPECT_TRUE(any(quick, [](const check::Case& c) { return c.attention_chunk > 0; }));
 }
 
 TEST(CheckCases, NamesAreUniqueAndSafe) {
@@ -88,9 +140,12 @@ TEST(CheckCases, FullListIsAffordable) {
   // the input elements generated. Budget: well under a minute on 16 cores.
   double macs = 0, elements = 0;
   for (const auto& c : check::cases(false)) {
-    const auto rows = check::checked_rows(c, 1);
-    const double nrows = rows.empty() ? static_cast<double>(c.seqlen_q) : static_cast<double>(rows.size());
-    macs += 2.0 * 2.0 * static_cast<double>(c.batch * c.heads_q) * nrows * static_cast<double>(c.seqlen_k * c.head_dim);
+    auto rows = check::checked_rows(c, 1);
+    if (rows.empty())
+      for (int64_t i = 0; i < c.seqlen_q; ++i) rows.push_back(i);
+    double keys = 0;
+    for (int64_t i : rows) keys += static_cast<double>(keys_read(c, i));
+    macs += 2.0 * 2.0 * static_cast<double>(c.batch * c.heads_q) * keys * static_cast<double>(c.head_dim);
     elements += static_cast<double>(c.batch * c.head_dim) *
                 static_cast<double>(c.seqlen_q * c.heads_q * 2 + c.seqlen_k * c.heads_kv * 2);
   }
@@ -155,4 +210,33 @@ TEST(CheckCases, Describe) {
   EXPECT_EQ(check::describe(c), "bf16 B=2 Hq=8 Hkv=2 Sq=113 Sk=4097 D=128 causal bshd");
   c.layout = check::Layout::BHSD, c.causal = false, c.input_scale = 30, c.softmax_scale = 0.5f;
   EXPECT_EQ(check::describe(c), "bf16 B=2 Hq=8 Hkv=2 Sq=113 Sk=4097 D=128 bhsd inputs*30 softmax_scale=0.5");
+  EXPECT_FALSE(check::has_variant(c));
+  c.local = true, c.window_left = 16, c.window_right = -1, c.softcap = 30, c.sinks.assign(8, 0.5f);
+  c.attention_chunk = 64;
+  EXPECT_TRUE(check::has_variant(c));
+  EXPECT_EQ(check::describe(c), "bf16 B=2 Hq=8 Hkv=2 Sq=113 Sk=4097 D=128 bhsd inputs*30 softmax_scale=0.5 "
+                                "window=(16,-1) softcap=30 sinks attention_chunk=64");
+  c.causal = true;  // the right bound is 0 with causal, whatever window_right says
+  EXPECT_NE(check::describe(c).find("window=(16,0)"), std::string::npos) << check::describe(c);
+}
+
+TEST(CheckCases, CheckedRowsOfVariantsIncludeWhereTheMaskChangesShape) {
+  check::Case c;
+  c.seqlen_q = 4097, c.seqlen_k = 4097, c.causal = true;
+  c.local = true, c.window_left = 100;
+  auto has = [](const std::vector<int64_t>& rows, int64_t r) { return std::count(rows.begin(), rows.end(), r) > 0; };
+  auto rows = check::checked_rows(c, 3);
+  EXPECT_EQ(rows.size(), 72u);
+  for (int64_t r : {99, 100, 101}) EXPECT_TRUE(has(rows, r)) << "row " << r << ": the first whole windows";
+  c.local = false, c.attention_chunk = 1000;
+  rows = check::checked_rows(c, 3);
+  for (int64_t r : {999, 1000, 1999, 2000, 2999, 3000}) EXPECT_TRUE(has(rows, r)) << "row " << r << ": chunk edges";
+  // Sq < Sk: row i's diagonal key is i + 2097, so the first chunk edges in the rows are keys 3000 and 4000.
+  c.seqlen_q = 2000;
+  rows = check::checked_rows(c, 3);
+  for (int64_t r : {902, 903, 1902, 1903}) EXPECT_TRUE(has(rows, r)) << "row " << r;
+  // Sq > Sk: row 0's diagonal is -1000; the edge at key 0 is row 1000 (the first that sees a key), then 2000, 3000.
+  c.seqlen_q = 4097, c.seqlen_k = 3097;
+  rows = check::checked_rows(c, 3);
+  for (int64_t r : {999, 1000, 1999, 2000, 2999, 3000}) EXPECT_TRUE(has(rows, r)) << "row " << r;
 }
