@@ -357,19 +357,20 @@ Case& with_window(Case& c, int32_t left, int32_t right) {
   return c;
 }
 
-// The attention variants (ABI 0.5): sliding windows, softcap, sinks, attention_chunk, alone and together, dense and
-// serving. tests/gpu/test_attention_variants.cpp covers more.
+// The attention variants (ABI 0.5): sliding windows, softcap, sinks, alone and together, dense and serving
+// (attention_chunk is refused by this version: tests/gpu/test_attention_variants.cpp checks the refusal).
+// tests/gpu/test_attention_variants.cpp covers more.
 void add_variant_cases(CaseList& L, bool quick) {
   const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
   if (quick) {
-    // Four small ones (B * Hq * Sq * Sk <= 64K): a causal window; softcap with sinks and rows without keys; a chunk
-    // with a window; a packed batch with a window and sinks.
+    // Four small ones (B * Hq * Sq * Sk <= 64K): a causal window; softcap with sinks and rows without keys; a
+    // narrow window at d256; a packed batch with a window and sinks.
     with_window(L.add(BF16, 128, true, 2, 2, 2, 113, 113), 16, -1);
     {
       Case& c = L.add(F16, 64, true, 1, 4, 2, 95, 33, Layout::BHSD);
       c.softcap = 5.0f, c.sinks = sink_logits(4);
     }
-    with_window(L.add(BF16, 256, true, 1, 2, 1, 65, 65), 20, 0).attention_chunk = 16;
+    with_window(L.add(BF16, 256, true, 1, 2, 1, 65, 65), 20, 0);
     {
       Case& c = add_varlen(L, F16, 128, false, 2, 1, {1, 17, 0, 40}, {20, 17, 5, 64});
       with_window(c, 8, 2).sinks = sink_logits(2);
@@ -409,15 +410,7 @@ void add_variant_cases(CaseList& L, bool quick) {
   with_window(L.add(BF16, 256, false, 1, 2, 2, 500, 500), 32, 32).sinks = sink_logits(2);
   with_window(L.add(F16, 64, true, 1, 8, 2, 1000, 1000), 128, 0).sinks = sink_logits(8);
 
-  // 10d. attention_chunk (with causal, as Llama 4 uses it): 64 and 100, Sq = Sk, Sq < Sk, Sq > Sk, not causal, and
-  // with a window.
-  L.add(BF16, 128, true, 1, 4, 2, 1000, 1000).attention_chunk = 64;
-  L.add(F16, 64, true, 2, 2, 2, 257, 513).attention_chunk = 100;
-  L.add(BF16, 256, true, 1, 2, 1, 500, 200, Layout::BHSD).attention_chunk = 64;
-  L.add(F16, 128, false, 1, 2, 2, 300, 300).attention_chunk = 100;
-  with_window(L.add(BF16, 64, true, 1, 4, 2, 1000, 1000), 80, 0).attention_chunk = 256;
-
-  // 10e. Serving layouts: packed sequences with a window and sinks, a dense KV cache (seqused_k) with a chunk, paged
+  // 10d. Serving layouts: packed sequences with a window and sinks, a dense KV cache (seqused_k) with a window, paged
   // decode with a window and softcap.
   {
     Case& c = add_varlen(L, BF16, 128, true, 4, 2, {1, 17, 0, 113, 300}, {5, 0, 40, 113, 333});
@@ -426,18 +419,18 @@ void add_variant_cases(CaseList& L, bool quick) {
   {
     Case& c = L.add(F16, 64, true, 3, 4, 2, 64, 1000);
     c.seqused_k = {1000, 100, 0};
-    c.attention_chunk = 128;
+    with_window(c, 128, 0);
   }
   {
     Case& c = add_paged(L, BF16, 128, true, 8, 2, 1, 64, {0, 1, 17, 113, 4097});
     with_window(c, 256, 0).softcap = 30.0f;
   }
 
-  // 10f. Everything at once.
+  // 10e. Everything at once.
   {
     Case& c = L.add(F16, 128, false, 2, 4, 2, 333, 777);
     with_window(c, 200, 50);
-    c.softcap = 20.0f, c.sinks = sink_logits(4), c.attention_chunk = 300;
+    c.softcap = 20.0f, c.sinks = sink_logits(4);
   }
 }
 

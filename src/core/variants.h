@@ -46,6 +46,13 @@ inline int64_t visible_key_span(const flashcore_attention_params& p, int64_t row
   return span < p.seqlen_k ? span : p.seqlen_k;
 }
 
+// What a named kernel_config's "not compiled" message adds for a windowed call that is not causal (it looked for a
+// causal config).
+inline const char* window_note(const flashcore_attention_params& p) {
+  return p.local == 1 && p.causal == 0 && masked_call(p) ? " (local = 1: a sliding window runs on the causal configs)"
+                                                         : "";
+}
+
 // Whether the call uses any variant (each one refused where a path has none).
 inline bool has_variant(const flashcore_attention_params& p) {
   return p.local != 0 || p.attention_chunk != 0 || p.softcap != 0.f || p.sinks != nullptr;

@@ -152,15 +152,10 @@ TEST_F(VariantValidation, ValidVariantsPass) {
       p.softcap = cap;
       expect_valid(p);
     }
-    for (int32_t chunk : {0, 1, 64, 100, INT32_MAX}) {
-      SCOPED_TRACE("attention_chunk " + std::to_string(chunk));
-      p.attention_chunk = chunk;
-      expect_valid(p);
-    }
     p.sinks = sinks();
     expect_valid(p);
     // All of them at once.
-    p.local = 1, p.window_size_left = 16, p.window_size_right = 3, p.softcap = 30.0f, p.attention_chunk = 64;
+    p.local = 1, p.window_size_left = 16, p.window_size_right = 3, p.softcap = 30.0f;
     expect_valid(p);
     p.local = 0, p.softcap = 0.0f, p.attention_chunk = 0, p.sinks = nullptr;
   }
@@ -204,12 +199,13 @@ TEST_F(VariantValidation, SoftcapMustBeZeroOrAFinitePositiveCap) {
   }
 }
 
-TEST_F(VariantValidation, AttentionChunkMustNotBeNegative) {
-  for (int32_t chunk : {-1, -64, INT32_MIN}) {
+// attention_chunk is reserved in ABI 0.5: any value but 0 is refused, naming the field.
+TEST_F(VariantValidation, AttentionChunkIsRefusedInThisVersion) {
+  for (int32_t chunk : {-1, 1, 64, 8192, INT32_MIN, INT32_MAX}) {
     SCOPED_TRACE(chunk);
     p.attention_chunk = chunk;
     expect_error(p, FLASHCORE_ERROR_INVALID_ARGUMENT,
-                 {"attention_chunk = " + std::to_string(chunk), "must be 0 (none) or positive"});
+                 {"attention_chunk = " + std::to_string(chunk), "not in this version"});
   }
 }
 
@@ -240,7 +236,6 @@ TEST_F(VariantValidation, EightBitCallsRefuseTheVariants) {
        }},
       {"softcap", [](P& x) { x.softcap = 30.0f; }},
       {"sinks", [this](P& x) { x.sinks = sinks(); }},
-      {"attention_chunk", [](P& x) { x.attention_chunk = 64; }},
   };
   for (const auto& [name, set] : variants) {
     for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2}) {
@@ -260,22 +255,19 @@ TEST_F(VariantValidation, EightBitCallsRefuseTheVariants) {
   }
 }
 
-TEST_F(VariantValidation, WindowedAndChunkedCallsBoundTheSummedLengths) {
-  // The masks compare i + seqlen_k - seqlen_q in 32 bits: with a window or a chunk, seqlen_q + seqlen_k must stay
-  // within 2^31 - 1024. One past the bound is INVALID_SIZE naming the sum; softcap and sinks alone do not care.
+TEST_F(VariantValidation, WindowedCallsBoundTheSummedLengths) {
+  // The masks compare i + seqlen_k - seqlen_q in 32 bits: with a window, seqlen_q + seqlen_k must stay within
+  // 2^31 - 1024. One past the bound is INVALID_SIZE naming the sum; softcap and sinks alone do not care.
   const int64_t limit = (int64_t{1} << 31) - 1024;
   auto fails_on_summed_lengths = [](const flashcore_attention_params& params) {
     return flashcore_attention_validate(&params) != FLASHCORE_SUCCESS &&
            std::string(flashcore_last_error()).find("seqlen_q + seqlen_k") != std::string::npos;
   };
   p.seqlen_k = limit - SQ + 1;
-  for (int variant = 0; variant < 2; ++variant) {
-    SCOPED_TRACE(variant == 0 ? "local" : "attention_chunk");
+  {
     flashcore_attention_params with = p;
-    if (variant == 0) with.local = 1, with.window_size_left = 128;
-    else with.attention_chunk = 8192;
-    expect_error(with, FLASHCORE_ERROR_INVALID_SIZE,
-                 {"seqlen_q + seqlen_k = " + std::to_string(limit + 1), variant == 0 ? "local" : "attention_chunk"});
+    with.local = 1, with.window_size_left = 128;
+    expect_error(with, FLASHCORE_ERROR_INVALID_SIZE, {"seqlen_q + seqlen_k = " + std::to_string(limit + 1), "local"});
     with.seqlen_k = limit - SQ;  // the bound itself passes this rule (the host buffers then fail a later one)
     EXPECT_FALSE(fails_on_summed_lengths(with)) << flashcore_last_error();
   }
@@ -303,7 +295,6 @@ TEST_F(VariantValidation, BackwardRefusesTheVariants) {
       {"local", [](P& x) { x.local = 1; }},  // (a window of (0, 0): any local = 1 is refused)
       {"softcap", [](P& x) { x.softcap = 30.0f; }},
       {"sinks", [this](P& x) { x.sinks = sinks(); }},
-      {"attention_chunk", [](P& x) { x.attention_chunk = 64; }},
   };
   for (const auto& [name, set] : variants) {
     SCOPED_TRACE(name);
@@ -349,7 +340,7 @@ TEST_F(VariantValidation, V4SizedStructIsAcceptedAndItsVariantFieldsAreDefaults)
 }
 
 TEST_F(VariantValidation, NewerCallersZeroTailIsAcceptedWithVariants) {
-  p.local = 1, p.window_size_left = 8, p.softcap = 20.0f, p.sinks = sinks(), p.attention_chunk = 32;
+  p.local = 1, p.window_size_left = 8, p.softcap = 20.0f, p.sinks = sinks();
   std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 16, 0);
   std::memcpy(buf.data(), &p, sizeof(p));
   auto* newer = reinterpret_cast<flashcore_attention_params*>(buf.data());

@@ -56,10 +56,10 @@ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], const SeqInf
     }
   }
   if (kWindow && win.window_left >= 0) {
-    // A window: element (i, j, e) is row row0 + 8i, column col0 + 8j + e, and visible iff
-    // d - left <= column - row <= d + right: compared as 8j + e - 8i against two values of the block, so that the
-    // mask holds two registers rather than four row bounds (this runs where S, O and both P sets are live: the
-    // per-row form made the 3-warpgroup d64 rows spill).
+    // The window's left bound (the right one is in `limit` above): element (i, j, e) is row row0 + 8i, column
+    // col0 + 8j + e, and masked iff column - row < d - left, compared as 8j + e - 8i against one value of the block
+    // rather than a bound per row (this runs where S, O and both P sets are live: per-row bounds made rows spill).
+    // 32 bits: validation keeps seqlen_q + seqlen_k of windowed calls below 2^31 - 1024.
     const int lo = seqlen_k - static_cast<int>(seq.seqlen_q) - win.window_left - (col0 - row0);  // masked iff < lo
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

@@ -188,6 +188,7 @@ flashcore_status plan_call(const flashcore_attention_params& p, const core::Plan
   const KernelRow* row = select(p.dtype, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(p.head_dim),
                                 core::masked_call(p), p.kernel_config, plan.cc, p.seqlen_k, error);
   if (row == nullptr) {
+    if (p.kernel_config != nullptr) error += core::window_note(p);
     return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   // One CTA per query tile: the grid's x dimension holds at most 2^31-1 of them.

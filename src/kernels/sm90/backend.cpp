@@ -116,9 +116,7 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   if (p.num_splits == 1 || p.cu_seqlens_q != nullptr) return nullptr;
   // At most 8 query rows (one new token of a GQA group of up to 8 heads, packed): the row with the GEMMs transposed
   // (decode_swap.cuh), whose wgmma tile has 8 rows instead of 64; else the 64-row one.
-  // Sinks join the denominator once per row, which the split merges do not do yet: such calls run whole tiles.
-  // The transposed-GEMM consumer has no window, chunk or softcap: the 64-row split tile (the main loop) takes them.
-  if (p.sinks != nullptr) return nullptr;
+  // The transposed-GEMM consumer has no window, softcap or sinks: the 64-row split tile (the main loop) takes them.
   const bool swap = p.seqlen_q <= kSwapRows && !core::has_variant(p);
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule == Schedule::kSplitKv && !splits_last_round(r->shape) && same_key(*r, p) &&
@@ -182,7 +180,7 @@ const KernelRow* wave_row(const flashcore_attention_params& p, int device, const
                           uint64_t workspace_capacity) {
   // Only whole-tile non-causal rows of dense 16-bit calls: causal tiles differ in length (the dynamic schedule balances
   // them), packed and split calls have rows of their own.
-  // (Sinks: no split merge takes them yet, decode_row.)
+  // (Sinks: the prefill split rows' merge takes none, check_row.)
   if (chosen == nullptr || chosen->causal || is_8bit(chosen->dtype) || p.cu_seqlens_q != nullptr ||
       p.cu_seqlens_k != nullptr || chosen->shape.schedule == Schedule::kSplitKv || p.sinks != nullptr) {
     return chosen;
@@ -316,13 +314,16 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
     }
     // A tuned prefill split row only with the workspace its partials need, a tuned 8-bit row only with the workspace
     // its V route needs (a caller may have sized it for the default row): else the default runs.
-    if (row != nullptr && p.sinks != nullptr && row->shape.schedule == Schedule::kSplitKv) row = nullptr;  // (decode_row)
+    if (row != nullptr && p.sinks != nullptr && splits_last_round(row->shape)) row = nullptr;  // (check_row)
     if (row != nullptr && (splits_last_round(row->shape) || is_8bit(p.dtype)) &&
         row_workspace(*row, p, plan.sms, transposes_v_in_kernel(*row, p, plan.device)).bytes > capacity) {
       row = nullptr;
     }
   }
-  if (row == nullptr) row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
+  if (row == nullptr) {
+    row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
+    if (row == nullptr && p.kernel_config != nullptr) error += core::window_note(p);
+  }
   if (p.kernel_config == nullptr) row = wave_row(p, plan.device, row, capacity);
   return window_row(p, row, error);
 }
@@ -458,12 +459,11 @@ flashcore_status check_row(const KernelRow& row, const flashcore_attention_param
             (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  // Split merges take no sinks, the transposed-GEMM consumer no variant (decode_row).
-  if (row.shape.schedule == Schedule::kSplitKv &&
-      (p.sinks != nullptr || (swaps_gemms(row.shape) && core::has_variant(p)))) {
-    error = std::string("kernel config \"") + row.name + "\" (split-KV" +
-            (swaps_gemms(row.shape) ? ", transposed GEMMs" : "") + ") takes no " +
-            (p.sinks != nullptr ? "sinks" : "window, chunk or softcap") + " yet; name another config or none";
+  // The prefill split rows' merge in registers takes no sinks, the transposed-GEMM consumer no variant (decode_row).
+  if ((splits_last_round(row.shape) && p.sinks != nullptr) || (swaps_gemms(row.shape) && core::has_variant(p))) {
+    error = std::string("kernel config \"") + row.name + "\" (" +
+            (swaps_gemms(row.shape) ? "split-KV decode with transposed GEMMs" : "prefill split-KV") + ") takes no " +
+            (swaps_gemms(row.shape) ? "window, softcap or sinks" : "sinks") + " yet; name another config or none";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const int64_t tiles = query_tiles(row, p);
