@@ -43,10 +43,12 @@ def _header_layout(header_text):
 
 
 def test_params_layout_matches_header(header_text):
-    """dout starts where the 0.3 layout ends (480); then 4 pointers, 4 stride structs and 2 int32: 648 bytes."""
+    """dout starts where the 0.3 layout ends (480); then 4 pointers, 4 stride structs and 2 int32: the 0.4 layout,
+    648 bytes; the 0.5 variants follow (4 int32/float, a pointer, 2 int32): 680 bytes."""
     offsets, size = _header_layout(header_text)
     assert offsets["dout"] == 480 == _lib.ATTENTION_PARAMS_V3_SIZE
-    assert size == 480 + 4 * 8 + 4 * 32 + 2 * 4 == 648
+    assert offsets["local"] == 480 + 4 * 8 + 4 * 32 + 2 * 4 == 648 == _lib.ATTENTION_PARAMS_V4_SIZE
+    assert size == 648 + 4 * 4 + 8 + 2 * 4 == 680
     assert ctypes.sizeof(_lib.AttentionParamsStruct) == size
     assert [name for name, _ in _lib.AttentionParamsStruct._fields_] == list(offsets)
     for name, offset in offsets.items():
