@@ -72,8 +72,10 @@ FLASH_NAME = "flashcore"  # the only name containing "flash" that register() acc
 logger = logging.getLogger(__name__)
 _logged_reasons = set()
 
-# Keyword arguments some models pass that change the attention math FlashCore does not implement.
-_UNSUPPORTED_KWARGS = ("position_bias", "softcap", "s_aux", "sinks")
+# Keyword arguments some models pass that change the attention math FlashCore does not implement (position_bias:
+# T5-style biases, which transformers' SDPA path adds to its mask; sinks: no transformers model passes attention sinks
+# under this name (gpt-oss's are s_aux), so its convention is not assumed).
+_UNSUPPORTED_KWARGS = ("position_bias", "sinks")
 # FlashAttention-style packed-sequence arguments (passed by model code for names containing "flash").
 _VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -251,9 +253,55 @@ def _compiled_backward_head_dims():
     return None if dims is None else dims[1]
 
 
-def _sliding_window(module, kwargs):
+def _sliding_window(module, kwargs) -> Optional[int]:
+    """The call's sliding window in transformers' convention (None: none): the kwarg models pass for sliding layers
+    (Mistral, Qwen2, Gemma 2/3, gpt-oss, ...), else the module's attribute."""
     window = kwargs.get("sliding_window")
     return window if window is not None else getattr(module, "sliding_window", None)
+
+
+def _module_is_causal(module, is_causal) -> bool:
+    """As transformers' sdpa_attention_forward: the is_causal kwarg when given, else the module's flag."""
+    return bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+
+
+def _window_left(window: int) -> int:
+    """FlashAttention's left bound of transformers' sliding window of `window` tokens. transformers' mask keeps key
+    kv of query q iff q - window < kv <= q (masking_utils.sliding_window_overlay and the causal mask): `window`
+    tokens, the query's own included, so the left bound is window - 1, which is also what transformers passes to
+    FlashAttention (modeling_flash_attention_utils._process_flash_attention_kwargs: window_size=(window - 1, ...))."""
+    return window - 1
+
+
+def _window_restricts(window: Optional[int], seqlen_k: int) -> bool:
+    """Whether a causal window of `window` tokens hides any of seqlen_k keys from a query: with bottom-right
+    alignment the earliest query, which sees the least, sees keys from Sk - Sq - (window - 1) on, so nothing is
+    hidden while Sk <= window (transformers passes FlashAttention no window then either)."""
+    return window is not None and seqlen_k > window
+
+
+def _visible(seqlen_q: int, seqlen_k: int, causal: bool, window: Optional[int], device) -> torch.Tensor:
+    """(Sq, Sk) bool: the keys each query sees with FlashCore's bottom-right alignment under causal (or a causal
+    module's decoding step, which needs no causal flag) and a sliding window of `window` tokens (None: none). Tensor
+    ops only: traceable, as the mask of a fallback call."""
+    rows = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    sees = cols <= rows if causal else torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if window is not None:
+        sees = sees & (cols >= rows - _window_left(window)) & (cols <= rows)
+    return sees
+
+
+def _sinks(kwargs):
+    """The call's attention sinks: gpt-oss passes them as s_aux (transformers' name; FlashAttention-4's
+    learnable_sink), one logit per query head."""
+    return kwargs.get("s_aux")
+
+
+def _softcap(kwargs) -> Optional[float]:
+    """The call's softcap (Gemma 2's attn_logit_softcapping); None and 0 mean none."""
+    softcap = kwargs.get("softcap")
+    return softcap if softcap else None
 
 
 def _cannot_read(t) -> bool:
@@ -300,7 +348,8 @@ def _packed_positions(query, key, attention_mask, kwargs):
     return torch.tensor(bounds, dtype=torch.int32, device=query.device)
 
 
-def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs) -> Optional[str]:
+def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs, module_causal: bool
+                        ) -> Optional[str]:
     """Why FlashCore cannot run this call (None when it can). Metadata only: traceable by torch.compile."""
     if attention_mask is not None:
         return "an attention mask that is not purely causal (e.g. padding)"
@@ -310,9 +359,20 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
         if kwargs.get(name) is not None:
             return f"the {name!r} argument"
     window = _sliding_window(module, kwargs)
-    if window is not None and key.shape[2] >= window:
-        # Keys beyond the window must be masked; without a mask FlashCore would attend to all of them.
-        return f"sliding_window={window} with {key.shape[2]} keys"
+    if window is not None and not module_causal and key.shape[2] >= window:
+        # A bidirectional window: transformers' models disagree on its width (|q - kv| <= window in masking_utils,
+        # < window in Gemma 3), so it is not guessed here.
+        return f"sliding_window={window} in a non-causal module with {key.shape[2]} keys"
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        return f"sliding_window={window!r} (not a positive int)"
+    softcap = _softcap(kwargs)
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0):
+        return f"softcap={softcap!r} (not a positive number)"
+    sinks = _sinks(kwargs)
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.dim() != 1
+                              or sinks.shape[0] != query.shape[1]):
+        shown = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        return f"s_aux (attention sinks) of shape {shown}, not one per query head ({query.shape[1]},)"
     for t in (query, key, value):
         if not _is_cuda(t):
             return f"tensors on {t.device}"
@@ -325,13 +385,70 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
     head_dims = _compiled_head_dims()
     if head_dims is not None and query.shape[-1] not in head_dims:
         return f"head_dim {query.shape[-1]} (compiled: {list(head_dims)})"
-    if _ops._needs_grad(query, key, value):  # training: the call will be differentiated
+    if _ops._needs_grad(query, key, value, *([sinks] if sinks is not None else [])):  # training: differentiated
+        variants = [name for name, used in (("sliding_window", _window_restricts(window, key.shape[2])),
+                                            ("softcap", softcap is not None), ("s_aux", sinks is not None)) if used]
+        if variants:
+            # FlashCore's variants are forward-only (0.5): fall back before the forward, not fail in the backward.
+            return f"gradients with {', '.join(variants)} (FlashCore's backward does not take them yet)"
         backward_dims = _compiled_backward_head_dims()
         if backward_dims is not None and query.shape[-1] not in backward_dims:
             if not backward_dims:
                 return "gradients (the loaded libflashcore.so has no backward pass: 0.4 or newer needed)"
             return f"gradients with head_dim {query.shape[-1]} (FlashCore's backward: {list(backward_dims)})"
     return None
+
+
+def _eager_attention(module):
+    """The eager attention function of the module's model (transformers' modeling files define one at module level:
+    models/<name>/modeling_<name>.py eager_attention_forward), which applies softcap and sinks; None if there is
+    none."""
+    import sys
+
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+
+
+def _fallback_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs, reason,
+                        fallback, window=None):
+    """transformers' own attention for a call FlashCore does not run (reason), or ValueError (fallback=False).
+
+    SDPA (sdpa_attention_forward) runs it, except a call with softcap or attention sinks (s_aux, sinks), which SDPA
+    would ignore: the model's eager attention runs those. window: a sliding window (transformers' tokens) that no mask
+    holds yet (the mask builder returns None for a sliding-window layer without padding, leaving the window to the
+    attention function): the mask is built here, as is the causal one the eager attention needs (it takes no
+    is_causal)."""
+    if not fallback:
+        raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
+    eager = None
+    if _softcap(kwargs) is not None or _sinks(kwargs) is not None or kwargs.get("sinks") is not None:
+        eager = _eager_attention(module)
+        if eager is None:
+            raise ValueError(f"FlashCore transformers adapter: cannot run a call with {reason}: it has softcap or "
+                             f"attention sinks, which transformers' SDPA attention ignores, and "
+                             f"{type(module).__module__} has no eager_attention_forward to run it")
+    to = "the model's eager attention" if eager is not None else "transformers' SDPA attention"
+    if not torch.compiler.is_compiling() and (reason, to) not in _logged_reasons:
+        _logged_reasons.add((reason, to))
+        warnings.warn(f"FlashCore: falling back to {to} for {reason}", stacklevel=4)
+    module_causal = _module_is_causal(module, is_causal)
+    seqlen_q = query.shape[2]
+    causal = module_causal and seqlen_q > 1
+    pending_window = window is not None and module_causal and _window_restricts(window, key.shape[2])
+    if attention_mask is None and (pending_window or (eager is not None and causal)):
+        if causal and key.shape[2] > seqlen_q:  # transformers' top-left convention for a None mask (see _forward)
+            key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
+        attention_mask = _visible(seqlen_q, key.shape[2], causal, window if pending_window else None,
+                                  query.device)[None, None]
+    if eager is not None:
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            # Eager attention adds its mask to the scores: a boolean one (SDPA's, which the mask builder makes)
+            # becomes 0 where a key is seen and the dtype's minimum elsewhere, as transformers' eager masks are.
+            attention_mask = torch.where(attention_mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
+        return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
 
 
 def _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs):
@@ -342,23 +459,23 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
         rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
         rest.update(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens)
         return _forward_packed(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, rest)
+    window = _sliding_window(module, kwargs)
     packed_ids = _packed_prefill_ids(query, key, attention_mask, kwargs)
     if packed_ids is not None and _cannot_read(packed_ids) and getattr(module, "is_causal", True) is not False:
         # Under torch.compile / graph capture the ids cannot be inspected: they may pack several sequences, which a
-        # plain causal kernel call would attend across. SDPA with a block-diagonal causal mask is right either way.
-        reason = "position_ids while compiling or capturing (possibly packed sequences)"
-        if not fallback:
-            raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+        # plain causal kernel call would attend across. transformers' attention with a block-diagonal causal mask
+        # (and the window, if any) is right either way.
         rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
         mask = _segment_causal_mask(packed_ids, query.shape[2])
-        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **rest)
-    reason = _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs)
+        if window is not None:
+            mask = mask & _visible(query.shape[2], key.shape[2], True, window, query.device)
+        return _fallback_attention(module, query, key, value, mask, dropout, scaling, is_causal, rest,
+                                   "position_ids while compiling or capturing (possibly packed sequences)", fallback)
     # As transformers' sdpa_attention_forward: a None mask means causal (for causal modules) unless decoding.
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    module_causal = _module_is_causal(module, is_causal)
+    reason = _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs, module_causal)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
-    causal = seqlen_q > 1 and bool(causal)
+    causal = seqlen_q > 1 and module_causal
     if reason is None and causal and seqlen_k != seqlen_q:
         if seqlen_k > seqlen_q:
             # transformers' convention for a None mask here is top-left causal (prefill of an empty static cache):
@@ -367,19 +484,22 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
         else:
             reason = "causal attention with fewer keys than queries"
     if reason is not None:
-        if not fallback:
-            raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
-        if not torch.compiler.is_compiling() and reason not in _logged_reasons:
-            _logged_reasons.add(reason)
-            warnings.warn(f"FlashCore: falling back to transformers' SDPA attention for {reason}", stacklevel=3)
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
+        return _fallback_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs,
+                                   reason, fallback, window if attention_mask is None else None)
+    # The variants of a causal module: a sliding window that hides keys (with no mask, the window is the attention
+    # function's to apply; a decoding step, causal=False here, needs the window's right bound 0 too), the softcap and
+    # the sinks. A window that hides nothing is not passed (as transformers does for FlashAttention).
+    variants = {}
+    if module_causal and _window_restricts(window, key.shape[2]):
+        variants["window_size"] = (_window_left(window), 0)
+    if _softcap(kwargs) is not None:
+        variants["softcap"] = float(_softcap(kwargs))
+    if _sinks(kwargs) is not None:
+        variants["sinks"] = _sinks(kwargs)
     # (B, H, S, D) -> (B, S, H, D) views (no copy); the output is (B, S, Hq, D) contiguous, as transformers wants.
     out = _ops.attention(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scaling
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scaling,
+        **variants
     )
     return out, None
 
@@ -456,16 +576,36 @@ def _has_no_padding(attention_mask) -> bool:
     return bool(attention_mask.all())
 
 
+def _is_plain_sliding_window(kwargs) -> bool:
+    """Whether the builder was called by masking_utils.create_sliding_window_causal_mask for a causal sliding window
+    with nothing on top. That function passes local_size = config.sliding_window and a mask function made on the spot
+    (and_masks(sliding_window_overlay, causal), which cannot be compared by identity); every overlay it can add (or /
+    and mask functions, packed sequences, blocks) also turns allow_is_causal_skip off, which the caller checks.
+    Chunked attention (create_chunked_causal_mask) passes local_size = config.attention_chunk_size: a config that has
+    one is never taken for a sliding window, even if the two sizes differ, so that a chunked mask is never dropped."""
+    config, local_size = kwargs.get("config"), kwargs.get("local_size")
+    return (
+        config is not None
+        and local_size is not None
+        and getattr(config, "sliding_window", None) == local_size
+        and getattr(config, "attention_chunk_size", None) is None
+        and getattr(config, "is_causal", True)
+    )
+
+
 def mask_function(*args, **kwargs):
-    """transformers mask builder: None for a pure causal mask without padding, else transformers' SDPA mask."""
+    """transformers mask builder: None for a pure causal mask, or a causal sliding-window one (since 0.5: the
+    attention function applies the window the model passes as sliding_window), without padding; else transformers'
+    SDPA mask."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    plain_causal = (kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+                    and kwargs.get("local_size") is None)
     if (
         not args
         and kwargs.get("allow_is_causal_skip", True)
-        and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
-        and kwargs.get("local_size") is None
+        and (plain_causal or _is_plain_sliding_window(kwargs))
         and q_length is not None
         and kv_length is not None
         and (q_length == 1 or q_length == kv_length)
