@@ -1,5 +1,5 @@
-"""The attention variants (C ABI 0.5, issue #72: window_size, softcap, sinks, attention_chunk) without a GPU: the float64
-reference against a loop-by-loop reading of the definitions, the front ends' argument errors (each naming the
+"""The attention variants (C ABI 0.5, issue #72: window_size, softcap, sinks, attention_chunk) without a GPU: the
+float64 reference against a loop-by-loop reading of the definitions, the front ends' argument errors (each naming the
 argument), the C params the ops fill (through the host-only stub library, and a 0.4-sized one that refuses them), the
 custom ops with the kernel emulated on the CPU by the float64 reference (results, LSE with sinks, rows without keys,
 fake tensors, opcheck, torch.compile), and the backward's NotImplementedError naming the variant.
@@ -218,7 +218,8 @@ def test_kernel_params_varlen_and_paged_carry_the_variants(use_library, stub_lib
 
 @pytest.fixture
 def stub_v4_library(c_compiler, header_text, tmp_path):
-    return build_stub(c_compiler, tmp_path, "libflashcore_v4.so", "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
+    return build_stub(c_compiler, tmp_path, "libflashcore_v4.so",
+                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
 
 
 def test_a_04_library_refuses_the_variants(use_library, stub_v4_library):
@@ -414,8 +415,8 @@ def test_varlen_and_kvcache_backward_raise(emulated):
 def test_op_schemas_take_the_variants():
     for op in ("attention_fwd", "attention_kvcache_fwd", "varlen_attention_fwd"):
         args = {a.name: a for a in getattr(torch.ops.flashcore, op).default._schema.arguments}
-        assert [str(args[n].type) for n in ("window_size_left", "window_size_right", "softcap", "sinks",
-                                            "attention_chunk")] == ["int", "int", "float", "Optional[Tensor]", "int"], op
+        names = ("window_size_left", "window_size_right", "softcap", "sinks", "attention_chunk")
+        assert [str(args[n].type) for n in names] == ["int", "int", "float", "Optional[Tensor]", "int"], op
         assert (args["window_size_left"].default_value, args["window_size_right"].default_value,
                 args["softcap"].default_value, args["sinks"].default_value,
                 args["attention_chunk"].default_value) == (-1, -1, 0.0, None, 0), op
