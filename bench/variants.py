@@ -120,6 +120,32 @@ def fa3_lacks(variant: dict) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------------------
+# FlexAttention's side of the variants (pure functions of torch: tested on the CPU with eager flex_attention)
+
+def window_mask_mod(left: int):
+    """FlexAttention mask_mod of a causal call with FlashAttention's window (left, 0), left = -1 unbounded (plain
+    causal); Sq == Sk, so bottom-right and top-left alignment agree."""
+    def visible(b, h, q_idx, kv_idx):
+        sees = q_idx >= kv_idx
+        return sees & (q_idx - kv_idx <= left) if left >= 0 else sees
+    return visible
+
+
+def softcap_score_mod(torch, cap: float):
+    """FlexAttention score_mod of FlashAttention's softcap: the score it gets is already scale * q.k."""
+    def capped(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+    return capped
+
+
+def fold_sinks(torch, out, lse, sinks):
+    """Attention with per-head sinks from attention without them: out (B, H, S, D) and its natural-log lse (B, H, S);
+    the sink adds e^sink to each row's denominator, so every row scales by e^lse / (e^lse + e^sink) =
+    sigmoid(lse - sink). In out's dtype."""
+    return (out * torch.sigmoid(lse - sinks[None, :, None])[..., None]).to(out.dtype)
+
+
+# ------------------------------------------------------------------------------------------------------
 # Timing: the systems interleaved call by call (pure Python over a torch-like module: tested with a fake one)
 
 def interleaved_times(torch, calls: Dict[str, Callable[[int], None]], nsets: int, warmup: int, iters: int,
@@ -227,7 +253,7 @@ class Runner:
 
             def with_sinks(q, k, v, block_mask, sinks):
                 out, lse = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
-                return (out * torch.sigmoid(lse - sinks[None, :, None])[..., None]).to(q.dtype)
+                return fold_sinks(torch, out, lse, sinks)
 
             self._flex = (torch.compile(flex_attention, dynamic=False), torch.compile(with_sinks, dynamic=False),
                           create_block_mask)
@@ -263,23 +289,15 @@ class Runner:
             return call, lambda: outs[0]
         if name == "flex":
             flex, flex_sinks, create_block_mask = self.flex_functions()
-            left = window[0]
-
-            def visible(b, h, q_idx, kv_idx):
-                sees = q_idx >= kv_idx
-                return sees & (q_idx - kv_idx <= left) if left >= 0 else sees
-            block_mask = create_block_mask(visible, None, None, cell["S"], cell["S"], device="cuda")
-
-            def softcap_mod(score, b, h, q_idx, kv_idx):
-                return cap * torch.tanh(score / cap)
+            block_mask = create_block_mask(window_mask_mod(window[0]), None, None, cell["S"], cell["S"], device="cuda")
+            softcap_mod = softcap_score_mod(torch, cap) if cap else None
 
             def call(i):
                 q, k, v = sets[i]
                 if use_sinks is not None:
                     outs[i] = flex_sinks(q, k, v, block_mask, use_sinks)
                 else:
-                    outs[i] = flex(q, k, v, score_mod=softcap_mod if cap else None, block_mask=block_mask,
-                                   enable_gqa=True)
+                    outs[i] = flex(q, k, v, score_mod=softcap_mod, block_mask=block_mask, enable_gqa=True)
             return call, lambda: outs[0]
         if name == "fa3":
             if self.fa3 is None:

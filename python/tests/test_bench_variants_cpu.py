@@ -56,6 +56,30 @@ def test_cells():
     assert variants.flops_of(cell, cell["base"], 32, 128) == 4.0 * 4 * 32 * 128 * 8192 * 8193 // 2
 
 
+@pytest.mark.parametrize("left, cap, with_sinks", [(7, 0.0, True), (-1, 0.7, False), (20, 1.5, True)])
+def test_flexattention_side_matches_the_reference(left, cap, with_sinks):
+    """The FlexAttention calls the bench makes (window mask_mod, softcap score_mod, sinks folded in from its LSE),
+    run eagerly on the CPU, against the float64 reference of the variants."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention", reason="no FlexAttention in this torch")
+    from reference import reference_variants
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 64, 16, generator=gen)
+    k, v = (torch.randn(2, 2, 64, 16, generator=gen) for _ in range(2))
+    sinks = torch.randn(4, generator=gen) * 2
+    block_mask = flex.create_block_mask(variants.window_mask_mod(left), None, None, 64, 64, device="cpu",
+                                        BLOCK_SIZE=16)
+    score_mod = variants.softcap_score_mod(torch, cap) if cap else None
+    out, lse = flex.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True,
+                                   return_lse=True)
+    if with_sinks:
+        out = variants.fold_sinks(torch, out, lse, sinks)
+    want, _ = reference_variants(*(t.transpose(1, 2) for t in (q, k, v)), True, None, (left, 0), cap,
+                                 sinks if with_sinks else None)
+    torch.testing.assert_close(out.transpose(1, 2).double(), want, atol=1e-5, rtol=1e-5)
+
+
 class _FakeCuda:
     """torch.cuda's Event and synchronize, recording the calls' order on a fake clock (1 ms per call)."""
 
@@ -115,7 +139,8 @@ def _cell(name, S, tflops, ms, base_name="causal", group="window", diff=None):
 def test_table_and_markdown():
     c = _cell("window 4096", 16384, (300.0, 500.0, 150.0, 320.0), (1.0, 3.0, 2.0, 0.9), diff={"flex": 2e-3})
     lines = variants.table([c])
-    assert lines[0].startswith("| variant | S | B | FlashCore | FC baseline | FlexAttention | FA3 | speedup vs baseline")
+    assert lines[0].startswith("| variant | S | B | FlashCore | FC baseline | FlexAttention | FA3 | speedup vs "
+                               "baseline")
     assert "| window 4096 | 16384 | 2 | 300 | 500 (causal) | 150 | 320 | 3.00x | 0.60 | 2.00 | 0.94 | flex: 2.0e-03 |" \
         in lines
     sinks = _cell("sinks", 8192, (400.0, 420.0, 300.0, None), (1.0, 0.95, 1.3, None), "no sinks", "sinks")
