@@ -351,7 +351,8 @@ def _check_int_arg(name: str, value, low: int) -> int:
     if not low <= value <= INT32_MAX:
         what = "-1 (unbounded) or an int in [0, 2**31 - 1]" if low == -1 else "0 (none) or a positive int below 2**31"
         raise ValueError(f"FlashCore: {name} must be {what}, got {value}")
-    return value
+    # A plain int for the custom ops' int arguments (a numpy integer is not one); a SymInt under torch.compile stays.
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def _check_window_size(window_size) -> Tuple[int, int]:

@@ -124,6 +124,7 @@ def emulated_adapter(request, monkeypatch):
     monkeypatch.setattr(fc_hf, "_is_cuda", lambda t: True)
     monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 128, 256))
     monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 128))
+    monkeypatch.setattr(fc_hf, "_library_has_variants", lambda: True)
     return fc_hf.register(request.param)
 
 
@@ -542,6 +543,10 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
         def has_backward():
             return True
 
+        @staticmethod
+        def has_variants():
+            return False
+
     fake = FakeLib()
     monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
     monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
@@ -550,6 +555,7 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     monkeypatch.setattr(fc_hf._lib, "load", lambda: pytest.fail("library loaded while compiling"))
     assert fc_hf._compiled_head_dims() == (64,)
     assert fc_hf._compiled_backward_head_dims() == (64,)
+    assert fc_hf._library_has_variants() is False
 
 
 # ---------------------------------------------------------------------------------------------------------------

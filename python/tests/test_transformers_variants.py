@@ -156,6 +156,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(fc_hf, "_is_cuda", lambda t: True)
     monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 128, 256))
     monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 128))
+    monkeypatch.setattr(fc_hf, "_library_has_variants", lambda: True)
     fc_hf._logged_reasons.clear()
 
 
@@ -250,6 +251,29 @@ def test_cpu_emulated_mask_builder_keeps_chunked_masks(emulated):
     padded = dict(common, attention_mask=torch.arange(32)[None] >= 3)
     assert fc_hf.mask_function(config=config, **sliding, **padded) is not None
     assert fc_hf.mask_function(config=config, **sliding, **dict(common, allow_is_causal_skip=False)) is not None
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_cpu_emulated_library_without_variants_falls_back(emulated, calls, monkeypatch, strict):
+    """A 0.4 library (no variant fields): calls with a window, softcap or sinks go to transformers' attention (eager,
+    for softcap and sinks), naming the reason, instead of the op's RuntimeError; plain calls stay on FlashCore."""
+    monkeypatch.setattr(fc_hf, "_library_has_variants", lambda: False)
+    fc_hf.register(fc_hf.DEFAULT_NAME, fallback=not strict)
+    try:
+        ids = torch.randint(0, 1000, (1, 40))
+        for arch in ("mistral", "gemma2"):
+            fc_hf._logged_reasons.clear()
+            if strict:
+                with pytest.raises(ValueError, match="predates the attention variants"):
+                    _logits(tiny(arch, fc_hf.DEFAULT_NAME, torch.bfloat16, "cpu"), ids)
+            else:
+                with pytest.warns(UserWarning, match="predates the attention variants: 0.5 needed"):
+                    compare_with_eager(arch, fc_hf.DEFAULT_NAME, "cpu", ids)
+        assert calls == []
+        _logits(tiny("mistral", fc_hf.DEFAULT_NAME, torch.bfloat16, "cpu"), ids[:, :WINDOW])  # the window hides nothing
+        assert len(calls) == 2
+    finally:
+        fc_hf.register(fc_hf.DEFAULT_NAME)
 
 
 def test_cpu_emulated_window_conventions_on_direct_calls(emulated, calls):

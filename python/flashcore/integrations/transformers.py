@@ -24,25 +24,31 @@ Two names, one implementation:
 
 What runs on FlashCore: fp16/bf16 CUDA inputs with a compiled head dim, no dropout, and either no mask or a pure
 causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv).
+Since 0.5 (a 0.5 library) the attention variants models pass for FlashAttention run too: the sliding_window of a
+causal module (the kwarg, or the module's attribute) as FlashAttention's window_size=(sliding_window - 1, 0) when
+it hides keys, softcap (Gemma 2) and gpt-oss's s_aux as sinks.
 Training too (since 0.4): a call whose inputs require grad (grad mode on) runs FlashCore's forward and backward
-when the library has a backward for its head dim (64 and 128 in 0.4); otherwise it falls back to SDPA like the
-calls below (with fallback=False: ValueError), so that no backward fails after the forward ran.
-Everything else (padding masks, sliding-window masks once the window is exceeded, a static cache's mask,
-dropout, fp32, softcap / attention sinks / position bias, a sliding window shorter than the keys, an uncompiled
-head dim) falls back to transformers' own SDPA path, unless register(fallback=False), which raises ValueError
-instead. Each fallback reason is reported once per process with warnings.warn (naming the argument). No argument
-the kernel cannot honour is ignored: the adapter never returns plain causal attention for a call that asked for
-something else. Eager and torch.compile take the same decision for the same call (the compiled head dims are read
+when the library has a backward for its head dim (64 and 128 in 0.4) and the call has no variant (forward-only in
+0.5); otherwise it falls back like the calls below (with fallback=False: ValueError), so that no backward fails after
+the forward ran.
+Everything else (padding masks, a static cache's mask, dropout, fp32, position bias, a sinks kwarg, the window of a
+non-causal module, an uncompiled head dim) falls back to transformers' own SDPA path, or to the model's eager
+attention when the call has softcap or sinks (SDPA would ignore them), unless register(fallback=False), which raises
+ValueError instead. Each fallback reason is reported once per process with warnings.warn (naming the argument). No
+argument the kernel cannot honour is ignored: the adapter never returns plain causal attention for a call that asked
+for something else. Eager and torch.compile take the same decision for the same call (the compiled head dims are read
 once, outside the graph, and cached). Sequences packed through position_ids (batch 1, positions restarting, no
 mask: what FlashAttention-named implementations get) run segment by segment in eager mode; while compiling or
 capturing a CUDA graph the ids cannot be read, so such a call (batch 1, no mask, prefill, position_ids given) falls
-back to SDPA with a block-diagonal causal mask built from the ids by tensor ops (see docs/python.md).
+back to transformers' attention with a block-diagonal causal mask built from the ids by tensor ops (see
+docs/python.md).
 
 Masks: register() also registers a mask builder under the same name (transformers builds no mask at all for an
 attention name it has no mask builder for, which would silently drop padding). It returns None for a pure
-causal mask without padding, and transformers' SDPA mask otherwise. Without a 2-D attention_mask it decides
-from shapes alone, so this also holds under torch.compile; with one it must read the mask (skipped while
-compiling or capturing a CUDA graph, where the SDPA fallback is taken).
+causal mask, or a causal sliding-window one, without padding (the attention function applies the window), and
+transformers' SDPA mask otherwise. Without a 2-D attention_mask it decides from shapes alone, so this also holds
+under torch.compile; with one it must read the mask (skipped while compiling or capturing a CUDA graph, where the
+SDPA fallback is taken).
 """
 
 from __future__ import annotations
@@ -198,21 +204,23 @@ def _is_cuda(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
-# (library object, its compiled head dims) and (library object, the head dims its backward takes): read outside any
-# graph, so that eager and compiled calls agree.
+# (library object, its compiled head dims), (library object, the head dims its backward takes) and (library object,
+# whether it reads the attention variants): read outside any graph, so that eager and compiled calls agree.
 _head_dims_cache = (None, None)
 _backward_dims_cache = (None, None)
+_variants_cache = (None, None)
 
 
 def _load_head_dims():
-    """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, and those
-    its backward takes (() for a library older than 0.4)."""
-    global _head_dims_cache, _backward_dims_cache
+    """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, those
+    its backward takes (() for a library older than 0.4), and whether it has the attention variants (0.5)."""
+    global _head_dims_cache, _backward_dims_cache, _variants_cache
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         head_dims = tuple(lib.compiled()[1])
         backward_dims = tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims) if lib.has_backward() else ()
         _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
+        _variants_cache = (lib, bool(lib.has_variants()))
     return _head_dims_cache[1]
 
 
@@ -222,23 +230,24 @@ def _head_dims_outside_graph():
     constant (the library is never called from the graph). The cached answer, else the library is loaded now, as
     an eager call would: the first flashcore call of a process may well be a compiled one. A library that cannot be
     loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does.
-    Returns (compiled head dims, head dims the backward takes)."""
+    Returns (compiled head dims, head dims the backward takes, whether the library has the variants)."""
     if _head_dims_cache[1] is None:
         try:
             _load_head_dims()
         except RuntimeError:
             return None
-    return _head_dims_cache[1], _backward_dims_cache[1]
+    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1]
 
 
 def _library_head_dims():
-    """(the library's compiled head dims, those its backward takes), the same answer in eager and compiled calls.
-    Eager: loads the library (RuntimeError when missing) and caches the answer. While compiling: the cached answer,
-    or, when nothing was cached yet, the library's, read at trace time outside the graph (None without a library)."""
+    """(the library's compiled head dims, those its backward takes, whether it has the attention variants), the same
+    answer in eager and compiled calls. Eager: loads the library (RuntimeError when missing) and caches the answer.
+    While compiling: the cached answer, or, when nothing was cached yet, the library's, read at trace time outside the
+    graph (None without a library)."""
     if torch.compiler.is_compiling():
         return _head_dims_outside_graph()
     _load_head_dims()
-    return _head_dims_cache[1], _backward_dims_cache[1]
+    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1]
 
 
 def _compiled_head_dims():
@@ -251,6 +260,13 @@ def _compiled_backward_head_dims():
     """The head dims FlashCore's backward takes with the loaded library (see _library_head_dims)."""
     dims = _library_head_dims()
     return None if dims is None else dims[1]
+
+
+def _library_has_variants() -> Optional[bool]:
+    """Whether the loaded library runs the attention variants (0.5 or newer; see _library_head_dims). None without a
+    library: the call then goes to the op, which raises the loader's error."""
+    dims = _library_head_dims()
+    return None if dims is None else dims[2]
 
 
 def _sliding_window(module, kwargs) -> Optional[int]:
@@ -385,9 +401,11 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
     head_dims = _compiled_head_dims()
     if head_dims is not None and query.shape[-1] not in head_dims:
         return f"head_dim {query.shape[-1]} (compiled: {list(head_dims)})"
+    variants = [name for name, used in (("sliding_window", module_causal and _window_restricts(window, key.shape[2])),
+                                        ("softcap", softcap is not None), ("s_aux", sinks is not None)) if used]
+    if variants and _library_has_variants() is False:
+        return f"{', '.join(variants)} (the loaded libflashcore.so predates the attention variants: 0.5 needed)"
     if _ops._needs_grad(query, key, value, *([sinks] if sinks is not None else [])):  # training: differentiated
-        variants = [name for name, used in (("sliding_window", _window_restricts(window, key.shape[2])),
-                                            ("softcap", softcap is not None), ("s_aux", sinks is not None)) if used]
         if variants:
             # FlashCore's variants are forward-only (0.5): fall back before the forward, not fail in the backward.
             return f"gradients with {', '.join(variants)} (FlashCore's backward does not take them yet)"
