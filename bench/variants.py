@@ -255,8 +255,13 @@ class Runner:
                 out, lse = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
                 return fold_sinks(torch, out, lse, sinks)
 
+            # Every cell is a new shape or mask function, each a recompilation: allow more than dynamo's default 8.
+            for limit in ("recompile_limit", "cache_size_limit"):
+                if hasattr(torch._dynamo.config, limit):
+                    setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+            # Compiled, create_block_mask never materialises the S x S mask (8 GiB of int64 indices at S = 32k).
             self._flex = (torch.compile(flex_attention, dynamic=False), torch.compile(with_sinks, dynamic=False),
-                          create_block_mask)
+                          torch.compile(create_block_mask))
         return self._flex
 
     def make_sets(self, B, S, seed):

@@ -53,6 +53,8 @@ def baseline(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), so
     dtype. Whole score matrices: for the moderate shapes of these tests."""
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
+    if sk == 0:  # no key: every row is 0 (with or without sinks)
+        return torch.zeros_like(q)
     scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(d)
     kt, vt = (t.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).float() for t in (k, v))  # (B, Hq, Sk, D)
     scores = (q.transpose(1, 2).float() @ kt.transpose(-1, -2)) * scale
