@@ -316,6 +316,8 @@ def _causal_module():
     [
         (dict(dropout=0.1), "dropout"),
         (dict(sliding_window=4, is_causal=False), "sliding_window=4 in a non-causal module"),
+        (dict(sliding_window="4"), "sliding_window='4' \\(not a positive int\\)"),
+        (dict(sliding_window=0), "sliding_window=0 \\(not a positive int\\)"),
     ],
 )
 def test_cpu_emulated_unsupported_arguments_fall_back_or_raise(emulated_adapter, count_calls, kwargs, needle):

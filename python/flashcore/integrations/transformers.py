@@ -276,6 +276,11 @@ def _sliding_window(module, kwargs) -> Optional[int]:
     return window if window is not None else getattr(module, "sliding_window", None)
 
 
+def _valid_window(window) -> Optional[int]:
+    """The window when it is one (a positive int), else None (the call then falls back, naming it)."""
+    return window if isinstance(window, int) and not isinstance(window, bool) and window >= 1 else None
+
+
 def _module_is_causal(module, is_causal) -> bool:
     """As transformers' sdpa_attention_forward: the is_causal kwarg when given, else the module's flag."""
     return bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
@@ -375,12 +380,12 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
         if kwargs.get(name) is not None:
             return f"the {name!r} argument"
     window = _sliding_window(module, kwargs)
+    if window is not None and _valid_window(window) is None:
+        return f"sliding_window={window!r} (not a positive int)"
     if window is not None and not module_causal and key.shape[2] >= window:
         # A bidirectional window: transformers' models disagree on its width (|q - kv| <= window in masking_utils,
         # < window in Gemma 3), so it is not guessed here.
         return f"sliding_window={window} in a non-causal module with {key.shape[2]} keys"
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        return f"sliding_window={window!r} (not a positive int)"
     softcap = _softcap(kwargs)
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0):
         return f"softcap={softcap!r} (not a positive number)"
@@ -485,7 +490,7 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
         # (and the window, if any) is right either way.
         rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
         mask = _segment_causal_mask(packed_ids, query.shape[2])
-        if window is not None:
+        if _valid_window(window) is not None:
             mask = mask & _visible(query.shape[2], key.shape[2], True, window, query.device)
         return _fallback_attention(module, query, key, value, mask, dropout, scaling, is_causal, rest,
                                    "position_ids while compiling or capturing (possibly packed sequences)", fallback)
@@ -503,7 +508,7 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
             reason = "causal attention with fewer keys than queries"
     if reason is not None:
         return _fallback_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs,
-                                   reason, fallback, window if attention_mask is None else None)
+                                   reason, fallback, _valid_window(window) if attention_mask is None else None)
     # The variants of a causal module: a sliding window that hides keys (with no mask, the window is the attention
     # function's to apply; a decoding step, causal=False here, needs the window's right bound 0 too), the softcap and
     # the sinks. A window that hides nothing is not passed (as transformers does for FlashAttention).
