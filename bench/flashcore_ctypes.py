@@ -10,6 +10,11 @@ python/flashcore/_lib.py (one mirror of the header, tested against it and a C co
     params = lib.params_for(q8, k8, v8, o, bhsd=False, descales=(qd, kd, vd))  # e4m3 inputs, O in o's dtype
     params = lib.params_for(q, k, v, o, precision=PRECISION_FP8)  # 16-bit inputs quantized by the library
 
+The attention variants (ABI 0.5; FlashAttention's names, refused by an older library with RuntimeError):
+
+    params = lib.params_for(q, k, v, o, causal=True, window_size=(4095, 0), softcap=50.0, sinks=sinks,
+                            attention_chunk=0)          # sinks: float32 (Hq,) CUDA tensor, kept alive by the caller
+
 The backward (ABI 0.4, flashcore_attention_backward), on the forward's q, k, v, o and lse:
 
     bparams = lib.backward_params_for(q, k, v, o, lse, dout, dq, dk, dv, causal=True)  # workspace allocated here
@@ -111,14 +116,17 @@ class FlashCoreLib:
     def params_for(self, q, k, v, o, lse=None, causal: bool = False, bhsd: bool = True,
                    softmax_scale: float = 0.0, descales=(None, None, None),
                    precision: int = PRECISION_NATIVE, kernel_config: int = 0,
-                   v_transposed: bool = False) -> AttentionParams:
+                   v_transposed: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                   sinks=None, attention_chunk: int = 0) -> AttentionParams:
         """Validated params for torch tensors q, k, v, o indexed (B, H, S, D) when bhsd, else (B, S, H, D).
 
         8-bit: q, k, v float8_e4m3fn with descales (q, k, v: each None or a contiguous float32 (B, Hkv) tensor), or
         16-bit q, k, v with precision=PRECISION_FP8. O's dtype is o's (out_dtype is set when it differs from q's).
         kernel_config: the address of a NUL-terminated config name (kept alive by the caller), or 0: the library's
         choice; the workspace is sized for that config. v_transposed (8-bit): V is transposed once, here, into a
-        buffer kept alive with the workspace, and the params read it with FLAG_V_TRANSPOSED (no transpose per call)."""
+        buffer kept alive with the workspace, and the params read it with FLAG_V_TRANSPOSED (no transpose per call).
+        window_size, softcap, sinks (a contiguous float32 (Hq,) tensor, kept alive by the caller), attention_chunk:
+        the attention variants (ABI 0.5, _lib.Library.set_variants: RuntimeError naming one a library cannot read)."""
         import torch  # only needed here
 
         dtypes = {torch.float16: DTYPE_FP16, torch.bfloat16: DTYPE_BF16, torch.float8_e4m3fn: DTYPE_FP8_E4M3,
@@ -151,6 +159,10 @@ class FlashCoreLib:
             params.precision = precision
         if kernel_config:
             params.kernel_config = kernel_config
+        if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous() or sinks.dim() != 1):
+            raise ValueError("sinks must be a contiguous float32 (num_heads_q,) tensor")
+        self.library.set_variants(params, causal=causal, window_size=window_size, softcap=softcap,
+                                  sinks=0 if sinks is None else sinks.data_ptr(), attention_chunk=attention_chunk)
         # The workspace the call needs (a tuned config may use the dynamic scheduler; an 8-bit call may transpose V
         # into it): zero-filled, kept alive here. workspace_size validates the params like forward; validate then
         # checks them with the workspace in place.
@@ -182,26 +194,33 @@ class FlashCoreLib:
         fn.restype = restype
         return fn
 
+    def _backward_struct_size(self) -> int:
+        """The struct_size to pass the backward: the library's own (a 0.4 library: 648 bytes, the backward's fields
+        included, none of the 0.5 variants), capped at BackwardParams' size; 0 when it has no backward's fields."""
+        size = min(self.library.params_struct_size, ctypes.sizeof(BackwardParams))
+        return size if size >= BackwardParams.reserved3.offset + BackwardParams.reserved3.size else 0
+
     def has_backward(self) -> bool:
-        """Whether the library has flashcore_attention_backward and a params struct as large as BackwardParams."""
+        """Whether the library has flashcore_attention_backward and a params struct with the backward's fields."""
         if not hasattr(self.lib, "flashcore_attention_backward"):
             return False
-        return self.library.capabilities().params_struct_size >= ctypes.sizeof(BackwardParams)
+        return self._backward_struct_size() > 0
 
     def _require_backward(self) -> None:
         if not self.has_backward():
             raise RuntimeError(f"FlashCore: {self.path} (version {self.version()}) has no flashcore_attention_backward "
-                               f"taking a {ctypes.sizeof(BackwardParams)}-byte params struct; a 0.4 library is needed")
+                               f"with the backward's params fields; a 0.4 library is needed")
 
     def new_backward_params(self) -> BackwardParams:
-        """An initialised BackwardParams (struct_size = its sizeof: the library reads the backward's fields)."""
+        """An initialised BackwardParams, with the library's struct_size (it reads the backward's fields)."""
         self._require_backward()
         params = BackwardParams()
+        size = self._backward_struct_size()
         init = self._raw("flashcore_attention_params_init_sized", [ctypes.c_void_p, ctypes.c_uint32], None)
-        init(ctypes.addressof(params), ctypes.sizeof(BackwardParams))
-        if params.struct_size != ctypes.sizeof(BackwardParams):
+        init(ctypes.addressof(params), size)
+        if params.struct_size != size:
             raise RuntimeError(f"FlashCore: flashcore_attention_params_init_sized refused struct_size "
-                               f"{ctypes.sizeof(BackwardParams)}: {self.library.last_error()}")
+                               f"{size}: {self.library.last_error()}")
         return params
 
     def backward_workspace_size(self, params: BackwardParams) -> int:

@@ -6,6 +6,7 @@ call.
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)          # (B, S, H, D), like flash_attn_func
+    out = flashcore.attention(q, k, v, causal=True, window_size=(4095, 0), softcap=50.0, sinks=sinks)  # variants
     out = flashcore.sdpa(q, k, v, is_causal=True)            # (B, H, S, D), like F.scaled_dot_product_attention
     out = flashcore.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k)  # packed, like flash_attn_varlen_func
     out = flashcore.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)  # paged

@@ -113,6 +113,7 @@ _BACKWARD_FUNCTIONS = frozenset({"flashcore_attention_backward", "flashcore_atte
 ATTENTION_PARAMS_V1_SIZE = 240  # FLASHCORE_ATTENTION_PARAMS_V1_SIZE: a 0.1 library's struct_size
 ATTENTION_PARAMS_V2_SIZE = 448  # FLASHCORE_ATTENTION_PARAMS_V2_SIZE: a 0.2 library's struct_size
 ATTENTION_PARAMS_V3_SIZE = 480  # FLASHCORE_ATTENTION_PARAMS_V3_SIZE: a 0.3 library's struct_size
+ATTENTION_PARAMS_V4_SIZE = 648  # FLASHCORE_ATTENTION_PARAMS_V4_SIZE: a 0.4 library's struct_size
 CAPABILITIES_V1_SIZE = 216  # FLASHCORE_CAPABILITIES_V1_SIZE
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,6 +198,15 @@ class AttentionParamsStruct(ctypes.Structure):
         ("dv_strides", TensorStridesStruct),
         ("deterministic", ctypes.c_int32),  # 1: dQ's fp32 sums in a fixed order (bit-identical reruns)
         ("reserved3", ctypes.c_int32),
+        # Since 0.5: the attention variants (a 0.4 library is passed struct_size ATTENTION_PARAMS_V4_SIZE and never
+        # reads these; Library.set_variants refuses to set them for it). FlashAttention's semantics (flashcore.h).
+        ("local", ctypes.c_int32),  # 1: sliding window [window_size_left, window_size_right] around i + Sk - Sq
+        ("window_size_left", ctypes.c_int32),  # -1 (unbounded) or >= 0
+        ("window_size_right", ctypes.c_int32),  # -1 (unbounded) or >= 0; not read with causal = 1
+        ("softcap", ctypes.c_float),  # > 0: scores become softcap * tanh(score / softcap); 0: none
+        ("sinks", ctypes.c_void_p),  # const float* (device, num_heads_q): per-head logit in the softmax denominator
+        ("attention_chunk", ctypes.c_int32),  # > 0: keys of the query's own chunk only; 0: none
+        ("reserved4", ctypes.c_int32),
     ]
 
 
@@ -413,21 +423,22 @@ class Library:
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
         # The struct_size to pass: the library reports its own (capabilities.params_struct_size, since 0.2). A
-        # library as new as this mirror or newer accepts the mirror's size; a 0.3 (0.2, 0.1) library takes the 0.3
-        # (0.2, 0.1) layout, which is the mirror's prefix: it never reads the fields added later, and the bindings
-        # never set them for it (has_params_field).
+        # library as new as this mirror or newer accepts the mirror's size; a 0.4 (0.3, 0.2, 0.1) library takes the
+        # 0.4 (0.3, 0.2, 0.1) layout, which is the mirror's prefix: it never reads the fields added later, and the
+        # bindings never set them for it (has_params_field, set_variants).
         mirror = ctypes.sizeof(AttentionParamsStruct)
         library_size = self._raw_capabilities().params_struct_size or ATTENTION_PARAMS_V1_SIZE
+        older = (ATTENTION_PARAMS_V4_SIZE, ATTENTION_PARAMS_V3_SIZE, ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE)
         if library_size >= mirror:
             self.params_struct_size = mirror
-        elif library_size in (ATTENTION_PARAMS_V3_SIZE, ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE):
+        elif library_size in older:
             self.params_struct_size = library_size
         else:
             raise RuntimeError(
                 f"FlashCore: ABI mismatch with {path}: it reports sizeof(flashcore_attention_params) = "
-                f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}), the 0.2 ({ATTENTION_PARAMS_V2_SIZE}) "
-                f"nor the 0.3 layout ({ATTENTION_PARAMS_V3_SIZE}) nor at least this mirror's {mirror}; rebuild the "
-                f"library or update the bindings"
+                f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}), the 0.2 ({ATTENTION_PARAMS_V2_SIZE}), "
+                f"the 0.3 ({ATTENTION_PARAMS_V3_SIZE}) nor the 0.4 layout ({ATTENTION_PARAMS_V4_SIZE}) nor at least "
+                f"this mirror's {mirror}; rebuild the library or update the bindings"
             )
         probe = self.new_params()
         strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
@@ -512,11 +523,10 @@ class Library:
     def has_params_field(self, name: str) -> bool:
         """Whether the loaded library reads the params field `name`: a 0.1 library knows none of the fields since
         0.2 (out_dtype lies in the 0.1 struct's tail padding, which it ignores), a 0.2 library none of those since 0.3
-        (descales, precision), a 0.3 library none of those since 0.4 (the backward's)."""
+        (descales, precision), a 0.3 library none of those since 0.4 (the backward's), a 0.4 library none of those
+        since 0.5 (the variants: local, window sizes, softcap, sinks, attention_chunk)."""
         known = {
             ATTENTION_PARAMS_V1_SIZE: AttentionParamsStruct.out_dtype.offset,
-            ATTENTION_PARAMS_V2_SIZE: ATTENTION_PARAMS_V2_SIZE,
-            ATTENTION_PARAMS_V3_SIZE: ATTENTION_PARAMS_V3_SIZE,
         }.get(self.params_struct_size, self.params_struct_size)
         field = getattr(AttentionParamsStruct, name)
         return field.offset + field.size <= known
@@ -598,6 +608,42 @@ class Library:
         """Enqueue the forward pass on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream)."""
         status = self._cdll.flashcore_attention_forward(ctypes.byref(params), ctypes.c_void_p(stream or None))
         self.check(status, "flashcore_attention_forward")
+
+    # -- attention variants (since 0.5) ----------------------------------------------------------------------------
+
+    def has_variants(self) -> bool:
+        """Whether the loaded library reads the variant fields (0.5 or newer): window, softcap, sinks, chunk."""
+        return self.has_params_field("reserved4")
+
+    def set_variants(self, params: AttentionParamsStruct, *, causal: bool, window_size: Tuple[int, int] = (-1, -1),
+                     softcap: float = 0.0, sinks: int = 0, attention_chunk: int = 0) -> AttentionParamsStruct:
+        """Set the variant fields of `params` (FlashAttention's arguments: window_size (left, right) with -1 for an
+        unbounded side, softcap 0 for none, sinks the device address of float32 (num_heads_q,) logits or 0,
+        attention_chunk 0 for none). `causal` is the call's flag: with it, the window's right side is 0 and a window
+        (-1, right) is plain causal attention, which needs no window field. A call that sets nothing leaves the
+        fields (of any library) untouched; one that sets a variant a library older than 0.5 cannot read raises
+        RuntimeError naming it, rather than running without it."""
+        left, right = (int(x) for x in window_size)
+        # FlashAttention's rule (and the C ABI's): causal fixes the right bound at 0, so only a left bound makes
+        # a window; without causal either bound does.
+        local = left != -1 or (not causal and right != -1)
+        wanted = [name for name, used in (("window_size", local), ("softcap", softcap != 0.0), ("sinks", bool(sinks)),
+                                          ("attention_chunk", attention_chunk != 0)) if used]
+        if not wanted:
+            return params
+        if not self.has_variants():
+            raise RuntimeError(
+                f"FlashCore: {wanted[0]} is set, but {self.path} (version {self.version_string()}, "
+                f"{self.params_struct_size}-byte flashcore_attention_params) predates the attention variants "
+                f"(window_size, softcap, sinks, attention_chunk): a 0.5 library or newer is needed"
+            )
+        params.local = 1 if local else 0
+        params.window_size_left = left if local else 0
+        params.window_size_right = right if local else 0
+        params.softcap = float(softcap)
+        params.sinks = sinks or None
+        params.attention_chunk = int(attention_chunk)
+        return params
 
     # -- backward (since 0.4) ----------------------------------------------------------------------------------------
 

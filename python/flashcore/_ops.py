@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from typing import List, Optional, Tuple, Union
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -300,6 +300,169 @@ def quantize_fp8(x: torch.Tensor, layout: str = "bshd", num_heads_kv: Optional[i
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Attention variants (C ABI 0.5, issue #72): FlashAttention's window_size, softcap and attention_chunk, and per-head
+# attention sinks (gpt-oss's s_aux, FlashAttention-4's learnable_sink). Forward only, 16-bit calls.
+
+INT32_MAX = 2**31 - 1  # the C fields are int32
+# softcap: 0 (none), or a cap that a C float carries as a normal number (as softmax_scale: a tiny cap must not become
+# 0.0, "no softcap", on its way to the library).
+SOFTCAP_MIN = 2.0**-100
+SOFTCAP_MAX = 2.0**100
+
+
+class Variants(NamedTuple):
+    """The attention variants of one call, as the custom ops carry them (flashcore.h gives the semantics, which are
+    FlashAttention's): a window (window_size_left, window_size_right) around each query's bottom-right aligned
+    diagonal, -1 for an unbounded side; softcap 0.0 for none; sinks None or a float32 (num_heads_q,) tensor of logits
+    that join every row's softmax denominator; attention_chunk 0 for none."""
+
+    window_size_left: int = -1
+    window_size_right: int = -1
+    softcap: float = 0.0
+    sinks: Optional[torch.Tensor] = None
+    attention_chunk: int = 0
+
+
+def _is_local(variants: Variants, causal: bool) -> bool:
+    """Whether the window restricts anything: causal fixes the right bound at 0 (FlashAttention's rule, the C ABI's),
+    so a causal call needs a left bound for a window; a non-causal one either bound."""
+    return variants.window_size_left != -1 or (not causal and variants.window_size_right != -1)
+
+
+def variant_names(variants: Optional[Variants], causal: bool) -> List[str]:
+    """The variants a call sets, as its arguments would be written, e.g. ["window_size=(4, 0)", "sinks"]."""
+    if variants is None:
+        return []
+    names = []
+    if _is_local(variants, causal):
+        names.append(f"window_size=({variants.window_size_left}, {variants.window_size_right})")
+    if variants.softcap != 0.0:
+        names.append(f"softcap={variants.softcap}")
+    if variants.sinks is not None:
+        names.append("sinks")
+    if variants.attention_chunk != 0:
+        names.append(f"attention_chunk={variants.attention_chunk}")
+    return names
+
+
+def _check_int_arg(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"FlashCore: {name} must be an int, got {type(value).__name__}")
+    if not low <= value <= INT32_MAX:
+        what = "-1 (unbounded) or an int in [0, 2**31 - 1]" if low == -1 else "0 (none) or a positive int below 2**31"
+        raise ValueError(f"FlashCore: {name} must be {what}, got {value}")
+    # A plain int for the custom ops' int arguments (a numpy integer is not one); a SymInt under torch.compile stays.
+    return value if isinstance(value, torch.SymInt) else int(value)
+
+
+def _check_window_size(window_size) -> Tuple[int, int]:
+    """FlashAttention's window_size=(left, right): a pair of ints, each -1 (unbounded) or >= 0."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        shown = repr(window_size) if isinstance(window_size, (numbers.Number, str, tuple, list)) else \
+            type(window_size).__name__
+        raise TypeError(f"FlashCore: window_size must be a pair (left, right) of ints, -1 for an unbounded side, "
+                        f"got {shown}")
+    left = _check_int_arg("window_size[0] (left)", window_size[0], -1)
+    right = _check_int_arg("window_size[1] (right)", window_size[1], -1)
+    return left, right
+
+
+def _check_softcap(softcap) -> float:
+    """FlashAttention's softcap: 0.0 (or None) for none, else a finite cap > 0."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"FlashCore: softcap must be a float (0.0: no softcap), got {type(softcap).__name__}")
+    value = float(softcap)
+    if value != 0.0 and not (math.isfinite(value) and SOFTCAP_MIN <= value <= SOFTCAP_MAX):
+        raise ValueError(f"FlashCore: softcap must be 0.0 (no softcap) or a finite number in [2**-100, 2**100], "
+                         f"got {softcap}")
+    return value
+
+
+def _check_attention_chunk(attention_chunk) -> int:
+    return _check_int_arg("attention_chunk", attention_chunk, 0)
+
+
+def _check_sinks(sinks, q: torch.Tensor, heads_q: int, convert: bool) -> Optional[torch.Tensor]:
+    """None, or sinks as the ops take them: float32 (num_heads_q,) on q's device. convert (the front ends): another
+    floating dtype is converted (a model's sinks are often a bf16 parameter); the ops themselves want float32."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"FlashCore: sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if not sinks.is_floating_point() or sinks.dtype in FP8_DTYPES:
+        raise TypeError(f"FlashCore: sinks must be a float32 tensor (float16 / bfloat16 / float64 are converted), got "
+                        f"{sinks.dtype}")
+    if sinks.dtype != torch.float32 and not convert:
+        raise TypeError(f"FlashCore: sinks must be float32 here, got {sinks.dtype} (flashcore.attention and the other "
+                        f"front ends convert it)")
+    if sinks.dim() != 1 or sinks.shape[0] != heads_q:
+        raise ValueError(f"FlashCore: sinks must have shape (num_heads_q,) = ({heads_q},), one logit per query head, "
+                         f"got {tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"FlashCore: sinks is on {sinks.device}, q on {q.device}")
+    return sinks if sinks.dtype == torch.float32 else sinks.to(torch.float32)
+
+
+def _front_end_variants(q: torch.Tensor, heads_q: int, window_size, softcap, sinks, attention_chunk
+                        ) -> Optional[Variants]:
+    """The variants of a front-end call, checked (metadata only); None when it sets none (the 0.4 call then)."""
+    left, right = _check_window_size(window_size)
+    cap = _check_softcap(softcap)
+    chunk = _check_attention_chunk(attention_chunk)
+    sinks = _check_sinks(sinks, q, heads_q, convert=True)
+    if (left, right) == (-1, -1) and cap == 0.0 and sinks is None and chunk == 0:
+        return None
+    return Variants(left, right, cap, sinks, chunk)
+
+
+def _op_variants(q: torch.Tensor, heads_q: int, window_size_left: int, window_size_right: int, softcap: float,
+                 sinks: Optional[torch.Tensor], attention_chunk: int) -> Optional[Variants]:
+    """The variant arguments of a custom op, checked as the front ends check them (the ops can be called directly,
+    torch.ops.flashcore.*); None when none is set."""
+    return _front_end_variants(q, heads_q, (window_size_left, window_size_right), softcap,
+                               _check_sinks(sinks, q, heads_q, convert=False), attention_chunk)
+
+
+def _variant_kwargs(variants: Optional[Variants]) -> dict:
+    """The keyword arguments of a custom op call for `variants` (none for None: the op's defaults)."""
+    return {} if variants is None else variants._asdict()
+
+
+def _fill_rows_without_keys(out: torch.Tensor, lse: torch.Tensor, variants: Optional[Variants],
+                            heads_axis: int) -> None:
+    """A call with no key at all: O = 0 and LSE = -inf, or LSE = sinks[h] with sinks (the sink is the only term of the
+    denominator; flashcore.h). heads_axis: lse's head dimension."""
+    out.zero_()
+    if lse.numel() == 0:
+        return
+    if variants is None or variants.sinks is None:
+        lse.fill_(-math.inf)
+        return
+    shape = [1] * lse.dim()
+    shape[heads_axis] = lse.shape[heads_axis]
+    lse.copy_(variants.sinks.reshape(shape).expand_as(lse))
+
+
+def _launch_variants(variants: Optional[Variants]) -> dict:
+    """The keyword arguments _launch / _launch_varlen take for `variants`: none for None, so that a plain call is the
+    0.4 call (which any library serves); else the variants with sinks contiguous (the C ABI reads Hq floats in a
+    row; a copy made here lives until the launch, and the caching allocator reuses it only in stream order)."""
+    if variants is None:
+        return {}
+    return {"variants": variants._replace(sinks=None if variants.sinks is None else variants.sinks.contiguous())}
+
+
+def _check_no_8bit_variants(variants: Optional[Variants], q: torch.Tensor, precision: int, causal: bool) -> None:
+    names = variant_names(variants, causal)
+    if names and (q.dtype in FP8_DTYPES or precision != _lib.PRECISION_NATIVE):
+        raise ValueError(f"FlashCore: {names[0].split('=')[0]} is set, but 8-bit attention (float8 inputs, precision="
+                         f"'fp8' / 'int8') takes no window_size, softcap, sinks or attention_chunk in this version "
+                         f"(16-bit calls do)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Strides: what the C ABI takes as is, and the copy otherwise.
 
 
@@ -344,7 +507,7 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
                   block_table=None, num_splits: int = 0, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                   descales: Tuple[Optional[torch.Tensor], ...] = (None, None, None),
-                  precision: int = _lib.PRECISION_NATIVE):
+                  precision: int = _lib.PRECISION_NATIVE, variants: Optional[Variants] = None):
     """The C params of one forward call on tensors the ABI takes as they are (see kernel_operand), without a
     workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
     per-sequence key counts (a KV cache's lengths).
@@ -361,7 +524,11 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
     8-bit (dense only): q, k, v float8_e4m3fn with descales (q_descale, k_descale, v_descale), each None or a
     contiguous float32 (B, Hkv) device tensor; or 16-bit q, k, v with precision=PRECISION_FP8. O's dtype is out's
     (out_dtype is set when it differs from q's). The fields since 0.2 / 0.3 are written only when used, so a 0.1 or
-    0.2 library's struct is never written past its struct_size by a call it can serve."""
+    0.2 library's struct is never written past its struct_size by a call it can serve.
+
+    variants (since 0.5): the window, softcap, sinks (a contiguous float32 (Hq,) device tensor) and attention_chunk,
+    written by Library.set_variants, which refuses them for a library older than 0.5 (RuntimeError naming the
+    variant) instead of letting it run without them."""
     varlen_q, varlen_k, paged = cu_seqlens_q is not None, cu_seqlens_k is not None, block_table is not None
     if varlen_k and paged:
         raise ValueError("FlashCore: cu_seqlens_k and block_table cannot be combined (a paged cache's lengths come "
@@ -419,6 +586,13 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
             setattr(params, field, descale.data_ptr())
     if precision != _lib.PRECISION_NATIVE:
         params.precision = int(precision)
+    if variants is not None:
+        sinks = variants.sinks
+        if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+            raise ValueError("FlashCore: kernel_params needs contiguous float32 sinks")
+        lib.set_variants(params, causal=causal, window_size=(variants.window_size_left, variants.window_size_right),
+                         softcap=variants.softcap, sinks=0 if sinks is None else sinks.data_ptr(),
+                         attention_chunk=variants.attention_chunk)
     return params
 
 
@@ -440,7 +614,7 @@ def block_table_operand(block_table: torch.Tensor) -> torch.Tensor:
 def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: float, seqused_k=None,
             v_transposed: bool = False, **serving) -> None:
     """Enqueue the kernel on the current stream of q's device (no host sync; capturable in a CUDA graph).
-    serving: kernel_params' keyword arguments (block_table, num_splits). v_transposed: v is fp8_transpose_v's
+    serving: kernel_params' keyword arguments (block_table, num_splits, variants). v_transposed: v is fp8_transpose_v's
     (contiguous) result; the params describe k's shape for it and carry FLAG_V_TRANSPOSED."""
     if v_transposed:
         q, k = (kernel_operand(t)[0] for t in (q, k))
@@ -454,11 +628,13 @@ def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: f
 
 
 def _launch_varlen(lib: _lib.Library, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                   max_seqlen_k: int, causal: bool, softmax_scale: float, seqused_k=None) -> None:
+                   max_seqlen_k: int, causal: bool, softmax_scale: float, seqused_k=None,
+                   variants: Optional[Variants] = None) -> None:
     """The packed variable-length call: q, out (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q)."""
     q, k, v = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (q, k, v))
     params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k, cu_seqlens_q=cu_seqlens_q,
-                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                           variants=variants)
     _enqueue(lib, params, q.device)
 
 
@@ -575,7 +751,9 @@ def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, return_lse: bool,
     q_descale: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
     v_descale: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-    precision: int = _lib.PRECISION_NATIVE, v_transposed: bool = False, deterministic: bool = False
+    precision: int = _lib.PRECISION_NATIVE, v_transposed: bool = False, deterministic: bool = False,
+    window_size_left: int = -1, window_size_right: int = -1, softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """FlashCore forward, (B, S, H, D) layout. softmax_scale 0.0 means 1/sqrt(head_dim).
 
@@ -589,14 +767,20 @@ def attention_fwd(
     deterministic (since 0.4): not used by the forward; the autograd formula passes it to the backward
     (flashcore::attention_bwd), so that a call decides it where FlashAttention's flash_attn_func does.
 
+    Variants (since 0.5; 16-bit calls, forward only): window_size_left / window_size_right (FlashAttention's
+    window_size, -1 unbounded), softcap (0.0: none), sinks (None or float32 (Hq,) logits on q's device),
+    attention_chunk (0: none). Their autograd formula raises NotImplementedError naming them.
+
     Returns (out (B, Sq, Hq, D) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
-    else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v (16-bit calls; see
-    _backward): a call that will be differentiated should ask for lse, which the backward reads (without it, the
-    backward runs the forward again to get it)."""
+    else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v (16-bit calls without
+    variants; see _backward): a call that will be differentiated should ask for lse, which the backward reads
+    (without it, the backward runs the forward again to get it)."""
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
+    variants = _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    _check_no_8bit_variants(variants, q, precision, causal)
     lib = _check_supported(q, q.shape[3])
     extended = q.dtype in FP8_DTYPES or precision != _lib.PRECISION_NATIVE or o_dtype != q.dtype
     if extended:
@@ -604,26 +788,29 @@ def attention_fwd(
     out, lse = _empty_outputs(q, return_lse, o_dtype)
     if out.numel() == 0:
         return out, lse
-    if k.shape[1] == 0:  # no keys: every row sees nothing (O = 0, LSE = -inf), as for fully masked rows
-        out.zero_()
-        lse.fill_(-math.inf)
+    if k.shape[1] == 0:  # no keys: every row sees nothing (O = 0, LSE = -inf or the sink), as fully masked rows
+        _fill_rows_without_keys(out, lse, variants, heads_axis=1)
         return out, lse
+    serving = _launch_variants(variants)
     if not extended:
-        _launch(lib, q, k, v, out, lse, causal, softmax_scale)
+        _launch(lib, q, k, v, out, lse, causal, softmax_scale, **serving)
     else:
         descales = tuple(None if d is None else d.contiguous() for d in (q_descale, k_descale, v_descale))
         _launch(lib, q, k, v, out, lse, causal, softmax_scale, descales=descales, precision=precision,
-                v_transposed=v_transposed)
+                v_transposed=v_transposed, **serving)
     return out, lse
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse, q_descale=None, k_descale=None, v_descale=None,
-                        out_dtype=None, precision=_lib.PRECISION_NATIVE, v_transposed=False, deterministic=False):
+                        out_dtype=None, precision=_lib.PRECISION_NATIVE, v_transposed=False, deterministic=False,
+                        window_size_left=-1, window_size_right=-1, softcap=0.0, sinks=None, attention_chunk=0):
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
+    variants = _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    _check_no_8bit_variants(variants, q, precision, causal)
     return _empty_outputs(q, return_lse, o_dtype)
 
 
@@ -687,25 +874,29 @@ def _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table) -> int:
 @torch.library.custom_op("flashcore::attention_kvcache_fwd", mutates_args=())
 def attention_kvcache_fwd(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
-    softmax_scale: float, return_lse: bool, block_table: Optional[torch.Tensor] = None, num_splits: int = 0
+    softmax_scale: float, return_lse: bool, block_table: Optional[torch.Tensor] = None, num_splits: int = 0,
+    window_size_left: int = -1, window_size_right: int = -1, softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (B, Sq, Hq, D) against the first cache_seqlens[b] keys of a KV cache: dense, k_cache/v_cache
     (B, Sk, Hkv, D); or paged, k_cache/v_cache (num_pages, page_size, Hkv, D) with block_table int32
     (B, max_pages): key j of sequence b is row j % page_size of page block_table[b, j // page_size].
     Cache rows past those lengths are never read into the output (they may hold anything, NaN included), nor are
-    the pages past them. num_splits: split-KV parts (0: the library's choice, 1: no split)."""
+    the pages past them. num_splits: split-KV parts (0: the library's choice, 1: no split). The variants (window,
+    softcap, sinks, attention_chunk) as in attention_fwd, aligned to each sequence's last key (cache_seqlens[b])."""
     capacity = _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table)
+    variants = _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     lib = _check_supported(q, q.shape[3])
     out, lse = _empty_outputs(q, return_lse)
     if out.numel() == 0:
         return out, lse
     if capacity == 0:
-        out.zero_()
-        lse.fill_(-math.inf)
+        _fill_rows_without_keys(out, lse, variants, heads_axis=1)
         return out, lse
     serving = {"num_splits": num_splits}
     if block_table is not None:
         serving["block_table"] = block_table_operand(block_table)
+    serving.update(_launch_variants(variants))
     _launch(lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, seqused_k=cache_seqlens.contiguous(),
             **serving)
     return out, lse
@@ -713,8 +904,10 @@ def attention_kvcache_fwd(
 
 @attention_kvcache_fwd.register_fake
 def _attention_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse,
-                                block_table=None, num_splits=0):
+                                block_table=None, num_splits=0, window_size_left=-1, window_size_right=-1,
+                                softcap=0.0, sinks=None, attention_chunk=0):
     _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table)
+    _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     return _empty_outputs(q, return_lse)
 
 
@@ -787,31 +980,36 @@ def _empty_varlen_outputs(q: torch.Tensor, return_lse: bool):
 def varlen_attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
-    return_lse: bool
+    return_lse: bool, window_size_left: int = -1, window_size_right: int = -1, softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed variable-length attention: sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (total_q, Hq,
     D) against rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k, v (total_k, Hkv, D) (the first seqused_k[b] of them
-    when given). Returns (out (total_q, Hq, D), lse float32 (Hq, total_q) or an empty (0,) tensor)."""
+    when given). Returns (out (total_q, Hq, D), lse float32 (Hq, total_q) or an empty (0,) tensor). The variants
+    (window, softcap, sinks, attention_chunk) as in attention_fwd, aligned per sequence."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    variants = _op_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     lib = _check_supported(q, q.shape[2])
     out, lse = _empty_varlen_outputs(q, return_lse)
     if out.numel() == 0:
         return out, lse
     # No sequence is longer than its packed tensor: tighter bounds, same result (the lengths are never read here).
     max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
-    if max_seqlen_q == 0 or max_seqlen_k == 0:  # no query row, or no key anywhere: O = 0, LSE = -inf
-        out.zero_()
-        lse.fill_(-math.inf)
+    if max_seqlen_q == 0 or max_seqlen_k == 0:  # no query row, or no key anywhere: O = 0, LSE = -inf (or the sink)
+        _fill_rows_without_keys(out, lse, variants, heads_axis=0)
         return out, lse
     _launch_varlen(lib, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q,
-                   max_seqlen_k, causal, softmax_scale, None if seqused_k is None else seqused_k.contiguous())
+                   max_seqlen_k, causal, softmax_scale, None if seqused_k is None else seqused_k.contiguous(),
+                   **_launch_variants(variants))
     return out, lse
 
 
 @varlen_attention_fwd.register_fake
 def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-                               softmax_scale, return_lse):
+                               softmax_scale, return_lse, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                               sinks=None, attention_chunk=0):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    _op_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     return _empty_varlen_outputs(q, return_lse)
 
 
@@ -930,8 +1128,24 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, determin
     return tuple(_grad_like(t) for t in (q, k, v))
 
 
-def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int) -> Optional[str]:
+def variants_backward_message(call: str, variants: Optional[Variants], causal: bool) -> Optional[str]:
+    """Why the backward of `call` with these variants does not exist yet (None: no variant set). The variants are
+    forward-only in 0.5: the autograd formulas raise this, naming them, rather than return gradients of the plain
+    attention."""
+    names = variant_names(variants, causal)
+    if not names:
+        return None
+    return (f"FlashCore: the backward of {call} with {', '.join(names)} is not supported yet (window_size, softcap, "
+            "sinks and attention_chunk are forward-only in this version): run the call under torch.no_grad() / "
+            "torch.inference_mode(), or train without them")
+
+
+def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int, variants: Optional[Variants] = None,
+                          causal: bool = False) -> Optional[str]:
     """Why a forward call has no backward yet (None: it has)."""
+    message = variants_backward_message("attention", variants, causal)
+    if message is not None:
+        return message
     if q.dtype in FP8_DTYPES:
         return "FlashCore: the backward of 8-bit attention (float8 q, k, v) is not supported yet"
     if precision != _lib.PRECISION_NATIVE:
@@ -964,18 +1178,20 @@ def _lse_grads(q, k, v, out, lse, grad_lse, dq, dk, causal: bool, softmax_scale:
 
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, causal, softmax_scale, _return_lse, _q_descale, _k_descale, _v_descale, _out_dtype, precision,
-     _v_transposed, deterministic) = inputs
+     _v_transposed, deterministic, window_size_left, window_size_right, softcap, sinks, attention_chunk) = inputs
     out, lse = output
     ctx.set_materialize_grads(False)  # an output nobody used (lse, mostly) comes back as None, not as zeros
-    ctx.unsupported = _backward_unsupported(q, out, precision)
+    variants = Variants(window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    ctx.unsupported = _backward_unsupported(q, out, precision, variants, causal)
+    ctx.num_inputs = len(inputs)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
     ctx.save_for_backward(q, k, v, *((out, lse) if ctx.unsupported is None else ()))
 
 
 def _backward(ctx, grad_out, grad_lse):
-    """The autograd formula of flashcore::attention_fwd: gradients for q, k, v (none for the flags, descales, ...)."""
-    none = (None,) * 10  # causal, softmax_scale, return_lse, the three descales, out_dtype, precision, v_transposed,
-    #                       deterministic
+    """The autograd formula of flashcore::attention_fwd: gradients for q, k, v (none for the flags, descales, variants,
+    ...; a call with sinks that require grad has no backward: ctx.unsupported)."""
+    none = (None,) * (ctx.num_inputs - 3)  # everything after q, k, v
     if ctx.unsupported is not None:
         given = [g for g in (grad_out, grad_lse) if g is not None]
         return tuple(backward_not_supported(given, list(ctx.saved_tensors), ctx.unsupported)) + none
@@ -1077,18 +1293,21 @@ VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen atte
 
 def _varlen_setup_context(ctx, inputs, output) -> None:
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-     _return_lse) = inputs[:11]
-    deterministic = inputs[11] if len(inputs) > 11 else False
+     _return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk) = inputs
     out, lse = output
     ctx.set_materialize_grads(False)
-    ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED if seqused_k is not None else None
+    variants = Variants(window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    ctx.unsupported = variants_backward_message("varlen attention (flashcore.varlen_attention)", variants, causal)
+    if ctx.unsupported is None and seqused_k is not None:
+        ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED
+    ctx.num_inputs = len(inputs)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
-    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, False
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    none = (None,) * (9 if len(ctx.needs_input_grad) > 11 else 8)  # everything after q, k, v
+    none = (None,) * (ctx.num_inputs - 3)  # everything after q, k, v
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     if ctx.unsupported is not None:
         given = [g for g in (grad_out, grad_lse) if g is not None]
@@ -1106,8 +1325,9 @@ def _varlen_backward(ctx, grad_out, grad_lse):
 
 
 varlen_attention_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
-# (q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table, num_splits)
-_register_unsupported_backward(attention_kvcache_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 9)
+# (q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table, num_splits, and the five
+# variant arguments)
+_register_unsupported_backward(attention_kvcache_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 14)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1129,6 +1349,10 @@ def attention(
     precision: Optional[str] = None,
     v_transposed: bool = False,
     deterministic: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention in FlashAttention's layout: q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), Hq a multiple of Hkv.
 
@@ -1156,10 +1380,24 @@ def attention(
     out_dtype: torch.float16 or torch.bfloat16 (None: the default above). precision: None or "native" (the input
     dtype's kernel), "fp8" or "int8".
 
+    Attention variants (since 0.5; FlashAttention's names and semantics, 16-bit calls, forward only):
+      - window_size=(left, right): sliding-window (local) attention: query i sees key j iff
+        i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 meaning unbounded on that side. With causal=True the
+        right bound is 0 (a causal window of N keys, the query's own included, is window_size=(N - 1, 0)).
+      - attention_chunk=c > 0: chunked attention (Llama 4): query i sees only keys j with j // c == (i + Sk - Sq) // c
+        (combined with causal and the window).
+      - softcap > 0: every score s = softmax_scale * q.k becomes softcap * tanh(s / softcap) before the softmax
+        (Gemma 2).
+      - sinks: a (Hq,) tensor of per-head logits (float32; float16 / bfloat16 / float64 are converted) that join
+        every row's softmax denominator, exp(sinks[h]), but not its output; not scaled by softmax_scale; lse includes
+        them, and a row that sees no key gets out 0 and lse sinks[h] (gpt-oss's attention sinks; FlashAttention-4
+        calls them learnable_sink).
+
     Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128 in 0.4),
     through out and lse. deterministic (FlashAttention's name): the backward's dq is bit-identical from run to run
-    (dk and dv always are), a little slower. The 8-bit paths, precision="fp8" / "int8" and out_dtype other than the
-    input's have no backward yet (NotImplementedError when .backward() reaches them).
+    (dk and dv always are), a little slower. The 8-bit paths, precision="fp8" / "int8", out_dtype other than the
+    input's and the attention variants have no backward yet: the forward runs (inputs may require grad) and
+    NotImplementedError, naming what the call set, comes when .backward() reaches it.
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
@@ -1170,6 +1408,8 @@ def attention(
         _check_transposed_v(v, k)
     precision_code = _check_precision(precision)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision_code)
+    variants = _front_end_variants(q, q.shape[2], window_size, softcap, sinks, attention_chunk)
+    _check_no_8bit_variants(variants, q, precision_code, causal)
     extended = q.dtype in FP8_DTYPES or precision_code != _lib.PRECISION_NATIVE or o_dtype != q.dtype
     if not torch.compiler.is_compiling():
         # Precise errors up front in eager mode; the op checks again when run.
@@ -1177,7 +1417,7 @@ def attention(
         if extended:
             _check_extended_supported(lib, q, causal, o_dtype, precision_code)
     if not extended:  # the 0.2 call; lse also when the backward will need it
-        out, lse = _differentiable_fwd(q, k, v, causal, scale, return_lse, deterministic)
+        out, lse = _differentiable_fwd(q, k, v, causal, scale, return_lse, deterministic, variants)
     else:
         default_dtype = torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype
         if v_transposed:
@@ -1185,7 +1425,8 @@ def attention(
                                      None if o_dtype == default_dtype else o_dtype, precision_code, True)
         else:
             out, lse = attention_fwd(q, k, v, causal, scale, return_lse, q_descale, k_descale, v_descale,
-                                     None if o_dtype == default_dtype else o_dtype, precision_code)
+                                     None if o_dtype == default_dtype else o_dtype, precision_code,
+                                     **_variant_kwargs(variants))
     return (out, lse) if return_lse else out
 
 
@@ -1194,13 +1435,16 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _differentiable_fwd(q, k, v, causal: bool, scale: float, return_lse: bool, deterministic: bool):
+def _differentiable_fwd(q, k, v, causal: bool, scale: float, return_lse: bool, deterministic: bool,
+                        variants: Optional[Variants] = None):
     """attention_fwd for a 16-bit call of the front ends: with lse whenever the call will be differentiated (the
-    backward reads it), deterministic passed only when set (the 0.2 call otherwise)."""
-    want_lse = return_lse or _needs_grad(q, k, v)
+    backward reads it; not with variants, which have no backward yet), deterministic and the variants passed only
+    when set (the 0.2 call otherwise)."""
+    want_lse = return_lse or (variants is None and _needs_grad(q, k, v))
+    kwargs = _variant_kwargs(variants)
     if deterministic:
-        return attention_fwd(q, k, v, causal, scale, want_lse, deterministic=True)
-    return attention_fwd(q, k, v, causal, scale, want_lse)
+        kwargs["deterministic"] = True
+    return attention_fwd(q, k, v, causal, scale, want_lse, **kwargs)
 
 
 class AttentionPlan:
@@ -1278,6 +1522,10 @@ def attention_with_kvcache(
     block_table: Optional[torch.Tensor] = None,
     num_splits: int = 0,
     page_table: Optional[torch.Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Decode / chunked prefill against a dense or paged KV cache, with FlashAttention's flash_attn_with_kvcache
     names.
@@ -1293,7 +1541,9 @@ def attention_with_kvcache(
     per sequence against cache_seqlens[b] (+ Sq_new). Cache rows past the lengths, and the pages past them, are
     never read into the output, NaN included. num_splits: split-KV parts for decode-shaped calls (0: the library's
     choice, 1: no split, n: at most n). Returns out (B, Sq, Hq, D), and lse (B, Hq, Sq) float32 with
-    return_softmax_lse.
+    return_softmax_lse. window_size, attention_chunk, softcap and sinks as in flashcore.attention (since 0.5), aligned
+    to each sequence's last key (cache_seqlens[b] + Sq_new): a sliding-window decode step is window_size=(N - 1, 0)
+    with causal=True (or (N - 1, -1) without).
 
     Every argument after q, k_cache, v_cache is keyword-only (since 0.3): FlashAttention-3's sixth positional
     argument is qv where FlashAttention-2's is rotary_cos (and this function's was cache_seqlens), so a positional
@@ -1311,6 +1561,7 @@ def attention_with_kvcache(
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"FlashCore: q must be a 4-D tensor (batch, seqlen, num_heads, head_dim), got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    variants = _front_end_variants(q, q.shape[2], window_size, softcap, sinks, attention_chunk)
     batch = q.shape[0]
     layout = "(num_pages, page_size, num_heads_kv, head_dim)" if paged else "(batch, seqlen, num_heads_kv, head_dim)"
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -1351,7 +1602,7 @@ def attention_with_kvcache(
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[3])
     out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
-                                     block_table, splits)
+                                     block_table, splits, **_variant_kwargs(variants))
     return (out, lse) if return_softmax_lse else out
 
 
@@ -1368,6 +1619,10 @@ def varlen_attention(
     causal: bool = False,
     seqused_k: Optional[torch.Tensor] = None,
     return_lse: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Packed variable-length attention with FlashAttention's flash_attn_varlen_func names.
 
@@ -1381,18 +1636,21 @@ def varlen_attention(
     (FlashAttention-3's positions 8 and 9 are seqused_q, seqused_k: a positional call written for it fails loudly
     here instead of binding softmax_scale to seqused_q). Returns out (total_q, Hq, D) in q's dtype; with
     return_lse=True also lse float32 (Hq, total_q) (FlashAttention-3 names this flag return_attn_probs). Output
-    rows not covered by cu_seqlens_q are left unwritten.
+    rows not covered by cu_seqlens_q are left unwritten. window_size, attention_chunk, softcap and sinks as in
+    flashcore.attention (since 0.5), aligned per sequence.
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    variants = _front_end_variants(q, q.shape[1], window_size, softcap, sinks, attention_chunk)
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[2])
-    want_lse = return_lse or (_needs_grad(q, k, v) and seqused_k is None)  # the backward reads lse
+    # The backward reads lse (none without seqused_k or variants, which it does not take yet).
+    want_lse = return_lse or (_needs_grad(q, k, v) and seqused_k is None and variants is None)
     out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                    causal, scale, want_lse)
+                                    causal, scale, want_lse, **_variant_kwargs(variants))
     return (out, lse) if return_lse else out
 
 
@@ -1407,6 +1665,9 @@ def sdpa(
     scale: Optional[float] = None,
     enable_gqa: bool = False,
     deterministic: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Drop-in for torch.nn.functional.scaled_dot_product_attention on (B, H, S, D) tensors.
 
@@ -1420,6 +1681,10 @@ def sdpa(
 
     Differentiable in query, key and value (since 0.4; as flashcore.attention). deterministic (keyword-only, a
     FlashCore addition after torch's arguments): bit-identical gradients from run to run.
+
+    window_size, softcap, sinks (keyword-only FlashCore additions after torch's arguments, since 0.5): as in
+    flashcore.attention, FlashAttention's semantics, bottom-right aligned like is_causal here. A causal sliding
+    window of N keys (the query's own included) is is_causal=True, window_size=(N - 1, 0). Forward only.
     """
     if attn_mask is not None:
         raise ValueError(
@@ -1433,9 +1698,10 @@ def sdpa(
     _check_flag("enable_gqa", enable_gqa)
     deterministic = _check_flag("deterministic", deterministic)
     _check_inputs(query, key, value, "bhsd")
+    variants = _front_end_variants(query, query.shape[1], window_size, softcap, sinks, 0)
     if not torch.compiler.is_compiling():
         _check_supported(query, query.shape[3])
     # (B, H, S, D) -> (B, S, H, D) views: the strides reach the C ABI unchanged, no copy.
     out, _ = _differentiable_fwd(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal,
-                                 scale_value, False, deterministic)
+                                 scale_value, False, deterministic, variants)
     return out.transpose(1, 2)

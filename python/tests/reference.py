@@ -84,6 +84,79 @@ def reference_fp64(q, k, v, causal=False, softmax_scale=None, max_scores=2**25):
     return out, lse
 
 
+def variant_mask(seqlen_q, seqlen_k, causal=False, window_size=(-1, -1), attention_chunk=0, device=None, rows=None):
+    """(rows, Sk) bool mask of the keys each query row sees, FlashAttention's rules written out one by one (not the
+    library's code): with d = Sk - Sq (bottom-right alignment), query i sees key j iff
+      causal:                    j <= i + d
+      window_size=(left, right): j >= i + d - left (left != -1) and j <= i + d + right (right != -1; 0 with causal)
+      attention_chunk = c > 0:   floor(j / c) == floor((i + d) / c)
+    rows: the query indices (default all Sq of them)."""
+    i = (torch.arange(seqlen_q, device=device) if rows is None else rows)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    diagonal = i + (seqlen_k - seqlen_q)
+    left, right = window_size
+    if causal:
+        right = 0
+    sees = torch.ones(i.shape[0], seqlen_k, dtype=torch.bool, device=device)
+    if left != -1:
+        sees &= j >= diagonal - left
+    if right != -1:
+        sees &= j <= diagonal + right
+    if attention_chunk > 0:
+        sees &= torch.div(j, attention_chunk, rounding_mode="floor") == torch.div(diagonal, attention_chunk,
+                                                                                  rounding_mode="floor")
+    return sees
+
+
+def reference_variants(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None,
+                       attention_chunk=0, max_scores=2**25):
+    """(out, lse) in float64 of (B, S, H, D) inputs with the attention variants (flashcore.h; FlashAttention's
+    semantics): the mask of variant_mask; softcap > 0: s = softcap * tanh(s / softcap) on s = scale * q.k;
+    sinks (Hq,): exp(sinks[h]) joins each row's denominator (unscaled), not its output. out (B, Sq, Hq, D),
+    lse (B, Hq, Sq). A row that sees no key: out 0, lse sinks[h] (-inf without sinks). Computed one batch entry and
+    block of query rows at a time on the inputs' device."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
+    out = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.float64, device=q.device)
+    empty_lse = -math.inf if sinks is None else sinks.double()[:, None].expand(heads_q, seqlen_q)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float64, device=q.device)
+    lse[:] = empty_lse
+    if seqlen_k == 0 or seqlen_q == 0:
+        return out, lse
+    rows = max(1, max_scores // (heads_q * seqlen_k))
+    for b in range(batch):
+        kd = k[b].double().transpose(0, 1).repeat_interleave(heads_q // heads_kv, dim=0)  # (Hq, Sk, D)
+        vd = v[b].double().transpose(0, 1).repeat_interleave(heads_q // heads_kv, dim=0)
+        for start in range(0, seqlen_q, rows):
+            stop = min(seqlen_q, start + rows)
+            qd = q[b, start:stop].double().transpose(0, 1)  # (Hq, rows, D)
+            scores = (qd @ kd.transpose(-1, -2)) * scale
+            if softcap:
+                scores = softcap * torch.tanh(scores / softcap)
+            sees = variant_mask(seqlen_q, seqlen_k, causal, window_size, attention_chunk, q.device,
+                                torch.arange(start, stop, device=q.device))
+            scores = scores.masked_fill(~sees, -math.inf)
+            if sinks is not None:  # the sink as one more logit of every row, dropped from the output
+                sink = sinks.double().to(q.device)[:, None, None].expand(heads_q, stop - start, 1)
+                block_lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
+            else:
+                block_lse = torch.logsumexp(scores, dim=-1)  # (Hq, rows)
+            empty = torch.isneginf(block_lse)[..., None]
+            probs = torch.where(empty, 0.0, torch.exp(scores - torch.where(empty, 0.0, block_lse[..., None])))
+            out[b, start:stop] = (probs @ vd).transpose(0, 1)
+            lse[b, :, start:stop] = block_lse
+    return out, lse
+
+
+def reference_of(q, k, v, causal, softmax_scale, variants):
+    """reference_variants with the variants of an op call (flashcore._ops.Variants, or None)."""
+    if variants is None:
+        return reference_variants(q, k, v, causal, softmax_scale)
+    return reference_variants(q, k, v, causal, softmax_scale, (variants.window_size_left, variants.window_size_right),
+                              variants.softcap, variants.sinks, variants.attention_chunk)
+
+
 def attention_autograd(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64):
     """(out (B, Sq, Hq, D), lse (B, Hq, Sq)) of (B, S, H, D) inputs in `dtype`, as plain differentiable torch ops (the
     whole score matrix at once: small shapes). Causal is bottom-right aligned; rows that see no key give 0 / -inf and
@@ -174,7 +247,8 @@ def emulate_on_cpu(monkeypatch):
     adapter) without a GPU; the kernel itself is not exercised. The backward is emulated by backward_fp64 (the
     kernel's formulas in float64), written into the op's dq, dk, dv. 8-bit calls are emulated by the float64 reference
     of the dequantized inputs (precision="fp8": of the inputs quantized per (batch, KV head) by quantize_fp8, as
-    the library does); the emulated library has 8-bit kernels for head dims 128 and 256."""
+    the library does); the emulated library has 8-bit kernels for head dims 128 and 256. Calls with attention variants
+    (window, softcap, sinks, chunk) are emulated by reference_variants in float64."""
     from flashcore import _lib, _ops
 
     class _CompiledCaps:
@@ -195,10 +269,13 @@ def emulate_on_cpu(monkeypatch):
             raise ValueError(f"FlashCore: head_dim {q.shape[3]} has no 8-bit kernel (emulation)")
 
     def launch(lib, q, k, v, out, lse, causal, softmax_scale, descales=(None, None, None),
-               precision=_lib.PRECISION_NATIVE, v_transposed=False):
+               precision=_lib.PRECISION_NATIVE, v_transposed=False, variants=None):
         if v_transposed:  # the library's own layout: only the GPU tests run it
             raise NotImplementedError("FlashCore: v_transposed=True is not emulated on the CPU")
-        if q.dtype in _ops.FP8_DTYPES or precision == _lib.PRECISION_FP8:
+        if variants is not None:  # window, softcap, sinks, chunk: the float64 reference with them
+            o, l = reference_of(q, k, v, causal, softmax_scale, variants)
+            l = l.float()
+        elif q.dtype in _ops.FP8_DTYPES or precision == _lib.PRECISION_FP8:
             if precision == _lib.PRECISION_FP8:
                 heads_kv = k.shape[2]
                 (q, qd), (k, kd), (v, vd) = (_ops.quantize_fp8(t, num_heads_kv=heads_kv) for t in (q, k, v))

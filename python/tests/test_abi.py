@@ -97,6 +97,7 @@ def test_enums_match_header(header_text):
     assert _lib.ATTENTION_PARAMS_V1_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V1_SIZE")
     assert _lib.ATTENTION_PARAMS_V2_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V2_SIZE")
     assert _lib.ATTENTION_PARAMS_V3_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V3_SIZE")
+    assert _lib.ATTENTION_PARAMS_V4_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
     assert _lib.PRECISION_NATIVE == parse_define(header_text, "FLASHCORE_PRECISION_NATIVE") == 0
     assert _lib.PRECISION_FP8 == parse_define(header_text, "FLASHCORE_PRECISION_FP8") == 1
     assert _lib.PRECISION_INT8 == parse_define(header_text, "FLASHCORE_PRECISION_INT8") == 2
@@ -143,9 +144,21 @@ def test_v3_prefix_of_the_mirror():
     """A 0.3 library is handed the mirror's first 480 bytes: the 0.3 fields end there, the backward's (0.4) follow."""
     params = _lib.AttentionParamsStruct
     assert params.reserved2.offset + params.reserved2.size == _lib.ATTENTION_PARAMS_V3_SIZE == params.dout.offset
-    assert [name for name, _ in params._fields_][-10:] == ["dout", "dq", "dk", "dv", "dout_strides", "dq_strides",
-                                                           "dk_strides", "dv_strides", "deterministic", "reserved3"]
-    assert ctypes.sizeof(params) == 648
+    names = [name for name, _ in params._fields_]
+    assert names[names.index("dout"):names.index("local")] == ["dout", "dq", "dk", "dv", "dout_strides", "dq_strides",
+                                                                "dk_strides", "dv_strides", "deterministic",
+                                                                "reserved3"]
+
+
+def test_v4_prefix_of_the_mirror():
+    """A 0.4 library is handed the mirror's first 648 bytes: the 0.4 fields end there, the variants (0.5) follow, and
+    they end the struct (680 bytes)."""
+    params = _lib.AttentionParamsStruct
+    assert params.reserved3.offset + params.reserved3.size == _lib.ATTENTION_PARAMS_V4_SIZE == params.local.offset
+    assert [name for name, _ in params._fields_][-7:] == ["local", "window_size_left", "window_size_right", "softcap",
+                                                          "sinks", "attention_chunk", "reserved4"]
+    assert params.sinks.offset % 8 == 0  # the pointer after four 4-byte fields: no padding before it
+    assert ctypes.sizeof(params) == 680
 
 
 def test_every_status_maps_to_an_exception():
@@ -264,8 +277,8 @@ def test_stub_loads_and_reports(use_library, stub_library):
     assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 128, True) == ("default",)
     assert _lib.load().compiled() == (("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256))
     assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2",
-                                                               "dout", "reserved3"))
-    assert _lib.load().has_backward()
+                                                               "dout", "reserved3", "local", "sinks", "reserved4"))
+    assert _lib.load().has_backward() and _lib.load().has_variants()
 
 
 def test_params_reach_c_intact(use_library, stub_library):
@@ -299,7 +312,82 @@ def test_params_reach_c_intact(use_library, stub_library):
         None, None, None, _lib.PRECISION_NATIVE, 0)
     assert (seen.dout, seen.dq, seen.dk, seen.dv, seen.deterministic, seen.reserved3) == (None,) * 4 + (0, 0)
     assert all(getattr(seen, f).dim == 1 for f in ("dout_strides", "dq_strides", "dk_strides", "dv_strides"))
+    assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks, seen.attention_chunk,
+            seen.reserved4) == (0, 0, 0, 0.0, None, 0, 0)
     assert lib.workspace_size(params) == 0
+
+
+def _variant_params(lib, causal=False):
+    return _lib.fill_params(lib.new_params(), pointers=(0x1000, 0x2000, 0x3000, 0x4000, 0),
+                            strides=((8192, 512, 64, 1),) * 4, sizes=(2, 3, 5, 8, 2, 64), dtype=_lib.DTYPE_BF16,
+                            causal=causal, softmax_scale=0.0)
+
+
+def test_variant_params_reach_c_intact(use_library, stub_library):
+    use_library(stub_library)
+    lib = _lib.load()
+    params = lib.set_variants(_variant_params(lib), causal=False, window_size=(7, 3), softcap=30.0, sinks=0x5000,
+                              attention_chunk=1024)
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks,
+            seen.attention_chunk, seen.reserved4) == (1, 7, 3, 30.0, 0x5000, 1024, 0)
+    assert ctypes.string_at(ctypes.addressof(seen), ctypes.sizeof(seen)) == ctypes.string_at(
+        ctypes.addressof(params), ctypes.sizeof(params))
+
+
+@pytest.mark.parametrize(
+    "causal, window, local, left, right",
+    [
+        (False, (-1, -1), 0, 0, 0),  # no window: the fields stay at their defaults
+        (True, (-1, -1), 0, 0, 0),
+        (True, (-1, 5), 0, 0, 0),  # causal fixes the right bound at 0: (-1, anything) is plain causal
+        (True, (4, -1), 1, 4, -1),  # causal window: the right bound is not read, passed as given
+        (False, (-1, 0), 1, -1, 0),  # a right bound alone is a window without causal
+        (False, (0, 0), 1, 0, 0),  # each query sees its own key only
+    ],
+)
+def test_window_size_to_local(use_library, stub_library, causal, window, local, left, right):
+    use_library(stub_library)
+    lib = _lib.load()
+    params = lib.set_variants(_variant_params(lib, causal), causal=causal, window_size=window)
+    assert (params.local, params.window_size_left, params.window_size_right, params.causal) == (
+        local, left, right, int(causal))
+
+
+@pytest.fixture
+def stub_v4_library(c_compiler, header_text, tmp_path_factory):
+    """The stub playing a 0.4 library (struct_size 648: the backward, no attention variants)."""
+    from conftest import build_stub
+
+    return build_stub(c_compiler, tmp_path_factory.mktemp("stub_v4"), "libflashcore_v4.so",
+                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
+
+
+def test_v4_library_gets_the_v4_struct_size(use_library, stub_v4_library):
+    """A 0.4 library is passed struct_size 648 and runs plain (and backward) calls; a variant it cannot read is
+    refused with RuntimeError naming it, before any call, instead of being dropped."""
+    use_library(stub_v4_library)
+    lib = _lib.load()
+    assert lib.params_struct_size == _lib.ATTENTION_PARAMS_V4_SIZE
+    assert lib.has_backward() and lib.has_params_field("reserved3")
+    assert not lib.has_variants() and not lib.has_params_field("local")
+    params = _variant_params(lib, causal=True)
+    assert params.struct_size == _lib.ATTENTION_PARAMS_V4_SIZE
+    # What a 0.4 library can run: no variant, or a causal "window" that is plain causal attention.
+    lib.set_variants(params, causal=True)
+    lib.set_variants(params, causal=True, window_size=(-1, 3))
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert seen.struct_size == _lib.ATTENTION_PARAMS_V4_SIZE and seen.local == 0
+    for kwargs, name in ((dict(window_size=(4, 0)), "window_size"), (dict(softcap=50.0), "softcap"),
+                         (dict(sinks=0x5000), "sinks"), (dict(attention_chunk=64), "attention_chunk")):
+        with pytest.raises(RuntimeError, match=f"{name} is set, but .*a 0.5 library or newer is needed"):
+            lib.set_variants(params, causal=True, **kwargs)
+    assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V4_SIZE,
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)) == bytes(32)
 
 
 def test_fp8_params_reach_c_intact(use_library, stub_library):

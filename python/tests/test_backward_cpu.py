@@ -43,10 +43,12 @@ def _header_layout(header_text):
 
 
 def test_params_layout_matches_header(header_text):
-    """dout starts where the 0.3 layout ends (480); then 4 pointers, 4 stride structs and 2 int32: 648 bytes."""
+    """dout starts where the 0.3 layout ends (480); then 4 pointers, 4 stride structs and 2 int32: the 0.4 layout,
+    648 bytes; the 0.5 variants follow (4 int32/float, a pointer, 2 int32): 680 bytes."""
     offsets, size = _header_layout(header_text)
     assert offsets["dout"] == 480 == _lib.ATTENTION_PARAMS_V3_SIZE
-    assert size == 480 + 4 * 8 + 4 * 32 + 2 * 4 == 648
+    assert offsets["local"] == 480 + 4 * 8 + 4 * 32 + 2 * 4 == 648 == _lib.ATTENTION_PARAMS_V4_SIZE
+    assert size == 648 + 4 * 4 + 8 + 2 * 4 == 680
     assert ctypes.sizeof(_lib.AttentionParamsStruct) == size
     assert [name for name, _ in _lib.AttentionParamsStruct._fields_] == list(offsets)
     for name, offset in offsets.items():
@@ -156,8 +158,8 @@ def test_backward_op_is_registered():
                                                   "deterministic"]
     assert [str(r.type) for r in schema.returns] == ["Tensor"] * 3
     assert not any(a.alias_info for a in schema.arguments)  # mutates nothing
-    fwd = torch.ops.flashcore.attention_fwd.default._schema
-    assert fwd.arguments[-1].name == "deterministic" and fwd.arguments[-1].default_value is False
+    fwd = {a.name: a for a in torch.ops.flashcore.attention_fwd.default._schema.arguments}
+    assert fwd["deterministic"].default_value is False
 
 
 @pytest.mark.parametrize("op", ["attention_fwd", "varlen_attention_fwd", "attention_kvcache_fwd"])

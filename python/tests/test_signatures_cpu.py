@@ -44,10 +44,15 @@ POSITIONAL = {
 
 # Keywords FlashCore shares with FA3 that were checked to mean the same thing (same values, same effect, same
 # default; the default is compared below). A keyword shared with FA3 must be here or in DIFFERENT.
+# The attention variants (0.5) are FA3's: window_size (left, right) around the bottom-right aligned diagonal, -1
+# unbounded, right bound 0 under causal; softcap (tanh cap of the scaled scores, 0.0 none); attention_chunk (keys of
+# the query's chunk only, 0 none). FA3 clamps a window wider than the keys to -1 before its kernels; FlashCore passes
+# it on, which sees the same keys.
+_VARIANTS = {"window_size", "softcap", "attention_chunk"}
 SAME_MEANING = {
-    "attention": {"softmax_scale", "causal", "q_descale", "k_descale", "v_descale", "deterministic"},
-    "varlen_attention": {"softmax_scale", "causal", "seqused_k"},
-    "attention_with_kvcache": {"k", "v", "cache_seqlens", "softmax_scale", "causal", "return_softmax_lse"},
+    "attention": {"softmax_scale", "causal", "q_descale", "k_descale", "v_descale", "deterministic"} | _VARIANTS,
+    "varlen_attention": {"softmax_scale", "causal", "seqused_k"} | _VARIANTS,
+    "attention_with_kvcache": {"k", "v", "cache_seqlens", "softmax_scale", "causal", "return_softmax_lse"} | _VARIANTS,
 }
 
 # Keywords FlashCore shares with FA3 whose meaning differs in some respect, and why that is intended.
@@ -87,13 +92,19 @@ KEYWORD_ONLY_HERE = {
         "q_descale": "After qv in FA3, which FlashCore does not have: positions cannot line up.",
         "k_descale": "As q_descale.",
         "v_descale": "As q_descale.",
-        "deterministic": "FA3's 15th positional argument, after window_size, softcap, num_splits, ... which FlashCore "
-                         "does not have: positions cannot line up.",
+        "deterministic": "FA3's 15th positional argument, after num_splits, pack_gqa, ... which FlashCore does not "
+                         "have: positions cannot line up.",
+        "window_size": "FA3's 10th positional argument, after qv, which FlashCore does not have.",
+        "attention_chunk": "As window_size.",
+        "softcap": "As window_size.",
     },
     "varlen_attention": {
         "seqused_k": "FA3's 9th positional argument, after seqused_q, which FlashCore does not have.",
         "softmax_scale": "After seqused_q in FA3: positions cannot line up.",
         "causal": "After seqused_q in FA3: positions cannot line up.",
+        "window_size": "After seqused_q and qv in FA3: positions cannot line up.",
+        "attention_chunk": "As window_size.",
+        "softcap": "As window_size.",
     },
     "attention_with_kvcache": {
         "k": "FA3's 4th positional argument (FA2's too); keyword-only for one rule over the function: after "
@@ -105,6 +116,9 @@ KEYWORD_ONLY_HERE = {
         "num_splits": "As softmax_scale.",
         "page_table": "As softmax_scale.",
         "return_softmax_lse": "As softmax_scale.",
+        "window_size": "As softmax_scale.",
+        "attention_chunk": "As softmax_scale.",
+        "softcap": "As softmax_scale.",
     },
 }
 
@@ -172,6 +186,10 @@ SDPA_EXTRAS = {
     "deterministic": (False, "Bit-identical gradients from run to run (the backward's fixed-order dq sums), "
                              "FlashAttention's name; torch has a process-wide switch instead "
                              "(torch.use_deterministic_algorithms)."),
+    "window_size": ((-1, -1), "Sliding-window attention with FlashAttention's (left, right) (torch's SDPA needs a "
+                              "materialised mask for it, which is what the window saves)."),
+    "softcap": (0.0, "FlashAttention's tanh softcap of the scores (Gemma 2); SDPA has none."),
+    "sinks": (None, "Per-head attention-sink logits (gpt-oss, FlashAttention-4's learnable_sink); SDPA has none."),
 }
 
 

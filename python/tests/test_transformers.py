@@ -124,6 +124,7 @@ def emulated_adapter(request, monkeypatch):
     monkeypatch.setattr(fc_hf, "_is_cuda", lambda t: True)
     monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 128, 256))
     monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 128))
+    monkeypatch.setattr(fc_hf, "_library_has_variants", lambda: True)
     return fc_hf.register(request.param)
 
 
@@ -313,11 +314,10 @@ def _causal_module():
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
-        (dict(sliding_window=4), "sliding_window=4"),
-        (dict(softcap=30.0), "softcap"),
-        (dict(s_aux=torch.zeros(4)), "s_aux"),
-        (dict(sinks=torch.zeros(4)), "sinks"),
         (dict(dropout=0.1), "dropout"),
+        (dict(sliding_window=4, is_causal=False), "sliding_window=4 in a non-causal module"),
+        (dict(sliding_window="4"), "sliding_window='4' \\(not a positive int\\)"),
+        (dict(sliding_window=0), "sliding_window=0 \\(not a positive int\\)"),
     ],
 )
 def test_cpu_emulated_unsupported_arguments_fall_back_or_raise(emulated_adapter, count_calls, kwargs, needle):
@@ -339,19 +339,40 @@ def test_cpu_emulated_unsupported_arguments_fall_back_or_raise(emulated_adapter,
     assert count_calls == []
 
 
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(sinks=torch.zeros(4)), "the 'sinks' argument"),  # no model passes this name: not assumed to be s_aux
+        (dict(s_aux=torch.zeros(3)), r"s_aux \(attention sinks\) of shape \(3,\)"),
+    ],
+)
+def test_cpu_emulated_sinks_that_flashcore_cannot_take_need_the_models_eager_attention(emulated_adapter, count_calls,
+                                                                                        kwargs, needle):
+    """Attention sinks FlashCore cannot take go to the model's eager attention (SDPA would ignore them); a module whose
+    model has none (a bare nn.Module here) is a ValueError naming the argument, in both modes, never SDPA."""
+    q, k, v = _attention_inputs()
+    for fn in (fc_hf.attention_forward, fc_hf.strict_attention_forward):
+        with pytest.raises(ValueError, match=needle):
+            fn(_causal_module(), q, k, v, None, **kwargs)
+    assert count_calls == []
+
+
 def test_cpu_emulated_sliding_window_wider_than_the_keys_runs_on_flashcore(emulated_adapter, count_calls):
     q, k, v = _attention_inputs(sq=12, sk=12)
     fc_hf.attention_forward(_causal_module(), q, k, v, None, sliding_window=64)
     assert len(count_calls) == 1
 
 
-def test_cpu_emulated_sliding_window_on_the_module(emulated_adapter, count_calls):
+def test_cpu_emulated_sliding_window_on_the_module(emulated_adapter, count_calls, monkeypatch):
+    """A module's sliding_window attribute counts as the kwarg does: FlashCore runs it as window_size=(3, 0)."""
     q, k, v = _attention_inputs(sq=12, sk=12)
     module = _causal_module()
     module.sliding_window = 4
-    with pytest.raises(ValueError, match="sliding_window=4"):
-        fc_hf.strict_attention_forward(module, q, k, v, None)
-    assert count_calls == []
+    seen = []
+    real = fc_hf._ops.attention
+    monkeypatch.setattr(fc_hf._ops, "attention", lambda *a, **kw: seen.append(kw.get("window_size")) or real(*a, **kw))
+    fc_hf.strict_attention_forward(module, q, k, v, None)
+    assert seen == [(3, 0)]
 
 
 def test_cpu_emulated_position_id_packing_runs_per_sequence(emulated_adapter, count_calls):
@@ -524,6 +545,10 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
         def has_backward():
             return True
 
+        @staticmethod
+        def has_variants():
+            return False
+
     fake = FakeLib()
     monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
     monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
@@ -532,6 +557,7 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     monkeypatch.setattr(fc_hf._lib, "load", lambda: pytest.fail("library loaded while compiling"))
     assert fc_hf._compiled_head_dims() == (64,)
     assert fc_hf._compiled_backward_head_dims() == (64,)
+    assert fc_hf._library_has_variants() is False
 
 
 # ---------------------------------------------------------------------------------------------------------------

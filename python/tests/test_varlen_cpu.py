@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import flashcore  # noqa: E402
 from flashcore import _lib, _ops  # noqa: E402
+from reference import reference_of  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------
 # Float64 reference, one sequence at a time.
@@ -41,15 +42,21 @@ def ref_sequence(q, k, v, causal=False, softmax_scale=None):
     return out.transpose(0, 1), lse
 
 
-def ref_varlen(q, k, v, lens_q, lens_k, causal=False, softmax_scale=None, used_k=None):
+def ref_varlen(q, k, v, lens_q, lens_k, causal=False, softmax_scale=None, used_k=None, variants=None):
     """Per-sequence float64 reference of a packed batch (host lists of lengths). Rows of q not covered by the
-    sequences come back as NaN (the op leaves them unwritten)."""
+    sequences come back as NaN (the op leaves them unwritten). variants: flashcore._ops.Variants (window, softcap,
+    sinks, chunk; reference.reference_variants per sequence) or None."""
     out = torch.full(q.shape, math.nan, dtype=torch.float64, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), math.nan, dtype=torch.float64, device=q.device)
     sq = sk = 0
     for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
         used = nk if used_k is None else max(0, min(nk, used_k[b]))
-        o, l = ref_sequence(q[sq:sq + nq], k[sk:sk + used], v[sk:sk + used], causal, softmax_scale)
+        if variants is None:
+            o, l = ref_sequence(q[sq:sq + nq], k[sk:sk + used], v[sk:sk + used], causal, softmax_scale)
+        else:
+            o, l = reference_of(q[None, sq:sq + nq], k[None, sk:sk + used], v[None, sk:sk + used], causal,
+                                softmax_scale, variants)
+            o, l = o[0], l[0]
         out[sq:sq + nq], lse[:, sq:sq + nq] = o, l
         sq, sk = sq + nq, sk + nk
     return out, lse
@@ -83,10 +90,17 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
             raise ValueError(f"FlashCore: head_dim {head_dim} is not supported (emulation)")
         return EmulatedCaps
 
-    def launch(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k=None, block_table=None, num_splits=0):
+    def sequence(q, k, v, causal, scale, variants):
+        if variants is None:
+            return ref_sequence(q, k, v, causal, scale)
+        o, l = reference_of(q[None], k[None], v[None], causal, scale, variants)
+        return o[0], l[0]
+
+    def launch(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k=None, block_table=None, num_splits=0,
+               variants=None):
         if calls is not None:
             calls.append({"kind": "paged" if block_table is not None else "dense", "num_splits": num_splits,
-                          "block_table": block_table})
+                          "block_table": block_table, **({} if variants is None else {"variants": variants})})
         scale = softmax_scale or None
         for b in range(q.shape[0]):
             if block_table is not None:
@@ -99,19 +113,21 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
             else:
                 n = k.shape[1] if seqused_k is None else max(0, min(int(seqused_k[b]), k.shape[1]))
                 kb, vb = k[b, :n], v[b, :n]
-            o, l = ref_sequence(q[b], kb, vb, causal, scale)
+            o, l = sequence(q[b], kb, vb, causal, scale, variants)
             out[b] = o.to(out.dtype)
             if lse.numel():
                 lse[b] = l.float()
 
-    def launch_varlen(lib, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, seqused_k=None):
+    def launch_varlen(lib, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, seqused_k=None,
+                      variants=None):
         if calls is not None:
-            calls.append({"kind": "varlen", "max_seqlen_q": max_q, "max_seqlen_k": max_k})
+            calls.append({"kind": "varlen", "max_seqlen_q": max_q, "max_seqlen_k": max_k,
+                          **({} if variants is None else {"variants": variants})})
         cq, ck = cu_q.tolist(), cu_k.tolist()
         lens_q = [b - a for a, b in zip(cq, cq[1:])]
         lens_k = [b - a for a, b in zip(ck, ck[1:])]
         used = None if seqused_k is None else seqused_k.tolist()
-        o, l = ref_varlen(q, k, v, lens_q, lens_k, causal, softmax_scale or None, used)
+        o, l = ref_varlen(q, k, v, lens_q, lens_k, causal, softmax_scale or None, used, variants)
         covered = cq[-1]
         out[:covered] = o[:covered].to(out.dtype)
         if lse.numel():
@@ -348,11 +364,13 @@ def test_signature_follows_fa3_names():
 
     params = inspect.signature(flashcore.varlen_attention).parameters
     assert list(params) == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-                            "softmax_scale", "causal", "seqused_k", "return_lse"]
+                            "softmax_scale", "causal", "seqused_k", "return_lse", "window_size", "attention_chunk",
+                            "softcap", "sinks"]
     keyword_only = [name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert keyword_only == ["softmax_scale", "causal", "seqused_k", "return_lse"]
+    assert keyword_only == list(params)[7:]
     assert {name: params[name].default for name in keyword_only} == {
-        "softmax_scale": None, "causal": False, "seqused_k": None, "return_lse": False}
+        "softmax_scale": None, "causal": False, "seqused_k": None, "return_lse": False, "window_size": (-1, -1),
+        "attention_chunk": 0, "softcap": 0.0, "sinks": None}
 
 
 def test_fa3_positional_call_fails_loudly(emulated):

@@ -24,25 +24,31 @@ Two names, one implementation:
 
 What runs on FlashCore: fp16/bf16 CUDA inputs with a compiled head dim, no dropout, and either no mask or a pure
 causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv).
+Since 0.5 (a 0.5 library) the attention variants models pass for FlashAttention run too: the sliding_window of a
+causal module (the kwarg, or the module's attribute) as FlashAttention's window_size=(sliding_window - 1, 0) when
+it hides keys, softcap (Gemma 2) and gpt-oss's s_aux as sinks.
 Training too (since 0.4): a call whose inputs require grad (grad mode on) runs FlashCore's forward and backward
-when the library has a backward for its head dim (64 and 128 in 0.4); otherwise it falls back to SDPA like the
-calls below (with fallback=False: ValueError), so that no backward fails after the forward ran.
-Everything else (padding masks, sliding-window masks once the window is exceeded, a static cache's mask,
-dropout, fp32, softcap / attention sinks / position bias, a sliding window shorter than the keys, an uncompiled
-head dim) falls back to transformers' own SDPA path, unless register(fallback=False), which raises ValueError
-instead. Each fallback reason is reported once per process with warnings.warn (naming the argument). No argument
-the kernel cannot honour is ignored: the adapter never returns plain causal attention for a call that asked for
-something else. Eager and torch.compile take the same decision for the same call (the compiled head dims are read
+when the library has a backward for its head dim (64 and 128 in 0.4) and the call has no variant (forward-only in
+0.5); otherwise it falls back like the calls below (with fallback=False: ValueError), so that no backward fails after
+the forward ran.
+Everything else (padding masks, a static cache's mask, dropout, fp32, position bias, a sinks kwarg, the window of a
+non-causal module, an uncompiled head dim) falls back to transformers' own SDPA path, or to the model's eager
+attention when the call has softcap or sinks (SDPA would ignore them), unless register(fallback=False), which raises
+ValueError instead. Each fallback reason is reported once per process with warnings.warn (naming the argument). No
+argument the kernel cannot honour is ignored: the adapter never returns plain causal attention for a call that asked
+for something else. Eager and torch.compile take the same decision for the same call (the compiled head dims are read
 once, outside the graph, and cached). Sequences packed through position_ids (batch 1, positions restarting, no
 mask: what FlashAttention-named implementations get) run segment by segment in eager mode; while compiling or
 capturing a CUDA graph the ids cannot be read, so such a call (batch 1, no mask, prefill, position_ids given) falls
-back to SDPA with a block-diagonal causal mask built from the ids by tensor ops (see docs/python.md).
+back to transformers' attention with a block-diagonal causal mask built from the ids by tensor ops (see
+docs/python.md).
 
 Masks: register() also registers a mask builder under the same name (transformers builds no mask at all for an
 attention name it has no mask builder for, which would silently drop padding). It returns None for a pure
-causal mask without padding, and transformers' SDPA mask otherwise. Without a 2-D attention_mask it decides
-from shapes alone, so this also holds under torch.compile; with one it must read the mask (skipped while
-compiling or capturing a CUDA graph, where the SDPA fallback is taken).
+causal mask, or a causal sliding-window one, without padding (the attention function applies the window), and
+transformers' SDPA mask otherwise. Without a 2-D attention_mask it decides from shapes alone, so this also holds
+under torch.compile; with one it must read the mask (skipped while compiling or capturing a CUDA graph, where the
+SDPA fallback is taken).
 """
 
 from __future__ import annotations
@@ -72,8 +78,10 @@ FLASH_NAME = "flashcore"  # the only name containing "flash" that register() acc
 logger = logging.getLogger(__name__)
 _logged_reasons = set()
 
-# Keyword arguments some models pass that change the attention math FlashCore does not implement.
-_UNSUPPORTED_KWARGS = ("position_bias", "softcap", "s_aux", "sinks")
+# Keyword arguments some models pass that change the attention math FlashCore does not implement (position_bias:
+# T5-style biases, which transformers' SDPA path adds to its mask; sinks: no transformers model passes attention sinks
+# under this name (gpt-oss's are s_aux), so its convention is not assumed).
+_UNSUPPORTED_KWARGS = ("position_bias", "sinks")
 # FlashAttention-style packed-sequence arguments (passed by model code for names containing "flash").
 _VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -196,21 +204,23 @@ def _is_cuda(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
-# (library object, its compiled head dims) and (library object, the head dims its backward takes): read outside any
-# graph, so that eager and compiled calls agree.
+# (library object, its compiled head dims), (library object, the head dims its backward takes) and (library object,
+# whether it reads the attention variants): read outside any graph, so that eager and compiled calls agree.
 _head_dims_cache = (None, None)
 _backward_dims_cache = (None, None)
+_variants_cache = (None, None)
 
 
 def _load_head_dims():
-    """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, and those
-    its backward takes (() for a library older than 0.4)."""
-    global _head_dims_cache, _backward_dims_cache
+    """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, those
+    its backward takes (() for a library older than 0.4), and whether it has the attention variants (0.5)."""
+    global _head_dims_cache, _backward_dims_cache, _variants_cache
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         head_dims = tuple(lib.compiled()[1])
         backward_dims = tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims) if lib.has_backward() else ()
         _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
+        _variants_cache = (lib, bool(lib.has_variants()))
     return _head_dims_cache[1]
 
 
@@ -220,23 +230,24 @@ def _head_dims_outside_graph():
     constant (the library is never called from the graph). The cached answer, else the library is loaded now, as
     an eager call would: the first flashcore call of a process may well be a compiled one. A library that cannot be
     loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does.
-    Returns (compiled head dims, head dims the backward takes)."""
+    Returns (compiled head dims, head dims the backward takes, whether the library has the variants)."""
     if _head_dims_cache[1] is None:
         try:
             _load_head_dims()
         except RuntimeError:
             return None
-    return _head_dims_cache[1], _backward_dims_cache[1]
+    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1]
 
 
 def _library_head_dims():
-    """(the library's compiled head dims, those its backward takes), the same answer in eager and compiled calls.
-    Eager: loads the library (RuntimeError when missing) and caches the answer. While compiling: the cached answer,
-    or, when nothing was cached yet, the library's, read at trace time outside the graph (None without a library)."""
+    """(the library's compiled head dims, those its backward takes, whether it has the attention variants), the same
+    answer in eager and compiled calls. Eager: loads the library (RuntimeError when missing) and caches the answer.
+    While compiling: the cached answer, or, when nothing was cached yet, the library's, read at trace time outside the
+    graph (None without a library)."""
     if torch.compiler.is_compiling():
         return _head_dims_outside_graph()
     _load_head_dims()
-    return _head_dims_cache[1], _backward_dims_cache[1]
+    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1]
 
 
 def _compiled_head_dims():
@@ -251,9 +262,67 @@ def _compiled_backward_head_dims():
     return None if dims is None else dims[1]
 
 
-def _sliding_window(module, kwargs):
+def _library_has_variants() -> Optional[bool]:
+    """Whether the loaded library runs the attention variants (0.5 or newer; see _library_head_dims). None without a
+    library: the call then goes to the op, which raises the loader's error."""
+    dims = _library_head_dims()
+    return None if dims is None else dims[2]
+
+
+def _sliding_window(module, kwargs) -> Optional[int]:
+    """The call's sliding window in transformers' convention (None: none): the kwarg models pass for sliding layers
+    (Mistral, Qwen2, Gemma 2/3, gpt-oss, ...), else the module's attribute."""
     window = kwargs.get("sliding_window")
     return window if window is not None else getattr(module, "sliding_window", None)
+
+
+def _valid_window(window) -> Optional[int]:
+    """The window when it is one (a positive int), else None (the call then falls back, naming it)."""
+    return window if isinstance(window, int) and not isinstance(window, bool) and window >= 1 else None
+
+
+def _module_is_causal(module, is_causal) -> bool:
+    """As transformers' sdpa_attention_forward: the is_causal kwarg when given, else the module's flag."""
+    return bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+
+
+def _window_left(window: int) -> int:
+    """FlashAttention's left bound of transformers' sliding window of `window` tokens. transformers' mask keeps key
+    kv of query q iff q - window < kv <= q (masking_utils.sliding_window_overlay and the causal mask): `window`
+    tokens, the query's own included, so the left bound is window - 1, which is also what transformers passes to
+    FlashAttention (modeling_flash_attention_utils._process_flash_attention_kwargs: window_size=(window - 1, ...))."""
+    return window - 1
+
+
+def _window_restricts(window: Optional[int], seqlen_k: int) -> bool:
+    """Whether a causal window of `window` tokens hides any of seqlen_k keys from a query: with bottom-right
+    alignment the earliest query, which sees the least, sees keys from Sk - Sq - (window - 1) on, so nothing is
+    hidden while Sk <= window (transformers passes FlashAttention no window then either)."""
+    return window is not None and seqlen_k > window
+
+
+def _visible(seqlen_q: int, seqlen_k: int, causal: bool, window: Optional[int], device) -> torch.Tensor:
+    """(Sq, Sk) bool: the keys each query sees with FlashCore's bottom-right alignment under causal (or a causal
+    module's decoding step, which needs no causal flag) and a sliding window of `window` tokens (None: none). Tensor
+    ops only: traceable, as the mask of a fallback call."""
+    rows = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    sees = cols <= rows if causal else torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if window is not None:
+        sees = sees & (cols >= rows - _window_left(window)) & (cols <= rows)
+    return sees
+
+
+def _sinks(kwargs):
+    """The call's attention sinks: gpt-oss passes them as s_aux (transformers' name; FlashAttention-4's
+    learnable_sink), one logit per query head."""
+    return kwargs.get("s_aux")
+
+
+def _softcap(kwargs) -> Optional[float]:
+    """The call's softcap (Gemma 2's attn_logit_softcapping); None and 0 mean none."""
+    softcap = kwargs.get("softcap")
+    return softcap if softcap else None
 
 
 def _cannot_read(t) -> bool:
@@ -300,7 +369,8 @@ def _packed_positions(query, key, attention_mask, kwargs):
     return torch.tensor(bounds, dtype=torch.int32, device=query.device)
 
 
-def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs) -> Optional[str]:
+def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs, module_causal: bool
+                        ) -> Optional[str]:
     """Why FlashCore cannot run this call (None when it can). Metadata only: traceable by torch.compile."""
     if attention_mask is not None:
         return "an attention mask that is not purely causal (e.g. padding)"
@@ -310,9 +380,20 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
         if kwargs.get(name) is not None:
             return f"the {name!r} argument"
     window = _sliding_window(module, kwargs)
-    if window is not None and key.shape[2] >= window:
-        # Keys beyond the window must be masked; without a mask FlashCore would attend to all of them.
-        return f"sliding_window={window} with {key.shape[2]} keys"
+    if window is not None and _valid_window(window) is None:
+        return f"sliding_window={window!r} (not a positive int)"
+    if window is not None and not module_causal and key.shape[2] >= window:
+        # A bidirectional window: transformers' models disagree on its width (|q - kv| <= window in masking_utils,
+        # < window in Gemma 3), so it is not guessed here.
+        return f"sliding_window={window} in a non-causal module with {key.shape[2]} keys"
+    softcap = _softcap(kwargs)
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0):
+        return f"softcap={softcap!r} (not a positive number)"
+    sinks = _sinks(kwargs)
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.dim() != 1
+                              or sinks.shape[0] != query.shape[1]):
+        shown = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        return f"s_aux (attention sinks) of shape {shown}, not one per query head ({query.shape[1]},)"
     for t in (query, key, value):
         if not _is_cuda(t):
             return f"tensors on {t.device}"
@@ -325,13 +406,72 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
     head_dims = _compiled_head_dims()
     if head_dims is not None and query.shape[-1] not in head_dims:
         return f"head_dim {query.shape[-1]} (compiled: {list(head_dims)})"
-    if _ops._needs_grad(query, key, value):  # training: the call will be differentiated
+    variants = [name for name, used in (("sliding_window", module_causal and _window_restricts(window, key.shape[2])),
+                                        ("softcap", softcap is not None), ("s_aux", sinks is not None)) if used]
+    if variants and _library_has_variants() is False:
+        return f"{', '.join(variants)} (the loaded libflashcore.so predates the attention variants: 0.5 needed)"
+    if _ops._needs_grad(query, key, value, *([sinks] if sinks is not None else [])):  # training: differentiated
+        if variants:
+            # FlashCore's variants are forward-only (0.5): fall back before the forward, not fail in the backward.
+            return f"gradients with {', '.join(variants)} (FlashCore's backward does not take them yet)"
         backward_dims = _compiled_backward_head_dims()
         if backward_dims is not None and query.shape[-1] not in backward_dims:
             if not backward_dims:
                 return "gradients (the loaded libflashcore.so has no backward pass: 0.4 or newer needed)"
             return f"gradients with head_dim {query.shape[-1]} (FlashCore's backward: {list(backward_dims)})"
     return None
+
+
+def _eager_attention(module):
+    """The eager attention function of the module's model (transformers' modeling files define one at module level:
+    models/<name>/modeling_<name>.py eager_attention_forward), which applies softcap and sinks; None if there is
+    none."""
+    import sys
+
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+
+
+def _fallback_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs, reason,
+                        fallback, window=None):
+    """transformers' own attention for a call FlashCore does not run (reason), or ValueError (fallback=False).
+
+    SDPA (sdpa_attention_forward) runs it, except a call with softcap or attention sinks (s_aux, sinks), which SDPA
+    would ignore: the model's eager attention runs those. window: a sliding window (transformers' tokens) that no mask
+    holds yet (the mask builder returns None for a sliding-window layer without padding, leaving the window to the
+    attention function): the mask is built here, as is the causal one the eager attention needs (it takes no
+    is_causal)."""
+    if not fallback:
+        raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
+    eager = None
+    if _softcap(kwargs) is not None or _sinks(kwargs) is not None or kwargs.get("sinks") is not None:
+        eager = _eager_attention(module)
+        if eager is None:
+            raise ValueError(f"FlashCore transformers adapter: cannot run a call with {reason}: it has softcap or "
+                             f"attention sinks, which transformers' SDPA attention ignores, and "
+                             f"{type(module).__module__} has no eager_attention_forward to run it")
+    to = "the model's eager attention" if eager is not None else "transformers' SDPA attention"
+    if not torch.compiler.is_compiling() and (reason, to) not in _logged_reasons:
+        _logged_reasons.add((reason, to))
+        warnings.warn(f"FlashCore: falling back to {to} for {reason}", stacklevel=4)
+    module_causal = _module_is_causal(module, is_causal)
+    seqlen_q = query.shape[2]
+    causal = module_causal and seqlen_q > 1
+    pending_window = window is not None and module_causal and _window_restricts(window, key.shape[2])
+    if attention_mask is None and (pending_window or (eager is not None and causal)):
+        if causal and key.shape[2] > seqlen_q:  # transformers' top-left convention for a None mask (see _forward)
+            key, value = key[:, :, :seqlen_q], value[:, :, :seqlen_q]
+        attention_mask = _visible(seqlen_q, key.shape[2], causal, window if pending_window else None,
+                                  query.device)[None, None]
+    if eager is not None:
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            # Eager attention adds its mask to the scores: a boolean one (SDPA's, which the mask builder makes)
+            # becomes 0 where a key is seen and the dtype's minimum elsewhere, as transformers' eager masks are.
+            attention_mask = torch.where(attention_mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
+        return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
 
 
 def _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, kwargs):
@@ -342,23 +482,23 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
         rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
         rest.update(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens)
         return _forward_packed(module, query, key, value, attention_mask, dropout, scaling, is_causal, fallback, rest)
+    window = _sliding_window(module, kwargs)
     packed_ids = _packed_prefill_ids(query, key, attention_mask, kwargs)
     if packed_ids is not None and _cannot_read(packed_ids) and getattr(module, "is_causal", True) is not False:
         # Under torch.compile / graph capture the ids cannot be inspected: they may pack several sequences, which a
-        # plain causal kernel call would attend across. SDPA with a block-diagonal causal mask is right either way.
-        reason = "position_ids while compiling or capturing (possibly packed sequences)"
-        if not fallback:
-            raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+        # plain causal kernel call would attend across. transformers' attention with a block-diagonal causal mask
+        # (and the window, if any) is right either way.
         rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
         mask = _segment_causal_mask(packed_ids, query.shape[2])
-        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **rest)
-    reason = _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs)
+        if _valid_window(window) is not None:
+            mask = mask & _visible(query.shape[2], key.shape[2], True, window, query.device)
+        return _fallback_attention(module, query, key, value, mask, dropout, scaling, is_causal, rest,
+                                   "position_ids while compiling or capturing (possibly packed sequences)", fallback)
     # As transformers' sdpa_attention_forward: a None mask means causal (for causal modules) unless decoding.
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    module_causal = _module_is_causal(module, is_causal)
+    reason = _unsupported_reason(module, query, key, value, attention_mask, dropout, kwargs, module_causal)
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
-    causal = seqlen_q > 1 and bool(causal)
+    causal = seqlen_q > 1 and module_causal
     if reason is None and causal and seqlen_k != seqlen_q:
         if seqlen_k > seqlen_q:
             # transformers' convention for a None mask here is top-left causal (prefill of an empty static cache):
@@ -367,19 +507,22 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
         else:
             reason = "causal attention with fewer keys than queries"
     if reason is not None:
-        if not fallback:
-            raise ValueError(f"FlashCore transformers adapter: unsupported call: {reason}")
-        if not torch.compiler.is_compiling() and reason not in _logged_reasons:
-            _logged_reasons.add(reason)
-            warnings.warn(f"FlashCore: falling back to transformers' SDPA attention for {reason}", stacklevel=3)
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
+        return _fallback_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs,
+                                   reason, fallback, _valid_window(window) if attention_mask is None else None)
+    # The variants of a causal module: a sliding window that hides keys (with no mask, the window is the attention
+    # function's to apply; a decoding step, causal=False here, needs the window's right bound 0 too), the softcap and
+    # the sinks. A window that hides nothing is not passed (as transformers does for FlashAttention).
+    variants = {}
+    if module_causal and _window_restricts(window, key.shape[2]):
+        variants["window_size"] = (_window_left(window), 0)
+    if _softcap(kwargs) is not None:
+        variants["softcap"] = float(_softcap(kwargs))
+    if _sinks(kwargs) is not None:
+        variants["sinks"] = _sinks(kwargs)
     # (B, H, S, D) -> (B, S, H, D) views (no copy); the output is (B, S, Hq, D) contiguous, as transformers wants.
     out = _ops.attention(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scaling
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scaling,
+        **variants
     )
     return out, None
 
@@ -456,16 +599,36 @@ def _has_no_padding(attention_mask) -> bool:
     return bool(attention_mask.all())
 
 
+def _is_plain_sliding_window(kwargs) -> bool:
+    """Whether the builder was called by masking_utils.create_sliding_window_causal_mask for a causal sliding window
+    with nothing on top. That function passes local_size = config.sliding_window and a mask function made on the spot
+    (and_masks(sliding_window_overlay, causal), which cannot be compared by identity); every overlay it can add (or /
+    and mask functions, packed sequences, blocks) also turns allow_is_causal_skip off, which the caller checks.
+    Chunked attention (create_chunked_causal_mask) passes local_size = config.attention_chunk_size: a config that has
+    one is never taken for a sliding window, even if the two sizes differ, so that a chunked mask is never dropped."""
+    config, local_size = kwargs.get("config"), kwargs.get("local_size")
+    return (
+        config is not None
+        and local_size is not None
+        and getattr(config, "sliding_window", None) == local_size
+        and getattr(config, "attention_chunk_size", None) is None
+        and getattr(config, "is_causal", True)
+    )
+
+
 def mask_function(*args, **kwargs):
-    """transformers mask builder: None for a pure causal mask without padding, else transformers' SDPA mask."""
+    """transformers mask builder: None for a pure causal mask, or a causal sliding-window one (since 0.5: the
+    attention function applies the window the model passes as sliding_window), without padding; else transformers'
+    SDPA mask."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    plain_causal = (kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+                    and kwargs.get("local_size") is None)
     if (
         not args
         and kwargs.get("allow_is_causal_skip", True)
-        and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
-        and kwargs.get("local_size") is None
+        and (plain_causal or _is_plain_sliding_window(kwargs))
         and q_length is not None
         and kv_length is not None
         and (q_length == 1 or q_length == kv_length)

@@ -11,7 +11,9 @@
  * stub_last_backward_params) and fails the same way for head_dim >= 1000; flashcore_attention_backward_workspace_size
  * reports (4 * head_dim + 8) * batch * num_heads_q * seqlen_q bytes, the header's estimate. Compiled with
  * -DSTUB_NO_BACKWARD (a library older than 0.4, e.g. with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V3_SIZE) it
- * exports neither. */
+ * exports neither. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V4_SIZE it plays a 0.4 library: the
+ * backward and the 8-bit dtype, in a struct that ends before the attention variants (local ... reserved4), which it
+ * never reads. */
 #include <stdio.h>
 #include <string.h>
 
@@ -40,7 +42,7 @@ FLASHCORE_API void flashcore_attention_params_init_sized(flashcore_attention_par
   params->struct_size = (uint32_t)STUB_PARAMS_SIZE;
   params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
   params->out_dtype = FLASHCORE_DTYPE_SAME;
-  if (STUB_PARAMS_SIZE == sizeof(flashcore_attention_params)) {
+  if (STUB_PARAMS_SIZE >= FLASHCORE_ATTENTION_PARAMS_V4_SIZE) { /* a layout with the backward's fields (0.4 on) */
     params->dout_strides.dim = params->dq_strides.dim = params->dk_strides.dim = params->dv_strides.dim = 1;
   }
 }
@@ -115,7 +117,7 @@ FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities
   caps->num_dtypes = 2;
   caps->dtypes[0] = FLASHCORE_DTYPE_FP16;
   caps->dtypes[1] = FLASHCORE_DTYPE_BF16;
-  if (STUB_PARAMS_SIZE == sizeof(flashcore_attention_params)) caps->dtypes[caps->num_dtypes++] = FLASHCORE_DTYPE_FP8_E4M3;
+  if (STUB_PARAMS_SIZE >= FLASHCORE_ATTENTION_PARAMS_V4_SIZE) caps->dtypes[caps->num_dtypes++] = FLASHCORE_DTYPE_FP8_E4M3;
   caps->num_head_dims = 3;
   caps->head_dims[0] = 64;
   caps->head_dims[1] = 128;
@@ -151,9 +153,9 @@ FLASHCORE_API flashcore_status flashcore_list_kernel_configs(flashcore_dtype dty
                                                              const char** names, int32_t capacity, int32_t* count) {
   (void)causal;
   if (!count) return FLASHCORE_ERROR_NULL_POINTER;
-  /* 8-bit kernels for head dims 128 and 256 only (as the first sm90 8-bit build), none in a 0.2 stub. */
+  /* 8-bit kernels for head dims 128 and 256 only (as the first sm90 8-bit build), none in a stub older than 0.4. */
   if (dtype == FLASHCORE_DTYPE_FP8_E4M3 &&
-      (STUB_PARAMS_SIZE != sizeof(flashcore_attention_params) || (head_dim != 128 && head_dim != 256))) {
+      (STUB_PARAMS_SIZE < FLASHCORE_ATTENTION_PARAMS_V4_SIZE || (head_dim != 128 && head_dim != 256))) {
     *count = 0;
     return FLASHCORE_SUCCESS;
   }

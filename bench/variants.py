@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""FlashCore's attention variants (issue #72: sliding window, softcap, attention sinks) against FlashCore's own plain
+attention, FlexAttention and FlashAttention-3, forward pass, every system in this process on the same values.
+
+Runs on the GPU machine (Python 3.12, PyTorch with CUDA). FlashCore is called through its C ABI with ctypes
+(bench/flashcore_ctypes.py, ABI 0.5 for the variants), no Python package needed. FlexAttention is
+torch.compile(flex_attention) with a block mask. FA3 is measured when `flash_attn_interface` imports (the `train/` build
+of ../shared/fa3 has local windows and softcap, bf16, head dims 64 / 128; no sinks):
+
+    echo /.fa3/ >> .git/info/exclude; rm -rf .fa3 && cp -r ../shared/fa3/train .fa3    # once, then carry .fa3
+    PYTHONPATH=$PWD/.fa3 python3 bench/variants.py --json bench/out/variants.json
+    python3 bench/variants.py --groups window --seqlens 8192 --rounds 3 --systems flashcore,flashcore_base
+
+Cells (bf16, head dim 128, 32 query heads and 8 KV heads, batch = --tokens // S so that every cell holds the same
+number of tokens, causal):
+  window   a sliding window of --window keys (the query's own included: FlashAttention's window_size =
+           (window - 1, 0), transformers' sliding_window = window) at S = 8k, 16k, 32k. Baseline: FlashCore's causal
+           attention at the same S (flashcore_base). FlexAttention: a causal sliding-window block mask. FA3:
+           window_size=(window - 1, 0).
+  softcap  causal attention with softcap --softcap (Gemma 2's 50) at S = 8k. Baseline: FlashCore without softcap.
+           FlexAttention: a score_mod (softcap * tanh(score / softcap)). FA3: softcap=.
+  sinks    causal attention with per-head sinks (gpt-oss) at S = 8k, and with gpt-oss's window of 128 keys. Baseline:
+           FlashCore without sinks. FlexAttention has no sink: it runs the attention with return_lse and folds the sink
+           in afterwards, out * sigmoid(lse - sink) (exact: sum_j e^s_j / (sum_j e^s_j + e^sink) =
+           sigmoid(lse - sink)), compiled together. FA3 (this build): no sinks, not applicable.
+
+Method: after --warmup calls each, the systems take turns call by call, each call between two CUDA events, --rounds
+rounds in reverse order every other round, --iters calls per system in all; before each round the GPU is held by a
+--sleep-ms kernel while the host enqueues the round, so the host's time per call (Python, ctypes, dispatch) stays off
+the GPU's timeline. Median per system. TFLOPS = 4 * B * Hq * D * (visible (i, j) pairs) / t, the pairs counted exactly
+for each system's own mask (visible_pairs): a windowed call is credited with its window's pairs, the causal baseline
+with S (S + 1) / 2 per head. The speedup of a variant over its baseline is the ratio of their times. Outputs are
+compared with FlashCore's (max |x - FlashCore| / max |FlashCore|, set 0), so a system computing something else shows.
+
+Prints a markdown table; --json PATH also writes the measurements. A system that fails on a cell records null there
+(with the error), never a crash.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from backward import rel_max_err, tflops  # noqa: E402
+from report import fmt, geomean, json_safe, log, ratio, short_error  # noqa: E402
+
+SYSTEMS = ["flashcore", "flashcore_base", "flex", "fa3"]
+LABELS = {"flashcore": "FlashCore", "flashcore_base": "FlashCore baseline", "flex": "FlexAttention", "fa3": "FA3"}
+GROUPS = ("window", "softcap", "sinks")
+DEFAULT_SEQLENS = (8192, 16384, 32768)
+GPT_OSS_WINDOW = 128
+
+
+# ------------------------------------------------------------------------------------------------------
+# Cells and FLOPs (pure: tested without a GPU)
+
+def visible_pairs(sq: int, sk: int, causal: bool, window_size=(-1, -1), attention_chunk: int = 0) -> int:
+    """The (query, key) pairs a call computes, exactly: per row i, the keys j allowed by FlashAttention's rules
+    (bottom-right aligned, d = sk - sq): causal j <= i + d; window i + d - left <= j <= i + d + right (-1 unbounded,
+    right 0 with causal); chunk floor(j / c) == floor((i + d) / c). One pass over the rows (no mask in memory)."""
+    left, right = window_size
+    if causal:
+        right = 0
+    total = 0
+    for i in range(sq):
+        diag = i + sk - sq
+        lo, hi = 0, sk - 1
+        if right != -1:
+            hi = min(hi, diag + right)
+        if left != -1:
+            lo = max(lo, diag - left)
+        if attention_chunk > 0:
+            start = (diag // attention_chunk) * attention_chunk  # Python's // floors, as the definition does
+            lo, hi = max(lo, start), min(hi, start + attention_chunk - 1)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def make_cells(groups, seqlens, tokens: int, window: int, softcap: float) -> List[dict]:
+    """The cells of the requested groups (module docstring). Each has the variant's arguments (FlashAttention's
+    names) and those of its baseline (the same call without the variant)."""
+    cells = []
+    for S in (seqlens if "window" in groups else ()):
+        cells.append({"group": "window", "name": f"window {window}", "S": S, "B": max(1, tokens // S),
+                      "variant": {"window_size": (window - 1, 0)}, "base": {}, "base_name": "causal"})
+    S = 8192
+    if "softcap" in groups:
+        cells.append({"group": "softcap", "name": f"softcap {softcap:g}", "S": S, "B": max(1, tokens // S),
+                      "variant": {"softcap": softcap}, "base": {}, "base_name": "no softcap"})
+    if "sinks" in groups:
+        cells.append({"group": "sinks", "name": "sinks", "S": S, "B": max(1, tokens // S),
+                      "variant": {"sinks": True}, "base": {}, "base_name": "no sinks"})
+        gpt_oss = {"window_size": (GPT_OSS_WINDOW - 1, 0)}
+        cells.append({"group": "sinks", "name": f"sinks + window {GPT_OSS_WINDOW}", "S": S, "B": max(1, tokens // S),
+                      "variant": dict(gpt_oss, sinks=True), "base": gpt_oss,
+                      "base_name": f"window {GPT_OSS_WINDOW}, no sinks"})
+    return cells
+
+
+def flops_of(cell: dict, variant: dict, heads_q: int, head_dim: int) -> float:
+    """4 * B * Hq * D * the exact visible pairs of a causal call with `variant`'s window (softcap and sinks: none)."""
+    pairs = visible_pairs(cell["S"], cell["S"], True, variant.get("window_size", (-1, -1)))
+    return 4.0 * cell["B"] * heads_q * head_dim * pairs
+
+
+def fa3_lacks(variant: dict) -> Optional[str]:
+    """Why FA3's train build cannot run a variant, or None."""
+    if variant.get("sinks"):
+        return "FA3 (this build) has no attention sinks"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------
+# FlexAttention's side of the variants (pure functions of torch: tested on the CPU with eager flex_attention)
+
+def window_mask_mod(left: int):
+    """FlexAttention mask_mod of a causal call with FlashAttention's window (left, 0), left = -1 unbounded (plain
+    causal); Sq == Sk, so bottom-right and top-left alignment agree."""
+    def visible(b, h, q_idx, kv_idx):
+        sees = q_idx >= kv_idx
+        return sees & (q_idx - kv_idx <= left) if left >= 0 else sees
+    return visible
+
+
+def softcap_score_mod(torch, cap: float):
+    """FlexAttention score_mod of FlashAttention's softcap: the score it gets is already scale * q.k."""
+    def capped(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+    return capped
+
+
+def fold_sinks(torch, out, lse, sinks):
+    """Attention with per-head sinks from attention without them: out (B, H, S, D) and its natural-log lse (B, H, S);
+    the sink adds e^sink to each row's denominator, so every row scales by e^lse / (e^lse + e^sink) =
+    sigmoid(lse - sink). In out's dtype."""
+    return (out * torch.sigmoid(lse - sinks[None, :, None])[..., None]).to(out.dtype)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Timing: the systems interleaved call by call (pure Python over a torch-like module: tested with a fake one)
+
+def interleaved_times(torch, calls: Dict[str, Callable[[int], None]], nsets: int, warmup: int, iters: int,
+                      rounds: int, sleep: Callable[[], None] = lambda: None) -> Dict[str, List[float]]:
+    """Per-call milliseconds of each system: `calls[name](i)` runs one call on buffer set i % nsets. After `warmup`
+    calls each, `rounds` rounds (the order reversed every other round, so no system always follows the same one);
+    in each, every system runs once per turn, each call between two CUDA events, ceil(iters / rounds) turns.
+    sleep() runs before each round (a GPU sleep: the host enqueues the round meanwhile)."""
+    names = list(calls)
+    for i in range(warmup):
+        for n in names:
+            calls[n](i % nsets)
+    torch.cuda.synchronize()
+    times: Dict[str, List[float]] = {n: [] for n in names}
+    per_round = max(1, -(-iters // max(1, rounds)))
+    done = 0
+    for r in range(max(1, rounds)):
+        order = names if r % 2 == 0 else names[::-1]
+        events = []
+        sleep()
+        for i in range(per_round):
+            for n in order:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                calls[n]((done + i) % nsets)
+                end.record()
+                events.append((n, start, end))
+        done += per_round
+        torch.cuda.synchronize()
+        for n, start, end in events:
+            times[n].append(start.elapsed_time(end))
+    return times
+
+
+# ------------------------------------------------------------------------------------------------------
+# Report (pure)
+
+def cell_tflops(cell: dict, system: str) -> Optional[float]:
+    return (cell.get("systems", {}).get(system) or {}).get("tflops")
+
+
+def cell_ms(cell: dict, system: str) -> Optional[float]:
+    return (cell.get("systems", {}).get(system) or {}).get("median_ms")
+
+
+def table(cells: List[dict]) -> List[str]:
+    """One markdown row per cell: TFLOPS of each system on its own visible area, and FlashCore's ratios."""
+    hdr = ["variant", "S", "B", "FlashCore", "FC baseline", "FlexAttention", "FA3", "speedup vs baseline",
+           "FC / baseline TFLOPS", "FC / Flex", "FC / FA3", "max diff vs FC"]
+    L = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for c in cells:
+        fc = cell_tflops(c, "flashcore")
+        diffs = [f"{s}: {c['diff'][s]:.1e}" for s in ("flex", "fa3") if c.get("diff", {}).get(s) is not None]
+        fa3 = c.get("systems", {}).get("fa3") or {}
+        vals = [c["name"], str(c["S"]), str(c["B"]), fmt(fc),
+                f"{fmt(cell_tflops(c, 'flashcore_base'))} ({c['base_name']})", fmt(cell_tflops(c, "flex")),
+                "n/a" if fa3.get("not_applicable") else fmt(cell_tflops(c, "fa3")),
+                fmt(ratio(cell_ms(c, "flashcore_base"), cell_ms(c, "flashcore")), "{:.2f}x"),
+                fmt(ratio(fc, cell_tflops(c, "flashcore_base")), "{:.2f}"),
+                fmt(ratio(fc, cell_tflops(c, "flex")), "{:.2f}"), fmt(ratio(fc, cell_tflops(c, "fa3")), "{:.2f}"),
+                ", ".join(diffs) or "—"]
+        L.append("| " + " | ".join(vals) + " |")
+    return L
+
+
+def markdown(meta: dict, cells: List[dict]) -> str:
+    L = ["# FlashCore attention variants (forward)\n",
+         f"- GPU: {meta['gpu']}; PyTorch {meta['torch']}, CUDA {meta['cuda']}; FlashCore {meta['flashcore']}",
+         f"- FA3: {meta['fa3']}",
+         f"- Shapes: bf16, {meta['heads_q']} query / {meta['heads_kv']} KV heads, head dim {meta['head_dim']}, "
+         f"batch x S = {meta['tokens']} tokens, causal",
+         f"- Method: {meta['method']}\n",
+         "TFLOPS on each system's visible (i, j) pairs, counted exactly; speedup = baseline time / FlashCore time.\n"]
+    L += table(cells)
+    for group in GROUPS:
+        ran = [c for c in cells if c["group"] == group]
+        if ran:
+            means = [geomean([ratio(cell_tflops(c, "flashcore"), cell_tflops(c, other)) for c in ran])
+                     for other in ("flashcore_base", "flex", "fa3")]
+            L.append(f"\n{group}: geometric means of FlashCore's TFLOPS over its baseline's {fmt(means[0], '{:.2f}')}, "
+                     f"over FlexAttention's {fmt(means[1], '{:.2f}')}, over FA3's {fmt(means[2], '{:.2f}')}")
+    errors = sorted({f"{c['name']} S={c['S']} {LABELS.get(s, s)}: {r['error']}" for c in cells
+                     for s, r in c.get("systems", {}).items() if r.get("error") and not r.get("not_applicable")})
+    if errors:
+        L += ["\n<details><summary>errors</summary>\n"] + [f"- {e}" for e in errors[:40]] + ["\n</details>"]
+    return "\n".join(L) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------------
+# Measurement (GPU)
+
+class Runner:
+    def __init__(self, args, torch, fc, fa3):
+        self.args, self.torch, self.fc, self.fa3 = args, torch, fc, fa3
+        props = torch.cuda.get_device_properties(0)
+        self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+        self._flex = None
+
+    def flex_functions(self):
+        """flex_attention compiled, plain and with the sink folded in (module docstring); imported on first use."""
+        if self._flex is None:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            torch = self.torch
+
+            def with_sinks(q, k, v, block_mask, sinks):
+                out, lse = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
+                return fold_sinks(torch, out, lse, sinks)
+
+            # Every cell is a new shape or mask function, each a recompilation: allow more than dynamo's default 8.
+            for limit in ("recompile_limit", "cache_size_limit"):
+                if hasattr(torch._dynamo.config, limit):
+                    setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+            # Compiled, create_block_mask never materialises the S x S mask (8 GiB of int64 indices at S = 32k).
+            self._flex = (torch.compile(flex_attention, dynamic=False), torch.compile(with_sinks, dynamic=False),
+                          torch.compile(create_block_mask))
+        return self._flex
+
+    def make_sets(self, B, S, seed):
+        """Buffer sets of (q, k, v) in (B, H, S, D), enough that one cycle touches more than 2x the L2 cache."""
+        torch, a = self.torch, self.args
+        touched = 2 * B * S * a.head_dim * (2 * a.heads_q + 2 * a.heads_kv)  # bf16 Q, O, K, V
+        nsets = 1 if a.no_rotate else (2 * self.l2) // touched + 1
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(seed)
+        return [tuple(torch.randn(B, h, S, a.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                      for h in (a.heads_q, a.heads_kv, a.heads_kv)) for _ in range(nsets)]
+
+    def build(self, name, cell, sets, sinks):
+        """(call(i), output of set 0 as (B, H, S, D)) of system `name` on the cell; raises when it cannot run."""
+        torch, a = self.torch, self.args
+        variant = cell["base"] if name == "flashcore_base" else cell["variant"]
+        window = variant.get("window_size", (-1, -1))
+        cap = variant.get("softcap", 0.0)
+        use_sinks = sinks if variant.get("sinks") else None
+        outs = [torch.empty_like(q) for q, _, _ in sets]
+        if name in ("flashcore", "flashcore_base"):
+            if self.fc is None:
+                raise RuntimeError("libflashcore.so not loaded")
+            params = [self.fc.params_for(q, k, v, o, causal=True, bhsd=True, window_size=window, softcap=cap,
+                                         sinks=use_sinks) for (q, k, v), o in zip(sets, outs)]
+            fc = self.fc
+
+            def call(i):
+                fc.forward(params[i], torch.cuda.current_stream().cuda_stream)
+            return call, lambda: outs[0]
+        if name == "flex":
+            flex, flex_sinks, create_block_mask = self.flex_functions()
+            block_mask = create_block_mask(window_mask_mod(window[0]), None, None, cell["S"], cell["S"], device="cuda")
+            softcap_mod = softcap_score_mod(torch, cap) if cap else None
+
+            def call(i):
+                q, k, v = sets[i]
+                if use_sinks is not None:
+                    outs[i] = flex_sinks(q, k, v, block_mask, use_sinks)
+                else:
+                    outs[i] = flex(q, k, v, score_mod=softcap_mod, block_mask=block_mask, enable_gqa=True)
+            return call, lambda: outs[0]
+        if name == "fa3":
+            if self.fa3 is None:
+                raise RuntimeError("flash_attn_interface not importable")
+            why = fa3_lacks(variant)
+            if why:
+                raise NotImplementedError(why)
+            bshd = [tuple(t.transpose(1, 2).contiguous() for t in st) for st in sets]
+            box = {}
+
+            def call(i):
+                out = self.fa3.flash_attn_func(*bshd[i], causal=True, window_size=window, softcap=cap)
+                box[i] = out[0] if isinstance(out, tuple) else out
+            return call, lambda: box[0].transpose(1, 2)
+        raise ValueError(name)
+
+    def sleep(self):
+        if self.args.sleep_ms > 0 and hasattr(self.torch.cuda, "_sleep"):
+            self.torch.cuda._sleep(int(self.args.sleep_ms * 2e6))  # cycles at ~2 GHz
+
+    def run_cell(self, cell: dict, seed: int) -> dict:
+        torch, a = self.torch, self.args
+        cell = dict(cell, systems={}, diff={})
+        try:
+            sets = self.make_sets(cell["B"], cell["S"], seed)
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(seed + 1)
+            sinks = torch.randn(a.heads_q, device="cuda", generator=gen) * 2.0
+        except Exception as e:  # noqa: BLE001
+            cell["error"] = short_error(e)
+            return cell
+        cell["rotate_sets"] = len(sets)
+        built: Dict[str, tuple] = {}
+        for name in a.systems:
+            variant = cell["base"] if name == "flashcore_base" else cell["variant"]
+            if name == "fa3" and fa3_lacks(variant):
+                cell["systems"][name] = {"error": fa3_lacks(variant), "not_applicable": True, "tflops": None}
+                continue
+            try:
+                built[name] = self.build(name, cell, sets, sinks)
+                built[name][0](0)
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a failing system records null
+                try:
+                    torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001
+                    pass
+                built.pop(name, None)
+                cell["systems"][name] = {"error": short_error(e), "tflops": None}
+        if a.verify and "flashcore" in built:
+            want = built["flashcore"][1]()
+            for name in ("flex", "fa3"):
+                if name in built:
+                    cell["diff"][name] = rel_max_err(built[name][1](), want)
+        names = [n for n in a.systems if n in built]
+        try:
+            times = interleaved_times(torch, {n: built[n][0] for n in names}, len(sets), a.warmup, a.iters, a.rounds,
+                                      self.sleep)
+        except Exception as e:  # noqa: BLE001 - e.g. a system failing mid-run
+            cell["error"] = short_error(e)
+            times = {n: [] for n in names}
+        for n in names:
+            variant = cell["base"] if n == "flashcore_base" else cell["variant"]
+            med = statistics.median(times[n]) if times[n] else None
+            cell["systems"][n] = {"error": None if med else cell.get("error"), "median_ms": med,
+                                  "min_ms": min(times[n]) if times[n] else None, "calls": len(times[n]),
+                                  "tflops": tflops(flops_of(cell, variant, a.heads_q, a.head_dim), med)}
+        del built, sets
+        if self.fc is not None:
+            self.fc.release_workspaces()
+        torch.cuda.empty_cache()
+        return cell
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", default=",".join(GROUPS), help=f"comma list of {','.join(GROUPS)}")
+    ap.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)), help="window cells' sequence lengths")
+    ap.add_argument("--tokens", type=int, default=32768, help="batch x seqlen of every cell")
+    ap.add_argument("--window", type=int, default=4096, help="keys per query in the window cells (own included)")
+    ap.add_argument("--softcap", type=float, default=50.0, help="the softcap cell's cap (Gemma 2: 50)")
+    ap.add_argument("--heads-q", type=int, default=32)
+    ap.add_argument("--heads-kv", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {','.join(SYSTEMS)}")
+    ap.add_argument("--lib", default=None,
+                    help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIBRARY)")
+    ap.add_argument("--iters", type=int, default=30, help="timed calls per system and cell")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed calls per system first")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of turns (reverse order every other round)")
+    ap.add_argument("--sleep-ms", type=float, default=20.0, help="GPU sleep before each round (0: none)")
+    ap.add_argument("--no-rotate", action="store_true", help="one buffer set per cell")
+    ap.add_argument("--no-verify", dest="verify", action="store_false", help="skip comparing outputs with FlashCore's")
+    ap.add_argument("--json", default=None, help="also write the measurements to this JSON file")
+    a = ap.parse_args(argv)
+    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    groups = [g.strip() for g in a.groups.split(",") if g.strip()]
+    bad = [s for s in a.systems if s not in SYSTEMS] + [g for g in groups if g not in GROUPS]
+    if bad:
+        ap.error(f"unknown system(s) or group(s) {bad}; systems {SYSTEMS}, groups {list(GROUPS)}")
+    try:
+        seqlens = [int(x) for x in a.seqlens.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--seqlens wants a comma list of ints, got {a.seqlens!r}")
+    if a.iters < 1 or a.warmup < 0 or a.rounds < 1 or a.window < 1 or a.tokens < 1 or not a.softcap > 0:
+        ap.error("--iters >= 1, --warmup >= 0, --rounds >= 1, --window >= 1, --tokens >= 1, --softcap > 0")
+    if a.heads_q % a.heads_kv:
+        ap.error("--heads-q must be a multiple of --heads-kv")
+    cells = make_cells(groups, seqlens, a.tokens, a.window, a.softcap)
+
+    t0 = time.time()
+    import torch
+    if not torch.cuda.is_available():
+        log("variants: no CUDA device")
+        return 3
+    fc, fc_version = None, "not loaded"
+    if any(s.startswith("flashcore") for s in a.systems):
+        try:
+            from flashcore_ctypes import FlashCoreLib
+            fc = FlashCoreLib(a.lib)
+            fc_version = f"{fc.version()} ({fc.path})"
+            if not fc.library.has_variants():
+                fc_version += "; predates the variants (0.5): its variant cells fail"
+        except Exception as e:  # noqa: BLE001
+            log(f"variants: FlashCore not loaded: {short_error(e)}")
+            fc_version = f"not loaded: {short_error(e)}"
+    fa3, fa3_note = None, "not in --systems"
+    if "fa3" in a.systems:
+        try:
+            import flash_attn_interface as fa3  # type: ignore
+            fa3_note = f"measured ({os.path.dirname(os.path.abspath(fa3.__file__))})"
+        except Exception as e:  # noqa: BLE001
+            fa3 = None
+            fa3_note = f"not importable ({short_error(e)}): put ../shared/fa3/train on PYTHONPATH"
+            log(f"variants: FA3 {fa3_note}")
+    runner = Runner(a, torch, fc, fa3)
+    meta = {
+        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "flashcore": fc_version, "fa3": fa3_note, "python": platform.python_version(), "systems": a.systems,
+        "heads_q": a.heads_q, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "tokens": a.tokens,
+        "window": a.window, "softcap": a.softcap, "iters": a.iters, "warmup": a.warmup, "rounds": a.rounds,
+        "sleep_ms": a.sleep_ms, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "method": (f"{a.warmup} warm-up calls each, then the systems taking turns call by call, {a.rounds} rounds "
+                   f"(reverse order every other round) behind a {a.sleep_ms:g} ms GPU sleep, {a.iters} "
+                   f"CUDA-event-timed calls per system, median; torch.randn (B, H, S, D) inputs, the same for all "
+                   f"systems ((B, S, H, D) copies for FA3)"),
+    }
+    results: List[dict] = []
+    status = 0
+    try:
+        for n, cell in enumerate(cells):
+            log(f"[{n + 1}/{len(cells)}] {cell['name']} S={cell['S']} B={cell['B']}")
+            done = runner.run_cell(cell, seed=n)
+            results.append(done)
+            log("    " + " ".join(f"{s}={fmt(r.get('tflops'))}" for s, r in done["systems"].items()))
+    except KeyboardInterrupt:
+        log("variants: interrupted; reporting what was measured")
+        status = 130
+    meta["elapsed_s"] = time.time() - t0
+    print(markdown(meta, results))
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(json_safe({"meta": meta, "cells": results}), f, indent=1, allow_nan=False, default=str)
+        log(f"variants: wrote {a.json}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
