@@ -381,7 +381,13 @@ def _check_softcap(softcap) -> float:
 
 
 def _check_attention_chunk(attention_chunk) -> int:
-    return _check_int_arg("attention_chunk", attention_chunk, 0)
+    """0, or NotImplementedError: the C ABI reserves attention_chunk (Llama 4's chunked attention), and this version's
+    kernels have no path for it yet (the library refuses it naming the field)."""
+    value = _check_int_arg("attention_chunk", attention_chunk, 0)
+    if value != 0:
+        raise NotImplementedError(f"FlashCore: attention_chunk={value}: chunked attention is not in this version yet "
+                                  f"(0 = none)")
+    return value
 
 
 def _check_sinks(sinks, q: torch.Tensor, heads_q: int, convert: bool) -> Optional[torch.Tensor]:

@@ -120,19 +120,12 @@ def test_windows(vcaps, cuda, dtype, head_dim, sq, sk, window):
     check(q, k, v, out, lse, **window)
 
 
-@pytest.mark.parametrize("case", [
-    dict(causal=True, attention_chunk=64),
-    dict(causal=True, attention_chunk=100),
-    dict(causal=False, attention_chunk=128),
-    dict(causal=True, attention_chunk=256, window_size=(100, 0)),
-    dict(causal=False, attention_chunk=1024, window_size=(300, 200)),
-], ids=["c64", "c100", "full128", "c256-window", "full1024-window"])
-@pytest.mark.parametrize("sq, sk", [(1000, 1000), (300, 1300), (1300, 300), (1, 4100)])
-def test_chunks(vcaps, cuda, case, sq, sk):
+def test_chunks_are_refused(vcaps, cuda):
+    # attention_chunk is reserved by the C ABI and refused by this version (no kernel path yet), naming it.
     _need(vcaps, torch.bfloat16, 128)
-    q, k, v = _inputs(cuda, torch.bfloat16, 2, sq, sk, 8, 2, 128, seed=2)
-    out, lse = flashcore.attention(q, k, v, return_lse=True, **case)
-    check(q, k, v, out, lse, **case)
+    q, k, v = _inputs(cuda, torch.bfloat16, 2, 300, 300, 8, 2, 128, seed=2)
+    with pytest.raises(NotImplementedError, match="attention_chunk=64"):
+        flashcore.attention(q, k, v, causal=True, attention_chunk=64)
 
 
 @pytest.mark.parametrize("softcap", [1.0, 5.0, 30.0])
@@ -192,8 +185,7 @@ def test_rows_without_keys(vcaps, cuda):
 def test_all_together(vcaps, cuda, dtype, heads):
     _need(vcaps, dtype, 128)
     q, k, v = _inputs(cuda, dtype, 2, 1500, 1700, *heads, 128, seed=7)
-    variants = dict(causal=True, window_size=(255, 0), softcap=4.0, sinks=_sinks(cuda, heads[0]),
-                    attention_chunk=512, softmax_scale=0.2)
+    variants = dict(causal=True, window_size=(255, 0), softcap=4.0, sinks=_sinks(cuda, heads[0]), softmax_scale=0.2)
     out, lse = flashcore.attention(q, k, v, return_lse=True, **variants)
     check(q, k, v, out, lse, **variants)
 
@@ -232,10 +224,10 @@ def test_sdpa(vcaps, cuda):
 VARLEN_CASES = [
     dict(causal=True, window_size=(63, 0)),
     dict(causal=False, window_size=(40, 20), softcap=3.0),
-    dict(causal=True, sinks=True, attention_chunk=128),
-    dict(causal=True, window_size=(100, 0), softcap=5.0, sinks=True, attention_chunk=256),
+    dict(causal=True, sinks=True),
+    dict(causal=True, window_size=(100, 0), softcap=5.0, sinks=True),
 ]
-VARLEN_IDS = ["window", "window-softcap", "sinks-chunk", "all"]
+VARLEN_IDS = ["window", "window-softcap", "sinks", "all"]
 
 
 @pytest.mark.parametrize("case", VARLEN_CASES, ids=VARLEN_IDS)
