@@ -37,7 +37,30 @@ struct RowSpec {
   int32_t precision = FLASHCORE_PRECISION_NATIVE;    // FP8, INT8: 16-bit inputs quantized by the library, timed with it
   flashcore_dtype out_dtype = FLASHCORE_DTYPE_SAME;  // as passed (SAME: bf16 for e4m3, the input dtype otherwise)
   bool v_transposed = false;  // 8-bit: V transposed once before timing (--v-transposed)
+  // The attention variants (--window, --softcap, --sinks): FlashAttention's window_size (-1 unbounded), the softcap
+  // (0: none), per-head sinks (the values linspace(-1, 1) over the query heads).
+  bool local = false;
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  bool sinks = false;
 };
+
+// The variant part of the dtype column: ":win(L,R)", ":cap(C)", ":sinks".
+std::string variant_label(const RowSpec& r) {
+  std::string s;
+  if (r.local) s += ":win(" + std::to_string(r.window_left) + "," + std::to_string(r.window_right) + ")";
+  if (r.softcap != 0.0f) s += ":cap(" + std::to_string(static_cast<int>(r.softcap)) + ")";
+  if (r.sinks) s += ":sinks";
+  return s;
+}
+
+// The sinks a row uses: linspace(-1, 1) over the query heads (a spread around the scores' scale, so that they move
+// the softmax without taking it over).
+std::vector<float> sink_values(int64_t heads_q) {
+  std::vector<float> v(static_cast<size_t>(heads_q));
+  for (int64_t h = 0; h < heads_q; ++h) v[h] = heads_q > 1 ? -1.0f + 2.0f * static_cast<float>(h) / (heads_q - 1) : 0.0f;
+  return v;
+}
 
 // 8-bit kernels run: e4m3 inputs, or 16-bit inputs with precision = FP8 (e4m3 kernels) or INT8 (int8 Q K^T); such
 // rows are checked by the 8-bit rule (check/check_fp8.h).
@@ -54,7 +77,7 @@ std::string dtype_label(const RowSpec& r) {
   const flashcore_dtype out = flashcore::resolved_out_dtype(r.dtype, r.out_dtype);
   if (out != (flashcore::is_8bit(r.dtype) ? FLASHCORE_DTYPE_BF16 : r.dtype))
     s += std::string(">") + cli_dtype_name(out);
-  return s;
+  return s + variant_label(r);
 }
 
 struct ShapeArg {
@@ -78,6 +101,10 @@ struct Options {
   bool repro = false;
   bool lse = true;
   bool v_transposed = false;  // 8-bit rows: V transposed once per buffer set before timing (FLASHCORE_FLAG_V_TRANSPOSED)
+  bool local = false;         // --window L,R
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;       // --softcap C
+  bool sinks = false;         // --sinks
   int power_ms = 200;
   int device = 0;
   bool quiet = false;
@@ -181,6 +208,21 @@ Options parse_options(int argc, char** argv, int first) {
     } else if (f == "--no-lse") {
       a.no_value(f);
       o.lse = false;
+    } else if (f == "--window") {
+      const std::vector<std::string> lr = split(a.value(f), ',');
+      auto bound = [&](const std::string& t) {
+        const bool ok = !t.empty() && t.size() <= 10 &&
+                        std::all_of(t.begin() + (t[0] == '-' ? 1 : 0), t.end(), ::isdigit) && t != "-";
+        if (!ok || std::stoll(t) < -1) usage_error("--window L,R: bounds are -1 (unbounded) or >= 0, got '" + t + "'");
+        return static_cast<int32_t>(std::stoll(t));
+      };
+      if (lr.size() != 2) usage_error("--window L,R: two bounds, e.g. --window 4095,0");
+      o.local = true, o.window_left = bound(lr[0]), o.window_right = bound(lr[1]);
+    } else if (f == "--softcap") {
+      o.softcap = static_cast<float>(std::atof(a.value(f).c_str()));
+      if (!(o.softcap > 0.0f)) usage_error("--softcap C: a positive cap");
+    } else if (f == "--sinks") {
+      o.sinks = true;
     } else if (f == "--v-transposed") {
       a.no_value(f);
       o.v_transposed = true;
@@ -262,7 +304,8 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
       for (bool c : causal)
         rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c,
                         flashcore::is_8bit(dt) ? FLASHCORE_PRECISION_NATIVE : o.problem.precision,
-                        o.problem.out_dtype, o.v_transposed && flashcore::is_8bit(dt)});
+                        o.problem.out_dtype, o.v_transposed && flashcore::is_8bit(dt), o.local, o.window_left,
+                        o.window_right, o.softcap, o.sinks});
   }
   return rows;
 }
@@ -274,6 +317,16 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
 // Sq == Sk), the exact visible count for causal with Sq != Sk (bottom-right aligned mask).
 double visible_pairs(const RowSpec& r) {
   double sq = static_cast<double>(r.seqlen_q), sk = static_cast<double>(r.seqlen_k);
+  if (r.local) {  // a window: each row's visible keys, counted (FlashAttention's bounds, right 0 under causal)
+    const int64_t right = r.causal ? 0 : r.window_right, d = r.seqlen_k - r.seqlen_q;
+    double total = 0;
+    for (int64_t i = 0; i < r.seqlen_q; ++i) {
+      const int64_t lo = r.window_left < 0 ? 0 : std::max<int64_t>(i + d - r.window_left, 0);
+      const int64_t hi = right < 0 ? r.seqlen_k - 1 : std::min<int64_t>(i + d + right, r.seqlen_k - 1);
+      total += static_cast<double>(std::max<int64_t>(hi - lo + 1, 0));
+    }
+    return total;
+  }
   if (!r.causal) return sq * sk;
   if (r.seqlen_q == r.seqlen_k) return sq * sk / 2.0;
   double total = 0;
@@ -349,6 +402,15 @@ class RowRunner {
 
     p.precision = r.precision;
     p.out_dtype = r.out_dtype;
+    p.local = r.local ? 1 : 0;
+    p.window_size_left = r.window_left, p.window_size_right = r.window_right;
+    p.softcap = r.softcap;
+    if (r.sinks) {
+      const std::vector<float> host = sink_values(r.heads_q);
+      FC_CUDA(cudaMalloc(&sinks_.ptr, host.size() * sizeof(float)));
+      FC_CUDA(cudaMemcpy(sinks_.ptr, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+      p.sinks = static_cast<const float*>(sinks_.ptr);
+    }
     // Inputs of 1 (e4m3) or 2 bytes per element; O always 16-bit.
     const size_t esize = static_cast<size_t>(flashcore::dtype_size(r.dtype));
     const size_t q_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * esize;
@@ -638,6 +700,7 @@ class RowRunner {
   DeviceArena workspace_;
   DeviceArena bwd_workspace_;  // the backward's workspace (any contents)
   DeviceArena descales_;  // e4m3: q, k, v descales (3 x batch x heads_kv floats)
+  DeviceArena sinks_;     // --sinks: one float per query head
   DeviceArena vt_;        // --v-transposed: each set's transposed V
   PowerStats power_;
 };
@@ -661,6 +724,13 @@ std::string repro_command(const Options& o, const RowSpec& r) {
   if (r.out_dtype != FLASHCORE_DTYPE_SAME) c += std::string(" --out-dtype ") + cli_dtype_name(r.out_dtype);
   if (o.mode != PassMode::Fwd) c += std::string(" --mode ") + mode_name(o.mode);
   if (o.deterministic) c += " --deterministic";
+  if (r.local) c += " --window " + std::to_string(r.window_left) + "," + std::to_string(r.window_right);
+  if (r.softcap != 0.0f) {
+    char cap[32];
+    std::snprintf(cap, sizeof cap, "%g", static_cast<double>(r.softcap));
+    c += std::string(" --softcap ") + cap;
+  }
+  if (r.sinks) c += " --sinks";
   if (o.graph) c += " --graph --graph-calls " + std::to_string(o.graph_calls);
   if (!o.rotate) c += " --no-rotate";
   if (!o.lse) c += " --no-lse";
@@ -840,6 +910,9 @@ void check_row(const Options& o, RowResult& r) {
   c.causal = r.spec.causal;
   c.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;
   c.with_lse = o.lse;
+  c.local = r.spec.local, c.window_left = r.spec.window_left, c.window_right = r.spec.window_right;
+  c.softcap = r.spec.softcap;
+  if (r.spec.sinks) c.sinks = sink_values(r.spec.heads_q);
   if (o.mode != PassMode::Bwd) record_check(ck::run_case(c, o.seed, 1), r);
   if (!runs_backward(o.mode)) return;
 
@@ -913,6 +986,10 @@ void print_bench_help() {
       "  --out-dtype D    bf16 | fp16: O of --dtype e4m3 / e5m2 (default bf16) or of --precision fp8 (default the\n"
       "                   input); --precision int8 writes O in the input dtype only\n"
       "  --causal C       0 | 1 | both (default: both for presets, 0 for --shape only)\n"
+      "  --window L,R     a sliding window (FlashAttention's window_size, -1 unbounded; right 0 under causal);\n"
+      "                   TFLOPS count each row's visible keys\n"
+      "  --softcap C      logit softcapping: scores become C * tanh(score / C)\n"
+      "  --sinks          per-head attention sinks (linspace(-1, 1) over the query heads)\n"
       "  --layout L       bshd | bhsd (default bshd)\n"
       "  --iters N        timed calls (default 30)\n"
       "  --warmup N       untimed calls first (default 10)\n"
