@@ -53,6 +53,7 @@ shift
 mkdir -p "$(dirname "$summary")"
 
 fa3_dir=${FLASHCORE_FA3_DIR:-.carry/fa3tests}
+[[ $fa3_dir == /* ]] || fa3_dir=$root/$fa3_dir
 for f in test_flash_attn.py test_util.py padding.py; do
   if [[ ! -f $fa3_dir/$f ]]; then
     echo "run_fa3_tests.sh: $fa3_dir/$f is missing: fetch FA3's hopper/$f (see tests/fa3_compat/README.md)" >&2
@@ -82,7 +83,7 @@ if ! python3 -c "import einops" 2>/dev/null; then
   extra_path=:$site
 fi
 
-export PYTHONPATH=$root/tests/fa3_compat:$root/python:$root/$fa3_dir$extra_path${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$root/tests/fa3_compat:$root/python:$fa3_dir$extra_path${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export FLASH_ATTENTION_DISABLE_LOCAL=${FLASH_ATTENTION_DISABLE_LOCAL:-TRUE}
 export FLASH_ATTENTION_DISABLE_SPLIT=${FLASH_ATTENTION_DISABLE_SPLIT:-TRUE}

@@ -222,7 +222,7 @@ def pytest_sessionstart(session):
     _STATE.settings["torch"] = torch.__version__
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)  # (the old-style wrapper: any pytest the GPU machines may have)
 def pytest_collection_modifyitems(session, config, items):
     """Counts FA3's items as collected, lets every other implementation run (pytest's -k / -m deselection among
     them), then applies FLASHCORE_FA3_SELECT and FLASHCORE_FA3_SAMPLE."""
@@ -234,9 +234,8 @@ def pytest_collection_modifyitems(session, config, items):
                 commit = [line.split(":", 1)[1].strip() for line in
                           (source.read_text().splitlines() if source.is_file() else []) if line.startswith("commit:")]
                 _STATE.settings["FA3 source"] = f"{item.fspath} (commit {commit[0] if commit else 'unknown: no SOURCE.txt'})"
-    result = yield
+    yield
     _filter(config, items)
-    return result
 
 
 def _filter(config, items):
