@@ -1,0 +1,578 @@
+"""CPU tests of the FA3 shim (flash_attn_interface.py) and of fa3_plugin.py: no GPU, no library.
+
+    python3 -m pytest tests/fa3_compat -q
+
+- FA3's names and parameter order; every unsupported argument skips ("flashcore: ... not supported") before
+  FlashCore is called; the supported ones reach FlashCore's front ends with the arguments they mean (recorded by
+  stand-ins with the real signatures); a call that FlashCore has no backward for returns the real forward and skips
+  at backward time, and one it has a backward for keeps FlashCore's own graph; without stand-ins, a supported call
+  ends in FlashCore's own error, not in a skip.
+- The plugin's selection, sampling and summary helpers.
+- With FA3's files in .carry/fa3tests/ (else skipped): collection of FA3's test module through the plugin, its
+  items all skipped for want of a GPU (none passes), and the refusal of another `flash_attn_interface`.
+CI does not collect this folder (it runs python/tests).
+"""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import fa3_plugin as plugin  # noqa: E402
+import flash_attn_interface as shim  # noqa: E402
+import flashcore  # noqa: E402
+
+SKIPPED = pytest.skip.Exception
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+FA3_DIR = Path(os.environ.get("FLASHCORE_FA3_DIR", REPO_ROOT / ".carry" / "fa3tests"))
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+
+# FA3's parameter names, in order (hopper/flash_attn_interface.py at the commit in .carry/fa3tests/SOURCE.txt).
+FA3_PARAMS = {
+    "flash_attn_func": ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
+                        "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
+                        "sm_margin", "return_attn_probs"],
+    "flash_attn_varlen_func": ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                               "seqused_q", "seqused_k", "softmax_scale", "causal", "qv", "q_descale", "k_descale",
+                               "v_descale", "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa",
+                               "deterministic", "sm_margin", "return_attn_probs"],
+    "flash_attn_with_kvcache": ["q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin",
+                                "cache_seqlens", "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q",
+                                "cu_seqlens_k_new", "max_seqlen_q", "rotary_seqlens", "q_descale", "k_descale",
+                                "v_descale", "softmax_scale", "causal", "window_size", "attention_chunk", "softcap",
+                                "rotary_interleaved", "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin",
+                                "return_softmax_lse"],
+    "get_scheduler_metadata": ["batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads_q", "num_heads_kv",
+                               "headdim", "cache_seqlens", "qkv_dtype", "headdim_v", "cu_seqlens_q",
+                               "cu_seqlens_k_new", "cache_leftpad", "page_size", "max_seqlen_k_new", "causal",
+                               "window_size", "attention_chunk", "has_softcap", "num_splits", "pack_gqa",
+                               "sm_margin"],
+    "flash_attn_combine": ["out_partial", "lse_partial", "out", "out_dtype"],
+}
+# The defaults the FA3 tests rely on.
+FA3_DEFAULTS = {("flash_attn_func", "num_splits"): 1, ("flash_attn_varlen_func", "num_splits"): 1,
+                ("flash_attn_with_kvcache", "num_splits"): 0, ("flash_attn_with_kvcache", "rotary_interleaved"): True,
+                ("flash_attn_func", "window_size"): (-1, -1), ("flash_attn_func", "softcap"): 0.0}
+
+
+def ref_attention(q, k, v, causal=False, softmax_scale=None, **_):
+    """Plain attention on the CPU (B, S, H, D), GQA by repetition: the stand-in's arithmetic, with autograd."""
+    scale = softmax_scale or q.shape[-1] ** -0.5
+    g = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(g, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        mask = torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + sk - sq
+        s = s.masked_fill(mask, float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.float()).to(q.dtype)
+
+
+VARIANT_PARAMS = (("window_size", (-1, -1)), ("attention_chunk", 0), ("softcap", 0.0), ("sinks", None))
+
+
+def with_variants(signature):
+    """A front end's signature with the variant arguments (FlashCore 0.5's), whether or not this checkout's python/
+    has them yet: the shim is tested against the 0.5 front ends, and against an older one below."""
+    params = list(signature.parameters.values())
+    names = {p.name for p in params}
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in VARIANT_PARAMS
+               if n not in names]
+    return signature.replace(parameters=params)
+
+
+class Library:
+    """Stand-ins for what the shim asks of the library: compiled dtypes / head dims, the probes' answers, and
+    recording front ends with FlashCore's real signatures."""
+
+    def __init__(self, monkeypatch):
+        self.head_dims = (64, 128, 256)
+        self.dtypes = ("float16", "bfloat16", "float8_e4m3fn")
+        self.answers = {}  # "backward" / "fp8" / variant name -> None (runs) or the probe's message
+        self.probed = []
+        self.calls = []
+        monkeypatch.setattr(shim, "compiled_head_dims", lambda: self.head_dims)
+        monkeypatch.setattr(shim, "compiled_dtypes", lambda: self.dtypes)
+        monkeypatch.setattr(shim, "probe", self.probe)
+        for name in ("attention", "varlen_attention", "attention_with_kvcache"):
+            monkeypatch.setattr(flashcore, name, self.recorder(name, getattr(flashcore, name)))
+
+    def probe(self, key, thunk):
+        assert callable(thunk)
+        self.probed.append(key)
+        kind = key[0] if key[0] in ("backward", "fp8") else key[1]
+        return self.answers.get(kind)
+
+    def recorder(self, name, real):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if name == "attention":
+                out = ref_attention(*args, **kwargs)
+                lse = torch.zeros(out.shape[0], out.shape[2], out.shape[1])
+                return (out, lse) if kwargs.get("return_lse") else out
+            if name == "varlen_attention":
+                out = torch.zeros_like(args[0])
+                return (out, torch.zeros(out.shape[1], out.shape[0])) if kwargs.get("return_lse") else out
+            q = args[0]
+            out = torch.zeros_like(q)
+            return (out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])) if kwargs.get("return_softmax_lse") else out
+
+        record.__signature__ = with_variants(inspect.signature(real))
+        return record
+
+
+@pytest.fixture
+def lib(monkeypatch):
+    monkeypatch.delenv("FLASHCORE_FA3_HINTS", raising=False)
+    return Library(monkeypatch)
+
+
+def qkv(b=2, sq=8, sk=8, hq=4, hk=2, d=64, dv=None, dtype=BF16, requires_grad=False):
+    q = torch.randn(b, sq, hq, d).to(dtype)
+    k = torch.randn(b, sk, hk, d).to(dtype)
+    v = torch.randn(b, sk, hk, dv or d).to(dtype)
+    if requires_grad:
+        for t in (q, k, v):
+            t.requires_grad_()
+    return q, k, v
+
+
+def packed(total_q=12, total_k=10, hq=4, hk=2, d=64, dtype=BF16):
+    cu_q = torch.tensor([0, 5, 12], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 10], dtype=torch.int32)
+    q = torch.randn(total_q, hq, d).to(dtype)
+    k, v = (torch.randn(total_k, hk, d).to(dtype) for _ in range(2))
+    return q, k, v, cu_q, cu_k
+
+
+def cache(b=2, sq=1, s_cache=64, hq=4, hk=2, d=128, page=None):
+    q = torch.randn(b, sq, hq, d).to(BF16)
+    if page is None:
+        kc, vc = (torch.randn(b, s_cache, hk, d).to(BF16) for _ in range(2))
+        table = None
+    else:
+        pages = s_cache // page
+        kc, vc = (torch.randn(b * pages, page, hk, d).to(BF16) for _ in range(2))
+        table = torch.arange(b * pages, dtype=torch.int32).reshape(b, pages)
+    lens = torch.tensor([5, 40], dtype=torch.int32)[:b]
+    return q, kc, vc, lens, table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names.
+
+
+@pytest.mark.parametrize("name", sorted(FA3_PARAMS))
+def test_fa3_names_and_parameter_order(name):
+    assert list(inspect.signature(getattr(shim, name)).parameters) == FA3_PARAMS[name]
+
+
+@pytest.mark.parametrize("fn,param", sorted(FA3_DEFAULTS))
+def test_fa3_defaults(fn, param):
+    assert inspect.signature(getattr(shim, fn)).parameters[param].default == FA3_DEFAULTS[(fn, param)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Skips: each before FlashCore is called.
+
+
+def _dense(**kw):
+    spec = kw.pop("_qkv", {})
+    return lambda: shim.flash_attn_func(*qkv(**spec), **kw)
+
+
+def _varlen(**kw):
+    q, k, v, cu_q, cu_k = packed(dtype=kw.pop("_dtype", BF16))
+    return lambda: shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, **kw)
+
+
+def _kvcache(page=None, **kw):
+    q, kc, vc, lens, table = cache(page=page)
+    return lambda: shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **kw)
+
+
+SKIP_CASES = {
+    "dense qv": (_dense(qv=torch.randn(2, 8, 4, 64).to(BF16)), "flashcore: qv not supported"),
+    "dense head dim 96": (_dense(_qkv=dict(d=96)), "flashcore: head_dim=96 not supported (compiled head dims"),
+    "dense dv != d": (_dense(_qkv=dict(d=64, dv=256)), "flashcore: head_dim_v != head_dim not supported"),
+    "dense float32": (_dense(_qkv=dict(dtype=torch.float32)), "flashcore: dtype float32 not supported"),
+    "dense descale with bf16": (_dense(q_descale=torch.ones(2, 2)), "flashcore: q_descale with bfloat16 inputs"),
+    "dense pack_gqa": (_dense(pack_gqa=True), "flashcore: pack_gqa=True not supported"),
+    "dense num_splits 3": (_dense(num_splits=3), "flashcore: num_splits=3 not supported"),
+    "dense sm_margin": (_dense(sm_margin=4), "flashcore: sm_margin=4 not supported"),
+    "dense fp8 softcap": (_dense(_qkv=dict(dtype=FP8), softcap=15.0),
+                          "flashcore: softcap with float8_e4m3fn inputs not supported"),
+    "dense fp8 window": (_dense(_qkv=dict(dtype=FP8), window_size=(3, 3)),
+                         "flashcore: window_size with float8_e4m3fn inputs not supported"),
+    "varlen fp8": (_varlen(_dtype=FP8), "flashcore: float8_e4m3fn inputs to flash_attn_varlen_func not supported"),
+    "varlen qv": (_varlen(qv=torch.zeros(12, 4, 64)), "flashcore: qv not supported"),
+    "varlen seqused_q with unused rows": (_varlen(seqused_q=torch.tensor([5, 6], dtype=torch.int32)),
+                                         "flashcore: seqused_q not supported"),
+    "varlen deterministic": (_varlen(deterministic=True),
+                             "flashcore: deterministic=True in flash_attn_varlen_func not supported"),
+    "varlen num_splits 3": (_varlen(num_splits=3), "flashcore: num_splits=3 not supported"),
+    "varlen pack_gqa": (_varlen(pack_gqa=True), "flashcore: pack_gqa=True not supported"),
+    "varlen descale": (_varlen(k_descale=torch.ones(2, 2)), "flashcore: k_descale in flash_attn_varlen_func"),
+    "kvcache qv": (_kvcache(qv=torch.zeros(2, 1, 4, 128)), "flashcore: qv not supported"),
+    "kvcache rotary": (_kvcache(rotary_cos=torch.ones(64, 32), rotary_sin=torch.zeros(64, 32)),
+                       "flashcore: rotary embedding (rotary_cos / rotary_sin) not supported"),
+    "kvcache batch idx": (_kvcache(cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32)),
+                          "flashcore: cache_batch_idx not supported"),
+    "kvcache leftpad": (_kvcache(cache_leftpad=torch.tensor([1, 0], dtype=torch.int32)),
+                        "flashcore: cache_leftpad not supported"),
+    "kvcache packed q": (_kvcache(cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), max_seqlen_q=1),
+                         "flashcore: cu_seqlens_q / max_seqlen_q (packed queries)"),
+    "kvcache packed new keys": (_kvcache(cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=torch.int32)),
+                                "flashcore: cu_seqlens_k_new (packed new keys) not supported"),
+    "kvcache page 4": (_kvcache(page=4), "flashcore: page_size=4 not supported"),
+    "kvcache page 1": (_kvcache(page=1), "flashcore: page_size=1 not supported"),
+    "kvcache scheduler metadata": (_kvcache(scheduler_metadata=torch.zeros(4, dtype=torch.int32)),
+                                   "flashcore: scheduler_metadata not supported"),
+    "kvcache pack_gqa": (_kvcache(pack_gqa=True), "flashcore: pack_gqa=True not supported"),
+    "kvcache descale": (_kvcache(v_descale=torch.ones(2, 2)), "flashcore: v_descale in flash_attn_with_kvcache"),
+    "get_scheduler_metadata": (lambda: shim.get_scheduler_metadata(2, 1, 64, 4, 2, 128, torch.zeros(2)),
+                               "flashcore: get_scheduler_metadata not supported"),
+    "flash_attn_combine": (lambda: shim.flash_attn_combine(torch.zeros(2, 1, 1, 1, 8), torch.zeros(2, 1, 1, 1)),
+                           "flashcore: flash_attn_combine not supported"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SKIP_CASES))
+def test_unsupported_skips_before_flashcore(lib, case):
+    call, reason = SKIP_CASES[case]
+    with pytest.raises(SKIPPED) as info:
+        call()
+    assert str(info.value.msg).startswith(reason), info.value.msg
+    assert lib.calls == [], "FlashCore was called although the shim skipped"
+
+
+def test_kvcache_fp8_skips(lib):
+    q, kc, vc, lens, _ = cache()
+    with pytest.raises(SKIPPED, match="float8_e4m3fn inputs to flash_attn_with_kvcache not supported"):
+        shim.flash_attn_with_kvcache(q.to(FP8), kc.to(FP8), vc.to(FP8), cache_seqlens=lens)
+    assert lib.calls == []
+
+
+@pytest.mark.parametrize("variant,kwargs", [("attention_chunk", dict(attention_chunk=17)),
+                                            ("softcap", dict(softcap=15.0)),
+                                            ("window_size", dict(window_size=(4, 2)))])
+def test_variant_the_library_refuses_skips_quoting_the_probe(lib, variant, kwargs):
+    lib.answers[variant] = "probe: ValueError: refused by this library"
+    for call in (_dense(**kwargs), _varlen(**kwargs), _kvcache(**kwargs)):
+        with pytest.raises(SKIPPED) as info:
+            call()
+        assert info.value.msg == f"flashcore: {variant} not supported (probe: ValueError: refused by this library)"
+    assert lib.calls == []
+    assert {key[0] for key in lib.probed} == {"attention", "varlen_attention", "attention_with_kvcache"}
+
+
+def test_variant_the_front_end_lacks_skips(lib, monkeypatch):
+    def old_attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
+        raise AssertionError("not to be called")
+
+    monkeypatch.setattr(flashcore, "attention", old_attention)
+    with pytest.raises(SKIPPED, match=r"flashcore: softcap not supported \(flashcore.attention has no softcap "):
+        shim.flash_attn_func(*qkv(), softcap=15.0)
+
+
+def test_fp8_head_dim_without_kernel_skips(lib):
+    lib.answers["fp8"] = "probe: ValueError: no 8-bit kernel"
+    q, k, v = qkv(d=256, dtype=FP8)
+    with pytest.raises(SKIPPED, match=r"flashcore: float8_e4m3fn with head_dim=256 \(causal\) not supported "
+                                      r"\(probe: ValueError: no 8-bit kernel\)"):
+        shim.flash_attn_func(q, k, v, causal=True)
+    assert lib.calls == []
+
+
+def test_fp8_dtype_not_compiled_skips(lib):
+    lib.dtypes = ("float16", "bfloat16")
+    with pytest.raises(SKIPPED, match="flashcore: float8_e4m3fn not supported"):
+        shim.flash_attn_func(*qkv(dtype=FP8))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What reaches FlashCore.
+
+
+def test_dense_plain_call(lib):
+    q, k, v = qkv()
+    out = shim.flash_attn_func(q, k, v, causal=True)
+    (name, args, kwargs), = lib.calls
+    assert name == "attention" and all(a is b for a, b in zip(args, (q, k, v)))
+    assert kwargs == dict(causal=True, softmax_scale=None, return_lse=False)
+    assert torch.equal(out, ref_attention(q, k, v, causal=True))
+    assert shim.calls >= 1
+
+
+def test_dense_options_are_passed(lib):
+    q, k, v = qkv()
+    out, lse = shim.flash_attn_func(q, k, v, 0.3, False, window_size=torch.tensor([3, 5]), softcap=15.0,
+                                    deterministic=True, num_splits=0, pack_gqa=False, return_attn_probs=True)
+    (_, _, kwargs), = lib.calls
+    assert kwargs == dict(causal=False, softmax_scale=0.3, return_lse=True, window_size=(3, 5), softcap=15.0,
+                          deterministic=True)
+    assert type(kwargs["window_size"][0]) is int
+    assert lse.shape == (2, 4, 8)
+
+
+def test_dense_no_window_passes_none(lib):
+    shim.flash_attn_func(*qkv(), window_size=[-1, -1], softcap=0.0, attention_chunk=0)
+    (_, _, kwargs), = lib.calls
+    assert "window_size" not in kwargs and "softcap" not in kwargs and "attention_chunk" not in kwargs
+
+
+def test_dense_fp8_descales(lib):
+    q, k, v = qkv(dtype=FP8)
+    qd, kd, vd = (torch.rand(2, 2) for _ in range(3))
+    shim.flash_attn_func(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd)
+    (_, _, kwargs), = lib.calls
+    assert kwargs["q_descale"] is qd and kwargs["k_descale"] is kd and kwargs["v_descale"] is vd
+
+
+def test_hints_ignore_mode_runs_flashcores_strategy(lib, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_FA3_HINTS", "ignore")
+    shim.flash_attn_func(*qkv(), pack_gqa=True, num_splits=3, sm_margin=8)
+    q, k, v, cu_q, cu_k = packed()
+    shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, pack_gqa=True, num_splits=3)
+    metadata = shim.get_scheduler_metadata(2, 1, 64, 4, 2, 128, torch.zeros(2))
+    assert metadata is shim.NO_SCHEDULER_METADATA
+    q, kc, vc, lens, _ = cache()
+    shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, scheduler_metadata=metadata, pack_gqa=True)
+    assert [c[0] for c in lib.calls] == ["attention", "varlen_attention", "attention_with_kvcache"]
+    for _, _, kwargs in lib.calls:
+        assert not {"pack_gqa", "sm_margin", "scheduler_metadata"} & set(kwargs)
+    assert "num_splits" not in lib.calls[0][2] and "num_splits" not in lib.calls[1][2]
+
+
+def test_bad_hint_mode_raises(lib, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_FA3_HINTS", "maybe")
+    with pytest.raises(ValueError, match="FLASHCORE_FA3_HINTS"):
+        shim.flash_attn_func(*qkv(), pack_gqa=True)
+
+
+def test_varlen_equal_seqused_are_left_out(lib):
+    q, k, v, cu_q, cu_k = packed()
+    shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_q=torch.tensor([5, 7], dtype=torch.int32),
+                                seqused_k=torch.tensor([4, 6], dtype=torch.int32), causal=True)
+    (name, args, kwargs), = lib.calls
+    assert name == "varlen_attention" and args[5:] == (7, 6) and args[3] is cu_q and args[4] is cu_k
+    assert kwargs == dict(causal=True, softmax_scale=None, return_lse=False)
+
+
+def test_varlen_partial_seqused_k_is_passed(lib):
+    q, k, v, cu_q, cu_k = packed()
+    used = torch.tensor([3, 6], dtype=torch.int32)
+    out, lse = shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_k=used, return_attn_probs=True)
+    (_, _, kwargs), = lib.calls
+    assert kwargs["seqused_k"] is used and kwargs["return_lse"] is True
+    assert lse.shape == (4, 12)
+
+
+def test_kvcache_call(lib):
+    q, kc, vc, lens, table = cache(page=16)
+    k_new, v_new = (torch.randn(2, 1, 2, 128).to(BF16) for _ in range(2))
+    out, lse, *rest = shim.flash_attn_with_kvcache(
+        q, kc, vc, k_new, v_new, cache_seqlens=lens, page_table=table, rotary_seqlens=lens,
+        rotary_interleaved=False, causal=True, num_splits=3, window_size=torch.tensor([10, 3]),
+        return_softmax_lse=True)
+    (name, args, kwargs), = lib.calls
+    assert name == "attention_with_kvcache" and all(a is b for a, b in zip(args, (q, kc, vc)))
+    assert kwargs == dict(k=k_new, v=v_new, cache_seqlens=lens, softmax_scale=None, causal=True,
+                          return_softmax_lse=True, num_splits=3, window_size=(10, 3), block_table=table)
+    assert rest == [] and lse.shape == (2, 4, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backward.
+
+
+def test_backward_flashcore_has_keeps_its_graph(lib):
+    q, k, v = qkv(requires_grad=True)
+    out = shim.flash_attn_func(q, k, v, causal=True)
+    assert "SkipOnBackward" not in type(out.grad_fn).__name__
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    expected = torch.autograd.grad(ref_attention(q, k, v, causal=True), (q, k, v), g)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected))
+    assert any(key[0] == "backward" for key in lib.probed)
+
+
+def test_backward_flashcore_lacks_skips_after_a_real_forward(lib):
+    lib.answers["backward"] = "probe: NotImplementedError: no backward here"
+    q, k, v = qkv(d=256, requires_grad=True)
+    out = shim.flash_attn_func(q, k, v, causal=True, softcap=15.0)
+    assert torch.equal(out, ref_attention(q, k, v, causal=True))  # the stand-in's forward, passed on as it is
+    assert out.requires_grad
+    with pytest.raises(SKIPPED) as info:
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert info.value.msg == ("flashcore: backward of flash_attn_func (bfloat16, head_dim=256, softcap) not "
+                              "supported (probe: NotImplementedError: no backward here)")
+
+
+def test_backward_varlen_with_seqused_k_is_probed_as_such(lib):
+    lib.answers["backward"] = "probe: NotImplementedError: seqused_k"
+    q, k, v, cu_q, cu_k = packed()
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_k=torch.tensor([3, 6], dtype=torch.int32))
+    backward_keys = [key for key in lib.probed if key[0] == "backward"]
+    assert backward_keys and backward_keys[-1][-2] is True  # seqused_k
+    with pytest.raises(SKIPPED, match=r"backward of flash_attn_varlen_func \(bfloat16, head_dim=64, seqused_k\)"):
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+
+def test_no_grad_no_backward_probe(lib):
+    shim.flash_attn_func(*qkv())
+    with torch.no_grad():
+        shim.flash_attn_func(*qkv(requires_grad=True))
+    assert not any(key[0] == "backward" for key in lib.probed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Without stand-ins: a supported call ends in FlashCore's own error here (no GPU), never in a skip.
+
+
+def test_supported_call_reaches_flashcore_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(shim, "compiled_head_dims", lambda: (64, 128, 256))
+    monkeypatch.setattr(shim, "compiled_dtypes", lambda: ("float16", "bfloat16"))
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        shim.flash_attn_func(*qkv())
+    q, k, v, cu_q, cu_k = packed()
+    with pytest.raises(ValueError, match="CUDA"):
+        shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6)
+
+
+def test_library_question_is_not_turned_into_a_skip(monkeypatch):
+    def no_library():
+        raise RuntimeError("no libflashcore.so here")
+
+    monkeypatch.setattr(shim, "capabilities", no_library)
+    with pytest.raises(RuntimeError, match="no libflashcore.so"):
+        shim.flash_attn_func(*qkv())
+
+
+def test_probe_caches_and_quotes_the_error(monkeypatch):
+    monkeypatch.setattr(shim, "_PROBES", {})
+    count = []
+
+    def failing():
+        count.append(1)
+        raise ValueError("FlashCore: head_dim 96 is not compiled\nsecond line")
+
+    assert shim.probe("k1", failing) == "probe: ValueError: FlashCore: head_dim 96 is not compiled"
+    assert shim.probe("k1", failing) == "probe: ValueError: FlashCore: head_dim 96 is not compiled"
+    assert shim.probe("k2", lambda: None) is None
+    assert len(count) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plugin's helpers.
+
+
+def test_select_parsing_and_matching():
+    clauses = plugin.parse_select("dtype=bfloat16|float16, d=128,causal=True")
+    assert clauses == [("dtype", {"bfloat16", "float16"}), ("d", {"128"}), ("causal", {"True"})]
+    assert plugin.matches({"dtype": torch.bfloat16, "d": 128, "causal": True, "x": 1}, clauses)
+    assert not plugin.matches({"dtype": torch.float8_e4m3fn, "d": 128, "causal": True}, clauses)
+    assert plugin.matches({"dtype": torch.float16}, clauses)  # a parameter the test lacks does not filter it
+    with pytest.raises(ValueError):
+        plugin.parse_select("dtype")
+
+
+def test_sampling_is_deterministic_and_about_one_in_n():
+    names = [f"test_x[{i}-{j}-bf16]" for i in range(100) for j in range(50)]
+    kept = [n for n in names if plugin.sampled(n, 16)]
+    assert kept == [n for n in names if plugin.sampled(n, 16)]
+    assert 0.8 * len(names) / 16 < len(kept) < 1.2 * len(names) / 16
+    other = [n for n in names if plugin.sampled(n, 16, seed="1")]
+    assert other != kept
+    assert all(plugin.sampled(n, 1) for n in names[:10])
+
+
+def test_sample_spec():
+    assert plugin.parse_sample("") == {"*": 1}
+    assert plugin.parse_sample("8") == {"*": 8}
+    assert plugin.parse_sample("test_a=4,test_b=16,2") == {"*": 2, "test_a": 4, "test_b": 16}
+    with pytest.raises(ValueError):
+        plugin.parse_sample("test_a=0")
+
+
+def test_interleave_takes_turns():
+    class Item:
+        def __init__(self, fn, i):
+            self.nodeid, self.name = f"f.py::{fn}[{i}]", f"{fn}[{i}]"
+
+    items = [Item("test_a", i) for i in range(6)] + [Item("test_b", i) for i in range(3)]
+    order = plugin.interleave(items)
+    assert sorted(it.nodeid for it in order) == sorted(it.nodeid for it in items)
+    assert [plugin.function_of(it.nodeid) for it in order[:6]] == ["test_a", "test_b"] * 3
+    assert order == plugin.interleave(list(reversed(items)))
+
+
+def test_skip_reasons():
+    assert plugin.skip_reason(("f.py", 3, "Skipped: flashcore: qv not supported")) == "flashcore: qv not supported"
+    assert plugin.skip_source("flashcore: qv not supported") == "shim"
+    assert plugin.skip_source(plugin.NO_CUDA_REASON) == "plugin"
+    assert plugin.skip_source("Has Qv requires hdim 64") == "fa3"
+    assert plugin.skip_reason(("f.py", 3, "Skipped")) == plugin.NO_REASON
+    assert plugin.skip_source(plugin.NO_REASON) == "fa3"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FA3's own module, collected through the plugin (needs the fetched files).
+
+needs_fa3 = pytest.mark.skipif(not (FA3_DIR / "test_flash_attn.py").is_file(),
+                               reason=f"FA3's test files are not in {FA3_DIR} (see tests/fa3_compat/README.md)")
+KEYWORD = "test_flash_attn_output or test_flash_attn_varlen_output or test_flash_attn_kvcache"
+
+
+def _pytest(args, env_extra, tmp_path, prelude=""):
+    pytest.importorskip("einops", reason="FA3's tests import einops")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASH_ATTENTION_", "FLASHCORE_FA3_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(HERE), str(REPO_ROOT / "python"), str(FA3_DIR)]),
+               FLASHCORE_FA3_SUMMARY=str(tmp_path / "summary.txt"), **env_extra)
+    code = f"import sys, pytest\n{prelude}\nsys.exit(pytest.main(sys.argv[1:]))"
+    run = subprocess.run([sys.executable, "-c", code, str(FA3_DIR / "test_flash_attn.py"), "-p", "fa3_plugin",
+                          "-p", "no:cacheprovider", "-q", f"--rootdir={REPO_ROOT}", *args],
+                         env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    return run
+
+
+@needs_fa3
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the collection-only behaviour of a machine without GPU")
+def test_fa3_module_collects_and_nothing_passes_without_a_gpu(tmp_path):
+    flags = dict(FLASH_ATTENTION_DISABLE_LOCAL="TRUE", FLASH_ATTENTION_DISABLE_SPLIT="TRUE",
+                 FLASH_ATTENTION_DISABLE_PACKGQA="TRUE")
+    run = _pytest(["--collect-only", "-k", KEYWORD], dict(flags, FLASHCORE_FA3_SAMPLE="16"), tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    data = json.loads((tmp_path / "summary.txt.json").read_text())
+    tests = data["tests"]
+    for fn in ("test_flash_attn_output", "test_flash_attn_varlen_output", "test_flash_attn_kvcache"):
+        t = tests[fn]
+        assert t["after -k"] == t["collected in file"] > 1000, (fn, t)
+        assert 0.8 * t["selected"] / 16 < t["sampled"] < 1.2 * t["selected"] / 16, (fn, t)
+    assert tests["test_flash_attn_combine"]["after -k"] == 0
+    assert data["settings"]["FA3 flags"] == flags
+
+    # A few real items: each skipped for want of a GPU, none passed.
+    select = "seqlen_q=113,seqlen_k=203,d=128,softcap=0.0,has_qv=False,mha_type=gqa,dtype=bfloat16"
+    run = _pytest(["-k", "test_flash_attn_output", "-rs"], dict(flags, FLASHCORE_FA3_SELECT=select), tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    t = json.loads((tmp_path / "summary.txt.json").read_text())["tests"]["test_flash_attn_output"]
+    assert t["ran"] == t["skipped"] == 2 and t["passed"] == 0  # causal False / True
+    assert list(t["skips"]) == [plugin.NO_CUDA_REASON]
+
+
+@needs_fa3
+def test_plugin_refuses_another_flash_attn_interface(tmp_path):
+    prelude = "import types; sys.modules['flash_attn_interface'] = types.ModuleType('flash_attn_interface')"
+    run = _pytest(["--collect-only", "-k", "test_flash_attn_output"], {}, tmp_path, prelude=prelude)
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "not FlashCore's shim" in run.stdout + run.stderr
