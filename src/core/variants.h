@@ -37,15 +37,6 @@ inline bool windowed_call(const flashcore_attention_params& p) {
   return w.left >= 0 || w.right > 0;
 }
 
-// The most keys a block of `rows` consecutive query rows can see: the whole sequence, or less with a bounded window
-// (the split-KV plans cut that many keys of each tile, not the sequence: decode with a window of 4k on a
-// 64k cache reads 4k keys per row).
-inline int64_t visible_key_span(const flashcore_attention_params& p, int64_t rows) {
-  const Window w = window_of(p);
-  const int64_t span = w.left >= 0 && w.right >= 0 ? int64_t{w.left} + rows + w.right : p.seqlen_k;
-  return span < p.seqlen_k ? span : p.seqlen_k;
-}
-
 // What a named kernel_config's "not compiled" message adds for a windowed call that is not causal (it looked for a
 // causal config).
 inline const char* window_note(const flashcore_attention_params& p) {

@@ -92,17 +92,13 @@ int64_t query_tiles(const KernelRow& row, const flashcore_attention_params& p) {
 
 // The split of a kSplitKv row's launch for these params (split_plan.h): equal parts for the decode rows, the
 // last-round split for the prefill rows.
-// Key blocks per tile: the sequence's, or the window's (a tile's range may start mid-block: one more).
 SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
-  const int64_t span = core::visible_key_span(p, row.shape.block_m);
-  const int64_t all = kernels::ceil_div(p.seqlen_k, row.shape.block_n);
-  const int64_t window = kernels::ceil_div(span, row.shape.block_n) + 1;
-  const int64_t blocks = span < p.seqlen_k && window < all ? window : all;
   if (splits_last_round(row.shape)) {
-    return last_round_plan(query_tiles(row, p), blocks, sms, row.shape.block_m, static_cast<int>(p.head_dim));
+    return last_round_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms,
+                           row.shape.block_m, static_cast<int>(p.head_dim));
   }
-  return split_plan(query_tiles(row, p), blocks, sms, p.batch * p.num_heads_q, p.seqlen_q,
-                    static_cast<int>(p.head_dim), p.num_splits);
+  return split_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
+                    p.seqlen_q, static_cast<int>(p.head_dim), p.num_splits);
 }
 }  // namespace
 
@@ -116,8 +112,7 @@ const KernelRow* decode_row(const flashcore_attention_params& p, int device, uin
   if (p.num_splits == 1 || p.cu_seqlens_q != nullptr) return nullptr;
   // At most 8 query rows (one new token of a GQA group of up to 8 heads, packed): the row with the GEMMs transposed
   // (decode_swap.cuh), whose wgmma tile has 8 rows instead of 64; else the 64-row one.
-  // The transposed-GEMM consumer has no window, softcap or sinks: the 64-row split tile (the main loop) takes them.
-  const bool swap = p.seqlen_q <= kSwapRows && !core::has_variant(p);
+  const bool swap = p.seqlen_q <= kSwapRows;
   for (const KernelRow* r : kRows) {
     if (r->shape.schedule == Schedule::kSplitKv && !splits_last_round(r->shape) && same_key(*r, p) &&
         swaps_gemms(r->shape) == swap) {
@@ -150,28 +145,37 @@ const KernelRow* varlen_row(const flashcore_attention_params& p, bool workspace_
 }
 
 namespace {
-// Whether row r's kernel takes a sliding window (KernelConfig::kTakesWindow: causal 16-bit rows of at most two consumer
-// warpgroups).
-bool takes_window(const KernelRow& r) {
-  return r.causal && dtype_size(r.dtype) == 2 &&
-         smem_plan(r.shape, static_cast<int>(r.head_dim), 2, 2, 2).consumer_warpgroups < 3;
+// Whether row r's kernel takes the call's variants: a variants row (TileShape::variants), and for a sliding window one
+// with KernelConfig::kTakesWindow (causal, at most two consumer warpgroups).
+bool takes_variants(const KernelRow& r, const flashcore_attention_params& p) {
+  if (!r.shape.variants) return false;
+  return !core::windowed_call(p) ||
+         (r.causal && smem_plan(r.shape, static_cast<int>(r.head_dim), 2, 2, 2).consumer_warpgroups < 3);
 }
 
-// A windowed call (core::windowed_call) whose chosen row takes no window runs on the first one-CTA or static row of
-// its key that does (configs.txt lists one for d64, whose default rows have three consumer warpgroups); nullptr
-// when none is compiled, or when the call named the row.
-const KernelRow* window_row(const flashcore_attention_params& p, const KernelRow* chosen, std::string& error) {
-  if (chosen == nullptr || !core::windowed_call(p) || takes_window(*chosen)) return chosen;
-  if (p.kernel_config == nullptr) {
-    for (const KernelRow* r : kRows) {
-      if (same_key(*r, p) && takes_window(*r) &&
-          (r->shape.schedule == Schedule::kOneTilePerCta || r->shape.schedule == Schedule::kStaticPersistent)) {
-        return r;
-      }
+// A call with a variant (a window, softcap or sinks) runs on its key's variants row (configs.txt "variants"), or on
+// the kernel_config it names if that row takes them; nullptr and the reason otherwise.
+const KernelRow* variant_row(const flashcore_attention_params& p, std::string& error) {
+  const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+  if (p.kernel_config != nullptr) {
+    const KernelRow* named =
+        select(p.dtype, out_dtype, static_cast<int>(p.head_dim), core::masked_call(p), p.kernel_config, p.seqlen_k,
+               error);
+    if (named == nullptr) {
+      error += core::window_note(p);
+      return nullptr;
     }
+    if (takes_variants(*named, p)) return named;
+    error = std::string("kernel config \"") + named->name + "\" takes no window, softcap or sinks (the \"-var\" " +
+            "configs do); name one of those or none";
+    return nullptr;
   }
-  error = std::string("kernel config \"") + chosen->name + "\" takes no sliding window (three consumer warpgroups: " +
-          "no registers for its bounds)" + (p.kernel_config != nullptr ? "; name another config or none" : "");
+  for (const KernelRow* r : kRows) {
+    if (same_key(*r, p) && takes_variants(*r, p)) return r;
+  }
+  error = std::string("no sm90 kernel with the attention variants (window, softcap, sinks) is compiled for ") +
+          dtype_name(p.dtype) + " head_dim = " + std::to_string(p.head_dim) +
+          (core::masked_call(p) ? " causal" : " non-causal");
   return nullptr;
 }
 }  // namespace
@@ -180,9 +184,8 @@ const KernelRow* wave_row(const flashcore_attention_params& p, int device, const
                           uint64_t workspace_capacity) {
   // Only whole-tile non-causal rows of dense 16-bit calls: causal tiles differ in length (the dynamic schedule balances
   // them), packed and split calls have rows of their own.
-  // (Sinks: the prefill split rows' merge takes none, check_row.)
   if (chosen == nullptr || chosen->causal || is_8bit(chosen->dtype) || p.cu_seqlens_q != nullptr ||
-      p.cu_seqlens_k != nullptr || chosen->shape.schedule == Schedule::kSplitKv || p.sinks != nullptr) {
+      p.cu_seqlens_k != nullptr || chosen->shape.schedule == Schedule::kSplitKv) {
     return chosen;
   }
   int sms = 0;
@@ -293,6 +296,8 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const int hd = static_cast<int>(p.head_dim);
   const bool causal = core::masked_call(p);
+  // The attention variants run on the variants rows only (no split, packed or tuned row takes them).
+  if (core::has_variant(p)) return variant_row(p, error);
   const KernelRow* row = nullptr;
   // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
   // workspace for its partials. Tuning tables time whole-tile configs and come after it.
@@ -314,18 +319,14 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
     }
     // A tuned prefill split row only with the workspace its partials need, a tuned 8-bit row only with the workspace
     // its V route needs (a caller may have sized it for the default row): else the default runs.
-    if (row != nullptr && p.sinks != nullptr && splits_last_round(row->shape)) row = nullptr;  // (check_row)
     if (row != nullptr && (splits_last_round(row->shape) || is_8bit(p.dtype)) &&
         row_workspace(*row, p, plan.sms, transposes_v_in_kernel(*row, p, plan.device)).bytes > capacity) {
       row = nullptr;
     }
   }
-  if (row == nullptr) {
-    row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
-    if (row == nullptr && p.kernel_config != nullptr) error += core::window_note(p);
-  }
+  if (row == nullptr) row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
   if (p.kernel_config == nullptr) row = wave_row(p, plan.device, row, capacity);
-  return window_row(p, row, error);
+  return row;
 }
 
 // The sm90 plan (core::BackendOps::plan).
@@ -457,13 +458,6 @@ flashcore_status check_row(const KernelRow& row, const flashcore_attention_param
     error = std::string("kernel config \"") + row.name + "\" (" +
             (splits_last_round(row.shape) ? "prefill split-KV" : "dynamic schedule") + ") has no " +
             (paged ? "paged" : "packed (varlen)") + " path; name another config or none";
-    return FLASHCORE_ERROR_INVALID_ARGUMENT;
-  }
-  // The prefill split rows' merge in registers takes no sinks, the transposed-GEMM consumer no variant (decode_row).
-  if ((splits_last_round(row.shape) && p.sinks != nullptr) || (swaps_gemms(row.shape) && core::has_variant(p))) {
-    error = std::string("kernel config \"") + row.name + "\" (" +
-            (swaps_gemms(row.shape) ? "split-KV decode with transposed GEMMs" : "prefill split-KV") + ") takes no " +
-            (swaps_gemms(row.shape) ? "window, softcap or sinks" : "sinks") + " yet; name another config or none";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const int64_t tiles = query_tiles(row, p);

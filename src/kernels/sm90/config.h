@@ -67,11 +67,12 @@ struct KernelConfig {
   static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes);
   static constexpr int kConsumerWarpgroups = kPlan.consumer_warpgroups;
   static constexpr int kRowsPerWarpgroup = sm90::kRowsPerWarpgroup;
-  // Causal 16-bit rows take a sliding window (kernels/common/mask.cuh, tile.cuh windowed): its bounds need registers
-  // where S, O and both P sets are live, and the rows with three consumer warpgroups (d64, 192 query rows) have none to
-  // spare (they spilled), so they compile without it and the host sends windowed calls to a two-warpgroup row
-  // (backend.cpp, window_row).
-  static constexpr bool kTakesWindow = kCausal && kElemBytes == 2 && !kInt8QK && kConsumerWarpgroups < 3;
+  // The causal 16-bit variants rows (TileShape::variants) take a sliding window (kernels/common/mask.cuh, tile.cuh
+  // windowed): its bounds need registers where S, O and both P sets are live, and the rows with three consumer
+  // warpgroups (d64, 192 query rows) have none to spare (they spilled), so the causal d64 variants row has two
+  // (backend.cpp, variant_row).
+  static constexpr bool kTakesWindow =
+      kShape.variants && kCausal && kElemBytes == 2 && !kInt8QK && kConsumerWarpgroups < 3;
   static constexpr int kThreads = kPlan.threads;
   static constexpr int kConsumerThreads = kPlan.consumer_threads;
   static constexpr int kProducerRegs = producer_regs(kShape);

@@ -16,12 +16,12 @@ inline constexpr const char* kScheduleEnumerators[] = {"kOneTilePerCta", "kStati
                                                        "kSplitKv"};
 inline constexpr int kSchedules = 4;
 
-// "<block_m>x<block_n>x<stages>[-pp]-<schedule>[-vote][-packed]".
+// "<block_m>x<block_n>x<stages>[-pp]-<schedule>[-vote][-packed][-var]".
 inline std::string config_name(const TileShape& shape) {
   const int sched = static_cast<int>(shape.schedule);
   return std::to_string(shape.block_m) + "x" + std::to_string(shape.block_n) + "x" + std::to_string(shape.stages) +
          (shape.pingpong ? "-pp" : "") + "-" + (sched >= 0 && sched < kSchedules ? kScheduleNames[sched] : "?") +
-         (shape.rescale_vote ? "-vote" : "") + (shape.packed ? "-packed" : "");
+         (shape.rescale_vote ? "-vote" : "") + (shape.packed ? "-packed" : "") + (shape.variants ? "-var" : "");
 }
 
 namespace grammar_detail {
@@ -47,6 +47,8 @@ inline bool parse_config_name(const std::string& name, TileShape& shape) {
   std::string tail = name.substr(pos);
   t.pingpong = tail.rfind("-pp-", 0) == 0;
   if (t.pingpong) tail.erase(0, 3);
+  t.variants = tail.size() > 4 && tail.compare(tail.size() - 4, 4, "-var") == 0;
+  if (t.variants) tail.erase(tail.size() - 4);
   t.packed = tail.size() > 7 && tail.compare(tail.size() - 7, 7, "-packed") == 0;
   if (t.packed) tail.erase(tail.size() - 7);
   t.rescale_vote = tail.size() > 5 && tail.compare(tail.size() - 5, 5, "-vote") == 0;
@@ -109,8 +111,12 @@ inline bool parse_config_row(const std::string& line, ConfigRow& row, std::strin
   const std::string& c = r.choice;
   const bool conditional = c.rfind("default(seqlen_k<=", 0) == 0 && c.back() == ')';
   if (c != "default" && !conditional && c != "packed" && c != "packed-only" && c != "dispatch" && c != "plain" &&
-      c != "-") {
-    return fail("choice must be default, default(seqlen_k<=N), packed, packed-only, dispatch, plain or -");
+      c != "variants" && c != "-") {
+    return fail("choice must be default, default(seqlen_k<=N), packed, packed-only, dispatch, plain, variants or -");
+  }
+  if (c == "variants" && r.shape.schedule != Schedule::kOneTilePerCta &&
+      r.shape.schedule != Schedule::kStaticPersistent) {
+    return fail("a variants row is one-CTA or static (it takes every layout without a workspace)");
   }
   if ((c == "packed" || c == "packed-only") && r.shape.schedule == Schedule::kSplitKv) {
     return fail("a packed (varlen) choice cannot be a split row");
@@ -123,8 +129,9 @@ inline bool parse_config_row(const std::string& line, ConfigRow& row, std::strin
   }
   if (c == "plain" && r.shape.rescale_vote) return fail("a plain row is a vote default's tile without the vote");
   r.shape.packed = c == "packed-only";
+  r.shape.variants = c == "variants";
   r.row_part = f[2] + "x" + f[3] + "x" + f[4] + "_" + (r.shape.pingpong ? "pp" : "np") + "_" + f[6] + "_" + f[7] +
-               (r.shape.packed ? "_packed" : "");
+               (r.shape.packed ? "_packed" : "") + (r.shape.variants ? "_var" : "");
   row = r;
   return true;
 }
@@ -159,7 +166,8 @@ inline std::string unit_source(const UnitSpec& u, const std::string& generator, 
          "  static constexpr bool kCausal = " + b(u.causal) + ";\n" +
          "  static constexpr TileShape kShape = {" + std::to_string(s.block_m) + ", " + std::to_string(s.block_n) +
          ", " + std::to_string(s.stages) + ", " + b(s.pingpong) + ", Schedule::" +
-         kScheduleEnumerators[static_cast<int>(s.schedule)] + ", " + b(s.rescale_vote) + ", " + b(s.packed) + "};\n" +
+         kScheduleEnumerators[static_cast<int>(s.schedule)] + ", " + b(s.rescale_vote) + ", " + b(s.packed) + ", " +
+         b(s.variants) + "};\n" +
          "};\n" + tail;
 }
 

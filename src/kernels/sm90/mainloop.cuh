@@ -118,10 +118,10 @@ template <class Cfg>
 inline constexpr bool kHalfFirstBlock = Cfg::kCausal && Cfg::kElemBytes == 2 && !Cfg::kInt8QK && !Cfg::kSwapAB &&
                                         (Cfg::kBlockN == 128 || Cfg::kBlockN == 192);
 
-// The 16-bit rows take the softcap and the sinks (kernels/common/variant_params.h); the host refuses both in 8-bit
-// calls. The window and the chunk are the causal rows' masks (kernels/common/mask.cuh).
+// The 16-bit variants rows (TileShape::variants) take the softcap and the sinks (kernels/common/variant_params.h); the
+// host sends no other row a call with one. The window is the causal variants rows' mask (Cfg::kTakesWindow, mask.cuh).
 template <class Cfg>
-inline constexpr bool kTakesVariants = Cfg::kElemBytes == 2 && !Cfg::kInt8QK;
+inline constexpr bool kTakesVariants = Cfg::kShape.variants && Cfg::kElemBytes == 2 && !Cfg::kInt8QK;
 
 // P as wgmma A fragments (kernels::pack_p_fragments, or its 8-bit form with the key permutation of element.cuh),
 // for all k-steps before the first P*V wgmma so that no register is written between the wgmma.fence and the MMAs.

@@ -28,6 +28,10 @@ struct TileShape {
   // decode (smem_plan.h takes_packed). A row of its own, so that the dense rows keep their code
   // (docs/decisions.md#varlen).
   bool packed = false;
+  // The variants flavour (name suffix "-var"): the row's kernel takes a sliding window, softcap and sinks
+  // (kernels/common/variant_params.h) at run time; the other rows compile without them, because their checks in the
+  // main loop cost the default calls up to 9.5% (d64 non-causal; docs/decisions.md#variant-rows).
+  bool variants = false;
 };
 
 // A 16-bit tile of several 128-byte column chunks, loaded in one box of all its rows: one TMA of a 5-D map (the head
