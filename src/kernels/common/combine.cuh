@@ -2,8 +2,7 @@
 // and its LSE) into O and LSE. Arch-neutral: plain loads and stores.
 //   LSE = log(sum_s exp(lse_s)),  O = sum_s exp(lse_s - LSE) * O_s
 // A split that saw no key has lse_s = -inf and weight 0; a row no split saw gets O = 0 and LSE = -inf, as without
-// splits (kernels/common/softmax.cuh). An attention sink (variant_params.h) joins the merged denominator once, here:
-// the splits' partials leave it out. Two users of the row merge below:
+// splits (kernels/common/softmax.cuh). Two users of the row merge below:
 //   - the sm90 split kernel itself (sm90/epilogue.cuh): the last CTA to finish a tile's splits merges the tile's
 //     rows, one warp per row (a tile has at most 64 rows; decode tiles have the G query heads of one KV head);
 //   - the combine kernel below, launched after the forward for calls whose tiles have no counter (many tiles, or
@@ -71,20 +70,12 @@ __device__ __forceinline__ float merge_split_share(const SplitRows& r, int part,
   return total;
 }
 
-// The merged row, normalized, to O (o_row: the row's first column) and its LSE (lane 0, when lse is not null). sink:
-// the head's sink logit, -inf for none: it joins the denominator as exp(sink) (a row no split saw: O = 0, LSE = sink).
+// The merged row, normalized, to O (o_row: the row's first column) and its LSE (lane 0, when lse is not null).
 template <class Out, int kHeadDim>
 __device__ __forceinline__ void store_merged_row(Out* o_row, float* lse, const float (&acc)[kHeadDim / 64][2],
-                                                 float total, float max_lse, float sink = -INFINITY) {
+                                                 float total, float max_lse) {
   const int lane = threadIdx.x % 32;
-  float inv = total > 0.f ? 1.f / total : 0.f;
-  if (sink != -INFINITY) {  // relative to top = max(max_lse, sink), so that neither exponential overflows
-    const float top = fmaxf(max_lse, sink);
-    const float w = total > 0.f ? __expf(max_lse - top) : 0.f;
-    total = fmaf(total, w, __expf(sink - top));
-    inv = w / total;
-    max_lse = top;
-  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
 #pragma unroll
   for (int k = 0; k < kHeadDim / 64; ++k) {
     *reinterpret_cast<uint32_t*>(o_row + 64 * k + 2 * lane) = ElemTraits<Out>::pack2(acc[k][0] * inv, acc[k][1] * inv);
@@ -132,8 +123,7 @@ __global__ void __launch_bounds__(128) flashcore_combine_splits(const CombinePar
   }
   const int64_t batch = bh / c.heads, head = bh % c.heads;
   Out* o_row = static_cast<Out*>(c.o) + batch * c.o_stride_batch + q * c.o_stride_seq + head * c.o_stride_head;
-  store_merged_row<Out, kHeadDim>(o_row, c.lse != nullptr ? c.lse + row : nullptr, acc, total, max_lse,
-                                  c.sinks != nullptr ? __ldg(c.sinks + head) : -INFINITY);
+  store_merged_row<Out, kHeadDim>(o_row, c.lse != nullptr ? c.lse + row : nullptr, acc, total, max_lse);
 }
 
 }  // namespace flashcore::kernels

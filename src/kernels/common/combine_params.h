@@ -15,7 +15,6 @@ struct CombineParams {
   int heads;
   int splits;
   int warps_per_row;  // 1 (four rows per CTA of 128 threads) or 4 (one row per CTA, its splits dealt over the warps)
-  const float* sinks;  // per head: a logit that joins every row's denominator (variant_params.h); nullptr: none
 };
 
 }  // namespace flashcore::kernels

@@ -34,10 +34,8 @@ __device__ __forceinline__ float repair_row_of_tile(const FwdParams& p, int tile
   const int64_t seq_row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + row;
   if (seq_row >= tile.seq.seqlen_q) return -1.f;  // stored by no one
   float inv_sum = -1.f;
-  kernels::VariantParams var = p;  // a split's partial leaves the sink to the merge (consumer_epilogue)
-  if (Cfg::kSplitKv && (Cfg::kLastRoundSplit ? tile.splits > 1 : p.num_splits > 1)) var.sinks = nullptr;
   const bool repaired = kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
-      p, var, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, p.scale_log2, Cfg::kBlockN, inv_sum,
+      p, p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, p.scale_log2, Cfg::kBlockN, inv_sum,
       cols);
   return repaired ? inv_sum : -1.f;
 }
@@ -151,8 +149,7 @@ __device__ __forceinline__ void merge_if_last_split(const FwdParams& p, const Ti
     float* lse = p.lse == nullptr ? nullptr
                                   : p.lse + tile.batch * p.lse_stride_batch + tile.head * p.lse_stride_head +
                                         tile.seq.q_row0 + row;
-    kernels::store_merged_row<Out, kHeadDim>(o_row, lse, acc, total, max_lse,
-                                             p.sinks != nullptr ? __ldg(p.sinks + tile.head) : -INFINITY);
+    kernels::store_merged_row<Out, kHeadDim>(o_row, lse, acc, total, max_lse);
   }
 }
 
@@ -245,11 +242,10 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
   const int wg_thread = threadIdx.x % 128;
 
   float inv_sum[2], lse[2];
-  // A split's partial leaves the sink out: the merge adds it once (combine.cuh, store_merged_row).
-  bool partial = false;
-  if constexpr (Cfg::kSplitKv) partial = Cfg::kLastRoundSplit ? tile.splits > 1 : p.num_splits > 1;
+  // (The variants rows, which take sinks, are never split: the split merges add no sink.)
+  static_assert(!kTakesVariants<Cfg> || !Cfg::kSplitKv, "a split variants row would count its sink in every part");
   st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse,
-                      kTakesVariants<Cfg> && !partial ? kernels::sink_log2_of(p.sinks, tile.head) : -INFINITY);
+                      kTakesVariants<Cfg> ? kernels::sink_log2_of(p.sinks, tile.head) : -INFINITY);
   repair_masked_v<Cfg>(p, tile_idx, warpgroup, st, inv_sum, lse);
   if constexpr (Cfg::kFp8) {
     inv_sum[0] *= st.o_scale;

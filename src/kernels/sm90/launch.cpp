@@ -184,7 +184,6 @@ flashcore_status launch_row(const core::Plan& plan, const flashcore_attention_pa
     c.seqlen_q = p.seqlen_q;
     c.heads = static_cast<int>(p.num_heads_q);
     c.splits = plan.split.splits;
-    c.sinks = p.sinks;
     const cudaError_t err =
         launch_combine(c, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(p.head_dim), stream);
     if (err != cudaSuccess) {
