@@ -489,6 +489,33 @@ def parse_memory(spec: str) -> Optional[tuple]:
     return parts[0], D, S, parts[3] == "1"
 
 
+def load_flashcore(lib: Optional[str], tag: str, wanted: bool):
+    """(FlashCoreLib or None, a line for the report's header): the library at `lib` (or the default one) when wanted."""
+    if not wanted:
+        return None, "not loaded"
+    try:
+        from flashcore_ctypes import FlashCoreLib
+        fc = FlashCoreLib(lib)
+        return fc, f"{fc.version()} ({fc.path})"
+    except Exception as e:  # noqa: BLE001
+        log(f"{tag}: FlashCore not loaded: {short_error(e)}")
+        return None, f"not loaded: {short_error(e)}"
+
+
+def load_fa3(tag: str, wanted: bool, what: str = ""):
+    """(FA3's flash_attn_interface module or None, a line for the report's header): FA3's train build, when wanted and
+    on PYTHONPATH. what: appended to the header line after the module's folder."""
+    if not wanted:
+        return None, "not in --systems"
+    try:
+        import flash_attn_interface as fa3  # type: ignore
+        return fa3, f"measured ({os.path.dirname(os.path.abspath(fa3.__file__))}{what})"
+    except Exception as e:  # noqa: BLE001
+        note = f"not importable ({short_error(e)}): put ../shared/fa3/train on PYTHONPATH"
+        log(f"{tag}: FA3 {note}")
+        return None, note
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -530,26 +557,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         log("backward: no CUDA device")
         return 3
     os.makedirs(a.out, exist_ok=True)
-    fc, fc_version = None, "not loaded"
-    if "flashcore" in a.systems:
-        try:
-            from flashcore_ctypes import FlashCoreLib
-            fc = FlashCoreLib(a.lib)
-            fc_version = f"{fc.version()} ({fc.path})"
-            if not fc.has_backward():
-                fc_version += "; no backward in this library"
-        except Exception as e:  # noqa: BLE001
-            log(f"backward: FlashCore not loaded: {short_error(e)}")
-            fc_version = f"not loaded: {short_error(e)}"
-    fa3, fa3_note = None, "not in --systems"
-    if "fa3" in a.systems:
-        try:
-            import flash_attn_interface as fa3  # type: ignore
-            fa3_note = f"measured ({os.path.dirname(os.path.abspath(fa3.__file__))}; bf16, head dims 64 / 128)"
-        except Exception as e:  # noqa: BLE001
-            fa3 = None
-            fa3_note = f"not importable ({short_error(e)}): put ../shared/fa3/train on PYTHONPATH"
-            log(f"backward: FA3 {fa3_note}")
+    fc, fc_version = load_flashcore(a.lib, "backward", "flashcore" in a.systems)
+    if fc is not None and not fc.has_backward():
+        fc_version += "; no backward in this library"
+    fa3, fa3_note = load_fa3("backward", "fa3" in a.systems, "; bf16, head dims 64 / 128")
     runner = Runner(a, torch, fc, fa3)
     dtypes = ["bf16", "fp16"] if a.dtype == "both" else [a.dtype]
     head_dims = [int(x) for x in a.head_dims.split(",")] if a.head_dims else GRID_D

@@ -50,7 +50,7 @@ from typing import Callable, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from backward import rel_max_err, tflops  # noqa: E402
+from backward import load_fa3, load_flashcore, rel_max_err, tflops  # noqa: E402
 from report import fmt, geomean, json_safe, log, ratio, short_error  # noqa: E402
 
 SYSTEMS = ["flashcore", "flashcore_base", "flex", "fa3"]
@@ -419,26 +419,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not torch.cuda.is_available():
         log("variants: no CUDA device")
         return 3
-    fc, fc_version = None, "not loaded"
-    if any(s.startswith("flashcore") for s in a.systems):
-        try:
-            from flashcore_ctypes import FlashCoreLib
-            fc = FlashCoreLib(a.lib)
-            fc_version = f"{fc.version()} ({fc.path})"
-            if not fc.library.has_variants():
-                fc_version += "; predates the variants (0.5): its variant cells fail"
-        except Exception as e:  # noqa: BLE001
-            log(f"variants: FlashCore not loaded: {short_error(e)}")
-            fc_version = f"not loaded: {short_error(e)}"
-    fa3, fa3_note = None, "not in --systems"
-    if "fa3" in a.systems:
-        try:
-            import flash_attn_interface as fa3  # type: ignore
-            fa3_note = f"measured ({os.path.dirname(os.path.abspath(fa3.__file__))})"
-        except Exception as e:  # noqa: BLE001
-            fa3 = None
-            fa3_note = f"not importable ({short_error(e)}): put ../shared/fa3/train on PYTHONPATH"
-            log(f"variants: FA3 {fa3_note}")
+    fc, fc_version = load_flashcore(a.lib, "variants", any(s.startswith("flashcore") for s in a.systems))
+    if fc is not None and not fc.library.has_variants():
+        fc_version += "; predates the variants (0.5): its variant cells fail"
+    fa3, fa3_note = load_fa3("variants", "fa3" in a.systems)
     runner = Runner(a, torch, fc, fa3)
     meta = {
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
