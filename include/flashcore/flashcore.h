@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 5
+#define FLASHCORE_VERSION_MINOR 6
 #define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
@@ -208,8 +208,8 @@ typedef struct flashcore_attention_params {
   int32_t reserved3;     /* must be 0 [0] */
 
   /* ---- Since 0.5: the attention variants of today's models. A caller compiled against 0.4 passes
-   * FLASHCORE_ATTENTION_PARAMS_V4_SIZE; they take their defaults then. 16-bit forward calls, both backends; an
-   * 8-bit call (dtype or precision) or a backward call refuses a window, softcap or sinks with
+   * FLASHCORE_ATTENTION_PARAMS_V4_SIZE; they take their defaults then. 16-bit calls, forward and (since 0.6)
+   * backward, both backends; an 8-bit call (dtype or precision) refuses a window, softcap or sinks with
    * FLASHCORE_ERROR_INVALID_ARGUMENT naming the field. ---- */
   int32_t local;             /* 1: sliding-window (local) attention with FlashAttention's window_size: query i of a
                                 sequence sees key j iff i + d - window_size_left <= j <= i + d + window_size_right,
@@ -230,6 +230,15 @@ typedef struct flashcore_attention_params {
                                 chunk, floor(j / attention_chunk) == floor((i + d) / attention_chunk)); this version
                                 refuses any value but 0 [0: none] */
   int32_t reserved4;         /* must be 0 [0] */
+
+  /* ---- Since 0.6: the variants' backward. A caller compiled against 0.5 passes
+   * FLASHCORE_ATTENTION_PARAMS_V5_SIZE; it takes its default then. flashcore_attention_backward takes the window,
+   * softcap and sinks of the forward it differentiates (the same local, window_size_*, softcap and sinks; the LSE the
+   * forward wrote with them). ---- */
+  float* dsinks; /* backward with sinks: device float32 (num_heads_q,), 4-byte aligned, written (not accumulated) with
+                    dL/dsinks[h] = -sum over the batch's rows i of head h of exp(sinks[h] - LSE_i) * D_i, D_i =
+                    rowsum(dO_i * O_i); always summed in one fixed order (bit-identical from run to run). Must not
+                    overlap the other outputs [NULL: not computed] */
 } flashcore_attention_params;
 
 /* flashcore_attention_params::precision (since 0.3). */
@@ -262,7 +271,7 @@ typedef struct flashcore_attention_params {
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
  * defaults), FLASHCORE_ATTENTION_PARAMS_V2_SIZE (a 0.2 caller: the fields since 0.3 take theirs), _V3_SIZE and
- * _V4_SIZE (0.3 and 0.4 callers), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
+ * _V4_SIZE and _V5_SIZE (0.3, 0.4 and 0.5 callers), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
  * built against a newer header) provided every byte past the library's sizeof is zero, i.e. the caller left
  * the fields this library does not know at their defaults. Anything else is FLASHCORE_ERROR_INVALID_ARGUMENT. */
 #define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
@@ -275,6 +284,8 @@ typedef struct flashcore_attention_params {
 /* struct_size of the 0.4 layout (everything up to reserved3): also accepted, the variant fields take their
  * defaults. */
 #define FLASHCORE_ATTENTION_PARAMS_V4_SIZE 648
+/* struct_size of the 0.5 layout (everything up to reserved4): also accepted, dsinks takes its default. */
+#define FLASHCORE_ATTENTION_PARAMS_V5_SIZE 680
 
 /* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
  * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept

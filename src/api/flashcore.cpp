@@ -232,9 +232,12 @@ flashcore_status checked_backward(const flashcore_attention_params* params, flas
   if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_arguments(&p, message);
   if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_backward_arguments(p, message);
   if (status == FLASHCORE_SUCCESS) status = flashcore::api::validate_device(p, device, cc, message);
-  const std::pair<const char*, const void*> tensors[] = {{"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}};
+  const std::pair<const char*, const void*> tensors[] = {
+      {"dout", p.dout}, {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}, {"dsinks", p.dsinks}};
   for (const auto& [name, ptr] : tensors) {
-    if (status == FLASHCORE_SUCCESS) status = flashcore::api::check_device_pointer(name, ptr, device, message);
+    if (status == FLASHCORE_SUCCESS && ptr != nullptr) {
+      status = flashcore::api::check_device_pointer(name, ptr, device, message);
+    }
   }
   return status;
 }

@@ -7,6 +7,7 @@ namespace flashcore::api {
 bool accepted_params_size(uint32_t struct_size) {
   return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE ||
          struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE ||
+         struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE ||
          (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
 }
 
@@ -67,13 +68,17 @@ void set_post_v4_defaults(flashcore_attention_params& p) {
   p.sinks = nullptr;
   p.attention_chunk = 0;
   p.reserved4 = 0;
+  set_post_v5_defaults(p);
 }
+
+void set_post_v5_defaults(flashcore_attention_params& p) { p.dsinks = nullptr; }
 
 size_t field_bytes_of(uint32_t struct_size) {
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) return kParamsV1FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE) return kParamsV2FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE) return kParamsV3FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE) return kParamsV4FieldBytes;
+  if (struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE) return kParamsV5FieldBytes;
   return sizeof(flashcore_attention_params);
 }
 
@@ -102,6 +107,9 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
   } else if (size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE) {
     std::memcpy(&out, user, kParamsV4FieldBytes);
     set_post_v4_defaults(out);
+  } else if (size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE) {
+    std::memcpy(&out, user, kParamsV5FieldBytes);
+    set_post_v5_defaults(out);
   } else if (size == kCurrent) {
     std::memcpy(&out, user, kCurrent);
   } else if (size > kCurrent && size <= kMaxParamsStructSize) {
@@ -120,7 +128,8 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V1_SIZE) + " (the 0.1 layout), " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V2_SIZE) + " (the 0.2 layout), " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V3_SIZE) + " (the 0.3 layout), " +
-              std::to_string(FLASHCORE_ATTENTION_PARAMS_V4_SIZE) + " (the 0.4 layout), " + std::to_string(kCurrent) +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V4_SIZE) + " (the 0.4 layout), " +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V5_SIZE) + " (the 0.5 layout), " + std::to_string(kCurrent) +
               " (sizeof(flashcore_attention_params) of this library), or " + std::to_string(kCurrent + 1) + ".." +
               std::to_string(kMaxParamsStructSize) +
               " with zero bytes past " + std::to_string(kCurrent) + " (call flashcore_attention_params_init first)";

@@ -709,16 +709,12 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
       {"out_dtype", p.out_dtype != FLASHCORE_DTYPE_SAME && p.out_dtype != p.dtype},
       {"kernel_config", p.kernel_config != nullptr},
       {"flags", p.flags != 0},
-      {"local", p.local != 0},
-      {"softcap", p.softcap != 0.f},
-      {"sinks", p.sinks != nullptr},
-      {"attention_chunk", p.attention_chunk != 0},
   };
   for (const auto& [field, set] : not_yet) {
     if (set) {
       message = cat(field, " is set: the backward takes dense or packed (cu_seqlens_q and cu_seqlens_k) batches in the ",
                     "input dtype with the library's kernel only (no seqused_k, block_table, k_new, precision, out_dtype, ",
-                    "kernel_config, flags, window, softcap, sinks or attention_chunk) in this version");
+                    "kernel_config or flags) in this version");
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
   }
@@ -773,6 +769,31 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
       }
     }
     if (const flashcore_status s = check_self_overlap(outputs[i], message); s != FLASHCORE_SUCCESS) return s;
+  }
+  if (p.dsinks != nullptr) {
+    if (p.sinks == nullptr) {
+      message = "dsinks is set but sinks is NULL: dL/dsinks is the gradient of the sinks the forward took";
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (reinterpret_cast<uintptr_t>(p.dsinks) % alignof(float) != 0) {
+      message = cat("dsinks = ", hex(p.dsinks), " is not 4-byte aligned (float32, one per query head)");
+      return FLASHCORE_ERROR_MISALIGNED_POINTER;
+    }
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(p.dsinks);
+    const Span dsinks_span{begin, begin + static_cast<uintptr_t>(p.num_heads_q) * 4};
+    const uintptr_t sinks_begin = reinterpret_cast<uintptr_t>(p.sinks);
+    const Span sinks_span{sinks_begin, sinks_begin + static_cast<uintptr_t>(p.num_heads_q) * 4};
+    if (dsinks_span.overlaps(sinks_span)) {
+      message = cat(describe("dsinks", dsinks_span), " overlaps ", describe("sinks", sinks_span));
+      return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
+    }
+    for (const Tensor& t : outputs) {
+      const Span out = span_of(t, dtype_size(p.dtype));
+      if (dsinks_span.overlaps(out)) {
+        message = cat(describe("dsinks", dsinks_span), " overlaps ", describe(t.name, out));
+        return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
+      }
+    }
   }
   return FLASHCORE_SUCCESS;
 }
