@@ -81,11 +81,11 @@ inline BwdRows bwd_rows_of(const flashcore_attention_params& p) {
   return r;
 }
 
-// The workspace of a backward call, both backends: the scaled LSE and D (a float per row), the fp32 dQ rows, and a
+// The workspace of a backward call, both backends: the scaled LSE and D (a float per row), the fp32 dQ rows, a
 // counter per (batch, query head, query block) for deterministic calls -- counted in either mode, so that one size
-// serves both. Byte offsets, 256-aligned.
+// serves both -- and, with sinks, a float per such block (its share of dL/dsinks). Byte offsets, 256-aligned.
 struct BwdWorkspace {
-  uint64_t lse = 0, dpsum = 0, dq_accum = 0, semaphore = 0, bytes = 0;
+  uint64_t lse = 0, dpsum = 0, dq_accum = 0, semaphore = 0, dsink_part = 0, bytes = 0;
 };
 inline BwdWorkspace bwd_workspace_of(const flashcore_attention_params& p) {
   auto align = [](uint64_t x) { return (x + 255) / 256 * 256; };
@@ -96,7 +96,8 @@ inline BwdWorkspace bwd_workspace_of(const flashcore_attention_params& p) {
   w.dpsum = align(w.lse + rows * 4);
   w.dq_accum = align(w.dpsum + rows * 4);
   w.semaphore = align(w.dq_accum + rows * static_cast<uint64_t>(p.head_dim) * 4);
-  w.bytes = align(w.semaphore + blocks * 4);
+  w.dsink_part = align(w.semaphore + blocks * 4);
+  w.bytes = align(w.dsink_part + (p.sinks != nullptr ? blocks * 4 : 0));
   return w;
 }
 

@@ -1,6 +1,7 @@
 // The launches around a backward kernel, arch-neutral: before it, per 64-row query block, D = rowsum(dO * O), the LSE
-// scaled to base 2 (+inf where a row sees no key, so its P is 0), a zeroed fp32 dQ block and its ordering counter;
-// after it, dQ = softmax_scale * the accumulated block, in the call's dtype and strides. Memory-bound: a CTA per block.
+// scaled to base 2 (+inf where a row sees no key, so its P is 0), a zeroed fp32 dQ block, its ordering counter and,
+// with sinks, its share of dL/dsinks; after it, dQ = softmax_scale * the accumulated block, in the call's dtype and
+// strides, and dL/dsinks. Memory-bound: a CTA per block (dL/dsinks: per query head).
 // kBackend: one instance per backend (90, 80). Each backend's units compile these kernels for their own archs; two
 // backends' instances of one template would share a host symbol, and the launch could pick the other backend's image.
 #pragma once
@@ -12,6 +13,7 @@
 
 #include "kernels/common/bwd_layout.h"
 #include "kernels/common/bwd_prep_params.h"
+#include "kernels/common/bwd_window.h"
 #include "kernels/common/element.cuh"
 
 namespace flashcore::kernels {
@@ -31,6 +33,8 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
                   h * p.o_stride_head + lane * kPerLane;
   const auto* dout = static_cast<const T*>(p.dout) + (varlen ? 0 : b * p.do_stride_batch) +
                      seq.q_start * p.do_stride_seq + h * p.do_stride_head + lane * kPerLane;
+  const float sink = p.sinks != nullptr ? p.sinks[h] : 0.f;
+  float dsink = 0.f;  // lane 0: the warp's rows' share of dL/dsinks, -sum exp(sink - LSE) * D
 #pragma unroll 2
   for (int i = 0; i < 8; ++i) {
     const int row = m * 64 + warp * 8 + i;
@@ -50,6 +54,7 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
       if (row < seq.len_q) {
         const float l = p.lse[lse0 + row];
         if (l != -INFINITY) lse = l * static_cast<float>(M_LOG2E);
+        if (p.sinks != nullptr) dsink -= expf(sink - l) * sum;  // (LSE >= sink: it includes the sink)
       }
       p.lse_log2[base + row] = lse;
       p.dpsum[base + row] = sum;
@@ -57,9 +62,43 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
   }
   float4* block = reinterpret_cast<float4*>(p.dq_accum + (base + 64 * m) * kD);
   for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 4; i += 256) block[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t index = (static_cast<int64_t>(b) * p.rows.heads + h) * p.m_blocks + m;
   if (p.dq_semaphore != nullptr && threadIdx.x == 0) {
-    p.dq_semaphore[(static_cast<int64_t>(b) * p.rows.heads + h) * p.m_blocks + m] = 0;
+    // The first key block's turn (bwd_window.h): with a left bound the first blocks do not see these rows.
+    const BwdWindow window{seq.len_k - seq.len_q, p.window_left, p.window_right};
+    p.dq_semaphore[index] = window.first_key_block(m, 64, p.block_n);
   }
+  if (p.sinks != nullptr) {  // the block's share: the warps' in a fixed order
+    __shared__ float shares[8];
+    if (lane == 0) shares[warp] = dsink;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.f;
+      for (int w = 0; w < 8; ++w) total += shares[w];
+      p.dsink_part[index] = total;
+    }
+  }
+}
+
+// dL/dsinks[h]: the sum of the (batch, query block) shares of head h, in a fixed order (bit-identical from run to run).
+// A CTA of 256 threads per query head.
+template <int kBackend = 90>
+__global__ void __launch_bounds__(256) flashcore_bwd_dsinks(const BwdDsinksParams p) {
+  const int h = static_cast<int>(blockIdx.x);
+  float sum = 0.f;
+  const int64_t blocks = static_cast<int64_t>(p.batch) * p.m_blocks;
+  for (int64_t i = threadIdx.x; i < blocks; i += 256) {
+    const int b = static_cast<int>(i / p.m_blocks), m = static_cast<int>(i % p.m_blocks);
+    if (m * 64 < p.rows.seq(b).len_q) sum += p.dsink_part[(static_cast<int64_t>(b) * p.rows.heads + h) * p.m_blocks + m];
+  }
+  __shared__ float partial[256];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = 128; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.dsinks[h] = partial[0];
 }
 
 template <class T, int kD, int kBackend = 90>

@@ -2,7 +2,9 @@
 #pragma once
 #include <cstdint>
 
+#include "flashcore/flashcore.h"
 #include "kernels/common/bwd_layout.h"
+#include "kernels/common/variant_params.h"
 
 namespace flashcore::kernels {
 
@@ -15,9 +17,23 @@ struct BwdPrepParams {
   float* lse_log2;      // rows.rows() floats, bwd_layout.h
   float* dpsum;         // the same
   float* dq_accum;      // rows.rows() x head_dim
-  int* dq_semaphore;    // (batch, num_heads_q, m_blocks), or nullptr
+  int* dq_semaphore;    // (batch, num_heads_q, m_blocks), or nullptr: set to the key block that adds first
   BwdRows rows;
   int m_blocks;         // of seqlen_q (the longest sequence's)
+  // The window (bwd_window.h; causal or none: left -1), for the first key block of each query block.
+  int window_left, window_right;
+  int block_n;          // the kernel's keys per CTA
+  // Sinks: each block's share of dL/dsinks, (batch, num_heads_q, m_blocks) floats (bwd_dsinks sums them).
+  const float* sinks;   // nullptr: no sinks
+  float* dsink_part;
+};
+
+// The sum of the blocks' dL/dsinks shares of each query head (bwd_prep.cuh flashcore_bwd_dsinks).
+struct BwdDsinksParams {
+  const float* dsink_part;  // as BwdPrepParams
+  float* dsinks;            // (num_heads_q,)
+  BwdRows rows;
+  int batch, m_blocks;
 };
 
 struct BwdDqParams {
@@ -27,5 +43,49 @@ struct BwdDqParams {
   BwdRows rows;
   float softmax_scale;
 };
+
+// The launches' parameters of a validated call, both backends (host): `base` is the workspace, `ws` its layout,
+// `rows` the rows the kernels address, `var` the call's normalized variants (core::set_variants), `variants` whether
+// the call runs a variants' kernel (whose window the first key block of a query block follows), `block_n` the
+// kernel's keys per CTA.
+inline BwdPrepParams bwd_prep_params_of(const flashcore_attention_params& p, const BwdWorkspace& ws, char* base,
+                                        const BwdRows& rows, int m_blocks, const VariantParams& var, bool variants,
+                                        int block_n) {
+  BwdPrepParams prep{};
+  prep.o = p.o;
+  prep.o_stride_batch = p.o_strides.batch;
+  prep.o_stride_seq = p.o_strides.seq;
+  prep.o_stride_head = p.o_strides.head;
+  prep.dout = p.dout;
+  prep.do_stride_batch = p.dout_strides.batch;
+  prep.do_stride_seq = p.dout_strides.seq;
+  prep.do_stride_head = p.dout_strides.head;
+  prep.lse = p.lse;
+  prep.lse_log2 = reinterpret_cast<float*>(base + ws.lse);
+  prep.dpsum = reinterpret_cast<float*>(base + ws.dpsum);
+  prep.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  prep.dq_semaphore = p.deterministic != 0 ? reinterpret_cast<int*>(base + ws.semaphore) : nullptr;
+  prep.rows = rows;
+  prep.m_blocks = m_blocks;
+  prep.window_left = variants ? var.window_left : -1;
+  prep.window_right = variants ? var.window_right : 0;
+  prep.block_n = block_n;
+  prep.sinks = p.sinks != nullptr && p.dsinks != nullptr ? p.sinks : nullptr;
+  prep.dsink_part = reinterpret_cast<float*>(base + ws.dsink_part);
+  return prep;
+}
+
+inline BwdDqParams bwd_dq_params_of(const flashcore_attention_params& p, const BwdWorkspace& ws, char* base,
+                                    const BwdRows& rows, float softmax_scale) {
+  BwdDqParams conv{};
+  conv.dq_accum = reinterpret_cast<const float*>(base + ws.dq_accum);
+  conv.dq = p.dq;
+  conv.stride_batch = p.dq_strides.batch;
+  conv.stride_seq = p.dq_strides.seq;
+  conv.stride_head = p.dq_strides.head;
+  conv.rows = rows;
+  conv.softmax_scale = softmax_scale;
+  return conv;
+}
 
 }  // namespace flashcore::kernels

@@ -15,11 +15,14 @@
 
 namespace flashcore::sm80 {
 
-template <class T, int kD, bool kIsCausal, int kN, int kStageCount>
+// kIsVariants: the variants' flavour (bwd_mainloop.cuh): the causal one masks by the call's window
+// (kernels/common/bwd_window.h), both take the softcap; calls without a window or softcap run the plain kernels.
+template <class T, int kD, bool kIsCausal, int kN, int kStageCount, bool kIsVariants = false>
 struct BwdConfig {
   using Element = T;
   static constexpr int kHeadDim = kD;
   static constexpr bool kCausal = kIsCausal;
+  static constexpr bool kVariants = kIsVariants;
   static constexpr int kBlockM = 64;  // query rows per step: the workspace's dQ block (kernels/common/bwd_layout.h)
   static constexpr int kBlockN = kN;  // keys per CTA
   static constexpr int kStages = kStageCount;  // Q / dO / LSE / D buffers
@@ -34,7 +37,7 @@ struct BwdConfig {
   // Queries per sub-step: a warp's S^T and dP^T (16 keys x kSubM, fp32) live beside its dK and dV accumulators
   // (kHeadDim each), so at head dim 128 the step's 64 queries go in two halves (the K and V fragments are read twice);
   // in one, S^T and dP^T spilled there.
-  static constexpr int kSubM = kHeadDim == 128 ? 32 : 64;
+  static constexpr int kSubM = kHeadDim == 128 ? (kVariants ? 16 : 32) : 64;
 
   // dQ(64 x kHeadDim) = dS(64 x kBlockN) K: warp w computes row tile w % 4 (16 queries) over kDqCols columns from
   // column (w / 4) * kDqCols, at most 64 columns (32 accumulators) at a time.

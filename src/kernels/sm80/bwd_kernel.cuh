@@ -35,10 +35,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm80_kernel(co
       HEAD_DIM,                                                                                               \
       BLOCK_N,                                                                                                \
       STAGES,                                                                                                 \
-      {reinterpret_cast<const void*>(&flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES>>), \
-       reinterpret_cast<const void*>(&flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, true, BLOCK_N, STAGES>>)}, \
+      {{reinterpret_cast<const void*>(&flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES>>), \
+        reinterpret_cast<const void*>(&flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, true, BLOCK_N, STAGES>>)}, \
+       {reinterpret_cast<const void*>(                                                                        \
+            &flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES, true>>),                \
+        reinterpret_cast<const void*>(                                                                        \
+            &flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, true, BLOCK_N, STAGES, true>>)}},               \
       BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES>::kSmemBytes,                                             \
       BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES>::kThreads,                                               \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM, 80>),                           \
-      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM, 80>)};                    \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM, 80>),                     \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<80>)};                                     \
   }

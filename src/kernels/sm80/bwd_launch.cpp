@@ -1,13 +1,15 @@
 // The portable backward's launches (bwd_launch.h): D and the scaled LSE (kernels/common/bwd_prep.cuh), the kernel
-// (bwd_kernel.cuh), the dQ conversion, on one stream. The workspace is laid out as the sm90 backward's (the same
+// (bwd_kernel.cuh), the dQ conversion and, with sinks and dsinks, dL/dsinks, on one stream. The workspace is laid out as the sm90 backward's (the same
 // preparation and conversion kernels read it): the scaled LSE and D rows, the fp32 dQ blocks, the ordering counters.
 #include "kernels/sm80/bwd_launch.h"
 
+#include <climits>
 #include <cmath>
 #include <string>
 
 #include "core/dtype.h"
 #include "core/launch_util.h"
+#include "core/variants.h"
 #include "kernels/common/bwd_layout.h"
 #include "kernels/common/bwd_prep_params.h"
 #include "kernels/sm80/bwd_params.h"
@@ -114,8 +116,10 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
             std::to_string(p.num_heads_q) + ", batch = " + std::to_string(p.batch) + ")";
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
   }
-  const void* kernel = row->kernel[p.causal != 0 ? 1 : 0];
-  for (const void* k : {row->prep, kernel, row->dq_convert}) {
+  // Calls with a window or softcap run the variants' kernels; a windowed call runs the causal one (core/variants.h).
+  const bool variants = core::windowed_call(p) || p.softcap != 0.f;
+  const void* kernel = row->kernel[variants ? 1 : 0][core::masked_call(p) ? 1 : 0];
+  for (const void* k : {row->prep, kernel, row->dq_convert, row->dsinks}) {
     const int smem = k == kernel ? row->smem_bytes : 0;
     if (const flashcore_status st = prepare(k, device, cc, smem, error); st != FLASHCORE_SUCCESS) return st;
   }
@@ -145,40 +149,22 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.num_heads_q = static_cast<int>(p.num_heads_q);
   bp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   bp.num_m_blocks = static_cast<int>(m_blocks);
-  bp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+  bp.scale_log2 = core::set_variants(bp.var, p, softmax_scale);
   bp.softmax_scale = softmax_scale;
+  const int diagonal = bp.seqlen_k - bp.seqlen_q;
+  bp.rel_hi = diagonal + (variants ? bp.var.window_right : 0);  // (32 bits: validation bounds windowed lengths)
+  bp.rel_lo = variants && bp.var.window_left >= 0 ? diagonal - bp.var.window_left : INT_MIN;
 
-  kernels::BwdPrepParams prep{};
-  prep.o = p.o;
-  prep.o_stride_batch = p.o_strides.batch;
-  prep.o_stride_seq = p.o_strides.seq;
-  prep.o_stride_head = p.o_strides.head;
-  prep.dout = p.dout;
-  prep.do_stride_batch = p.dout_strides.batch;
-  prep.do_stride_seq = p.dout_strides.seq;
-  prep.do_stride_head = p.dout_strides.head;
-  prep.lse = p.lse;
-  prep.lse_log2 = const_cast<float*>(bp.lse_log2);
-  prep.dpsum = const_cast<float*>(bp.dpsum);
-  prep.dq_accum = bp.dq_accum;
-  prep.dq_semaphore = bp.dq_semaphore;
   // Dense batches: the sm90 layout of the workspace's rows (kernels/common/bwd_layout.h), which the kernel reads.
   kernels::BwdRows rows{};
   rows.seqlen_q = p.seqlen_q;
   rows.seqlen_k = p.seqlen_k;
   rows.head_rows = bp.seqlen_q_pad;
   rows.heads = bp.num_heads_q;
-  prep.rows = rows;
-  prep.m_blocks = bp.num_m_blocks;
-
-  kernels::BwdDqParams conv{};
-  conv.dq_accum = bp.dq_accum;
-  conv.dq = p.dq;
-  conv.stride_batch = p.dq_strides.batch;
-  conv.stride_seq = p.dq_strides.seq;
-  conv.stride_head = p.dq_strides.head;
-  conv.rows = rows;
-  conv.softmax_scale = softmax_scale;
+  kernels::BwdPrepParams prep =
+      kernels::bwd_prep_params_of(p, ws, base, rows, bp.num_m_blocks, bp.var, variants, row->block_n);
+  kernels::BwdDqParams conv = kernels::bwd_dq_params_of(p, ws, base, rows, softmax_scale);
+  const bool dsinks = prep.sinks != nullptr;
 
   const dim3 q_grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads_q),
                     static_cast<unsigned>(p.batch));
@@ -193,7 +179,14 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
       st != FLASHCORE_SUCCESS) {
     return st;
   }
-  return launch(row->dq_convert, q_grid, 256, 0, &conv, stream, "backward dQ conversion launch failed", error);
+  if (flashcore_status st = launch(row->dq_convert, q_grid, 256, 0, &conv, stream, "backward dQ conversion launch failed",
+                                   error);
+      st != FLASHCORE_SUCCESS || !dsinks) {
+    return st;
+  }
+  kernels::BwdDsinksParams ds{prep.dsink_part, p.dsinks, rows, static_cast<int>(p.batch), bp.num_m_blocks};
+  return launch(row->dsinks, dim3(static_cast<unsigned>(p.num_heads_q)), 256, 0, &ds, stream,
+                "backward dsinks launch failed", error);
 }
 
 }  // namespace flashcore::sm80

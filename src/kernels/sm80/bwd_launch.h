@@ -14,10 +14,11 @@ struct BwdKernelRow {
   flashcore_dtype dtype;
   int head_dim;
   int block_n, stages;    // the tile (bwd_config.h)
-  const void* kernel[2];  // [causal]: flashcore_bwd_sm80_kernel<BwdConfig<...>>
+  const void* kernel[2][2];  // [variants: a window or softcap][causal or windowed]: flashcore_bwd_sm80_kernel<...>
   int smem_bytes, threads;
   const void* prep;        // kernels::flashcore_bwd_prep<T, D, 80>
   const void* dq_convert;  // kernels::flashcore_bwd_dq_convert<T, D, 80>
+  const void* dsinks;      // kernels::flashcore_bwd_dsinks<80>
 };
 
 // Whether a row is compiled for (dtype, head_dim) (on some device).

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/common/tensor_ref.h"
+#include "kernels/common/variant_params.h"
 
 namespace flashcore::sm80 {
 
@@ -29,6 +30,12 @@ struct BwdParams {
   int num_m_blocks;             // ceil(seqlen_q / 64)
   float scale_log2;             // softmax_scale * log2(e)
   float softmax_scale;          // dK's factor (dQ's: the conversion kernel)
+  // The window and softcap (core::set_variants; read by the variants' kernels only: BwdConfig::kVariants; with a
+  // softcap, scale_log2 is softcap * log2(e)). Sinks need nothing here: the LSE includes them.
+  kernels::VariantParams var;
+  // The same window as key - query bounds: key j is visible to query i iff rel_lo <= j - i <= rel_hi (causal: rel_hi
+  // = seqlen_k - seqlen_q, rel_lo INT_MIN; read from the parameters by the element masks, bwd_mainloop.cuh).
+  int rel_lo, rel_hi;
 };
 
 }  // namespace flashcore::sm80

@@ -10,11 +10,14 @@
 
 namespace flashcore::sm90 {
 
-template <class T, int kD, bool kIsCausal>
+// kIsVariants: the variants' flavour (bwd_mainloop.cuh): the causal one masks by the call's window
+// (kernels/common/bwd_window.h), both take the softcap; calls without a window or softcap run the plain kernels.
+template <class T, int kD, bool kIsCausal, bool kIsVariants = false>
 struct BwdConfig {
   using Element = T;
   static constexpr int kHeadDim = kD;
   static constexpr bool kCausal = kIsCausal;
+  static constexpr bool kVariants = kIsVariants;
   static constexpr int kBlockM = 64;   // query rows per step (the N of S^T = K Q^T)
   static constexpr int kBlockN = 128;  // keys per CTA: 64 per consumer warpgroup (the M of every GEMM)
   static constexpr int kConsumerWarpgroups = kBlockN / 64;

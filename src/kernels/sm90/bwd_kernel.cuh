@@ -61,10 +61,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
   extern const BwdKernelRow kBwd_##NAME = {                                                                     \
       DTYPE,                                                                                                    \
       HEAD_DIM,                                                                                                 \
-      {reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, false>>),               \
-       reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, true>>)},               \
+      {{reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, false>>),              \
+        reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, true>>)},              \
+       {reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, false, true>>),        \
+        reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, true, true>>)}},       \
       BwdConfig<T, HEAD_DIM, false>::kSmemBytes,                                                                \
       BwdConfig<T, HEAD_DIM, false>::kThreads,                                                                  \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM>),                                 \
-      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>)};                          \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>),                           \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<90>)};                                       \
   }

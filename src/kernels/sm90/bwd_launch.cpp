@@ -1,5 +1,5 @@
 // The sm90 backward's launches (bwd_launch.h): D and the scaled LSE (kernels/common/bwd_prep.cuh), the kernel
-// (bwd_kernel.cuh), the dQ conversion, on one stream.
+// (bwd_kernel.cuh), the dQ conversion and, with sinks and dsinks, dL/dsinks, on one stream.
 #include "kernels/sm90/bwd_launch.h"
 
 #include <cmath>
@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "core/launch_util.h"
+#include "core/variants.h"
 #include "kernels/common/bwd_layout.h"
 #include "kernels/common/bwd_prep_params.h"
 #include "kernels/sm90/bwd_params.h"
@@ -72,7 +73,9 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
             std::to_string(p.head_dim);
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
-  const void* kernel = row->kernel[p.causal != 0 ? 1 : 0];
+  // Calls with a window or softcap run the variants' kernels; a windowed call runs the causal one (core/variants.h).
+  const bool variants = core::windowed_call(p) || p.softcap != 0.f;
+  const void* kernel = row->kernel[variants ? 1 : 0][core::masked_call(p) ? 1 : 0];
   if (const flashcore_status st = prepare(kernel, device, row->smem_bytes, error); st != FLASHCORE_SUCCESS) return st;
   const BwdWorkspace ws = bwd_workspace(p);
   char* base = static_cast<char*>(p.workspace);
@@ -112,35 +115,14 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.num_heads_q = static_cast<int>(p.num_heads_q);
   bp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   bp.num_m_blocks = m_blocks;
-  bp.scale_log2 = softmax_scale * static_cast<float>(M_LOG2E);
+  bp.scale_log2 = core::set_variants(bp.var, p, softmax_scale);
   bp.softmax_scale = softmax_scale;
   bp.never_step = -1;
 
-  kernels::BwdPrepParams prep{};
-  prep.o = p.o;
-  prep.o_stride_batch = p.o_strides.batch;
-  prep.o_stride_seq = p.o_strides.seq;
-  prep.o_stride_head = p.o_strides.head;
-  prep.dout = p.dout;
-  prep.do_stride_batch = p.dout_strides.batch;
-  prep.do_stride_seq = p.dout_strides.seq;
-  prep.do_stride_head = p.dout_strides.head;
-  prep.lse = p.lse;
-  prep.lse_log2 = const_cast<float*>(bp.lse_log2);
-  prep.dpsum = const_cast<float*>(bp.dpsum);
-  prep.dq_accum = bp.dq_accum;
-  prep.dq_semaphore = bp.dq_semaphore;
-  prep.rows = bp.rows;
-  prep.m_blocks = m_blocks;
-
-  kernels::BwdDqParams conv{};
-  conv.dq_accum = bp.dq_accum;
-  conv.dq = p.dq;
-  conv.stride_batch = p.dq_strides.batch;
-  conv.stride_seq = p.dq_strides.seq;
-  conv.stride_head = p.dq_strides.head;
-  conv.rows = bp.rows;
-  conv.softmax_scale = softmax_scale;
+  kernels::BwdPrepParams prep =
+      kernels::bwd_prep_params_of(p, ws, base, bp.rows, m_blocks, bp.var, variants, kBlockN);
+  kernels::BwdDqParams conv = kernels::bwd_dq_params_of(p, ws, base, bp.rows, softmax_scale);
+  const bool dsinks = prep.sinks != nullptr;
 
   const dim3 q_grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads_q),
                     static_cast<unsigned>(p.batch));
@@ -155,7 +137,14 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
       st != FLASHCORE_SUCCESS) {
     return st;
   }
-  return launch(row->dq_convert, q_grid, 256, 0, &conv, stream, "backward dQ conversion launch failed", error);
+  if (flashcore_status st = launch(row->dq_convert, q_grid, 256, 0, &conv, stream, "backward dQ conversion launch failed",
+                                   error);
+      st != FLASHCORE_SUCCESS || !dsinks) {
+    return st;
+  }
+  kernels::BwdDsinksParams ds{prep.dsink_part, p.dsinks, bp.rows, static_cast<int>(p.batch), m_blocks};
+  return launch(row->dsinks, dim3(static_cast<unsigned>(p.num_heads_q)), 256, 0, &ds, stream,
+                "backward dsinks launch failed", error);
 }
 
 }  // namespace flashcore::sm90

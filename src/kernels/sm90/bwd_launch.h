@@ -14,10 +14,11 @@ namespace flashcore::sm90 {
 struct BwdKernelRow {
   flashcore_dtype dtype;
   int head_dim;
-  const void* kernel[2];  // [causal]
+  const void* kernel[2][2];  // [variants: a window or softcap][causal or windowed]
   int smem_bytes, threads;
   const void* prep;        // kernels::flashcore_bwd_prep<T, D>
   const void* dq_convert;  // kernels::flashcore_bwd_dq_convert<T, D>
+  const void* dsinks;      // kernels::flashcore_bwd_dsinks<90>
 };
 
 // The compiled row for (dtype, head_dim), or nullptr.

@@ -2,6 +2,7 @@
 // block of one query head), recomputes the probabilities transposed and accumulates dV and dK in registers:
 //   S^T  = K_w Q^T          (SS: both K-major)          P^T  = exp2(S^T * scale_log2 - lse_log2)   [masked: 0]
 //   dP^T = V_w dO^T         (SS)                        dS^T = P^T * (dP^T - D)
+//   (the variants' kernels: the window's mask; a softcap's tanh on S^T and its derivative on dS^T)
 //   dV  += P^T dO           (RS: P^T from registers, dO as stored: N-major)
 //   dK  += dS^T Q           (RS)
 //   dQ   = dS K             (SS, both operands transposed: dS^T as this step wrote it to shared memory, K as stored)
@@ -80,6 +81,39 @@ __device__ __forceinline__ void bwd_load_columns(const uint8_t* stats, int lane,
   for (int j = 0; j < 8; ++j) out[j] = s[4 * j];
 }
 
+// The variants' P^T: as the plain kernels' (bwd_consume), packed into dV's A fragments as it is computed. With a
+// softcap, S^T = tanh(S^T * softcap_scale) first, and s keeps P^T times the tanh's derivative, 1 - tanh^2, which dS^T
+// takes (a separate array of the derivative spilled at head dim 128).
+template <class Cfg>
+__device__ __forceinline__ void bwd_probabilities_variants(const BwdParams& p, float (&s)[32], uint32_t (&pa)[4][4],
+                                                           const float2 (&stat)[8], bool masked, bool softcap,
+                                                           const kernels::BwdWindow& window, int key_row, int q0,
+                                                           int len_k) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float x[2], g[2] = {1.f, 1.f};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        x[e] = s[acc_index(j, i, e)];
+        if (softcap) {
+          x[e] = kernels::tanh_approx(x[e] * p.var.softcap_scale);
+          g[e] = fmaf(-x[e], x[e], 1.f);
+        }
+        x[e] = exp2f(fmaf(x[e], p.scale_log2, -(e ? stat[j].y : stat[j].x)));
+        if (masked) {
+          const int key = key_row + 8 * i, query = q0 + 8 * j + e;
+          if (key >= len_k || (Cfg::kCausal && !window.visible(key, query))) x[e] = 0.f;
+        }
+      }
+      pa[j / 2][(j % 2) * 2 + i] = kernels::ElemTraits<typename Cfg::Element>::pack2(x[0], x[1]);  // pack_p_fragments'
+      s[acc_index(j, i, 0)] = x[0] * g[0];                                                          // order
+      s[acc_index(j, i, 1)] = x[1] * g[1];
+    }
+  }
+}
+
 // The consumer warpgroup `wg` of a CTA: every step of its work, then dK and dV.
 template <class Cfg>
 __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w, uint8_t* smem,
@@ -106,8 +140,10 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
                                            Cfg::kKVChunkBytes, 1024));
 
   const int key_row = w.n_block * Cfg::kBlockN + wg * 64 + 16 * warp + lane / 4;  // + 8i: the thread's keys
-  const int diagonal = w.seq.len_k - w.seq.len_q;
+  const kernels::BwdWindow window = bwd_window<Cfg>(p, w.seq);
   const bool keys_past_end = (w.n_block + 1) * Cfg::kBlockN > w.seq.len_k;
+  // (The non-causal variants' kernel runs softcapped calls only: a windowed call runs the causal one.)
+  const bool softcap = Cfg::kVariants && (!Cfg::kCausal || p.var.softcap_scale != 0.f);
   mbar_wait(&bars.kv, 0u);
 
   PipelineState<Cfg::kStages> st;
@@ -126,26 +162,30 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
       fence_regs(s);
       // P^T = exp2(S^T * scale_log2 - lse_log2), 0 at masked (key, query) pairs and at keys past the sequence.
       const int q0 = m * Cfg::kBlockM + 2 * (lane % 4);
-      const bool masked = keys_past_end || (Cfg::kCausal && w.n_block * Cfg::kBlockN + Cfg::kBlockN - 1 >
-                                                                m * Cfg::kBlockM + diagonal);
+      const bool masked =
+          keys_past_end || (Cfg::kCausal && window.step_masked(w.n_block, m, Cfg::kBlockN, Cfg::kBlockM));
+      uint32_t pa[4][4];
+      if constexpr (Cfg::kVariants) {
+        bwd_probabilities_variants<Cfg>(p, s, pa, stat, masked, softcap, window, key_row, q0, w.seq.len_k);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8; ++j) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+          for (int i = 0; i < 2; ++i) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int r = acc_index(j, i, e);
-            float x = exp2f(fmaf(s[r], p.scale_log2, -(e ? stat[j].y : stat[j].x)));
-            if (masked) {
-              const int key = key_row + 8 * i, query = q0 + 8 * j + e;
-              if (key >= w.seq.len_k || (Cfg::kCausal && key > query + diagonal)) x = 0.f;
+            for (int e = 0; e < 2; ++e) {
+              const int r = acc_index(j, i, e);
+              float x = exp2f(fmaf(s[r], p.scale_log2, -(e ? stat[j].y : stat[j].x)));
+              if (masked) {
+                const int key = key_row + 8 * i, query = q0 + 8 * j + e;
+                if (key >= w.seq.len_k || (Cfg::kCausal && !window.visible(key, query))) x = 0.f;
+              }
+              s[r] = x;
             }
-            s[r] = x;
           }
         }
+        kernels::pack_p_fragments<Element, 64>(s, pa);
       }
-      uint32_t pa[4][4];
-      kernels::pack_p_fragments<Element, 64>(s, pa);
       bwd_gemm_acc<Cfg>(dv, pa, do_nmajor + q_off);
       bwd_load_columns(smem + Cfg::kSmemD + st.stage * Cfg::kRowStatBytes, lane, stat);
       wgmma_wait_group<1>();

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/common/bwd_layout.h"
+#include "kernels/common/variant_params.h"
 
 namespace flashcore::sm90 {
 
@@ -35,6 +36,9 @@ struct BwdParams {
   float scale_log2;             // softmax_scale * log2(e)
   float softmax_scale;          // dK's factor (dQ's: the conversion kernel)
   int never_step;               // -1: a step no CTA has (bwd_mainloop.cuh bwd_keep_allocated)
+  // The window and softcap (core::set_variants; read by the variants' kernels only: BwdConfig::kVariants; with a
+  // softcap, scale_log2 is softcap * log2(e)). Sinks need nothing here: the LSE includes them.
+  kernels::VariantParams var;
 };
 
 }  // namespace flashcore::sm90

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda/ptx>
 
+#include "kernels/common/bwd_window.h"
 #include "kernels/sm90/bwd_config.h"
 #include "kernels/sm90/bwd_params.h"
 #include "kernels/sm90/pipeline.cuh"
@@ -26,8 +27,15 @@ struct BwdBarriers {
   }
 };
 
+// The window of a sequence (kernels/common/bwd_window.h): causal's (-1, 0), or the call's in the variants' kernels.
+template <class Cfg>
+__device__ __forceinline__ kernels::BwdWindow bwd_window(const BwdParams& p, const kernels::BwdSeq& seq) {
+  if constexpr (Cfg::kVariants) return {seq.len_k - seq.len_q, p.var.window_left, p.var.window_right};
+  return {seq.len_k - seq.len_q, -1, 0};
+}
+
 // The CTA's work: key block n_block of KV head kv_head in sequence `batch`, and the query blocks [m_first, m_end)
-// of every query head of the group. Causal: query blocks wholly above the bottom-right diagonal see none of the keys.
+// of every query head of the group. Causal (and windowed): only the query blocks whose rows see one of the keys.
 // The grid covers the longest sequence: a key block past this sequence's keys has no work (has_keys false).
 struct BwdWork {
   int n_block, kv_head, batch, m_first, m_end;
@@ -46,8 +54,11 @@ __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
   w.has_keys = w.n_block * Cfg::kBlockN < w.seq.len_k;
   w.tma_batch = p.rows.cu_seqlens_q != nullptr ? 0 : w.batch;
   w.m_end = (w.seq.len_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  if constexpr (Cfg::kCausal) {
-    // Query i sees key j iff j <= i + len_k - len_q: the block's first key is seen from query first_q on.
+  if constexpr (Cfg::kCausal && Cfg::kVariants) {
+    bwd_window<Cfg>(p, w.seq).query_blocks(w.n_block, Cfg::kBlockN, Cfg::kBlockM, w.m_end, w.m_first, w.m_end);
+  } else if constexpr (Cfg::kCausal) {
+    // (BwdWindow::query_blocks of causal's window, in fewer registers: the producer warpgroup has 24.) Query i sees
+    // key j iff j <= i + len_k - len_q: the block's first key is seen from query first_q on.
     const int first_q = w.n_block * Cfg::kBlockN - (w.seq.len_k - w.seq.len_q);
     w.m_first = first_q <= 0 ? 0 : first_q / Cfg::kBlockM;
   }
