@@ -534,7 +534,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--backward", action="store_true",
                     help="time the backward pass (each system's backward after one forward; FlashCore: ABI 0.6)")
     ap.add_argument("--groups", default=None,
-                    help=f"comma list of {','.join(GROUPS)} (default: all; with --backward {','.join(BACKWARD_GROUPS)})")
+                    help=f"comma list of {','.join(GROUPS)} (default: all; with --backward "
+                         f"{','.join(BACKWARD_GROUPS)})")
     ap.add_argument("--seqlens", default=None,
                     help=f"window cells' sequence lengths (default {','.join(map(str, DEFAULT_SEQLENS))}; with "
                          f"--backward {','.join(map(str, BACKWARD_SEQLENS))})")
