@@ -34,6 +34,13 @@ workspaces and temporaries the backward adds (FlashCore: dQ, dK, dV and its work
 
 Writes OUT/backward_report.md and OUT/backward_metrics.json. A system that fails on a cell records null there (with
 the error in the JSON and the report), never a crash.
+
+The backward of the attention variants (issue #72: a sliding window of 4096 keys at S = 8k and 16k, softcap 50; bf16,
+d128, 32 query / 8 KV heads, batch x S = 32k; FlashCore with ABI 0.6, FA3's train build, FlexAttention compiled) is
+measured by bench/variants.py --backward, with this file's method (the backward alone after one forward, the systems
+interleaved call by call, CUDA events, medians) and FLOP factor (BWD_FLOP_FACTOR) on each call's visible pairs:
+
+    PYTHONPATH=$PWD/.fa3 python3 bench/variants.py --backward --json bench/out/variants_backward.json
 """
 from __future__ import annotations
 

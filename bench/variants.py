@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """FlashCore's attention variants (issue #72: sliding window, softcap, attention sinks) against FlashCore's own plain
-attention, FlexAttention and FlashAttention-3, forward pass, every system in this process on the same values.
+attention, FlexAttention and FlashAttention-3, forward pass (or, with --backward, the backward pass), every system in
+this process on the same values.
 
 Runs on the GPU machine (Python 3.12, PyTorch with CUDA). FlashCore is called through its C ABI with ctypes
 (bench/flashcore_ctypes.py, ABI 0.5 for the variants), no Python package needed. FlexAttention is
@@ -10,6 +11,7 @@ of ../shared/fa3 has local windows and softcap, bf16, head dims 64 / 128; no sin
     echo /.fa3/ >> .git/info/exclude; rm -rf .fa3 && cp -r ../shared/fa3/train .fa3    # once, then carry .fa3
     PYTHONPATH=$PWD/.fa3 python3 bench/variants.py --json bench/out/variants.json
     python3 bench/variants.py --groups window --seqlens 8192 --rounds 3 --systems flashcore,flashcore_base
+    PYTHONPATH=$PWD/.fa3 python3 bench/variants.py --backward --json bench/out/variants_backward.json
 
 Cells (bf16, head dim 128, 32 query heads and 8 KV heads, batch = --tokens // S so that every cell holds the same
 number of tokens, causal):
@@ -23,6 +25,16 @@ number of tokens, causal):
            FlashCore without sinks. FlexAttention has no sink: it runs the attention with return_lse and folds the sink
            in afterwards, out * sigmoid(lse - sink) (exact: sum_j e^s_j / (sum_j e^s_j + e^sink) =
            sigmoid(lse - sink)), compiled together. FA3 (this build): no sinks, not applicable.
+
+Backward (--backward; FlashCore needs ABI 0.6, whose flashcore_attention_backward takes the variants): the same cells
+(default groups window and softcap, window cells at S = 8k and 16k: the issue's backward cells), each system's
+backward alone after one forward kept with its graph, as bench/backward.py measures it: FlashCore's raw
+flashcore_attention_backward call on the forward's O and LSE (with the variants, and dsinks with sinks; gradients and
+workspace allocated once), torch.autograd.grad(out, (q, k, v[, sinks]), dout, retain_graph=True) for FlexAttention
+(torch.compile(flex_attention): score_mod for the softcap, mask_mod for the window, the block mask created before the
+timed region) and FA3's train build (flash_attn_func(..., window_size=(left, right), softcap=...)). TFLOPS = 2.5 x
+the forward's FLOPs on the same visible pairs (FlashAttention's backward count: 5 GEMMs against 2). FlashCore's dQ, dK,
+dV are compared with each other system's (max |x - FlashCore| / max |FlashCore|, the largest of the three).
 
 Method: after --warmup calls each, the systems take turns call by call, each call between two CUDA events, --rounds
 rounds in reverse order every other round, --iters calls per system in all; before each round the GPU is held by a
@@ -50,13 +62,16 @@ from typing import Callable, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from backward import load_fa3, load_flashcore, rel_max_err, tflops  # noqa: E402
+from backward import BWD_FLOP_FACTOR, load_fa3, load_flashcore, rel_max_err, tflops  # noqa: E402
 from report import fmt, geomean, json_safe, log, ratio, short_error  # noqa: E402
 
 SYSTEMS = ["flashcore", "flashcore_base", "flex", "fa3"]
 LABELS = {"flashcore": "FlashCore", "flashcore_base": "FlashCore baseline", "flex": "FlexAttention", "fa3": "FA3"}
 GROUPS = ("window", "softcap", "sinks")
 DEFAULT_SEQLENS = (8192, 16384, 32768)
+# The backward's cells (issue #72): the sliding window at 8k and 16k, and the softcap (sinks on request).
+BACKWARD_GROUPS = ("window", "softcap")
+BACKWARD_SEQLENS = (8192, 16384)
 GPT_OSS_WINDOW = 128
 
 
@@ -112,11 +127,31 @@ def flops_of(cell: dict, variant: dict, heads_q: int, head_dim: int) -> float:
     return 4.0 * cell["B"] * heads_q * head_dim * pairs
 
 
+def backward_flops_of(cell: dict, variant: dict, heads_q: int, head_dim: int) -> float:
+    """The backward's FLOPs of a causal call with `variant`'s window: BWD_FLOP_FACTOR (2.5) x flops_of, on the same
+    exact visible pairs."""
+    return BWD_FLOP_FACTOR * flops_of(cell, variant, heads_q, head_dim)
+
+
 def fa3_lacks(variant: dict) -> Optional[str]:
     """Why FA3's train build cannot run a variant, or None."""
     if variant.get("sinks"):
         return "FA3 (this build) has no attention sinks"
     return None
+
+
+def resolve_defaults(groups: Optional[str], seqlens: Optional[str], backward: bool):
+    """(groups, seqlens) of a run: the given comma lists, else the forward's (every group; window cells at 8k, 16k,
+    32k) or, with --backward, the backward's (window and softcap; window cells at 8k and 16k). Raises ValueError for a
+    --seqlens that is not a comma list of ints."""
+    group_list = [g.strip() for g in groups.split(",") if g.strip()] if groups is not None else \
+        list(BACKWARD_GROUPS if backward else GROUPS)
+    if seqlens is None:
+        return group_list, list(BACKWARD_SEQLENS if backward else DEFAULT_SEQLENS)
+    try:
+        return group_list, [int(x) for x in seqlens.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seqlens wants a comma list of ints, got {seqlens!r}") from None
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -143,6 +178,37 @@ def fold_sinks(torch, out, lse, sinks):
     the sink adds e^sink to each row's denominator, so every row scales by e^lse / (e^lse + e^sink) =
     sigmoid(lse - sink). In out's dtype."""
     return (out * torch.sigmoid(lse - sinks[None, :, None])[..., None]).to(out.dtype)
+
+
+# ------------------------------------------------------------------------------------------------------
+# FlashCore's backward params with the variants (bench/flashcore_ctypes.py underneath: tested with the stub library)
+
+def flashcore_backward_params(fc, q, k, v, o, lse, dout, grads, causal: bool, window_size=(-1, -1),
+                              softcap: float = 0.0, sinks=None, dsinks=None):
+    """(params, buffers to keep alive): flashcore_ctypes' backward_params_for on (B, H, S, D) tensors (the forward's q,
+    k, v, o and lse, dout, the outputs grads = (dq, dk, dv)), then the variants of the forward it differentiates
+    (window_size, softcap, sinks: a contiguous float32 (Hq,) tensor; ABI 0.5 fields, which a 0.6 backward reads) and
+    dsinks (a float32 (Hq,) output, or None; ABI 0.6: _lib.Library.set_dsinks raises RuntimeError for an older
+    library), and a workspace sized for the params with them."""
+    import torch  # only needed here
+
+    params = fc.backward_params_for(q, k, v, o, lse, dout, *grads, causal=causal, bhsd=True)
+    fc.library.set_variants(params, causal=causal, window_size=window_size, softcap=softcap,
+                            sinks=0 if sinks is None else sinks.data_ptr())
+    wanted = [name for name, used in (("window_size", params.local), ("softcap", params.softcap),
+                                      ("sinks", params.sinks)) if used]
+    if wanted and not fc.library.has_variant_backward():  # a 0.5 library's backward refuses them
+        raise RuntimeError(f"the backward with {', '.join(wanted)} needs a 0.6 library or newer; {fc.path} is "
+                           f"{fc.version()}")
+    if dsinks is not None:
+        fc.library.set_dsinks(params, dsinks.data_ptr())
+    keep = []
+    size = fc.backward_workspace_size(params)  # the variants may need more than the plain call's
+    if size > params.workspace_size:
+        buf = torch.empty(size, dtype=torch.uint8, device=q.device)
+        keep.append(buf)
+        params.workspace, params.workspace_size = buf.data_ptr(), size
+    return params, keep
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -212,13 +278,16 @@ def table(cells: List[dict]) -> List[str]:
 
 
 def markdown(meta: dict, cells: List[dict]) -> str:
-    L = ["# FlashCore attention variants (forward)\n",
+    which = meta.get("pass", "forward")
+    L = [f"# FlashCore attention variants ({which})\n",
          f"- GPU: {meta['gpu']}; PyTorch {meta['torch']}, CUDA {meta['cuda']}; FlashCore {meta['flashcore']}",
          f"- FA3: {meta['fa3']}",
          f"- Shapes: bf16, {meta['heads_q']} query / {meta['heads_kv']} KV heads, head dim {meta['head_dim']}, "
          f"batch x S = {meta['tokens']} tokens, causal",
          f"- Method: {meta['method']}\n",
-         "TFLOPS on each system's visible (i, j) pairs, counted exactly; speedup = baseline time / FlashCore time.\n"]
+         "TFLOPS on each system's visible (i, j) pairs, counted exactly"
+         + (" (the backward: 2.5x the forward's FLOPs on them)" if which == "backward" else "")
+         + "; speedup = baseline time / FlashCore time.\n"]
     L += table(cells)
     for group in GROUPS:
         ran = [c for c in cells if c["group"] == group]
@@ -265,14 +334,20 @@ class Runner:
         return self._flex
 
     def make_sets(self, B, S, seed):
-        """Buffer sets of (q, k, v) in (B, H, S, D), enough that one cycle touches more than 2x the L2 cache."""
+        """Buffer sets of (q, k, v) in (B, H, S, D) (with --backward (q, k, v, dout)), enough that one cycle touches
+        more than 2x the L2 cache."""
         torch, a = self.torch, self.args
-        touched = 2 * B * S * a.head_dim * (2 * a.heads_q + 2 * a.heads_kv)  # bf16 Q, O, K, V
+        if a.backward:  # bf16 Q, O, dO, dQ and K, V, dK, dV
+            touched = 2 * B * S * a.head_dim * (4 * a.heads_q + 4 * a.heads_kv)
+            heads = (a.heads_q, a.heads_kv, a.heads_kv, a.heads_q)
+        else:  # bf16 Q, O, K, V
+            touched = 2 * B * S * a.head_dim * (2 * a.heads_q + 2 * a.heads_kv)
+            heads = (a.heads_q, a.heads_kv, a.heads_kv)
         nsets = 1 if a.no_rotate else (2 * self.l2) // touched + 1
         gen = torch.Generator(device="cuda")
         gen.manual_seed(seed)
         return [tuple(torch.randn(B, h, S, a.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-                      for h in (a.heads_q, a.heads_kv, a.heads_kv)) for _ in range(nsets)]
+                      for h in heads) for _ in range(nsets)]
 
     def build(self, name, cell, sets, sinks):
         """(call(i), output of set 0 as (B, H, S, D)) of system `name` on the cell; raises when it cannot run."""
@@ -319,6 +394,78 @@ class Runner:
             return call, lambda: box[0].transpose(1, 2)
         raise ValueError(name)
 
+    def build_backward(self, name, cell, sets, sinks):
+        """(call(i), (dQ, dK, dV) of set 0 as (B, H, S, D)) of system `name`'s backward on the cell (--backward): each
+        set's forward runs here, once, with its graph (FlashCore: O and LSE) kept; call(i) runs only the backward of
+        set i. Raises when the system cannot run the cell."""
+        torch, a = self.torch, self.args
+        variant = cell["base"] if name == "flashcore_base" else cell["variant"]
+        window = variant.get("window_size", (-1, -1))
+        cap = variant.get("softcap", 0.0)
+        use_sinks = sinks if variant.get("sinks") else None
+        if name in ("flashcore", "flashcore_base"):
+            if self.fc is None:
+                raise RuntimeError("libflashcore.so not loaded")
+            fc = self.fc
+            if not fc.has_backward():
+                raise RuntimeError(f"{fc.path} has no flashcore_attention_backward (0.4 needed)")
+            stream = torch.cuda.current_stream().cuda_stream
+            states = []
+            for q, k, v, dout in sets:
+                B, Hq, S, _ = q.shape
+                o = torch.full_like(q, float("nan"))
+                lse = torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
+                fc.forward(fc.params_for(q, k, v, o, lse=lse, causal=True, bhsd=True, window_size=window, softcap=cap,
+                                         sinks=use_sinks), stream)
+                grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))  # poisoned: unwritten shows
+                dsinks = None if use_sinks is None else torch.full((Hq,), float("nan"), device="cuda")
+                params, keep = flashcore_backward_params(fc, q, k, v, o, lse, dout, grads, True, window, cap,
+                                                         use_sinks, dsinks)
+                states.append((params, grads, (o, lse, dsinks, keep)))
+
+            def call(i):
+                fc.backward(states[i][0], torch.cuda.current_stream().cuda_stream)
+            return call, lambda: states[0][1]
+        box = {}
+        if name == "flex":
+            flex, flex_sinks, create_block_mask = self.flex_functions()
+            # The block mask before the timed region (as the forward does).
+            block_mask = create_block_mask(window_mask_mod(window[0]), None, None, cell["S"], cell["S"], device="cuda")
+            softcap_mod = softcap_score_mod(torch, cap) if cap else None
+            states = []
+            for q, k, v, dout in sets:
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]  # the same storage: the same tensors
+                if use_sinks is not None:
+                    sink_leaf = use_sinks.detach().clone().requires_grad_()
+                    out = flex_sinks(*leaves, block_mask, sink_leaf)
+                    leaves.append(sink_leaf)
+                else:
+                    out = flex(*leaves, score_mod=softcap_mod, block_mask=block_mask, enable_gqa=True)
+                states.append((out, leaves, dout))
+
+            def call(i):
+                out, leaves, dout = states[i]
+                box[i] = torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            return call, lambda: box[0][:3]
+        if name == "fa3":
+            if self.fa3 is None:
+                raise RuntimeError("flash_attn_interface not importable")
+            why = fa3_lacks(variant)
+            if why:
+                raise NotImplementedError(why)
+            states = []
+            for st in sets:
+                q, k, v, dout = (t.transpose(1, 2).contiguous() for t in st)  # (B, S, H, D) copies
+                leaves = [t.requires_grad_() for t in (q, k, v)]
+                out = self.fa3.flash_attn_func(*leaves, causal=True, window_size=window, softcap=cap)
+                states.append((out[0] if isinstance(out, tuple) else out, leaves, dout))
+
+            def call(i):
+                out, leaves, dout = states[i]
+                box[i] = torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            return call, lambda: tuple(g.transpose(1, 2) for g in box[0])
+        raise ValueError(name)
+
     def sleep(self):
         if self.args.sleep_ms > 0 and hasattr(self.torch.cuda, "_sleep"):
             self.torch.cuda._sleep(int(self.args.sleep_ms * 2e6))  # cycles at ~2 GHz
@@ -342,7 +489,7 @@ class Runner:
                 cell["systems"][name] = {"error": fa3_lacks(variant), "not_applicable": True, "tflops": None}
                 continue
             try:
-                built[name] = self.build(name, cell, sets, sinks)
+                built[name] = (self.build_backward if a.backward else self.build)(name, cell, sets, sinks)
                 built[name][0](0)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 - a failing system records null
@@ -356,7 +503,10 @@ class Runner:
             want = built["flashcore"][1]()
             for name in ("flex", "fa3"):
                 if name in built:
-                    cell["diff"][name] = rel_max_err(built[name][1](), want)
+                    if a.backward:  # dQ, dK, dV: the largest of the three
+                        cell["diff"][name] = max(rel_max_err(g, w) for g, w in zip(built[name][1](), want))
+                    else:
+                        cell["diff"][name] = rel_max_err(built[name][1](), want)
         names = [n for n in a.systems if n in built]
         try:
             times = interleaved_times(torch, {n: built[n][0] for n in names}, len(sets), a.warmup, a.iters, a.rounds,
@@ -364,12 +514,13 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - e.g. a system failing mid-run
             cell["error"] = short_error(e)
             times = {n: [] for n in names}
+        count = backward_flops_of if a.backward else flops_of
         for n in names:
             variant = cell["base"] if n == "flashcore_base" else cell["variant"]
             med = statistics.median(times[n]) if times[n] else None
             cell["systems"][n] = {"error": None if med else cell.get("error"), "median_ms": med,
                                   "min_ms": min(times[n]) if times[n] else None, "calls": len(times[n]),
-                                  "tflops": tflops(flops_of(cell, variant, a.heads_q, a.head_dim), med)}
+                                  "tflops": tflops(count(cell, variant, a.heads_q, a.head_dim), med)}
         del built, sets
         if self.fc is not None:
             self.fc.release_workspaces()
@@ -380,8 +531,14 @@ class Runner:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--groups", default=",".join(GROUPS), help=f"comma list of {','.join(GROUPS)}")
-    ap.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)), help="window cells' sequence lengths")
+    ap.add_argument("--backward", action="store_true",
+                    help="time the backward pass (each system's backward after one forward; FlashCore: ABI 0.6)")
+    ap.add_argument("--groups", default=None,
+                    help=f"comma list of {','.join(GROUPS)} (default: all; with --backward "
+                         f"{','.join(BACKWARD_GROUPS)})")
+    ap.add_argument("--seqlens", default=None,
+                    help=f"window cells' sequence lengths (default {','.join(map(str, DEFAULT_SEQLENS))}; with "
+                         f"--backward {','.join(map(str, BACKWARD_SEQLENS))})")
     ap.add_argument("--tokens", type=int, default=32768, help="batch x seqlen of every cell")
     ap.add_argument("--window", type=int, default=4096, help="keys per query in the window cells (own included)")
     ap.add_argument("--softcap", type=float, default=50.0, help="the softcap cell's cap (Gemma 2: 50)")
@@ -400,14 +557,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", default=None, help="also write the measurements to this JSON file")
     a = ap.parse_args(argv)
     a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
-    groups = [g.strip() for g in a.groups.split(",") if g.strip()]
+    try:
+        groups, seqlens = resolve_defaults(a.groups, a.seqlens, a.backward)
+    except ValueError as e:
+        ap.error(str(e))
     bad = [s for s in a.systems if s not in SYSTEMS] + [g for g in groups if g not in GROUPS]
     if bad:
         ap.error(f"unknown system(s) or group(s) {bad}; systems {SYSTEMS}, groups {list(GROUPS)}")
-    try:
-        seqlens = [int(x) for x in a.seqlens.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--seqlens wants a comma list of ints, got {a.seqlens!r}")
     if a.iters < 1 or a.warmup < 0 or a.rounds < 1 or a.window < 1 or a.tokens < 1 or not a.softcap > 0:
         ap.error("--iters >= 1, --warmup >= 0, --rounds >= 1, --window >= 1, --tokens >= 1, --softcap > 0")
     if a.heads_q % a.heads_kv:
@@ -422,6 +578,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     fc, fc_version = load_flashcore(a.lib, "variants", any(s.startswith("flashcore") for s in a.systems))
     if fc is not None and not fc.library.has_variants():
         fc_version += "; predates the variants (0.5): its variant cells fail"
+    elif fc is not None and a.backward and not fc.library.has_variant_backward():
+        fc_version += "; its backward predates the variants (0.6): its variant cells fail"
     fa3, fa3_note = load_fa3("variants", "fa3" in a.systems)
     runner = Runner(a, torch, fc, fa3)
     meta = {
@@ -430,7 +588,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         "heads_q": a.heads_q, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "tokens": a.tokens,
         "window": a.window, "softcap": a.softcap, "iters": a.iters, "warmup": a.warmup, "rounds": a.rounds,
         "sleep_ms": a.sleep_ms, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "method": (f"{a.warmup} warm-up calls each, then the systems taking turns call by call, {a.rounds} rounds "
+        "pass": "backward" if a.backward else "forward",
+        "method": ((f"the backward alone after one forward (FlashCore: flashcore_attention_backward on the forward's O "
+                    f"and LSE, with the variants; FlexAttention and FA3: autograd.grad with retain_graph); "
+                    if a.backward else "") +
+                   f"{a.warmup} warm-up calls each, then the systems taking turns call by call, {a.rounds} rounds "
                    f"(reverse order every other round) behind a {a.sleep_ms:g} ms GPU sleep, {a.iters} "
                    f"CUDA-event-timed calls per system, median; torch.randn (B, H, S, D) inputs, the same for all "
                    f"systems ((B, S, H, D) copies for FA3)"),

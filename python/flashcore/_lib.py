@@ -23,7 +23,7 @@ LIBRARY_FILE = "libflashcore.so"
 # The package version, and the version of the header these bindings mirror (FLASHCORE_VERSION_* of
 # include/flashcore/flashcore.h, the single source: tests/test_abi.py holds this line to it). pyproject.toml and
 # flashcore.__version__ read it from here. The loaded library must share the major.
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 ABI_VERSION = tuple(int(part) for part in __version__.split("."))
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -114,6 +114,7 @@ ATTENTION_PARAMS_V1_SIZE = 240  # FLASHCORE_ATTENTION_PARAMS_V1_SIZE: a 0.1 libr
 ATTENTION_PARAMS_V2_SIZE = 448  # FLASHCORE_ATTENTION_PARAMS_V2_SIZE: a 0.2 library's struct_size
 ATTENTION_PARAMS_V3_SIZE = 480  # FLASHCORE_ATTENTION_PARAMS_V3_SIZE: a 0.3 library's struct_size
 ATTENTION_PARAMS_V4_SIZE = 648  # FLASHCORE_ATTENTION_PARAMS_V4_SIZE: a 0.4 library's struct_size
+ATTENTION_PARAMS_V5_SIZE = 680  # FLASHCORE_ATTENTION_PARAMS_V5_SIZE: a 0.5 library's struct_size
 CAPABILITIES_V1_SIZE = 216  # FLASHCORE_CAPABILITIES_V1_SIZE
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -207,6 +208,11 @@ class AttentionParamsStruct(ctypes.Structure):
         ("sinks", ctypes.c_void_p),  # const float* (device, num_heads_q): per-head logit in the softmax denominator
         ("attention_chunk", ctypes.c_int32),  # > 0: keys of the query's own chunk only; 0: none
         ("reserved4", ctypes.c_int32),
+        # Since 0.6: the variants' backward (a 0.5 library is passed struct_size ATTENTION_PARAMS_V5_SIZE and never
+        # reads this; Library.set_dsinks refuses to set it for it, and Library.backward refuses a backward with a
+        # variant, which a 0.5 library's backward does not take). The backward takes local, window_size_*, softcap and
+        # sinks of the forward it differentiates.
+        ("dsinks", ctypes.c_void_p),  # float* (device, num_heads_q): written with dL/dsinks; NULL: not computed
     ]
 
 
@@ -423,12 +429,13 @@ class Library:
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
         # The struct_size to pass: the library reports its own (capabilities.params_struct_size, since 0.2). A
-        # library as new as this mirror or newer accepts the mirror's size; a 0.4 (0.3, 0.2, 0.1) library takes the
-        # 0.4 (0.3, 0.2, 0.1) layout, which is the mirror's prefix: it never reads the fields added later, and the
-        # bindings never set them for it (has_params_field, set_variants).
+        # library as new as this mirror or newer accepts the mirror's size; a 0.5 (0.4, 0.3, 0.2, 0.1) library takes
+        # the 0.5 (0.4, ...) layout, which is the mirror's prefix: it never reads the fields added later, and the
+        # bindings never set them for it (has_params_field, set_variants, set_dsinks).
         mirror = ctypes.sizeof(AttentionParamsStruct)
         library_size = self._raw_capabilities().params_struct_size or ATTENTION_PARAMS_V1_SIZE
-        older = (ATTENTION_PARAMS_V4_SIZE, ATTENTION_PARAMS_V3_SIZE, ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE)
+        older = (ATTENTION_PARAMS_V5_SIZE, ATTENTION_PARAMS_V4_SIZE, ATTENTION_PARAMS_V3_SIZE, ATTENTION_PARAMS_V2_SIZE,
+                 ATTENTION_PARAMS_V1_SIZE)
         if library_size >= mirror:
             self.params_struct_size = mirror
         elif library_size in older:
@@ -437,8 +444,9 @@ class Library:
             raise RuntimeError(
                 f"FlashCore: ABI mismatch with {path}: it reports sizeof(flashcore_attention_params) = "
                 f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}), the 0.2 ({ATTENTION_PARAMS_V2_SIZE}), "
-                f"the 0.3 ({ATTENTION_PARAMS_V3_SIZE}) nor the 0.4 layout ({ATTENTION_PARAMS_V4_SIZE}) nor at least "
-                f"this mirror's {mirror}; rebuild the library or update the bindings"
+                f"the 0.3 ({ATTENTION_PARAMS_V3_SIZE}), the 0.4 ({ATTENTION_PARAMS_V4_SIZE}) nor the 0.5 layout "
+                f"({ATTENTION_PARAMS_V5_SIZE}) nor at least this mirror's {mirror}; rebuild the library or update the "
+                f"bindings"
             )
         probe = self.new_params()
         strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
@@ -524,7 +532,8 @@ class Library:
         """Whether the loaded library reads the params field `name`: a 0.1 library knows none of the fields since
         0.2 (out_dtype lies in the 0.1 struct's tail padding, which it ignores), a 0.2 library none of those since 0.3
         (descales, precision), a 0.3 library none of those since 0.4 (the backward's), a 0.4 library none of those
-        since 0.5 (the variants: local, window sizes, softcap, sinks, attention_chunk)."""
+        since 0.5 (the variants: local, window sizes, softcap, sinks, attention_chunk), a 0.5 library none of those
+        since 0.6 (dsinks)."""
         known = {
             ATTENTION_PARAMS_V1_SIZE: AttentionParamsStruct.out_dtype.offset,
         }.get(self.params_struct_size, self.params_struct_size)
@@ -659,10 +668,51 @@ class Library:
                                f"flashcore_attention_params ({self.params_struct_size} bytes) has no backward fields; "
                                "a 0.4 library or newer is needed")
 
+    # -- the variants' backward (since 0.6) -----------------------------------------------------------------------
+
+    def has_variant_backward(self) -> bool:
+        """Whether the loaded library's backward takes the attention variants (0.6 or newer: local, window sizes,
+        softcap and sinks in flashcore_attention_backward, and dsinks, the sinks' gradient)."""
+        return self.has_backward() and self.has_params_field("dsinks")
+
+    def set_dsinks(self, params: AttentionParamsStruct, dsinks: int) -> AttentionParamsStruct:
+        """Set params.dsinks to the device address of a float32 (num_heads_q,) buffer the backward writes dL/dsinks
+        into (0: not computed, the field left untouched, as for any library). A library older than 0.6 cannot write
+        it: RuntimeError naming the version needed, rather than a backward that leaves the buffer unwritten."""
+        if not dsinks:
+            return params
+        if not self.has_params_field("dsinks"):
+            raise RuntimeError(
+                f"FlashCore: dsinks (the gradient of sinks) is requested, but {self.path} (version "
+                f"{self.version_string()}, {self.params_struct_size}-byte flashcore_attention_params) predates the "
+                f"backward of the attention variants: a 0.6 library or newer is needed"
+            )
+        params.dsinks = dsinks
+        return params
+
+    def _require_variant_backward(self, params: AttentionParamsStruct) -> None:
+        """RuntimeError when `params` set a variant (window, softcap, sinks, attention_chunk) that this library's
+        backward does not take: a library older than 0.6 refuses them all in the backward (0.5 takes them in the
+        forward only), so the call is refused here, naming the variant and the version needed. A library older than
+        0.5 never had them set (set_variants)."""
+        if self.has_params_field("dsinks") or not self.has_params_field("reserved4"):
+            return
+        wanted = [name for name, used in (
+            ("window_size", bool(params.local)), ("softcap", params.softcap != 0.0), ("sinks", bool(params.sinks)),
+            ("attention_chunk", params.attention_chunk != 0)) if used]
+        if wanted:
+            raise RuntimeError(
+                f"FlashCore: the backward with {', '.join(wanted)} needs a 0.6 library or newer; {self.path} (version "
+                f"{self.version_string()}, {self.params_struct_size}-byte flashcore_attention_params) takes the "
+                f"attention variants in the forward only"
+            )
+
     def backward_workspace_size(self, params: AttentionParamsStruct) -> int:
         """Bytes of device workspace the backward needs for `params` (flashcore_attention_backward_workspace_size;
-        any contents). RuntimeError naming the function when the library predates the backward."""
+        any contents). RuntimeError naming the function when the library predates the backward, and naming the
+        variant when params set one its backward does not take (a 0.5 library: see _require_variant_backward)."""
         self._require_backward("flashcore_attention_backward_workspace_size")
+        self._require_variant_backward(params)
         size = ctypes.c_uint64(0)
         status = self._cdll.flashcore_attention_backward_workspace_size(ctypes.byref(params), ctypes.byref(size))
         self.check(status, "flashcore_attention_backward_workspace_size")
@@ -670,8 +720,10 @@ class Library:
 
     def backward(self, params: AttentionParamsStruct, stream: int) -> None:
         """Enqueue the backward pass on `stream` (a cudaStream_t as an integer): dq, dk, dv from q, k, v, o, lse and
-        dout (fill_backward_params). RuntimeError naming the function when the library predates the backward."""
+        dout (fill_backward_params), and with sinks dsinks when set (set_dsinks). RuntimeError naming the function when
+        the library predates the backward, naming the variant when its backward does not take it (0.5)."""
         self._require_backward("flashcore_attention_backward")
+        self._require_variant_backward(params)
         status = self._cdll.flashcore_attention_backward(ctypes.byref(params), ctypes.c_void_p(stream or None))
         self.check(status, "flashcore_attention_backward")
 

@@ -16,7 +16,8 @@ import torch
 from . import _lib
 
 __all__ = ["attention", "sdpa", "attention_fwd", "attention_with_kvcache", "attention_kvcache_fwd",
-           "varlen_attention", "varlen_attention_fwd", "quantize_fp8", "attention_bwd"]
+           "varlen_attention", "varlen_attention_fwd", "quantize_fp8", "attention_bwd", "attention_variants_bwd",
+           "varlen_attention_bwd", "varlen_attention_variants_bwd"]
 
 # The softmax_scale range the C ABI accepts (besides 0, its "default" value): scale * log2(e) stays a normal float.
 SOFTMAX_SCALE_MIN = 2.0**-100
@@ -301,7 +302,8 @@ def quantize_fp8(x: torch.Tensor, layout: str = "bshd", num_heads_kv: Optional[i
 
 # ---------------------------------------------------------------------------------------------------------------
 # Attention variants (C ABI 0.5, issue #72): FlashAttention's window_size, softcap and attention_chunk, and per-head
-# attention sinks (gpt-oss's s_aux, FlashAttention-4's learnable_sink). Forward only, 16-bit calls.
+# attention sinks (gpt-oss's s_aux, FlashAttention-4's learnable_sink). 16-bit calls; differentiable since 0.6 (the
+# backward takes window, softcap and sinks, and writes the sinks' gradient; attention_chunk has no kernel path yet).
 
 INT32_MAX = 2**31 - 1  # the C fields are int32
 # softcap: 0 (none), or a cap that a C float carries as a normal number (as softmax_scale: a tiny cap must not become
@@ -773,14 +775,15 @@ def attention_fwd(
     deterministic (since 0.4): not used by the forward; the autograd formula passes it to the backward
     (flashcore::attention_bwd), so that a call decides it where FlashAttention's flash_attn_func does.
 
-    Variants (since 0.5; 16-bit calls, forward only): window_size_left / window_size_right (FlashAttention's
-    window_size, -1 unbounded), softcap (0.0: none), sinks (None or float32 (Hq,) logits on q's device),
-    attention_chunk (0: none). Their autograd formula raises NotImplementedError naming them.
+    Variants (since 0.5; 16-bit calls): window_size_left / window_size_right (FlashAttention's window_size, -1
+    unbounded), softcap (0.0: none), sinks (None or float32 (Hq,) logits on q's device), attention_chunk (0: none).
+    Since 0.6 the autograd formula differentiates them (flashcore::attention_variants_bwd, a 0.6 library): q, k, v,
+    and sinks when they require grad.
 
     Returns (out (B, Sq, Hq, D) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
-    else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v (16-bit calls without
-    variants; see _backward): a call that will be differentiated should ask for lse, which the backward reads
-    (without it, the backward runs the forward again to get it)."""
+    else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v and sinks (16-bit calls;
+    see _backward): a call that will be differentiated should ask for lse, which the backward reads (without it, the
+    backward runs the forward again to get it)."""
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
@@ -1075,38 +1078,83 @@ def _check_backward_inputs(dout, q, k, v, out, lse) -> None:
         raise ValueError(f"FlashCore: lse is on {lse.device}, q on {q.device}")
 
 
-def backward_params(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, causal: bool, softmax_scale: float,
-                    deterministic: bool):
-    """The C params of one backward call on tensors the ABI takes as they are (kernel_operand; dq, dk, dv fresh,
-    _grad_like), without a workspace: the forward's fields for q, k, v, out and the contiguous float32 lse, and the
-    backward's for dout, dq, dk, dv."""
-    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale)
-    strides = tuple(abi_strides(t) for t in (dout, dq, dk, dv))
-    if any(st is None for st in strides):
-        raise ValueError("FlashCore: backward_params needs dout, dq, dk, dv the C ABI takes as they are")
-    return _lib.fill_backward_params(params, pointers=tuple(t.data_ptr() for t in (dout, dq, dk, dv)),
-                                     strides=strides, deterministic=deterministic)
+def _variants_of(window_size_left: int, window_size_right: int, softcap: float, sinks: Optional[torch.Tensor],
+                 attention_chunk: int, causal: bool) -> Optional[Variants]:
+    """The variant arguments of an op call as Variants, or None when they change nothing (the plain call, which the
+    plain backward takes: every argument at its default, or a causal call's window (-1, right), which is causal
+    attention)."""
+    variants = Variants(window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    return variants if variant_names(variants, causal) else None
 
 
-def _launch_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, causal: bool, softmax_scale: float,
-                     deterministic: bool) -> None:
-    """Enqueue flashcore_attention_backward on the current stream of q's device: dq, dk, dv (fresh tensors the ABI
-    takes as they are) are written whole. Inputs it cannot take as they are (a strided last dimension, misaligned)
-    are copied, as for the forward. The workspace (any contents) is a torch allocation on the same stream: freed
-    after the launch, reused in stream order; inside a CUDA-graph capture it comes from the graph's pool."""
+def _check_variant_backward_supported(lib: _lib.Library, variants: Optional[Variants], causal: bool,
+                                      dsinks: bool) -> None:
+    """A backward with variants needs a 0.6 library (flashcore_attention_backward takes window, softcap and sinks, and
+    writes dsinks): RuntimeError naming them and the version otherwise, before anything is launched. (A 0.5 library
+    refuses them in its backward; a 0.4 one cannot even read them.)"""
+    names = variant_names(variants, causal)
+    if dsinks and "sinks" not in names:
+        names.append("sinks")
+    if names and not lib.has_variant_backward():
+        what = ", ".join(names) + (" (and their gradient, dsinks)" if dsinks else "")
+        raise RuntimeError(f"FlashCore: the backward with {what} needs a 0.6 library or newer; {lib.path} (version "
+                           f"{lib.version_string()}) has {'no backward' if not lib.has_backward() else 'none for them'}"
+                           f" (the variants' backward came in 0.6): rebuild libflashcore.so")
+
+
+def _require_backward_function(lib: _lib.Library) -> None:
     if not lib.has_backward():
         raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) has no flashcore_attention_backward"
                            " (the backward pass needs a 0.4 library or newer): rebuild libflashcore.so")
-    q, k, v, out, dout = (kernel_operand(t)[0] for t in (q, k, v, out, dout))
-    params = backward_params(lib, dout, q, k, v, out, lse.contiguous(), dq, dk, dv, causal, softmax_scale,
-                             deterministic)
-    with torch.cuda.device(q.device):
+
+
+def backward_params(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, causal: bool, softmax_scale: float,
+                    deterministic: bool, *, variants: Optional[Variants] = None,
+                    dsinks: Optional[torch.Tensor] = None):
+    """The C params of one backward call on tensors the ABI takes as they are (kernel_operand; dq, dk, dv fresh,
+    _grad_like), without a workspace: the forward's fields for q, k, v, out and the contiguous float32 lse, and the
+    backward's for dout, dq, dk, dv. variants (since 0.6): the forward's window, softcap and sinks (a contiguous
+    float32 (Hq,) tensor), written as kernel_params writes them for the forward; dsinks: None, or a fresh float32
+    (Hq,) tensor the library writes the sinks' gradient into (Library.set_dsinks: RuntimeError for a library older
+    than 0.6)."""
+    params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, variants=variants)
+    strides = tuple(abi_strides(t) for t in (dout, dq, dk, dv))
+    if any(st is None for st in strides):
+        raise ValueError("FlashCore: backward_params needs dout, dq, dk, dv the C ABI takes as they are")
+    params = _lib.fill_backward_params(params, pointers=tuple(t.data_ptr() for t in (dout, dq, dk, dv)),
+                                       strides=strides, deterministic=deterministic)
+    if dsinks is not None:
+        if dsinks.dtype != torch.float32 or not dsinks.is_contiguous():
+            raise ValueError("FlashCore: backward_params needs a contiguous float32 dsinks")
+        lib.set_dsinks(params, dsinks.data_ptr())
+    return params
+
+
+def _run_backward(lib: _lib.Library, params, device: torch.device) -> None:
+    """Allocate the backward's workspace (any contents: a torch allocation on the current stream, freed after the launch
+    and reused in stream order; inside a CUDA-graph capture from the graph's pool) and enqueue the backward."""
+    with torch.cuda.device(device):
         size = lib.backward_workspace_size(params)
-        workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
+        workspace = torch.empty(size, dtype=torch.uint8, device=device) if size else None
         if workspace is not None:
             params.workspace = workspace.data_ptr()
             params.workspace_size = size
-        lib.backward(params, torch.cuda.current_stream(q.device).cuda_stream)
+        lib.backward(params, torch.cuda.current_stream(device).cuda_stream)
+
+
+def _launch_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, causal: bool, softmax_scale: float,
+                     deterministic: bool, variants: Optional[Variants] = None,
+                     dsinks: Optional[torch.Tensor] = None) -> None:
+    """Enqueue flashcore_attention_backward on the current stream of q's device: dq, dk, dv (fresh tensors the ABI
+    takes as they are) are written whole, and dsinks (a fresh float32 (Hq,) tensor, or None) with the sinks' gradient.
+    Inputs it cannot take as they are (a strided last dimension, misaligned) are copied, as for the forward. variants:
+    the forward's (None: the plain call, any 0.4 library; else a 0.6 library)."""
+    _require_backward_function(lib)
+    _check_variant_backward_supported(lib, variants, causal, dsinks is not None)
+    q, k, v, out, dout = (kernel_operand(t)[0] for t in (q, k, v, out, dout))
+    params = backward_params(lib, dout, q, k, v, out, lse.contiguous(), dq, dk, dv, causal, softmax_scale,
+                             deterministic, **_launch_variants(variants), dsinks=dsinks)
+    _run_backward(lib, params, q.device)
 
 
 @torch.library.custom_op("flashcore::attention_bwd", mutates_args=())
@@ -1118,7 +1166,8 @@ def attention_bwd(
     the upstream gradient dout, from the forward's out and lse (float32 (B, Hq, Sq)). softmax_scale 0.0 means
     1/sqrt(head_dim). GQA / MQA: dk and dv of a KV head are summed over its query heads. deterministic: dq
     bit-identical from run to run (dk and dv always are). 16-bit dense calls; the library says which head dims (64
-    and 128 in 0.4). dq, dk, dv have q's, k's, v's layout when the C ABI takes it, else are contiguous."""
+    and 128 in 0.4). dq, dk, dv have q's, k's, v's layout when the C ABI takes it, else are contiguous. The
+    backward of a call with variants is attention_variants_bwd."""
     _check_backward_inputs(dout, q, k, v, out, lse)
     lib = _check_supported(q, q.shape[3])
     dq, dk, dv = (_grad_like(t) for t in (q, k, v))
@@ -1134,16 +1183,67 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, determin
     return tuple(_grad_like(t) for t in (q, k, v))
 
 
+def _bwd_variants(q: torch.Tensor, heads_q: int, window_size_left: int, window_size_right: int, softcap: float,
+                  sinks: Optional[torch.Tensor], return_dsinks: bool) -> Optional[Variants]:
+    """The variant arguments of a variants backward op, checked as the forward ops check theirs; return_dsinks needs
+    sinks (dsinks is their gradient)."""
+    if not isinstance(return_dsinks, bool):
+        raise TypeError(f"FlashCore: return_dsinks must be a bool, got {type(return_dsinks).__name__}")
+    variants = _op_variants(q, heads_q, window_size_left, window_size_right, softcap, sinks, 0)
+    if return_dsinks and (variants is None or variants.sinks is None):
+        raise ValueError("FlashCore: return_dsinks=True needs sinks (dsinks is the gradient of the sinks the forward "
+                         "took)")
+    return variants
+
+
+def _empty_dsinks(q: torch.Tensor, heads_q: int, return_dsinks: bool) -> torch.Tensor:
+    """dsinks as the variants backward ops return it: float32 (Hq,) when asked for, else an empty (0,) tensor."""
+    return q.new_empty((heads_q,) if return_dsinks else (0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashcore::attention_variants_bwd", mutates_args=())
+def attention_variants_bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    causal: bool, softmax_scale: float, deterministic: bool = False, window_size_left: int = -1,
+    window_size_right: int = -1, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None,
+    return_dsinks: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of attention_fwd with the attention variants (since 0.6; a 0.6 library): (dq, dk, dv, dsinks) of
+    out = attention(q, k, v, causal, softmax_scale, window, softcap, sinks) for the upstream gradient dout, from the
+    forward's out and lse (float32 (B, Hq, Sq), written by the forward with the same variants). The variants as
+    attention_fwd takes them (window_size_left / window_size_right, softcap, sinks float32 (Hq,); attention_chunk has no
+    backward). return_dsinks (needs sinks): dsinks is the sinks' gradient, float32 (Hq,), dL/dsinks[h] =
+    -sum over the batch and rows i of head h of exp(sinks[h] - lse_i) * rowsum(dout_i * out_i); else an empty (0,)
+    tensor (a custom op cannot return None). The rest as attention_bwd."""
+    _check_backward_inputs(dout, q, k, v, out, lse)
+    variants = _bwd_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+    lib = _check_supported(q, q.shape[3])
+    dq, dk, dv = (_grad_like(t) for t in (q, k, v))
+    dsinks = _empty_dsinks(q, q.shape[2], return_dsinks)
+    if q.numel() == 0 or k.numel() == 0:  # no query row, or no key (out = 0: D = 0): no gradient flows
+        return dq.zero_(), dk.zero_(), dv.zero_(), dsinks.zero_()
+    _launch_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, deterministic,
+                     variants=variants, dsinks=dsinks if return_dsinks else None)
+    return dq, dk, dv, dsinks
+
+
+@attention_variants_bwd.register_fake
+def _attention_variants_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic=False,
+                                 window_size_left=-1, window_size_right=-1, softcap=0.0, sinks=None,
+                                 return_dsinks=False):
+    _check_backward_inputs(dout, q, k, v, out, lse)
+    _bwd_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+    return (*(_grad_like(t) for t in (q, k, v)), _empty_dsinks(q, q.shape[2], return_dsinks))
+
+
 def variants_backward_message(call: str, variants: Optional[Variants], causal: bool) -> Optional[str]:
-    """Why the backward of `call` with these variants does not exist yet (None: no variant set). The variants are
-    forward-only in 0.5: the autograd formulas raise this, naming them, rather than return gradients of the plain
-    attention."""
-    names = variant_names(variants, causal)
-    if not names:
+    """Why the backward of `call` with these variants does not exist yet (None: it does). Since 0.6 the window,
+    softcap and sinks have a backward; attention_chunk has no kernel path at all (the forward refuses it too), so this
+    names it should a call ever reach autograd with it."""
+    if variants is None or variants.attention_chunk == 0:
         return None
-    return (f"FlashCore: the backward of {call} with {', '.join(names)} is not supported yet (window_size, softcap, "
-            "sinks and attention_chunk are forward-only in this version): run the call under torch.no_grad() / "
-            "torch.inference_mode(), or train without them")
+    return (f"FlashCore: the backward of {call} with attention_chunk={variants.attention_chunk} is not supported yet: "
+            "run the call under torch.no_grad() / torch.inference_mode(), or train without it")
 
 
 def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int, variants: Optional[Variants] = None,
@@ -1182,42 +1282,100 @@ def _lse_grads(q, k, v, out, lse, grad_lse, dq, dk, causal: bool, softmax_scale:
     return dq, dk
 
 
+def _variant_lse_grads(q, k, lse, grad_lse, dq, dk, dsinks, causal: bool, softmax_scale: float, deterministic: bool,
+                       variants: Variants):
+    """dq, dk and dsinks with the gradient that flows back through lse, for a call with variants.
+
+    With the variants, lse_i = log(sum_j exp(s_ij) + exp(sink)) over the visible keys, s_ij = softcap(scale q_i.k_j).
+    d lse_i / d s_ij = P_ij (the forward's probabilities, sink included in the denominator), so g = grad_lse adds
+    g_i P_ij to the backward's dS_ij = P_ij (dO_i.v_j - D_i), D_i = rowsum(dO_i * O_i), before the softcap's
+    derivative (which only the kernel applies). One more backward call gives exactly that term: v' = e_0 for every
+    key, dO' = g e_0 (so dO'_i.v'_j = g_i) and O' = 0 (so D'_i = 0): its dq and dk are the lse's contribution (its dv
+    is dropped), whatever the window and softcap. The sinks: d lse_i / d sink = exp(sink - lse_i), added here
+    (dsinks[h] += sum over b, i of g exp(sinks[h] - lse)); a row that sees no key has lse = sink and gets g.
+    Rows with lse = -inf (no key, no sinks) pass nothing, whatever g holds there."""
+    if dq is not None or dk is not None:
+        head_dim = q.shape[3]
+        e0 = (torch.arange(head_dim, device=q.device) == 0).to(q.dtype)  # (D,)
+        ones_v = e0.expand(k.shape).contiguous()
+        finite_g = torch.where(torch.isfinite(lse), grad_lse, 0.0)
+        dout_lse = finite_g.transpose(1, 2).unsqueeze(-1).to(q.dtype) * e0  # (B, Sq, Hq, D)
+        dq_lse, dk_lse, _, _ = attention_variants_bwd(
+            dout_lse, q, k, ones_v, torch.zeros_like(dout_lse), lse, causal, softmax_scale, deterministic,
+            variants.window_size_left, variants.window_size_right, variants.softcap, variants.sinks, False)
+        if dq is not None:
+            dq = (dq.float() + dq_lse.float()).to(dq.dtype)
+        if dk is not None:
+            dk = (dk.float() + dk_lse.float()).to(dk.dtype)
+    if dsinks is not None:
+        sink_share = torch.exp(variants.sinks.float()[None, :, None] - lse)  # (B, Hq, Sq); lse >= sink: finite
+        dsinks = dsinks + (grad_lse.float() * sink_share).sum(dim=(0, 2))
+    return dq, dk, dsinks
+
+
+# attention_fwd's inputs: (q, k, v, causal, softmax_scale, return_lse, q_descale, k_descale, v_descale, out_dtype,
+# precision, v_transposed, deterministic, window_size_left, window_size_right, softcap, sinks, attention_chunk).
+_FWD_SINKS_INPUT = 16
+
+
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, causal, softmax_scale, _return_lse, _q_descale, _k_descale, _v_descale, _out_dtype, precision,
      _v_transposed, deterministic, window_size_left, window_size_right, softcap, sinks, attention_chunk) = inputs
     out, lse = output
     ctx.set_materialize_grads(False)  # an output nobody used (lse, mostly) comes back as None, not as zeros
-    variants = Variants(window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
     ctx.unsupported = _backward_unsupported(q, out, precision, variants, causal)
     ctx.num_inputs = len(inputs)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
-    ctx.save_for_backward(q, k, v, *((out, lse) if ctx.unsupported is None else ()))
+    # The variants without their tensor (saved below, with q, k, v, out and lse).
+    ctx.variants = None if variants is None else variants._replace(sinks=None)
+    if ctx.unsupported is not None:
+        ctx.save_for_backward(q, k, v)
+    else:
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    """The autograd formula of flashcore::attention_fwd: gradients for q, k, v (none for the flags, descales, variants,
-    ...; a call with sinks that require grad has no backward: ctx.unsupported)."""
-    none = (None,) * (ctx.num_inputs - 3)  # everything after q, k, v
+    """The autograd formula of flashcore::attention_fwd: gradients for q, k, v, and for sinks (since 0.6, with a 0.6
+    library; float32 (Hq,), from the library's dsinks) when they require grad; none for the flags, descales, ...
+    A call with variants runs attention_variants_bwd, a plain one attention_bwd."""
+    grads = [None] * ctx.num_inputs
     if ctx.unsupported is not None:
         given = [g for g in (grad_out, grad_lse) if g is not None]
-        return tuple(backward_not_supported(given, list(ctx.saved_tensors), ctx.unsupported)) + none
+        grads[:3] = backward_not_supported(given, list(ctx.saved_tensors), ctx.unsupported)
+        return tuple(grads)
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    variants = None if ctx.variants is None else ctx.variants._replace(sinks=sinks)
     needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
-    if (grad_out is None and grad_lse is None) or not (needs_q or needs_k or needs_v):
-        return (None, None, None) + none
-    q, k, v, out, lse = ctx.saved_tensors
+    needs_sinks = sinks is not None and ctx.needs_input_grad[_FWD_SINKS_INPUT]
+    if (grad_out is None and grad_lse is None) or not (needs_q or needs_k or needs_v or needs_sinks):
+        return tuple(grads)
     causal, scale, deterministic = ctx.causal, ctx.softmax_scale, ctx.deterministic
     if lse.dim() != 3:  # the op ran with return_lse=False (the front ends ask for lse when grads are needed)
         grad_lse = None  # the gradient of the empty placeholder: nothing
         if grad_out is None:
-            return (None, None, None) + none
-        out, lse = attention_fwd(q, k, v, causal, scale, True)
+            return tuple(grads)
+        out, lse = attention_fwd(q, k, v, causal, scale, True, **_variant_kwargs(variants))
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = attention_bwd(grad_out, q, k, v, out, lse, causal, scale, deterministic)
-    if grad_lse is not None and (needs_q or needs_k):
-        dq, dk = _lse_grads(q, k, v, out, lse, grad_lse, dq if needs_q else None, dk if needs_k else None, causal,
-                            scale, deterministic)
-    return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None) + none
+    dsinks = None
+    if variants is None:
+        dq, dk, dv = attention_bwd(grad_out, q, k, v, out, lse, causal, scale, deterministic)
+        if grad_lse is not None and (needs_q or needs_k):
+            dq, dk = _lse_grads(q, k, v, out, lse, grad_lse, dq if needs_q else None, dk if needs_k else None, causal,
+                                scale, deterministic)
+    else:
+        dq, dk, dv, dsinks = attention_variants_bwd(grad_out, q, k, v, out, lse, causal, scale, deterministic,
+                                                    variants.window_size_left, variants.window_size_right,
+                                                    variants.softcap, variants.sinks, needs_sinks)
+        if grad_lse is not None and (needs_q or needs_k or needs_sinks):
+            dq, dk, dsinks = _variant_lse_grads(q, k, lse, grad_lse, dq if needs_q else None,
+                                                dk if needs_k else None, dsinks if needs_sinks else None, causal,
+                                                scale, deterministic, variants)
+    grads[:3] = (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None)
+    if needs_sinks:
+        grads[_FWD_SINKS_INPUT] = dsinks
+    return tuple(grads)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -1252,6 +1410,44 @@ def _register_unsupported_backward(op, message: str, count: int) -> None:
     op.register_autograd(backward, setup_context=setup_context)
 
 
+def _launch_varlen_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                            max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
+                            deterministic: bool, variants: Optional[Variants] = None,
+                            dsinks: Optional[torch.Tensor] = None) -> None:
+    """Enqueue flashcore_attention_backward for a packed batch (q, out, dout, dq (total_q, Hq, D); k, v, dk, dv
+    (total_k, Hkv, D), dq, dk, dv contiguous; lse (Hq, total_q)) on the current stream of q's device; dsinks as in
+    _launch_backward. max_seqlen_*: already bounded by the packed tensors, both > 0."""
+    _require_backward_function(lib)
+    _check_variant_backward_supported(lib, variants, causal, dsinks is not None)
+    q, k, v, out, dout = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (q, k, v, out, dout))
+    params = kernel_params(lib, q, k, v, out, lse.contiguous(), causal, softmax_scale, cu_seqlens_q=cu_seqlens_q,
+                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                           **_launch_variants(variants))
+    strides = tuple(abi_strides(t.unsqueeze(0)) for t in (dout, dq, dk, dv))
+    params = _lib.fill_backward_params(params, pointers=tuple(t.data_ptr() for t in (dout, dq, dk, dv)),
+                                       strides=strides, deterministic=deterministic)
+    if dsinks is not None:
+        lib.set_dsinks(params, dsinks.data_ptr())
+    _run_backward(lib, params, q.device)
+
+
+def _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                softmax_scale, deterministic, variants, return_dsinks):
+    """The body of both varlen backward ops: (dq, dk, dv, dsinks or an empty (0,) tensor)."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
+    lib = _check_supported(q, q.shape[2])
+    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    dsinks = _empty_dsinks(q, q.shape[1], return_dsinks)
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
+    if q.numel() == 0 or k.numel() == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        return dq, dk, dv, dsinks.zero_()
+    _launch_varlen_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q.contiguous(),
+                            cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic,
+                            **({} if variants is None else {"variants": variants}),
+                            **({"dsinks": dsinks} if return_dsinks else {}))
+    return dq, dk, dv, dsinks
+
+
 @torch.library.custom_op("flashcore::varlen_attention_bwd", mutates_args=())
 def varlen_attention_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -1260,30 +1456,9 @@ def varlen_attention_bwd(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of varlen_attention_fwd (packed q, out, dout (total_q, Hq, D); k, v (total_k, Hkv, D); lse
     float32 (Hq, total_q), the forward's): (dq, dk, dv), packed like q, k, v. Rows not covered by cu_seqlens get
-    zeros."""
-    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
-    lib = _check_supported(q, q.shape[2])
-    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
-    if q.numel() == 0 or k.numel() == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
-        return dq, dk, dv
-    if not lib.has_backward():
-        raise RuntimeError(f"FlashCore: {lib.path} (version {lib.version_string()}) has no flashcore_attention_backward"
-                           " (the backward pass needs a 0.4 library or newer): rebuild libflashcore.so")
-    q, k, v, out, dout = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (q, k, v, out, dout))
-    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    params = kernel_params(lib, q, k, v, out, lse.contiguous(), causal, softmax_scale, cu_seqlens_q=cu_q,
-                           cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    strides = tuple(abi_strides(t.unsqueeze(0)) for t in (dout, dq, dk, dv))
-    params = _lib.fill_backward_params(params, pointers=tuple(t.data_ptr() for t in (dout, dq, dk, dv)),
-                                       strides=strides, deterministic=deterministic)
-    with torch.cuda.device(q.device):
-        size = lib.backward_workspace_size(params)
-        workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
-        if workspace is not None:
-            params.workspace = workspace.data_ptr()
-            params.workspace_size = size
-        lib.backward(params, torch.cuda.current_stream(q.device).cuda_stream)
+    zeros. The backward of a call with variants is varlen_attention_variants_bwd."""
+    dq, dk, dv, _ = _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal, softmax_scale, deterministic, None, False)
     return dq, dk, dv
 
 
@@ -1293,8 +1468,36 @@ def _varlen_attention_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
+@torch.library.custom_op("flashcore::varlen_attention_variants_bwd", mutates_args=())
+def varlen_attention_variants_bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+    softmax_scale: float, deterministic: bool = False, window_size_left: int = -1, window_size_right: int = -1,
+    softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, return_dsinks: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of varlen_attention_fwd with the attention variants (since 0.6; a 0.6 library, sm90 backend for
+    packed batches): (dq, dk, dv, dsinks), the variants and dsinks as in attention_variants_bwd (dsinks summed over
+    every sequence's rows), the rest as varlen_attention_bwd."""
+    variants = _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+    return _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                       softmax_scale, deterministic, variants, return_dsinks)
+
+
+@varlen_attention_variants_bwd.register_fake
+def _varlen_attention_variants_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k, causal, softmax_scale, deterministic=False, window_size_left=-1,
+                                        window_size_right=-1, softcap=0.0, sinks=None, return_dsinks=False):
+    _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+    return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
+            _empty_dsinks(q, q.shape[1], return_dsinks))
+
+
 VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention with seqused_k is not supported "
                                          "yet (packed batches without seqused_k are)")
+
+# varlen_attention_fwd's inputs: (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+# softmax_scale, return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk).
+_VARLEN_SINKS_INPUT = 14
 
 
 def _varlen_setup_context(ctx, inputs, output) -> None:
@@ -1302,32 +1505,46 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
      _return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk) = inputs
     out, lse = output
     ctx.set_materialize_grads(False)
-    variants = Variants(window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
     ctx.unsupported = variants_backward_message("varlen attention (flashcore.varlen_attention)", variants, causal)
     if ctx.unsupported is None and seqused_k is not None:
         ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED
     ctx.num_inputs = len(inputs)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, False
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.variants = None if variants is None else variants._replace(sinks=None)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    none = (None,) * (ctx.num_inputs - 3)  # everything after q, k, v
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    grads = [None] * ctx.num_inputs
+    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     if ctx.unsupported is not None:
         given = [g for g in (grad_out, grad_lse) if g is not None]
-        return tuple(backward_not_supported(given, [q, k, v], ctx.unsupported)) + none
+        grads[:3] = backward_not_supported(given, [q, k, v], ctx.unsupported)
+        return tuple(grads)
     needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
-    if grad_out is None or not (needs_q or needs_k or needs_v):
-        return (None, None, None) + none
+    needs_sinks = sinks is not None and ctx.needs_input_grad[_VARLEN_SINKS_INPUT]
+    if grad_out is None or not (needs_q or needs_k or needs_v or needs_sinks):
+        return tuple(grads)
     if grad_lse is not None:
         raise NotImplementedError("FlashCore: a gradient through varlen_attention's lse is not supported yet")
     if lse.dim() != 2:
         raise RuntimeError("FlashCore: varlen_attention_fwd ran without lse where its backward is needed")
-    dq, dk, dv = varlen_attention_bwd(grad_out, q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen[0], ctx.max_seqlen[1],
-                                      ctx.causal, ctx.softmax_scale, ctx.deterministic)
-    return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None) + none
+    if ctx.variants is None:
+        dq, dk, dv = varlen_attention_bwd(grad_out, q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen[0],
+                                          ctx.max_seqlen[1], ctx.causal, ctx.softmax_scale, ctx.deterministic)
+        dsinks = None
+    else:
+        variants = ctx.variants
+        dq, dk, dv, dsinks = varlen_attention_variants_bwd(
+            grad_out, q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen[0], ctx.max_seqlen[1], ctx.causal,
+            ctx.softmax_scale, ctx.deterministic, variants.window_size_left, variants.window_size_right,
+            variants.softcap, sinks, needs_sinks)
+    grads[:3] = (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None)
+    if needs_sinks:
+        grads[_VARLEN_SINKS_INPUT] = dsinks
+    return tuple(grads)
 
 
 varlen_attention_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -1386,7 +1603,7 @@ def attention(
     out_dtype: torch.float16 or torch.bfloat16 (None: the default above). precision: None or "native" (the input
     dtype's kernel), "fp8" or "int8".
 
-    Attention variants (since 0.5; FlashAttention's names and semantics, 16-bit calls, forward only):
+    Attention variants (since 0.5; FlashAttention's names and semantics, 16-bit calls; differentiable since 0.6):
       - window_size=(left, right): sliding-window (local) attention: query i sees key j iff
         i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 meaning unbounded on that side. With causal=True the
         right bound is 0 (a causal window of N keys, the query's own included, is window_size=(N - 1, 0)).
@@ -1401,9 +1618,12 @@ def attention(
 
     Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128 in 0.4),
     through out and lse. deterministic (FlashAttention's name): the backward's dq is bit-identical from run to run
-    (dk and dv always are), a little slower. The 8-bit paths, precision="fp8" / "int8", out_dtype other than the
-    input's and the attention variants have no backward yet: the forward runs (inputs may require grad) and
-    NotImplementedError, naming what the call set, comes when .backward() reaches it.
+    (dk and dv always are), a little slower. Since 0.6 (a 0.6 library) with window_size, softcap and sinks too, and
+    in sinks when they require grad (their gradient comes from the library's dsinks, float32, converted back to the
+    sinks' dtype by autograd); a 0.5 library raises RuntimeError naming the variants and the version when .backward()
+    reaches the call. The 8-bit paths, precision="fp8" / "int8" and out_dtype other than the input's have no
+    backward yet: the forward runs (inputs may require grad) and NotImplementedError, naming what the call set, comes
+    when .backward() reaches it.
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
@@ -1441,12 +1661,17 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def _sinks_of(variants: Optional[Variants]) -> Tuple[torch.Tensor, ...]:
+    """(sinks,) when the call has sinks, else (): the tensors besides q, k, v whose gradient the backward computes."""
+    return () if variants is None or variants.sinks is None else (variants.sinks,)
+
+
 def _differentiable_fwd(q, k, v, causal: bool, scale: float, return_lse: bool, deterministic: bool,
                         variants: Optional[Variants] = None):
     """attention_fwd for a 16-bit call of the front ends: with lse whenever the call will be differentiated (the
-    backward reads it; not with variants, which have no backward yet), deterministic and the variants passed only
-    when set (the 0.2 call otherwise)."""
-    want_lse = return_lse or (variants is None and _needs_grad(q, k, v))
+    backward reads it; sinks that require grad count), deterministic and the variants passed only when set (the 0.2
+    call otherwise)."""
+    want_lse = return_lse or _needs_grad(q, k, v, *_sinks_of(variants))
     kwargs = _variant_kwargs(variants)
     if deterministic:
         kwargs["deterministic"] = True
@@ -1644,6 +1869,10 @@ def varlen_attention(
     return_lse=True also lse float32 (Hq, total_q) (FlashAttention-3 names this flag return_attn_probs). Output
     rows not covered by cu_seqlens_q are left unwritten. window_size, attention_chunk, softcap and sinks as in
     flashcore.attention (since 0.5), aligned per sequence.
+
+    Differentiable (since 0.4, sm90 backend; the portable backend refuses packed batches in the backward, naming them)
+    in q, k and v through out (not through lse), without seqused_k; since 0.6 (a 0.6 library) with window_size,
+    softcap and sinks too, and in sinks when they require grad.
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
@@ -1653,8 +1882,8 @@ def varlen_attention(
     variants = _front_end_variants(q, q.shape[1], window_size, softcap, sinks, attention_chunk)
     if not torch.compiler.is_compiling():
         _check_supported(q, q.shape[2])
-    # The backward reads lse (none without seqused_k or variants, which it does not take yet).
-    want_lse = return_lse or (_needs_grad(q, k, v) and seqused_k is None and variants is None)
+    # The backward reads lse (none with seqused_k, which it does not take yet).
+    want_lse = return_lse or (_needs_grad(q, k, v, *_sinks_of(variants)) and seqused_k is None)
     out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                     causal, scale, want_lse, **_variant_kwargs(variants))
     return (out, lse) if return_lse else out
@@ -1690,7 +1919,8 @@ def sdpa(
 
     window_size, softcap, sinks (keyword-only FlashCore additions after torch's arguments, since 0.5): as in
     flashcore.attention, FlashAttention's semantics, bottom-right aligned like is_causal here. A causal sliding
-    window of N keys (the query's own included) is is_causal=True, window_size=(N - 1, 0). Forward only.
+    window of N keys (the query's own included) is is_causal=True, window_size=(N - 1, 0). Differentiable since 0.6
+    (a 0.6 library), sinks included, as flashcore.attention.
     """
     if attn_mask is not None:
         raise ValueError(

@@ -224,6 +224,96 @@ def backward_fp64(q, k, v, dout, causal=False, softmax_scale=None):
     return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
 
 
+def attention_variants_autograd(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                                sinks=None, dtype=torch.float64):
+    """(out (B, Sq, Hq, D), lse (B, Hq, Sq)) of (B, S, H, D) inputs with the attention variants (window, softcap,
+    sinks; the semantics of reference_variants) in `dtype`, as plain differentiable torch ops (the whole score matrix
+    at once: moderate shapes): differentiable in q, k, v and sinks. A row that sees no key: out 0, lse sinks[h]
+    (-inf without sinks) and no gradient to q, k, v (with sinks, lse = sinks[h] passes its gradient to the sink)."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
+    qt = q.to(dtype).transpose(1, 2)
+    kt = k.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
+    vt = v.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
+    scores = (qt @ kt.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    sees = variant_mask(seqlen_q, seqlen_k, causal, window_size, 0, q.device)  # (Sq, Sk)
+    scores = scores.masked_fill(~sees, -math.inf)
+    if sinks is not None:  # the sink as one more logit of every row (finite lse everywhere), dropped from the output
+        sink = sinks.to(dtype)[None, :, None, None].expand(batch, heads_q, seqlen_q, 1)
+        lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
+        out = torch.exp(scores - lse[..., None]) @ vt
+    else:
+        empty = ~sees.any(dim=-1)  # (Sq,): rows that see no key
+        scores = scores.masked_fill(empty[:, None], 0.0)  # no -inf - -inf below; these rows are zeroed
+        lse = torch.logsumexp(scores, dim=-1)
+        out = (torch.exp(scores - lse[..., None]) @ vt).masked_fill(empty[:, None], 0.0)
+        lse = lse.masked_fill(empty, -math.inf)
+    return out.transpose(1, 2), lse
+
+
+def reference_variant_grads(q, k, v, dout, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                            sinks=None, dlse=None, dtype=torch.float64):
+    """(dq, dk, dv, dsinks) in `dtype` of attention_variants_autograd for the upstream gradients dout (B, Sq, Hq, D)
+    and, optionally, dlse (B, Hq, Sq); dsinks is None without sinks."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    sink_leaf = None if sinks is None else sinks.detach().to(dtype).requires_grad_()
+    out, lse = attention_variants_autograd(*leaves, causal, softmax_scale, window_size, softcap, sink_leaf, dtype)
+    outputs, grads = [out], [dout.to(dtype)]
+    if dlse is not None:
+        outputs.append(lse)
+        grads.append(torch.where(torch.isfinite(lse), dlse.to(dtype), 0.0))
+    wrt = leaves + ([sink_leaf] if sink_leaf is not None else [])
+    got = torch.autograd.grad(outputs, wrt, grads, allow_unused=True)
+    got = [torch.zeros_like(w) if g is None else g for g, w in zip(got, wrt)]
+    return (*got[:3], got[3] if sink_leaf is not None else None)
+
+
+def variant_backward_fp64(q, k, v, dout, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                          sinks=None, out=None):
+    """(dq, dk, dv, dsinks) in float64 from the backward's formulas with the variants, as the kernel computes them (no
+    autograd): S = softcap(scale Q K^T) masked, P = exp(S - lse) with the sink in lse's denominator, dV = P^T dO,
+    dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D) times the softcap's derivative 1 - tanh^2, dQ = scale dS K,
+    dK = scale dS^T Q (GQA: dK, dV summed over each KV head's query heads), dsinks[h] = -sum over b, i of
+    exp(sinks[h] - lse) D (None without sinks). out: the O that D reads (the kernel reads the forward's O as given);
+    None: the float64 output recomputed here."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
+    qt, dot = (t.double().transpose(1, 2) for t in (q, dout))  # (B, Hq, Sq, D)
+    kt, vt = (t.double().transpose(1, 2).repeat_interleave(group, dim=1) for t in (k, v))  # (B, Hq, Sk, D)
+    raw = (qt @ kt.transpose(-1, -2)) * scale
+    tanh = torch.tanh(raw / softcap) if softcap else None
+    scores = softcap * tanh if softcap else raw
+    scores = scores.masked_fill(~variant_mask(seqlen_q, seqlen_k, causal, window_size, 0, q.device), -math.inf)
+    if sinks is not None:
+        sink = sinks.double().to(q.device)[None, :, None, None].expand(batch, heads_q, seqlen_q, 1)
+        lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1, keepdim=True)
+    else:
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    empty = torch.isneginf(lse)
+    probs = torch.where(empty, 0.0, torch.exp(scores - torch.where(empty, 0.0, lse)))
+    o = probs @ vt if out is None else out.double().transpose(1, 2)
+    d_rows = (dot * o).sum(-1, keepdim=True)  # D (B, Hq, Sq, 1)
+    dv = probs.transpose(-1, -2) @ dot
+    ds = probs * (dot @ vt.transpose(-1, -2) - d_rows)
+    if softcap:
+        ds = ds * (1.0 - tanh * tanh)
+    dq = (ds @ kt) * scale
+    dk = (ds.transpose(-1, -2) @ qt) * scale
+    dsinks = None
+    if sinks is not None:
+        dsinks = -(torch.exp(sink - lse) * d_rows).sum(dim=(0, 2, 3))
+
+    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D)
+        return t.reshape(batch, heads_kv, group, seqlen_k, head_dim).sum(2).transpose(1, 2)
+
+    return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv), dsinks
+
+
 def dequantize(x, descale, heads_kv=None):
     """float64 values of an 8-bit (B, S, H, D) tensor: x * descale, descale float32 (B, Hkv) (None: 1), query head
     h using the factor of KV head h // (H // Hkv)."""
@@ -248,7 +338,9 @@ def emulate_on_cpu(monkeypatch):
     kernel's formulas in float64), written into the op's dq, dk, dv. 8-bit calls are emulated by the float64 reference
     of the dequantized inputs (precision="fp8": of the inputs quantized per (batch, KV head) by quantize_fp8, as
     the library does); the emulated library has 8-bit kernels for head dims 128 and 256. Calls with attention variants
-    (window, softcap, sinks, chunk) are emulated by reference_variants in float64."""
+    (window, softcap, sinks, chunk) are emulated by reference_variants in float64, their backward (0.6: window, softcap,
+    sinks, and dsinks when asked for) by variant_backward_fp64, whose D reads the out the op passes (as the kernel
+    does)."""
     from flashcore import _lib, _ops
 
     class _CompiledCaps:
@@ -289,8 +381,19 @@ def emulate_on_cpu(monkeypatch):
         if lse.numel():
             lse.copy_(l)
 
-    def launch_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, deterministic):
-        for got, want in zip((dq, dk, dv), backward_fp64(q, k, v, dout, causal, softmax_scale)):
+    def launch_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, deterministic, variants=None,
+                        dsinks=None):
+        if variants is None:
+            assert dsinks is None, "dsinks without sinks"
+            grads = backward_fp64(q, k, v, dout, causal, softmax_scale)
+        else:
+            assert variants.attention_chunk == 0, "attention_chunk reached the backward"
+            grads = variant_backward_fp64(q, k, v, dout, causal, softmax_scale,
+                                          (variants.window_size_left, variants.window_size_right), variants.softcap,
+                                          variants.sinks, out=out)
+            if dsinks is not None:
+                dsinks.copy_(grads[3])
+        for got, want in zip((dq, dk, dv), grads[:3]):
             got.copy_(want)
 
     monkeypatch.setattr(_ops, "_check_device", lambda q, k, v: None)

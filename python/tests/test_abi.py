@@ -98,6 +98,7 @@ def test_enums_match_header(header_text):
     assert _lib.ATTENTION_PARAMS_V2_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V2_SIZE")
     assert _lib.ATTENTION_PARAMS_V3_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V3_SIZE")
     assert _lib.ATTENTION_PARAMS_V4_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
+    assert _lib.ATTENTION_PARAMS_V5_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V5_SIZE")
     assert _lib.PRECISION_NATIVE == parse_define(header_text, "FLASHCORE_PRECISION_NATIVE") == 0
     assert _lib.PRECISION_FP8 == parse_define(header_text, "FLASHCORE_PRECISION_FP8") == 1
     assert _lib.PRECISION_INT8 == parse_define(header_text, "FLASHCORE_PRECISION_INT8") == 2
@@ -151,14 +152,23 @@ def test_v3_prefix_of_the_mirror():
 
 
 def test_v4_prefix_of_the_mirror():
-    """A 0.4 library is handed the mirror's first 648 bytes: the 0.4 fields end there, the variants (0.5) follow, and
-    they end the struct (680 bytes)."""
+    """A 0.4 library is handed the mirror's first 648 bytes: the 0.4 fields end there, the variants (0.5) follow."""
     params = _lib.AttentionParamsStruct
     assert params.reserved3.offset + params.reserved3.size == _lib.ATTENTION_PARAMS_V4_SIZE == params.local.offset
-    assert [name for name, _ in params._fields_][-7:] == ["local", "window_size_left", "window_size_right", "softcap",
-                                                          "sinks", "attention_chunk", "reserved4"]
+    names = [name for name, _ in params._fields_]
+    assert names[names.index("local"):names.index("dsinks")] == ["local", "window_size_left", "window_size_right",
+                                                                 "softcap", "sinks", "attention_chunk", "reserved4"]
     assert params.sinks.offset % 8 == 0  # the pointer after four 4-byte fields: no padding before it
-    assert ctypes.sizeof(params) == 680
+
+
+def test_v5_prefix_of_the_mirror():
+    """A 0.5 library is handed the mirror's first 680 bytes: the 0.5 fields end there, dsinks (0.6) follows and ends
+    the struct (688 bytes)."""
+    params = _lib.AttentionParamsStruct
+    assert params.reserved4.offset + params.reserved4.size == _lib.ATTENTION_PARAMS_V5_SIZE == params.dsinks.offset
+    assert [name for name, _ in params._fields_][-1] == "dsinks"
+    assert params.dsinks.offset % 8 == 0 and params.dsinks.size == 8
+    assert ctypes.sizeof(params) == 688
 
 
 def test_every_status_maps_to_an_exception():
@@ -277,8 +287,9 @@ def test_stub_loads_and_reports(use_library, stub_library):
     assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 128, True) == ("default",)
     assert _lib.load().compiled() == (("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256))
     assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2",
-                                                               "dout", "reserved3", "local", "sinks", "reserved4"))
-    assert _lib.load().has_backward() and _lib.load().has_variants()
+                                                               "dout", "reserved3", "local", "sinks", "reserved4",
+                                                               "dsinks"))
+    assert _lib.load().has_backward() and _lib.load().has_variants() and _lib.load().has_variant_backward()
 
 
 def test_params_reach_c_intact(use_library, stub_library):
@@ -313,7 +324,7 @@ def test_params_reach_c_intact(use_library, stub_library):
     assert (seen.dout, seen.dq, seen.dk, seen.dv, seen.deterministic, seen.reserved3) == (None,) * 4 + (0, 0)
     assert all(getattr(seen, f).dim == 1 for f in ("dout_strides", "dq_strides", "dk_strides", "dv_strides"))
     assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks, seen.attention_chunk,
-            seen.reserved4) == (0, 0, 0, 0.0, None, 0, 0)
+            seen.reserved4, seen.dsinks) == (0, 0, 0, 0.0, None, 0, 0, None)
     assert lib.workspace_size(params) == 0
 
 
@@ -387,7 +398,69 @@ def test_v4_library_gets_the_v4_struct_size(use_library, stub_v4_library):
         with pytest.raises(RuntimeError, match=f"{name} is set, but .*a 0.5 library or newer is needed"):
             lib.set_variants(params, causal=True, **kwargs)
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V4_SIZE,
-                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)) == bytes(32)
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)) == bytes(40)
+    assert not lib.has_variant_backward()
+    with pytest.raises(RuntimeError, match="dsinks .*a 0.6 library or newer is needed"):
+        lib.set_dsinks(params, 0x6000)
+
+
+@pytest.fixture
+def stub_v5_library(c_compiler, header_text, tmp_path_factory):
+    """The stub playing a 0.5 library (struct_size 680: the variants in the forward, no dsinks)."""
+    from conftest import build_stub
+
+    return build_stub(c_compiler, tmp_path_factory.mktemp("stub_v5"), "libflashcore_v5.so",
+                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V5_SIZE")
+
+
+def test_v5_library_gets_the_v5_struct_size(use_library, stub_v5_library):
+    """A 0.5 library is passed struct_size 680: it runs the variants' forward and the plain backward; dsinks, and a
+    backward with a variant (which a 0.5 library's backward refuses), are RuntimeError naming the version needed,
+    before any call; nothing is written past its 680 bytes."""
+    use_library(stub_v5_library)
+    lib = _lib.load()
+    assert lib.params_struct_size == _lib.ATTENTION_PARAMS_V5_SIZE
+    assert lib.has_backward() and lib.has_variants() and lib.has_params_field("reserved4")
+    assert not lib.has_variant_backward() and not lib.has_params_field("dsinks")
+    params = lib.set_variants(_variant_params(lib, causal=True), causal=True, window_size=(4, 0), softcap=30.0,
+                              sinks=0x5000)
+    assert params.struct_size == _lib.ATTENTION_PARAMS_V5_SIZE
+    lib.forward(params, 0)  # the forward takes them
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert (seen.struct_size, seen.local, seen.window_size_left, seen.softcap, seen.sinks) == (
+        _lib.ATTENTION_PARAMS_V5_SIZE, 1, 4, 30.0, 0x5000)
+    with pytest.raises(RuntimeError, match="dsinks .*predates the backward of the attention variants: a 0.6 library"):
+        lib.set_dsinks(params, 0x6000)
+    lib.set_dsinks(params, 0)  # nothing requested: nothing to refuse
+    assert params.dsinks is None
+    for call in (lambda: lib.backward(params, 0), lambda: lib.backward_workspace_size(params)):
+        with pytest.raises(RuntimeError, match=r"backward with window_size, softcap, sinks needs a 0.6 library"):
+            call()
+    plain = _variant_params(lib, causal=True)
+    assert lib.backward_workspace_size(plain) >= 0
+    lib.backward(plain, 0)  # the plain backward runs
+    lib._cdll.stub_last_backward_params(ctypes.byref(seen))
+    assert seen.struct_size == _lib.ATTENTION_PARAMS_V5_SIZE and seen.local == 0 and seen.dsinks is None
+    assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V5_SIZE,
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V5_SIZE)) == bytes(8)
+
+
+def test_dsinks_reach_c_intact(use_library, stub_library):
+    """A 0.6 library: set_dsinks writes the field, the backward gets it with the variants."""
+    use_library(stub_library)
+    lib = _lib.load()
+    params = lib.set_variants(_variant_params(lib), causal=False, window_size=(3, -1), softcap=20.0, sinks=0x5000)
+    _lib.fill_backward_params(params, pointers=(0x6000, 0x7000, 0x8000, 0x9000), strides=((8192, 512, 64, 1),) * 4,
+                              deterministic=False)
+    lib.set_dsinks(params, 0xA000)
+    lib.backward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_backward_params(ctypes.byref(seen))
+    assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks, seen.dsinks) == (
+        1, 3, -1, 20.0, 0x5000, 0xA000)
+    assert ctypes.string_at(ctypes.addressof(seen), ctypes.sizeof(seen)) == ctypes.string_at(
+        ctypes.addressof(params), ctypes.sizeof(params))
 
 
 def test_fp8_params_reach_c_intact(use_library, stub_library):

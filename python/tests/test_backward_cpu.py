@@ -3,7 +3,11 @@ host-only stub library), the custom ops' registration (flashcore::attention_bwd,
 opcheck), and the autograd wiring of flashcore.attention / flashcore.sdpa with the kernels emulated on the CPU
 (reference.emulate_on_cpu: the backward by backward_fp64, the kernel's formulas in float64), against float64 autograd.
 
-The kernel itself runs in test_backward_gpu.py. Needs torch (the mirror's layout is also checked without it, by
+Since 0.6 also the variants' backward through the stub: window, softcap, sinks and the dsinks pointer as
+flashcore_attention_backward receives them from flashcore.attention / sdpa / varlen_attention, and a 0.5-sized stub
+(whose backward does not take them) refused with RuntimeError naming the version.
+
+The kernel itself runs in test_backward_gpu.py (and the variants' in test_variants_backward_gpu.py). Needs torch (the mirror's layout is also checked without it, by
 test_abi.py)."""
 
 import ctypes
@@ -44,11 +48,13 @@ def _header_layout(header_text):
 
 def test_params_layout_matches_header(header_text):
     """dout starts where the 0.3 layout ends (480); then 4 pointers, 4 stride structs and 2 int32: the 0.4 layout,
-    648 bytes; the 0.5 variants follow (4 int32/float, a pointer, 2 int32): 680 bytes."""
+    648 bytes; the 0.5 variants follow (4 int32/float, a pointer, 2 int32): 680 bytes; then the 0.6 dsinks pointer:
+    688 bytes."""
     offsets, size = _header_layout(header_text)
     assert offsets["dout"] == 480 == _lib.ATTENTION_PARAMS_V3_SIZE
     assert offsets["local"] == 480 + 4 * 8 + 4 * 32 + 2 * 4 == 648 == _lib.ATTENTION_PARAMS_V4_SIZE
-    assert size == 648 + 4 * 4 + 8 + 2 * 4 == 680
+    assert offsets["dsinks"] == 648 + 4 * 4 + 8 + 2 * 4 == 680 == _lib.ATTENTION_PARAMS_V5_SIZE
+    assert size == 680 + 8 == 688
     assert ctypes.sizeof(_lib.AttentionParamsStruct) == size
     assert [name for name, _ in _lib.AttentionParamsStruct._fields_] == list(offsets)
     for name, offset in offsets.items():
@@ -472,3 +478,205 @@ def test_reference_grads_agree():
     out, lse = attention_autograd(q, k, v, True)
     assert torch.all(out[:, :24] == 0) and torch.all(torch.isneginf(lse[:, :, :24]))
     assert not math.isnan(out.sum().item())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The variants' backward (since 0.6): what flashcore_attention_backward receives, through the whole path (front end,
+# autograd formula, attention_variants_bwd / varlen_attention_variants_bwd, the C params), recorded by the host-only
+# stub library on CPU tensors (their addresses stand for device pointers; nothing is computed).
+
+
+@pytest.fixture
+def stub_ops(use_library, stub_library, monkeypatch):
+    """The ops running against the stub on CPU tensors: the device checks and CUDA device / stream calls stubbed out
+    (the stub records stream 0). Returns a function use(path) that switches to another stub build."""
+    import contextlib
+    import types
+
+    monkeypatch.setattr(_ops, "_check_device", lambda q, k, v: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    use_library(stub_library)
+    return use_library
+
+
+def _seen_backward():
+    seen = _lib.AttentionParamsStruct()
+    _lib.load()._cdll.stub_last_backward_params(ctypes.byref(seen))
+    return seen
+
+
+def _seen_forward():
+    seen = _lib.AttentionParamsStruct()
+    _lib.load()._cdll.stub_last_params(ctypes.byref(seen))
+    return seen
+
+
+VARIANT_PARAM_CASES = [  # (flashcore.attention keyword arguments, (local, left, right), softcap)
+    (dict(causal=True, window_size=(4095, 0)), (1, 4095, 0), 0.0),
+    (dict(window_size=(3, -1)), (1, 3, -1), 0.0),
+    (dict(window_size=(-1, 5)), (1, -1, 5), 0.0),
+    (dict(window_size=(0, 0)), (1, 0, 0), 0.0),
+    (dict(causal=True, softcap=30.0, window_size=(127, 0)), (1, 127, 0), 30.0),
+    (dict(softcap=50.0), (0, 0, 0), 50.0),
+    (dict(causal=True, window_size=(-1, 7)), (0, 0, 0), 0.0),  # causal: plain causal attention, no window
+]
+
+
+@pytest.mark.parametrize("kwargs, window, softcap", VARIANT_PARAM_CASES,
+                         ids=["causal4095", "left3", "right5", "diag", "softcap-window", "softcap", "causal-right"])
+@pytest.mark.parametrize("sinks_grad", [None, False, True], ids=["no-sinks", "sinks", "sinks-grad"])
+def test_variant_backward_params(stub_ops, kwargs, window, softcap, sinks_grad):
+    """window, softcap and sinks of the forward reach flashcore_attention_backward as the forward got them; dsinks is a
+    4-byte aligned pointer when the sinks require grad, NULL otherwise; the sinks get a float32 (Hq,) gradient."""
+    q, k, v = _qkv(2, 17, 33, 8, 2, 64)
+    sinks = None
+    if sinks_grad is not None:
+        sinks = torch.linspace(-1.0, 1.0, 8).requires_grad_(sinks_grad)
+    out = flashcore.attention(q, k, v, sinks=sinks, **kwargs)
+    forward = _seen_forward()
+    out.backward(torch.ones_like(out))
+    seen = _seen_backward()
+    assert (seen.local, seen.window_size_left, seen.window_size_right) == window
+    assert (forward.local, forward.window_size_left, forward.window_size_right) == window
+    assert seen.softcap == softcap == forward.softcap
+    assert seen.attention_chunk == 0 and seen.reserved4 == 0
+    assert seen.causal == int(kwargs.get("causal", False))
+    assert seen.sinks == (None if sinks is None else sinks.data_ptr()) == forward.sinks
+    assert seen.lse == forward.lse and seen.lse is not None  # the forward's LSE, written with the same variants
+    if sinks_grad:
+        assert seen.dsinks is not None and seen.dsinks % 4 == 0
+        assert seen.dsinks not in (seen.dq, seen.dk, seen.dv, seen.sinks)
+        assert sinks.grad is not None and sinks.grad.shape == (8,) and sinks.grad.dtype == torch.float32
+    else:
+        assert seen.dsinks is None
+        assert sinks is None or sinks.grad is None
+    assert (seen.dout, seen.dq, seen.dk, seen.dv) != (None,) * 4 and seen.struct_size == 688
+
+
+def test_sinks_alone_need_grad(stub_ops):
+    """Sinks that require grad with q, k, v that do not: the backward runs (dsinks set), lse was asked for."""
+    q, k, v = _qkv(2, 17, 17, 4, 2, 64, requires_grad=False)
+    sinks = torch.zeros(4, requires_grad=True)
+    out = flashcore.attention(q, k, v, causal=True, sinks=sinks)
+    assert _seen_forward().lse is not None
+    out.float().sum().backward()
+    seen = _seen_backward()
+    assert seen.sinks == sinks.data_ptr() and seen.dsinks is not None and sinks.grad.shape == (4,)
+
+
+def test_variant_backward_params_of_sdpa_and_bf16_sinks(stub_ops):
+    """sdpa's (B, H, S, D) tensors with a window, softcap and bf16 sinks (converted to a float32 copy for the library,
+    whose gradient autograd converts back to bf16)."""
+    q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in _qkv(2, 33, 33, 8, 2, 64))
+    sinks = torch.zeros(8, dtype=torch.bfloat16, requires_grad=True)
+    out = flashcore.sdpa(q, k, v, is_causal=True, window_size=(15, 0), softcap=20.0, sinks=sinks)
+    out.backward(torch.ones_like(out))
+    seen = _seen_backward()
+    assert (seen.local, seen.window_size_left, seen.softcap) == (1, 15, 20.0)
+    assert seen.sinks is not None and seen.sinks != sinks.data_ptr()  # the float32 copy the forward read too
+    assert seen.sinks == _seen_forward().sinks and seen.dsinks is not None
+    assert sinks.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("sinks_grad", [False, True])
+def test_varlen_variant_backward_params(stub_ops, sinks_grad):
+    """Packed batches: the variants, cu_seqlens and dsinks reach the backward."""
+    q, k, v = (t[0] for t in _qkv(1, 12, 12, 4, 2, 64))  # (total, H, D)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    sinks = torch.zeros(4, requires_grad=sinks_grad)
+    out = flashcore.varlen_attention(q, k, v, cu, cu, 7, 7, causal=True, window_size=(3, 0), softcap=10.0,
+                                     sinks=sinks)
+    out.backward(torch.ones_like(out))
+    seen = _seen_backward()
+    assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap) == (1, 3, 0, 10.0)
+    assert seen.sinks == sinks.data_ptr() and seen.cu_seqlens_q == cu.data_ptr() == seen.cu_seqlens_k
+    assert (seen.total_q, seen.seqlen_q, seen.batch) == (12, 7, 2)
+    assert (seen.dsinks is not None) == sinks_grad
+    assert (sinks.grad is not None) == sinks_grad
+
+
+def test_variant_lse_grads_call(stub_ops, monkeypatch):
+    """A gradient through lse with variants: one more backward call, on v = e_0 for every key, dO = g e_0 and O = 0
+    (so that the kernel's dS is exactly g P), with the same variants and the forward's lse; no dsinks asked of it."""
+    calls = []
+    real = _ops._launch_backward
+
+    def spy(lib, dout, q, k, v, out, lse, *rest, **kwargs):
+        calls.append((dout.clone(), v.clone(), out.clone(), lse, kwargs))
+        return real(lib, dout, q, k, v, out, lse, *rest, **kwargs)
+
+    monkeypatch.setattr(_ops, "_launch_backward", spy)
+    q, k, v = _qkv(1, 9, 9, 4, 2, 64)
+    sinks = torch.zeros(4, requires_grad=True)
+    out, lse = flashcore.attention(q, k, v, causal=True, softcap=5.0, window_size=(2, 0), sinks=sinks,
+                                   return_lse=True)
+    # The stub wrote nothing: a finite lse of our own (through .data, which autograd's version check does not see).
+    lse.data.copy_(torch.linspace(0.5, 1.5, lse.numel()).reshape(lse.shape))
+    g = torch.randn(lse.shape)
+    torch.autograd.backward([out, lse], [torch.ones_like(out), g])
+    assert len(calls) == 2
+    (_, _, _, _, first), (dout2, v2, out2, lse2, second) = calls
+    assert first["dsinks"] is not None and second.get("dsinks") is None
+    assert second["variants"].softcap == 5.0 and second["variants"].window_size_left == 2
+    assert torch.all(out2 == 0)
+    assert torch.all(v2[..., 0] == 1) and torch.all(v2[..., 1:] == 0)
+    assert torch.all(dout2[..., 1:] == 0)
+    torch.testing.assert_close(dout2[..., 0].float(), g.transpose(1, 2).to(torch.bfloat16).float())
+    assert lse2.data_ptr() == lse.data_ptr()  # (the sinks' share of lse is added on the host: test_variants_cpu.py)
+
+
+@pytest.fixture
+def stub_v5_path(c_compiler, header_text, tmp_path):
+    """The stub playing a 0.5 library: the variants in the forward, a plain backward, no dsinks."""
+    return build_stub(c_compiler, tmp_path, "libflashcore_v5.so", "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V5_SIZE")
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(causal=True, window_size=(15, 0)), r"window_size=\(15, 0\)"),
+    (dict(softcap=30.0), "softcap=30.0"),
+    (dict(sinks=True), r"sinks \(and their gradient, dsinks\)"),
+])
+def test_variant_backward_with_a_05_library(stub_ops, stub_v5_path, kwargs, needle):
+    """A 0.5 library runs the variants' forward; .backward() raises RuntimeError naming the variants and the version
+    needed (0.6), before any call of its backward (which would refuse them); the plain backward still runs."""
+    stub_ops(stub_v5_path)
+    assert _lib.load().params_struct_size == _lib.ATTENTION_PARAMS_V5_SIZE
+    q, k, v = _qkv(2, 17, 17, 4, 2, 64)
+    if kwargs.get("sinks"):
+        kwargs = dict(kwargs, sinks=torch.zeros(4, requires_grad=True))
+    out = flashcore.attention(q, k, v, **kwargs)
+    with pytest.raises(RuntimeError, match=f"backward with {needle} needs a 0.6 library or newer"):
+        out.backward(torch.ones_like(out))
+    flashcore.attention(q, k, v, causal=True).backward(torch.ones_like(out))
+    assert _seen_backward().struct_size == _lib.ATTENTION_PARAMS_V5_SIZE
+
+
+@pytest.fixture
+def stub_v4_path(c_compiler, header_text, tmp_path):
+    return build_stub(c_compiler, tmp_path, "libflashcore_v4.so", "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
+
+
+def test_variant_backward_with_a_04_library(stub_ops, stub_v4_path):
+    """A 0.4 library refuses the variants in the forward already (RuntimeError naming them, 0.5 needed)."""
+    stub_ops(stub_v4_path)
+    q, k, v = _qkv(2, 17, 17, 4, 2, 64)
+    with pytest.raises(RuntimeError, match="softcap is set, but .*a 0.5 library or newer is needed"):
+        flashcore.attention(q, k, v, softcap=30.0)
+
+
+def test_backward_params_with_variants(use_library, stub_library):
+    """backward_params: the variants and dsinks in the C params (dsinks must be contiguous float32)."""
+    use_library(stub_library)
+    lib = _lib.load()
+    q, k, v = _qkv(2, 17, 33, 8, 2, 64, requires_grad=False)
+    out, lse, dout = torch.empty_like(q), torch.empty(2, 8, 17), torch.empty_like(q)
+    dq, dk, dv = (_ops._grad_like(t) for t in (q, k, v))
+    sinks, dsinks = torch.zeros(8), torch.empty(8)
+    params = _ops.backward_params(lib, dout, q, k, v, out, lse, dq, dk, dv, False, 0.0, False,
+                                  variants=_ops.Variants(5, 2, 12.0, sinks), dsinks=dsinks)
+    assert (params.local, params.window_size_left, params.window_size_right, params.softcap) == (1, 5, 2, 12.0)
+    assert (params.sinks, params.dsinks) == (sinks.data_ptr(), dsinks.data_ptr())
+    with pytest.raises(ValueError, match="contiguous float32 dsinks"):
+        _ops.backward_params(lib, dout, q, k, v, out, lse, dq, dk, dv, False, 0.0, False,
+                             variants=_ops.Variants(5, 2, 12.0, sinks), dsinks=dsinks.double())

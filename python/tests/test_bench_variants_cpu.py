@@ -1,7 +1,8 @@
 """bench/variants.py's pure-Python parts without a GPU: the exact count of visible (i, j) pairs (against the tests'
 reference mask), the cells, the interleaved timing loop (with a stand-in for torch.cuda), the markdown table and the
-argument checks; and bench/flashcore_ctypes.py's variant arguments and backward struct size through the stub
-library (a 0.5 one and a 0.4 one)."""
+argument checks, the --backward cells, FLOPs and report; and bench/flashcore_ctypes.py's variant arguments and
+backward struct size through the stub library (a 0.6 one, a 0.5 one and a 0.4 one), with the backward params of the
+variant cells (variants.flashcore_backward_params)."""
 
 import ctypes
 import sys
@@ -157,9 +158,59 @@ def test_table_and_markdown():
 
 def test_main_rejects_bad_arguments():
     for argv in (["--systems", "flashcore,fa4"], ["--groups", "alibi"], ["--seqlens", "8k"], ["--iters", "0"],
-                 ["--heads-q", "30", "--heads-kv", "8"], ["--softcap", "0"]):
+                 ["--heads-q", "30", "--heads-kv", "8"], ["--softcap", "0"], ["--backward", "--seqlens", "8k"],
+                 ["--backward", "--groups", "window,alibi"]):
         with pytest.raises(SystemExit):
             variants.main(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --backward: the issue's backward cells (a sliding window of 4096 at 8k and 16k, softcap 50), their FLOPs, the report.
+
+
+def test_backward_defaults_and_cells():
+    assert variants.resolve_defaults(None, None, False) == (list(variants.GROUPS), [8192, 16384, 32768])
+    groups, seqlens = variants.resolve_defaults(None, None, True)
+    assert (groups, seqlens) == (["window", "softcap"], [8192, 16384])
+    assert variants.resolve_defaults("sinks, window", "4096", True) == (["sinks", "window"], [4096])
+    with pytest.raises(ValueError, match="comma list of ints"):
+        variants.resolve_defaults(None, "8k", True)
+    # The defaults of main: 32k tokens, window 4096, softcap 50 (bf16, d128, 32 query / 8 KV heads).
+    cells = variants.make_cells(groups, seqlens, 32768, 4096, 50.0)
+    assert [(c["name"], c["S"], c["B"], c["variant"], c["base"]) for c in cells] == [
+        ("window 4096", 8192, 4, {"window_size": (4095, 0)}, {}),
+        ("window 4096", 16384, 2, {"window_size": (4095, 0)}, {}),
+        ("softcap 50", 8192, 4, {"softcap": 50.0}, {}),
+    ]
+    for c in cells:
+        assert variants.fa3_lacks(c["variant"]) is None  # FA3's train build has backward, local and softcap
+    # The backward's FLOPs: 2.5x the forward's on the same exact visible pairs (FlashAttention's count).
+    window = cells[1]
+    want = 2.5 * 4.0 * 2 * 32 * 128 * variants.visible_pairs(16384, 16384, True, (4095, 0))
+    assert variants.backward_flops_of(window, window["variant"], 32, 128) == want
+    assert variants.backward_flops_of(window, window["base"], 32, 128) == 2.5 * 4.0 * 2 * 32 * 128 * 16384 * 16385 // 2
+    assert variants.BWD_FLOP_FACTOR == 2.5
+
+
+def test_backward_markdown():
+    c = _cell("window 4096", 8192, (250.0, 400.0, 120.0, 300.0), (2.0, 6.0, 4.0, 1.7), diff={"fa3": 3e-3})
+    meta = {"gpu": "test GPU", "torch": "-", "cuda": "-", "flashcore": "-", "fa3": "-", "heads_q": 32, "heads_kv": 8,
+            "head_dim": 128, "tokens": 32768, "method": "-", "pass": "backward"}
+    text = variants.markdown(meta, [c])
+    assert text.startswith("# FlashCore attention variants (backward)")
+    assert "(the backward: 2.5x the forward's FLOPs on them)" in text
+    assert "| window 4096 | 8192 | 4 | 250 | 400 (causal) | 120 | 300 | 3.00x | 0.62 | 2.08 | 0.83 | fa3: 3.0e-03 |" \
+        in text
+    meta["pass"] = "forward"
+    assert variants.markdown(meta, [c]).startswith("# FlashCore attention variants (forward)")
+
+
+def test_main_without_a_gpu_parses_backward_arguments(monkeypatch):
+    """--backward with its defaults parses; without CUDA main returns 3 before any measurement."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert variants.main(["--backward"]) == 3
+    assert variants.main(["--backward", "--groups", "window,softcap,sinks", "--seqlens", "8192"]) == 3
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -181,6 +232,50 @@ def test_flashcore_ctypes_variants(stub_library):
         fc.params_for(q, k, k, torch.empty_like(q), sinks=sinks.double())
     assert fc.has_backward()
     assert fc.new_backward_params().struct_size == ctypes.sizeof(_lib.AttentionParamsStruct)
+
+
+def test_flashcore_backward_params_with_variants(stub_library):
+    """The backward cells' FlashCore params (variants.flashcore_backward_params over flashcore_ctypes): the forward's
+    window, softcap and sinks, dsinks, and a workspace of the size the library asks for them."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import flashcore_ctypes
+
+    fc = flashcore_ctypes.FlashCoreLib(stub_library)
+    q = torch.zeros(2, 4, 16, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, 16, 64, dtype=torch.bfloat16)
+    o, dout = torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(2, 4, 16)
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(k))
+    sinks, dsinks = torch.zeros(4), torch.empty(4)
+    params, keep = variants.flashcore_backward_params(fc, q, k, k, o, lse, dout, grads, True, (4095, 0), 50.0, sinks,
+                                                      dsinks)
+    assert (params.local, params.window_size_left, params.softcap, params.causal) == (1, 4095, 50.0, 1)
+    assert (params.sinks, params.dsinks, params.dq) == (sinks.data_ptr(), dsinks.data_ptr(), grads[0].data_ptr())
+    assert params.workspace_size == fc.backward_workspace_size(params) and keep == []  # the stub's size: no new one
+    plain, _ = variants.flashcore_backward_params(fc, q, k, k, o, lse, dout, grads, True)
+    assert (plain.local, plain.softcap, plain.sinks, plain.dsinks) == (0, 0.0, None, None)
+
+
+def test_flashcore_backward_params_with_a_05_library(c_compiler, header_text, tmp_path):
+    """A 0.5 library (whose backward refuses the variants): RuntimeError naming 0.6 for a backward with a variant or
+    dsinks, recorded in the bench's cell; the plain backward's params are made."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import flashcore_ctypes
+    from flashcore import _lib
+
+    fc = flashcore_ctypes.FlashCoreLib(build_stub(c_compiler, tmp_path, "libflashcore_v5.so",
+                                                  "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V5_SIZE"))
+    assert fc.new_backward_params().struct_size == _lib.ATTENTION_PARAMS_V5_SIZE
+    q = torch.zeros(2, 4, 16, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, 16, 64, dtype=torch.bfloat16)
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(k))
+    args = (fc, q, k, k, torch.empty_like(q), torch.empty(2, 4, 16), torch.empty_like(q), grads, True)
+    with pytest.raises(RuntimeError, match="backward with window_size needs a 0.6 library or newer"):
+        variants.flashcore_backward_params(*args, (4095, 0), 0.0)
+    with pytest.raises(RuntimeError, match="backward with softcap, sinks needs a 0.6 library"):
+        variants.flashcore_backward_params(*args, (-1, -1), 50.0, torch.zeros(4), torch.empty(4))
+    params, _ = variants.flashcore_backward_params(*args)
+    assert params.local == 0 and params.struct_size == _lib.ATTENTION_PARAMS_V5_SIZE
 
 
 def test_flashcore_ctypes_with_a_04_library(c_compiler, header_text, tmp_path):

@@ -549,6 +549,10 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
         def has_variants():
             return False
 
+        @staticmethod
+        def has_variant_backward():
+            return False
+
     fake = FakeLib()
     monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
     monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
@@ -558,6 +562,7 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     assert fc_hf._compiled_head_dims() == (64,)
     assert fc_hf._compiled_backward_head_dims() == (64,)
     assert fc_hf._library_has_variants() is False
+    assert fc_hf._library_has_variant_backward() is False
 
 
 # ---------------------------------------------------------------------------------------------------------------

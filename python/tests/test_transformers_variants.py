@@ -161,6 +161,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 128, 256))
     monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 128))
     monkeypatch.setattr(fc_hf, "_library_has_variants", lambda: True)
+    monkeypatch.setattr(fc_hf, "_library_has_variant_backward", lambda: True)
     fc_hf._logged_reasons.clear()
 
 
@@ -207,30 +208,75 @@ def test_cpu_emulated_fp32_falls_back_with_the_window(emulated, calls, arch):
     assert calls == []
 
 
-def test_cpu_emulated_training_with_a_window_falls_back(emulated, calls):
-    """A training step whose attention has variants (forward-only in FlashCore 0.5) runs on transformers' attention,
-    with a warning naming them, not a forward whose backward then fails; its gradients are eager's."""
+def check_training(arch, name, device, calls, ids, atol):
+    """One training step (forward and backward) of FlashCore's model against the model's eager attention at bf16 and
+    in fp32 (same weights): every layer ran on FlashCore with its variants and inputs that require grad, and for every
+    parameter, gpt-oss's sinks included, max |grad(flashcore) - grad(fp32 eager)| <= 2 * max |grad(bf16 eager) -
+    grad(fp32 eager)| + atol * max |grad(fp32 eager)| (the project's error rule, on gradients; as test_transformers.py's
+    compare_grads)."""
+    fc = tiny(arch, name, torch.bfloat16, device).train()
+    eager = tiny(arch, "eager", torch.bfloat16, device).train()
+    ref = tiny(arch, "eager", torch.float32, device).train()
+    ref.load_state_dict({k: v.float() for k, v in eager.state_dict().items()})
+    for model in (fc, eager, ref):
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert len(calls) == 2, f"{len(calls)} of 2 layers ran on FlashCore"
+    for got, want_kwargs in zip(calls, VARIANTS[arch]):
+        assert got.get("window_size") == want_kwargs.get("window_size")
+        assert got.get("softcap") == want_kwargs.get("softcap")
+        assert (got.get("sinks") is not None) == bool(want_kwargs.get("sinks"))
+    ref_params = dict(ref.named_parameters())
+    names = []
+    for (pname, p_fc), (_, p_eager) in zip(fc.named_parameters(), eager.named_parameters()):
+        want = ref_params[pname].grad.float()
+        assert p_fc.grad is not None, f"{pname}: no gradient"
+        err = (p_fc.grad.float() - want).abs().max().item()
+        base = (p_eager.grad.float() - want).abs().max().item()
+        assert err <= 2 * base + atol * want.abs().max().item(), f"{pname}: flashcore {err:.3g}, eager bf16 {base:.3g}"
+        names.append(pname)
+    if arch == "gpt_oss":  # the sinks are a parameter: their gradient came from FlashCore's dsinks
+        assert any(n.endswith("self_attn.sinks") for n in names)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gpt_oss"])
+def test_cpu_emulated_training_with_variants_runs_flashcore(emulated, calls, arch):
+    """A training step whose attention has variants (a window, softcap, sinks that require grad) runs on FlashCore's
+    forward and backward since 0.6 (no fallback, no warning), and its gradients (gpt-oss's sinks included) follow the
+    error rule against the model's eager attention."""
     fc_hf.register(fc_hf.DEFAULT_NAME)
-    fc = tiny("gemma2", fc_hf.DEFAULT_NAME, torch.bfloat16, "cpu").train()
-    ref = tiny("gemma2", "eager", torch.bfloat16, "cpu").train()
-    ids = torch.randint(0, 1000, (2, 40))
-    fc_hf._logged_reasons.clear()
-    with pytest.warns(UserWarning, match=r"gradients with sliding_window, softcap \(FlashCore's backward"):
-        fc(input_ids=ids, labels=ids).loss.backward()
-    ref(input_ids=ids, labels=ids).loss.backward()
-    assert calls == []
-    for (name, p_fc), (_, p_ref) in zip(fc.named_parameters(), ref.named_parameters()):
-        scale = p_ref.grad.float().abs().max().item()
-        torch.testing.assert_close(p_fc.grad.float(), p_ref.grad.float(), atol=1e-2 * scale, rtol=0, msg=name)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FlashCore: falling back")
+        check_training(arch, fc_hf.DEFAULT_NAME, "cpu", calls, torch.randint(0, 1000, (2, 40)), atol=2e-2)
 
 
-def test_cpu_emulated_strict_training_with_a_window_raises(emulated, calls):
-    fc_hf.register(fc_hf.DEFAULT_NAME, fallback=False)
+@pytest.mark.parametrize("strict", [False, True])
+def test_cpu_emulated_training_with_a_05_library_falls_back(emulated, calls, monkeypatch, strict):
+    """A library whose backward does not take the variants (0.5: forward only): a training step with them runs on
+    transformers' attention, with a warning naming them and the version (strict: ValueError), not a forward whose
+    backward then fails; its gradients are eager's. Without gradients the same calls stay on FlashCore."""
+    monkeypatch.setattr(fc_hf, "_library_has_variant_backward", lambda: False)
+    fc_hf.register(fc_hf.DEFAULT_NAME, fallback=not strict)
     try:
-        fc = tiny("mistral", fc_hf.DEFAULT_NAME, torch.bfloat16, "cpu").train()
         ids = torch.randint(0, 1000, (2, 40))
-        with pytest.raises(ValueError, match="gradients with sliding_window"):
-            fc(input_ids=ids, labels=ids)
+        fc_hf._logged_reasons.clear()
+        if strict:
+            fc = tiny("mistral", fc_hf.DEFAULT_NAME, torch.bfloat16, "cpu").train()
+            with pytest.raises(ValueError, match=r"gradients with sliding_window \(.*0.6 needed\)"):
+                fc(input_ids=ids, labels=ids)
+            return
+        fc = tiny("gemma2", fc_hf.DEFAULT_NAME, torch.bfloat16, "cpu").train()
+        ref = tiny("gemma2", "eager", torch.bfloat16, "cpu").train()
+        with pytest.warns(UserWarning, match=r"gradients with sliding_window, softcap \(the loaded libflashcore.so's "
+                                             r"backward predates the attention variants: 0.6 needed\)"):
+            fc(input_ids=ids, labels=ids).loss.backward()
+        ref(input_ids=ids, labels=ids).loss.backward()
+        assert calls == []
+        for (name, p_fc), (_, p_ref) in zip(fc.named_parameters(), ref.named_parameters()):
+            scale = p_ref.grad.float().abs().max().item()
+            torch.testing.assert_close(p_fc.grad.float(), p_ref.grad.float(), atol=1e-2 * scale, rtol=0, msg=name)
+        _logits(fc, ids)  # no gradients: FlashCore
+        assert len(calls) == 2
     finally:
         fc_hf.register(fc_hf.DEFAULT_NAME)
 
@@ -334,6 +380,20 @@ def test_gpu_model_matches_eager(gpu, calls, arch, name):
 def test_gpu_generate_past_the_window(gpu, calls, arch):
     fc_hf.register(fc_hf.DEFAULT_NAME)
     check_generate(arch, fc_hf.DEFAULT_NAME, gpu, calls)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gpt_oss"])
+def test_gpu_training_with_variants(gpu, calls, arch):
+    """A training step with the variants on the real kernels (a 0.6 library): gradients against eager's, the rule of
+    check_training."""
+    if not fc_hf._lib.load().has_variant_backward():
+        pytest.skip(f"{flashcore.library_path()} ({flashcore.library_version()}) has no backward for the variants "
+                    "(0.6 needed)")
+    fc_hf.register(fc_hf.DEFAULT_NAME)
+    fc_hf._logged_reasons.clear()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FlashCore: falling back")
+        check_training(arch, fc_hf.DEFAULT_NAME, gpu, calls, torch.randint(0, 1000, (4, 128), device=gpu), atol=1e-2)
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gpt_oss"])

@@ -2,7 +2,8 @@
 float64 reference against a loop-by-loop reading of the definitions, the front ends' argument errors (each naming the
 argument), the C params the ops fill (through the host-only stub library, and a 0.4-sized one that refuses them), the
 custom ops with the kernel emulated on the CPU by the float64 reference (results, LSE with sinks, rows without keys,
-fake tensors, opcheck, torch.compile), and the backward's NotImplementedError naming the variant.
+fake tensors, opcheck, torch.compile), and (since 0.6) the variants' backward: gradients of q, k, v and sinks through
+attention / sdpa / varlen_attention (and through lse) with the kernel's formulas emulated, against float64 autograd.
 
 The kernels themselves run in test_variants_gpu.py."""
 
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 import flashcore  # noqa: E402
 from conftest import build_stub  # noqa: E402
 from flashcore import _lib, _ops  # noqa: E402
-from reference import emulate_on_cpu, reference_variants, variant_mask  # noqa: E402
+from reference import emulate_on_cpu, reference_variant_grads, reference_variants, variant_mask  # noqa: E402
 from test_varlen_cpu import _packed, cu_seqlens, emulate_serving_on_cpu, ref_varlen  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
@@ -371,56 +372,305 @@ def test_gqa_and_mqa(emulated):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The backward: NotImplementedError naming the variant (never the gradients of plain attention).
+# The backward (since 0.6): the variants' gradients, sinks included, with the kernel emulated
+# (reference.variant_backward_fp64, the kernel's formulas) against float64 autograd of the definitions
+# (reference.reference_variant_grads).
+
+# bf16 rounding of gradients (and of O, which D = rowsum(dO * O) reads, as the kernel does), against float64: relative
+# to the largest gradient (GRAD_TOL for those of magnitude ~1).
+GRAD_TOL = dict(atol=2e-2, rtol=2e-2)
+
+BACKWARD_CASES = [  # (name, flashcore keyword arguments; "sinks" is drawn by _case)
+    ("window-c4", dict(causal=True, window_size=(4, 0))),
+    ("window-diag", dict(window_size=(0, 0))),
+    ("window-left3", dict(window_size=(3, -1))),
+    ("window-right5", dict(window_size=(-1, 5))),
+    ("window-c3-unbounded", dict(causal=True, window_size=(3, -1))),
+    ("softcap", dict(softcap=2.0)),
+    ("softcap-causal-window", dict(causal=True, softcap=2.0, window_size=(6, 0))),
+    ("sinks", dict(sinks="sinks")),
+    ("sinks-causal", dict(causal=True, sinks="sinks")),
+    ("sinks-window", dict(causal=True, window_size=(5, 0), sinks="sinks")),
+    ("all", dict(window_size=(7, 2), softcap=1.5, sinks="sinks")),
+]
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(window_size=(4, 0), causal=True), r"window_size=\(4, 0\)"),
-    (dict(softcap=30.0), "softcap=30.0"),
-    (dict(sinks="sinks"), "sinks"),
-])
-def test_backward_raises_naming_the_variant(emulated, kwargs, needle):
-    kwargs = _case(kwargs)
-    q, k, v = (t.requires_grad_() for t in _qkv())
-    out = flashcore.attention(q, k, v, **kwargs)  # the forward runs with inputs that require grad
-    with pytest.raises(NotImplementedError, match=f"backward of attention with {needle}.* not supported yet"):
-        out.float().sum().backward()
-    out = flashcore.sdpa(*(t.transpose(1, 2) for t in (q, k, v)), **{key: val for key, val in kwargs.items()
-                                                                      if key not in ("causal", "attention_chunk")})
-    if any(key in kwargs for key in ("window_size", "softcap", "sinks")):
-        with pytest.raises(NotImplementedError, match="not supported yet"):
-            out.float().sum().backward()
-    with torch.no_grad():
-        assert flashcore.attention(q, k, v, **kwargs).shape == q.shape
+def _leaves(b=2, sq=16, sk=16, hq=4, hkv=2, d=64, seed=0, scale_q=2.0):
+    """q (scaled: scores of a few units, so that the softcap bites), k, v in bf16, requiring grad, and dout."""
+    q, k, v = _qkv(b, sq, sk, hq, hkv, d, seed=seed)
+    q = (q.float() * scale_q).to(q.dtype)
+    dout = torch.randn(b, sq, hq, d, generator=torch.Generator().manual_seed(seed + 7)).to(q.dtype)
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), dout
 
 
-def test_backward_of_sinks_alone_raises(emulated):
-    """Sinks that require grad (gpt-oss's are a parameter), q, k, v that do not: still no made-up gradient."""
-    q, k, v = _qkv()
+def _want(q, k, v, dout, kwargs, scale=None, dlse=None):
+    sinks = kwargs.get("sinks")
+    return reference_variant_grads(q, k, v, dout, kwargs.get("causal", False), scale,
+                                   kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0),
+                                   None if sinks is None else sinks.detach().float(), dlse=dlse)
+
+
+def _check(got, want, names=("dq", "dk", "dv", "dsinks")):
+    for name, g, w in zip(names, got, want):
+        if w is None:
+            assert g is None, f"{name}: a gradient where none was expected"
+            continue
+        assert g is not None, f"{name} missing"
+        atol = GRAD_TOL["atol"] * max(1.0, w.abs().max().item())
+        torch.testing.assert_close(g.double(), w, atol=atol, rtol=GRAD_TOL["rtol"], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("name, case", BACKWARD_CASES, ids=[c[0] for c in BACKWARD_CASES])
+@pytest.mark.parametrize("sq, sk, hkv", [(16, 16, 2), (11, 19, 1), (19, 11, 4)], ids=["square", "sq<sk-mqa",
+                                                                                     "sq>sk-mha"])
+def test_attention_grads(emulated, name, case, sq, sk, hkv):
+    """q, k, v (and sinks, which require grad) through flashcore.attention: every gradient as float64 autograd's."""
+    kwargs = _case(case)
+    if "sinks" in kwargs:
+        kwargs["sinks"].requires_grad_()
+    q, k, v, dout = _leaves(sq=sq, sk=sk, hkv=hkv)
+    out = flashcore.attention(q, k, v, **kwargs)
+    out.backward(dout)
+    sinks = kwargs.get("sinks")
+    want = _want(q, k, v, dout, kwargs)
+    _check((q.grad, k.grad, v.grad, None if sinks is None else sinks.grad), want)
+    for t in (q, k, v):
+        assert t.grad.dtype == t.dtype and t.grad.stride() == t.stride()
+    if sinks is not None:
+        assert sinks.grad.dtype == torch.float32 and sinks.grad.shape == (4,)
+
+
+def test_sdpa_grads(emulated):
+    """sdpa's (B, H, S, D) tensors with a window, softcap and sinks: gradients in the inputs' layout, as float64's."""
+    q, k, v, dout = _leaves(2, 21, 21, 4, 2)
+    qb, kb, vb = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
     sinks = _sinks().requires_grad_()
-    out = flashcore.attention(q, k, v, sinks=sinks)
+    out = flashcore.sdpa(qb, kb, vb, is_causal=True, window_size=(5, 0), softcap=2.5, sinks=sinks, scale=0.2)
+    out.backward(dout.transpose(1, 2))
+    want = reference_variant_grads(q, k, v, dout, True, 0.2, (5, 0), 2.5, sinks.detach())
+    _check((qb.grad.transpose(1, 2), kb.grad.transpose(1, 2), vb.grad.transpose(1, 2), sinks.grad), want)
+    for t in (qb, kb, vb):
+        assert t.grad.is_contiguous()
+
+
+def test_grads_of_sinks_alone(emulated):
+    """Sinks that require grad (gpt-oss's are a parameter, bf16 here), q, k, v that do not: the sinks' gradient, in
+    their dtype (the front end converted them to float32, autograd converts the gradient back), as float64's."""
+    q, k, v, dout = (t.detach() if t.requires_grad else t for t in _leaves())
+    sinks = _sinks().to(torch.bfloat16).requires_grad_()
+    out = flashcore.attention(q, k, v, causal=True, window_size=(3, 0), sinks=sinks)
     assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="with sinks"):
-        out.float().sum().backward()
+    out.backward(dout)
+    assert sinks.grad.dtype == torch.bfloat16
+    want = _want(q, k, v, dout, dict(causal=True, window_size=(3, 0), sinks=sinks))
+    torch.testing.assert_close(sinks.grad.double(), want[3], **GRAD_TOL)
 
 
-def test_backward_of_a_window_that_is_plain_causal_runs(emulated):
-    """causal=True with window_size=(-1, right) is causal attention (the right bound is 0): its backward exists."""
-    q, k, v = (t.requires_grad_() for t in _qkv())
-    flashcore.attention(q, k, v, causal=True, window_size=(-1, 3)).float().sum().backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+def test_sinks_that_do_not_require_grad_get_none(emulated, monkeypatch):
+    """Sinks that do not require grad (a buffer): no dsinks is asked of the library (return_dsinks=False), none
+    returned; q, k, v's gradients as float64's."""
+    seen = []
+    real = _ops._launch_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("dsinks"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "_launch_backward", spy)
+    q, k, v, dout = _leaves()
+    sinks = _sinks()
+    flashcore.attention(q, k, v, sinks=sinks).backward(dout)
+    assert seen == [None] and sinks.grad is None
+    _check((q.grad, k.grad, v.grad), _want(q, k, v, dout, dict(sinks=sinks))[:3])
+    sinks.requires_grad_()
+    for t in (q, k, v):
+        t.grad = None
+    flashcore.attention(q, k, v, sinks=sinks).backward(dout)
+    assert seen[1] is not None and seen[1].shape == (4,) and seen[1].dtype == torch.float32
 
 
-def test_varlen_and_kvcache_backward_raise(emulated):
+@pytest.mark.parametrize("case", [dict(causal=True, window_size=(4, 0)), dict(softcap=1.5, window_size=(5, 3)),
+                                  dict(causal=True, sinks="sinks"), dict(window_size=(-1, 4), softcap=2.0,
+                                                                         sinks="sinks")],
+                         ids=["window", "softcap-window", "sinks", "all"])
+def test_grads_through_lse(emulated, case):
+    """A loss on out and lse: the gradient through lse (one more backward call with v = e_0, dO = g e_0, O = 0, and
+    the sinks' share of lse added on the host) reaches q, k and the sinks as float64 autograd's; v gets none from
+    it. Rows without keys (lse = -inf without sinks) pass nothing."""
+    kwargs = _case(case)
+    if "sinks" in kwargs:
+        kwargs["sinks"].requires_grad_()
+    q, k, v, dout = _leaves(1, 24, 16)
+    out, lse = flashcore.attention(q, k, v, return_lse=True, softmax_scale=0.3, **kwargs)
+    dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(3))
+    torch.autograd.backward([out, lse], [dout, dlse])
+    sinks = kwargs.get("sinks")
+    want = _want(q, k, v, dout, kwargs, scale=0.3, dlse=dlse)
+    _check((q.grad, k.grad, v.grad, None if sinks is None else sinks.grad), want)
+    for t in (q, k, v) + (() if sinks is None else (sinks,)):
+        t.grad = None
+    _, lse = flashcore.attention(q, k, v, return_lse=True, softmax_scale=0.3, **kwargs)
+    lse[torch.isfinite(lse)].sum().backward()  # lse alone
+    want = _want(q, k, v, torch.zeros(q.shape), kwargs, scale=0.3, dlse=torch.ones(lse.shape))
+    _check((q.grad, k.grad, v.grad, None if sinks is None else sinks.grad), want)
+    assert torch.all(v.grad == 0)
+
+
+def test_direct_op_without_lse_recomputes_it(emulated):
+    """torch.ops.flashcore.attention_fwd(..., return_lse=False) with variants on inputs that require grad: the
+    backward gets lse by running the forward again, with the variants."""
+    q, k, v, dout = _leaves()
+    sinks = _sinks().requires_grad_()
+    out, lse = _ops.attention_fwd(q, k, v, True, 0.0, False, window_size_left=5, softcap=2.0, sinks=sinks)
+    assert lse.shape == (0,)
+    out.backward(dout)
+    want = _want(q, k, v, dout, dict(causal=True, window_size=(5, -1), softcap=2.0, sinks=sinks))
+    _check((q.grad, k.grad, v.grad, sinks.grad), want)
+
+
+def test_front_ends_ask_for_lse_when_differentiated(emulated, monkeypatch):
+    """With variants the front ends ask for lse whenever the call will be differentiated, sinks that require grad
+    included (the backward reads it); not otherwise."""
+    calls = []
+    real = _ops.attention_fwd
+
+    def spy(*args, **kwargs):
+        calls.append(args[5])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "attention_fwd", spy)
+    q, k, v = _qkv()
+    sinks = _sinks()
+    flashcore.attention(q, k, v, softcap=2.0, sinks=sinks)
+    flashcore.attention(q, k, v, softcap=2.0, sinks=sinks.requires_grad_())
+    with torch.no_grad():
+        flashcore.attention(q, k, v, softcap=2.0, sinks=sinks)
+    flashcore.sdpa(*(t.transpose(1, 2).requires_grad_() for t in (q, k, v)), window_size=(3, 3))
+    assert calls == [False, True, False, True]
+
+
+def test_varlen_grads(emulated):
+    """Packed sequences with a window, softcap and sinks (which require grad): each sequence's gradients as float64
+    autograd's; the sinks' gradient summed over the sequences."""
+    lens_q, lens_k = [5, 9, 1], [7, 12, 4]
+    qp, kp, vp, cu_q, cu_k = _packed(lens_q, lens_k)
+    qp, kp, vp = (t.requires_grad_() for t in (qp, kp, vp))
+    sinks = _sinks().requires_grad_()
+    dout = torch.randn(qp.shape, generator=torch.Generator().manual_seed(4)).to(qp.dtype)
+    out = flashcore.varlen_attention(qp, kp, vp, cu_q, cu_k, 9, 12, causal=True, window_size=(3, 0), softcap=2.0,
+                                     sinks=sinks)
+    out.backward(dout)
+    total = torch.zeros(4, dtype=torch.float64)
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        one = lambda t, s: t.detach()[s][None]  # noqa: E731
+        want = reference_variant_grads(one(qp, qs), one(kp, ks), one(vp, ks), one(dout, qs), True, None, (3, 0), 2.0,
+                                       sinks.detach())
+        _check((qp.grad[qs][None], kp.grad[ks][None], vp.grad[ks][None]), want[:3])
+        total += want[3]
+    torch.testing.assert_close(sinks.grad.double(), total, **GRAD_TOL)
+
+
+def test_varlen_without_sinks_grad_and_lse_grad(emulated):
+    """Varlen with variants: q alone requiring grad runs (no dsinks); a gradient through its lse is still refused."""
     qp, kp, vp, cu_q, cu_k = _packed([5, 9], [7, 12])
     qp.requires_grad_()
     out = flashcore.varlen_attention(qp, kp, vp, cu_q, cu_k, 9, 12, softcap=3.0)
-    with pytest.raises(NotImplementedError, match=r"backward of varlen attention .* with softcap=3.0"):
-        out.float().sum().backward()
+    out.float().sum().backward()
+    assert qp.grad is not None and torch.isfinite(qp.grad).all()
+    out, lse = flashcore.varlen_attention(qp, kp, vp, cu_q, cu_k, 9, 12, softcap=3.0, return_lse=True)
+    with pytest.raises(NotImplementedError, match="gradient through varlen_attention's lse"):
+        torch.autograd.backward([out, lse], [torch.ones_like(out), torch.ones_like(lse)])
+
+
+def test_kvcache_backward_still_raises(emulated):
     q, k, v = (t.requires_grad_() for t in _qkv())
     out = flashcore.attention_with_kvcache(q, k.detach(), v.detach(), window_size=(3, 0), causal=True)
     with pytest.raises(NotImplementedError, match="KV-cache"):
         out.float().sum().backward()
+
+
+def test_chunk_message_names_it():
+    """attention_chunk never reaches autograd (the front ends and ops refuse it first); the formula's message for it
+    names it anyway, and no other variant gets one."""
+    message = _ops.variants_backward_message("attention", _ops.Variants(attention_chunk=64), True)
+    assert "attention_chunk=64" in message and "not supported yet" in message
+    assert _ops.variants_backward_message("attention", _ops.Variants(3, 0, 2.0, torch.zeros(1)), True) is None
+
+
+def test_backward_of_a_window_that_is_plain_causal_runs(emulated, monkeypatch):
+    """causal=True with window_size=(-1, right) is causal attention (the right bound is 0): the plain backward."""
+    seen = []
+    real = _ops._launch_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("variants"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "_launch_backward", spy)
+    q, k, v, dout = _leaves()
+    flashcore.attention(q, k, v, causal=True, window_size=(-1, 3)).backward(dout)
+    assert seen == [None]
+    _check((q.grad, k.grad, v.grad), _want(q, k, v, dout, dict(causal=True))[:3])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph_backward(emulated, backend):
+    """torch.compile(fullgraph=True) of a loss through flashcore.attention with a window, softcap and sinks, then
+    .backward(): the joint graph traces attention_variants_bwd (fake), and the gradients, the sinks' included, equal
+    eager's."""
+    torch._dynamo.reset()
+
+    def loss(q, k, v, sinks, dout):
+        out = flashcore.attention(q, k, v, causal=True, window_size=(4, 0), softcap=2.0, sinks=sinks)
+        return (out.float() * dout).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend=backend)
+    q, k, v, dout = _leaves(sq=17, sk=17)
+    sinks = _sinks().requires_grad_()
+    compiled(q, k, v, sinks, dout.float()).backward()
+    got = [t.grad for t in (q, k, v, sinks)]
+    for t in (q, k, v, sinks):
+        t.grad = None
+    loss(q, k, v, sinks, dout.float()).backward()
+    for g, t in zip(got, (q, k, v, sinks)):
+        torch.testing.assert_close(g, t.grad, atol=0, rtol=0)
+
+
+def test_variants_backward_ops_fake_and_opcheck(emulated):
+    """attention_variants_bwd: schema, fake propagation (dsinks float32 (Hq,) or an empty (0,)), argument checks,
+    opcheck; and opcheck of the forward op with sinks that require grad (its autograd formula, AOT dispatch)."""
+    args = {a.name: a for a in torch.ops.flashcore.attention_variants_bwd.default._schema.arguments}
+    assert list(args)[-6:] == ["deterministic", "window_size_left", "window_size_right", "softcap", "sinks",
+                               "return_dsinks"]
+    assert len(torch.ops.flashcore.attention_variants_bwd.default._schema.returns) == 4
+    vargs = [a.name for a in torch.ops.flashcore.varlen_attention_variants_bwd.default._schema.arguments]
+    assert vargs[-6:] == list(args)[-6:]
+    with FakeTensorMode():
+        q = torch.empty(2, 17, 8, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 33, 2, 64, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 8, 17, device="cuda")
+        sinks = torch.empty(8, device="cuda")
+        dq, dk, dv, ds = torch.ops.flashcore.attention_variants_bwd(q, q, k, k, q, lse, True, 0.0, False, 5, -1, 2.0,
+                                                                    sinks, True)
+        assert (dq.shape, dk.shape, dv.shape, ds.shape, ds.dtype) == (q.shape, k.shape, k.shape, (8,), torch.float32)
+        ds = torch.ops.flashcore.attention_variants_bwd(q, q, k, k, q, lse, True, 0.0, False, sinks=sinks)[3]
+        assert ds.shape == (0,)
+        with pytest.raises(ValueError, match="return_dsinks=True needs sinks"):
+            torch.ops.flashcore.attention_variants_bwd(q, q, k, k, q, lse, True, 0.0, False, return_dsinks=True)
+        with pytest.raises(ValueError, match="sinks must have shape"):
+            torch.ops.flashcore.attention_variants_bwd(q, q, k, k, q, lse, True, 0.0, sinks=sinks[:4])
+    q, k, v = _qkv(sq=17, sk=33)
+    sinks = _sinks()
+    out, lse = _ops.attention_fwd(q, k, v, True, 0.0, True, window_size_left=5, softcap=2.0, sinks=sinks)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.flashcore.attention_variants_bwd.default,
+                          (dout, q, k, v, out, lse, True, 0.0, False, 5, -1, 2.0, sinks, True))
+    torch.library.opcheck(torch.ops.flashcore.attention_fwd.default,
+                          (q.requires_grad_(), k, v, False, 0.3, True),
+                          dict(window_size_left=3, window_size_right=2, softcap=2.0, sinks=sinks.requires_grad_()),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import flashcore  # noqa: E402
 from flashcore import _lib, _ops  # noqa: E402
-from reference import reference_of  # noqa: E402
+from reference import reference_of, variant_backward_fp64  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------
 # Float64 reference, one sequence at a time.
@@ -83,7 +83,8 @@ class EmulatedCaps:
 
 def emulate_serving_on_cpu(monkeypatch, calls=None):
     """Run varlen_attention / attention_with_kvcache (dense and paged) on CPU tensors with ref_sequence in place of
-    the native library. `calls`, a list, receives the keyword arguments of every emulated launch."""
+    the native library, and varlen_attention's backward with reference.variant_backward_fp64 per sequence. `calls`, a
+    list, receives the keyword arguments of every emulated launch."""
 
     def check_supported(q, head_dim):
         if head_dim not in EmulatedCaps.compiled()[1]:
@@ -133,10 +134,36 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
         if lse.numel():
             lse[:, :covered] = l[:, :covered].float()
 
+    def launch_varlen_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
+                               softmax_scale, deterministic, variants=None, dsinks=None):
+        """Each sequence's backward by the float64 formulas (reference.variant_backward_fp64, D from the out given)."""
+        if calls is not None:
+            calls.append({"kind": "varlen_backward", "max_seqlen_q": max_q, "max_seqlen_k": max_k,
+                          "deterministic": deterministic, "dsinks": dsinks is not None,
+                          **({} if variants is None else {"variants": variants})})
+        window = (-1, -1) if variants is None else (variants.window_size_left, variants.window_size_right)
+        cap = 0.0 if variants is None else variants.softcap
+        sinks = None if variants is None else variants.sinks
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        total = torch.zeros(q.shape[1], dtype=torch.float64)
+        for b in range(len(cq) - 1):
+            qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+            if cq[b + 1] == cq[b] or ck[b + 1] == ck[b]:
+                continue
+            one = lambda t, s: t[s][None]  # noqa: E731
+            gq, gk, gv, gs = variant_backward_fp64(one(q, qs), one(k, ks), one(v, ks), one(dout, qs), causal,
+                                                   softmax_scale or None, window, cap, sinks, out=one(out, qs))
+            dq[qs], dk[ks], dv[ks] = gq[0].to(dq.dtype), gk[0].to(dk.dtype), gv[0].to(dv.dtype)
+            if gs is not None:
+                total += gs
+        if dsinks is not None:
+            dsinks.copy_(total)
+
     monkeypatch.setattr(_ops, "_check_device", lambda q, k, v: None)
     monkeypatch.setattr(_ops, "_check_supported", check_supported)
     monkeypatch.setattr(_ops, "_launch", launch)
     monkeypatch.setattr(_ops, "_launch_varlen", launch_varlen)
+    monkeypatch.setattr(_ops, "_launch_varlen_backward", launch_varlen_backward)
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 // Argument validation of the backward pass (ABI 0.4: flashcore_attention_backward, _backward_workspace_size and the
-// fields dout, dq, dk, dv, their strides, deterministic, reserved3), without a GPU: the forward's checks first and
-// unchanged, then every backward rule's status and a message naming the field, nothing written by a failing call;
-// the valid combinations pass the argument checks; the 0.3 struct layout (FLASHCORE_ATTENTION_PARAMS_V3_SIZE) and
-// params_init_sized / set_contiguous with it.
+// fields dout, dq, dk, dv, their strides, deterministic, reserved3; ABI 0.6: dsinks), without a GPU: the forward's
+// checks first and unchanged, then every backward rule's status and a message naming the field, nothing written by a
+// failing call; the valid combinations pass the argument checks; the 0.3 struct layout
+// (FLASHCORE_ATTENTION_PARAMS_V3_SIZE) and params_init_sized / set_contiguous with it. (The variants themselves, and
+// the 0.5 layout: tests/cpu/test_variant_validation.cpp.)
 // Host buffers stand in for device memory: the argument checks touch no device, and every failing call fails before
 // any device access. A call that passes them then fails the device checks: NO_DEVICE without a GPU, or (with one)
 // INVALID_ARGUMENT because the buffers are host memory (passed_argument_checks).
@@ -186,6 +187,8 @@ class BackwardValidation : public ::testing::Test {
     k_new_ = std::make_unique<HostBuffer>(B * SEQLEN_NEW * HKV * DMAX * 2);
     v_new_ = std::make_unique<HostBuffer>(B * SEQLEN_NEW * HKV * DMAX * 2);
     ints_ = std::make_unique<HostBuffer>(1024);  // seqused_k, cu_seqlens_q / _k, block_table (contents unread)
+    sinks_ = std::make_unique<HostBuffer>(HQ * 4);
+    dsinks_ = std::make_unique<HostBuffer>(HQ * 4);
     flashcore_attention_params_init(&p);
     p.q = q_->data(), p.k = k_->data(), p.v = v_->data(), p.o = o_->data();
     p.lse = reinterpret_cast<float*>(lse_->data());
@@ -214,6 +217,7 @@ class BackwardValidation : public ::testing::Test {
     EXPECT_TRUE(dq_->untouched()) << "dq was written by a failing call";
     EXPECT_TRUE(dk_->untouched()) << "dk was written by a failing call";
     EXPECT_TRUE(dv_->untouched()) << "dv was written by a failing call";
+    EXPECT_TRUE(dsinks_->untouched()) << "dsinks was written by a failing call";
     EXPECT_TRUE(o_->untouched()) << "o was written";
     EXPECT_TRUE(lse_->untouched()) << "lse was written";
   }
@@ -260,7 +264,11 @@ class BackwardValidation : public ::testing::Test {
   std::string size_message;
   bool workspace_known = false;
   uint64_t workspace_bytes = 0;
-  std::unique_ptr<HostBuffer> q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, k_new_, v_new_, ints_, workspace_;
+  const float* sinks() const { return reinterpret_cast<const float*>(sinks_->data()); }
+  float* dsinks() const { return reinterpret_cast<float*>(dsinks_->data()); }
+
+  std::unique_ptr<HostBuffer> q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, k_new_, v_new_, ints_, workspace_, sinks_,
+      dsinks_;
 };
 
 TEST_F(BackwardValidation, ValidProblemPassesTheArgumentChecks) {
@@ -341,6 +349,7 @@ TEST_F(BackwardValidation, ForwardIgnoresTheBackwardFields) {
   p.dout_strides = {-8, 0, 0, 0};
   p.deterministic = 7;
   p.reserved3 = 11;
+  p.dsinks = static_cast<float*>(shifted(dsinks(), 1));  // misaligned, and set without sinks
   EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
 }
 
@@ -646,6 +655,100 @@ TEST_F(BackwardValidation, InputsMayShareMemory) {
   // dO, Q, K, V, O and LSE are read only: dO may alias O (or anything else read).
   p.dout = p.o;
   expect_passes_argument_checks(p);
+}
+
+// ---- dsinks (since 0.6): the sinks' gradient, an output of a backward with sinks ----
+TEST_F(BackwardValidation, DsinksIsOptionalWithSinks) {
+  p.sinks = sinks();
+  expect_passes_argument_checks(p);  // dsinks NULL: not computed
+  p.dsinks = dsinks();
+  expect_passes_argument_checks(p);
+  p.deterministic = 1;
+  expect_passes_argument_checks(p);
+}
+
+TEST_F(BackwardValidation, DsinksNeedsSinks) {
+  p.dsinks = dsinks();
+  expect_error(FLASHCORE_ERROR_INVALID_ARGUMENT, {"dsinks", "sinks"});
+  uint64_t bytes = 0;
+  EXPECT_EQ(flashcore_attention_backward_workspace_size(&p, &bytes), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(names(flashcore_last_error(), "dsinks")) << flashcore_last_error();
+  // The forward ignores it.
+  EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << flashcore_last_error();
+}
+
+TEST_F(BackwardValidation, MisalignedDsinks) {
+  p.sinks = sinks();
+  for (int64_t by : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+    SCOPED_TRACE("by " + std::to_string(by) + " bytes");
+    flashcore_attention_params bad = p;
+    bad.dsinks = static_cast<float*>(shifted(dsinks(), by));
+    expect_error(&bad, FLASHCORE_ERROR_MISALIGNED_POINTER, {"dsinks"});
+  }
+  // float32: 4-byte alignment is enough (not the tensors' 16).
+  for (int64_t by : {int64_t{4}, int64_t{8}, int64_t{12}}) {
+    SCOPED_TRACE("by " + std::to_string(by) + " bytes");
+    flashcore_attention_params good = p;
+    good.dsinks = static_cast<float*>(shifted(dsinks(), by));
+    expect_passes_argument_checks(good);
+  }
+}
+
+TEST_F(BackwardValidation, DsinksOverlappingSinksOrTheGradients) {
+  // dsinks spans num_heads_q floats: at sinks' address, 4 bytes into it or ending 4 bytes into it, and at, inside or
+  // at the end of dq, dk and dv: OVERLAPPING_OUTPUT naming dsinks and the other.
+  HostBuffer around(3 * HQ * 4);  // sinks in the middle third
+  p.sinks = reinterpret_cast<const float*>(around.data() + HQ * 4);
+  void* const sinks_at = around.data() + HQ * 4;
+  const int64_t q_bytes = B * SQ * HQ * D * 2, kv_bytes = B * SK * HKV * D * 2;
+  struct Place {
+    const char* other;
+    void* base;
+    int64_t offset;
+  };
+  const Place places[] = {
+      {"sinks", sinks_at, 0},       {"sinks", sinks_at, 4},          {"sinks", sinks_at, -(HQ * 4) + 4},
+      {"dq", p.dq, 0},              {"dq", p.dq, 64},                {"dq", p.dq, q_bytes - 4},
+      {"dk", p.dk, 0},              {"dk", p.dk, kv_bytes / 2},      {"dv", p.dv, 0},
+      {"dv", p.dv, kv_bytes - 8},
+  };
+  for (const Place& place : places) {
+    SCOPED_TRACE(std::string("dsinks at ") + place.other + " + " + std::to_string(place.offset) + " bytes");
+    flashcore_attention_params bad = p;
+    bad.dsinks = static_cast<float*>(shifted(place.base, place.offset));
+    expect_error(&bad, FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"dsinks", place.other});
+  }
+  EXPECT_TRUE(around.untouched());
+}
+
+TEST_F(BackwardValidation, DsinksNextToSinksOrAGradientIsFine) {
+  // Spans are half-open: dsinks right after sinks' last float, or right after dq's last element, overlaps nothing.
+  HostBuffer both(2 * HQ * 4);
+  p.sinks = reinterpret_cast<const float*>(both.data());
+  p.dsinks = reinterpret_cast<float*>(both.data() + HQ * 4);
+  expect_passes_argument_checks(p);
+  // dsinks just before sinks.
+  p.dsinks = reinterpret_cast<float*>(both.data());
+  p.sinks = reinterpret_cast<const float*>(both.data() + HQ * 4);
+  expect_passes_argument_checks(p);
+  // Right after dq's last byte (dq's buffer holds head_dim 256, so the floats lie inside it and overlap nothing else).
+  p.dsinks = static_cast<float*>(shifted(p.dq, B * SQ * HQ * D * 2));
+  expect_passes_argument_checks(p);
+  EXPECT_TRUE(both.untouched());
+}
+
+TEST_F(BackwardValidation, ForwardChecksComeBeforeTheDsinksRules) {
+  // dsinks set without sinks (a backward error) and a forward error: the forward's verdict.
+  p.dsinks = dsinks();
+  flashcore_attention_params bad = p;
+  bad.q_strides.seq = 12;
+  expect_forward_verdict(bad);
+  bad = p;
+  bad.softcap = -1.0f;
+  expect_forward_verdict(bad);
+  bad = p;
+  bad.attention_chunk = 64;  // still refused, as by the forward
+  expect_forward_verdict(bad);
 }
 
 // ---- workspace ----

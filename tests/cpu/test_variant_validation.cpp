@@ -1,8 +1,10 @@
 // Argument validation of the attention variants (ABI 0.5: local, window_size_left / _right, softcap, sinks,
-// attention_chunk, reserved4) through the public C API, without a GPU: each rule's status and a message naming the
-// field and its value, nothing written by a failing call; the valid settings pass; 8-bit calls (dtype or precision)
-// and the backward refuse the variants; the 0.4 struct layout (FLASHCORE_ATTENTION_PARAMS_V4_SIZE) is still
-// accepted, its variant fields taking their defaults, and params_init / params_init_sized set and respect them.
+// attention_chunk, reserved4; ABI 0.6: dsinks, the variants' backward) through the public C API, without a GPU: each
+// rule's status and a message naming the field and its value, nothing written by a failing call; the valid settings
+// pass; 8-bit calls (dtype or precision) refuse the variants, the backward takes them (since 0.6; attention_chunk
+// stays refused); the 0.4 and 0.5 struct layouts (FLASHCORE_ATTENTION_PARAMS_V4_SIZE, _V5_SIZE) are still accepted,
+// the fields past them taking their defaults, and params_init / params_init_sized set and respect them. (dsinks'
+// own rules: tests/cpu/test_backward_validation.cpp.)
 // Host buffers stand in for device memory: the argument checks touch no device.
 #include <gtest/gtest.h>
 
@@ -36,7 +38,10 @@ TEST(VariantAbi, LayoutOfTheFieldsSince05) {
   EXPECT_EQ(offsetof(flashcore_attention_params, sinks), 664u);
   EXPECT_EQ(offsetof(flashcore_attention_params, attention_chunk), 672u);
   EXPECT_EQ(offsetof(flashcore_attention_params, reserved4), 676u);
-  EXPECT_EQ(sizeof(flashcore_attention_params), 680u);
+  // The 0.5 layout ends after reserved4 (0.6 appends dsinks: below).
+  EXPECT_EQ(size_t{FLASHCORE_ATTENTION_PARAMS_V5_SIZE}, 680u);
+  EXPECT_EQ(offsetof(flashcore_attention_params, reserved4) + sizeof(int32_t), size_t{FLASHCORE_ATTENTION_PARAMS_V5_SIZE});
+  EXPECT_GE(sizeof(flashcore_attention_params), 680u);
   int major = 0, minor = 0, patch = 0;
   flashcore_version(&major, &minor, &patch);
   EXPECT_EQ(major, FLASHCORE_VERSION_MAJOR);
@@ -45,6 +50,17 @@ TEST(VariantAbi, LayoutOfTheFieldsSince05) {
   flashcore_capabilities_init(&caps);
   ASSERT_EQ(flashcore_get_capabilities(&caps), FLASHCORE_SUCCESS) << flashcore_last_error();
   EXPECT_EQ(caps.params_struct_size, sizeof(flashcore_attention_params));
+}
+
+// ---- the layout of the 0.6 field: dsinks ----
+TEST(VariantAbi, LayoutOfTheFieldsSince06) {
+  EXPECT_EQ(offsetof(flashcore_attention_params, dsinks), size_t{FLASHCORE_ATTENTION_PARAMS_V5_SIZE});
+  EXPECT_EQ(sizeof(flashcore_attention_params), 688u);
+  int major = 0, minor = 0, patch = 0;
+  flashcore_version(&major, &minor, &patch);
+  EXPECT_EQ(major, FLASHCORE_VERSION_MAJOR);
+  EXPECT_GE(minor, 6) << "the library predates the variants' backward";
+  EXPECT_GE(FLASHCORE_VERSION_MINOR, 6);
 }
 
 TEST(VariantAbi, InitSetsTheDefaultsOfTheFieldsSince05) {
@@ -59,6 +75,7 @@ TEST(VariantAbi, InitSetsTheDefaultsOfTheFieldsSince05) {
   EXPECT_EQ(p.sinks, nullptr);
   EXPECT_EQ(p.attention_chunk, 0);
   EXPECT_EQ(p.reserved4, 0);
+  EXPECT_EQ(p.dsinks, nullptr);
 }
 
 TEST(VariantAbi, InitSizedWithTheV4SizeWritesNothingPastIt) {
@@ -74,6 +91,24 @@ TEST(VariantAbi, InitSizedWithTheV4SizeWritesNothingPastIt) {
   EXPECT_EQ(v4->reserved3, 0);
   for (size_t i = FLASHCORE_ATTENTION_PARAMS_V4_SIZE; i < buf.size(); ++i) {
     ASSERT_EQ(buf[i], 0xC4) << "byte " << i << " written past a 0.4 struct by params_init_sized";
+  }
+}
+
+TEST(VariantAbi, InitSizedWithTheV5SizeWritesNothingPastIt) {
+  std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 64, 0xC5);
+  auto* v5 = reinterpret_cast<flashcore_attention_params*>(buf.data());
+  flashcore_attention_params_init_sized(v5, FLASHCORE_ATTENTION_PARAMS_V5_SIZE);
+  EXPECT_STREQ(flashcore_last_error(), "");
+  EXPECT_EQ(v5->struct_size, uint32_t{FLASHCORE_ATTENTION_PARAMS_V5_SIZE});
+  EXPECT_EQ(v5->q_strides.dim, 1);
+  EXPECT_EQ(v5->out_dtype, FLASHCORE_DTYPE_SAME);
+  EXPECT_EQ(v5->dq_strides.dim, 1);
+  EXPECT_EQ(v5->local, 0);
+  EXPECT_EQ(v5->softcap, 0.0f);
+  EXPECT_EQ(v5->sinks, nullptr);
+  EXPECT_EQ(v5->reserved4, 0);
+  for (size_t i = FLASHCORE_ATTENTION_PARAMS_V5_SIZE; i < buf.size(); ++i) {
+    ASSERT_EQ(buf[i], 0xC5) << "byte " << i << " written past a 0.5 struct by params_init_sized";
   }
 }
 
@@ -276,39 +311,109 @@ TEST_F(VariantValidation, WindowedCallsBoundTheSummedLengths) {
   EXPECT_FALSE(fails_on_summed_lengths(p)) << flashcore_last_error();
 }
 
-// ---- the backward refuses every variant ----
-TEST_F(VariantValidation, BackwardRefusesTheVariants) {
-  // A problem the backward would otherwise get further with: its gradient tensors set (host memory too). The
-  // message names the variant; the same call without it does not mention any variant.
-  HostBuffer dout(B * SQ * HQ * D * 2), dq(B * SQ * HQ * D * 2), dk(B * SK * HKV * D * 2), dv(B * SK * HKV * D * 2);
-  p.dout = dout.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
-  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS) << flashcore_last_error();
-  const flashcore_status plain = flashcore_attention_backward(&p, nullptr);
-  const std::string plain_message = flashcore_last_error();
-  for (const char* field : {"local", "softcap", "sinks", "attention_chunk"}) {
-    EXPECT_EQ(plain_message.find(std::string(field) + " is set"), std::string::npos) << plain_message;
+// ---- the backward takes the variants (since 0.6) ----
+
+// The status of a backward call that passed every argument check on these host buffers: the device checks' verdict
+// (no device, or the host memory the buffers are).
+bool passed_argument_checks(flashcore_status st, const std::string& message) {
+  if (st == FLASHCORE_ERROR_NO_DEVICE || st == FLASHCORE_ERROR_UNSUPPORTED_ARCH || st == FLASHCORE_ERROR_CUDA) {
+    return true;
   }
-  (void)plain;
+  return st == FLASHCORE_ERROR_INVALID_ARGUMENT && message.find("host memory") != std::string::npos;
+}
+
+// A (dtype, head_dim) with a backward kernel in this build (fp16 / bf16, head_dim 64 or 128); head_dim 0 if none.
+Compiled backward_compiled() {
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16}) {
+    for (int hd : {128, 64}) {
+      if (flashcore::backend::is_compiled(dt, hd) && flashcore::backend::backward_compiled(dt, hd)) return {dt, hd};
+    }
+  }
+  return {};
+}
+
+TEST_F(VariantValidation, BackwardTakesTheVariants) {
+  // A backward problem on host buffers (the gradient tensors set) for a (dtype, head_dim) the backward has: with every
+  // variant, alone and together, causal and not, it passes the argument checks (and the workspace query's), and no
+  // message says the variant is not taken.
+  const Compiled c = backward_compiled();
+  if (c.head_dim == 0) GTEST_SKIP() << "this build compiled no fp16 / bf16 backward of head_dim 64 or 128";
+  p.dtype = c.dtype;
+  p.head_dim = D = c.head_dim;
+  HostBuffer q(B * SQ * HQ * D * 2), k(B * SK * HKV * D * 2), v(B * SK * HKV * D * 2), o(B * SQ * HQ * D * 2);
+  HostBuffer dout(B * SQ * HQ * D * 2), dq(B * SQ * HQ * D * 2), dk(B * SK * HKV * D * 2), dv(B * SK * HKV * D * 2);
+  HostBuffer workspace(1 << 20), dsinks(HQ * 4);
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data();
+  p.dout = dout.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
+  p.workspace = workspace.data(), p.workspace_size = 1 << 20;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS) << flashcore_last_error();
+  {
+    const flashcore_status st = flashcore_attention_backward(&p, nullptr);
+    ASSERT_TRUE(passed_argument_checks(st, flashcore_last_error()))
+        << "the plain backward problem: " << flashcore_status_string(st) << ": " << flashcore_last_error();
+  }
 
   using P = flashcore_attention_params;
   const std::pair<const char*, std::function<void(P&)>> variants[] = {
-      {"local", [](P& x) { x.local = 1; }},  // (a window of (0, 0): any local = 1 is refused)
-      {"softcap", [](P& x) { x.softcap = 30.0f; }},
+      {"local (0, 0)", [](P& x) { x.local = 1; }},
+      {"local (16, -1)",
+       [](P& x) {
+         x.local = 1;
+         x.window_size_left = 16, x.window_size_right = -1;
+       }},
+      {"local (-1, 7)",
+       [](P& x) {
+         x.local = 1;
+         x.window_size_left = -1, x.window_size_right = 7;
+       }},
+      {"local (32, any) causal",
+       [](P& x) {
+         x.local = 1, x.causal = 1;
+         x.window_size_left = 32, x.window_size_right = -5;  // not read with causal = 1
+       }},
+      {"softcap 30", [](P& x) { x.softcap = 30.0f; }},
+      {"softcap 30 causal", [](P& x) { x.softcap = 30.0f, x.causal = 1; }},
       {"sinks", [this](P& x) { x.sinks = sinks(); }},
+      {"sinks and dsinks",
+       [&](P& x) {
+         x.sinks = sinks();
+         x.dsinks = reinterpret_cast<float*>(dsinks.data());
+       }},
+      {"all of them",
+       [this](P& x) {
+         x.local = 1, x.window_size_left = 100, x.window_size_right = 7, x.softcap = 20.0f, x.sinks = sinks();
+       }},
   };
   for (const auto& [name, set] : variants) {
     SCOPED_TRACE(name);
     flashcore_attention_params with = p;
     set(with);
     ASSERT_EQ(flashcore_attention_validate(&with), FLASHCORE_SUCCESS) << "the forward takes it: " << flashcore_last_error();
-    EXPECT_EQ(flashcore_attention_backward(&with, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT) << flashcore_last_error();
+    const flashcore_status st = flashcore_attention_backward(&with, nullptr);
     const std::string message = flashcore_last_error();
-    EXPECT_NE(message.find(std::string(name) + " is set: the backward"), std::string::npos) << message;
+    EXPECT_TRUE(passed_argument_checks(st, message)) << flashcore_status_string(st) << ": " << message;
+    for (const char* field : {"local", "softcap", "sinks", "window"}) {
+      EXPECT_EQ(message.find(std::string(field) + " is set"), std::string::npos) << message;
+    }
     uint64_t bytes = 0;
-    EXPECT_EQ(flashcore_attention_backward_workspace_size(&with, &bytes), FLASHCORE_ERROR_INVALID_ARGUMENT)
-        << flashcore_last_error();
+    const flashcore_status size_status = flashcore_attention_backward_workspace_size(&with, &bytes);
+    const std::string size_message = flashcore_last_error();
+    EXPECT_TRUE(size_status == FLASHCORE_SUCCESS || passed_argument_checks(size_status, size_message))
+        << flashcore_status_string(size_status) << ": " << size_message;
     EXPECT_TRUE(dq.untouched() && dk.untouched() && dv.untouched()) << "a gradient was written by a failing call";
+    EXPECT_TRUE(dsinks.untouched()) << "dsinks was written by a failing call";
+    EXPECT_TRUE(o.untouched() && lse_->untouched()) << "O or LSE was written by the backward";
   }
+
+  // attention_chunk is still refused (by the forward's rules, which the backward applies first), naming the field.
+  flashcore_attention_params chunked = p;
+  chunked.attention_chunk = 64;
+  EXPECT_EQ(flashcore_attention_backward(&chunked, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT) << flashcore_last_error();
+  EXPECT_NE(std::string(flashcore_last_error()).find("attention_chunk"), std::string::npos) << flashcore_last_error();
+  uint64_t bytes = 0;
+  EXPECT_EQ(flashcore_attention_backward_workspace_size(&chunked, &bytes), FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("attention_chunk"), std::string::npos) << flashcore_last_error();
+  EXPECT_TRUE(dq.untouched() && dk.untouched() && dv.untouched()) << "a gradient was written by a failing call";
 }
 
 // ---- struct sizes: the 0.4 layout and the sizes around it ----
@@ -339,6 +444,65 @@ TEST_F(VariantValidation, V4SizedStructIsAcceptedAndItsVariantFieldsAreDefaults)
   }
 }
 
+// A 0.5 caller's struct ends at 680 bytes (after reserved4): its backward with sinks is accepted and dsinks takes its
+// default, NULL, whatever its memory holds past 680 (here junk that would be a misaligned dsinks, or one set without
+// sinks). The same bytes read as a current struct are refused, naming dsinks (so the test would see a library that
+// reads past 680).
+TEST_F(VariantValidation, V5SizedStructIsAcceptedAndItsDsinksIsNull) {
+  const Compiled c = backward_compiled();
+  if (c.head_dim == 0) GTEST_SKIP() << "this build compiled no fp16 / bf16 backward of head_dim 64 or 128";
+  p.dtype = c.dtype;
+  p.head_dim = D = c.head_dim;
+  HostBuffer q(B * SQ * HQ * D * 2), k(B * SK * HKV * D * 2), v(B * SK * HKV * D * 2), o(B * SQ * HQ * D * 2);
+  HostBuffer dout(B * SQ * HQ * D * 2), dq(B * SQ * HQ * D * 2), dk(B * SK * HKV * D * 2), dv(B * SK * HKV * D * 2);
+  HostBuffer workspace(1 << 20);
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data();
+  p.dout = dout.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
+  p.workspace = workspace.data(), p.workspace_size = 1 << 20;
+  p.local = 1, p.window_size_left = 8, p.window_size_right = 0, p.softcap = 30.0f;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS) << flashcore_last_error();
+
+  for (bool with_sinks : {true, false}) {
+    SCOPED_TRACE(with_sinks ? "with sinks" : "without sinks");
+    flashcore_attention_params base = p;
+    base.sinks = with_sinks ? sinks() : nullptr;
+    std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 64, 0xEE);
+    std::memcpy(buf.data(), &base, FLASHCORE_ATTENTION_PARAMS_V5_SIZE);
+    auto* v5 = reinterpret_cast<flashcore_attention_params*>(buf.data());
+    v5->struct_size = FLASHCORE_ATTENTION_PARAMS_V5_SIZE;
+    EXPECT_EQ(flashcore_attention_validate(v5), FLASHCORE_SUCCESS) << flashcore_last_error();
+    flashcore_status st = flashcore_attention_backward(v5, nullptr);
+    EXPECT_TRUE(passed_argument_checks(st, flashcore_last_error()))
+        << flashcore_status_string(st) << ": " << flashcore_last_error();
+    EXPECT_EQ(std::string(flashcore_last_error()).find("dsinks"), std::string::npos) << flashcore_last_error();
+    uint64_t bytes = 0;
+    st = flashcore_attention_backward_workspace_size(v5, &bytes);
+    EXPECT_TRUE(st == FLASHCORE_SUCCESS || passed_argument_checks(st, flashcore_last_error()))
+        << flashcore_status_string(st) << ": " << flashcore_last_error();
+
+    // Read as a current struct, the junk is a dsinks pointer: refused, naming it (0xEE... is not 4-byte aligned; without
+    // sinks, dsinks is set without them).
+    v5->struct_size = sizeof(flashcore_attention_params);
+    st = flashcore_attention_backward(v5, nullptr);
+    EXPECT_EQ(st, with_sinks ? FLASHCORE_ERROR_MISALIGNED_POINTER : FLASHCORE_ERROR_INVALID_ARGUMENT)
+        << flashcore_status_string(st) << ": " << flashcore_last_error();
+    EXPECT_NE(std::string(flashcore_last_error()).find("dsinks"), std::string::npos) << flashcore_last_error();
+    v5->struct_size = FLASHCORE_ATTENTION_PARAMS_V5_SIZE;
+
+    // A 0.5-era error in it is still found.
+    v5->softcap = -1.0f;
+    EXPECT_EQ(flashcore_attention_backward(v5, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashcore_last_error()).find("softcap"), std::string::npos) << flashcore_last_error();
+    v5->softcap = p.softcap;
+    // set_contiguous, validate and the backward read and write nothing past 680 bytes.
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(v5, 0), FLASHCORE_SUCCESS) << flashcore_last_error();
+    for (size_t i = FLASHCORE_ATTENTION_PARAMS_V5_SIZE; i < buf.size(); ++i) {
+      ASSERT_EQ(buf[i], 0xEE) << "byte " << i << " written past a 0.5 struct";
+    }
+    EXPECT_TRUE(dq.untouched() && dk.untouched() && dv.untouched()) << "a gradient was written by a failing call";
+  }
+}
+
 TEST_F(VariantValidation, NewerCallersZeroTailIsAcceptedWithVariants) {
   p.local = 1, p.window_size_left = 8, p.softcap = 20.0f, p.sinks = sinks();
   std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 16, 0);
@@ -352,9 +516,11 @@ TEST_F(VariantValidation, NewerCallersZeroTailIsAcceptedWithVariants) {
   EXPECT_NE(std::string(flashcore_last_error()).find("softcap"), std::string::npos) << flashcore_last_error();
 }
 
+// Sizes between the 0.4, 0.5 and current layouts are not layouts: rejected, naming the accepted ones.
 TEST_F(VariantValidation, SizesBetweenV4AndCurrentAreRejected) {
+  EXPECT_EQ(sizeof(flashcore_attention_params), 688u) << "the sizes below assume the 0.6 layout";
   for (uint32_t size : {uint32_t{649}, uint32_t{652}, uint32_t{656}, uint32_t{664}, uint32_t{672}, uint32_t{676},
-                        uint32_t{679}}) {
+                        uint32_t{679}, uint32_t{681}, uint32_t{684}, uint32_t{687}}) {
     SCOPED_TRACE(size);
     std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 64, 0);
     std::memcpy(buf.data(), &p, sizeof(p));
@@ -364,7 +530,17 @@ TEST_F(VariantValidation, SizesBetweenV4AndCurrentAreRejected) {
     const std::string message = flashcore_last_error();
     EXPECT_NE(message.find("struct_size = " + std::to_string(size)), std::string::npos) << message;
     EXPECT_NE(message.find("648 (the 0.4 layout)"), std::string::npos) << message;
+    EXPECT_NE(message.find("680 (the 0.5 layout)"), std::string::npos) << message;
   }
+}
+
+// The 0.5 size itself is accepted (the forward's validation too).
+TEST_F(VariantValidation, V5SizeIsAccepted) {
+  std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 64, 0);
+  std::memcpy(buf.data(), &p, sizeof(p));
+  auto* v5 = reinterpret_cast<flashcore_attention_params*>(buf.data());
+  v5->struct_size = FLASHCORE_ATTENTION_PARAMS_V5_SIZE;
+  EXPECT_EQ(flashcore_attention_validate(v5), FLASHCORE_SUCCESS) << flashcore_last_error();
 }
 
 }  // namespace

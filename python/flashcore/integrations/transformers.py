@@ -28,9 +28,10 @@ Since 0.5 (a 0.5 library) the attention variants models pass for FlashAttention 
 causal module (the kwarg, or the module's attribute) as FlashAttention's window_size=(sliding_window - 1, 0) when
 it hides keys, softcap (Gemma 2) and gpt-oss's s_aux as sinks.
 Training too (since 0.4): a call whose inputs require grad (grad mode on) runs FlashCore's forward and backward
-when the library has a backward for its head dim (64 and 128 in 0.4) and the call has no variant (forward-only in
-0.5); otherwise it falls back like the calls below (with fallback=False: ValueError), so that no backward fails after
-the forward ran.
+when the library has a backward for its head dim (64 and 128 in 0.4), with the variants too when the library's
+backward takes them (0.6: the window, softcap, and s_aux with its gradient); otherwise (a 0.5 library with a variant,
+say) it falls back like the calls below (with fallback=False: ValueError), so that no backward fails after the forward
+ran.
 Everything else (padding masks, a static cache's mask, dropout, fp32, position bias, a sinks kwarg, the window of a
 non-causal module, an uncompiled head dim) falls back to transformers' own SDPA path, or to the model's eager
 attention when the call has softcap or sinks (SDPA would ignore them), unless register(fallback=False), which raises
@@ -204,23 +205,27 @@ def _is_cuda(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
-# (library object, its compiled head dims), (library object, the head dims its backward takes) and (library object,
-# whether it reads the attention variants): read outside any graph, so that eager and compiled calls agree.
+# (library object, its compiled head dims), (library object, the head dims its backward takes), (library object,
+# whether it reads the attention variants) and (library object, whether its backward takes them): read outside any
+# graph, so that eager and compiled calls agree.
 _head_dims_cache = (None, None)
 _backward_dims_cache = (None, None)
 _variants_cache = (None, None)
+_variant_backward_cache = (None, None)
 
 
 def _load_head_dims():
     """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, those
-    its backward takes (() for a library older than 0.4), and whether it has the attention variants (0.5)."""
-    global _head_dims_cache, _backward_dims_cache, _variants_cache
+    its backward takes (() for a library older than 0.4), whether it has the attention variants (0.5) and whether its
+    backward takes them (0.6)."""
+    global _head_dims_cache, _backward_dims_cache, _variants_cache, _variant_backward_cache
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         head_dims = tuple(lib.compiled()[1])
         backward_dims = tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims) if lib.has_backward() else ()
         _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
         _variants_cache = (lib, bool(lib.has_variants()))
+        _variant_backward_cache = (lib, bool(lib.has_variant_backward()))
     return _head_dims_cache[1]
 
 
@@ -230,24 +235,25 @@ def _head_dims_outside_graph():
     constant (the library is never called from the graph). The cached answer, else the library is loaded now, as
     an eager call would: the first flashcore call of a process may well be a compiled one. A library that cannot be
     loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does.
-    Returns (compiled head dims, head dims the backward takes, whether the library has the variants)."""
+    Returns (compiled head dims, head dims the backward takes, whether the library has the variants, whether its
+    backward takes them)."""
     if _head_dims_cache[1] is None:
         try:
             _load_head_dims()
         except RuntimeError:
             return None
-    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1]
+    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1], _variant_backward_cache[1]
 
 
 def _library_head_dims():
-    """(the library's compiled head dims, those its backward takes, whether it has the attention variants), the same
-    answer in eager and compiled calls. Eager: loads the library (RuntimeError when missing) and caches the answer.
-    While compiling: the cached answer, or, when nothing was cached yet, the library's, read at trace time outside the
-    graph (None without a library)."""
+    """(the library's compiled head dims, those its backward takes, whether it has the attention variants, whether its
+    backward takes them), the same answer in eager and compiled calls. Eager: loads the library (RuntimeError when
+    missing) and caches the answer. While compiling: the cached answer, or, when nothing was cached yet, the
+    library's, read at trace time outside the graph (None without a library)."""
     if torch.compiler.is_compiling():
         return _head_dims_outside_graph()
     _load_head_dims()
-    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1]
+    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1], _variant_backward_cache[1]
 
 
 def _compiled_head_dims():
@@ -267,6 +273,13 @@ def _library_has_variants() -> Optional[bool]:
     library: the call then goes to the op, which raises the loader's error."""
     dims = _library_head_dims()
     return None if dims is None else dims[2]
+
+
+def _library_has_variant_backward() -> Optional[bool]:
+    """Whether the loaded library's backward takes the attention variants (0.6 or newer: window, softcap, sinks and
+    their gradient; see _library_head_dims). None without a library."""
+    dims = _library_head_dims()
+    return None if dims is None else dims[3]
 
 
 def _sliding_window(module, kwargs) -> Optional[int]:
@@ -411,9 +424,11 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
     if variants and _library_has_variants() is False:
         return f"{', '.join(variants)} (the loaded libflashcore.so predates the attention variants: 0.5 needed)"
     if _ops._needs_grad(query, key, value, *([sinks] if sinks is not None else [])):  # training: differentiated
-        if variants:
-            # FlashCore's variants are forward-only (0.5): fall back before the forward, not fail in the backward.
-            return f"gradients with {', '.join(variants)} (FlashCore's backward does not take them yet)"
+        if variants and _library_has_variant_backward() is False:
+            # A library whose backward does not take the variants (0.5: forward only): fall back before the forward,
+            # not fail in the backward.
+            return (f"gradients with {', '.join(variants)} (the loaded libflashcore.so's backward predates the "
+                    f"attention variants: 0.6 needed)")
         backward_dims = _compiled_backward_head_dims()
         if backward_dims is not None and query.shape[-1] not in backward_dims:
             if not backward_dims:

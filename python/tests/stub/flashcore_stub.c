@@ -13,7 +13,9 @@
  * -DSTUB_NO_BACKWARD (a library older than 0.4, e.g. with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V3_SIZE) it
  * exports neither. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V4_SIZE it plays a 0.4 library: the
  * backward and the 8-bit dtype, in a struct that ends before the attention variants (local ... reserved4), which it
- * never reads. */
+ * never reads. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V5_SIZE it plays a 0.5 library: the
+ * variants, in a struct that ends before dsinks (0.6), which it never reads (the bindings refuse a backward with a
+ * variant for it before calling: a 0.5 library's backward refuses them). */
 #include <stdio.h>
 #include <string.h>
 
@@ -126,8 +128,8 @@ FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities
   caps->archs[0] = 90;
   caps->device_arch = 0;
   caps->device_supported = 0;
-#ifdef STUB_BAD_STRUCT_SIZE
-  caps->params_struct_size = (uint32_t)sizeof(flashcore_attention_params) - 8u;
+#ifdef STUB_BAD_STRUCT_SIZE /* 4 bytes short of the current layout: no older layout has that size */
+  caps->params_struct_size = (uint32_t)sizeof(flashcore_attention_params) - 4u;
 #else
   caps->params_struct_size = (uint32_t)STUB_PARAMS_SIZE;
 #endif
