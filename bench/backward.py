@@ -60,9 +60,9 @@ sys.path.insert(0, HERE)
 
 from report import GRID_D, GRID_S, QUICK_S, fmt, geomean, json_safe, log, ratio, short_error  # noqa: E402
 
-SYSTEMS = ["flashcore", "cudnn", "fa2", "fa3"]
+SYSTEMS = ["flashcore", "cudnn", "fa2", "fa3", "flashcore_b"]
 ANCHORS = ["cudnn", "fa2", "fa3"]
-LABELS = {"flashcore": "FlashCore", "cudnn": "cuDNN (SDPA)", "fa2": "FA2 (SDPA)", "fa3": "FA3"}
+LABELS = {"flashcore": "FlashCore", "cudnn": "cuDNN (SDPA)", "fa2": "FA2 (SDPA)", "fa3": "FA3", "flashcore_b": "FlashCore B"}
 BWD_FLOP_FACTOR = 2.5     # backward FLOPs per forward FLOP (FlashAttention's count: 5 GEMMs against the forward's 2)
 FWDBWD_FLOP_FACTOR = 3.5  # forward + backward
 FA3_TRAIN_DTYPES = ("bf16",)
@@ -277,8 +277,9 @@ class Backward:
 
 
 class Runner:
-    def __init__(self, args, torch, fc, fa3):
+    def __init__(self, args, torch, fc, fa3, fc_b=None):
         self.args, self.torch, self.fc, self.fa3 = args, torch, fc, fa3
+        self.fc_b = fc_b  # --lib-b: a second FlashCore library, system "flashcore_b" (A/B in one process)
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
         self.F, self.SDPBackend, self.sdpa_kernel = F, SDPBackend, sdpa_kernel
@@ -322,10 +323,10 @@ class Runner:
             def fa3_call():
                 box["g"] = torch.autograd.grad(out, leaves, dout_b, retain_graph=True)
             return Backward(fa3_call, lambda: tuple(g.transpose(1, 2) for g in box["g"]), (out, leaves, dout_b))
-        if name == "flashcore":
-            if self.fc is None:
-                raise RuntimeError("libflashcore.so not loaded")
-            fc = self.fc
+        if name in ("flashcore", "flashcore_b"):
+            fc = self.fc_b if name == "flashcore_b" else self.fc
+            if fc is None:
+                raise RuntimeError("libflashcore.so not loaded" if name == "flashcore" else "no --lib-b library")
             B, H, S, _ = q.shape
             o = torch.full_like(q, float("nan"))
             lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
@@ -532,8 +533,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--head-dims", default=None, help="comma list (default 64,128,256)")
     ap.add_argument("--seqlens", default=None, help="comma list (default 512..16384)")
     ap.add_argument("--masks", choices=["both", "none", "causal"], default="both")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {','.join(SYSTEMS)}")
+    ap.add_argument("--systems", default=",".join(SYSTEMS[:4]), help=f"comma list of {','.join(SYSTEMS)}")
     ap.add_argument("--lib", default=None, help="libflashcore.so (default build/lib/libflashcore.so or $FLASHCORE_LIBRARY)")
+    ap.add_argument("--lib-b", default=None, help="a second libflashcore.so, measured as system flashcore_b (an A/B in "
+                                                  "one process; not in the default --systems)")
     ap.add_argument("--iters", type=int, default=30, help="timed backward calls per system and cell")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls per system first")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of turns (reverse order every other round)")
@@ -568,7 +571,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if fc is not None and not fc.has_backward():
         fc_version += "; no backward in this library"
     fa3, fa3_note = load_fa3("backward", "fa3" in a.systems, "; bf16, head dims 64 / 128")
-    runner = Runner(a, torch, fc, fa3)
+    fc_b = None
+    if "flashcore_b" in a.systems:
+        if not a.lib_b:
+            ap.error("system flashcore_b needs --lib-b")
+        fc_b, fc_b_version = load_flashcore(a.lib_b, "backward", True)
+        fc_version += f"; B: {fc_b_version}"
+    runner = Runner(a, torch, fc, fa3, fc_b)
     dtypes = ["bf16", "fp16"] if a.dtype == "both" else [a.dtype]
     head_dims = [int(x) for x in a.head_dims.split(",")] if a.head_dims else GRID_D
     seqs = [int(x) for x in a.seqlens.split(",")] if a.seqlens else (QUICK_S if a.quick else GRID_S)

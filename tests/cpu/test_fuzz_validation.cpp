@@ -334,7 +334,7 @@ void mutate(Gen& g, flashcore_attention_params& p) {
       p.workspace = const_cast<void*>(g.chance(0.3) ? nullptr : hostile_pointer(g, p));
       p.workspace_size = g.pick<uint64_t>({0, 16, 4096, ~uint64_t{0}, uint64_t{1} << 63});
       break;
-    case 12: p.struct_size = g.pick<uint32_t>({0, FLASHCORE_ATTENTION_PARAMS_V1_SIZE, sizeof(p) - 8, 1u << 20}); break;
+    case 12: p.struct_size = g.pick<uint32_t>({0, FLASHCORE_ATTENTION_PARAMS_V1_SIZE, sizeof(p) - 4, 1u << 20}); break;
     case 13: {  // O over or next to an input
       const void* in[] = {p.q, p.k, p.v};
       p.o = address(reinterpret_cast<uintptr_t>(in[g.uniform(0, 2)]) + 16 * g.uniform(-4096, 4096));
