@@ -855,7 +855,14 @@ std::string check_dsinks_values(const Case& c, uint64_t seed, const std::vector<
     abs_max = std::max(abs_max, lowp.abs[i]);
   }
   scale = std::max(scale, 1e-2 * abs_max);
-  const double tol = 2 * lowp_err + atol_of(c.dtype) * scale + 1e-6;
+  // + one rounding of O per term: dsinks reads the O the forward stored in the dtype, whose own error (within the
+  // forward's tolerance, from its accumulation order) the low-precision model does not share; with extreme sinks the
+  // terms barely cancel and that error shows (H100: 3.1e-4 against a tolerance of 2.4e-4 without this term).
+  double o_term = 0;
+  for (int64_t h = 0; h < Hq; ++h) {
+    o_term = std::max(o_term, std::ldexp(1.0, c.dtype == FLASHCORE_DTYPE_BF16 ? -8 : -11) * from_call.abs[static_cast<size_t>(h)]);
+  }
+  const double tol = 2 * lowp_err + atol_of(c.dtype) * scale + o_term + 1e-6;
   if (err > tol) {
     ADD_FAILURE() << describe(c) << " [seed " << seed << "]: dsinks err " << err << " > tol " << tol << " (lowp "
                   << lowp_err << ", max|ref| " << scale << "); worst at head " << worst << ": got "

@@ -36,8 +36,8 @@ struct BwdSeq {
 };
 
 // Where the backward's per-row workspace arrays (the scaled LSE, D, the fp32 dQ rows) of a call live. Dense batches:
-// (batch, head) slices of padded_rows(seqlen_q) rows. Packed (varlen) batches: per head, total_q + 128 * batch + 64
-// rows, sequence b's starting at 128 * b + its first row rounded up to 4 (16-byte aligned for the bulk copies, and
+// (batch, head) slices of padded_rows(seqlen_q) rows. Packed (varlen) batches: per head, total_q (rounded up to 4) +
+// 128 * batch + 64 rows, sequence b's starting at 128 * b + its first row rounded up to 4 (16-byte aligned for the bulk copies, and
 // each sequence's rows padded to whole 64-row blocks without reaching the next one's).
 struct BwdRows {
   const int* cu_seqlens_q;  // nullptr: dense
@@ -47,8 +47,9 @@ struct BwdRows {
   int64_t head_rows;           // rows per (batch, head) slice (dense) or per head (varlen)
   int heads;
 
+  // (Packed: total_q rounded up to 4, so that every head's rows start 16-byte aligned for the bulk copies.)
   __host__ __device__ static int64_t head_rows_of(bool varlen, int64_t seqlen_q, int64_t total_q, int64_t batch) {
-    return varlen ? total_q + 128 * batch + 64 : bwd_padded_rows(seqlen_q);
+    return varlen ? (total_q + 3) / 4 * 4 + 128 * batch + 64 : bwd_padded_rows(seqlen_q);
   }
   __host__ __device__ int64_t rows(int64_t batch) const { return head_rows * heads * (cu_seqlens_q ? 1 : batch); }
 #if defined(__CUDACC__)
