@@ -328,6 +328,11 @@ class Runner:
             for limit in ("recompile_limit", "cache_size_limit"):
                 if hasattr(torch._dynamo.config, limit):
                     setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+            # The backward cells call autograd.grad(..., retain_graph=True) on one forward many times, which a compiled
+            # backward with donated buffers refuses (the H100 run lost its 16k window and softcap cells to that).
+            functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+            if functorch_config is not None and hasattr(functorch_config, "donated_buffer"):
+                functorch_config.donated_buffer = False
             # Compiled, create_block_mask never materialises the S x S mask (8 GiB of int64 indices at S = 32k).
             self._flex = (torch.compile(flex_attention, dynamic=False), torch.compile(with_sinks, dynamic=False),
                           torch.compile(create_block_mask))

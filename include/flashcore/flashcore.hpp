@@ -98,6 +98,13 @@ struct ForwardOptions {
   int32_t precision = FLASHCORE_PRECISION_NATIVE;
   // 8-bit calls: v's data is V as fp8_transpose_v wrote it (FLASHCORE_FLAG_V_TRANSPOSED; v's strides are not read).
   bool v_transposed = false;
+  // Since 0.5, the attention variants (flashcore.h), 16-bit calls, forward and (since 0.6) backward: FlashAttention's
+  // window_size (query i sees key j iff i + d - left <= j <= i + d + right, -1 unbounded; {-1, -1}: no window; with
+  // causal the right bound is 0), the softcap (0: none) and per-query-head sinks (device float32, nullptr: none).
+  int32_t window_size_left = -1;
+  int32_t window_size_right = -1;
+  float softcap = 0.0f;
+  const float* sinks = nullptr;
   // Packed (varlen) batches, paged caches and appends: set the C fields of make_params()'s result directly
   // (cu_seqlens_q/k, total_q/k, block_table, page_size, num_pages, k_new, v_new, seqlen_new; see flashcore.h).
 };
@@ -153,6 +160,11 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.v_descale = options.v_descale;
   p.precision = options.precision;
   p.flags = options.v_transposed ? FLASHCORE_FLAG_V_TRANSPOSED : 0u;
+  p.local = options.window_size_left >= 0 || options.window_size_right >= 0 ? 1 : 0;
+  p.window_size_left = p.local != 0 ? options.window_size_left : 0;
+  p.window_size_right = p.local != 0 ? options.window_size_right : 0;
+  p.softcap = options.softcap;
+  p.sinks = options.sinks;
   return p;
 }
 
@@ -185,8 +197,10 @@ inline uint64_t workspace_size(const TensorView& q, const TensorView& k, const T
 // dk and dv k's; for GQA / MQA dk and dv are summed over the query heads of each KV head. options.workspace must hold
 // backward_workspace_size() bytes (any contents). deterministic: dq bit-identical from run to run.
 struct BackwardOptions {
-  ForwardOptions forward;  // causal, softmax_scale and lse as in the forward call; workspace for the backward
+  ForwardOptions forward;  // causal, softmax_scale, lse and the variants as in the forward call; workspace for the
+                           // backward
   bool deterministic = false;
+  float* dsinks = nullptr;  // since 0.6, with forward.sinks: dL/dsinks, device float32 (heads_q,); nullptr: not wanted
 };
 
 inline flashcore_attention_params make_backward_params(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -213,6 +227,7 @@ inline flashcore_attention_params make_backward_params(const TensorView& q, cons
   p.dv = dv.mutable_data();
   p.dv_strides = dv.strides;
   p.deterministic = options.deterministic ? 1 : 0;
+  p.dsinks = options.dsinks;
   return p;
 }
 

@@ -592,7 +592,48 @@ TEST(MakeBackwardParams, FillsTheBackwardFields) {
   EXPECT_EQ(p.deterministic, 1);
   EXPECT_EQ(p.causal, 1);
   EXPECT_EQ(p.lse, lse.data());
+  EXPECT_EQ(p.local, 0);
+  EXPECT_EQ(p.dsinks, nullptr);
   const auto wrong = flashcore::TensorView::bshd(dk.data(), pr.dtype, pr.b, pr.sq, pr.hkv, pr.d);  // q's length
   expect_error([&] { flashcore::make_backward_params(pr.qv, pr.kv, pr.vv, pr.ov, doutv, dqv, wrong, dvv, opt); },
                FLASHCORE_ERROR_INVALID_ARGUMENT, "dk");
+}
+
+// The variants through the C++ layer: window_size {-1, -1} is no window, any bound >= 0 sets local; softcap, sinks and
+// (backward) dsinks reach the C struct.
+TEST(MakeParams, TheVariants) {
+  Problem pr;
+  const auto plain = flashcore::make_params(pr.qv, pr.kv, pr.vv, pr.ov);
+  EXPECT_EQ(plain.local, 0);
+  EXPECT_EQ(plain.softcap, 0.0f);
+  EXPECT_EQ(plain.sinks, nullptr);
+  float sinks[4] = {}, dsinks[4] = {};
+  flashcore::ForwardOptions f;
+  f.window_size_left = 127;
+  f.softcap = 30.0f;
+  f.sinks = sinks;
+  const auto p = flashcore::make_params(pr.qv, pr.kv, pr.vv, pr.ov, f);
+  EXPECT_EQ(p.local, 1);
+  EXPECT_EQ(p.window_size_left, 127);
+  EXPECT_EQ(p.window_size_right, -1);
+  EXPECT_EQ(p.softcap, 30.0f);
+  EXPECT_EQ(p.sinks, sinks);
+  f.window_size_left = -1;
+  f.window_size_right = 0;
+  EXPECT_EQ(flashcore::make_params(pr.qv, pr.kv, pr.vv, pr.ov, f).local, 1);
+  f.window_size_right = -1;
+  EXPECT_EQ(flashcore::make_params(pr.qv, pr.kv, pr.vv, pr.ov, f).local, 0);
+
+  std::vector<uint16_t> dout(pr.o.size()), dq(pr.q.size()), dk(pr.k.size()), dv(pr.v.size());
+  flashcore::BackwardOptions opt;
+  opt.forward = f;
+  opt.dsinks = dsinks;
+  const auto b = flashcore::make_backward_params(
+      pr.qv, pr.kv, pr.vv, pr.ov, flashcore::TensorView::bshd(dout.data(), pr.dtype, pr.b, pr.sq, pr.hq, pr.d),
+      flashcore::TensorView::bshd(dq.data(), pr.dtype, pr.b, pr.sq, pr.hq, pr.d),
+      flashcore::TensorView::bshd(dk.data(), pr.dtype, pr.b, pr.sk, pr.hkv, pr.d),
+      flashcore::TensorView::bshd(dv.data(), pr.dtype, pr.b, pr.sk, pr.hkv, pr.d), opt);
+  EXPECT_EQ(b.sinks, sinks);
+  EXPECT_EQ(b.dsinks, dsinks);
+  EXPECT_EQ(b.softcap, 30.0f);
 }
