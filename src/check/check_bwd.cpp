@@ -18,7 +18,30 @@
 // mask one key off, or dK / dV of one query head per KV group only (GQA), give err 0.15 .. 12; a softmax scale 1% off
 // gives 2.2e-2 .. 5.3e-2 in bf16 (every quick case fails) and about 4e-2 in fp16.
 // Beyond the bound, as in the forward: every element written (not its NaN poison), finite, and dQ exactly 0 on query
-// rows that see no key (causal, seqlen_q > seqlen_k: their LSE is -inf and they contribute nothing).
+// rows that see no key (causal with seqlen_q > seqlen_k, or a window holding no key, reference::visible_key_range:
+// their LSE is -inf, or the sink's logit with sinks, and they contribute nothing).
+//
+// The variants (ABI 0.6). The same model with the variant (reference::attention_backward_lowp: the window's mask, the
+// softcap's tanh at fp16 precision and its derivative folded into dS, the sink in the float32 denominator), run on
+// the 36 variant cases of both lists with this runner's inputs (seeds 1 .. 5 on the softcap ones):
+// - windows and sinks: largest err 6.4e-3 (bf16) and 1.2e-3 (fp16), within the bounds above with the same margin as
+//   the plain cases: they keep them.
+// - softcap: the kernel's tanh.approx.f32 has a relative error of 2^-11, which the float64 reference does not share.
+//   Each capped score c = softcap * tanh(s / softcap) moves by up to e_s = 2^-11 * max |c|, in the forward's LSE and
+//   the backward's P alike; P_ij moves by at most 2 e_s relative (its logit against the row's mean shift), and
+//   every gradient inherits a relative error of that order (dS also through cap' = 1 - tanh^2, off by at most
+//   2^-10 absolute). The model's err on the fp16 case with inputs * 3 and softcap 30 (max |c| ~ 27, e_s ~ 1.3e-2) was
+//   2.9e-3 .. 4.2e-3 over 5 seeds: 1.2 .. 1.7x the fp16 bound, 0.22 .. 0.30 e_s (signs at random, not the worst
+//   case). A softcap case's bound is therefore tolerance(dtype) + 0.5 e_s (softcap_tolerance), with max |c| computed
+//   from the case's inputs (one pass over the visible scores): 2.2x the model's largest figure there; on plain inputs
+//   (max |c| ~ 4.5, e_s ~ 2.2e-3) the term adds 1.1e-3, and the fp16 model's figures (up to 1.9e-3) already fit the
+//   plain bound. Not measured on a device in this change.
+// - dL/dsinks = -sum_i exp(sinks[h] - LSE_i) rowsum(dO_i * O_i) reads the O the forward stored, rounded to the dtype:
+//   its bound is the case's bound relative to max_h |ref| plus one rounding of the stored O per term,
+//   eps * max_h sum_i |exp(sinks[h] - LSE_i) rowsum(dO_i * O_i)| (eps = 2^-8 bf16 / 2^-11 fp16, over the O and LSE the
+//   library's forward wrote), as tests/gpu/test_backward_variants.cpp's dsinks check. The model (the same sum over
+//   attention_lowp()'s O and LSE, seed 1) stays within 0.12 of that bound on every sinks case. dsinks must be written,
+//   finite, and (repeats > 1) bit-identical over the runs of either deterministic mode (flashcore.h: one fixed order).
 #include "check/check_bwd.h"
 
 #include <cuda_runtime_api.h>
@@ -42,6 +65,12 @@ namespace ref = flashcore::reference;
 
 double tolerance(flashcore_dtype dtype) { return dtype == FLASHCORE_DTYPE_FP16 ? 2.5e-3 : 2e-2; }
 
+double dsinks_o_rounding(flashcore_dtype dtype) { return std::ldexp(1.0, dtype == FLASHCORE_DTYPE_FP16 ? -11 : -8); }
+
+double softcap_tolerance(flashcore_dtype dtype, double max_capped_score) {
+  return tolerance(dtype) + 0.5 * std::ldexp(max_capped_score, -11);
+}
+
 // ------------------------------------------------------------------------------------------------
 // The case list
 // ------------------------------------------------------------------------------------------------
@@ -62,6 +91,12 @@ std::string case_name(const Case& c) {
                   (c.causal ? "_causal" : "_full") + (c.layout == Layout::BHSD ? "_bhsd" : "_bshd");
   if (c.input_scale != 1.0f) n += "_x" + format_float(c.input_scale);
   if (c.softmax_scale != 0.0f) n += "_scale" + format_float(c.softmax_scale);
+  // The variants: the forward's suffixes (check.cpp), so that --filter _win / _cap / _sinks select the same variants.
+  auto bound = [](int32_t w) { return w < 0 ? std::string("inf") : std::to_string(w); };
+  if (c.local) n += "_win" + bound(c.window_left) + "x" + (c.causal ? std::string("0") : bound(c.window_right));
+  if (c.softcap != 0.0f) n += "_cap" + format_float(c.softcap);
+  if (!c.sinks.empty()) n += "_sinks";
+  if (c.attention_chunk != 0) n += "_chunk" + std::to_string(c.attention_chunk);
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') ch = 'p';
   return n;
@@ -91,6 +126,103 @@ struct CaseList {
 const flashcore_dtype kDtypes[] = {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16};
 const int64_t kHeadDims[] = {64, 128};  // the backward's head dims (v1)
 
+// Sink logits for `heads` query heads, as the forward's list has them (check.cpp): spread over [-2, 6], so that some
+// heads' sinks weigh little and some take most of a row's mass (scores of N(0, 1) inputs are O(1)).
+std::vector<float> sink_logits(int64_t heads) {
+  std::vector<float> s(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h) s[static_cast<size_t>(h)] = -2.0f + 8.0f * static_cast<float>(h % 5) / 4.0f;
+  return s;
+}
+
+Case& with_window(Case& c, int32_t left, int32_t right) {
+  c.local = true, c.window_left = left, c.window_right = right;
+  return c;
+}
+
+// The attention variants of the backward (ABI 0.6): sliding windows, softcap, sinks (with dL/dsinks), alone and
+// together. Dense tensors only (the backward's packed batches are tests/gpu/test_backward_variants.cpp's).
+void add_variant_cases(CaseList& L, bool quick) {
+  const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
+  if (quick) {
+    // Four small ones (B * Hq * Sq * Sk <= 64K): a window with both bounds; softcap 30 on inputs * 3 (scores up to
+    // ~40: tanh well past linear); sinks with rows that see no key (causal, Sq > Sk); a window (8, 4) with softcap 5
+    // and sinks, Sq > Sk (rows 0 .. 59 see no key), GQA 2.
+    with_window(L.add(F16, 64, false, 1, 4, 2, 113, 113, Layout::BHSD), 16, 8);
+    {
+      Case& c = L.add(BF16, 128, true, 2, 2, 2, 65, 65);
+      c.input_scale = 3.0f, c.softcap = 30.0f;
+    }
+    L.add(F16, 128, true, 1, 4, 2, 95, 33, Layout::BHSD).sinks = sink_logits(4);
+    {
+      Case& c = L.add(BF16, 64, false, 1, 4, 2, 129, 65);
+      with_window(c, 8, 4).softcap = 5.0f;
+      c.sinks = sink_logits(4);
+    }
+    return;
+  }
+
+  // 7a. Windows (FlashAttention's window_size): the diagonal alone, one key back, left-only, right-only, both, and a
+  //     left bound past every key; causal (the right bound is then 0: causal + left) and not; shapes cycling through
+  //     square, Sq < Sk, Sq > Sk (rows that see no key under (0, 0), (1, 0) and the causal ones), small and decode;
+  //     both dtypes and head dims, GQA 2.
+  const std::pair<int32_t, int32_t> windows[] = {{0, 0}, {1, 0}, {16, -1}, {-1, 16}, {100, 7}, {5000, 3}};
+  const struct { int64_t sq, sk; } shapes[] = {{300, 300}, {113, 400}, {400, 113}, {17, 17}, {1, 1000}, {257, 257}};
+  int n = 0;
+  for (const auto& [left, right] : windows)
+    for (bool causal : {false, true}) {
+      const auto sh = shapes[static_cast<size_t>(n) % std::size(shapes)];
+      const int64_t B = sh.sq * sh.sk <= 65536 ? 2 : 1;
+      with_window(L.add(kDtypes[n % 2], kHeadDims[(n / 2) % 2], causal, B, 4, 2, sh.sq, sh.sk,
+                        n % 4 == 3 ? Layout::BHSD : Layout::BSHD),
+                  left, right);
+      ++n;
+    }
+  // (0, 0) with Sq > Sk both ways of causal (the first Sq - Sk rows see no key), at the other dtype / head dim.
+  with_window(L.add(BF16, 64, false, 1, 2, 2, 200, 65, Layout::BHSD), 0, 0);
+  with_window(L.add(F16, 128, true, 1, 2, 2, 200, 65), 0, 0);
+  // GQA 8:2 causal with a left window; MQA non-causal with both bounds.
+  with_window(L.add(BF16, 128, true, 1, 8, 2, 512, 512), 64, 0);
+  with_window(L.add(F16, 64, false, 2, 8, 1, 129, 300, Layout::BHSD), 32, 16);
+
+  // 7b. softcap 30: alone on inputs * 3 (scores up to ~40, past tanh's linear range), causal and not; on plain inputs
+  //     (scores O(1): nearly linear); with a window; softcap 5 on plain inputs (GQA, Sq < Sk).
+  {
+    Case& c = L.add(BF16, 128, false, 2, 2, 2, 129, 129);
+    c.input_scale = 3.0f, c.softcap = 30.0f;
+  }
+  {
+    Case& c = L.add(F16, 64, true, 1, 4, 4, 300, 300, Layout::BHSD);
+    c.input_scale = 3.0f, c.softcap = 30.0f;
+  }
+  L.add(F16, 128, false, 1, 2, 2, 255, 255).softcap = 30.0f;
+  with_window(L.add(BF16, 64, true, 1, 4, 2, 500, 500), 64, 0).softcap = 30.0f;
+  with_window(L.add(F16, 128, false, 1, 2, 2, 300, 300, Layout::BHSD), 32, 16).softcap = 30.0f;
+  L.add(BF16, 64, false, 2, 4, 2, 113, 255).softcap = 5.0f;
+
+  // 7c. sinks (dL/dsinks): alone, causal and not; with rows that see no key (causal Sq > Sk, and window (0, 0) with
+  //     Sq > Sk); with a window; with GQA 8:2; batch 3 (dL/dsinks sums over the batch).
+  L.add(BF16, 64, false, 2, 4, 4, 129, 129).sinks = sink_logits(4);
+  L.add(F16, 128, true, 1, 4, 4, 255, 255, Layout::BHSD).sinks = sink_logits(4);
+  L.add(F16, 64, true, 1, 4, 2, 300, 100, Layout::BHSD).sinks = sink_logits(4);
+  with_window(L.add(BF16, 128, false, 1, 4, 2, 200, 65), 0, 0).sinks = sink_logits(4);
+  with_window(L.add(F16, 64, true, 1, 4, 2, 200, 65), 0, 0).sinks = sink_logits(4);
+  with_window(L.add(BF16, 128, false, 1, 2, 2, 500, 500), 32, 32).sinks = sink_logits(2);
+  with_window(L.add(F16, 128, true, 1, 8, 2, 512, 512), 128, 0).sinks = sink_logits(8);
+  L.add(BF16, 64, true, 3, 5, 5, 65, 200).sinks = sink_logits(5);
+
+  // 7d. Everything at once: window + softcap + sinks, non-causal (Sq < Sk) and causal (Sq > Sk: rows without keys).
+  {
+    Case& c = L.add(F16, 128, false, 2, 4, 2, 333, 777);
+    with_window(c, 200, 50).softcap = 20.0f;
+    c.sinks = sink_logits(4);
+  }
+  {
+    Case& c = L.add(BF16, 64, true, 1, 4, 2, 300, 200, Layout::BHSD);
+    with_window(c, 16, 0).softcap = 30.0f;
+    c.input_scale = 3.0f, c.sinks = sink_logits(4);
+  }
+}
+
 }  // namespace
 
 std::vector<Case> cases(bool quick) {
@@ -106,6 +238,7 @@ std::vector<Case> cases(bool quick) {
           const bool long_q = dt == FLASHCORE_DTYPE_FP16;
           L.add(dt, D, causal, 1, 4, 2, long_q ? 95 : 33, long_q ? 33 : 95, Layout::BHSD);
         }
+    add_variant_cases(L, true);
     return L.finish();
   }
 
@@ -169,12 +302,33 @@ std::vector<Case> cases(bool quick) {
   L.add(FLASHCORE_DTYPE_BF16, 128, true, 1, 4, 2, 200, 255, Layout::BHSD).softmax_scale = 0.03f;
   L.add(FLASHCORE_DTYPE_FP16, 128, true, 1, 2, 2, 1000, 1000).softmax_scale = 0.3f;
 
+  // 7. The attention variants: windows, softcap, sinks.
+  add_variant_cases(L, false);
+
   return L.finish();
 }
 
 double reference_macs(const Case& c) {
-  return 5.0 * static_cast<double>(c.batch) * static_cast<double>(c.heads_q) * static_cast<double>(c.seqlen_q) *
-         static_cast<double>(c.seqlen_k) * static_cast<double>(c.head_dim);
+  // The reference reads only the keys a row sees: count them under a window (causal alone, as always, counts every
+  // key: the figure stays what it was for the cases without a variant).
+  double pairs = static_cast<double>(c.seqlen_q) * static_cast<double>(c.seqlen_k);
+  if (c.local || c.attention_chunk != 0) {
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.causal = c.causal ? 1 : 0;
+    p.local = c.local ? 1 : 0;
+    p.window_size_left = c.window_left, p.window_size_right = c.window_right;
+    p.attention_chunk = c.attention_chunk;
+    pairs = 0;
+    for (int64_t i = 0; i < c.seqlen_q; ++i) {
+      const ref::KeyRange r = ref::visible_key_range(p, c.seqlen_q, c.seqlen_k, i);
+      pairs += static_cast<double>(r.end - r.begin);
+    }
+  }
+  // + attention_backward_sinks' forward; + the softcap tolerance's pass over the scores
+  const double per_pair = 5.0 + (c.sinks.empty() ? 0.0 : 2.0) + (c.softcap > 0.0f ? 1.0 : 0.0);
+  return per_pair * static_cast<double>(c.batch) * static_cast<double>(c.heads_q) * pairs *
+         static_cast<double>(c.head_dim);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -267,6 +421,34 @@ struct GradTally {
   double relative() const { return abs_err / (ref_max > 0 ? ref_max : 1.0); }
 };
 
+// max |softcap * tanh(scale * q.k / softcap)| over the (query, key) pairs the case's rows see, in float64 from the host
+// inputs (the softcap term of the tolerance).
+double max_capped_score(const Case& c, const flashcore_attention_params& host, const std::vector<uint16_t>& hq,
+                        const std::vector<uint16_t>& hk) {
+  const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, Hq = c.heads_q, Hkv = c.heads_kv, D = c.head_dim;
+  const double scale = ref::resolved_softmax_scale(host), cap = c.softcap;
+  std::vector<double> worst(static_cast<size_t>(B * Hq), 0.0);
+  ref::parallel_for(B * Hq, 0, [&](int64_t bh) {
+    const int64_t b = bh / Hq, h = bh % Hq, g = h / (Hq / Hkv);
+    std::vector<double> q(static_cast<size_t>(D));
+    double m = 0;
+    for (int64_t i = 0; i < Sq; ++i) {
+      for (int64_t d = 0; d < D; ++d)
+        q[static_cast<size_t>(d)] = ref::load_element(
+            hq.data(), c.dtype, b * host.q_strides.batch + i * host.q_strides.seq + h * host.q_strides.head + d);
+      const ref::KeyRange keys = ref::visible_key_range(host, Sq, Sk, i);
+      for (int64_t j = keys.begin; j < keys.end; ++j) {
+        double dot = 0;
+        const int64_t at = b * host.k_strides.batch + j * host.k_strides.seq + g * host.k_strides.head;
+        for (int64_t d = 0; d < D; ++d) dot += q[static_cast<size_t>(d)] * ref::load_element(hk.data(), c.dtype, at + d);
+        m = std::max(m, std::fabs(cap * std::tanh(scale * dot / cap)));
+      }
+    }
+    worst[static_cast<size_t>(bh)] = m;
+  });
+  return *std::max_element(worst.begin(), worst.end());
+}
+
 // One device tensor of 16-bit elements and its host image.
 struct Grad {
   DeviceBuffer dev;
@@ -302,12 +484,17 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     r.message = "invalid case: " + describe(c);
     return r;
   }
-  // (The variants are refused too: the library's backward does not take them yet, and a case must never run
-  // without a field it names.)
+  // (The variants go to the library as they are: a field it refuses, attention_chunk in 0.6, fails the case with its
+  // message; a case must never run without a field it names.)
   if (is_serving(c) || c.ring_world > 0 || !c.seqused_k.empty() || !c.with_lse || c.kernel_config != nullptr ||
-      c.num_splits != 0 || has_variant(c)) {
-    r.message = "invalid case for the backward (dense tensors with LSE; no serving, ring, kernel_config, num_splits "
-                "or variant fields): " + describe(c);
+      c.num_splits != 0) {
+    r.message = "invalid case for the backward (dense tensors with LSE; no serving, ring, kernel_config or "
+                "num_splits fields): " + describe(c);
+    return r;
+  }
+  if (!c.sinks.empty() && static_cast<int64_t>(c.sinks.size()) != Hq) {
+    r.message = "invalid case: sinks has " + std::to_string(c.sinks.size()) + " entries for heads_q " +
+                std::to_string(Hq) + ": " + describe(c);
     return r;
   }
   if (c.dtype != FLASHCORE_DTYPE_FP16 && c.dtype != FLASHCORE_DTYPE_BF16) {
@@ -316,8 +503,10 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     return r;
   }
   const int64_t nq = B * Sq * Hq * D, nkv = B * Sk * Hkv * D, nlse = B * Hq * Sq;
+  const bool with_sinks = !c.sinks.empty();
+  const size_t sink_bytes = c.sinks.size() * sizeof(float);
 
-  DeviceBuffer dq_in, dk_in, dv_in, d_o, d_lse, d_dout;
+  DeviceBuffer dq_in, dk_in, dv_in, d_o, d_lse, d_dout, d_sinks, d_dsinks;
   Grad gq, gk, gv;
   gq.host.resize(static_cast<size_t>(nq)), gk.host.resize(static_cast<size_t>(nkv)), gv.host.resize(static_cast<size_t>(nkv));
   if (!cuda_ok(cudaMalloc(&dq_in.ptr, static_cast<size_t>(nq) * 2), "cudaMalloc(q)", r) ||
@@ -330,6 +519,11 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
       !cuda_ok(cudaMalloc(&gk.dev.ptr, gk.bytes()), "cudaMalloc(dk)", r) ||
       !cuda_ok(cudaMalloc(&gv.dev.ptr, gv.bytes()), "cudaMalloc(dv)", r))
     return r;
+  if (with_sinks && (!cuda_ok(cudaMalloc(&d_sinks.ptr, sink_bytes), "cudaMalloc(sinks)", r) ||
+                     !cuda_ok(cudaMemcpy(d_sinks.ptr, c.sinks.data(), sink_bytes, cudaMemcpyHostToDevice),
+                              "cudaMemcpy(sinks)", r) ||
+                     !cuda_ok(cudaMalloc(&d_dsinks.ptr, sink_bytes), "cudaMalloc(dsinks)", r)))
+    return r;
 
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
@@ -341,12 +535,19 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   p.dout = d_dout.ptr, p.dq = gq.dev.ptr, p.dk = gk.dev.ptr, p.dv = gv.dev.ptr;
   p.dout_strides = p.dq_strides = p.q_strides;
   p.dk_strides = p.dv_strides = p.k_strides;
+  // The variant, for the forward (O and LSE are the variant's) and, through pb = p, the backward.
+  p.local = c.local ? 1 : 0;
+  p.window_size_left = c.window_left, p.window_size_right = c.window_right;
+  p.softcap = c.softcap;
+  p.sinks = with_sinks ? static_cast<const float*>(d_sinks.ptr) : nullptr;
+  p.attention_chunk = c.attention_chunk;
 
   // The forward (its own zero-filled workspace) and the backward (a workspace of any contents) take separate structs:
   // the workspace fields differ.
   uint64_t fwd_ws = 0;
   if (!detail::validate_and_size(p, fwd_ws, r)) return r;
   flashcore_attention_params pb = p;
+  pb.dsinks = with_sinks ? static_cast<float*>(d_dsinks.ptr) : nullptr;  // (the forward's p leaves it NULL)
   uint64_t bwd_ws = 0;
   if (const flashcore_status st = flashcore_attention_backward_workspace_size(&pb, &bwd_ws); st != FLASHCORE_SUCCESS) {
     // Not compiled for the case, or (UNSUPPORTED_ARCH) the device's backend has no backward: skipped.
@@ -393,23 +594,65 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
       !cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize (forward)", r))
     return r;
 
-  // The float64 reference, from the same host inputs.
+  // The float64 reference, from the same host inputs (and the case's sinks on the host).
   flashcore_attention_params host = p;
   host.q = hq.data(), host.k = hk.data(), host.v = hv.data(), host.o = nullptr, host.lse = nullptr;
-  host.dout = hdo.data(), host.dq = nullptr, host.dk = nullptr, host.dv = nullptr;
+  host.dout = hdo.data(), host.dq = nullptr, host.dk = nullptr, host.dv = nullptr, host.dsinks = nullptr;
+  host.sinks = with_sinks ? c.sinks.data() : nullptr;
   host.workspace = nullptr, host.workspace_size = 0;
   const ref::Gradients want = ref::attention_backward(host, hdo.data());
+  if (c.softcap > 0.0f) r.tol = softcap_tolerance(c.dtype, max_capped_score(c, host, hq, hk));
   if (want.dq.size() != static_cast<size_t>(nq) || want.dk.size() != static_cast<size_t>(nkv) ||
       want.dv.size() != static_cast<size_t>(nkv)) {
     r.message = "reference::attention_backward returned gradients of unexpected sizes";
     return r;
   }
 
+  // dL/dsinks: the float64 reference, and the bound's extra term from the O and LSE the forward wrote: per head,
+  // A_h = sum over its rows of |exp(sinks[h] - LSE_i) * rowsum(dO_i * O_i)| (one rounding of the stored O per term).
+  std::vector<double> want_dsinks;
+  double sink_terms = 0;  // max_h A_h
+  if (with_sinks) {
+    r.with_dsinks = true;
+    want_dsinks = ref::attention_backward_sinks(host, hdo.data());
+    std::vector<uint16_t> ho(static_cast<size_t>(nq));
+    std::vector<float> hlse(static_cast<size_t>(nlse));
+    if (!cuda_ok(cudaMemcpy(ho.data(), d_o.ptr, ho.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy(o)", r) ||
+        !cuda_ok(cudaMemcpy(hlse.data(), d_lse.ptr, hlse.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(lse)", r))
+      return r;
+    auto value = [&](const std::vector<uint16_t>& t, int64_t b, int64_t i, int64_t h, int64_t d) {
+      const uint16_t bits = t[static_cast<size_t>(b * p.o_strides.batch + i * p.o_strides.seq + h * p.o_strides.head + d)];
+      return static_cast<double>(c.dtype == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(bits) : ref::bf16_to_float(bits));
+    };
+    for (int64_t h = 0; h < Hq; ++h) {
+      double a = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < Sq; ++i) {
+          double delta = 0;
+          for (int64_t d = 0; d < D; ++d) delta += value(hdo, b, i, h, d) * value(ho, b, i, h, d);
+          if (delta == 0.0 || !std::isfinite(delta)) continue;  // (a row without keys: O = 0)
+          const double lse = hlse[static_cast<size_t>((b * Hq + h) * Sq + i)];
+          const double term = std::exp(static_cast<double>(c.sinks[static_cast<size_t>(h)]) - lse) * delta;
+          if (std::isfinite(term)) a += std::fabs(term);
+        }
+      sink_terms = std::max(sink_terms, a);
+    }
+  }
+  std::vector<float> got_dsinks(c.sinks.size()), first_dsinks;
+  double dsinks_abs_err = 0, dsinks_ref_max = 0;
+  int64_t dsinks_unwritten = 0, dsinks_nonfinite = 0;
+  std::string dsinks_worst, dsinks_first_bad;
+  for (double w : want_dsinks) dsinks_ref_max = std::max(dsinks_ref_max, std::fabs(w));
+
+  // The query rows that see no key (causal, the window): their dQ must be exactly 0.
+  std::vector<char> row_sees_no_key(static_cast<size_t>(Sq));
+  for (int64_t i = 0; i < Sq; ++i) row_sees_no_key[static_cast<size_t>(i)] = ref::visible_key_range(p, Sq, Sk, i).empty();
+
   // The backward: `repeats` runs with deterministic = 1, then `repeats` with deterministic = 0.
   repeats = std::max(1, repeats);
   r.runs = repeats;
   GradTally tq("dQ"), tk("dK"), tv("dV");
-  auto masked = [&](int64_t, int64_t i) { return c.causal && i + Sk - Sq < 0; };
+  auto masked = [&](int64_t, int64_t i) { return row_sees_no_key[static_cast<size_t>(i)] != 0; };
   auto never = [](int64_t, int64_t) { return false; };
   for (int det : {1, 0}) {
     pb.deterministic = det;
@@ -419,6 +662,8 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
         if (!cuda_ok(cudaMemsetAsync(g->dev.ptr, 0xff, g->bytes(), stream), "cudaMemsetAsync(gradient)", r)) return r;
       if (bwd_ws > 0 && !cuda_ok(cudaMemsetAsync(d_bws.ptr, 0xff, bwd_ws, stream), "cudaMemsetAsync(workspace)", r))
         return r;
+      if (with_sinks && !cuda_ok(cudaMemsetAsync(d_dsinks.ptr, 0xff, sink_bytes, stream), "cudaMemsetAsync(dsinks)", r))
+        return r;
       if (!lib_ok(flashcore_attention_backward(&pb, fstream), "flashcore_attention_backward", r) ||
           !cuda_ok(cudaGetLastError(), "backward launch", r))
         return r;
@@ -426,26 +671,52 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
         if (!cuda_ok(cudaMemcpyAsync(g->host.data(), g->dev.ptr, g->bytes(), cudaMemcpyDeviceToHost, stream),
                      "cudaMemcpyAsync(gradient)", r))
           return r;
+      if (with_sinks && !cuda_ok(cudaMemcpyAsync(got_dsinks.data(), d_dsinks.ptr, sink_bytes, cudaMemcpyDeviceToHost,
+                                                 stream),
+                                 "cudaMemcpyAsync(dsinks)", r))
+        return r;
       if (!cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize (backward)", r)) return r;
 
       tq.compare(gq.host, pb.dq_strides, want.dq, B, Sq, Hq, D, c.dtype, masked, run.c_str());
       tk.compare(gk.host, pb.dk_strides, want.dk, B, Sk, Hkv, D, c.dtype, never, run.c_str());
       tv.compare(gv.host, pb.dv_strides, want.dv, B, Sk, Hkv, D, c.dtype, never, run.c_str());
+      for (int64_t h = 0; h < static_cast<int64_t>(got_dsinks.size()); ++h) {
+        const float x = got_dsinks[static_cast<size_t>(h)];
+        uint32_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        if (!std::isfinite(x)) {
+          (bits == 0xffffffffu ? dsinks_unwritten : dsinks_nonfinite)++;
+          if (dsinks_first_bad.empty())
+            dsinks_first_bad = std::string("dsinks ") + (bits == 0xffffffffu ? "unwritten (NaN poison)" : "non-finite") +
+                               " at " + run + " h=" + std::to_string(h);
+          continue;
+        }
+        const double w = want_dsinks[static_cast<size_t>(h)], e = std::fabs(static_cast<double>(x) - w);
+        if (e > dsinks_abs_err || dsinks_worst.empty()) {
+          if (e > dsinks_abs_err) dsinks_abs_err = e;
+          dsinks_worst = run + " h=" + std::to_string(h) + ": got " + format_float(x) + ", want " + format_float(w);
+        }
+      }
       if (rep == 0) {
         for (Grad* g : {&gq, &gk, &gv}) g->first = g->host;
+        first_dsinks = got_dsinks;
         continue;
       }
+      // (dsinks compared as bits: NaN != NaN would call an unwritten, already reported, dsinks nondeterministic)
       const bool same_q = gq.host == gq.first, same_kv = gk.host == gk.first && gv.host == gv.first;
-      if (det == 1 && !(same_q && same_kv)) {
+      const bool same_s = got_dsinks.empty() ||
+                          std::memcmp(got_dsinks.data(), first_dsinks.data(), got_dsinks.size() * sizeof(float)) == 0;
+      if (det == 1 && !(same_q && same_kv && same_s)) {
         if (r.deterministic)
           append(r.message, "deterministic=1: run " + std::to_string(rep) + " of " + std::to_string(repeats) +
                                 " is not bit-identical to run 0 in" + (same_q ? "" : " dQ") +
-                                (gk.host == gk.first ? "" : " dK") + (gv.host == gv.first ? "" : " dV"));
+                                (gk.host == gk.first ? "" : " dK") + (gv.host == gv.first ? "" : " dV") +
+                                (same_s ? "" : " dsinks"));
         r.deterministic = false;
       }
-      if (det == 0 && !same_kv) {
+      if (det == 0 && !(same_kv && same_s)) {
         if (r.dkdv_deterministic)
-          append(r.message, "deterministic=0: dK / dV of run " + std::to_string(rep) + " of " +
+          append(r.message, "deterministic=0: dK / dV / dsinks of run " + std::to_string(rep) + " of " +
                                 std::to_string(repeats) + " are not bit-identical to run 0 (they must be in either mode)");
         r.dkdv_deterministic = false;
       }
@@ -465,6 +736,21 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
       within = false;
       append(r.message, std::string(t->name) + " error " + format_float(t->relative()) + " of max |ref| " +
                             format_float(t->ref_max) + " > tolerance " + format_float(r.tol) + " (worst at " + t->worst + ")");
+    }
+  }
+  if (with_sinks) {
+    const double scale = dsinks_ref_max > 0 ? dsinks_ref_max : 1.0;
+    r.dsinks_max = dsinks_ref_max;
+    r.dsinks_err = dsinks_abs_err / scale;
+    r.dsinks_tol = r.tol + dsinks_o_rounding(c.dtype) * sink_terms / scale;
+    r.unwritten |= dsinks_unwritten > 0, r.nonfinite |= dsinks_nonfinite > 0;
+    if (dsinks_unwritten) append(r.message, "dsinks: " + std::to_string(dsinks_unwritten) + " entries kept the NaN poison");
+    if (dsinks_nonfinite) append(r.message, "dsinks: " + std::to_string(dsinks_nonfinite) + " entries are NaN/Inf");
+    if (!dsinks_first_bad.empty()) append(r.message, "first: " + dsinks_first_bad);
+    if (!(r.dsinks_err <= r.dsinks_tol)) {
+      within = false;
+      append(r.message, "dsinks error " + format_float(r.dsinks_err) + " of max |ref| " + format_float(dsinks_ref_max) +
+                            " > tolerance " + format_float(r.dsinks_tol) + " (worst at " + dsinks_worst + ")");
     }
   }
   r.passed = within && !r.unwritten && !r.nonfinite && !r.masked_bad && r.deterministic && r.dkdv_deterministic;
