@@ -168,6 +168,8 @@ struct CaseRow {
   std::string mode = "fwd";
   double dq_err = NAN, dk_err = NAN, dv_err = NAN, grad_tol = NAN;
   bool dkdv_deterministic = true;
+  // Backward cases with sinks: dL/dsinks' max |error| / max |ref| and its bound (NaN without sinks).
+  double dsinks_err = NAN, dsinks_tol = NAN;
 };
 
 const char* verdict_word(const CaseRow& r) { return r.skipped ? "skipped" : (r.passed ? "passed" : "failed"); }
@@ -195,6 +197,7 @@ CaseRow run_item(const Item& it, uint64_t seed, int repeats) {
     row.skipped = r.skipped, row.passed = r.passed, row.deterministic = r.deterministic, row.message = r.message;
     row.dkdv_deterministic = r.dkdv_deterministic;
     row.dq_err = r.dq_err, row.dk_err = r.dk_err, row.dv_err = r.dv_err, row.grad_tol = r.tol;
+    if (r.with_dsinks) row.dsinks_err = r.dsinks_err, row.dsinks_tol = r.dsinks_tol;
   } else if (it.eight) {
     const fp8::Case& c = it.f;
     row.dtype = dtype_name(c.dtype);
@@ -260,6 +263,8 @@ void write_json(const std::string& path, const CheckOptions& o, const DeviceInfo
       << ", \"rel_rmse_tol\": " << (ran ? num(r.rel_rmse_tol) : "null") << ", \"mode\": \"" << r.mode
       << "\", \"dq_err\": " << (ran ? num(r.dq_err) : "null") << ", \"dk_err\": " << (ran ? num(r.dk_err) : "null")
       << ", \"dv_err\": " << (ran ? num(r.dv_err) : "null") << ", \"grad_tol\": " << (ran ? num(r.grad_tol) : "null")
+      << ", \"dsinks_err\": " << (ran && std::isfinite(r.dsinks_tol) ? num(r.dsinks_err) : "null")
+      << ", \"dsinks_tol\": " << (ran && std::isfinite(r.dsinks_tol) ? num(r.dsinks_tol) : "null")
       << ", \"dkdv_deterministic\": "
       << (ran && o.repeats > 1 && r.mode == "bwd" ? (r.dkdv_deterministic ? "true" : "false") : "null") << "}";
   }
@@ -386,6 +391,7 @@ int run_check(int argc, char** argv, int first) {
       if (!r.skipped && r.mode == "bwd") {
         // Each gradient's max |error| / max |ref|, then the bound they share.
         std::printf("  dq=%.3e dk=%.3e dv=%.3e /%.1e", r.dq_err, r.dk_err, r.dv_err, r.grad_tol);
+        if (std::isfinite(r.dsinks_tol)) std::printf(" dsinks=%.3e/%.1e", r.dsinks_err, r.dsinks_tol);
         if (repeats > 1)
           std::printf(" deterministic=%s dkdv_deterministic(det=0)=%s", r.deterministic ? "yes" : "NO",
                       r.dkdv_deterministic ? "yes" : "NO");
