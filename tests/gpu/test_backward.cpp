@@ -20,75 +20,31 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "flashcore/flashcore.h"
-#include "gpu/device_buffer.h"
+#include "gpu/backward_test_util.h"
 #include "gpu/gpu_skip.h"
 #include "reference/reference.h"
 
 namespace {
 
-namespace ref = flashcore::reference;
-using flashcore::test::DeviceBuffer;
-
-constexpr uint16_t kPoison = 0xffff;  // NaN in fp16 and in bf16
-
-uint64_t base_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* env = std::getenv("FLASHCORE_SEED"); env && *env) return std::strtoull(env, nullptr, 0);
-    std::random_device rd;
-    const uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    std::printf("FlashCore backward GPU tests: base seed %llu (set FLASHCORE_SEED to reproduce)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
+using namespace flashcore::test_bwd;
 
 uint64_t case_seed(const std::string& name) {
-  uint64_t h = base_seed() ^ 0xcbf29ce484222325ull;
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
+  static const uint64_t base = draw_base_seed("FlashCore backward GPU tests");
+  return hash_seed(base, 0xcbf29ce484222325ull, name);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Cases
 // ------------------------------------------------------------------------------------------------
-enum class Layout {
-  BSHD,    // (batch, seq, heads, head_dim), contiguous
-  BHSD,    // (batch, heads, seq, head_dim), contiguous
-  Padded,  // (batch, seq, heads, head_dim) with 16 elements between heads and 64 between batch entries
-};
-
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::BSHD: return "bshd";
-    case Layout::BHSD: return "bhsd";
-    case Layout::Padded: return "padded";
-  }
-  return "?";
-}
-
-flashcore_tensor_strides strides_of(Layout l, int64_t S, int64_t H, int64_t D) {
-  switch (l) {
-    case Layout::BSHD: return {S * H * D, H * D, D, 1};
-    case Layout::BHSD: return {H * S * D, D, S * D, 1};
-    case Layout::Padded: return {S * H * (D + 16) + 64, H * (D + 16), D + 16, 1};
-  }
-  return {};
-}
-
 struct Case {
   std::string name;
   flashcore_dtype dtype = FLASHCORE_DTYPE_BF16;
@@ -117,8 +73,7 @@ std::string describe(const Case& c) {
 void PrintTo(const Case& c, std::ostream* os) { *os << describe(c); }
 
 std::string param_name(const testing::TestParamInfo<Case>& info) {
-  std::string out;
-  for (char ch : info.param.name) out += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  const std::string out = identifier(info.param.name);
   return out.empty() ? std::to_string(info.index) : out;
 }
 
@@ -169,161 +124,41 @@ std::vector<Case> backward_cases() {
 // ------------------------------------------------------------------------------------------------
 // Device problems
 // ------------------------------------------------------------------------------------------------
-uint16_t to_bits(float x, flashcore_dtype dt) {
-  return dt == FLASHCORE_DTYPE_FP16 ? ref::float_to_half(x) : ref::float_to_bf16(x);
-}
-float to_float(uint16_t x, flashcore_dtype dt) {
-  return dt == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(x) : ref::bf16_to_float(x);
-}
-
-// A strided 16-bit tensor (batch, seq, heads, head_dim): a host copy of its whole extent (padding included) and a
-// device buffer of that extent.
-struct Tensor {
-  int64_t B = 0, S = 0, H = 0, D = 0;
-  flashcore_tensor_strides st{};
-  std::vector<uint16_t> host;
-  std::unique_ptr<DeviceBuffer> dev;
-
-  void make(int64_t b, int64_t s, int64_t h, int64_t d, Layout layout) {
-    B = b, S = s, H = h, D = d;
-    st = strides_of(layout, s, h, d);
-    host.assign(static_cast<size_t>(extent()), kPoison);
-    dev = std::make_unique<DeviceBuffer>(bytes());
-  }
-  int64_t extent() const { return (B - 1) * st.batch + (S - 1) * st.seq + (H - 1) * st.head + D; }
-  size_t bytes() const { return static_cast<size_t>(extent()) * 2; }
-  int64_t at(int64_t b, int64_t s, int64_t h, int64_t d) const { return b * st.batch + s * st.seq + h * st.head + d; }
-  // Logical element i of the dense (B, S, H, D) order.
-  int64_t at_dense(int64_t i) const {
-    const int64_t d = i % D, h = (i / D) % H, s = (i / (D * H)) % S, b = i / (D * H * S);
-    return at(b, s, h, d);
-  }
-  int64_t elements() const { return B * S * H * D; }
-  void fill_normal(std::mt19937_64& rng, flashcore_dtype dt) {
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    for (int64_t i = 0; i < elements(); ++i) host[static_cast<size_t>(at_dense(i))] = to_bits(n(rng), dt);
-  }
-  void* ptr() const { return dev->ptr; }
-  void upload() const { ASSERT_EQ(cudaMemcpy(dev->ptr, host.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess); }
-  void download(std::vector<uint16_t>& out) const {
-    out.resize(host.size());
-    ASSERT_EQ(cudaMemcpy(out.data(), dev->ptr, bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  void poison() const { ASSERT_EQ(cudaMemset(dev->ptr, 0xff, bytes()), cudaSuccess); }
-};
-
-struct Grads {
-  std::vector<uint16_t> dq, dk, dv;  // whole extents, as downloaded
-};
-
-struct Problem {
+struct Problem : DenseProblem {
   Case c;
-  uint64_t seed = 0;
-  std::string skip;  // non-empty: why the case cannot run here
-  Tensor q, k, v, o, dout, dq, dk, dv;
-  std::unique_ptr<DeviceBuffer> lse, workspace;
-  uint64_t workspace_bytes = 0;
-  std::vector<uint16_t> o_after_forward;
-  std::vector<float> lse_after_forward;
-  flashcore_attention_params p{};  // the backward's call (device pointers, its workspace)
-
-  int64_t lse_count() const { return c.batch * c.heads_q * c.seqlen_q; }
 };
 
 // Sets `pr` up for pr.c (fresh N(0, 1) inputs from pr.seed, NaN between a padded tensor's rows) and runs the forward
 // with LSE. Sets pr.skip when this build or device lacks the case.
 void prepare(Problem& pr) {
   const Case& c = pr.c;
-  pr.q.make(c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.layout);
-  pr.o.make(c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.layout);
-  pr.k.make(c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.layout);
-  pr.v.make(c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.layout);
-  pr.dout.make(c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.grad_layout);
-  pr.dq.make(c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.grad_layout);
-  pr.dk.make(c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.grad_layout);
-  pr.dv.make(c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.grad_layout);
-  pr.lse = std::make_unique<DeviceBuffer>(static_cast<size_t>(pr.lse_count()) * sizeof(float));
+  pr.make_tensors(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.layout, c.grad_layout);
   std::mt19937_64 rng(pr.seed);
-  for (Tensor* t : {&pr.q, &pr.k, &pr.v, &pr.dout}) {
-    t->fill_normal(rng, c.dtype);
-    t->upload();
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  pr.fill_inputs(rng, c.dtype);
+  if (::testing::Test::HasFatalFailure()) return;
 
+  pr.init_call();
   flashcore_attention_params& p = pr.p;
-  flashcore_attention_params_init(&p);
-  p.q = pr.q.ptr(), p.k = pr.k.ptr(), p.v = pr.v.ptr(), p.o = pr.o.ptr();
-  p.lse = static_cast<float*>(pr.lse->ptr);
-  p.dout = pr.dout.ptr(), p.dq = pr.dq.ptr(), p.dk = pr.dk.ptr(), p.dv = pr.dv.ptr();
-  p.q_strides = pr.q.st, p.k_strides = pr.k.st, p.v_strides = pr.v.st, p.o_strides = pr.o.st;
-  p.dout_strides = pr.dout.st, p.dq_strides = pr.dq.st, p.dk_strides = pr.dk.st, p.dv_strides = pr.dv.st;
-  p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k;
-  p.num_heads_q = c.heads_q, p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim;
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
   p.deterministic = c.deterministic;
 
-  const flashcore_status vs = flashcore_attention_validate(&p);
-  if (vs == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || vs == FLASHCORE_ERROR_UNSUPPORTED_DTYPE) {
-    pr.skip = std::string("forward: ") + flashcore_status_string(vs) + ": " + flashcore_last_error();
-    return;
-  }
-  ASSERT_EQ(vs, FLASHCORE_SUCCESS) << flashcore_last_error();
-
-  // The forward, without a workspace: the backward's (any contents) is not the zero-filled one the forward reads.
-  flashcore_attention_params fwd = p;
-  fwd.workspace = nullptr, fwd.workspace_size = 0;
-  pr.o.poison();
-  ASSERT_EQ(cudaMemset(pr.lse->ptr, 0xff, static_cast<size_t>(pr.lse_count()) * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(flashcore_attention_forward(&fwd, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  pr.o.download(pr.o_after_forward);
-  pr.lse_after_forward.resize(static_cast<size_t>(pr.lse_count()));
-  ASSERT_EQ(cudaMemcpy(pr.lse_after_forward.data(), pr.lse->ptr, pr.lse_after_forward.size() * sizeof(float),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
-
-  uint64_t bytes = 0;
-  const flashcore_status ws = flashcore_attention_backward_workspace_size(&p, &bytes);
-  if (ws == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || ws == FLASHCORE_ERROR_UNSUPPORTED_DTYPE ||
-      ws == FLASHCORE_ERROR_UNSUPPORTED_ARCH) {
-    pr.skip = std::string("backward: ") + flashcore_status_string(ws) + ": " + flashcore_last_error();
-    return;
-  }
-  ASSERT_EQ(ws, FLASHCORE_SUCCESS) << flashcore_last_error();
-  pr.workspace_bytes = bytes;
-  if (bytes > 0) pr.workspace = std::make_unique<DeviceBuffer>(bytes);
-  p.workspace = pr.workspace ? pr.workspace->ptr : nullptr;
-  p.workspace_size = bytes;
+  validate_forward(pr);
+  if (::testing::Test::HasFatalFailure() || !pr.skip.empty()) return;
+  run_forward(pr, describe(c));
+  if (::testing::Test::HasFatalFailure()) return;
+  make_workspace(pr, describe(c));
 }
 
 // One backward call on `stream` (nullptr: the legacy default stream), with dq, dk, dv poisoned and the workspace filled
 // with 0xff bytes before it; the outputs downloaded whole.
 void run_backward(Problem& pr, Grads& out, cudaStream_t stream = nullptr) {
-  for (const Tensor* t : {&pr.dq, &pr.dk, &pr.dv}) t->poison();
+  poison_for_backward(pr);
   if (::testing::Test::HasFatalFailure()) return;
-  if (pr.workspace) {
-    ASSERT_EQ(cudaMemset(pr.workspace->ptr, 0xff, pr.workspace_bytes), cudaSuccess);
-  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_EQ(flashcore_attention_backward(&pr.p, reinterpret_cast<flashcore_stream_t>(stream)), FLASHCORE_SUCCESS)
       << describe(pr.c) << ": " << flashcore_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << describe(pr.c);
-  pr.dq.download(out.dq);
-  pr.dk.download(out.dk);
-  pr.dv.download(out.dv);
-}
-
-// The backward's inputs O, LSE and dO are as they were.
-void expect_inputs_unchanged(const Problem& pr) {
-  std::vector<uint16_t> o, dout;
-  pr.o.download(o);
-  pr.dout.download(dout);
-  std::vector<float> lse(pr.lse_after_forward.size());
-  ASSERT_EQ(cudaMemcpy(lse.data(), pr.lse->ptr, lse.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_TRUE(o == pr.o_after_forward) << "the backward wrote to O";
-  EXPECT_TRUE(dout == pr.dout.host) << "the backward wrote to dO";
-  EXPECT_EQ(std::memcmp(lse.data(), pr.lse_after_forward.data(), lse.size() * sizeof(float)), 0)
-      << "the backward wrote to LSE";
+  download_grads(pr, out);
 }
 
 struct References {
@@ -331,65 +166,16 @@ struct References {
 };
 
 References reference(const Problem& pr) {
-  flashcore_attention_params host = pr.p;
-  host.q = pr.q.host.data(), host.k = pr.k.host.data(), host.v = pr.v.host.data();
+  const flashcore_attention_params host = pr.host_call();
   References r;
   r.exact = ref::attention_backward(host, pr.dout.host.data());
   r.lowp = ref::attention_backward_lowp(host, pr.dout.host.data());
   return r;
 }
 
-double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double e : x) m = std::max(m, std::fabs(e));
-  return m;
-}
-
-// One gradient tensor against its references (see the file's comment); returns a line for the log.
-std::string check_tensor(const Problem& pr, const char* name, const Tensor& t, const std::vector<uint16_t>& got,
-                         const std::vector<double>& exact, const std::vector<double>& lowp, double floor_scale) {
-  const flashcore_dtype dt = pr.c.dtype;
-  std::vector<char> inside(got.size(), 0);
-  double err = 0, lowp_err = 0, scale = 0;
-  int64_t nonfinite = 0, worst = -1;
-  for (int64_t i = 0; i < t.elements(); ++i) {
-    const size_t at = static_cast<size_t>(t.at_dense(i));
-    inside[at] = 1;
-    const double x = to_float(got[at], dt), want = exact[static_cast<size_t>(i)];
-    if (!std::isfinite(x)) {
-      ++nonfinite;
-      continue;
-    }
-    if (std::fabs(x - want) > err) err = std::fabs(x - want), worst = i;
-    lowp_err = std::max(lowp_err, std::fabs(lowp[static_cast<size_t>(i)] - want));
-    scale = std::max(scale, std::fabs(want));
-  }
-  int64_t written_outside = 0;
-  for (size_t i = 0; i < got.size(); ++i) written_outside += !inside[i] && got[i] != kPoison;
-  scale = std::max(scale, floor_scale);
-  const double atol = dt == FLASHCORE_DTYPE_FP16 ? 1e-3 : 4e-3;
-  const double tol = 2 * lowp_err + atol * scale;
-  char line[320];
-  std::snprintf(line, sizeof line, "%s err %.3g (tol %.3g, lowp %.3g, max|ref| %.3g)", name, err, tol, lowp_err, scale);
-  EXPECT_EQ(nonfinite, 0) << describe(pr.c) << " [seed " << pr.seed << "]: " << nonfinite << " elements of " << name
-                          << " are NaN/Inf (unwritten: the poison is NaN)";
-  EXPECT_EQ(written_outside, 0) << describe(pr.c) << ": " << written_outside << " elements between the rows of "
-                                << name << " were written";
-  if (err > tol) {
-    const int64_t d = worst % t.D, h = (worst / t.D) % t.H, s = (worst / (t.D * t.H)) % t.S, b = worst / (t.D * t.H * t.S);
-    ADD_FAILURE() << describe(pr.c) << " [seed " << pr.seed << "]: " << line << "; worst at (b=" << b << ", s=" << s
-                  << ", h=" << h << ", d=" << d << "): got " << to_float(got[static_cast<size_t>(t.at_dense(worst))], dt)
-                  << ", want " << exact[static_cast<size_t>(worst)] << ", lowp " << lowp[static_cast<size_t>(worst)];
-  }
-  return line;
-}
-
 // dq, dk, dv of `g` against the references; dq of a query row that sees no key must be exactly 0.
 std::string check_grads(const Problem& pr, const Grads& g, const References& r) {
-  const double floor_scale = 1e-2 * std::max({max_abs(r.exact.dq), max_abs(r.exact.dk), max_abs(r.exact.dv)});
-  std::string log = check_tensor(pr, "dq", pr.dq, g.dq, r.exact.dq, r.lowp.dq, floor_scale) + ", " +
-                    check_tensor(pr, "dk", pr.dk, g.dk, r.exact.dk, r.lowp.dk, floor_scale) + ", " +
-                    check_tensor(pr, "dv", pr.dv, g.dv, r.exact.dv, r.lowp.dv, floor_scale);
+  std::string log = check_dq_dk_dv(pr, describe(pr.c), g, r.exact, r.lowp);
   const Case& c = pr.c;
   if (c.causal && c.seqlen_q > c.seqlen_k) {
     int64_t nonzero = 0;
@@ -468,13 +254,8 @@ TEST_P(BackwardDeterminism, RepeatedRuns) {
     Grads again;
     run_backward(pr, again);
     if (HasFatalFailure()) return;
-    EXPECT_TRUE(again.dk == first.dk) << describe(pr.c) << ": dk differs between runs";
-    EXPECT_TRUE(again.dv == first.dv) << describe(pr.c) << ": dv differs between runs";
-    if (pr.c.deterministic) {
-      EXPECT_TRUE(again.dq == first.dq) << describe(pr.c) << ": dq differs between runs (deterministic = 1)";
-    } else {
-      check_grads(pr, again, r);
-    }
+    expect_same_as_first_run(describe(pr.c), pr.c.deterministic != 0, first, again);
+    if (!pr.c.deterministic) check_grads(pr, again, r);
   }
 }
 
@@ -536,18 +317,14 @@ class BackwardBadArgs : public testing::Test {
 
   // The backward refuses `p` with `want` and a message holding `needle`; dq, dk and dv keep their poison.
   void expect_rejected(const flashcore_attention_params& p, flashcore_status want, const std::string& needle) {
-    for (const Tensor* t : {&pr.dq, &pr.dk, &pr.dv}) t->poison();
+    poison_grads(pr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const flashcore_status st = flashcore_attention_backward(&p, nullptr);
     const std::string message = flashcore_last_error();
     EXPECT_EQ(st, want) << flashcore_status_string(st) << ": " << message;
     EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    for (const Tensor* t : {&pr.dq, &pr.dk, &pr.dv}) {
-      std::vector<uint16_t> got;
-      t->download(got);
-      for (uint16_t x : got) ASSERT_EQ(x, kPoison) << "a rejected call wrote a gradient";
-    }
+    expect_grads_poisoned(pr);
   }
 
   Problem pr;

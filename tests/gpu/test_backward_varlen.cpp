@@ -17,14 +17,13 @@
 #include <vector>
 
 #include "flashcore/flashcore.h"
-#include "gpu/device_buffer.h"
+#include "gpu/backward_test_util.h"
 #include "gpu/gpu_skip.h"
 #include "reference/reference.h"
 
 namespace {
 
-namespace ref = flashcore::reference;
-using flashcore::test::DeviceBuffer;
+using namespace flashcore::test_bwd;
 
 struct VarlenCase {
   flashcore_dtype dtype;
@@ -54,13 +53,6 @@ std::vector<VarlenCase> varlen_cases() {
 
 class BackwardVarlen : public testing::TestWithParam<VarlenCase> {};
 
-uint16_t bits(float x, flashcore_dtype dt) {
-  return dt == FLASHCORE_DTYPE_FP16 ? ref::float_to_half(x) : ref::float_to_bf16(x);
-}
-float value(uint16_t x, flashcore_dtype dt) {
-  return dt == FLASHCORE_DTYPE_FP16 ? ref::half_to_float(x) : ref::bf16_to_float(x);
-}
-
 TEST_P(BackwardVarlen, EachSequenceMatchesItsReference) {
   FLASHCORE_REQUIRE_GPU();
   const VarlenCase& c = GetParam();
@@ -83,7 +75,7 @@ TEST_P(BackwardVarlen, EachSequenceMatchesItsReference) {
   std::normal_distribution<float> normal(0.f, 1.f);
   auto random = [&](int64_t n) {
     std::vector<uint16_t> v(n);
-    for (auto& x : v) x = bits(normal(rng), c.dtype);
+    for (auto& x : v) x = to_bits(normal(rng), c.dtype);
     return v;
   };
   const std::vector<uint16_t> q = random(total_q * Hq * D), k = random(total_k * Hkv * D), v = random(total_k * Hkv * D),
@@ -198,7 +190,7 @@ TEST_P(BackwardVarlen, EachSequenceMatchesItsReference) {
       for (int t = 0; t < 3; ++t) {
         double err = 0;
         for (size_t e = 0; e < want[t]->size(); ++e) {
-          const float g = value(got[run][t][start[t] + e], c.dtype);
+          const float g = to_float(got[run][t][start[t] + e], c.dtype);
           err = std::isfinite(g) ? std::max(err, std::fabs(g - (*want[t])[e])) : INFINITY;
         }
         const char* names[3] = {"dq", "dk", "dv"};
