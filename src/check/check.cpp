@@ -344,18 +344,8 @@ void add_ring_cases(CaseList& L, bool quick) {
   }
 }
 
-// Sink logits for `heads` query heads: spread over [-2, 6], so that some heads' sinks weigh little and some take most
-// of a row's mass (scores of N(0, 1) inputs are O(1)).
-std::vector<float> sink_logits(int64_t heads) {
-  std::vector<float> s(static_cast<size_t>(heads));
-  for (int64_t h = 0; h < heads; ++h) s[static_cast<size_t>(h)] = -2.0f + 8.0f * static_cast<float>(h % 5) / 4.0f;
-  return s;
-}
-
-Case& with_window(Case& c, int32_t left, int32_t right) {
-  c.local = true, c.window_left = left, c.window_right = right;
-  return c;
-}
+using detail::sink_logits;
+using detail::with_window;
 
 // The attention variants (ABI 0.5): sliding windows, softcap, sinks, alone and together, dense and serving
 // (attention_chunk is refused by this version: tests/gpu/test_attention_variants.cpp checks the refusal).

@@ -126,18 +126,8 @@ struct CaseList {
 const flashcore_dtype kDtypes[] = {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16};
 const int64_t kHeadDims[] = {64, 128};  // the backward's head dims (v1)
 
-// Sink logits for `heads` query heads, as the forward's list has them (check.cpp): spread over [-2, 6], so that some
-// heads' sinks weigh little and some take most of a row's mass (scores of N(0, 1) inputs are O(1)).
-std::vector<float> sink_logits(int64_t heads) {
-  std::vector<float> s(static_cast<size_t>(heads));
-  for (int64_t h = 0; h < heads; ++h) s[static_cast<size_t>(h)] = -2.0f + 8.0f * static_cast<float>(h % 5) / 4.0f;
-  return s;
-}
-
-Case& with_window(Case& c, int32_t left, int32_t right) {
-  c.local = true, c.window_left = left, c.window_right = right;
-  return c;
-}
+using detail::sink_logits;
+using detail::with_window;
 
 // The attention variants of the backward (ABI 0.6): sliding windows, softcap, sinks (with dL/dsinks), alone and
 // together. Dense tensors only (the backward's packed batches are tests/gpu/test_backward_variants.cpp's).

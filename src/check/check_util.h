@@ -1,10 +1,12 @@
-// Internals shared by the 16-bit (check.cpp) and 8-bit (check_fp8.cpp) correctness runners: the seed mixer, owners
-// of device memory and streams, the backend requirement of sm90-only cases, and the validate / workspace-size steps.
+// Internals shared by the 16-bit (check.cpp), backward (check_bwd.cpp) and 8-bit (check_fp8.cpp) correctness runners:
+// the seed mixer, owners of device memory and streams, the backend requirement of sm90-only cases, the validate /
+// workspace-size steps, and the variants' case helpers.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "flashcore/flashcore.h"
 
@@ -69,6 +71,21 @@ bool validate_and_size(const flashcore_attention_params& p, uint64_t& bytes, R& 
     return false;
   }
   return true;
+}
+
+// Sink logits for `heads` query heads: spread over [-2, 6], so that some heads' sinks weigh little and some take most
+// of a row's mass (scores of N(0, 1) inputs are O(1)).
+inline std::vector<float> sink_logits(int64_t heads) {
+  std::vector<float> s(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h) s[static_cast<size_t>(h)] = -2.0f + 8.0f * static_cast<float>(h % 5) / 4.0f;
+  return s;
+}
+
+// A case (the forward's or the backward's Case) with FlashAttention's window_size (left, right).
+template <class Case>
+Case& with_window(Case& c, int32_t left, int32_t right) {
+  c.local = true, c.window_left = left, c.window_right = right;
+  return c;
 }
 
 }  // namespace flashcore::check::detail
