@@ -160,28 +160,9 @@ def reference_of(q, k, v, causal, softmax_scale, variants):
 def attention_autograd(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64):
     """(out (B, Sq, Hq, D), lse (B, Hq, Sq)) of (B, S, H, D) inputs in `dtype`, as plain differentiable torch ops (the
     whole score matrix at once: small shapes). Causal is bottom-right aligned; rows that see no key give 0 / -inf and
-    pass no gradient. GQA: query head h reads KV head h // (Hq // Hkv)."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
-    qt = q.to(dtype).transpose(1, 2)
-    kt = k.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
-    vt = v.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
-    scores = (qt @ kt.transpose(-1, -2)) * scale
-    if causal:
-        scores = scores.masked_fill(~causal_mask(seqlen_q, seqlen_k, q.device), -math.inf)
-    empty = (scores == -math.inf).all(dim=-1, keepdim=True) if seqlen_k else None
-    if empty is not None:
-        scores = scores.masked_fill(empty, 0.0)  # no -inf - -inf below; these rows are zeroed
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse[..., None])
-    out = probs @ vt
-    if empty is not None:
-        out = out.masked_fill(empty, 0.0)
-        lse = lse.masked_fill(empty[..., 0], -math.inf)
-    else:
-        lse = lse.new_full(lse.shape, -math.inf)
-    return out.transpose(1, 2), lse
+    pass no gradient. GQA: query head h reads KV head h // (Hq // Hkv). (attention_variants_autograd without a
+    variant.)"""
+    return attention_variants_autograd(q, k, v, causal, softmax_scale, dtype=dtype)
 
 
 def reference_grads(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, dtype=torch.float64):
