@@ -12,10 +12,10 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/common/bwd_variants.cuh"
 #include "kernels/common/bwd_window.h"
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
-#include "kernels/common/warp.cuh"
 #include "kernels/sm80/bwd_config.h"
 #include "kernels/sm80/bwd_epilogue.cuh"
 #include "kernels/sm80/bwd_gemm.cuh"
@@ -103,40 +103,6 @@ __device__ __forceinline__ void bwd_load_columns(const uint8_t* stats, int lane,
   for (int j = 0; j < kGroups; ++j) out[j] = s[4 * j];
 }
 
-// The variants' P^T of a sub-step (kN queries): as the plain kernels' (bwd_substep), packed into dV's A fragments as it
-// is computed. With a softcap (kSoftcap: a separate copy of the loop, as a branch per element cost reconvergence points
-// in the SASS), S^T = tanh(S^T * softcap_scale) first, and s keeps P^T times the tanh's derivative, 1 - tanh^2, which
-// dS^T takes. The window's bounds are read from the parameters (registers are scarce at head dim 128).
-template <class Cfg, int kN, bool kSoftcap>
-__device__ __forceinline__ void bwd_probabilities_variants(const BwdParams& p, float (&s)[kN / 2],
-                                                           uint32_t (&pa)[kN / 16][4], const float2 (&stat)[kN / 8],
-                                                           bool masked, int key_row, int q0) {
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float x[2], g[2] = {1.f, 1.f};
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        x[e] = s[acc_index(j, i, e)];
-        if constexpr (kSoftcap) {
-          x[e] = kernels::tanh_approx(x[e] * p.var.softcap_scale);
-          g[e] = fmaf(-x[e], x[e], 1.f);
-        }
-        x[e] = exp2f(fmaf(x[e], p.scale_log2, -(e ? stat[j].y : stat[j].x)));
-        if (masked) {
-          const int key = key_row + 8 * i, rel = key - (q0 + 8 * j + e);
-          const bool keep = key < p.seqlen_k && (!Cfg::kCausal || ((rel <= p.rel_hi) & (rel >= p.rel_lo)));
-          x[e] = keep ? x[e] : 0.f;
-        }
-      }
-      pa[j / 2][(j % 2) * 2 + i] = kernels::ElemTraits<typename Cfg::Element>::pack2(x[0], x[1]);  // pack_p_fragments'
-      s[acc_index(j, i, 0)] = kSoftcap ? x[0] * g[0] : x[0];                                        // order
-      s[acc_index(j, i, 1)] = kSoftcap ? x[1] * g[1] : x[1];
-    }
-  }
-}
-
 // Sub-step h of a step (queries h * kSubM .. of the block, bwd_config.h): the warp's P^T and dS^T, dS^T into shared
 // memory, dV and dK updated.
 template <class Cfg>
@@ -156,10 +122,13 @@ __device__ __forceinline__ void bwd_substep(const BwdParams& p, uint8_t* smem, u
   uint32_t pa[kN / 16][4], dsa[kN / 16][4];
   if constexpr (Cfg::kVariants) {
     // (The non-causal variants' kernel runs softcapped calls only: a windowed call runs the causal one.)
+    // (kernels/common/bwd_variants.cuh; the window's bounds read from the parameters: registers are scarce here.)
     if (!Cfg::kCausal || p.var.softcap_scale != 0.f) {
-      bwd_probabilities_variants<Cfg, kN, true>(p, s, pa, stat, masked, key_row, q0);
+      kernels::bwd_variant_probabilities<Element, kN, true, Cfg::kCausal>(
+          s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, p.seqlen_k, key_row - q0, p.rel_lo, p.rel_hi);
     } else {
-      bwd_probabilities_variants<Cfg, kN, false>(p, s, pa, stat, masked, key_row, q0);
+      kernels::bwd_variant_probabilities<Element, kN, false, Cfg::kCausal>(
+          s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, p.seqlen_k, key_row - q0, p.rel_lo, p.rel_hi);
     }
   } else {
 #pragma unroll

@@ -13,6 +13,7 @@
 
 #include <climits>
 
+#include "kernels/common/bwd_variants.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
 #include "kernels/common/warp.cuh"
@@ -83,43 +84,6 @@ __device__ __forceinline__ void bwd_load_columns(const uint8_t* stats, int lane,
   for (int j = 0; j < 8; ++j) out[j] = s[4 * j];
 }
 
-// The variants' P^T: as the plain kernels' (bwd_consume), packed into dV's A fragments as it is computed. With a
-// softcap (kSoftcap: a separate copy of the loop, as a branch per element cost reconvergence points in the SASS),
-// S^T = tanh(S^T * softcap_scale) first, and s keeps P^T times the tanh's derivative, 1 - tanh^2, which dS^T takes (a
-// separate array of the derivative spilled at head dim 128). The window's test is branch-free: element (j, i, e) is
-// key key_row + 8i and query q0 + 8j + e, rel0 + 8i - 8j - e from the diagonal.
-template <class Cfg, bool kSoftcap>
-__device__ __forceinline__ void bwd_probabilities_variants(const BwdParams& p, float (&s)[32], uint32_t (&pa)[4][4],
-                                                           const float2 (&stat)[8], bool masked,
-                                                           const kernels::BwdWindow& window, int key_row, int q0,
-                                                           int len_k) {
-  const int rel0 = key_row - q0 - window.d, hi = window.right, lo = window.left < 0 ? INT_MIN : -window.left;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float x[2], g[2] = {1.f, 1.f};
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        x[e] = s[acc_index(j, i, e)];
-        if constexpr (kSoftcap) {
-          x[e] = kernels::tanh_approx(x[e] * p.var.softcap_scale);
-          g[e] = fmaf(-x[e], x[e], 1.f);
-        }
-        x[e] = exp2f(fmaf(x[e], p.scale_log2, -(e ? stat[j].y : stat[j].x)));
-        if (masked) {
-          const int rel = rel0 + 8 * i - 8 * j - e;
-          const bool keep = key_row + 8 * i < len_k && (!Cfg::kCausal || ((rel <= hi) & (rel >= lo)));
-          x[e] = keep ? x[e] : 0.f;
-        }
-      }
-      pa[j / 2][(j % 2) * 2 + i] = kernels::ElemTraits<typename Cfg::Element>::pack2(x[0], x[1]);  // pack_p_fragments'
-      s[acc_index(j, i, 0)] = kSoftcap ? x[0] * g[0] : x[0];                                        // order
-      s[acc_index(j, i, 1)] = kSoftcap ? x[1] * g[1] : x[1];
-    }
-  }
-}
-
 // The consumer warpgroup `wg` of a CTA: every step of its work, then dK and dV.
 template <class Cfg>
 __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w, uint8_t* smem,
@@ -172,10 +136,14 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
           keys_past_end || (Cfg::kCausal && window.step_masked(w.n_block, m, Cfg::kBlockN, Cfg::kBlockM));
       uint32_t pa[4][4];
       if constexpr (Cfg::kVariants) {
+        // The variants' P^T (kernels/common/bwd_variants.cuh), the window's bounds relative to the diagonal.
+        const int rel0 = key_row - q0 - window.d, lo = window.left < 0 ? INT_MIN : -window.left;
         if (softcap) {
-          bwd_probabilities_variants<Cfg, true>(p, s, pa, stat, masked, window, key_row, q0, w.seq.len_k);
+          kernels::bwd_variant_probabilities<Element, 64, true, Cfg::kCausal>(
+              s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo, window.right);
         } else {
-          bwd_probabilities_variants<Cfg, false>(p, s, pa, stat, masked, window, key_row, q0, w.seq.len_k);
+          kernels::bwd_variant_probabilities<Element, 64, false, Cfg::kCausal>(
+              s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo, window.right);
         }
       } else {
 #pragma unroll

@@ -1,0 +1,49 @@
+// The variants' P^T in the backward, both backends (sm90/bwd_mainloop.cuh, sm80/bwd_mainloop.cuh): one warp's or
+// warpgroup's S^T fragments (keys x kCols queries, row-pair fragments of fragment.cuh) become P^T = exp2(S^T *
+// scale_log2 - lse_log2), 0 at the pairs the window or the sequence's end masks, packed into dV's A fragments as they
+// are computed (pack_p_fragments' order). With a softcap (kSoftcap: a separate copy of the loop, as a branch per
+// element compiled to reconvergence points), S^T = tanh(S^T * softcap_scale) first, and s keeps P^T times the tanh's
+// derivative 1 - tanh^2, which dS^T = P^T (dP^T - D) then takes without another register array. The window's test is
+// branch-free: element (j, i, e) is key key_row + 8i, at rel0 + 8i - 8j - e from the diagonal, visible iff that lies in
+// [lo, hi] (kWindow: the causal kernels; the non-causal ones mask only keys past len_k).
+#pragma once
+#include <cstdint>
+
+#include "kernels/common/element.cuh"
+#include "kernels/common/fragment.cuh"
+#include "kernels/common/warp.cuh"
+
+namespace flashcore::kernels {
+
+template <class Element, int kCols, bool kSoftcap, bool kWindow>
+__device__ __forceinline__ void bwd_variant_probabilities(float (&s)[kCols / 2], uint32_t (&pa)[kCols / 16][4],
+                                                          const float2 (&stat)[kCols / 8], float softcap_scale,
+                                                          float scale_log2, bool masked, int key_row, int len_k,
+                                                          int rel0, int lo, int hi) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float x[2], g[2] = {1.f, 1.f};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        x[e] = s[acc_index(j, i, e)];
+        if constexpr (kSoftcap) {
+          x[e] = tanh_approx(x[e] * softcap_scale);
+          g[e] = fmaf(-x[e], x[e], 1.f);
+        }
+        x[e] = exp2f(fmaf(x[e], scale_log2, -(e ? stat[j].y : stat[j].x)));
+        if (masked) {
+          const int rel = rel0 + 8 * i - 8 * j - e;
+          const bool keep = key_row + 8 * i < len_k && (!kWindow || ((rel <= hi) & (rel >= lo)));
+          x[e] = keep ? x[e] : 0.f;
+        }
+      }
+      pa[j / 2][(j % 2) * 2 + i] = ElemTraits<Element>::pack2(x[0], x[1]);
+      s[acc_index(j, i, 0)] = kSoftcap ? x[0] * g[0] : x[0];
+      s[acc_index(j, i, 1)] = kSoftcap ? x[1] * g[1] : x[1];
+    }
+  }
+}
+
+}  // namespace flashcore::kernels
