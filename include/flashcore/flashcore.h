@@ -42,7 +42,7 @@ extern "C" {
 
 #define FLASHCORE_VERSION_MAJOR 0
 #define FLASHCORE_VERSION_MINOR 6
-#define FLASHCORE_VERSION_PATCH 0
+#define FLASHCORE_VERSION_PATCH 1
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
 typedef struct CUstream_st* flashcore_stream_t;
@@ -226,9 +226,11 @@ typedef struct flashcore_attention_params {
                                 exp(sinks[h] - m)), LSE = log(sum_j exp(s_j) + exp(sinks[h])). Not scaled by
                                 softmax_scale (gpt-oss's attention sinks, FlashAttention-4's learnable_sink). A row
                                 that sees no key gets O = 0 and LSE = sinks[h] [NULL: none] */
-  int32_t attention_chunk;   /* reserved for chunked local attention (Llama 4: query i sees only keys j of its own
-                                chunk, floor(j / attention_chunk) == floor((i + d) / attention_chunk)); this version
-                                refuses any value but 0 [0: none] */
+  int32_t attention_chunk;   /* > 0: chunked local attention (Llama 4; FlashAttention-3's attention_chunk): query i
+                                of a sequence sees key j only if floor(j / attention_chunk) == floor((i + d) /
+                                attention_chunk), d as above (floor also for i + d < 0), on top of causal and the
+                                window. Key blocks outside every row's chunk are never read. 16-bit forward (any
+                                layout but the 8-bit paths) and backward since 0.6.1; 0.6.0 refused it [0: none] */
   int32_t reserved4;         /* must be 0 [0] */
 
   /* ---- Since 0.6: the variants' backward. A caller compiled against 0.5 passes

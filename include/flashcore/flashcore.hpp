@@ -105,6 +105,8 @@ struct ForwardOptions {
   int32_t window_size_right = -1;
   float softcap = 0.0f;
   const float* sinks = nullptr;
+  // Since 0.6.1: chunked local attention (Llama 4; FlashAttention-3's attention_chunk; 0: none).
+  int32_t attention_chunk = 0;
   // Packed (varlen) batches, paged caches and appends: set the C fields of make_params()'s result directly
   // (cu_seqlens_q/k, total_q/k, block_table, page_size, num_pages, k_new, v_new, seqlen_new; see flashcore.h).
 };
@@ -165,6 +167,7 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.window_size_right = p.local != 0 ? options.window_size_right : 0;
   p.softcap = options.softcap;
   p.sinks = options.sinks;
+  p.attention_chunk = options.attention_chunk;
   return p;
 }
 

@@ -362,9 +362,8 @@ flashcore_status check_variant_fields(const flashcore_attention_params& p, std::
     message = cat("softcap = ", p.softcap, " must be 0 (none) or a finite positive cap");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  if (p.attention_chunk != 0) {
-    message = cat("attention_chunk = ", p.attention_chunk,
-                  ": chunked attention is not in this version yet (the field is reserved for it; 0 = none)");
+  if (p.attention_chunk < 0) {
+    message = cat("attention_chunk = ", p.attention_chunk, " must be 0 (none) or a positive chunk length");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   if (p.sinks != nullptr && reinterpret_cast<uintptr_t>(p.sinks) % 4 != 0) {
@@ -384,6 +383,12 @@ flashcore_status check_variant_fields(const flashcore_attention_params& p, std::
   if (p.local == 1 && p.seqlen_q + p.seqlen_k > (int64_t{1} << 31) - 1024) {
     message = cat("seqlen_q + seqlen_k = ", p.seqlen_q + p.seqlen_k,
                   " with local = 1: windowed calls take seqlen_q + seqlen_k < 2^31 - 1024");
+    return FLASHCORE_ERROR_INVALID_SIZE;
+  }
+  // (A chunk's end, chunk_start(i + d) + attention_chunk with the chunk capped at seqlen_k, reaches 2 * seqlen_k.)
+  if (p.attention_chunk > 0 && p.seqlen_q + 2 * p.seqlen_k > (int64_t{1} << 31) - 1024) {
+    message = cat("seqlen_q + 2 * seqlen_k = ", p.seqlen_q + 2 * p.seqlen_k,
+                  " with attention_chunk > 0: chunked calls take seqlen_q + 2 * seqlen_k < 2^31 - 1024");
     return FLASHCORE_ERROR_INVALID_SIZE;
   }
   return FLASHCORE_SUCCESS;

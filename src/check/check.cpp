@@ -347,9 +347,8 @@ void add_ring_cases(CaseList& L, bool quick) {
 using detail::sink_logits;
 using detail::with_window;
 
-// The attention variants (ABI 0.5): sliding windows, softcap, sinks, alone and together, dense and serving
-// (attention_chunk is refused by this version: tests/gpu/test_attention_variants.cpp checks the refusal).
-// tests/gpu/test_attention_variants.cpp covers more.
+// The attention variants (ABI 0.5; attention_chunk since 0.6.1): sliding windows, softcap, sinks, attention_chunk,
+// alone and together, dense and serving. tests/gpu/test_attention_variants.cpp covers more.
 void add_variant_cases(CaseList& L, bool quick) {
   const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
   if (quick) {
@@ -422,6 +421,20 @@ void add_variant_cases(CaseList& L, bool quick) {
     with_window(c, 200, 50);
     c.softcap = 20.0f, c.sinks = sink_logits(4);
   }
+
+  // 10f. attention_chunk (Llama 4): causal and not, chunks of 1, 64, 100, 1024 and past every key, Sq = Sk, Sq < Sk,
+  // Sq > Sk (rows whose diagonal position is negative see no key), with a window, softcap and sinks; packed and paged.
+  L.add(BF16, 128, true, 1, 8, 2, 1000, 1000).attention_chunk = 64;
+  L.add(F16, 64, false, 1, 4, 2, 113, 400, Layout::BHSD).attention_chunk = 100;
+  L.add(BF16, 256, false, 1, 2, 2, 400, 113).attention_chunk = 1;
+  L.add(F16, 128, true, 2, 2, 2, 129, 129).attention_chunk = 5000;
+  with_window(L.add(BF16, 64, false, 1, 4, 2, 500, 500), 40, 20).attention_chunk = 96;
+  {
+    Case& c = L.add(F16, 256, true, 1, 4, 2, 300, 200);
+    c.attention_chunk = 48, c.softcap = 30.0f, c.sinks = sink_logits(4);
+  }
+  add_varlen(L, BF16, 128, true, 4, 2, {1, 17, 0, 113, 300}, {5, 0, 40, 113, 333}).attention_chunk = 32;
+  add_paged(L, F16, 64, true, 8, 2, 1, 64, {0, 1, 17, 113, 4097}).attention_chunk = 1024;
 }
 
 }  // namespace

@@ -129,8 +129,8 @@ const int64_t kHeadDims[] = {64, 128};  // the backward's head dims (v1)
 using detail::sink_logits;
 using detail::with_window;
 
-// The attention variants of the backward (ABI 0.6): sliding windows, softcap, sinks (with dL/dsinks), alone and
-// together. Dense tensors only (the backward's packed batches are tests/gpu/test_backward_variants.cpp's).
+// The attention variants of the backward (ABI 0.6): sliding windows, softcap, sinks (with dL/dsinks), attention_chunk
+// (0.6.1), alone and together. Dense tensors only (the backward's packed batches are tests/gpu/test_backward_variants.cpp's).
 void add_variant_cases(CaseList& L, bool quick) {
   const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
   if (quick) {
@@ -210,6 +210,18 @@ void add_variant_cases(CaseList& L, bool quick) {
     Case& c = L.add(BF16, 64, true, 1, 4, 2, 300, 200, Layout::BHSD);
     with_window(c, 16, 0).softcap = 30.0f;
     c.input_scale = 3.0f, c.sinks = sink_logits(4);
+  }
+
+  // 7e. attention_chunk (Llama 4): causal and not, chunks of 1, 64, 100 and past every key, Sq = Sk, Sq < Sk and
+  //     Sq > Sk (rows whose diagonal position is negative see no key); with a window and with softcap + sinks.
+  L.add(BF16, 128, true, 1, 4, 2, 300, 300).attention_chunk = 64;
+  L.add(F16, 64, false, 1, 4, 2, 113, 400, Layout::BHSD).attention_chunk = 100;
+  L.add(BF16, 64, false, 1, 4, 4, 400, 113).attention_chunk = 1;
+  L.add(F16, 128, true, 2, 2, 2, 129, 129).attention_chunk = 5000;
+  with_window(L.add(BF16, 128, false, 1, 4, 2, 500, 500), 40, 20).attention_chunk = 96;
+  {
+    Case& c = L.add(F16, 128, true, 1, 4, 2, 300, 200);
+    c.attention_chunk = 48, c.softcap = 30.0f, c.sinks = sink_logits(4);
   }
 }
 
@@ -292,7 +304,7 @@ std::vector<Case> cases(bool quick) {
   L.add(FLASHCORE_DTYPE_BF16, 128, true, 1, 4, 2, 200, 255, Layout::BHSD).softmax_scale = 0.03f;
   L.add(FLASHCORE_DTYPE_FP16, 128, true, 1, 2, 2, 1000, 1000).softmax_scale = 0.3f;
 
-  // 7. The attention variants: windows, softcap, sinks.
+  // 7. The attention variants: windows, softcap, sinks, attention_chunk.
   add_variant_cases(L, false);
 
   return L.finish();
@@ -474,8 +486,8 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     r.message = "invalid case: " + describe(c);
     return r;
   }
-  // (The variants go to the library as they are: a field it refuses, attention_chunk in 0.6, fails the case with its
-  // message; a case must never run without a field it names.)
+  // (The variants go to the library as they are: a field it refuses fails the case with its message; a case must
+  // never run without a field it names.)
   if (is_serving(c) || c.ring_world > 0 || !c.seqused_k.empty() || !c.with_lse || c.kernel_config != nullptr ||
       c.num_splits != 0) {
     r.message = "invalid case for the backward (dense tensors with LSE; no serving, ring, kernel_config or "

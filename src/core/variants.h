@@ -1,4 +1,4 @@
-// The attention variants of a call (flashcore.h: local / window_size_*, softcap, sinks) on the host:
+// The attention variants of a call (flashcore.h: local / window_size_*, attention_chunk, softcap, sinks) on the host:
 // which kernel rows serve it and what their kernel parameters say (kernels/common/variant_params.h). Any backend.
 #pragma once
 #include <cstdint>
@@ -24,17 +24,18 @@ inline Window window_of(const flashcore_attention_params& p) {
   return w;
 }
 
-// Whether the call masks keys by position (causal or a bounded window): it runs on the causal kernel rows, whose
-// masks take the window at run time. A window of (-1, -1) without causal masks nothing.
+// Whether the call masks keys by position (causal, a bounded window or chunks): it runs on the causal kernel rows,
+// whose masks take the window at run time. A window of (-1, -1) without causal or chunks masks nothing.
 inline bool masked_call(const flashcore_attention_params& p) {
   const Window w = window_of(p);
-  return w.left >= 0 || w.right >= 0;
+  return w.left >= 0 || w.right >= 0 || p.attention_chunk > 0;
 }
 
-// Whether the call needs a row that takes a window (kernels' Cfg::kTakesWindow): a bounded window other than causal.
+// Whether the call needs a row that takes a window (kernels' Cfg::kTakesWindow): a bounded window other than causal,
+// or chunks.
 inline bool windowed_call(const flashcore_attention_params& p) {
   const Window w = window_of(p);
-  return w.left >= 0 || w.right > 0;
+  return w.left >= 0 || w.right > 0 || p.attention_chunk > 0;
 }
 
 // What a named kernel_config's "not compiled" message adds for a windowed call that is not causal (it looked for a
@@ -57,6 +58,10 @@ inline float set_variants(kernels::VariantParams& v, const flashcore_attention_p
   const Window w = window_of(p);
   v.window_left = w.left >= 0 && w.left < p.seqlen_k ? w.left : -1;
   v.window_right = w.right >= 0 && w.right < p.seqlen_q ? w.right : static_cast<int>(p.seqlen_q);
+  // A chunk of seqlen_k keys or more holds every key of every sequence: seqlen_k gives the same masks in 32 bits.
+  v.chunk = p.attention_chunk <= 0 ? 0
+            : p.attention_chunk < p.seqlen_k ? p.attention_chunk
+                                             : static_cast<int>(p.seqlen_k > 0 ? p.seqlen_k : 1);
   v.sinks = p.sinks;
   constexpr float kLog2e = 1.4426950408889634f;
   if (p.softcap > 0.f) {

@@ -599,20 +599,23 @@ TEST(MakeBackwardParams, FillsTheBackwardFields) {
                FLASHCORE_ERROR_INVALID_ARGUMENT, "dk");
 }
 
-// The variants through the C++ layer: window_size {-1, -1} is no window, any bound >= 0 sets local; softcap, sinks and
-// (backward) dsinks reach the C struct.
+// The variants through the C++ layer: window_size {-1, -1} is no window, any bound >= 0 sets local; softcap, sinks,
+// attention_chunk and (backward) dsinks reach the C struct.
 TEST(MakeParams, TheVariants) {
   Problem pr;
   const auto plain = flashcore::make_params(pr.qv, pr.kv, pr.vv, pr.ov);
   EXPECT_EQ(plain.local, 0);
   EXPECT_EQ(plain.softcap, 0.0f);
   EXPECT_EQ(plain.sinks, nullptr);
+  EXPECT_EQ(plain.attention_chunk, 0);
   float sinks[4] = {}, dsinks[4] = {};
   flashcore::ForwardOptions f;
   f.window_size_left = 127;
   f.softcap = 30.0f;
   f.sinks = sinks;
+  f.attention_chunk = 8192;
   const auto p = flashcore::make_params(pr.qv, pr.kv, pr.vv, pr.ov, f);
+  EXPECT_EQ(p.attention_chunk, 8192);
   EXPECT_EQ(p.local, 1);
   EXPECT_EQ(p.window_size_left, 127);
   EXPECT_EQ(p.window_size_right, -1);
@@ -636,4 +639,5 @@ TEST(MakeParams, TheVariants) {
   EXPECT_EQ(b.sinks, sinks);
   EXPECT_EQ(b.dsinks, dsinks);
   EXPECT_EQ(b.softcap, 30.0f);
+  EXPECT_EQ(b.attention_chunk, 8192);
 }

@@ -747,7 +747,7 @@ TEST_F(BackwardValidation, ForwardChecksComeBeforeTheDsinksRules) {
   bad.softcap = -1.0f;
   expect_forward_verdict(bad);
   bad = p;
-  bad.attention_chunk = 64;  // still refused, as by the forward
+  bad.attention_chunk = -1;  // the forward's rule (0 or a chunk length)
   expect_forward_verdict(bad);
 }
 

@@ -86,7 +86,6 @@ TEST(BwdCheckCases, FullListCoversTheBackwardScope) {
   for (const auto& c : list) {
     EXPECT_TRUE(c.head_dim == 64 || c.head_dim == 128) << c.name;  // the v1 backward's head dims
     EXPECT_TRUE(c.with_lse && !check::is_serving(c) && c.ring_world == 0 && c.seqused_k.empty()) << c.name;
-    EXPECT_EQ(c.attention_chunk, 0) << c.name << ": attention_chunk is refused by this version";
     if (!c.sinks.empty()) {
       EXPECT_EQ(static_cast<int64_t>(c.sinks.size()), c.heads_q) << c.name;
     }
@@ -155,6 +154,13 @@ TEST(BwdCheckCases, FullListCoversTheVariants) {
     EXPECT_TRUE(any(list, [&](const check::Case& c) { return c.dtype == dt && c.softcap > 0; })) << "softcap, dtype " << dt;
   for (int64_t D : {64, 128})
     EXPECT_TRUE(any(list, [&](const check::Case& c) { return c.head_dim == D && c.softcap > 0; })) << "softcap, D=" << D;
+  // attention_chunk (0.6.1): causal and not, with Sq > Sk, with a window, with softcap and sinks, past every key.
+  for (bool causal : {false, true})
+    EXPECT_TRUE(any(list, [&](const check::Case& c) { return c.attention_chunk > 0 && c.causal == causal; })) << causal;
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.seqlen_q > c.seqlen_k; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.local; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.softcap > 0 && !c.sinks.empty(); }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk >= c.seqlen_k; }));
 }
 
 TEST(BwdCheckCases, QuickListIsSmall) {

@@ -73,7 +73,8 @@ TEST(CheckCases, FullListCoversTheRequirements) {
 
   // The variants (ABI 0.5): windows causal and not (the diagonal alone, left-only, right-only, a left bound past every
   // key), softcap alone and with a window, sinks alone, with rows that see no key and with a window, serving layouts
-  // with a variant, and each dtype and head dim with a variant; no attention_chunk (refused by this version).
+  // with a variant, each dtype and head dim with a variant, and attention_chunk causal and not, with another variant,
+  // with rows that see no key, packed and paged.
   for (bool causal : {false, true}) {
     EXPECT_TRUE(any(list, [&](const check::Case& c) {
       return c.local && c.causal == causal && c.window_left == 0 && (causal || c.window_right == 0);
@@ -90,7 +91,16 @@ TEST(CheckCases, FullListCoversTheRequirements) {
   EXPECT_TRUE(any(list, [](const check::Case& c) { return !c.sinks.empty() && !c.local && c.attention_chunk == 0; }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return !c.sinks.empty() && fully_masked_rows(c); }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return !c.sinks.empty() && c.local; }));
-  EXPECT_FALSE(any(list, [](const check::Case& c) { return c.attention_chunk != 0; }));
+  for (bool causal : {false, true}) {
+    EXPECT_TRUE(any(list, [&](const check::Case& c) { return c.attention_chunk > 0 && c.causal == causal; }))
+        << "attention_chunk, causal=" << causal;
+  }
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.local; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && !c.sinks.empty(); }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.attention_chunk >= c.seqlen_k; }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && fully_masked_rows(c); }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && !c.varlen_q.empty(); }));
+  EXPECT_TRUE(any(list, [](const check::Case& c) { return c.attention_chunk > 0 && c.page_size > 0; }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return check::has_variant(c) && !c.varlen_q.empty(); }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return check::has_variant(c) && c.page_size > 0; }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return check::has_variant(c) && !c.seqused_k.empty(); }));

@@ -2,7 +2,7 @@
 // attention_chunk, reserved4; ABI 0.6: dsinks, the variants' backward) through the public C API, without a GPU: each
 // rule's status and a message naming the field and its value, nothing written by a failing call; the valid settings
 // pass; 8-bit calls (dtype or precision) refuse the variants, the backward takes them (since 0.6; attention_chunk
-// stays refused); the 0.4 and 0.5 struct layouts (FLASHCORE_ATTENTION_PARAMS_V4_SIZE, _V5_SIZE) are still accepted,
+// since 0.6.1); the 0.4 and 0.5 struct layouts (FLASHCORE_ATTENTION_PARAMS_V4_SIZE, _V5_SIZE) are still accepted,
 // the fields past them taking their defaults, and params_init / params_init_sized set and respect them. (dsinks'
 // own rules: tests/cpu/test_backward_validation.cpp.)
 // Host buffers stand in for device memory: the argument checks touch no device.
@@ -189,8 +189,15 @@ TEST_F(VariantValidation, ValidVariantsPass) {
     }
     p.sinks = sinks();
     expect_valid(p);
+    p.sinks = nullptr;
+    for (int32_t chunk : {1, 7, 64, 8192, INT32_MAX}) {
+      SCOPED_TRACE("attention_chunk " + std::to_string(chunk));
+      p.attention_chunk = chunk;
+      expect_valid(p);
+    }
     // All of them at once.
-    p.local = 1, p.window_size_left = 16, p.window_size_right = 3, p.softcap = 30.0f;
+    p.local = 1, p.window_size_left = 16, p.window_size_right = 3, p.softcap = 30.0f, p.sinks = sinks();
+    p.attention_chunk = 100;
     expect_valid(p);
     p.local = 0, p.softcap = 0.0f, p.attention_chunk = 0, p.sinks = nullptr;
   }
@@ -234,13 +241,13 @@ TEST_F(VariantValidation, SoftcapMustBeZeroOrAFinitePositiveCap) {
   }
 }
 
-// attention_chunk is reserved in ABI 0.5: any value but 0 is refused, naming the field.
-TEST_F(VariantValidation, AttentionChunkIsRefusedInThisVersion) {
-  for (int32_t chunk : {-1, 1, 64, 8192, INT32_MIN, INT32_MAX}) {
+// attention_chunk (since 0.6.1): 0 or a positive chunk length; a negative one is refused, naming the field.
+TEST_F(VariantValidation, AttentionChunkMustBeZeroOrPositive) {
+  for (int32_t chunk : {-1, -64, INT32_MIN}) {
     SCOPED_TRACE(chunk);
     p.attention_chunk = chunk;
     expect_error(p, FLASHCORE_ERROR_INVALID_ARGUMENT,
-                 {"attention_chunk = " + std::to_string(chunk), "not in this version"});
+                 {"attention_chunk = " + std::to_string(chunk), "must be 0 (none) or a positive chunk length"});
   }
 }
 
@@ -271,6 +278,7 @@ TEST_F(VariantValidation, EightBitCallsRefuseTheVariants) {
        }},
       {"softcap", [](P& x) { x.softcap = 30.0f; }},
       {"sinks", [this](P& x) { x.sinks = sinks(); }},
+      {"attention_chunk", [](P& x) { x.attention_chunk = 64; }},
   };
   for (const auto& [name, set] : variants) {
     for (flashcore_dtype dt : {FLASHCORE_DTYPE_FP8_E4M3, FLASHCORE_DTYPE_FP8_E5M2}) {
@@ -309,6 +317,26 @@ TEST_F(VariantValidation, WindowedCallsBoundTheSummedLengths) {
   p.softcap = 5.0f;
   p.sinks = sinks();
   EXPECT_FALSE(fails_on_summed_lengths(p)) << flashcore_last_error();
+}
+
+TEST_F(VariantValidation, ChunkedCallsBoundTheLengths) {
+  // A chunk's end (its start plus attention_chunk, which the kernels cap at seqlen_k) reaches 2 * seqlen_k in the 32-bit
+  // masks: with attention_chunk, seqlen_q + 2 * seqlen_k must stay within 2^31 - 1024. One past is INVALID_SIZE naming it.
+  const int64_t limit = (int64_t{1} << 31) - 1024;
+  auto fails_on_lengths = [](const flashcore_attention_params& params) {
+    return flashcore_attention_validate(&params) != FLASHCORE_SUCCESS &&
+           std::string(flashcore_last_error()).find("seqlen_q + 2 * seqlen_k") != std::string::npos;
+  };
+  flashcore_attention_params with = p;
+  with.attention_chunk = 8192;
+  with.seqlen_k = (limit - SQ) / 2 + 1;
+  expect_error(with, FLASHCORE_ERROR_INVALID_SIZE,
+               {"seqlen_q + 2 * seqlen_k = " + std::to_string(SQ + 2 * with.seqlen_k), "attention_chunk"});
+  with.seqlen_k = (limit - SQ) / 2;  // within the bound: this rule passes (the host buffers then fail a later one)
+  EXPECT_FALSE(fails_on_lengths(with)) << flashcore_last_error();
+  with.attention_chunk = 0;
+  with.seqlen_k = (limit - SQ) / 2 + 1;
+  EXPECT_FALSE(fails_on_lengths(with)) << flashcore_last_error();
 }
 
 // ---- the backward takes the variants (since 0.6) ----
@@ -379,9 +407,12 @@ TEST_F(VariantValidation, BackwardTakesTheVariants) {
          x.sinks = sinks();
          x.dsinks = reinterpret_cast<float*>(dsinks.data());
        }},
+      {"attention_chunk 64", [](P& x) { x.attention_chunk = 64; }},
+      {"attention_chunk 64 causal", [](P& x) { x.attention_chunk = 64, x.causal = 1; }},
       {"all of them",
        [this](P& x) {
          x.local = 1, x.window_size_left = 100, x.window_size_right = 7, x.softcap = 20.0f, x.sinks = sinks();
+         x.attention_chunk = 48;
        }},
   };
   for (const auto& [name, set] : variants) {
@@ -392,7 +423,7 @@ TEST_F(VariantValidation, BackwardTakesTheVariants) {
     const flashcore_status st = flashcore_attention_backward(&with, nullptr);
     const std::string message = flashcore_last_error();
     EXPECT_TRUE(passed_argument_checks(st, message)) << flashcore_status_string(st) << ": " << message;
-    for (const char* field : {"local", "softcap", "sinks", "window"}) {
+    for (const char* field : {"local", "softcap", "sinks", "window", "attention_chunk"}) {
       EXPECT_EQ(message.find(std::string(field) + " is set"), std::string::npos) << message;
     }
     uint64_t bytes = 0;
@@ -404,16 +435,6 @@ TEST_F(VariantValidation, BackwardTakesTheVariants) {
     EXPECT_TRUE(dsinks.untouched()) << "dsinks was written by a failing call";
     EXPECT_TRUE(o.untouched() && lse_->untouched()) << "O or LSE was written by the backward";
   }
-
-  // attention_chunk is still refused (by the forward's rules, which the backward applies first), naming the field.
-  flashcore_attention_params chunked = p;
-  chunked.attention_chunk = 64;
-  EXPECT_EQ(flashcore_attention_backward(&chunked, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT) << flashcore_last_error();
-  EXPECT_NE(std::string(flashcore_last_error()).find("attention_chunk"), std::string::npos) << flashcore_last_error();
-  uint64_t bytes = 0;
-  EXPECT_EQ(flashcore_attention_backward_workspace_size(&chunked, &bytes), FLASHCORE_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(flashcore_last_error()).find("attention_chunk"), std::string::npos) << flashcore_last_error();
-  EXPECT_TRUE(dq.untouched() && dk.untouched() && dv.untouched()) << "a gradient was written by a failing call";
 }
 
 // ---- struct sizes: the 0.4 layout and the sizes around it ----

@@ -1,7 +1,7 @@
 // The attention variants of ABI 0.5 (issue #72) on the GPU, through the C ABI (flashcore_attention_forward by way of
 // check::run_case) against the float64 reference (reference::attention, with the suite's tolerance rule: check.h):
-// sliding windows (local, window_size_left / _right) causal and not, softcap, sinks, alone and together
-// (attention_chunk: refused); Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key: O = 0, LSE = -inf, or sinks[h] with sinks), seqlen 1,
+// sliding windows (local, window_size_left / _right) causal and not, softcap, sinks, attention_chunk (0.6.1), alone and
+// together; Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key: O = 0, LSE = -inf, or sinks[h] with sinks), seqlen 1,
 // 17, 113 and 1000; GQA 8:2; fp16 and bf16; head dims 64 and 128 (a head dim or dtype this build did not compile is
 // skipped with the reason); packed (cu_seqlens_q / _k), KV-cache (seqused_k) and paged calls with a window; LSE
 // checked everywhere; bit-exact reruns. Also: every compiled kernel config runs the variants or refuses them naming
@@ -208,6 +208,66 @@ std::vector<Param> serving_grid() {
   return out;
 }
 
+// attention_chunk (Llama 4's chunked attention), causal and not: chunks of 1, 7, 64, 100, 128, 300 and 5000 keys
+// (one key; smaller than a key block; a block; across block edges; a chunk past every key), on every shape of kShapes
+// in turn (Sq > Sk: the rows whose diagonal position is negative see no key, also without causal); with a window,
+// softcap or sinks on some; and chunked serving calls (packed Q and K, a KV cache, paged decode and paged chunked
+// prefill).
+std::vector<Param> chunk_grid() {
+  const int32_t chunks[] = {1, 7, 64, 100, 128, 300, 5000};
+  std::vector<Param> out;
+  int n = 0;
+  for (flashcore_dtype dt : kDtypes)
+    for (int hd : kHeadDims)
+      for (bool causal : {false, true})
+        for (int32_t chunk : chunks) {
+          const auto [sq, sk] = kShapes[static_cast<size_t>(n * 5 + 1) % std::size(kShapes)];
+          const bool gqa = n % 2 == 1;
+          Case c = dense(dt, hd, causal, sq * sk <= 65536 ? 2 : 1, gqa ? 8 : 2, 2, sq, sk);
+          c.attention_chunk = chunk;
+          std::string what = "_chunk" + std::to_string(chunk);
+          if (n % 4 == 1) {
+            with_window(c, 40, causal ? 0 : 20);
+            what += causal ? "_win40" : "_win40x20";
+          }
+          if (n % 5 == 2) c.softcap = 20.0f, what += "_cap20";
+          if (n % 3 == 0) c.sinks = sinks_for(c.heads_q), what += "_sinks";
+          if (n % 7 == 3) c.layout = check::Layout::BHSD;
+          out.push_back({base_name(dt, hd, causal) + what + shape_text(sq, sk) + (gqa ? "_gqa" : ""), c});
+          ++n;
+        }
+  const std::vector<int32_t> lq = {1, 17, 0, 113, 300}, lk = {5, 0, 40, 113, 333};
+  for (flashcore_dtype dt : kDtypes)
+    for (int hd : kHeadDims) {
+      const std::string base = std::string(dtype_text(dt)) + "_d" + std::to_string(hd);
+      {
+        Case c = dense(dt, hd, true, static_cast<int64_t>(lq.size()), 4, 2, max_of(lq), max_of(lk));
+        c.varlen_q = lq, c.varlen_k = lk, c.attention_chunk = 48;
+        out.push_back({base + "_causal_varlen_qk_chunk48", c});
+      }
+      {
+        Case c = dense(dt, hd, false, static_cast<int64_t>(lq.size()), 4, 2, max_of(lq), 400);
+        c.varlen_q = lq, c.seqused_k = {400, 17, 0, 200, 333}, c.attention_chunk = 100;
+        c.sinks = sinks_for(4);
+        out.push_back({base + "_full_varlen_q_kvcache_chunk100_sinks", c});
+      }
+      {
+        // Paged decode: caches of 0, 1, 17, 113 and 4097 keys, chunks of 1024 (the last query sees its cache's keys
+        // from the start of their chunk only).
+        Case c = dense(dt, hd, true, 5, 8, 2, 1, 4097);
+        c.page_size = 64, c.seqused_k = {0, 1, 17, 113, 4097}, c.attention_chunk = 1024;
+        out.push_back({base + "_causal_paged_decode_chunk1024", c});
+      }
+      {
+        Case c = dense(dt, hd, true, 4, 4, 2, 33, 1500);
+        c.page_size = 32, c.seqused_k = {0, 17, 600, 1500}, c.varlen_q = {4, 17, 33, 0}, c.attention_chunk = 256;
+        with_window(c, 100, 0);
+        out.push_back({base + "_causal_paged_prefill_chunk256_win100", c});
+      }
+    }
+  return out;
+}
+
 // Everything at once, causal and not.
 std::vector<Param> combined_grid() {
   std::vector<Param> out;
@@ -248,24 +308,7 @@ INSTANTIATE_TEST_SUITE_P(Softcap, AttentionVariant, testing::ValuesIn(softcap_gr
 INSTANTIATE_TEST_SUITE_P(Sinks, AttentionVariant, testing::ValuesIn(sinks_grid()), param_name);
 INSTANTIATE_TEST_SUITE_P(Serving, AttentionVariant, testing::ValuesIn(serving_grid()), param_name);
 INSTANTIATE_TEST_SUITE_P(Combined, AttentionVariant, testing::ValuesIn(combined_grid()), param_name);
-
-// attention_chunk (Llama 4's chunked attention) is reserved in ABI 0.5 and refused by this version: the call fails
-// with a message naming the field and writes nothing, whatever else the case holds.
-TEST(AttentionVariants, AttentionChunkIsRefusedNamingTheField) {
-  FLASHCORE_REQUIRE_GPU();
-  int ran = 0;
-  for (flashcore_dtype dt : kDtypes)
-    for (int hd : kHeadDims) {
-      Case c = dense(dt, hd, true, 1, 4, 2, 300, 300);
-      c.attention_chunk = 64;
-      const check::Result r = check::run_case(c, case_seed(base_name(dt, hd, true) + "_chunk64"), 1);
-      if (r.skipped) continue;
-      ++ran;
-      EXPECT_FALSE(r.passed) << "attention_chunk = 64 ran";
-      EXPECT_NE(r.message.find("attention_chunk"), std::string::npos) << r.message;
-    }
-  if (ran == 0) GTEST_SKIP() << "no fp16 / bf16 kernel of head dim 64 or 128 compiled in";
-}
+INSTANTIATE_TEST_SUITE_P(Chunk, AttentionVariant, testing::ValuesIn(chunk_grid()), param_name);
 
 // Sinks far above every score (100: exp(100) overflows float32) take the whole row: O ~ 0 and LSE = 100; far below
 // (-100) they take nothing. A kernel must keep the sink inside its running maximum to get there.
@@ -301,7 +344,7 @@ TEST(AttentionVariants, EveryConfigRunsTheVariantsOrRefusesThem) {
         if (flashcore::test::not_a_serving_config(config)) continue;  // test_variants.cpp's deliberately broken one
         Case c = dense(FLASHCORE_DTYPE_BF16, hd, causal, 2, 8, 2, 300, 1000);
         with_window(c, 150, 40);
-        c.softcap = 20.0f, c.sinks = sinks_for(8);
+        c.softcap = 20.0f, c.sinks = sinks_for(8), c.attention_chunk = 200;
         c.kernel_config = config.c_str();
         const std::string name = "config " + config + " d" + std::to_string(hd) + (causal ? " causal" : "");
         const check::Result r = check::run_case(c, case_seed(name), 1);

@@ -171,6 +171,7 @@ struct Case {
   bool causal = false;
   bool local = false;
   int32_t left = 0, right = 0;  // window_size_left / _right (with local)
+  int32_t chunk = 0;            // attention_chunk
   float softcap = 0.0f;
   bool sinks = false;
   std::vector<float> sink_values;  // with sinks: these (num_heads_q of them), or random in [-2, 2] when empty
@@ -188,6 +189,7 @@ std::string describe(const Case& c) {
   char buf[512];
   std::string variant;
   if (c.local) variant += " window(" + bound_text(c.left) + "," + bound_text(c.right) + ")";
+  if (c.chunk > 0) variant += " attention_chunk=" + std::to_string(c.chunk);
   if (c.softcap > 0) variant += " softcap=" + std::to_string(c.softcap);
   if (c.sinks) variant += c.dsinks ? " sinks+dsinks" : " sinks";
   if (c.qk_scale != 1.0f) variant += " qk*" + std::to_string(c.qk_scale);
@@ -379,6 +381,48 @@ std::vector<Case> nonfinite_cases() {
   return on_both_backends(out);
 }
 
+// attention_chunk: chunks of 1, 16, 64, 100, 128 and 5000 keys (smaller than, equal to and across the key and query
+// blocks of both backends, and past every key), causal and not, alone and with a window, softcap and sinks; one
+// shape per (dtype, head dim) combination, Sq = Sk, Sq < Sk and Sq > Sk (rows whose diagonal position is negative see
+// no key, also without causal).
+std::vector<Case> chunk_cases() {
+  struct C {
+    int32_t chunk;
+    bool causal;
+    Shape shapes[4];
+  };
+  const C chunks[] = {
+      {1, true, {{1, 113, 113, 4, 2}, {1, 17, 17, 8, 2}, {1, 300, 113, 4, 4}, {2, 113, 300, 4, 1}}},
+      {16, false, {{1, 300, 300, 8, 2}, {1, 113, 300, 4, 1}, {1, 300, 113, 4, 2}, {2, 17, 17, 2, 2}}},
+      {64, true, {{1, 1000, 1000, 8, 2}, {1, 300, 113, 4, 2}, {2, 113, 113, 4, 4}, {1, 1, 300, 8, 1}}},
+      {100, false, {{1, 300, 300, 4, 2}, {1, 300, 1000, 8, 2}, {1, 113, 300, 4, 4}, {1, 1000, 300, 8, 1}}},
+      {128, true, {{1, 1000, 1000, 8, 2}, {2, 113, 113, 8, 2}, {1, 300, 1000, 4, 2}, {1, 1000, 300, 4, 1}}},
+      {5000, false, {{1, 113, 113, 4, 2}, {1, 300, 113, 4, 4}, {1, 17, 300, 8, 2}, {2, 1, 1, 2, 1}}},
+  };
+  std::vector<Case> out;
+  int k = 0;
+  for (const C& ch : chunks) {
+    for_each_combo([&](flashcore_dtype dt, int64_t d, int n) {
+      std::string what = "chunk" + std::to_string(ch.chunk);
+      if (k % 4 == 1) what += ch.causal ? "_win40" : "_win40x20";
+      if (k % 5 == 2) what += "_cap30";
+      if (k % 3 == 0) what += "_sinks";
+      Case c = make_case(dt, d, ch.causal, ch.shapes[n], what);
+      c.chunk = ch.chunk;
+      if (k % 4 == 1) with_window(c, 40, ch.causal ? 0 : 20);
+      if (k % 5 == 2) c.softcap = 30.0f;
+      if (k % 3 == 0) with_sinks(c, true);
+      if (k % 7 == 3) {
+        c.layout = c.grad_layout = Layout::BHSD;
+        c.name += "_bhsd";
+      }
+      out.push_back(c);
+      ++k;
+    });
+  }
+  return on_both_backends(out);
+}
+
 // deterministic = 1 with windows whose query blocks start past key block 0, sinks + dsinks and softcap.
 std::vector<Case> determinism_cases() {
   std::vector<Case> out;
@@ -405,6 +449,17 @@ std::vector<Case> determinism_cases() {
   {
     Case c = make_case(FLASHCORE_DTYPE_BF16, 128, true, {2, 700, 700, 4, 2}, "win128_cap30_sinks");
     with_window(c, 128, 0).softcap = 30.0f;
+    out.push_back(with_sinks(c, true));
+  }
+  {
+    // Chunks that start past key block 0 and query blocks that span two chunks.
+    Case c = make_case(FLASHCORE_DTYPE_BF16, 128, true, {2, 1000, 1000, 4, 2}, "chunk200");
+    c.chunk = 200;
+    out.push_back(c);
+  }
+  {
+    Case c = make_case(FLASHCORE_DTYPE_FP16, 64, false, {1, 300, 1000, 4, 1}, "chunk96_win100x50_sinks");
+    with_window(c, 100, 50).chunk = 96;
     out.push_back(with_sinks(c, true));
   }
   for (Case& c : out) c.deterministic = 1;
@@ -456,6 +511,7 @@ void prepare(Problem& pr) {
   flashcore_attention_params& p = pr.p;
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0;
   p.local = c.local ? 1 : 0, p.window_size_left = c.left, p.window_size_right = c.right;
+  p.attention_chunk = c.chunk;
   p.softcap = c.softcap;
   p.sinks = pr.sinks_dev ? static_cast<const float*>(pr.sinks_dev->ptr) : nullptr;
   p.dsinks = pr.dsinks_dev ? static_cast<float*>(pr.dsinks_dev->ptr) : nullptr;
@@ -740,6 +796,7 @@ TEST_P(BackwardVariant, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Window, BackwardVariant, testing::ValuesIn(window_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Softcap, BackwardVariant, testing::ValuesIn(softcap_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Sinks, BackwardVariant, testing::ValuesIn(sinks_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Chunk, BackwardVariant, testing::ValuesIn(chunk_cases()), param_name);
 
 // ------------------------------------------------------------------------------------------------
 // NaN / Inf: outputs poisoned with NaN before the call, every element finite after, on extreme inputs
@@ -814,6 +871,7 @@ struct PackedCase {
   bool causal = false;
   bool local = false;
   int32_t left = 0, right = 0;
+  int32_t chunk = 0;  // attention_chunk
   float softcap = 0.0f;
   bool sinks = false;  // random in [-2, 2], with dsinks
   std::vector<int32_t> len_q, len_k;
@@ -852,6 +910,16 @@ std::vector<PackedCase> packed_cases() {
         PackedCase x = c;
         x.name = base + "_causal_win48_cap30_sinks", x.causal = true, x.local = true, x.left = 48;
         x.softcap = 30.0f, x.sinks = true, x.heads_q = 8;
+        out.push_back(x);
+      }
+      {
+        PackedCase x = c;
+        x.name = base + "_causal_chunk48_sinks", x.causal = true, x.chunk = 48, x.sinks = true;
+        out.push_back(x);
+      }
+      {
+        PackedCase x = c;
+        x.name = base + "_full_chunk100_win30x30", x.chunk = 100, x.local = true, x.left = 30, x.right = 30;
         out.push_back(x);
       }
       {
@@ -914,6 +982,7 @@ flashcore_attention_params packed_sequence(const PackedProblem& pp, int64_t b) {
   h.num_heads_q = Hq, h.num_heads_kv = Hkv, h.head_dim = D;
   h.dtype = c.dtype, h.causal = c.causal ? 1 : 0;
   h.local = c.local ? 1 : 0, h.window_size_left = c.left, h.window_size_right = c.right, h.softcap = c.softcap;
+  h.attention_chunk = c.chunk;
   h.sinks = c.sinks ? pp.sinks.data() : nullptr;
   h.q = pp.q.data() + pp.cu_q[static_cast<size_t>(b)] * Hq * D;
   h.k = pp.k.data() + pp.cu_k[static_cast<size_t>(b)] * Hkv * D;
@@ -1033,6 +1102,7 @@ void check_packed_run(const PackedProblem& pp, const PackedRun& got, const std::
     as_case.name = c.name, as_case.dtype = c.dtype, as_case.head_dim = D, as_case.heads_q = Hq, as_case.heads_kv = Hkv;
     as_case.batch = pp.B, as_case.seqlen_q = pp.max_q, as_case.seqlen_k = pp.max_k, as_case.causal = c.causal;
     as_case.local = c.local, as_case.left = c.left, as_case.right = c.right, as_case.softcap = c.softcap;
+    as_case.chunk = c.chunk;
     as_case.sinks = as_case.dsinks = true;
     SCOPED_TRACE(label + ": dsinks");
     log = check_dsinks_values(as_case, pp.seed, got.dsinks, dsinks_exact, dsinks_lowp, from_call);
@@ -1076,6 +1146,7 @@ TEST_P(BackwardVariantPacked, EachSequenceMatchesItsReference) {
   p.batch = pp.B, p.seqlen_q = pp.max_q, p.seqlen_k = pp.max_k, p.num_heads_q = Hq, p.num_heads_kv = Hkv;
   p.head_dim = D, p.dtype = c.dtype, p.causal = c.causal ? 1 : 0;
   p.local = c.local ? 1 : 0, p.window_size_left = c.left, p.window_size_right = c.right, p.softcap = c.softcap;
+  p.attention_chunk = c.chunk;
   p.sinks = c.sinks ? static_cast<const float*>(sinks_.ptr) : nullptr;
   p.cu_seqlens_q = static_cast<const int32_t*>(cuq_.ptr);
   p.cu_seqlens_k = static_cast<const int32_t*>(cuk_.ptr);

@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
   for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 4; i += 256) block[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   const int64_t index = (static_cast<int64_t>(b) * p.rows.heads + h) * p.m_blocks + m;
   if (p.dq_semaphore != nullptr && threadIdx.x == 0) {
-    // The first key block's turn (bwd_window.h): with a left bound the first blocks do not see these rows.
-    const BwdWindow window{seq.len_k - seq.len_q, p.window_left, p.window_right};
+    // The first key block's turn (bwd_window.h): with a left bound or chunks the first blocks do not see these rows.
+    const BwdWindow window{seq.len_k - seq.len_q, p.window_left, p.window_right, p.chunk};
     p.dq_semaphore[index] = window.first_key_block(m, 64, p.block_n);
   }
   if (p.sinks != nullptr) {  // the block's share: the warps' in a fixed order

@@ -20,8 +20,9 @@ struct BwdPrepParams {
   int* dq_semaphore;    // (batch, num_heads_q, m_blocks), or nullptr: set to the key block that adds first
   BwdRows rows;
   int m_blocks;         // of seqlen_q (the longest sequence's)
-  // The window (bwd_window.h; causal or none: left -1), for the first key block of each query block.
-  int window_left, window_right;
+  // The window and chunks (bwd_window.h; causal or none: left -1, chunk 0), for the first key block of each query
+  // block.
+  int window_left, window_right, chunk;
   int block_n;          // the kernel's keys per CTA
   // Sinks: each block's share of dL/dsinks, (batch, num_heads_q, m_blocks) floats (bwd_dsinks sums them).
   const float* sinks;   // nullptr: no sinks
@@ -69,6 +70,7 @@ inline BwdPrepParams bwd_prep_params_of(const flashcore_attention_params& p, con
   prep.m_blocks = m_blocks;
   prep.window_left = variants ? var.window_left : -1;
   prep.window_right = variants ? var.window_right : 0;
+  prep.chunk = variants ? var.chunk : 0;
   prep.block_n = block_n;
   prep.sinks = p.sinks != nullptr && p.dsinks != nullptr ? p.sinks : nullptr;
   prep.dsink_part = reinterpret_cast<float*>(base + ws.dsink_part);

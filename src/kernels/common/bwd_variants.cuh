@@ -5,7 +5,8 @@
 // element compiled to reconvergence points), S^T = tanh(S^T * softcap_scale) first, and s keeps P^T times the tanh's
 // derivative 1 - tanh^2, which dS^T = P^T (dP^T - D) then takes without another register array. The window's test is
 // branch-free: element (j, i, e) is key key_row + 8i, at rel0 + 8i - 8j - e from the diagonal, visible iff that lies in
-// [lo, hi] (kWindow: the causal kernels; the non-causal ones mask only keys past len_k).
+// [lo, hi], narrowed per key row by the chunks (kWindow: the causal kernels; the non-causal ones mask only keys past
+// len_k).
 #pragma once
 #include <cstdint>
 
@@ -19,7 +20,22 @@ template <class Element, int kCols, bool kSoftcap, bool kWindow>
 __device__ __forceinline__ void bwd_variant_probabilities(float (&s)[kCols / 2], uint32_t (&pa)[kCols / 16][4],
                                                           const float2 (&stat)[kCols / 8], float softcap_scale,
                                                           float scale_log2, bool masked, int key_row, int len_k,
-                                                          int rel0, int lo, int hi) {
+                                                          int rel0, int lo, int hi, int chunk, int chunk_rel) {
+  // Chunks: key k sees the queries whose diagonal position lies in its chunk, i.e. rel in [r - chunk + 1, r] with
+  // r = k mod chunk (relative to the diagonal; chunk_rel shifts that to the caller's rel: sm80 counts from the
+  // main diagonal). Bounds per key row, computed for masked steps of chunked calls only.
+  int lo_row[2] = {lo, lo}, hi_row[2] = {hi, hi};
+  if (kWindow && masked && chunk > 0) {
+    // (From an opaque copy of the key row: hoisted out of the step loop, the bounds spilled in the portable d128
+    // kernels, which sit at 255 registers.)
+    const int key = static_cast<int>(opaque_u32(static_cast<uint32_t>(key_row)));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = (key + 8 * i) % chunk + chunk_rel;
+      hi_row[i] = r < hi ? r : hi;
+      lo_row[i] = r - chunk + 1 > lo ? r - chunk + 1 : lo;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
@@ -35,7 +51,7 @@ __device__ __forceinline__ void bwd_variant_probabilities(float (&s)[kCols / 2],
         x[e] = exp2f(fmaf(x[e], scale_log2, -(e ? stat[j].y : stat[j].x)));
         if (masked) {
           const int rel = rel0 + 8 * i - 8 * j - e;
-          const bool keep = key_row + 8 * i < len_k && (!kWindow || ((rel <= hi) & (rel >= lo)));
+          const bool keep = key_row + 8 * i < len_k && (!kWindow || ((rel <= hi_row[i]) & (rel >= lo_row[i])));
           x[e] = keep ? x[e] : 0.f;
         }
       }

@@ -1,51 +1,95 @@
-// The backward's blocks under a window (kernels/common/variant_params.h; causal is the window (-1, 0)), both backends
-// and the preparation kernel: which query blocks a key block's CTA walks, which key block adds its dQ to a query block
-// first (the deterministic order's first turn), and which elements of a (key block, query block) step are masked.
-// Query row i of a sequence sees key j iff i + d - left <= j <= i + d + right, d = len_k - len_q, left -1 unbounded.
-// The block tests use the whole blocks (rows past len_q, keys past len_k included) so that the three agree: key block n
-// walks query block m iff its keys [n*BN, n*BN + BN) and the rows [m*BM, m*BM + BM) have a pair within the bounds.
-// 32-bit math: validation keeps seqlen_q + seqlen_k of windowed calls below 2^31 - 1024 (as mask.cuh).
+// The backward's blocks under a window and chunks (kernels/common/variant_params.h; causal is the window (-1, 0)),
+// both backends and the preparation kernel: which query blocks a key block's CTA walks, which key block adds its dQ
+// to a query block first (the deterministic order's first turn), and which elements of a (key block, query block)
+// step are masked. Query row i of a sequence, at diagonal position x = i + d (d = len_k - len_q), sees key j iff
+// lo(x) <= j <= hi(x): lo(x) = x - left (left -1: unbounded) and hi(x) = x + right, each clipped to x's chunk
+// [chunk_start(x), + chunk) when chunk > 0 (tile_math.h). Both bounds grow with x, so the rows [X0, X1] of a query
+// block see keys in [lo(X0), hi(X1)] only, and every row sees every key of [lo(X1), hi(X0)].
+// The three tests use that rectangle with the whole blocks (rows past len_q, keys past len_k included) so that they
+// agree: key block n walks query block m iff its keys [n*BN, n*BN + BN) meet [lo(X0), hi(X1)] of the rows [m*BM,
+// m*BM + BM). (With chunks a walked step may hold no visible pair, e.g. a query block across a chunk's end: its
+// elements are masked.) For each m the key blocks that walk it are consecutive, as the deterministic order needs.
+// 32-bit math: validation keeps seqlen_q + seqlen_k of windowed calls below 2^31 - 1024 and seqlen_q + 2 * seqlen_k
+// of chunked ones (as mask.cuh).
 #pragma once
 #include <cuda_runtime.h>
+
+#include <climits>
+
+#include "kernels/common/tile_math.h"
 
 namespace flashcore::kernels {
 
 struct BwdWindow {
-  int d;      // len_k - len_q of the sequence
-  int left;   // -1: unbounded
-  int right;  // >= 0 (a call's unbounded right bound is normalized to seqlen_q: core/variants.h)
+  int d;          // len_k - len_q of the sequence
+  int left;       // -1: unbounded
+  int right;      // >= 0 (a call's unbounded right bound is normalized to seqlen_q: core/variants.h)
+  int chunk = 0;  // attention_chunk (> 0, at most seqlen_k: core/variants.h); 0: none
 
-  // Query blocks [first, end) of key block n: the rows that see one of its keys, m_blocks the sequence's.
+  // The lowest key diagonal position x sees (unclipped by the sequence: may be negative).
+  __host__ __device__ __forceinline__ int lo(int x) const {
+    int v = left < 0 ? INT_MIN : x - left;
+    if (chunk > 0) {
+      const int start = chunk_start(x, chunk);
+      v = start > v ? start : v;
+    }
+    return v;
+  }
+  // The highest key diagonal position x sees.
+  __host__ __device__ __forceinline__ int hi(int x) const {
+    int v = x + right;
+    if (chunk > 0) {
+      const int last = chunk_start(x, chunk) + chunk - 1;
+      v = last < v ? last : v;
+    }
+    return v;
+  }
+
+  // Query blocks [first, end) of key block n, m_blocks the sequence's: those whose rectangle meets the block.
   __host__ __device__ __forceinline__ void query_blocks(int n, int block_n, int block_m, int m_blocks, int& first,
                                                         int& end) const {
-    const int lowest = n * block_n - d - right;  // the lowest row that sees the block's first key
+    const int j0 = n * block_n, j1 = j0 + block_n - 1;
+    // The lowest x with hi(x) >= j0: x + right >= j0 and, with chunks, x in j0's chunk or later.
+    int x_min = j0 - right;
+    if (chunk > 0) {
+      const int start = chunk_start(j0, chunk);
+      x_min = start > x_min ? start : x_min;
+    }
+    const int lowest = x_min - d;  // the lowest row whose block's last row reaches the block
     first = lowest <= 0 ? 0 : lowest / block_m;
     end = m_blocks;
-    if (left >= 0) {
-      const int highest = n * block_n + block_n - 1 - d + left;  // the highest row that sees its last key
+    if (left >= 0 || chunk > 0) {
+      // The highest x with lo(x) <= j1: x - left <= j1 and, with chunks, x in j1's chunk or earlier.
+      int x_max = left >= 0 ? j1 + left : INT_MAX;
+      if (chunk > 0) {
+        const int last = chunk_start(j1, chunk) + chunk - 1;
+        x_max = last < x_max ? last : x_max;
+      }
+      const int highest = x_max - d;
       const int e = highest < 0 ? 0 : highest / block_m + 1;
       end = e < end ? e : end;
     }
     if (first > end) first = end;
   }
 
-  // The first key block whose CTA walks query block m: the lowest block holding a key the block's first row sees
-  // from the left. (Whether it walks m at all also needs the right bound; when it does not, no key block does.)
+  // The first key block whose CTA walks query block m: the one holding lo of the block's first row. (Whether it
+  // walks m at all also needs the right bound; when it does not, no key block does.)
   __host__ __device__ __forceinline__ int first_key_block(int m, int block_m, int block_n) const {
-    if (left < 0) return 0;
-    const int lowest = m * block_m + d - left;
+    if (left < 0 && chunk == 0) return 0;
+    const int lowest = lo(m * block_m + d);
     return lowest <= 0 ? 0 : lowest / block_n;
   }
 
-  // Whether some element of the step (key block n, query block m) is outside the window.
+  // Whether some element of the step (key block n, query block m) is not visible: outside [lo(X1), hi(X0)].
   __host__ __device__ __forceinline__ bool step_masked(int n, int m, int block_n, int block_m) const {
-    if (n * block_n + block_n - 1 > m * block_m + d + right) return true;  // the last key vs the first row
-    return left >= 0 && n * block_n < m * block_m + block_m - 1 + d - left;  // the first key vs the last row
+    const int x0 = m * block_m + d;
+    if (n * block_n + block_n - 1 > hi(x0)) return true;  // the last key vs the first row
+    return (left >= 0 || chunk > 0) && n * block_n < lo(x0 + block_m - 1);  // the first key vs the last row
   }
 
   __host__ __device__ __forceinline__ bool visible(int key, int query) const {
-    const int rel = key - query - d;
-    return rel <= right && (left < 0 || rel >= -left);
+    const int x = query + d;
+    return key <= hi(x) && key >= lo(x);
   }
 };
 

@@ -1,5 +1,6 @@
 // Masking of a score tile held in row-pair fragments (fragment.cuh): key tails (the sequence's last block),
-// the causal diagonal (bottom-right aligned) and, in the causal rows that take one, a sliding window (SeqInfo).
+// the causal diagonal (bottom-right aligned) and, in the causal rows that take one, a sliding window and chunks
+// (SeqInfo).
 // Applied only to the key blocks that need it.
 // 32-bit math on purpose: it is exact because validation caps seqlen_q and seqlen_k at INT32_MAX - 512, so every
 // value below (at most seqlen + 2 * block, at least -seqlen) fits in int; the 64-bit form of the same code cost
@@ -29,7 +30,11 @@ __device__ __forceinline__ bool block_needs_mask(const SeqInfo& seq, const Varia
   // j >= (m_block + 1) * kBlockM - 1 + seqlen_k - seqlen_q - left.
   const int diag = m_block * kBlockM + seqlen_k - static_cast<int>(seq.seqlen_q);  // the first row's diagonal key
   if (col_end - 1 > diag + (kWindow ? win.window_right : 0)) return true;
-  return kWindow && win.window_left >= 0 && n_block * kBlockN < diag + kBlockM - 1 - win.window_left;
+  if (kWindow && win.window_left >= 0 && n_block * kBlockN < diag + kBlockM - 1 - win.window_left) return true;
+  // Chunks: the first row's chunk ends first, the last row's starts last.
+  return kWindow && win.chunk > 0 &&
+         (col_end > chunk_start(diag, win.chunk) + win.chunk ||
+          n_block * kBlockN < chunk_start(diag + kBlockM - 1, win.chunk));
 }
 
 // row0: query index (within the sequence) of this thread's first fragment row; col0: key index of its first
@@ -68,6 +73,23 @@ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], const SeqInf
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           if (8 * j + e - 8 * i < lo) s[acc_index(j, i, e)] = -INFINITY;
+        }
+      }
+    }
+  }
+  if (kWindow && win.chunk > 0) {
+    // Chunks (attention_chunk): row row0 + 8i sees the columns [start, start + chunk) of its chunk, a bound per row
+    // computed here only (a uniform branch: calls without chunks skip it).
+    const int x0 = row0 + seqlen_k - static_cast<int>(seq.seqlen_q);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int first = chunk_start(x0 + 8 * i, win.chunk) - col0;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + e;
+          if (col < first || col >= first + win.chunk) s[acc_index(j, i, e)] = -INFINITY;
         }
       }
     }

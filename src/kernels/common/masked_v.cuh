@@ -92,6 +92,7 @@ __device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, con
   SeqInfo seq = tile.seq;  // with the call's window (tile.cuh, windowed)
   seq.window_left = var.window_left;
   seq.window_right = var.window_right;
+  seq.chunk = var.chunk;
   const int64_t first = seq.key_first(row, /*causal=*/true);  // keys in [first, limit) are visible
   const int64_t limit = seq.key_limit(row, /*causal=*/true);
   const int64_t begin = static_cast<int64_t>(tile.keys.begin) * block_n;

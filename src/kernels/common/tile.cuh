@@ -29,6 +29,7 @@ __device__ __forceinline__ SeqInfo windowed(const SeqInfo& seq, const VariantPar
   if constexpr (Cfg::kTakesWindow) {
     w.window_left = v.window_left;
     w.window_right = v.window_right;
+    w.chunk = v.chunk;
   }
   return w;
 }

@@ -14,6 +14,14 @@ namespace flashcore::kernels {
 
 FLASHCORE_HD constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The first position of the chunk of `chunk` (> 0) positions that holds x: floor(x / chunk) * chunk, also for x < 0
+// (attention_chunk: the query at diagonal position x sees the keys [chunk_start(x), chunk_start(x) + chunk)).
+template <class Int>
+FLASHCORE_HD constexpr Int chunk_start(Int x, Int chunk) {
+  const Int r = x % chunk;
+  return x - (r < 0 ? r + chunk : r);
+}
+
 // Causal tile order (tile.cuh): (batch, head) slices are grouped into sections whose K and V fit in an L2 budget
 // (kL2SectionBytes, as FlashAttention-3's scheduler; both Hopper and Ampere parts have 40-60 MB of L2), and within
 // a section every slice's heaviest query block comes first, then every slice's next one, and so on (longest
@@ -59,8 +67,8 @@ FLASHCORE_HD void lpt_tile_slot(int tile_idx, int num_m_blocks, int num_slices, 
 
 // The sequence a tile belongs to. Dense batches: every sequence has the tensor's lengths and starts at row 0
 // of its batch entry. Variable-length batches set the offsets of the packed sequence (rows of the tensor).
-// Masked rows (the kernels' causal rows: causal or a sliding window, kernels/common/variant_params.h) see the keys
-// [key_first(row), key_limit(row)); the other rows see every key. Row and key positions are within the sequence;
+// Masked rows (the kernels' causal rows: causal, a sliding window or chunks, kernels/common/variant_params.h) see the
+// keys [key_first(row), key_limit(row)); the other rows see every key. Row and key positions are within the sequence;
 // d = seqlen_k - seqlen_q aligns the last query with the last key (bottom-right), as FlashAttention does.
 struct SeqInfo {
   int64_t seqlen_q = 0;
@@ -71,6 +79,8 @@ struct SeqInfo {
   // unbounded (window_left -1, window_right 0: causal).
   int window_left = -1;
   int window_right = 0;
+  // attention_chunk (> 0; 0: none): row i sees only the keys of its chunk, [chunk_start(i + d), + chunk).
+  int chunk = 0;
 
   // Bottom-right causal alignment: query row i sees key j iff j <= i + (seqlen_k - seqlen_q).
   FLASHCORE_HD int64_t causal_offset() const { return seqlen_k - seqlen_q; }
@@ -83,17 +93,30 @@ struct SeqInfo {
   // One past the last key row `row` may see (clamped to [0, seqlen_k]).
   FLASHCORE_HD int64_t key_limit(int64_t row, bool causal) const {
     if (!causal) return seqlen_k;
-    const int64_t lim = row + 1 + causal_offset() + right_reach();
+    int64_t lim = row + 1 + causal_offset() + right_reach();
+    if (chunk > 0) {
+      const int64_t end = int64_t{chunk_start32(row)} + chunk;
+      lim = end < lim ? end : lim;
+    }
     return lim < 0 ? 0 : (lim < seqlen_k ? lim : seqlen_k);
   }
   // The first key row `row` may see (clamped to [0, seqlen_k]).
   FLASHCORE_HD int64_t key_first(int64_t row, bool causal) const {
     if (!causal) return 0;
-    const int64_t first = row + causal_offset() - left_reach();
+    int64_t first = row + causal_offset() - left_reach();
+    if (chunk > 0) {
+      const int64_t start = chunk_start32(row);
+      first = start > first ? start : first;
+    }
     return first < 0 ? 0 : (first < seqlen_k ? first : seqlen_k);
   }
-  // Whether masked rows have a left bound (a window) besides the sequence's start.
-  FLASHCORE_HD bool bounded_left() const { return window_left >= 0; }
+  // The start of the chunk of row's diagonal position, in 32 bits (a 64-bit division is a call, whose saved registers
+  // spilled the portable d128 rows): validation keeps seqlen_q + 2 * seqlen_k of chunked calls below 2^31 - 1024.
+  FLASHCORE_HD int chunk_start32(int64_t row) const {
+    return chunk_start(static_cast<int>(row + causal_offset()), chunk);
+  }
+  // Whether masked rows have a left bound (a window or chunks) besides the sequence's start.
+  FLASHCORE_HD bool bounded_left() const { return window_left >= 0 || chunk > 0; }
 };
 
 // Key blocks [begin, end) a tile visits (from end-1 down to begin). Split-KV gives each split a sub-range.

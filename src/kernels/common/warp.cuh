@@ -4,6 +4,13 @@
 
 namespace flashcore::kernels {
 
+// x, which the compiler cannot see through: values derived from it are computed where they are used (from one copy
+// of x) rather than kept in registers from before a loop.
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // ldmatrix x4: lanes 8m..8m+7 give the row addresses (16 bytes each) of 8x8 matrix m; every lane receives,
 // in r[m], row lane/4, elements 2*(lane%4) and +1 of matrix m (.trans: the transposed matrix's, i.e. column
 // lane/4, rows 2*(lane%4) and +1 of what is stored). volatile + memory: never moved across a barrier.

@@ -26,10 +26,13 @@
 
 namespace flashcore::sm80 {
 
-// The window of the call (kernels/common/bwd_window.h): causal's (-1, 0), or the call's in the variants' kernels.
+// The window of the call (kernels/common/bwd_window.h): causal's (-1, 0), or the call's window and chunks in the
+// variants' kernels.
 template <class Cfg>
 __device__ __forceinline__ kernels::BwdWindow bwd_window(const BwdParams& p) {
-  if constexpr (Cfg::kVariants) return {p.seqlen_k - p.seqlen_q, p.var.window_left, p.var.window_right};
+  if constexpr (Cfg::kVariants) {
+    return {p.seqlen_k - p.seqlen_q, p.var.window_left, p.var.window_right, p.var.chunk};
+  }
   return {p.seqlen_k - p.seqlen_q, -1, 0};
 }
 
@@ -125,10 +128,12 @@ __device__ __forceinline__ void bwd_substep(const BwdParams& p, uint8_t* smem, u
     // (kernels/common/bwd_variants.cuh; the window's bounds read from the parameters: registers are scarce here.)
     if (!Cfg::kCausal || p.var.softcap_scale != 0.f) {
       kernels::bwd_variant_probabilities<Element, kN, true, Cfg::kCausal>(
-          s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, p.seqlen_k, key_row - q0, p.rel_lo, p.rel_hi);
+          s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, p.seqlen_k, key_row - q0, p.rel_lo, p.rel_hi,
+          p.var.chunk, p.seqlen_k - p.seqlen_q);
     } else {
       kernels::bwd_variant_probabilities<Element, kN, false, Cfg::kCausal>(
-          s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, p.seqlen_k, key_row - q0, p.rel_lo, p.rel_hi);
+          s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, p.seqlen_k, key_row - q0, p.rel_lo, p.rel_hi,
+          p.var.chunk, p.seqlen_k - p.seqlen_q);
     }
   } else {
 #pragma unroll
@@ -225,7 +230,11 @@ __device__ __forceinline__ void bwd_mainloop(const BwdParams& p, uint8_t* smem) 
     // (BwdWindow::step_masked with the bounds read from the parameters: registers are scarce at head dim 128.)
     const int rel_max = key0 + Cfg::kBlockN - 1 - m * Cfg::kBlockM, rel_min = key0 - (m * Cfg::kBlockM + Cfg::kBlockM - 1);
     const bool masked =
-        keys_past_end || (Cfg::kCausal && (rel_max > p.rel_hi || (Cfg::kVariants && rel_min < p.rel_lo)));
+        keys_past_end ||
+        (Cfg::kCausal &&
+         (rel_max > p.rel_hi ||
+          (Cfg::kVariants && (rel_min < p.rel_lo ||
+                              (p.var.chunk > 0 && bwd_window<Cfg>(p).step_masked(w.n_block, m, Cfg::kBlockN, Cfg::kBlockM))))));
 #pragma unroll
     for (int h = 0; h < Cfg::kBlockM / Cfg::kSubM; ++h) {
       bwd_substep<Cfg>(p, smem, base, q_tile, do_tile, stats, h, m, masked, key_row, warp, lane, dk, dv);

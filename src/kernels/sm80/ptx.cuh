@@ -16,12 +16,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// x, which the compiler cannot see through: values derived from it are computed where they are used (from one copy
-// of x) rather than kept in registers from before a loop.
-__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
+using kernels::opaque_u32;  // (kernels/common/warp.cuh)
 
 // cp.async.cg: 16 bytes global -> shared, bypassing L1. When `valid` is false the source size is 0: nothing is
 // read and the 16 destination bytes are zero-filled (rows past the end of a sequence). `src` must still be a

@@ -153,7 +153,7 @@ bool takes_variants(const KernelRow& r, const flashcore_attention_params& p) {
          (r.causal && smem_plan(r.shape, static_cast<int>(r.head_dim), 2, 2, 2).consumer_warpgroups < 3);
 }
 
-// A call with a variant (a window, softcap or sinks) runs on its key's variants row (configs.txt "variants"), or on
+// A call with a variant (a window, chunks, softcap or sinks) runs on its key's variants row (configs.txt "variants"), or on
 // the kernel_config it names if that row takes them; nullptr and the reason otherwise.
 const KernelRow* variant_row(const flashcore_attention_params& p, std::string& error) {
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
@@ -166,14 +166,14 @@ const KernelRow* variant_row(const flashcore_attention_params& p, std::string& e
       return nullptr;
     }
     if (takes_variants(*named, p)) return named;
-    error = std::string("kernel config \"") + named->name + "\" takes no window, softcap or sinks (the \"-var\" " +
+    error = std::string("kernel config \"") + named->name + "\" takes no window, attention_chunk, softcap or sinks (the \"-var\" " +
             "configs do); name one of those or none";
     return nullptr;
   }
   for (const KernelRow* r : kRows) {
     if (same_key(*r, p) && takes_variants(*r, p)) return r;
   }
-  error = std::string("no sm90 kernel with the attention variants (window, softcap, sinks) is compiled for ") +
+  error = std::string("no sm90 kernel with the attention variants (window, attention_chunk, softcap, sinks) is compiled for ") +
           dtype_name(p.dtype) + " head_dim = " + std::to_string(p.head_dim) +
           (core::masked_call(p) ? " causal" : " non-causal");
   return nullptr;

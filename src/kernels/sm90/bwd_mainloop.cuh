@@ -140,10 +140,12 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
         const int rel0 = key_row - q0 - window.d, lo = window.left < 0 ? INT_MIN : -window.left;
         if (softcap) {
           kernels::bwd_variant_probabilities<Element, 64, true, Cfg::kCausal>(
-              s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo, window.right);
+              s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo, window.right,
+              window.chunk, 0);
         } else {
           kernels::bwd_variant_probabilities<Element, 64, false, Cfg::kCausal>(
-              s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo, window.right);
+              s, pa, stat, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo, window.right,
+              window.chunk, 0);
         }
       } else {
 #pragma unroll

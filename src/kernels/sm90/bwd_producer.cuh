@@ -27,10 +27,11 @@ struct BwdBarriers {
   }
 };
 
-// The window of a sequence (kernels/common/bwd_window.h): causal's (-1, 0), or the call's in the variants' kernels.
+// The window of a sequence (kernels/common/bwd_window.h): causal's (-1, 0), or the call's window and chunks in the
+// variants' kernels.
 template <class Cfg>
 __device__ __forceinline__ kernels::BwdWindow bwd_window(const BwdParams& p, const kernels::BwdSeq& seq) {
-  if constexpr (Cfg::kVariants) return {seq.len_k - seq.len_q, p.var.window_left, p.var.window_right};
+  if constexpr (Cfg::kVariants) return {seq.len_k - seq.len_q, p.var.window_left, p.var.window_right, p.var.chunk};
   return {seq.len_k - seq.len_q, -1, 0};
 }
 
