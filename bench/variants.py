@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""FlashCore's attention variants (issue #72: sliding window, softcap, attention sinks) against FlashCore's own plain
-attention, FlexAttention and FlashAttention-3, forward pass (or, with --backward, the backward pass), every system in
-this process on the same values.
+"""FlashCore's attention variants (issue #72: sliding window, softcap, attention sinks, chunked attention) against
+FlashCore's own plain attention, FlexAttention and FlashAttention-3, forward pass (or, with --backward, the backward
+pass), every system in this process on the same values.
 
 Runs on the GPU machine (Python 3.12, PyTorch with CUDA). FlashCore is called through its C ABI with ctypes
 (bench/flashcore_ctypes.py, ABI 0.5 for the variants), no Python package needed. FlexAttention is
 torch.compile(flex_attention) with a block mask. FA3 is measured when `flash_attn_interface` imports (the `train/` build
-of ../shared/fa3 has local windows and softcap, bf16, head dims 64 / 128; no sinks):
+of ../shared/fa3 has local windows, attention_chunk (forward only) and softcap, bf16, head dims 64 / 128; no sinks):
 
     echo /.fa3/ >> .git/info/exclude; rm -rf .fa3 && cp -r ../shared/fa3/train .fa3    # once, then carry .fa3
     PYTHONPATH=$PWD/.fa3 python3 bench/variants.py --json bench/out/variants.json
@@ -25,27 +25,35 @@ number of tokens, causal):
            FlashCore without sinks. FlexAttention has no sink: it runs the attention with return_lse and folds the sink
            in afterwards, out * sigmoid(lse - sink) (exact: sum_j e^s_j / (sum_j e^s_j + e^sink) =
            sigmoid(lse - sink)), compiled together. FA3 (this build): no sinks, not applicable.
+  chunk    Llama 4's chunked layers: causal attention with attention_chunk c (query i sees the keys of its own chunk,
+           j // c == i // c) at (S, c) = (8k, 2048), (16k, 8192), (32k, 8192). Baseline: FlashCore's causal attention at
+           the same S. FlexAttention: a causal block mask with q_idx // c == kv_idx // c. FA3: attention_chunk= (its
+           forward takes it; its backward refuses it, so the --backward chunk cells are n/a for FA3; a forward that
+           FA3 refuses is reported n/a with its error).
 
 Backward (--backward; FlashCore needs ABI 0.6, whose flashcore_attention_backward takes the variants): the same cells
-(default groups window and softcap, window cells at S = 8k and 16k: the issue's backward cells), each system's
-backward alone after one forward kept with its graph, as bench/backward.py measures it: FlashCore's raw
-flashcore_attention_backward call on the forward's O and LSE (with the variants, and dsinks with sinks; gradients and
-workspace allocated once), torch.autograd.grad(out, (q, k, v[, sinks]), dout, retain_graph=True) for FlexAttention
-(torch.compile(flex_attention): score_mod for the softcap, mask_mod for the window, the block mask created before the
-timed region) and FA3's train build (flash_attn_func(..., window_size=(left, right), softcap=...)). TFLOPS = 2.5 x
-the forward's FLOPs on the same visible pairs (FlashAttention's backward count: 5 GEMMs against 2). FlashCore's dQ, dK,
-dV are compared with each other system's (max |x - FlashCore| / max |FlashCore|, the largest of the three).
+(default groups window and softcap, window cells at S = 8k and 16k: the issue's backward cells; --groups chunk for the
+chunked cells), each system's backward alone after one forward kept with its graph, as bench/backward.py measures it:
+FlashCore's raw flashcore_attention_backward call on the forward's O and LSE (with the variants, and dsinks with sinks;
+gradients and workspace allocated once), torch.autograd.grad(out, (q, k, v[, sinks]), dout, retain_graph=True) for
+FlexAttention (torch.compile(flex_attention): score_mod for the softcap, mask_mod for the window and the chunk, the
+block mask created before the timed region) and FA3's train build (flash_attn_func(..., window_size=(left, right),
+softcap=...)). TFLOPS = 2.5 x the forward's FLOPs on the same visible pairs (FlashAttention's backward count: 5 GEMMs
+against 2). FlashCore's dQ, dK, dV are compared with each other system's (max |x - FlashCore| / max |FlashCore|, the
+largest of the three).
 
 Method: after --warmup calls each, the systems take turns call by call, each call between two CUDA events, --rounds
 rounds in reverse order every other round, --iters calls per system in all; before each round the GPU is held by a
 --sleep-ms kernel while the host enqueues the round, so the host's time per call (Python, ctypes, dispatch) stays off
 the GPU's timeline. Median per system. TFLOPS = 4 * B * Hq * D * (visible (i, j) pairs) / t, the pairs counted exactly
-for each system's own mask (visible_pairs): a windowed call is credited with its window's pairs, the causal baseline
-with S (S + 1) / 2 per head. The speedup of a variant over its baseline is the ratio of their times. Outputs are
-compared with FlashCore's (max |x - FlashCore| / max |FlashCore|, set 0), so a system computing something else shows.
+for each system's own mask (visible_pairs): a windowed call is credited with its window's pairs, a chunked one with
+its chunks' (S / c causal triangles of c (c + 1) / 2 pairs), the causal baseline with S (S + 1) / 2 per head. The
+speedup of a variant over its baseline is the ratio of their times. Outputs are compared with FlashCore's
+(max |x - FlashCore| / max |FlashCore|, set 0), so a system computing something else shows.
 
 Prints a markdown table; --json PATH also writes the measurements. A system that fails on a cell records null there
-(with the error), never a crash.
+(with the error), never a crash; a cell a system cannot run (FA3: sinks, a chunk in the backward, a chunk its forward
+refuses) is n/a, its reason printed under the table.
 """
 from __future__ import annotations
 
@@ -67,12 +75,14 @@ from report import fmt, geomean, json_safe, log, ratio, short_error  # noqa: E40
 
 SYSTEMS = ["flashcore", "flashcore_base", "flex", "fa3"]
 LABELS = {"flashcore": "FlashCore", "flashcore_base": "FlashCore baseline", "flex": "FlexAttention", "fa3": "FA3"}
-GROUPS = ("window", "softcap", "sinks")
+GROUPS = ("window", "softcap", "sinks", "chunk")
 DEFAULT_SEQLENS = (8192, 16384, 32768)
 # The backward's cells (issue #72): the sliding window at 8k and 16k, and the softcap (sinks on request).
 BACKWARD_GROUPS = ("window", "softcap")
 BACKWARD_SEQLENS = (8192, 16384)
 GPT_OSS_WINDOW = 128
+# The chunk cells, (S, attention_chunk): Llama 4's chunk of 8192 at 16k and 32k, and a chunk of 2048 at 8k.
+CHUNK_CELLS = ((8192, 2048), (16384, 8192), (32768, 8192))
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -118,26 +128,42 @@ def make_cells(groups, seqlens, tokens: int, window: int, softcap: float) -> Lis
         cells.append({"group": "sinks", "name": f"sinks + window {GPT_OSS_WINDOW}", "S": S, "B": max(1, tokens // S),
                       "variant": dict(gpt_oss, sinks=True), "base": gpt_oss,
                       "base_name": f"window {GPT_OSS_WINDOW}, no sinks"})
+    for S, chunk in (CHUNK_CELLS if "chunk" in groups else ()):
+        cells.append({"group": "chunk", "name": f"chunk {chunk}", "S": S, "B": max(1, tokens // S),
+                      "variant": {"attention_chunk": chunk}, "base": {}, "base_name": "causal"})
     return cells
 
 
 def flops_of(cell: dict, variant: dict, heads_q: int, head_dim: int) -> float:
-    """4 * B * Hq * D * the exact visible pairs of a causal call with `variant`'s window (softcap and sinks: none)."""
-    pairs = visible_pairs(cell["S"], cell["S"], True, variant.get("window_size", (-1, -1)))
+    """4 * B * Hq * D * the exact visible pairs of a causal call with `variant`'s window and chunk (softcap and sinks:
+    none)."""
+    pairs = visible_pairs(cell["S"], cell["S"], True, variant.get("window_size", (-1, -1)),
+                          variant.get("attention_chunk", 0))
     return 4.0 * cell["B"] * heads_q * head_dim * pairs
 
 
 def backward_flops_of(cell: dict, variant: dict, heads_q: int, head_dim: int) -> float:
-    """The backward's FLOPs of a causal call with `variant`'s window: BWD_FLOP_FACTOR (2.5) x flops_of, on the same
-    exact visible pairs."""
+    """The backward's FLOPs of a causal call with `variant`'s window and chunk: BWD_FLOP_FACTOR (2.5) x flops_of, on the
+    same exact visible pairs."""
     return BWD_FLOP_FACTOR * flops_of(cell, variant, heads_q, head_dim)
 
 
-def fa3_lacks(variant: dict) -> Optional[str]:
-    """Why FA3's train build cannot run a variant, or None."""
+def fa3_lacks(variant: dict, backward: bool = False) -> Optional[str]:
+    """Why FA3's train build cannot run a variant (backward: its backward), or None."""
     if variant.get("sinks"):
         return "FA3 (this build) has no attention sinks"
+    if backward and variant.get("attention_chunk"):
+        return "FA3's backward does not take attention_chunk (its flash_attn_func refuses it in the backward)"
     return None
+
+
+def fa3_refusal(variant: dict, error: BaseException) -> dict:
+    """The cell's FA3 record when FA3 raised while the cell was set up (or at its first call): not applicable, with
+    FA3's error, for a chunked variant (FA3 refusing attention_chunk); otherwise a failure (null, with the error)."""
+    if variant.get("attention_chunk"):
+        return {"error": f"FA3 refused attention_chunk={variant['attention_chunk']}: {short_error(error)}",
+                "not_applicable": True, "tflops": None}
+    return {"error": short_error(error), "tflops": None}
 
 
 def resolve_defaults(groups: Optional[str], seqlens: Optional[str], backward: bool):
@@ -157,12 +183,17 @@ def resolve_defaults(groups: Optional[str], seqlens: Optional[str], backward: bo
 # ------------------------------------------------------------------------------------------------------
 # FlexAttention's side of the variants (pure functions of torch: tested on the CPU with eager flex_attention)
 
-def window_mask_mod(left: int):
+def window_mask_mod(left: int, chunk: int = 0):
     """FlexAttention mask_mod of a causal call with FlashAttention's window (left, 0), left = -1 unbounded (plain
-    causal); Sq == Sk, so bottom-right and top-left alignment agree."""
+    causal), and attention_chunk `chunk` (0: none; else q_idx // chunk == kv_idx // chunk); Sq == Sk, so bottom-right
+    and top-left alignment agree (and the indices are >= 0: floor and truncating division agree)."""
     def visible(b, h, q_idx, kv_idx):
         sees = q_idx >= kv_idx
-        return sees & (q_idx - kv_idx <= left) if left >= 0 else sees
+        if left >= 0:
+            sees = sees & (q_idx - kv_idx <= left)
+        if chunk > 0:
+            sees = sees & (q_idx // chunk == kv_idx // chunk)
+        return sees
     return visible
 
 
@@ -184,19 +215,19 @@ def fold_sinks(torch, out, lse, sinks):
 # FlashCore's backward params with the variants (bench/flashcore_ctypes.py underneath: tested with the stub library)
 
 def flashcore_backward_params(fc, q, k, v, o, lse, dout, grads, causal: bool, window_size=(-1, -1),
-                              softcap: float = 0.0, sinks=None, dsinks=None):
+                              softcap: float = 0.0, sinks=None, dsinks=None, attention_chunk: int = 0):
     """(params, buffers to keep alive): flashcore_ctypes' backward_params_for on (B, H, S, D) tensors (the forward's q,
     k, v, o and lse, dout, the outputs grads = (dq, dk, dv)), then the variants of the forward it differentiates
-    (window_size, softcap, sinks: a contiguous float32 (Hq,) tensor; ABI 0.5 fields, which a 0.6 backward reads) and
-    dsinks (a float32 (Hq,) output, or None; ABI 0.6: _lib.Library.set_dsinks raises RuntimeError for an older
-    library), and a workspace sized for the params with them."""
+    (window_size, softcap, sinks: a contiguous float32 (Hq,) tensor, attention_chunk; ABI 0.5 fields, which a 0.6
+    backward reads) and dsinks (a float32 (Hq,) output, or None; ABI 0.6: _lib.Library.set_dsinks raises RuntimeError
+    for an older library), and a workspace sized for the params with them."""
     import torch  # only needed here
 
     params = fc.backward_params_for(q, k, v, o, lse, dout, *grads, causal=causal, bhsd=True)
     fc.library.set_variants(params, causal=causal, window_size=window_size, softcap=softcap,
-                            sinks=0 if sinks is None else sinks.data_ptr())
+                            sinks=0 if sinks is None else sinks.data_ptr(), attention_chunk=attention_chunk)
     wanted = [name for name, used in (("window_size", params.local), ("softcap", params.softcap),
-                                      ("sinks", params.sinks)) if used]
+                                      ("sinks", params.sinks), ("attention_chunk", params.attention_chunk)) if used]
     if wanted and not fc.library.has_variant_backward():  # a 0.5 library's backward refuses them
         raise RuntimeError(f"the backward with {', '.join(wanted)} needs a 0.6 library or newer; {fc.path} is "
                            f"{fc.version()}")
@@ -289,6 +320,13 @@ def markdown(meta: dict, cells: List[dict]) -> str:
          + (" (the backward: 2.5x the forward's FLOPs on them)" if which == "backward" else "")
          + "; speedup = baseline time / FlashCore time.\n"]
     L += table(cells)
+    not_applicable: Dict[str, List[str]] = {}
+    for c in cells:
+        for s, r in c.get("systems", {}).items():
+            if r.get("not_applicable"):
+                not_applicable.setdefault(f"{LABELS.get(s, s)}: {r['error']}", []).append(f"{c['name']} S={c['S']}")
+    for reason, where in not_applicable.items():
+        L.append(f"\nn/a: {reason} ({', '.join(where)})")
     for group in GROUPS:
         ran = [c for c in cells if c["group"] == group]
         if ran:
@@ -360,13 +398,14 @@ class Runner:
         variant = cell["base"] if name == "flashcore_base" else cell["variant"]
         window = variant.get("window_size", (-1, -1))
         cap = variant.get("softcap", 0.0)
+        chunk = variant.get("attention_chunk", 0)
         use_sinks = sinks if variant.get("sinks") else None
         outs = [torch.empty_like(q) for q, _, _ in sets]
         if name in ("flashcore", "flashcore_base"):
             if self.fc is None:
                 raise RuntimeError("libflashcore.so not loaded")
             params = [self.fc.params_for(q, k, v, o, causal=True, bhsd=True, window_size=window, softcap=cap,
-                                         sinks=use_sinks) for (q, k, v), o in zip(sets, outs)]
+                                         sinks=use_sinks, attention_chunk=chunk) for (q, k, v), o in zip(sets, outs)]
             fc = self.fc
 
             def call(i):
@@ -374,7 +413,8 @@ class Runner:
             return call, lambda: outs[0]
         if name == "flex":
             flex, flex_sinks, create_block_mask = self.flex_functions()
-            block_mask = create_block_mask(window_mask_mod(window[0]), None, None, cell["S"], cell["S"], device="cuda")
+            block_mask = create_block_mask(window_mask_mod(window[0], chunk), None, None, cell["S"], cell["S"],
+                                           device="cuda")
             softcap_mod = softcap_score_mod(torch, cap) if cap else None
 
             def call(i):
@@ -392,9 +432,10 @@ class Runner:
                 raise NotImplementedError(why)
             bshd = [tuple(t.transpose(1, 2).contiguous() for t in st) for st in sets]
             box = {}
+            extra = {"attention_chunk": chunk} if chunk else {}
 
             def call(i):
-                out = self.fa3.flash_attn_func(*bshd[i], causal=True, window_size=window, softcap=cap)
+                out = self.fa3.flash_attn_func(*bshd[i], causal=True, window_size=window, softcap=cap, **extra)
                 box[i] = out[0] if isinstance(out, tuple) else out
             return call, lambda: box[0].transpose(1, 2)
         raise ValueError(name)
@@ -407,6 +448,7 @@ class Runner:
         variant = cell["base"] if name == "flashcore_base" else cell["variant"]
         window = variant.get("window_size", (-1, -1))
         cap = variant.get("softcap", 0.0)
+        chunk = variant.get("attention_chunk", 0)
         use_sinks = sinks if variant.get("sinks") else None
         if name in ("flashcore", "flashcore_base"):
             if self.fc is None:
@@ -421,11 +463,11 @@ class Runner:
                 o = torch.full_like(q, float("nan"))
                 lse = torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
                 fc.forward(fc.params_for(q, k, v, o, lse=lse, causal=True, bhsd=True, window_size=window, softcap=cap,
-                                         sinks=use_sinks), stream)
+                                         sinks=use_sinks, attention_chunk=chunk), stream)
                 grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))  # poisoned: unwritten shows
                 dsinks = None if use_sinks is None else torch.full((Hq,), float("nan"), device="cuda")
                 params, keep = flashcore_backward_params(fc, q, k, v, o, lse, dout, grads, True, window, cap,
-                                                         use_sinks, dsinks)
+                                                         use_sinks, dsinks, chunk)
                 states.append((params, grads, (o, lse, dsinks, keep)))
 
             def call(i):
@@ -435,7 +477,8 @@ class Runner:
         if name == "flex":
             flex, flex_sinks, create_block_mask = self.flex_functions()
             # The block mask before the timed region (as the forward does).
-            block_mask = create_block_mask(window_mask_mod(window[0]), None, None, cell["S"], cell["S"], device="cuda")
+            block_mask = create_block_mask(window_mask_mod(window[0], chunk), None, None, cell["S"], cell["S"],
+                                           device="cuda")
             softcap_mod = softcap_score_mod(torch, cap) if cap else None
             states = []
             for q, k, v, dout in sets:
@@ -455,7 +498,7 @@ class Runner:
         if name == "fa3":
             if self.fa3 is None:
                 raise RuntimeError("flash_attn_interface not importable")
-            why = fa3_lacks(variant)
+            why = fa3_lacks(variant, backward=True)
             if why:
                 raise NotImplementedError(why)
             states = []
@@ -490,8 +533,9 @@ class Runner:
         built: Dict[str, tuple] = {}
         for name in a.systems:
             variant = cell["base"] if name == "flashcore_base" else cell["variant"]
-            if name == "fa3" and fa3_lacks(variant):
-                cell["systems"][name] = {"error": fa3_lacks(variant), "not_applicable": True, "tflops": None}
+            if name == "fa3" and fa3_lacks(variant, a.backward):
+                cell["systems"][name] = {"error": fa3_lacks(variant, a.backward), "not_applicable": True,
+                                         "tflops": None}
                 continue
             try:
                 built[name] = (self.build_backward if a.backward else self.build)(name, cell, sets, sinks)
@@ -503,7 +547,8 @@ class Runner:
                 except Exception:  # noqa: BLE001
                     pass
                 built.pop(name, None)
-                cell["systems"][name] = {"error": short_error(e), "tflops": None}
+                cell["systems"][name] = fa3_refusal(variant, e) if name == "fa3" else \
+                    {"error": short_error(e), "tflops": None}
         if a.verify and "flashcore" in built:
             want = built["flashcore"][1]()
             for name in ("flex", "fa3"):

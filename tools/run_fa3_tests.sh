@@ -22,7 +22,7 @@
 #   FLASHCORE_FA3_K ("test_flash_attn_output or test_flash_attn_varlen_output or test_flash_attn_kvcache"): pytest -k.
 #   FLASHCORE_FA3_SAMPLE ("test_flash_attn_output=8,test_flash_attn_varlen_output=16,test_flash_attn_kvcache=32"):
 #       keep about one parametrization in N per test function (deterministic: crc32 of the item's name); "1" keeps
-#       all. The default runs about 3,000 of the 56,832 parametrizations collected with the flags below.
+#       all. The default runs about 5,350 of the 96,768 parametrizations collected with the flags below.
 #   FLASHCORE_FA3_SAMPLE_SEED (0): another seed draws another sample of the same size.
 #   FLASHCORE_FA3_SELECT (""): parameter filter, e.g. "dtype=bfloat16|float16,d=128" (fa3_plugin.py).
 #   FLASHCORE_FA3_BUDGET_S (230): stop starting tests after this many seconds (the items run in an interleaved,
@@ -31,13 +31,17 @@
 #   FLASHCORE_FA3_HINTS (skip): skip | ignore, for FA3's strategy hints (pack_gqa=True, num_splits > 1, sm_margin,
 #       get_scheduler_metadata): skip them, or run the call with FlashCore's own strategy (flash_attn_interface.py).
 #   FLASHCORE_FA3_MAXFAIL (unset): pytest --maxfail.
-#   FLASH_ATTENTION_DISABLE_LOCAL, FLASH_ATTENTION_DISABLE_SPLIT, FLASH_ATTENTION_DISABLE_PACKGQA (TRUE each): FA3's
-#       own switches for a build without a feature, read by its test module. Each test loops over values inside its
-#       body, and a skip ends the whole test: every local-capable test first draws an attention_chunk > 0 (FlashCore
-#       has none), and every test's second call asks for num_splits=3 or pack_gqa=True (FA3 strategies). Without
-#       these flags every test_flash_attn_output item would skip before its backward was checked. The cost:
-#       window_size is then not exercised (FlashCore has it; set FLASH_ATTENTION_DISABLE_LOCAL=FALSE for a run in
-#       which the varlen tests with seqlen_q > seqlen_k, which draw no chunk, test windows), and the KV-cache test's
+#   FLASH_ATTENTION_DISABLE_LOCAL (FALSE): FA3's own switch for a build without local attention, read by its test
+#       module. FALSE runs FA3's local tests: window_size, and attention_chunk, which the shim passes on as
+#       flashcore's attention_chunk (the same semantics). Each test loops over values inside its body and a skip ends
+#       the whole test: every test_flash_attn_output item, the varlen ones with seqlen_q <= seqlen_k and the causal or
+#       local KV-cache ones first run with a random attention_chunk > 0 (the forward only: FA3 checks no backward
+#       with a chunk), then with attention_chunk = 0 (forward and backward). With a library that predates chunked
+#       attention (it refuses the field as reserved: the shim skips, quoting it) those items end at their first
+#       call; TRUE then runs the rest without local attention (no window_size, no attention_chunk drawn).
+#   FLASH_ATTENTION_DISABLE_SPLIT, FLASH_ATTENTION_DISABLE_PACKGQA (TRUE each): every test's second call asks for
+#       num_splits=3 or pack_gqa=True (FA3 strategies, which the shim skips by default): without these flags every
+#       test_flash_attn_output item would skip before its backward was checked. The cost: the KV-cache test's
 #       num_splits 3 / 0, which FlashCore takes, are not drawn. Any other FLASH_ATTENTION_* in the environment is
 #       passed on as it is.
 set -uo pipefail
@@ -85,7 +89,7 @@ fi
 
 export PYTHONPATH=$root/tests/fa3_compat:$root/python:$fa3_dir$extra_path${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-export FLASH_ATTENTION_DISABLE_LOCAL=${FLASH_ATTENTION_DISABLE_LOCAL:-TRUE}
+export FLASH_ATTENTION_DISABLE_LOCAL=${FLASH_ATTENTION_DISABLE_LOCAL:-FALSE}
 export FLASH_ATTENTION_DISABLE_SPLIT=${FLASH_ATTENTION_DISABLE_SPLIT:-TRUE}
 export FLASH_ATTENTION_DISABLE_PACKGQA=${FLASH_ATTENTION_DISABLE_PACKGQA:-TRUE}
 export FLASHCORE_FA3_SAMPLE=${FLASHCORE_FA3_SAMPLE:-test_flash_attn_output=8,test_flash_attn_varlen_output=16,test_flash_attn_kvcache=32}

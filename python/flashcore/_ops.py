@@ -303,7 +303,8 @@ def quantize_fp8(x: torch.Tensor, layout: str = "bshd", num_heads_kv: Optional[i
 # ---------------------------------------------------------------------------------------------------------------
 # Attention variants (C ABI 0.5, issue #72): FlashAttention's window_size, softcap and attention_chunk, and per-head
 # attention sinks (gpt-oss's s_aux, FlashAttention-4's learnable_sink). 16-bit calls; differentiable since 0.6 (the
-# backward takes window, softcap and sinks, and writes the sinks' gradient; attention_chunk has no kernel path yet).
+# backward takes window, softcap, sinks and attention_chunk, and writes the sinks' gradient). attention_chunk is passed
+# on like the others: a library without chunked attention refuses it, naming the field (flashcore.h).
 
 INT32_MAX = 2**31 - 1  # the C fields are int32
 # softcap: 0 (none), or a cap that a C float carries as a normal number (as softmax_scale: a tiny cap must not become
@@ -383,13 +384,9 @@ def _check_softcap(softcap) -> float:
 
 
 def _check_attention_chunk(attention_chunk) -> int:
-    """0, or NotImplementedError: the C ABI reserves attention_chunk (Llama 4's chunked attention), and this version's
-    kernels have no path for it yet (the library refuses it naming the field)."""
-    value = _check_int_arg("attention_chunk", attention_chunk, 0)
-    if value != 0:
-        raise NotImplementedError(f"FlashCore: attention_chunk={value}: chunked attention is not in this version yet "
-                                  f"(0 = none)")
-    return value
+    """FlashAttention-3's attention_chunk (Llama 4's chunked attention): 0 for none, else a chunk size c > 0 (query i
+    sees only keys j with j // c == (i + Sk - Sq) // c). An int32, as the C field."""
+    return _check_int_arg("attention_chunk", attention_chunk, 0)
 
 
 def _check_sinks(sinks, q: torch.Tensor, heads_q: int, convert: bool) -> Optional[torch.Tensor]:
@@ -776,9 +773,10 @@ def attention_fwd(
     (flashcore::attention_bwd), so that a call decides it where FlashAttention's flash_attn_func does.
 
     Variants (since 0.5; 16-bit calls): window_size_left / window_size_right (FlashAttention's window_size, -1
-    unbounded), softcap (0.0: none), sinks (None or float32 (Hq,) logits on q's device), attention_chunk (0: none).
-    Since 0.6 the autograd formula differentiates them (flashcore::attention_variants_bwd, a 0.6 library): q, k, v,
-    and sinks when they require grad.
+    unbounded), softcap (0.0: none), sinks (None or float32 (Hq,) logits on q's device), attention_chunk (0: none; a
+    library without chunked attention refuses it, naming the field). Since 0.6 the autograd formula differentiates
+    them (flashcore::attention_variants_bwd, a 0.6 library, with the forward's attention_chunk): q, k, v, and sinks
+    when they require grad.
 
     Returns (out (B, Sq, Hq, D) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
     else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v and sinks (16-bit calls;
@@ -1090,8 +1088,9 @@ def _variants_of(window_size_left: int, window_size_right: int, softcap: float, 
 def _check_variant_backward_supported(lib: _lib.Library, variants: Optional[Variants], causal: bool,
                                       dsinks: bool) -> None:
     """A backward with variants needs a 0.6 library (flashcore_attention_backward takes window, softcap and sinks, and
-    writes dsinks): RuntimeError naming them and the version otherwise, before anything is launched. (A 0.5 library
-    refuses them in its backward; a 0.4 one cannot even read them.)"""
+    writes dsinks; attention_chunk too in a library that has chunked attention, which refuses it otherwise in both
+    passes): RuntimeError naming them and the version otherwise, before anything is launched. (A 0.5 library refuses
+    them in its backward; a 0.4 one cannot even read them.)"""
     names = variant_names(variants, causal)
     if dsinks and "sinks" not in names:
         names.append("sinks")
@@ -1113,10 +1112,10 @@ def backward_params(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, caus
                     dsinks: Optional[torch.Tensor] = None):
     """The C params of one backward call on tensors the ABI takes as they are (kernel_operand; dq, dk, dv fresh,
     _grad_like), without a workspace: the forward's fields for q, k, v, out and the contiguous float32 lse, and the
-    backward's for dout, dq, dk, dv. variants (since 0.6): the forward's window, softcap and sinks (a contiguous
-    float32 (Hq,) tensor), written as kernel_params writes them for the forward; dsinks: None, or a fresh float32
-    (Hq,) tensor the library writes the sinks' gradient into (Library.set_dsinks: RuntimeError for a library older
-    than 0.6)."""
+    backward's for dout, dq, dk, dv. variants (since 0.6): the forward's window, softcap, sinks (a contiguous
+    float32 (Hq,) tensor) and attention_chunk, written as kernel_params writes them for the forward; dsinks: None, or
+    a fresh float32 (Hq,) tensor the library writes the sinks' gradient into (Library.set_dsinks: RuntimeError for a
+    library older than 0.6)."""
     params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, variants=variants)
     strides = tuple(abi_strides(t) for t in (dout, dq, dk, dv))
     if any(st is None for st in strides):
@@ -1184,12 +1183,12 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, determin
 
 
 def _bwd_variants(q: torch.Tensor, heads_q: int, window_size_left: int, window_size_right: int, softcap: float,
-                  sinks: Optional[torch.Tensor], return_dsinks: bool) -> Optional[Variants]:
+                  sinks: Optional[torch.Tensor], return_dsinks: bool, attention_chunk: int) -> Optional[Variants]:
     """The variant arguments of a variants backward op, checked as the forward ops check theirs; return_dsinks needs
     sinks (dsinks is their gradient)."""
     if not isinstance(return_dsinks, bool):
         raise TypeError(f"FlashCore: return_dsinks must be a bool, got {type(return_dsinks).__name__}")
-    variants = _op_variants(q, heads_q, window_size_left, window_size_right, softcap, sinks, 0)
+    variants = _op_variants(q, heads_q, window_size_left, window_size_right, softcap, sinks, attention_chunk)
     if return_dsinks and (variants is None or variants.sinks is None):
         raise ValueError("FlashCore: return_dsinks=True needs sinks (dsinks is the gradient of the sinks the forward "
                          "took)")
@@ -1206,17 +1205,19 @@ def attention_variants_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     causal: bool, softmax_scale: float, deterministic: bool = False, window_size_left: int = -1,
     window_size_right: int = -1, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None,
-    return_dsinks: bool = False
+    return_dsinks: bool = False, attention_chunk: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of attention_fwd with the attention variants (since 0.6; a 0.6 library): (dq, dk, dv, dsinks) of
-    out = attention(q, k, v, causal, softmax_scale, window, softcap, sinks) for the upstream gradient dout, from the
-    forward's out and lse (float32 (B, Hq, Sq), written by the forward with the same variants). The variants as
-    attention_fwd takes them (window_size_left / window_size_right, softcap, sinks float32 (Hq,); attention_chunk has no
-    backward). return_dsinks (needs sinks): dsinks is the sinks' gradient, float32 (Hq,), dL/dsinks[h] =
+    out = attention(q, k, v, causal, softmax_scale, window, softcap, sinks, attention_chunk) for the upstream gradient
+    dout, from the forward's out and lse (float32 (B, Hq, Sq), written by the forward with the same variants). The
+    variants as attention_fwd takes them (window_size_left / window_size_right, softcap, sinks float32 (Hq,),
+    attention_chunk: last, after return_dsinks, so that a call of the 0.6 op's arguments by position is unchanged).
+    return_dsinks (needs sinks): dsinks is the sinks' gradient, float32 (Hq,), dL/dsinks[h] =
     -sum over the batch and rows i of head h of exp(sinks[h] - lse_i) * rowsum(dout_i * out_i); else an empty (0,)
     tensor (a custom op cannot return None). The rest as attention_bwd."""
     _check_backward_inputs(dout, q, k, v, out, lse)
-    variants = _bwd_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+    variants = _bwd_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, return_dsinks,
+                             attention_chunk)
     lib = _check_supported(q, q.shape[3])
     dq, dk, dv = (_grad_like(t) for t in (q, k, v))
     dsinks = _empty_dsinks(q, q.shape[2], return_dsinks)
@@ -1230,28 +1231,15 @@ def attention_variants_bwd(
 @attention_variants_bwd.register_fake
 def _attention_variants_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic=False,
                                  window_size_left=-1, window_size_right=-1, softcap=0.0, sinks=None,
-                                 return_dsinks=False):
+                                 return_dsinks=False, attention_chunk=0):
     _check_backward_inputs(dout, q, k, v, out, lse)
-    _bwd_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+    _bwd_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, return_dsinks, attention_chunk)
     return (*(_grad_like(t) for t in (q, k, v)), _empty_dsinks(q, q.shape[2], return_dsinks))
 
 
-def variants_backward_message(call: str, variants: Optional[Variants], causal: bool) -> Optional[str]:
-    """Why the backward of `call` with these variants does not exist yet (None: it does). Since 0.6 the window,
-    softcap and sinks have a backward; attention_chunk has no kernel path at all (the forward refuses it too), so this
-    names it should a call ever reach autograd with it."""
-    if variants is None or variants.attention_chunk == 0:
-        return None
-    return (f"FlashCore: the backward of {call} with attention_chunk={variants.attention_chunk} is not supported yet: "
-            "run the call under torch.no_grad() / torch.inference_mode(), or train without it")
-
-
-def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int, variants: Optional[Variants] = None,
-                          causal: bool = False) -> Optional[str]:
-    """Why a forward call has no backward yet (None: it has)."""
-    message = variants_backward_message("attention", variants, causal)
-    if message is not None:
-        return message
+def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int) -> Optional[str]:
+    """Why a forward call has no backward yet (None: it has). Every variant has one (the window, softcap and sinks
+    since 0.6, attention_chunk with the library that runs it: the same library call takes it in both passes)."""
     if q.dtype in FP8_DTYPES:
         return "FlashCore: the backward of 8-bit attention (float8 q, k, v) is not supported yet"
     if precision != _lib.PRECISION_NATIVE:
@@ -1302,7 +1290,8 @@ def _variant_lse_grads(q, k, lse, grad_lse, dq, dk, dsinks, causal: bool, softma
         dout_lse = finite_g.transpose(1, 2).unsqueeze(-1).to(q.dtype) * e0  # (B, Sq, Hq, D)
         dq_lse, dk_lse, _, _ = attention_variants_bwd(
             dout_lse, q, k, ones_v, torch.zeros_like(dout_lse), lse, causal, softmax_scale, deterministic,
-            variants.window_size_left, variants.window_size_right, variants.softcap, variants.sinks, False)
+            variants.window_size_left, variants.window_size_right, variants.softcap, variants.sinks, False,
+            variants.attention_chunk)
         if dq is not None:
             dq = (dq.float() + dq_lse.float()).to(dq.dtype)
         if dk is not None:
@@ -1324,7 +1313,7 @@ def _setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.set_materialize_grads(False)  # an output nobody used (lse, mostly) comes back as None, not as zeros
     variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
-    ctx.unsupported = _backward_unsupported(q, out, precision, variants, causal)
+    ctx.unsupported = _backward_unsupported(q, out, precision)
     ctx.num_inputs = len(inputs)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
     # The variants without their tensor (saved below, with q, k, v, out and lse).
@@ -1367,7 +1356,8 @@ def _backward(ctx, grad_out, grad_lse):
     else:
         dq, dk, dv, dsinks = attention_variants_bwd(grad_out, q, k, v, out, lse, causal, scale, deterministic,
                                                     variants.window_size_left, variants.window_size_right,
-                                                    variants.softcap, variants.sinks, needs_sinks)
+                                                    variants.softcap, variants.sinks, needs_sinks,
+                                                    variants.attention_chunk)
         if grad_lse is not None and (needs_q or needs_k or needs_sinks):
             dq, dk, dsinks = _variant_lse_grads(q, k, lse, grad_lse, dq if needs_q else None,
                                                 dk if needs_k else None, dsinks if needs_sinks else None, causal,
@@ -1473,12 +1463,13 @@ def varlen_attention_variants_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
     softmax_scale: float, deterministic: bool = False, window_size_left: int = -1, window_size_right: int = -1,
-    softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, return_dsinks: bool = False
+    softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, return_dsinks: bool = False, attention_chunk: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of varlen_attention_fwd with the attention variants (since 0.6; a 0.6 library, sm90 backend for
-    packed batches): (dq, dk, dv, dsinks), the variants and dsinks as in attention_variants_bwd (dsinks summed over
-    every sequence's rows), the rest as varlen_attention_bwd."""
-    variants = _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+    packed batches): (dq, dk, dv, dsinks), the variants (attention_chunk last, as in attention_variants_bwd) and dsinks
+    as in attention_variants_bwd (dsinks summed over every sequence's rows), the rest as varlen_attention_bwd."""
+    variants = _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks,
+                             attention_chunk)
     return _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                        softmax_scale, deterministic, variants, return_dsinks)
 
@@ -1486,8 +1477,9 @@ def varlen_attention_variants_bwd(
 @varlen_attention_variants_bwd.register_fake
 def _varlen_attention_variants_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, causal, softmax_scale, deterministic=False, window_size_left=-1,
-                                        window_size_right=-1, softcap=0.0, sinks=None, return_dsinks=False):
-    _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks)
+                                        window_size_right=-1, softcap=0.0, sinks=None, return_dsinks=False,
+                                        attention_chunk=0):
+    _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks, attention_chunk)
     return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
             _empty_dsinks(q, q.shape[1], return_dsinks))
 
@@ -1506,9 +1498,7 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.set_materialize_grads(False)
     variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
-    ctx.unsupported = variants_backward_message("varlen attention (flashcore.varlen_attention)", variants, causal)
-    if ctx.unsupported is None and seqused_k is not None:
-        ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED
+    ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED if seqused_k is not None else None
     ctx.num_inputs = len(inputs)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, False
@@ -1540,7 +1530,7 @@ def _varlen_backward(ctx, grad_out, grad_lse):
         dq, dk, dv, dsinks = varlen_attention_variants_bwd(
             grad_out, q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen[0], ctx.max_seqlen[1], ctx.causal,
             ctx.softmax_scale, ctx.deterministic, variants.window_size_left, variants.window_size_right,
-            variants.softcap, sinks, needs_sinks)
+            variants.softcap, sinks, needs_sinks, variants.attention_chunk)
     grads[:3] = (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None)
     if needs_sinks:
         grads[_VARLEN_SINKS_INPUT] = dsinks
@@ -1607,8 +1597,10 @@ def attention(
       - window_size=(left, right): sliding-window (local) attention: query i sees key j iff
         i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 meaning unbounded on that side. With causal=True the
         right bound is 0 (a causal window of N keys, the query's own included, is window_size=(N - 1, 0)).
-      - attention_chunk=c > 0: chunked attention (Llama 4): query i sees only keys j with j // c == (i + Sk - Sq) // c
-        (combined with causal and the window).
+      - attention_chunk=c > 0: chunked attention (Llama 4, FlashAttention-3's argument): query i sees only keys j with
+        j // c == (i + Sk - Sq) // c, floor division also for a negative i + Sk - Sq (combined with causal and the
+        window: a Llama 4 chunked layer is causal=True, attention_chunk=8192). A library without chunked attention
+        refuses it (ValueError naming attention_chunk).
       - softcap > 0: every score s = softmax_scale * q.k becomes softcap * tanh(s / softcap) before the softmax
         (Gemma 2).
       - sinks: a (Hq,) tensor of per-head logits (float32; float16 / bfloat16 / float64 are converted) that join
@@ -1618,12 +1610,12 @@ def attention(
 
     Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128 in 0.4),
     through out and lse. deterministic (FlashAttention's name): the backward's dq is bit-identical from run to run
-    (dk and dv always are), a little slower. Since 0.6 (a 0.6 library) with window_size, softcap and sinks too, and
-    in sinks when they require grad (their gradient comes from the library's dsinks, float32, converted back to the
-    sinks' dtype by autograd); a 0.5 library raises RuntimeError naming the variants and the version when .backward()
-    reaches the call. The 8-bit paths, precision="fp8" / "int8" and out_dtype other than the input's have no
-    backward yet: the forward runs (inputs may require grad) and NotImplementedError, naming what the call set, comes
-    when .backward() reaches it.
+    (dk and dv always are), a little slower. Since 0.6 (a 0.6 library) with window_size, softcap and sinks too (and
+    attention_chunk, with a library that runs it: the backward gets the forward's), and in sinks when they require
+    grad (their gradient comes from the library's dsinks, float32, converted back to the sinks' dtype by autograd); a
+    0.5 library raises RuntimeError naming the variants and the version when .backward() reaches the call. The 8-bit
+    paths, precision="fp8" / "int8" and out_dtype other than the input's have no backward yet: the forward runs
+    (inputs may require grad) and NotImplementedError, naming what the call set, comes when .backward() reaches it.
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
@@ -1872,7 +1864,7 @@ def varlen_attention(
 
     Differentiable (since 0.4, sm90 backend; the portable backend refuses packed batches in the backward, naming them)
     in q, k and v through out (not through lse), without seqused_k; since 0.6 (a 0.6 library) with window_size,
-    softcap and sinks too, and in sinks when they require grad.
+    softcap and sinks too (and attention_chunk, with a library that runs it), and in sinks when they require grad.
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)

@@ -206,11 +206,12 @@ def backward_fp64(q, k, v, dout, causal=False, softmax_scale=None):
 
 
 def attention_variants_autograd(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                                sinks=None, dtype=torch.float64):
+                                sinks=None, attention_chunk=0, dtype=torch.float64):
     """(out (B, Sq, Hq, D), lse (B, Hq, Sq)) of (B, S, H, D) inputs with the attention variants (window, softcap,
-    sinks; the semantics of reference_variants) in `dtype`, as plain differentiable torch ops (the whole score matrix
-    at once: moderate shapes): differentiable in q, k, v and sinks. A row that sees no key: out 0, lse sinks[h]
-    (-inf without sinks) and no gradient to q, k, v (with sinks, lse = sinks[h] passes its gradient to the sink)."""
+    sinks, chunk; the semantics of reference_variants, the mask of variant_mask) in `dtype`, as plain differentiable
+    torch ops (the whole score matrix at once: moderate shapes): differentiable in q, k, v and sinks. A row that sees
+    no key: out 0, lse sinks[h] (-inf without sinks) and no gradient to q, k, v (with sinks, lse = sinks[h] passes its
+    gradient to the sink)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
@@ -220,7 +221,7 @@ def attention_variants_autograd(q, k, v, causal=False, softmax_scale=None, windo
     scores = (qt @ kt.transpose(-1, -2)) * scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
-    sees = variant_mask(seqlen_q, seqlen_k, causal, window_size, 0, q.device)  # (Sq, Sk)
+    sees = variant_mask(seqlen_q, seqlen_k, causal, window_size, attention_chunk, q.device)  # (Sq, Sk)
     scores = scores.masked_fill(~sees, -math.inf)
     if sinks is not None:  # the sink as one more logit of every row (finite lse everywhere), dropped from the output
         sink = sinks.to(dtype)[None, :, None, None].expand(batch, heads_q, seqlen_q, 1)
@@ -236,12 +237,13 @@ def attention_variants_autograd(q, k, v, causal=False, softmax_scale=None, windo
 
 
 def reference_variant_grads(q, k, v, dout, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                            sinks=None, dlse=None, dtype=torch.float64):
+                            sinks=None, attention_chunk=0, dlse=None, dtype=torch.float64):
     """(dq, dk, dv, dsinks) in `dtype` of attention_variants_autograd for the upstream gradients dout (B, Sq, Hq, D)
     and, optionally, dlse (B, Hq, Sq); dsinks is None without sinks."""
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
     sink_leaf = None if sinks is None else sinks.detach().to(dtype).requires_grad_()
-    out, lse = attention_variants_autograd(*leaves, causal, softmax_scale, window_size, softcap, sink_leaf, dtype)
+    out, lse = attention_variants_autograd(*leaves, causal, softmax_scale, window_size, softcap, sink_leaf,
+                                           attention_chunk, dtype)
     outputs, grads = [out], [dout.to(dtype)]
     if dlse is not None:
         outputs.append(lse)
@@ -253,10 +255,11 @@ def reference_variant_grads(q, k, v, dout, causal=False, softmax_scale=None, win
 
 
 def variant_backward_fp64(q, k, v, dout, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                          sinks=None, out=None):
+                          sinks=None, attention_chunk=0, out=None):
     """(dq, dk, dv, dsinks) in float64 from the backward's formulas with the variants, as the kernel computes them (no
-    autograd): S = softcap(scale Q K^T) masked, P = exp(S - lse) with the sink in lse's denominator, dV = P^T dO,
-    dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D) times the softcap's derivative 1 - tanh^2, dQ = scale dS K,
+    autograd): S = softcap(scale Q K^T) masked (variant_mask: window and chunk), P = exp(S - lse) with the sink in
+    lse's denominator, dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D) times the softcap's derivative
+    1 - tanh^2, dQ = scale dS K,
     dK = scale dS^T Q (GQA: dK, dV summed over each KV head's query heads), dsinks[h] = -sum over b, i of
     exp(sinks[h] - lse) D (None without sinks). out: the O that D reads (the kernel reads the forward's O as given);
     None: the float64 output recomputed here."""
@@ -269,7 +272,8 @@ def variant_backward_fp64(q, k, v, dout, causal=False, softmax_scale=None, windo
     raw = (qt @ kt.transpose(-1, -2)) * scale
     tanh = torch.tanh(raw / softcap) if softcap else None
     scores = softcap * tanh if softcap else raw
-    scores = scores.masked_fill(~variant_mask(seqlen_q, seqlen_k, causal, window_size, 0, q.device), -math.inf)
+    scores = scores.masked_fill(~variant_mask(seqlen_q, seqlen_k, causal, window_size, attention_chunk, q.device),
+                                -math.inf)
     if sinks is not None:
         sink = sinks.double().to(q.device)[None, :, None, None].expand(batch, heads_q, seqlen_q, 1)
         lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1, keepdim=True)
@@ -319,9 +323,9 @@ def emulate_on_cpu(monkeypatch):
     kernel's formulas in float64), written into the op's dq, dk, dv. 8-bit calls are emulated by the float64 reference
     of the dequantized inputs (precision="fp8": of the inputs quantized per (batch, KV head) by quantize_fp8, as
     the library does); the emulated library has 8-bit kernels for head dims 128 and 256. Calls with attention variants
-    (window, softcap, sinks, chunk) are emulated by reference_variants in float64, their backward (0.6: window, softcap,
-    sinks, and dsinks when asked for) by variant_backward_fp64, whose D reads the out the op passes (as the kernel
-    does)."""
+    (window, softcap, sinks, chunk) are emulated by reference_variants in float64, their backward (window, softcap,
+    sinks, chunk, and dsinks when asked for) by variant_backward_fp64, whose D reads the out the op passes (as the
+    kernel does)."""
     from flashcore import _lib, _ops
 
     class _CompiledCaps:
@@ -368,10 +372,9 @@ def emulate_on_cpu(monkeypatch):
             assert dsinks is None, "dsinks without sinks"
             grads = backward_fp64(q, k, v, dout, causal, softmax_scale)
         else:
-            assert variants.attention_chunk == 0, "attention_chunk reached the backward"
             grads = variant_backward_fp64(q, k, v, dout, causal, softmax_scale,
                                           (variants.window_size_left, variants.window_size_right), variants.softcap,
-                                          variants.sinks, out=out)
+                                          variants.sinks, variants.attention_chunk, out=out)
             if dsinks is not None:
                 dsinks.copy_(grads[3])
         for got, want in zip((dq, dk, dv), grads[:3]):

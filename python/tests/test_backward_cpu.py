@@ -514,6 +514,9 @@ def _seen_forward():
 
 VARIANT_PARAM_CASES = [  # (flashcore.attention keyword arguments, (local, left, right), softcap)
     (dict(causal=True, window_size=(4095, 0)), (1, 4095, 0), 0.0),
+    (dict(causal=True, attention_chunk=8192), (0, 0, 0), 0.0),  # Llama 4's chunked layers
+    (dict(attention_chunk=3), (0, 0, 0), 0.0),
+    (dict(causal=True, window_size=(127, 0), softcap=30.0, attention_chunk=100), (1, 127, 0), 30.0),
     (dict(window_size=(3, -1)), (1, 3, -1), 0.0),
     (dict(window_size=(-1, 5)), (1, -1, 5), 0.0),
     (dict(window_size=(0, 0)), (1, 0, 0), 0.0),
@@ -524,11 +527,13 @@ VARIANT_PARAM_CASES = [  # (flashcore.attention keyword arguments, (local, left,
 
 
 @pytest.mark.parametrize("kwargs, window, softcap", VARIANT_PARAM_CASES,
-                         ids=["causal4095", "left3", "right5", "diag", "softcap-window", "softcap", "causal-right"])
+                         ids=["causal4095", "chunk8192", "chunk3-full", "chunk-window-softcap", "left3", "right5",
+                              "diag", "softcap-window", "softcap", "causal-right"])
 @pytest.mark.parametrize("sinks_grad", [None, False, True], ids=["no-sinks", "sinks", "sinks-grad"])
 def test_variant_backward_params(stub_ops, kwargs, window, softcap, sinks_grad):
-    """window, softcap and sinks of the forward reach flashcore_attention_backward as the forward got them; dsinks is a
-    4-byte aligned pointer when the sinks require grad, NULL otherwise; the sinks get a float32 (Hq,) gradient."""
+    """window, softcap, sinks and attention_chunk of the forward reach flashcore_attention_backward as the forward got
+    them; dsinks is a 4-byte aligned pointer when the sinks require grad, NULL otherwise; the sinks get a float32 (Hq,)
+    gradient."""
     q, k, v = _qkv(2, 17, 33, 8, 2, 64)
     sinks = None
     if sinks_grad is not None:
@@ -540,7 +545,8 @@ def test_variant_backward_params(stub_ops, kwargs, window, softcap, sinks_grad):
     assert (seen.local, seen.window_size_left, seen.window_size_right) == window
     assert (forward.local, forward.window_size_left, forward.window_size_right) == window
     assert seen.softcap == softcap == forward.softcap
-    assert seen.attention_chunk == 0 and seen.reserved4 == 0
+    assert seen.attention_chunk == kwargs.get("attention_chunk", 0) == forward.attention_chunk
+    assert seen.reserved4 == 0
     assert seen.causal == int(kwargs.get("causal", False))
     assert seen.sinks == (None if sinks is None else sinks.data_ptr()) == forward.sinks
     assert seen.lse == forward.lse and seen.lse is not None  # the forward's LSE, written with the same variants
@@ -579,17 +585,20 @@ def test_variant_backward_params_of_sdpa_and_bf16_sinks(stub_ops):
     assert sinks.grad.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("chunk", [0, 4])
 @pytest.mark.parametrize("sinks_grad", [False, True])
-def test_varlen_variant_backward_params(stub_ops, sinks_grad):
-    """Packed batches: the variants, cu_seqlens and dsinks reach the backward."""
+def test_varlen_variant_backward_params(stub_ops, sinks_grad, chunk):
+    """Packed batches: the variants (attention_chunk among them), cu_seqlens and dsinks reach the backward."""
     q, k, v = (t[0] for t in _qkv(1, 12, 12, 4, 2, 64))  # (total, H, D)
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     sinks = torch.zeros(4, requires_grad=sinks_grad)
     out = flashcore.varlen_attention(q, k, v, cu, cu, 7, 7, causal=True, window_size=(3, 0), softcap=10.0,
-                                     sinks=sinks)
+                                     sinks=sinks, attention_chunk=chunk)
+    assert _seen_forward().attention_chunk == chunk
     out.backward(torch.ones_like(out))
     seen = _seen_backward()
     assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap) == (1, 3, 0, 10.0)
+    assert seen.attention_chunk == chunk
     assert seen.sinks == sinks.data_ptr() and seen.cu_seqlens_q == cu.data_ptr() == seen.cu_seqlens_k
     assert (seen.total_q, seen.seqlen_q, seen.batch) == (12, 7, 2)
     assert (seen.dsinks is not None) == sinks_grad
@@ -610,7 +619,7 @@ def test_variant_lse_grads_call(stub_ops, monkeypatch):
     q, k, v = _qkv(1, 9, 9, 4, 2, 64)
     sinks = torch.zeros(4, requires_grad=True)
     out, lse = flashcore.attention(q, k, v, causal=True, softcap=5.0, window_size=(2, 0), sinks=sinks,
-                                   return_lse=True)
+                                   attention_chunk=4, return_lse=True)
     # The stub wrote nothing: a finite lse of our own (through .data, which autograd's version check does not see).
     lse.data.copy_(torch.linspace(0.5, 1.5, lse.numel()).reshape(lse.shape))
     g = torch.randn(lse.shape)
@@ -619,6 +628,7 @@ def test_variant_lse_grads_call(stub_ops, monkeypatch):
     (_, _, _, _, first), (dout2, v2, out2, lse2, second) = calls
     assert first["dsinks"] is not None and second.get("dsinks") is None
     assert second["variants"].softcap == 5.0 and second["variants"].window_size_left == 2
+    assert first["variants"].attention_chunk == second["variants"].attention_chunk == 4
     assert torch.all(out2 == 0)
     assert torch.all(v2[..., 0] == 1) and torch.all(v2[..., 1:] == 0)
     assert torch.all(dout2[..., 1:] == 0)
@@ -634,6 +644,7 @@ def stub_v5_path(c_compiler, header_text, tmp_path):
 
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(causal=True, window_size=(15, 0)), r"window_size=\(15, 0\)"),
+    (dict(causal=True, attention_chunk=64), "attention_chunk=64"),
     (dict(softcap=30.0), "softcap=30.0"),
     (dict(sinks=True), r"sinks \(and their gradient, dsinks\)"),
 ])
@@ -674,8 +685,9 @@ def test_backward_params_with_variants(use_library, stub_library):
     dq, dk, dv = (_ops._grad_like(t) for t in (q, k, v))
     sinks, dsinks = torch.zeros(8), torch.empty(8)
     params = _ops.backward_params(lib, dout, q, k, v, out, lse, dq, dk, dv, False, 0.0, False,
-                                  variants=_ops.Variants(5, 2, 12.0, sinks), dsinks=dsinks)
+                                  variants=_ops.Variants(5, 2, 12.0, sinks, 64), dsinks=dsinks)
     assert (params.local, params.window_size_left, params.window_size_right, params.softcap) == (1, 5, 2, 12.0)
+    assert params.attention_chunk == 64
     assert (params.sinks, params.dsinks) == (sinks.data_ptr(), dsinks.data_ptr())
     with pytest.raises(ValueError, match="contiguous float32 dsinks"):
         _ops.backward_params(lib, dout, q, k, v, out, lse, dq, dk, dv, False, 0.0, False,

@@ -1,8 +1,8 @@
 """bench/variants.py's pure-Python parts without a GPU: the exact count of visible (i, j) pairs (against the tests'
-reference mask), the cells, the interleaved timing loop (with a stand-in for torch.cuda), the markdown table and the
-argument checks, the --backward cells, FLOPs and report; and bench/flashcore_ctypes.py's variant arguments and
-backward struct size through the stub library (a 0.6 one, a 0.5 one and a 0.4 one), with the backward params of the
-variant cells (variants.flashcore_backward_params)."""
+reference mask; chunks included), the cells (the chunk cells too), the interleaved timing loop (with a stand-in for
+torch.cuda), the markdown table and the argument checks, the --backward cells, FLOPs and report, FA3's not-applicable
+cells; and bench/flashcore_ctypes.py's variant arguments and backward struct size through the stub library (a 0.6 one,
+a 0.5 one and a 0.4 one), with the backward params of the variant cells (variants.flashcore_backward_params)."""
 
 import ctypes
 import sys
@@ -20,6 +20,7 @@ import variants  # noqa: E402
 @pytest.mark.parametrize("causal, window, chunk", [
     (True, (-1, -1), 0), (False, (-1, -1), 0), (True, (3, 0), 0), (True, (0, 7), 0), (False, (2, 5), 0),
     (False, (-1, 4), 0), (True, (-1, -1), 8), (False, (10, 10), 6), (True, (5, 0), 16),
+    (True, (-1, -1), 1), (False, (-1, -1), 1), (False, (-1, -1), 3), (True, (-1, -1), 100), (True, (2, 0), 5),
 ])
 def test_visible_pairs_count_the_reference_mask(sq, sk, causal, window, chunk):
     pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -36,6 +37,13 @@ def test_visible_pairs_closed_forms():
     # A causal window of left + 1 keys: a triangle for the first rows, then left + 1 keys per row.
     assert variants.visible_pairs(S, S, True, (left, 0)) == (left + 1) * (left + 2) // 2 + (S - 1 - left) * (left + 1)
     assert variants.visible_pairs(S, S, True, (S, 0)) == variants.visible_pairs(S, S, True)
+    # Causal chunks of c keys (c divides S): S / c causal triangles of c (c + 1) / 2 pairs.
+    for S, c in variants.CHUNK_CELLS:
+        assert variants.visible_pairs(S, S, True, (-1, -1), c) == (S // c) * c * (c + 1) // 2
+    # A chunk that does not divide S: the last chunk is a partial triangle.
+    assert variants.visible_pairs(10, 10, True, (-1, -1), 4) == 10 + 10 + 3
+    assert variants.visible_pairs(S, S, True, (-1, -1), S) == variants.visible_pairs(S, S, True)
+    assert variants.visible_pairs(S, S, True, (-1, -1), 1) == S
 
 
 def test_cells():
@@ -50,6 +58,22 @@ def test_cells():
     assert sinks[1]["base"] == {"window_size": (127, 0)}
     assert variants.make_cells(["softcap"], [8192], 32768, 4096, 30.0)[0]["name"] == "softcap 30"
     assert variants.fa3_lacks({"sinks": True}) and variants.fa3_lacks({"softcap": 50.0}) is None
+    # Llama 4's chunked layers: chunk 2048 at 8k, 8192 at 16k and 32k, causal, against FlashCore's causal call.
+    chunks = [c for c in cells if c["group"] == "chunk"]
+    assert [(c["name"], c["S"], c["B"], c["variant"], c["base"], c["base_name"]) for c in chunks] == [
+        ("chunk 2048", 8192, 4, {"attention_chunk": 2048}, {}, "causal"),
+        ("chunk 8192", 16384, 2, {"attention_chunk": 8192}, {}, "causal"),
+        ("chunk 8192", 32768, 1, {"attention_chunk": 8192}, {}, "causal"),
+    ]
+    assert variants.flops_of(chunks[2], chunks[2]["variant"], 32, 128) == 4.0 * 1 * 32 * 128 * 4 * 8192 * 8193 // 2
+    assert variants.fa3_lacks(chunks[0]["variant"]) is None  # FA3's forward takes attention_chunk
+    assert "backward does not take attention_chunk" in variants.fa3_lacks(chunks[0]["variant"], backward=True)
+    assert variants.fa3_lacks({"softcap": 50.0}, backward=True) is None
+    refused = variants.fa3_refusal(chunks[0]["variant"], RuntimeError("attention_chunk must be a power of 2"))
+    assert refused == {"error": "FA3 refused attention_chunk=2048: RuntimeError: attention_chunk must be a power of 2",
+                       "not_applicable": True, "tflops": None}
+    assert variants.fa3_refusal({"softcap": 50.0}, RuntimeError("boom")) == {"error": "RuntimeError: boom",
+                                                                             "tflops": None}
     # FLOPs: 4 * B * Hq * D * the pairs of the call's own mask.
     cell = windows[0]
     assert variants.flops_of(cell, cell["variant"], 32, 128) == \
@@ -57,10 +81,11 @@ def test_cells():
     assert variants.flops_of(cell, cell["base"], 32, 128) == 4.0 * 4 * 32 * 128 * 8192 * 8193 // 2
 
 
-@pytest.mark.parametrize("left, cap, with_sinks", [(7, 0.0, True), (-1, 0.7, False), (20, 1.5, True)])
-def test_flexattention_side_matches_the_reference(left, cap, with_sinks):
-    """The FlexAttention calls the bench makes (window mask_mod, softcap score_mod, sinks folded in from its LSE),
-    run eagerly on the CPU, against the float64 reference of the variants."""
+@pytest.mark.parametrize("left, cap, with_sinks, chunk", [(7, 0.0, True, 0), (-1, 0.7, False, 0), (20, 1.5, True, 0),
+                                                         (-1, 0.0, False, 16), (-1, 0.0, False, 20), (5, 0.7, True, 9)])
+def test_flexattention_side_matches_the_reference(left, cap, with_sinks, chunk):
+    """The FlexAttention calls the bench makes (window and chunk mask_mod, softcap score_mod, sinks folded in from its
+    LSE), run eagerly on the CPU, against the float64 reference of the variants."""
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     flex = pytest.importorskip("torch.nn.attention.flex_attention", reason="no FlexAttention in this torch")
     from reference import reference_variants
@@ -69,7 +94,7 @@ def test_flexattention_side_matches_the_reference(left, cap, with_sinks):
     q = torch.randn(2, 4, 64, 16, generator=gen)
     k, v = (torch.randn(2, 2, 64, 16, generator=gen) for _ in range(2))
     sinks = torch.randn(4, generator=gen) * 2
-    block_mask = flex.create_block_mask(variants.window_mask_mod(left), None, None, 64, 64, device="cpu",
+    block_mask = flex.create_block_mask(variants.window_mask_mod(left, chunk), None, None, 64, 64, device="cpu",
                                         BLOCK_SIZE=16)
     score_mod = variants.softcap_score_mod(torch, cap) if cap else None
     out, lse = flex.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True,
@@ -77,7 +102,7 @@ def test_flexattention_side_matches_the_reference(left, cap, with_sinks):
     if with_sinks:
         out = variants.fold_sinks(torch, out, lse, sinks)
     want, _ = reference_variants(*(t.transpose(1, 2) for t in (q, k, v)), True, None, (left, 0), cap,
-                                 sinks if with_sinks else None)
+                                 sinks if with_sinks else None, chunk)
     torch.testing.assert_close(out.transpose(1, 2).double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -153,11 +178,20 @@ def test_table_and_markdown():
             "head_dim": 128, "tokens": 32768, "method": "-"}
     text = variants.markdown(meta, [c, sinks])
     assert "window: geometric means of FlashCore's TFLOPS over its baseline's 0.60, over FlexAttention's 2.00" in text
-    assert "no attention sinks" not in text  # not applicable is not an error
+    assert "errors" not in text  # not applicable is not an error
+    assert "\nn/a: FA3: FA3 (this build) has no attention sinks (sinks S=8192)\n" in text  # but its reason is given
+    chunk = _cell("chunk 8192", 32768, (380.0, 500.0, 200.0, None), (0.7, 2.0, 1.3, None), group="chunk")
+    chunk["systems"]["fa3"] = variants.fa3_refusal({"attention_chunk": 8192}, RuntimeError("no chunk here"))
+    assert "| chunk 8192 | 32768 | 1 | 380 | 500 (causal) | 200 | n/a | 2.86x | 0.76 | 1.90 | — | — |" in \
+        variants.table([chunk])
+    text = variants.markdown(meta, [chunk])
+    assert "n/a: FA3: FA3 refused attention_chunk=8192: RuntimeError: no chunk here (chunk 8192 S=32768)" in text
+    assert "chunk: geometric means of FlashCore's TFLOPS over its baseline's 0.76, over FlexAttention's 1.90" in text
 
 
 def test_main_rejects_bad_arguments():
-    for argv in (["--systems", "flashcore,fa4"], ["--groups", "alibi"], ["--seqlens", "8k"], ["--iters", "0"],
+    for argv in (["--systems", "flashcore,fa4"], ["--groups", "alibi"], ["--groups", "chunks"], ["--seqlens", "8k"],
+                 ["--iters", "0"],
                  ["--heads-q", "30", "--heads-kv", "8"], ["--softcap", "0"], ["--backward", "--seqlens", "8k"],
                  ["--backward", "--groups", "window,alibi"]):
         with pytest.raises(SystemExit):
@@ -211,6 +245,7 @@ def test_main_without_a_gpu_parses_backward_arguments(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert variants.main(["--backward"]) == 3
     assert variants.main(["--backward", "--groups", "window,softcap,sinks", "--seqlens", "8192"]) == 3
+    assert variants.main(["--groups", "chunk"]) == 3 and variants.main(["--backward", "--groups", "chunk"]) == 3
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -228,6 +263,9 @@ def test_flashcore_ctypes_variants(stub_library):
     sinks = torch.zeros(4)
     params = fc.params_for(q, k, k, torch.empty_like(q), causal=True, window_size=(7, 0), softcap=50.0, sinks=sinks)
     assert (params.local, params.window_size_left, params.softcap, params.sinks) == (1, 7, 50.0, sinks.data_ptr())
+    assert params.attention_chunk == 0
+    params = fc.params_for(q, k, k, torch.empty_like(q), causal=True, attention_chunk=8192)
+    assert (params.local, params.attention_chunk, params.causal) == (0, 8192, 1)
     with pytest.raises(ValueError, match="sinks must be a contiguous float32"):
         fc.params_for(q, k, k, torch.empty_like(q), sinks=sinks.double())
     assert fc.has_backward()
@@ -253,7 +291,9 @@ def test_flashcore_backward_params_with_variants(stub_library):
     assert (params.sinks, params.dsinks, params.dq) == (sinks.data_ptr(), dsinks.data_ptr(), grads[0].data_ptr())
     assert params.workspace_size == fc.backward_workspace_size(params) and keep == []  # the stub's size: no new one
     plain, _ = variants.flashcore_backward_params(fc, q, k, k, o, lse, dout, grads, True)
-    assert (plain.local, plain.softcap, plain.sinks, plain.dsinks) == (0, 0.0, None, None)
+    assert (plain.local, plain.softcap, plain.sinks, plain.dsinks, plain.attention_chunk) == (0, 0.0, None, None, 0)
+    chunked, _ = variants.flashcore_backward_params(fc, q, k, k, o, lse, dout, grads, True, attention_chunk=8192)
+    assert (chunked.local, chunked.attention_chunk, chunked.causal) == (0, 8192, 1)
 
 
 def test_flashcore_backward_params_with_a_05_library(c_compiler, header_text, tmp_path):
@@ -274,6 +314,8 @@ def test_flashcore_backward_params_with_a_05_library(c_compiler, header_text, tm
         variants.flashcore_backward_params(*args, (4095, 0), 0.0)
     with pytest.raises(RuntimeError, match="backward with softcap, sinks needs a 0.6 library"):
         variants.flashcore_backward_params(*args, (-1, -1), 50.0, torch.zeros(4), torch.empty(4))
+    with pytest.raises(RuntimeError, match="backward with attention_chunk needs a 0.6 library"):
+        variants.flashcore_backward_params(*args, attention_chunk=8192)
     params, _ = variants.flashcore_backward_params(*args)
     assert params.local == 0 and params.struct_size == _lib.ATTENTION_PARAMS_V5_SIZE
 

@@ -1,7 +1,7 @@
-"""The backward of the attention variants on the GPU (C ABI 0.6: flashcore_attention_backward with a window, softcap and
-sinks, and dsinks): gradients of q, k, v and sinks through flashcore.attention, sdpa and varlen_attention (and through
-lse), against float64 autograd of the definitions (reference.reference_variant_grads, itself checked against the
-kernel's formulas and the definitions in test_variants_cpu.py).
+"""The backward of the attention variants on the GPU (C ABI 0.6: flashcore_attention_backward with a window, softcap,
+sinks and attention_chunk, and dsinks): gradients of q, k, v and sinks through flashcore.attention, sdpa and
+varlen_attention (and through lse), against float64 autograd of the definitions (reference.reference_variant_grads,
+itself checked against the kernel's formulas and the definitions in test_variants_cpu.py).
 
 Error rule (the project's, as test_backward_gpu.py applies it to gradients): per gradient (dq, dk, dv, dsinks),
 max |FlashCore - reference| <= 2 * max |baseline - reference| + atol, atol = ATOL[dtype] * max(1, max |reference|).
@@ -10,7 +10,8 @@ flash kernel's backward rounds (as test_variants_gpu.py's forward baseline): sco
 the 16-bit inputs; O = P V with P rounded to the input dtype, stored in it; D = rowsum(dO * O) in float32 from those
 16-bit values; dV = P^T dO with P rounded; dS = P (dP - D) (times the softcap's derivative) rounded to the input dtype
 before dQ = dS K and dK = dS^T Q; float32 sums. Needs torch, a CUDA GPU and a libflashcore.so of 0.6 or newer (skips
-otherwise, naming the reason)."""
+otherwise, naming the reason); the attention_chunk cases a library with chunked attention
+(test_variants_gpu.need_chunks: they skip, quoting it, where the library refuses the field as reserved)."""
 
 import itertools
 import math
@@ -23,6 +24,7 @@ import flashcore  # noqa: E402
 from flashcore import _lib  # noqa: E402
 from reference import reference_variant_grads, variant_mask  # noqa: E402
 from test_backward_gpu import ATOL, _need, caps  # noqa: E402,F401  (fixtures; cuda: conftest.py)
+from test_variants_gpu import need_chunks  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def _sinks(device, hq, seed=1, scale=2.0):
     return torch.randn(hq, device=device, generator=gen) * scale
 
 
-def baseline_grads(q, k, v, dout, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None):
+def baseline_grads(q, k, v, dout, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None,
+                   attention_chunk=0):
     """(dq, dk, dv in the inputs' dtype, dsinks float32 or None): the backward at the inputs' precision, rounded as a
     flash kernel rounds it (module docstring). Whole score matrices: for the moderate shapes of these tests."""
     dtype = q.dtype
@@ -60,7 +63,7 @@ def baseline_grads(q, k, v, dout, causal=False, softmax_scale=None, window_size=
     raw = (qt @ kt.transpose(-1, -2)) * scale
     tanh = torch.tanh(raw / softcap) if softcap else None
     scores = softcap * tanh if softcap else raw
-    scores = scores.masked_fill(~variant_mask(sq, sk, causal, window_size, 0, q.device), -math.inf)
+    scores = scores.masked_fill(~variant_mask(sq, sk, causal, window_size, attention_chunk, q.device), -math.inf)
     row_max = scores.amax(dim=-1, keepdim=True) if sk else torch.full_like(scores[..., :1], -math.inf)
     sink = None
     if sinks is not None:
@@ -101,12 +104,13 @@ def run_attention(q, k, v, dout, sinks=None, deterministic=False, **kwargs):
 
 
 def check_grads(q, k, v, dout, grads, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                sinks=None, check_dsinks=True):
+                sinks=None, attention_chunk=0, check_dsinks=True):
     """grads (dq, dk, dv, dsinks) against the float64 reference, with the error rule of the module docstring.
     check_dsinks=False: dsinks (grads[3]) is not checked (a packed batch's, checked summed over its sequences)."""
-    want = reference_variant_grads(q, k, v, dout, causal, softmax_scale, window_size, softcap, sinks)
-    base = baseline_grads(q, k, v, dout, causal, softmax_scale, window_size, softcap, sinks)
-    label = f"causal={causal} window={window_size} softcap={softcap} sinks={sinks is not None}"
+    want = reference_variant_grads(q, k, v, dout, causal, softmax_scale, window_size, softcap, sinks, attention_chunk)
+    base = baseline_grads(q, k, v, dout, causal, softmax_scale, window_size, softcap, sinks, attention_chunk)
+    label = (f"causal={causal} window={window_size} softcap={softcap} sinks={sinks is not None} "
+             f"attention_chunk={attention_chunk}")
     for name, got, ref, low, like in zip(("dq", "dk", "dv", "dsinks"), grads, want, base, (q, k, v, sinks)):
         if ref is None or (name == "dsinks" and not check_dsinks):
             assert ref is not None or got is None, f"{name}: a gradient without sinks"
@@ -136,9 +140,17 @@ CASES = [  # flashcore keyword arguments ("sinks": drawn on the device); "q_scal
     dict(causal=True, sinks=True),
     dict(causal=True, window_size=(40, 0), sinks=True),
     dict(window_size=(20, 3), softcap=30.0, sinks=True, q_scale=4.0),
+    dict(causal=True, attention_chunk=1),
+    dict(causal=True, attention_chunk=16),
+    dict(causal=True, attention_chunk=50),  # not a multiple of any tile
+    dict(causal=True, attention_chunk=1000),  # larger than the sequences
+    dict(attention_chunk=37),
+    dict(causal=True, window_size=(20, 0), attention_chunk=48),
+    dict(window_size=(20, 3), softcap=30.0, sinks=True, q_scale=4.0, attention_chunk=40),
 ]
 CASE_IDS = ["diag", "left3", "right5", "w20-7", "c3", "c50", "softcap30", "c40-softcap30", "right5-softcap5",
-            "sinks", "c-sinks", "c40-sinks", "all"]
+            "sinks", "c-sinks", "c40-sinks", "all", "c-chunk1", "c-chunk16", "c-chunk50", "c-chunk1000", "chunk37",
+            "c20-chunk48", "all-chunk40"]
 SEQLENS = [(17, 17), (113, 113), (17, 113), (113, 17)]
 
 
@@ -156,6 +168,7 @@ def _split(case, device, hq):
 def test_grads_match_reference(vbcaps, cuda, dtype, head_dim, seqlens, case):
     """GQA (8 query heads, 2 KV heads), batch 2: dq, dk, dv (and dsinks) of every case."""
     _need(vbcaps, dtype, head_dim)
+    need_chunks(vbcaps, cuda, case)
     kwargs, q_scale, sinks = _split(case, cuda, 8)
     q, k, v, dout = _inputs(cuda, dtype, 2, *seqlens, 8, 2, head_dim, q_scale=q_scale)
     grads = run_attention(q, k, v, dout, sinks, **kwargs)
@@ -173,11 +186,16 @@ def test_head_ratios(vbcaps, cuda, causal, heads):
 
 
 @pytest.mark.parametrize("case", [dict(causal=True, window_size=(255, 0)), dict(causal=True, softcap=30.0, q_scale=3.0),
-                                  dict(causal=True, window_size=(127, 0), sinks=True)],
-                         ids=["window255", "softcap30", "window127-sinks"])
+                                  dict(causal=True, window_size=(127, 0), sinks=True),
+                                  dict(causal=True, attention_chunk=512), dict(causal=True, attention_chunk=700),
+                                  dict(causal=True, attention_chunk=300, window_size=(127, 0), sinks=True)],
+                         ids=["window255", "softcap30", "window127-sinks", "chunk512", "chunk700",
+                              "chunk300-window127-sinks"])
 def test_long_sequence(vbcaps, cuda, case):
-    """S = 2048, 16 query / 2 KV heads, d128 bf16: many key blocks outside the window (skipped by the kernel)."""
+    """S = 2048, 16 query / 2 KV heads, d128 bf16: many key blocks outside the window or the chunk (skipped by the
+    kernel)."""
     _need(vbcaps, torch.bfloat16, 128)
+    need_chunks(vbcaps, cuda, case)
     kwargs, q_scale, sinks = _split(case, cuda, 16)
     q, k, v, dout = _inputs(cuda, torch.bfloat16, 1, 2048, 2048, 16, 2, 128, seed=3, q_scale=q_scale)
     check_grads(q, k, v, dout, run_attention(q, k, v, dout, sinks, **kwargs), sinks=sinks, **kwargs)
@@ -195,6 +213,19 @@ def test_custom_scale_and_rows_without_keys(vbcaps, cuda):
     assert torch.all(grads[0][:, :24] == 0)  # query i sees key j iff i - 24 - 5 <= j <= i - 24
 
 
+def test_chunk_rows_without_keys(vbcaps, cuda):
+    """Sq > Sk without causal, attention_chunk 8: rows whose diagonal i + Sk - Sq is negative lie in chunk -1 and see
+    no key (out 0, lse = sink); they pass no gradient to q, nor to the sinks; the others as the reference."""
+    _need(vbcaps, torch.bfloat16, 64)
+    need_chunks(vbcaps, cuda)
+    q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, 40, 16, 4, 2, 64, seed=11)
+    sinks = _sinks(cuda, 4)
+    kwargs = dict(attention_chunk=8, softmax_scale=0.3)
+    grads = run_attention(q, k, v, dout, sinks, **kwargs)
+    check_grads(q, k, v, dout, grads, sinks=sinks, **kwargs)
+    assert torch.all(grads[0][:, :24] == 0)
+
+
 def test_sinks_alone_require_grad(vbcaps, cuda):
     """Sinks that require grad (a model's parameter, bf16), q, k, v that do not: the sinks' gradient, in bf16."""
     _need(vbcaps, torch.bfloat16, 128)
@@ -210,14 +241,16 @@ def test_sinks_alone_require_grad(vbcaps, cuda):
     assert err <= 2 * base_err + ATOL[torch.bfloat16] * max(1.0, want.abs().max().item())
 
 
+@pytest.mark.parametrize("chunk", [0, 200], ids=["window", "window-chunk"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_deterministic_is_bit_identical(vbcaps, cuda, dtype):
-    """deterministic=True with a window, softcap and sinks: dq (and dk, dv, dsinks, which always are) bit-identical over
-    runs, a larger call in between; many query blocks per key block and a GQA group of 8."""
+def test_deterministic_is_bit_identical(vbcaps, cuda, dtype, chunk):
+    """deterministic=True with a window, softcap and sinks (and attention_chunk): dq (and dk, dv, dsinks, which always
+    are) bit-identical over runs, a larger call in between; many query blocks per key block and a GQA group of 8."""
     _need(vbcaps, dtype, 128)
+    need_chunks(vbcaps, cuda, dict(attention_chunk=chunk))
     q, k, v, dout = _inputs(cuda, dtype, 2, 1024, 1024, 16, 2, 128, seed=6, q_scale=3.0)
     sinks = _sinks(cuda, 16)
-    kwargs = dict(causal=True, window_size=(300, 0), softcap=30.0)
+    kwargs = dict(causal=True, window_size=(300, 0), softcap=30.0, attention_chunk=chunk)
     first = run_attention(q, k, v, dout, sinks, deterministic=True, **kwargs)
     check_grads(q, k, v, dout, first, sinks=sinks, **kwargs)
     for _ in range(2):
@@ -244,12 +277,14 @@ def test_sdpa_front_end(vbcaps, cuda):
 
 @pytest.mark.parametrize("case", [dict(causal=True, window_size=(40, 0)), dict(softcap=5.0, window_size=(30, 30),
                                                                               q_scale=3.0),
-                                  dict(causal=True, window_size=(40, 0), sinks=True)],
-                         ids=["window", "softcap-window", "window-sinks"])
+                                  dict(causal=True, window_size=(40, 0), sinks=True),
+                                  dict(causal=True, attention_chunk=64, sinks=True)],
+                         ids=["window", "softcap-window", "window-sinks", "chunk-sinks"])
 def test_grads_through_lse(vbcaps, cuda, case):
     """A loss on out and lse with variants: the gradient through lse (one more backward call with v = e_0,
     dO = g e_0, O = 0; the sinks' share added on the host) matches float64 autograd."""
     _need(vbcaps, torch.bfloat16, 64)
+    need_chunks(vbcaps, cuda, case)
     kwargs, q_scale, sinks = _split(case, cuda, 8)
     q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, 100, 150, 8, 2, 64, seed=8, q_scale=q_scale)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -257,8 +292,9 @@ def test_grads_through_lse(vbcaps, cuda, case):
     out, lse = flashcore.attention(*leaves, sinks=sink_leaf, return_lse=True, **kwargs)
     dlse = torch.randn_like(lse)
     torch.autograd.backward([out, lse], [dout, dlse])
-    want = reference_variant_grads(q, k, v, dout, kwargs.get("causal", False), None, kwargs.get("window_size"),
-                                   kwargs.get("softcap", 0.0), sinks, dlse=dlse)
+    want = reference_variant_grads(q, k, v, dout, kwargs.get("causal", False), None,
+                                   kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0), sinks,
+                                   kwargs.get("attention_chunk", 0), dlse=dlse)
     got = (*(t.grad for t in leaves), None if sink_leaf is None else sink_leaf.grad)
     for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
         if w is None:
@@ -268,13 +304,16 @@ def test_grads_through_lse(vbcaps, cuda, case):
 
 
 @pytest.mark.parametrize("case", [dict(causal=True, window_size=(20, 0)), dict(window_size=(10, 10), softcap=30.0),
-                                  dict(causal=True, window_size=(50, 0), sinks=True)],
-                         ids=["window", "softcap-window", "window-sinks"])
+                                  dict(causal=True, window_size=(50, 0), sinks=True),
+                                  dict(causal=True, attention_chunk=48),
+                                  dict(attention_chunk=100, softcap=30.0, sinks=True)],
+                         ids=["window", "softcap-window", "window-sinks", "c-chunk48", "chunk100-softcap-sinks"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_varlen(vbcaps, cuda, head_dim, case):
     """Packed sequences (sm90 backend) with the variants: each sequence's gradients pass the rule against its own
-    reference and baseline; the sinks' gradient is their sum over the sequences."""
+    reference and baseline (the chunks aligned per sequence); the sinks' gradient is their sum over the sequences."""
     _need(vbcaps, torch.bfloat16, head_dim)
+    need_chunks(vbcaps, cuda, case)
     if vbcaps.device_backend != "sm90":
         pytest.skip(f"packed batches have no backward on the {vbcaps.device_backend} backend")
     kwargs, _, sinks = _split(case, cuda, 4)
@@ -303,7 +342,8 @@ def test_varlen(vbcaps, cuda, head_dim, case):
                     **kwargs)
         if sinks is not None:
             args = (one(q, qs), one(k, ks), one(v, ks), one(dout, qs), kwargs.get("causal", False), None,
-                    kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0), sinks)
+                    kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0), sinks,
+                    kwargs.get("attention_chunk", 0))
             want_sinks = want_sinks + reference_variant_grads(*args)[3]
             base_sinks = base_sinks + baseline_grads(*args)[3]
     if sinks is not None:
@@ -312,16 +352,18 @@ def test_varlen(vbcaps, cuda, head_dim, case):
         assert err <= 2 * base_err + ATOL[torch.bfloat16] * max(1.0, want_sinks.abs().max().item())
 
 
+@pytest.mark.parametrize("chunk", [0, 48], ids=["window", "window-chunk"])
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_torch_compile_fullgraph_backward(vbcaps, cuda, dynamic):
-    """torch.compile(fullgraph=True) of a loss through flashcore.attention with a window, softcap and sinks: the
-    gradients, the sinks' included, equal eager's bit for bit (deterministic=True)."""
+def test_torch_compile_fullgraph_backward(vbcaps, cuda, dynamic, chunk):
+    """torch.compile(fullgraph=True) of a loss through flashcore.attention with a window, softcap and sinks (and
+    attention_chunk): the gradients, the sinks' included, equal eager's bit for bit (deterministic=True)."""
     _need(vbcaps, torch.bfloat16, 128)
+    need_chunks(vbcaps, cuda, dict(attention_chunk=chunk))
     torch._dynamo.reset()
 
     def loss(q, k, v, sinks, weight):
         out = flashcore.attention(q, k, v, causal=True, window_size=(31, 0), softcap=30.0, sinks=sinks,
-                                  deterministic=True)
+                                  deterministic=True, attention_chunk=chunk)
         return (out.float() * weight).sum()
 
     compiled = torch.compile(loss, fullgraph=True, dynamic=dynamic)
@@ -337,15 +379,17 @@ def test_torch_compile_fullgraph_backward(vbcaps, cuda, dynamic):
             torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
-def test_cuda_graph_forward_and_backward(vbcaps, cuda):
+@pytest.mark.parametrize("chunk", [0, 100], ids=["window", "window-chunk"])
+def test_cuda_graph_forward_and_backward(vbcaps, cuda, chunk):
     """Forward and backward with sinks that require grad captured in one CUDA graph, replayed with new contents: the
     same gradients as eager calls, bit for bit (deterministic=True)."""
     _need(vbcaps, torch.bfloat16, 128)
+    need_chunks(vbcaps, cuda, dict(attention_chunk=chunk))
     q, k, v, dout = (t.clone() for t in _inputs(cuda, torch.bfloat16, 2, 200, 300, 8, 4, 128))
     sinks = _sinks(cuda, 8)
     for t in (q, k, v, sinks):
         t.requires_grad_()
-    kwargs = dict(causal=True, window_size=(63, 0), softcap=30.0, deterministic=True)
+    kwargs = dict(causal=True, window_size=(63, 0), softcap=30.0, deterministic=True, attention_chunk=chunk)
 
     def step():
         flashcore.attention(q, k, v, sinks=sinks, **kwargs).backward(dout)

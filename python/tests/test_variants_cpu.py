@@ -3,7 +3,8 @@ float64 reference against a loop-by-loop reading of the definitions, the front e
 argument), the C params the ops fill (through the host-only stub library, and a 0.4-sized one that refuses them), the
 custom ops with the kernel emulated on the CPU by the float64 reference (results, LSE with sinks, rows without keys,
 fake tensors, opcheck, torch.compile), and (since 0.6) the variants' backward: gradients of q, k, v and sinks through
-attention / sdpa / varlen_attention (and through lse) with the kernel's formulas emulated, against float64 autograd.
+attention / sdpa / varlen_attention (and through lse) with the kernel's formulas emulated, against float64 autograd;
+attention_chunk in both passes (the op arguments, the backward ops' and the emulated kernels').
 
 The kernels themselves run in test_variants_gpu.py."""
 
@@ -59,6 +60,7 @@ def _sees_by_definition(i, j, sq, sk, causal, window, chunk):
 @pytest.mark.parametrize("causal, window, chunk", [
     (False, (-1, -1), 0), (True, (-1, -1), 0), (False, (2, 1), 0), (True, (3, -1), 0), (False, (-1, 0), 0),
     (False, (0, -1), 0), (True, (-1, -1), 4), (False, (-1, -1), 3), (True, (2, 0), 4), (False, (1, 2), 5),
+    (False, (-1, -1), 1), (True, (-1, -1), 1), (False, (-1, -1), 20), (True, (-1, -1), 20), (False, (3, -1), 2),
 ])
 def test_mask_follows_the_definition(sq, sk, causal, window, chunk):
     got = variant_mask(sq, sk, causal, window, chunk)
@@ -148,19 +150,53 @@ def test_bad_variant_arguments(emulated, entry, kwargs, exc, match):
         _call(entry, q, k, v, **kwargs)
 
 
-@pytest.mark.parametrize("entry", ["attention", "varlen_attention", "attention_with_kvcache"])
-def test_attention_chunk_is_refused_naming_it(emulated, entry):
-    # The C ABI reserves attention_chunk; this version has no kernel path for it: every front end refuses it up front.
+@pytest.mark.parametrize("entry", ["attention", "varlen", "kvcache"])
+@pytest.mark.parametrize("kind", ["int", "numpy"])
+def test_attention_chunk_reaches_the_launch(emulated, monkeypatch, entry, kind):
+    """Each front end passes attention_chunk on to the launch as a plain int (FA3's name and meaning; a numpy integer
+    too); 0 launches the plain call."""
+    chunk = 64 if kind == "int" else pytest.importorskip("numpy", reason="numpy is not installed").int32(5)
+    launched = []
+    for name in ("_launch", "_launch_varlen"):
+        real = getattr(_ops, name)
+        monkeypatch.setattr(_ops, name,
+                            lambda *a, real=real, **kw: launched.append(kw.get("variants")) or real(*a, **kw))
     q, k, v = _qkv()
-    with pytest.raises(NotImplementedError, match="attention_chunk=64"):
-        if entry == "attention":
-            flashcore.attention(q, k, v, causal=True, attention_chunk=64)
-        elif entry == "varlen_attention":
-            cu = torch.tensor([0, q.shape[1]], dtype=torch.int32)
-            flashcore.varlen_attention(q[0], k[0], v[0], cu, cu, q.shape[1], q.shape[1], causal=True,
-                                       attention_chunk=64)
-        else:
-            flashcore.attention_with_kvcache(q, k, v, causal=True, attention_chunk=64)
+    _call(entry, q, k, v, causal=True, attention_chunk=chunk)
+    assert launched[-1].attention_chunk == int(chunk) and type(launched[-1].attention_chunk) is int
+    assert _ops.variant_names(launched[-1], True) == [f"attention_chunk={int(chunk)}"]
+    _call(entry, q, k, v, causal=True, attention_chunk=0)
+    assert launched[-1] is None
+
+
+@pytest.mark.parametrize("op", ["attention_fwd", "attention_kvcache_fwd", "varlen_attention_fwd",
+                                "attention_variants_bwd", "varlen_attention_variants_bwd"])
+def test_ops_check_attention_chunk(op):
+    """The custom ops check attention_chunk as the front ends do (they can be called directly), on fake tensors."""
+    with FakeTensorMode():
+        q = torch.empty(2, 17, 8, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 33, 2, 64, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 8, 17, device="cuda")
+        cu = torch.tensor([0, 17, 34], dtype=torch.int32, device="cuda")
+        qp, kp = q.flatten(0, 1), k.flatten(0, 1)
+        lens = torch.full((2,), 33, dtype=torch.int32, device="cuda")
+        calls = {
+            "attention_fwd": lambda **kw: torch.ops.flashcore.attention_fwd(q, k, k, True, 0.0, True, **kw),
+            "attention_kvcache_fwd": lambda **kw: torch.ops.flashcore.attention_kvcache_fwd(q, k, k, lens, True, 0.0,
+                                                                                            True, **kw),
+            "varlen_attention_fwd": lambda **kw: torch.ops.flashcore.varlen_attention_fwd(
+                qp, kp, kp, cu, torch.tensor([0, 33, 66], dtype=torch.int32, device="cuda"), None, 17, 33, True, 0.0,
+                True, **kw),
+            "attention_variants_bwd": lambda **kw: torch.ops.flashcore.attention_variants_bwd(q, q, k, k, q, lse, True,
+                                                                                              0.0, **kw),
+            "varlen_attention_variants_bwd": lambda **kw: torch.ops.flashcore.varlen_attention_variants_bwd(
+                qp, qp, kp, kp, qp, lse.new_empty(8, 34), cu, torch.tensor([0, 33, 66], dtype=torch.int32,
+                                                                           device="cuda"), 17, 33, True, 0.0, **kw),
+        }
+        got = calls[op](attention_chunk=8192)
+        assert got[0].shape == (q if "varlen" not in op else qp).shape
+        with pytest.raises(ValueError, match="^FlashCore: attention_chunk must be 0 \\(none\\) or a positive int"):
+            calls[op](attention_chunk=-1)
 
 
 def test_sdpa_has_no_attention_chunk():
@@ -216,8 +252,8 @@ def test_kernel_params_carry_the_variants(use_library, stub_library):
     lib.forward(params, 0)
     seen = _lib.AttentionParamsStruct()
     lib._cdll.stub_last_params(ctypes.byref(seen))
-    assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks) == (
-        1, 7, 3, 30.0, sinks.data_ptr())
+    assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks,
+            seen.attention_chunk) == (1, 7, 3, 30.0, sinks.data_ptr(), 1024)
     plain = _ops.kernel_params(lib, q, k, v, out, lse, True, 0.0)
     assert (plain.local, plain.softcap, plain.sinks, plain.attention_chunk) == (0, 0.0, None, 0)
     with pytest.raises(ValueError, match="contiguous float32 sinks"):
@@ -268,8 +304,13 @@ VARIANT_CASES = [
     dict(causal=True, softcap=0.5),
     dict(causal=False, sinks="sinks"),
     dict(causal=True, window_size=(4, 0), softcap=1.5, sinks="sinks"),
+    dict(causal=True, attention_chunk=8),
+    dict(causal=False, attention_chunk=5),
+    dict(causal=False, attention_chunk=1),
+    dict(causal=True, window_size=(6, 0), softcap=1.5, sinks="sinks", attention_chunk=7),
 ]
-CASE_IDS = ["causal-window", "window", "right-only", "softcap", "sinks", "all"]
+CASE_IDS = ["causal-window", "window", "right-only", "softcap", "sinks", "all", "causal-chunk8", "chunk5", "chunk1",
+            "all-chunk7"]
 
 
 def _case(case, hq=4, dtype=torch.float32):
@@ -327,6 +368,43 @@ def test_emulated_sdpa_kvcache_varlen(emulated, case):
     torch.testing.assert_close(lse, want_lse.float(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sq, sk", [(24, 24), (10, 30), (30, 10), (1, 50)])
+def test_chunk_larger_than_the_sequence(emulated, sq, sk):
+    """A chunk that holds every key and the last query's diagonal (Sk - 1 < c) restricts nothing where Sq <= Sk: the
+    call equals the one without it. With Sq > Sk, the rows whose diagonal i + Sk - Sq is negative lie in chunk -1 and
+    see no key (out 0, lse -inf)."""
+    q, k, v = _qkv(sq=sq, sk=sk)
+    for causal in (False, True):
+        out, lse = flashcore.attention(q, k, v, causal=causal, attention_chunk=sk + 7, return_lse=True)
+        plain, plain_lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
+        # (The emulation runs the plain call in float32 and the chunked one in float64: equal within rounding.)
+        blind = max(0, sq - sk)  # rows 0 .. sq - sk - 1
+        assert torch.all(out[:, :blind] == 0) and torch.all(lse[:, :, :blind] == -math.inf)
+        torch.testing.assert_close(out[:, blind:].float(), plain[:, blind:].float(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse[:, :, blind:], plain_lse[:, :, blind:], atol=1e-5, rtol=1e-5)
+
+
+def test_kvcache_decode_chunk(emulated):
+    """A decoding step (Sq = 1) with attention_chunk c: the keys of the last key's chunk in each sequence's own length
+    (Llama 4's chunked layers), nothing before it; likewise a 3-token step appended to the cache."""
+    q, k, v = _qkv(sq=1, sk=40)
+    lengths = torch.tensor([40, 23], dtype=torch.int32)
+    got = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=lengths, attention_chunk=16, causal=True)
+    for b, n in enumerate(lengths.tolist()):
+        start = (n - 1) // 16 * 16  # 32 and 16
+        alone, _ = reference_variants(q[b:b + 1], k[b:b + 1, start:n], v[b:b + 1, start:n], False, None)
+        torch.testing.assert_close(got[b:b + 1].float(), alone.float(), atol=1e-2, rtol=1e-2)
+    q3, k_new, v_new = _qkv(sq=3, sk=3, seed=5)
+    cache_k, cache_v = (torch.cat([t, torch.zeros_like(t[:, :8])], dim=1) for t in (k, v))
+    got = flashcore.attention_with_kvcache(q3, cache_k, cache_v, k=k_new, v=v_new, cache_seqlens=lengths,
+                                           attention_chunk=16, causal=True)
+    for b, n in enumerate(lengths.tolist()):  # keys n .. n + 2 are the new ones; query r sits at n + r
+        keys, values = cache_k[b:b + 1, :n + 3], cache_v[b:b + 1, :n + 3]
+        want, _ = reference_variants(q3[b:b + 1], keys, values, True, None, (-1, -1), 0.0, None, 16)
+        torch.testing.assert_close(got[b:b + 1].float(), want.float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(cache_k[0, 40:43], k_new[0])  # (the append itself)
+
+
 def test_kvcache_decode_window(emulated):
     """A decoding step (Sq = 1) with window (N - 1, 0): the last N keys of each sequence's own length."""
     q, k, v = _qkv(sq=1, sk=40)
@@ -369,6 +447,9 @@ def test_gqa_and_mqa(emulated):
         out = flashcore.attention(q, k, v, causal=True, window_size=(6, 0), sinks=sinks, softcap=2.0)
         want, _ = reference_variants(q, k, v, True, None, (6, 0), 2.0, sinks)
         torch.testing.assert_close(out.float(), want.float(), atol=1e-2, rtol=1e-2)
+        out = flashcore.attention(q, k, v, causal=True, attention_chunk=6, sinks=sinks)
+        want, _ = reference_variants(q, k, v, True, None, (-1, -1), 0.0, sinks, 6)
+        torch.testing.assert_close(out.float(), want.float(), atol=1e-2, rtol=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -392,6 +473,12 @@ BACKWARD_CASES = [  # (name, flashcore keyword arguments; "sinks" is drawn by _c
     ("sinks-causal", dict(causal=True, sinks="sinks")),
     ("sinks-window", dict(causal=True, window_size=(5, 0), sinks="sinks")),
     ("all", dict(window_size=(7, 2), softcap=1.5, sinks="sinks")),
+    ("chunk-c8", dict(causal=True, attention_chunk=8)),
+    ("chunk5", dict(attention_chunk=5)),
+    ("chunk1", dict(attention_chunk=1)),
+    ("chunk-c64", dict(causal=True, attention_chunk=64)),  # larger than the sequences
+    ("chunk-c4-window", dict(causal=True, window_size=(5, 0), attention_chunk=4)),
+    ("chunk-all", dict(window_size=(7, 2), softcap=1.5, sinks="sinks", attention_chunk=6)),
 ]
 
 
@@ -407,7 +494,8 @@ def _want(q, k, v, dout, kwargs, scale=None, dlse=None):
     sinks = kwargs.get("sinks")
     return reference_variant_grads(q, k, v, dout, kwargs.get("causal", False), scale,
                                    kwargs.get("window_size", (-1, -1)), kwargs.get("softcap", 0.0),
-                                   None if sinks is None else sinks.detach().float(), dlse=dlse)
+                                   None if sinks is None else sinks.detach().float(),
+                                   kwargs.get("attention_chunk", 0), dlse=dlse)
 
 
 def _check(got, want, names=("dq", "dk", "dv", "dsinks")):
@@ -491,8 +579,9 @@ def test_sinks_that_do_not_require_grad_get_none(emulated, monkeypatch):
 
 @pytest.mark.parametrize("case", [dict(causal=True, window_size=(4, 0)), dict(softcap=1.5, window_size=(5, 3)),
                                   dict(causal=True, sinks="sinks"), dict(window_size=(-1, 4), softcap=2.0,
-                                                                         sinks="sinks")],
-                         ids=["window", "softcap-window", "sinks", "all"])
+                                                                         sinks="sinks"),
+                                  dict(causal=True, attention_chunk=6, sinks="sinks"), dict(attention_chunk=5)],
+                         ids=["window", "softcap-window", "sinks", "all", "chunk-sinks", "chunk"])
 def test_grads_through_lse(emulated, case):
     """A loss on out and lse: the gradient through lse (one more backward call with v = e_0, dO = g e_0, O = 0, and
     the sinks' share of lse added on the host) reaches q, k and the sinks as float64 autograd's; v gets none from
@@ -549,23 +638,25 @@ def test_front_ends_ask_for_lse_when_differentiated(emulated, monkeypatch):
     assert calls == [False, True, False, True]
 
 
-def test_varlen_grads(emulated):
-    """Packed sequences with a window, softcap and sinks (which require grad): each sequence's gradients as float64
-    autograd's; the sinks' gradient summed over the sequences."""
+@pytest.mark.parametrize("chunk", [0, 4], ids=["window", "window-chunk"])
+def test_varlen_grads(emulated, chunk):
+    """Packed sequences with a window, softcap and sinks (which require grad), and attention_chunk: each sequence's
+    gradients as float64 autograd's (the chunks aligned per sequence); the sinks' gradient summed over the
+    sequences."""
     lens_q, lens_k = [5, 9, 1], [7, 12, 4]
     qp, kp, vp, cu_q, cu_k = _packed(lens_q, lens_k)
     qp, kp, vp = (t.requires_grad_() for t in (qp, kp, vp))
     sinks = _sinks().requires_grad_()
     dout = torch.randn(qp.shape, generator=torch.Generator().manual_seed(4)).to(qp.dtype)
     out = flashcore.varlen_attention(qp, kp, vp, cu_q, cu_k, 9, 12, causal=True, window_size=(3, 0), softcap=2.0,
-                                     sinks=sinks)
+                                     sinks=sinks, attention_chunk=chunk)
     out.backward(dout)
     total = torch.zeros(4, dtype=torch.float64)
     for b in range(len(lens_q)):
         qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         one = lambda t, s: t.detach()[s][None]  # noqa: E731
         want = reference_variant_grads(one(qp, qs), one(kp, ks), one(vp, ks), one(dout, qs), True, None, (3, 0), 2.0,
-                                       sinks.detach())
+                                       sinks.detach(), chunk)
         _check((qp.grad[qs][None], kp.grad[ks][None], vp.grad[ks][None]), want[:3])
         total += want[3]
     torch.testing.assert_close(sinks.grad.double(), total, **GRAD_TOL)
@@ -590,12 +681,29 @@ def test_kvcache_backward_still_raises(emulated):
         out.float().sum().backward()
 
 
-def test_chunk_message_names_it():
-    """attention_chunk never reaches autograd (the front ends and ops refuse it first); the formula's message for it
-    names it anyway, and no other variant gets one."""
-    message = _ops.variants_backward_message("attention", _ops.Variants(attention_chunk=64), True)
-    assert "attention_chunk=64" in message and "not supported yet" in message
-    assert _ops.variants_backward_message("attention", _ops.Variants(3, 0, 2.0, torch.zeros(1)), True) is None
+@pytest.mark.parametrize("entry", ["attention", "direct-op", "varlen"])
+def test_backward_gets_the_forward_chunk(emulated, monkeypatch, entry):
+    """The backward runs with the forward's attention_chunk (the autograd formula keeps it): through the front ends,
+    and through the op called without lse (the backward's recomputed forward takes it too)."""
+    seen = []
+    for name in ("_launch_backward", "_launch_varlen_backward"):
+        real = getattr(_ops, name)
+        monkeypatch.setattr(_ops, name, lambda *a, real=real, **kw: seen.append(kw.get("variants")) or real(*a, **kw))
+    if entry == "varlen":
+        qp, kp, vp, cu_q, cu_k = _packed([5, 9], [7, 12])
+        qp.requires_grad_()
+        out = flashcore.varlen_attention(qp, kp, vp, cu_q, cu_k, 9, 12, causal=True, attention_chunk=3)
+        out.float().sum().backward()
+    else:
+        q, k, v, dout = _leaves()
+        if entry == "attention":
+            out = flashcore.attention(q, k, v, attention_chunk=3)
+        else:
+            out, lse = _ops.attention_fwd(q, k, v, False, 0.0, False, attention_chunk=3)
+            assert lse.shape == (0,)
+        out.backward(dout)
+        _check((q.grad, k.grad, v.grad), _want(q, k, v, dout, dict(attention_chunk=3))[:3])
+    assert [variants.attention_chunk for variants in seen] == [3]
 
 
 def test_backward_of_a_window_that_is_plain_causal_runs(emulated, monkeypatch):
@@ -614,15 +722,17 @@ def test_backward_of_a_window_that_is_plain_causal_runs(emulated, monkeypatch):
     _check((q.grad, k.grad, v.grad), _want(q, k, v, dout, dict(causal=True))[:3])
 
 
+@pytest.mark.parametrize("chunk", [0, 5], ids=["window", "window-chunk"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compile_fullgraph_backward(emulated, backend):
-    """torch.compile(fullgraph=True) of a loss through flashcore.attention with a window, softcap and sinks, then
-    .backward(): the joint graph traces attention_variants_bwd (fake), and the gradients, the sinks' included, equal
-    eager's."""
+def test_compile_fullgraph_backward(emulated, backend, chunk):
+    """torch.compile(fullgraph=True) of a loss through flashcore.attention with a window, softcap and sinks (and
+    attention_chunk), then .backward(): the joint graph traces attention_variants_bwd (fake), and the gradients, the
+    sinks' included, equal eager's."""
     torch._dynamo.reset()
 
     def loss(q, k, v, sinks, dout):
-        out = flashcore.attention(q, k, v, causal=True, window_size=(4, 0), softcap=2.0, sinks=sinks)
+        out = flashcore.attention(q, k, v, causal=True, window_size=(4, 0), softcap=2.0, sinks=sinks,
+                                  attention_chunk=chunk)
         return (out.float() * dout).sum()
 
     compiled = torch.compile(loss, fullgraph=True, backend=backend)
@@ -641,11 +751,13 @@ def test_variants_backward_ops_fake_and_opcheck(emulated):
     """attention_variants_bwd: schema, fake propagation (dsinks float32 (Hq,) or an empty (0,)), argument checks,
     opcheck; and opcheck of the forward op with sinks that require grad (its autograd formula, AOT dispatch)."""
     args = {a.name: a for a in torch.ops.flashcore.attention_variants_bwd.default._schema.arguments}
-    assert list(args)[-6:] == ["deterministic", "window_size_left", "window_size_right", "softcap", "sinks",
-                               "return_dsinks"]
+    # attention_chunk last: the 0.6 op's arguments keep their positions.
+    assert list(args)[-7:] == ["deterministic", "window_size_left", "window_size_right", "softcap", "sinks",
+                               "return_dsinks", "attention_chunk"]
+    assert (str(args["attention_chunk"].type), args["attention_chunk"].default_value) == ("int", 0)
     assert len(torch.ops.flashcore.attention_variants_bwd.default._schema.returns) == 4
     vargs = [a.name for a in torch.ops.flashcore.varlen_attention_variants_bwd.default._schema.arguments]
-    assert vargs[-6:] == list(args)[-6:]
+    assert vargs[-7:] == list(args)[-7:]
     with FakeTensorMode():
         q = torch.empty(2, 17, 8, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 33, 2, 64, dtype=torch.bfloat16, device="cuda")
@@ -666,9 +778,13 @@ def test_variants_backward_ops_fake_and_opcheck(emulated):
     dout = torch.randn_like(out)
     torch.library.opcheck(torch.ops.flashcore.attention_variants_bwd.default,
                           (dout, q, k, v, out, lse, True, 0.0, False, 5, -1, 2.0, sinks, True))
+    out, lse = _ops.attention_fwd(q, k, v, True, 0.0, True, softcap=2.0, sinks=sinks, attention_chunk=6)
+    torch.library.opcheck(torch.ops.flashcore.attention_variants_bwd.default,
+                          (dout, q, k, v, out, lse, True, 0.0, False, -1, -1, 2.0, sinks, True, 6))
     torch.library.opcheck(torch.ops.flashcore.attention_fwd.default,
                           (q.requires_grad_(), k, v, False, 0.3, True),
-                          dict(window_size_left=3, window_size_right=2, softcap=2.0, sinks=sinks.requires_grad_()),
+                          dict(window_size_left=3, window_size_right=2, softcap=2.0, sinks=sinks.requires_grad_(),
+                               attention_chunk=7),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
 
@@ -678,6 +794,11 @@ def test_variants_backward_ops_fake_and_opcheck(emulated):
 
 
 def test_op_schemas_take_the_variants():
+    for op in ("attention_variants_bwd", "varlen_attention_variants_bwd"):
+        args = {a.name: a for a in getattr(torch.ops.flashcore, op).default._schema.arguments}
+        names = ("window_size_left", "window_size_right", "softcap", "sinks", "attention_chunk")
+        assert [str(args[n].type) for n in names] == ["int", "int", "float", "Optional[Tensor]", "int"], op
+        assert args["attention_chunk"].default_value == 0, op
     for op in ("attention_fwd", "attention_kvcache_fwd", "varlen_attention_fwd"):
         args = {a.name: a for a in getattr(torch.ops.flashcore, op).default._schema.arguments}
         names = ("window_size_left", "window_size_right", "softcap", "sinks", "attention_chunk")
@@ -693,7 +814,7 @@ def test_fake_tensors():
         k = torch.empty(2, 33, 2, 64, dtype=torch.bfloat16, device="cuda")
         sinks = torch.empty(8, device="cuda")
         out, lse = torch.ops.flashcore.attention_fwd(q, k, k, True, 0.0, True, window_size_left=5, softcap=3.0,
-                                                     sinks=sinks)
+                                                     sinks=sinks, attention_chunk=8192)
         assert out.shape == q.shape and lse.shape == (2, 8, 17)
         with pytest.raises(ValueError, match="sinks must have shape"):
             torch.ops.flashcore.attention_fwd(q, k, k, True, 0.0, True, sinks=torch.empty(4, device="cuda"))
@@ -705,20 +826,23 @@ def test_opcheck(emulated):
     q, k, v = _qkv(sq=17, sk=33)
     sinks = _sinks()
     for args in ((q, k, v, True, 0.0, True), (q, k, v, False, 0.3, False)):
-        torch.library.opcheck(torch.ops.flashcore.attention_fwd.default, args,
-                              dict(window_size_left=5, window_size_right=2, softcap=3.0, sinks=sinks),
-                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+        for chunk in (0, 8):
+            torch.library.opcheck(torch.ops.flashcore.attention_fwd.default, args,
+                                  dict(window_size_left=5, window_size_right=2, softcap=3.0, sinks=sinks,
+                                       attention_chunk=chunk),
+                                  test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
+@pytest.mark.parametrize("chunk", [0, 8], ids=["window", "window-chunk"])
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_compile_fullgraph(emulated, backend):
+def test_compile_fullgraph(emulated, backend, chunk):
     torch._dynamo.reset()
     q, k, v = _qkv(sq=17, sk=17)
     sinks = _sinks()
 
     def fn(q, k, v, sinks):
         out, lse = flashcore.attention(q, k, v, causal=True, window_size=(4, 0), softcap=2.0, sinks=sinks,
-                                       return_lse=True)
+                                       return_lse=True, attention_chunk=chunk)
         return out * 2, lse
 
     compiled = torch.compile(fn, fullgraph=True, backend=backend)

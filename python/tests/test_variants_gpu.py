@@ -1,17 +1,20 @@
 """The attention variants on the GPU (C ABI 0.5, issue #72): sliding windows, softcap, attention sinks and chunked
-attention, alone and together, against the float64 reference (reference.reference_variants, itself checked against the
-definitions in test_variants_cpu.py), through flashcore.attention, sdpa, varlen_attention and attention_with_kvcache
-(dense and paged caches, decoding with split-KV), GQA / MQA, Sq != Sk, rows that see no key, torch.compile and CUDA
-graphs.
+attention (attention_chunk, Llama 4), alone and together, against the float64 reference (reference.reference_variants,
+itself checked against the definitions in test_variants_cpu.py), through flashcore.attention, sdpa, varlen_attention and
+attention_with_kvcache (dense and paged caches, decoding with split-KV), GQA / MQA, Sq != Sk, rows that see no key,
+torch.compile and CUDA graphs.
 
 Error rule (the project's): err(flashcore) <= 2 * err(baseline) + atol, both against the float64 reference, where the
 baseline is the same attention computed by PyTorch at the inputs' precision the way a flash kernel rounds (scores and
 softmax in float32 from the 16-bit inputs, P rounded to the input dtype before P V, accumulated in float32): SDPA cannot
 take softcap or sinks, so it cannot be the baseline here. LSE within 2e-3 absolute / 1e-3 relative.
 
-Needs torch, a CUDA GPU and a libflashcore.so of 0.5 or newer (skips otherwise, naming the reason)."""
+Needs torch, a CUDA GPU and a libflashcore.so of 0.5 or newer (skips otherwise, naming the reason); the chunk cases a
+library with chunked attention (one whose kernels predate it refuses attention_chunk with the reserved field's message:
+those cases skip quoting it; any other refusal fails them)."""
 
 import math
+from typing import Optional
 
 import pytest
 
@@ -34,6 +37,40 @@ def vcaps(caps):
     if not lib.has_variants():
         pytest.skip(f"{lib.path} ({lib.version_string()}) predates the attention variants (0.5 needed)")
     return caps
+
+
+# A library whose kernels predate chunked attention (the C ABI reserved attention_chunk from 0.5 on) refuses it with
+# this message (ValueError, naming the field).
+CHUNK_RESERVED = "chunked attention is not in this version yet"
+_CHUNK_PROBE: dict = {}
+
+
+def chunk_refusal(caps, device) -> Optional[str]:
+    """None when the loaded library runs attention_chunk, else the refusal of a library that predates chunked attention
+    (asked once, with one small call). Any other error of that call is raised: it fails the test that asked."""
+    if "refusal" not in _CHUNK_PROBE:
+        dtype = torch.bfloat16 if "bfloat16" in caps.dtypes else torch.float16
+        head_dim = 128 if 128 in caps.head_dims else caps.head_dims[0]
+        q, k, v = _inputs(device, dtype, 1, 130, 130, 2, 1, head_dim)
+        try:
+            flashcore.attention(q, k, v, causal=True, attention_chunk=64)
+            torch.cuda.synchronize()
+            _CHUNK_PROBE["refusal"] = None
+        except ValueError as exc:
+            if CHUNK_RESERVED not in str(exc):
+                raise
+            _CHUNK_PROBE["refusal"] = str(exc)
+    return _CHUNK_PROBE["refusal"]
+
+
+def need_chunks(caps, device, kwargs=None) -> None:
+    """Skip (quoting the library) when the case sets attention_chunk (kwargs None: it does) and the library predates
+    chunked attention."""
+    if kwargs is not None and not kwargs.get("attention_chunk"):
+        return
+    reason = chunk_refusal(caps, device)
+    if reason is not None:
+        pytest.skip(f"the loaded library predates chunked attention: {reason}")
 
 
 def _inputs(device, dtype, batch, sq, sk, hq, hkv, d, seed=0):
@@ -120,12 +157,67 @@ def test_windows(vcaps, cuda, dtype, head_dim, sq, sk, window):
     check(q, k, v, out, lse, **window)
 
 
-def test_chunks_are_refused(vcaps, cuda):
-    # attention_chunk is reserved by the C ABI and refused by this version (no kernel path yet), naming it.
+CHUNKS = [
+    dict(causal=True, attention_chunk=1),
+    dict(causal=True, attention_chunk=64),
+    dict(causal=True, attention_chunk=100),  # not a multiple of any tile
+    dict(causal=True, attention_chunk=128),
+    dict(causal=True, attention_chunk=200),
+    dict(causal=True, attention_chunk=8192),  # larger than every sequence here
+    dict(causal=False, attention_chunk=77),
+    dict(causal=False, attention_chunk=256),
+    dict(causal=True, window_size=(50, 0), attention_chunk=128),  # the window inside the chunk, and across its start
+    dict(causal=False, window_size=(100, 30), attention_chunk=96),
+]
+CHUNK_IDS = ["c-chunk1", "c-chunk64", "c-chunk100", "c-chunk128", "c-chunk200", "c-chunk8192", "chunk77", "chunk256",
+             "c50-chunk128", "w100-30-chunk96"]
+
+
+@pytest.mark.parametrize("chunk", CHUNKS, ids=CHUNK_IDS)
+@pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (300, 300), (1000, 1000), (100, 777), (777, 100)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_chunks(vcaps, cuda, dtype, head_dim, sq, sk, chunk):
+    """Chunked attention (FlashAttention-3's attention_chunk) alone, under causal and with a window, GQA 4: Sq > Sk puts
+    the first rows' diagonal below 0 (chunk -1: no key, out 0, lse -inf)."""
+    _need(vcaps, dtype, head_dim)
+    need_chunks(vcaps, cuda)
+    q, k, v = _inputs(cuda, dtype, 2, sq, sk, 8, 2, head_dim, seed=2)
+    out, lse = flashcore.attention(q, k, v, return_lse=True, **chunk)
+    check(q, k, v, out, lse, **chunk)
+
+
+@pytest.mark.parametrize("heads", [(8, 8), (32, 8), (8, 1)], ids=["mha", "gqa4", "mqa"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_chunks_with_every_variant(vcaps, cuda, dtype, heads):
+    """attention_chunk with causal, a window, softcap, sinks and a softmax scale together, Sq != Sk."""
+    _need(vcaps, dtype, 128)
+    need_chunks(vcaps, cuda)
+    q, k, v = _inputs(cuda, dtype, 2, 1500, 1700, *heads, 128, seed=14)
+    variants = dict(causal=True, window_size=(255, 0), softcap=4.0, sinks=_sinks(cuda, heads[0]), softmax_scale=0.2,
+                    attention_chunk=300)
+    out, lse = flashcore.attention(q, k, v, return_lse=True, **variants)
+    check(q, k, v, out, lse, **variants)
+
+
+def test_llama4_chunked_sequence(vcaps, cuda):
+    """Llama 4's chunked layers: causal, attention_chunk=8192 on a 16k sequence (GQA 4). The rows of the second chunk
+    see only its keys: they are causal attention of the second chunk alone (FlashCore's plain call on the slices,
+    another kernel path, so not bit for bit), as the first chunk's rows are of the first; the last rows against
+    float64."""
     _need(vcaps, torch.bfloat16, 128)
-    q, k, v = _inputs(cuda, torch.bfloat16, 2, 300, 300, 8, 2, 128, seed=2)
-    with pytest.raises(NotImplementedError, match="attention_chunk=64"):
-        flashcore.attention(q, k, v, causal=True, attention_chunk=64)
+    need_chunks(vcaps, cuda)
+    q, k, v = _inputs(cuda, torch.bfloat16, 1, 16384, 16384, 8, 2, 128, seed=15)
+    out, lse = flashcore.attention(q, k, v, causal=True, attention_chunk=8192, return_lse=True)
+    for part in (slice(0, 8192), slice(8192, 16384)):
+        alone = flashcore.attention(q[:, part], k[:, part], v[:, part], causal=True)
+        torch.testing.assert_close(out[:, part].float(), alone.float(), atol=2e-2, rtol=2e-2)
+    rows = slice(16384 - 500, 16384)
+    ref_out, ref_lse = reference_variants(q[:, rows], k, v, True, None, (-1, -1), 0.0, None, 8192)
+    err = (out[:, rows].double() - ref_out).abs().max().item()
+    base = (baseline(q[:, rows], k, v, True, None, attention_chunk=8192).double() - ref_out).abs().max().item()
+    assert err <= 2 * base + ATOL[torch.bfloat16]
+    torch.testing.assert_close(lse[:, :, rows].double(), ref_lse, atol=LSE_ATOL, rtol=LSE_RTOL)
 
 
 @pytest.mark.parametrize("softcap", [1.0, 5.0, 30.0])
@@ -226,8 +318,11 @@ VARLEN_CASES = [
     dict(causal=False, window_size=(40, 20), softcap=3.0),
     dict(causal=True, sinks=True),
     dict(causal=True, window_size=(100, 0), softcap=5.0, sinks=True),
+    dict(causal=True, attention_chunk=100),
+    dict(causal=False, attention_chunk=64),
+    dict(causal=True, window_size=(40, 0), softcap=3.0, sinks=True, attention_chunk=160),
 ]
-VARLEN_IDS = ["window", "window-softcap", "sinks", "all"]
+VARLEN_IDS = ["window", "window-softcap", "sinks", "all", "c-chunk100", "chunk64", "all-chunk160"]
 
 
 @pytest.mark.parametrize("case", VARLEN_CASES, ids=VARLEN_IDS)
@@ -235,6 +330,7 @@ VARLEN_IDS = ["window", "window-softcap", "sinks", "all"]
                          ids=["self", "cross"])
 def test_varlen(vcaps, cuda, case, lengths):
     _need(vcaps, torch.bfloat16, 128)
+    need_chunks(vcaps, cuda, case)
     lens_q, lens_k = lengths[0], lengths[1] or lengths[0]
     gen = torch.Generator(device=cuda).manual_seed(10)
     q = torch.randn(sum(lens_q), 8, 128, device=cuda, dtype=torch.bfloat16, generator=gen)
@@ -257,6 +353,7 @@ def test_kvcache(vcaps, cuda, case, seqlen_q, paged):
     """Decode (Sq = 1: split-KV on the sm90 backend) and chunked prefill against a cache with NaN past each length:
     the window and chunks align to each sequence's own last key."""
     _need(vcaps, torch.bfloat16, 128)
+    need_chunks(vcaps, cuda, case)
     lengths = [1, 4000, 63, 700, 2048] if seqlen_q == 1 else [16, 333, 2048]
     q, k, v = _inputs(cuda, torch.bfloat16, len(lengths), seqlen_q, 4096, 16, 4, 128, seed=11)
     for b, n in enumerate(lengths):
@@ -289,14 +386,17 @@ def test_kvcache_append_with_window(vcaps, cuda):
 # torch.compile, CUDA graphs, autograd.
 
 
-def test_compile_and_cuda_graph(vcaps, cuda):
+@pytest.mark.parametrize("chunk", [0, 300], ids=["window", "window-chunk"])
+def test_compile_and_cuda_graph(vcaps, cuda, chunk):
     """torch.compile fullgraph, and a captured graph replayed with new inputs and new sinks (read at each replay)."""
     _need(vcaps, torch.bfloat16, 128)
+    need_chunks(vcaps, cuda, dict(attention_chunk=chunk))
     q, k, v = _inputs(cuda, torch.bfloat16, 2, 1024, 1024, 8, 2, 128, seed=13)
     sinks = _sinks(cuda, 8)
 
     def fn(q, k, v, sinks):
-        return flashcore.attention(q, k, v, causal=True, window_size=(127, 0), softcap=5.0, sinks=sinks)
+        return flashcore.attention(q, k, v, causal=True, window_size=(127, 0), softcap=5.0, sinks=sinks,
+                                   attention_chunk=chunk)
 
     eager = fn(q, k, v, sinks)
     torch._dynamo.reset()
@@ -317,10 +417,3 @@ def test_compile_and_cuda_graph(vcaps, cuda):
     graph.replay()
     torch.testing.assert_close(captured, fn(*new), atol=0, rtol=0)
 
-
-def test_backward_raises(vcaps, cuda):
-    _need(vcaps, torch.bfloat16, 128)
-    q, k, v = (t.requires_grad_() for t in _inputs(cuda, torch.bfloat16, 1, 128, 128, 4, 4, 128))
-    out = flashcore.attention(q, k, v, causal=True, window_size=(31, 0))
-    with pytest.raises(NotImplementedError, match=r"window_size=\(31, 0\)"):
-        out.float().sum().backward()

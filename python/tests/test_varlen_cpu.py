@@ -144,6 +144,7 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
         window = (-1, -1) if variants is None else (variants.window_size_left, variants.window_size_right)
         cap = 0.0 if variants is None else variants.softcap
         sinks = None if variants is None else variants.sinks
+        chunk = 0 if variants is None else variants.attention_chunk
         cq, ck = cu_q.tolist(), cu_k.tolist()
         total = torch.zeros(q.shape[1], dtype=torch.float64)
         for b in range(len(cq) - 1):
@@ -152,7 +153,8 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
                 continue
             one = lambda t, s: t[s][None]  # noqa: E731
             gq, gk, gv, gs = variant_backward_fp64(one(q, qs), one(k, ks), one(v, ks), one(dout, qs), causal,
-                                                   softmax_scale or None, window, cap, sinks, out=one(out, qs))
+                                                   softmax_scale or None, window, cap, sinks, chunk,
+                                                   out=one(out, qs))
             dq[qs], dk[ks], dv[ks] = gq[0].to(dq.dtype), gk[0].to(dk.dtype), gv[0].to(dv.dtype)
             if gs is not None:
                 total += gs

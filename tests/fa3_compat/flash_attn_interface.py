@@ -187,7 +187,9 @@ def _window(window_size) -> Tuple[int, int]:
 
 def _variants(fn, entry: str, q, causal: bool, window_size, softcap, attention_chunk) -> dict:
     """The variant keyword arguments for FlashCore (only those set), after checking that the front end takes them and
-    that the library runs them (a probe of the same entry, dtype, head dim and causal)."""
+    that the library runs them (a probe of the same entry, dtype, head dim and causal). FA3's window_size, softcap and
+    attention_chunk are FlashCore's arguments of the same names and meanings (attention_chunk: query i sees key j iff
+    j // c == (i + Sk - Sq) // c, FA3's construct_chunk_mask), passed as ints."""
     window = _window(window_size)
     kwargs = {}
     if window != (-1, -1):

@@ -322,6 +322,32 @@ def test_dense_options_are_passed(lib):
     assert lse.shape == (2, 4, 8)
 
 
+def test_attention_chunk_is_passed_on(lib):
+    """FA3's attention_chunk reaches each FlashCore front end as its attention_chunk (an int), after a probe of the same
+    kind of call; alone or with a window and softcap."""
+    q, kc, vc, lens, _ = cache()
+    qp, kp, vp, cu_q, cu_k = packed()
+    shim.flash_attn_func(*qkv(), causal=True, attention_chunk=17)
+    shim.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, 7, 6, causal=True, attention_chunk=torch.tensor(5).item())
+    shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, window_size=(9, 0), softcap=15.0,
+                                 attention_chunk=8192)
+    assert [(name, kwargs.get("attention_chunk")) for name, _, kwargs in lib.calls] == [
+        ("attention", 17), ("varlen_attention", 5), ("attention_with_kvcache", 8192)]
+    assert all(type(kwargs["attention_chunk"]) is int for _, _, kwargs in lib.calls)
+    assert lib.calls[2][2]["window_size"] == (9, 0) and lib.calls[2][2]["softcap"] == 15.0
+    probed = [key for key in lib.probed if key[1] == "attention_chunk"]
+    assert [key[0] for key in probed] == ["attention", "varlen_attention", "attention_with_kvcache"]
+
+
+def test_attention_chunk_backward_is_flashcores(lib):
+    """A chunked call whose inputs require grad, with a library whose backward takes the chunk (its probe passes): the
+    result keeps FlashCore's own graph, and the backward probe was asked with attention_chunk."""
+    q, k, v = qkv(requires_grad=True)
+    out = shim.flash_attn_func(q, k, v, causal=True, attention_chunk=4)
+    assert "SkipOnBackward" not in type(out.grad_fn).__name__
+    assert ("backward", "attention", BF16, 64, True, ("attention_chunk",), False, False) in lib.probed
+
+
 def test_dense_no_window_passes_none(lib):
     shim.flash_attn_func(*qkv(), window_size=[-1, -1], softcap=0.0, attention_chunk=0)
     (_, _, kwargs), = lib.calls
@@ -548,7 +574,8 @@ def _pytest(args, env_extra, tmp_path, prelude=""):
 @needs_fa3
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the collection-only behaviour of a machine without GPU")
 def test_fa3_module_collects_and_nothing_passes_without_a_gpu(tmp_path):
-    flags = dict(FLASH_ATTENTION_DISABLE_LOCAL="TRUE", FLASH_ATTENTION_DISABLE_SPLIT="TRUE",
+    # tools/run_fa3_tests.sh's flags: FA3's local tests (window_size, attention_chunk) on, its split and PackGQA off.
+    flags = dict(FLASH_ATTENTION_DISABLE_LOCAL="FALSE", FLASH_ATTENTION_DISABLE_SPLIT="TRUE",
                  FLASH_ATTENTION_DISABLE_PACKGQA="TRUE")
     run = _pytest(["--collect-only", "-k", KEYWORD], dict(flags, FLASHCORE_FA3_SAMPLE="16"), tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -566,7 +593,7 @@ def test_fa3_module_collects_and_nothing_passes_without_a_gpu(tmp_path):
     run = _pytest(["-k", "test_flash_attn_output", "-rs"], dict(flags, FLASHCORE_FA3_SELECT=select), tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     t = json.loads((tmp_path / "summary.txt.json").read_text())["tests"]["test_flash_attn_output"]
-    assert t["ran"] == t["skipped"] == 2 and t["passed"] == 0  # causal False / True
+    assert t["ran"] == t["skipped"] == 4 and t["passed"] == 0  # causal False / True x local False / True
     assert list(t["skips"]) == [plugin.NO_CUDA_REASON]
 
 
