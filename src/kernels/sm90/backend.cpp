@@ -153,9 +153,14 @@ bool takes_variants(const KernelRow& r, const flashcore_attention_params& p) {
          (r.causal && smem_plan(r.shape, static_cast<int>(r.head_dim), 2, 2, 2).consumer_warpgroups < 3);
 }
 
+core::WorkspaceLayout row_workspace(const KernelRow& row, const flashcore_attention_params& p, int sms,
+                                   bool v_in_kernel);
+
 // A call with a variant (a window, chunks, softcap or sinks) runs on its key's variants row (configs.txt "variants"), or on
-// the kernel_config it names if that row takes them; nullptr and the reason otherwise.
-const KernelRow* variant_row(const flashcore_attention_params& p, std::string& error) {
+// the kernel_config it names if that row takes them; nullptr and the reason otherwise. A dynamic variants row serves
+// the calls whose workspace holds its counter and whose layout it takes (no paged K/V; packed batches only with 192
+// rows: smem_plan.h), a one-CTA or static one the others (docs/decisions.md#variant-rows).
+const KernelRow* variant_row(const flashcore_attention_params& p, uint64_t capacity, int sms, std::string& error) {
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   if (p.kernel_config != nullptr) {
     const KernelRow* named =
@@ -170,9 +175,20 @@ const KernelRow* variant_row(const flashcore_attention_params& p, std::string& e
             "configs do); name one of those or none";
     return nullptr;
   }
+  const bool packed = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr;
+  const KernelRow* fallback = nullptr;
   for (const KernelRow* r : kRows) {
-    if (same_key(*r, p) && takes_variants(*r, p)) return r;
+    if (!same_key(*r, p) || !takes_variants(*r, p)) continue;
+    if (r->shape.schedule != Schedule::kDynamicPersistent) {
+      if (fallback == nullptr) fallback = r;
+      continue;
+    }
+    if ((p.block_table == nullptr || takes_paged(r->shape)) && (!packed || takes_packed(r->shape)) &&
+        row_workspace(*r, p, sms, false).bytes <= capacity) {
+      return r;
+    }
   }
+  if (fallback != nullptr) return fallback;
   error = std::string("no sm90 kernel with the attention variants (window, attention_chunk, softcap, sinks) is compiled for ") +
           dtype_name(p.dtype) + " head_dim = " + std::to_string(p.head_dim) +
           (core::masked_call(p) ? " causal" : " non-causal");
@@ -297,7 +313,7 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
   const int hd = static_cast<int>(p.head_dim);
   const bool causal = core::masked_call(p);
   // The attention variants run on the variants rows only (no split, packed or tuned row takes them).
-  if (core::has_variant(p)) return variant_row(p, error);
+  if (core::has_variant(p)) return variant_row(p, capacity, plan.sms, error);
   const KernelRow* row = nullptr;
   // Decode (one block of at most 64 query rows, a long key range): the split-KV row, when the call gives a
   // workspace for its partials. Tuning tables time whole-tile configs and come after it.

@@ -114,9 +114,9 @@ inline bool parse_config_row(const std::string& line, ConfigRow& row, std::strin
       c != "variants" && c != "-") {
     return fail("choice must be default, default(seqlen_k<=N), packed, packed-only, dispatch, plain, variants or -");
   }
-  if (c == "variants" && r.shape.schedule != Schedule::kOneTilePerCta &&
-      r.shape.schedule != Schedule::kStaticPersistent) {
-    return fail("a variants row is one-CTA or static (it takes every layout without a workspace)");
+  if (c == "variants" && r.shape.schedule == Schedule::kSplitKv) {
+    return fail("a variants row is one-CTA, static or dynamic (a dynamic one serves the dense calls that give a "
+                "workspace; a one-CTA or static row of its key the others)");
   }
   if ((c == "packed" || c == "packed-only") && r.shape.schedule == Schedule::kSplitKv) {
     return fail("a packed (varlen) choice cannot be a split row");
