@@ -579,7 +579,8 @@ std::string variant_error(const Case& c) {
   return "";
 }
 
-// The mask of the case (causal and the variants) as the reference states it, for the rows that must see no key.
+}  // namespace
+
 flashcore_attention_params mask_of(const Case& c) {
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
@@ -587,8 +588,6 @@ flashcore_attention_params mask_of(const Case& c) {
   set_variants(c, p, nullptr);
   return p;
 }
-
-}  // namespace
 
 std::vector<int64_t> checked_rows(const Case& c, uint64_t seed) {
   const int64_t Sq = c.seqlen_q, Sk = c.seqlen_k;

@@ -70,6 +70,9 @@ struct Case {
 bool is_serving(const Case& c);
 // True when the case sets a variant field (local, softcap, sinks, attention_chunk).
 bool has_variant(const Case& c);
+// The case's mask (causal, the window, attention_chunk; softcap too, no sinks) in otherwise default params, as
+// reference::visible_key_range reads it: the keys each row sees.
+flashcore_attention_params mask_of(const Case& c);
 
 // The list. `quick` = a small subset for sanitizers/smoke runs (every dtype x head dim x causal, small
 // shapes). The full list covers the GPU-suite requirements of issue #3.

@@ -315,12 +315,7 @@ double reference_macs(const Case& c) {
   // key: the figure stays what it was for the cases without a variant).
   double pairs = static_cast<double>(c.seqlen_q) * static_cast<double>(c.seqlen_k);
   if (c.local || c.attention_chunk != 0) {
-    flashcore_attention_params p;
-    flashcore_attention_params_init(&p);
-    p.causal = c.causal ? 1 : 0;
-    p.local = c.local ? 1 : 0;
-    p.window_size_left = c.window_left, p.window_size_right = c.window_right;
-    p.attention_chunk = c.attention_chunk;
+    const flashcore_attention_params p = mask_of(c);
     pairs = 0;
     for (int64_t i = 0; i < c.seqlen_q; ++i) {
       const ref::KeyRange r = ref::visible_key_range(p, c.seqlen_q, c.seqlen_k, i);

@@ -32,12 +32,7 @@ bool fully_masked_rows(const check::Case& c) { return c.causal && c.seqlen_q > c
 
 // Query rows of the case that see no key under its mask (causal and the window), as the reference states it.
 int64_t rows_without_keys(const check::Case& c) {
-  flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  p.causal = c.causal ? 1 : 0;
-  p.local = c.local ? 1 : 0;
-  p.window_size_left = c.window_left, p.window_size_right = c.window_right;
-  p.attention_chunk = c.attention_chunk;
+  const flashcore_attention_params p = check::mask_of(c);
   int64_t n = 0;
   for (int64_t i = 0; i < c.seqlen_q; ++i) n += flashcore::reference::visible_key_range(p, c.seqlen_q, c.seqlen_k, i).empty();
   return n;
@@ -57,6 +52,40 @@ std::vector<std::string> filtered(const std::vector<check::Case>& list, const st
       kept.push_back(c.name);
   return kept;
 }
+
+// A case's backward call on host buffers (the argument checks touch no device memory): the forward's fields, the
+// case's mask, softcap and sinks (check::mask_of), and the gradients (dsinks with sinks). layout: the status of
+// setting the case's contiguous strides.
+struct HostCall {
+  using HostBuffer = flashcore::test::HostBuffer;
+  explicit HostCall(const check::Case& c)
+      : q(bytes(c, c.seqlen_q, c.heads_q)), k(bytes(c, c.seqlen_k, c.heads_kv)), v(bytes(c, c.seqlen_k, c.heads_kv)),
+        o(bytes(c, c.seqlen_q, c.heads_q)), dout(bytes(c, c.seqlen_q, c.heads_q)), dq(bytes(c, c.seqlen_q, c.heads_q)),
+        dk(bytes(c, c.seqlen_k, c.heads_kv)), dv(bytes(c, c.seqlen_k, c.heads_kv)),
+        lse(c.batch * c.heads_q * c.seqlen_q * 4), sinks(c.heads_q * 4), dsinks(c.heads_q * 4), p(check::mask_of(c)) {
+    p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.lse = reinterpret_cast<float*>(lse.data());
+    p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.num_heads_q = c.heads_q;
+    p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim, p.dtype = c.dtype, p.softmax_scale = c.softmax_scale;
+    p.sinks = c.sinks.empty() ? nullptr : reinterpret_cast<const float*>(sinks.data());
+    layout = flashcore_attention_params_set_contiguous(&p, c.layout == check::Layout::BHSD ? 1 : 0);
+  }
+  // The backward's outputs (after a validate of the forward's fields, if wanted).
+  void add_gradients(const check::Case& c) {
+    p.dout = dout.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
+    p.dsinks = c.sinks.empty() ? nullptr : reinterpret_cast<float*>(dsinks.data());
+  }
+  bool untouched() const {
+    return dq.untouched() && dk.untouched() && dv.untouched() && dsinks.untouched() && o.untouched() &&
+           lse.untouched();
+  }
+  static size_t bytes(const check::Case& c, int64_t rows, int64_t heads) {
+    return static_cast<size_t>(c.batch * rows * heads * c.head_dim * 2);
+  }
+
+  HostBuffer q, k, v, o, dout, dq, dk, dv, lse, sinks, dsinks;
+  flashcore_attention_params p;
+  flashcore_status layout = FLASHCORE_SUCCESS;
+};
 
 }  // namespace
 
@@ -267,28 +296,12 @@ TEST(BwdCheckCases, VariantCasesPassTheLibrarysValidation) {
         ++substituted;
         c.dtype = compiled_dt, c.head_dim = compiled_d;
       }
-      const int64_t q_bytes = c.batch * c.seqlen_q * c.heads_q * c.head_dim * 2;
-      const int64_t kv_bytes = c.batch * c.seqlen_k * c.heads_kv * c.head_dim * 2;
-      HostBuffer q(q_bytes), k(kv_bytes), v(kv_bytes), o(q_bytes), dout(q_bytes), dq(q_bytes), dk(kv_bytes),
-          dv(kv_bytes), lse(c.batch * c.heads_q * c.seqlen_q * 4), sinks(c.heads_q * 4), dsinks(c.heads_q * 4);
-      flashcore_attention_params p;
-      flashcore_attention_params_init(&p);
-      p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.lse = reinterpret_cast<float*>(lse.data());
-      p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.num_heads_q = c.heads_q;
-      p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim, p.dtype = c.dtype, p.causal = c.causal ? 1 : 0;
-      p.softmax_scale = c.softmax_scale;
-      ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, c.layout == check::Layout::BHSD ? 1 : 0),
-                FLASHCORE_SUCCESS)
-          << flashcore_last_error();
-      p.local = c.local ? 1 : 0;
-      p.window_size_left = c.window_left, p.window_size_right = c.window_right;
-      p.softcap = c.softcap;
-      p.sinks = c.sinks.empty() ? nullptr : reinterpret_cast<const float*>(sinks.data());
-      p.attention_chunk = c.attention_chunk;
+      HostCall call(c);
+      flashcore_attention_params& p = call.p;
+      ASSERT_EQ(call.layout, FLASHCORE_SUCCESS) << flashcore_last_error();
       EXPECT_EQ(flashcore_attention_validate(&p), FLASHCORE_SUCCESS) << "forward: " << flashcore_last_error();
 
-      p.dout = dout.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
-      p.dsinks = c.sinks.empty() ? nullptr : reinterpret_cast<float*>(dsinks.data());
+      call.add_gradients(c);
       uint64_t bytes = 0;
       const bool known = flashcore_attention_backward_workspace_size(&p, &bytes) == FLASHCORE_SUCCESS;
       // Unknown without a device: generous (the header's estimate x 4 + 1 MiB); a GPU-less call never compares it.
@@ -298,25 +311,17 @@ TEST(BwdCheckCases, VariantCasesPassTheLibrarysValidation) {
       const flashcore_status st = flashcore_attention_backward(&p, nullptr);
       const std::string message = flashcore_last_error();
       EXPECT_TRUE(passed_argument_checks(st, message)) << "backward: " << flashcore_status_string(st) << ": " << message;
-      EXPECT_TRUE(dq.untouched() && dk.untouched() && dv.untouched() && dsinks.untouched() && o.untouched() &&
-                  lse.untouched());
+      EXPECT_TRUE(call.untouched());
       ++checked;
     }
   // A control: the same checks refuse a bad window bound, so passing them above means something.
   {
     check::Case c = bwd::cases(true).back();
     c.dtype = compiled_dt, c.head_dim = compiled_d;
-    const int64_t q_bytes = c.batch * c.seqlen_q * c.heads_q * c.head_dim * 2;
-    const int64_t kv_bytes = c.batch * c.seqlen_k * c.heads_kv * c.head_dim * 2;
-    HostBuffer q(q_bytes), k(kv_bytes), v(kv_bytes), o(q_bytes), dout(q_bytes), dq(q_bytes), dk(kv_bytes),
-        dv(kv_bytes), lse(c.batch * c.heads_q * c.seqlen_q * 4);
-    flashcore_attention_params p;
-    flashcore_attention_params_init(&p);
-    p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.lse = reinterpret_cast<float*>(lse.data());
-    p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.num_heads_q = c.heads_q;
-    p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim, p.dtype = c.dtype;
-    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS);
-    p.dout = dout.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
+    HostCall call(c);
+    ASSERT_EQ(call.layout, FLASHCORE_SUCCESS);
+    call.add_gradients(c);
+    flashcore_attention_params& p = call.p;
     p.local = 1, p.window_size_left = -2, p.window_size_right = 4;
     const flashcore_status st = flashcore_attention_backward(&p, nullptr);
     EXPECT_EQ(st, FLASHCORE_ERROR_INVALID_ARGUMENT) << flashcore_status_string(st) << ": " << flashcore_last_error();
@@ -335,26 +340,11 @@ TEST(BwdCheckCases, UncompiledHeadDimIsRefusedAsTheRunnerSkips) {
       for (const auto& c : bwd::cases(true)) {
         if (!check::has_variant(c) || c.dtype != dt || c.head_dim != d) continue;
         SCOPED_TRACE(c.name);
-        using flashcore::test::HostBuffer;
-        const int64_t q_bytes = c.batch * c.seqlen_q * c.heads_q * c.head_dim * 2;
-        const int64_t kv_bytes = c.batch * c.seqlen_k * c.heads_kv * c.head_dim * 2;
-        HostBuffer q(q_bytes), k(kv_bytes), v(kv_bytes), o(q_bytes), dout(q_bytes), dq(q_bytes), dk(kv_bytes),
-            dv(kv_bytes), lse(c.batch * c.heads_q * c.seqlen_q * 4), sinks(c.heads_q * 4), dsinks(c.heads_q * 4);
-        flashcore_attention_params p;
-        flashcore_attention_params_init(&p);
-        p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.lse = reinterpret_cast<float*>(lse.data());
-        p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.num_heads_q = c.heads_q;
-        p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim, p.dtype = c.dtype, p.causal = c.causal ? 1 : 0;
-        ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, c.layout == check::Layout::BHSD ? 1 : 0),
-                  FLASHCORE_SUCCESS);
-        p.local = c.local ? 1 : 0;
-        p.window_size_left = c.window_left, p.window_size_right = c.window_right;
-        p.softcap = c.softcap;
-        p.sinks = c.sinks.empty() ? nullptr : reinterpret_cast<const float*>(sinks.data());
-        p.dout = dout.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
-        p.dsinks = c.sinks.empty() ? nullptr : reinterpret_cast<float*>(dsinks.data());
+        HostCall call(c);
+        ASSERT_EQ(call.layout, FLASHCORE_SUCCESS);
+        call.add_gradients(c);
         uint64_t bytes = 0;
-        const flashcore_status st = flashcore_attention_backward_workspace_size(&p, &bytes);
+        const flashcore_status st = flashcore_attention_backward_workspace_size(&call.p, &bytes);
         EXPECT_TRUE(st == FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM || st == FLASHCORE_ERROR_UNSUPPORTED_DTYPE)
             << flashcore_status_string(st) << ": " << flashcore_last_error();
       }

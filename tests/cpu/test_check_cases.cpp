@@ -26,13 +26,8 @@ bool fully_masked_rows(const check::Case& c) { return c.causal && c.seqlen_q > c
 // a long case cheap). Rows of a causal case without a variant count all seqlen_k keys, as they always have here.
 int64_t keys_read(const check::Case& c, int64_t i) {
   if (!c.local && c.attention_chunk == 0) return c.seqlen_k;
-  flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  p.causal = c.causal ? 1 : 0;
-  p.local = c.local ? 1 : 0;
-  p.window_size_left = c.window_left, p.window_size_right = c.window_right;
-  p.attention_chunk = c.attention_chunk;
-  const flashcore::reference::KeyRange r = flashcore::reference::visible_key_range(p, c.seqlen_q, c.seqlen_k, i);
+  const flashcore::reference::KeyRange r =
+      flashcore::reference::visible_key_range(check::mask_of(c), c.seqlen_q, c.seqlen_k, i);
   return r.end - r.begin;
 }
 
