@@ -199,7 +199,7 @@ std::vector<flashcore_dtype> configured_out_dtypes() {
 std::vector<int> configured_head_dims() {
   std::vector<int> out;
   const std::string list = "," FLASHCORE_TEST_HEAD_DIMS ",";
-  for (int hd : {64, 128, 256}) {
+  for (int hd : {64, 96, 128, 192, 256}) {
     if (list.find("," + std::to_string(hd) + ",") != std::string::npos) out.push_back(hd);
   }
   return out;

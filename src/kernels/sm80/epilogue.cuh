@@ -121,24 +121,40 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
   // addresses). One global pointer per lane walks down by kRowsPerPass rows; each pass is a shared load, a compare
   // and a predicated store (the per-unit row / unit arithmetic and branch cost ~20 instructions per 16-byte store,
   // docs/decisions.md#epilogue-diet).
-  constexpr int kRowsPerPass = 32 / kWarpUnits;
-  static_assert(32 % kWarpUnits == 0 && Cfg::kRowsPerWarp % kRowsPerPass == 0, "whole passes of 32 lanes");
-  const int lane_row = lane / kWarpUnits;
-  const int unit = col0 + lane % kWarpUnits;
-  const int64_t warp_row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + tile_row0<Cfg>(warp, 0);
   uint8_t* o_slice = const_cast<uint8_t*>(slice_base<Cfg>(p.o, p.cu_seqlens_q != nullptr ? 0 : tile.batch, tile.head));
   const int64_t o_row_bytes = p.o.seq_stride * Cfg::kOutElemBytes;
-  uint8_t* dst = o_slice + (tile.seq.q_row0 + warp_row0 + lane_row) * o_row_bytes + unit * 16;
-  const int64_t left = tile.seq.seqlen_q - warp_row0 - lane_row;  // this lane's rows still inside the sequence
-  const int rows_left = left < Cfg::kRowsPerWarp ? static_cast<int>(left) : Cfg::kRowsPerWarp;
-  const uint8_t* src = stage + (tile_row0<Cfg>(warp, 0) + lane_row) * Cfg::kRowBytes;
+  const int64_t warp_row0 = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + tile_row0<Cfg>(warp, 0);
+  if constexpr (32 % kWarpUnits == 0) {
+    constexpr int kRowsPerPass = 32 / kWarpUnits;
+    static_assert(Cfg::kRowsPerWarp % kRowsPerPass == 0, "whole passes of 32 lanes");
+    const int lane_row = lane / kWarpUnits;
+    const int unit = col0 + lane % kWarpUnits;
+    uint8_t* dst = o_slice + (tile.seq.q_row0 + warp_row0 + lane_row) * o_row_bytes + unit * 16;
+    const int64_t left = tile.seq.seqlen_q - warp_row0 - lane_row;  // this lane's rows still inside the sequence
+    const int rows_left = left < Cfg::kRowsPerWarp ? static_cast<int>(left) : Cfg::kRowsPerWarp;
+    const uint8_t* src = stage + (tile_row0<Cfg>(warp, 0) + lane_row) * Cfg::kRowBytes;
 #pragma unroll
-  for (int u = 0; u < Cfg::kRowsPerWarp / kRowsPerPass; ++u) {
-    // Row lane_row + r of the warp's rows; tile_row0 is a multiple of 16, so its swizzle key is (lane_row + r) % 8.
-    const int r = kRowsPerPass * u;
-    const uint4 v = *reinterpret_cast<const uint4*>(src + r * Cfg::kRowBytes + ((unit ^ ((lane_row + r) & 7)) << 4));
-    if (r < rows_left) *reinterpret_cast<uint4*>(dst) = v;
-    dst += kRowsPerPass * o_row_bytes;
+    for (int u = 0; u < Cfg::kRowsPerWarp / kRowsPerPass; ++u) {
+      // Row lane_row + r of the warp's rows; tile_row0 is a multiple of 16, so its swizzle key is (lane_row + r) % 8.
+      const int r = kRowsPerPass * u;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + r * Cfg::kRowBytes + ((unit ^ ((lane_row + r) & 7)) << 4));
+      if (r < rows_left) *reinterpret_cast<uint4*>(dst) = v;
+      dst += kRowsPerPass * o_row_bytes;
+    }
+  } else {
+    // Rows of a width that does not divide the warp (head dim 192: 24 units): the warp's units in row-major order,
+    // 32 consecutive ones per pass (a pass spans a row boundary; stores of one row still go to consecutive addresses).
+    constexpr int kUnits = Cfg::kRowsPerWarp * kWarpUnits;
+    static_assert(kUnits % 32 == 0, "whole passes of 32 lanes");
+    const int64_t left = tile.seq.seqlen_q - warp_row0;  // the warp's rows still inside the sequence
+#pragma unroll
+    for (int i = lane; i < kUnits; i += 32) {
+      const int r = i / kWarpUnits, unit = col0 + i % kWarpUnits;
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + swizzled_offset<Cfg::kRowBytes>(tile_row0<Cfg>(warp, 0) + r, unit));
+      if (r < left) {
+        *reinterpret_cast<uint4*>(o_slice + (tile.seq.q_row0 + warp_row0 + r) * o_row_bytes + unit * 16) = v;
+      }
+    }
   }
 
   if (p.lse != nullptr && lane % 4 == 0 && half == 0) {
