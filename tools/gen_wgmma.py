@@ -26,7 +26,7 @@ def shapes_from_configs(path=CONFIGS):
         for line in f:
             fields = line.split()
             if fields and fields[0][0].isdigit():
-                head_dims.add(int(fields[0]))
+                head_dims.update(int(d) for d in fields[0].split("/"))  # "192/128": Q/K's and V's
                 block_n.add(int(fields[3]))
     return sorted(block_n), sorted(head_dims)
 

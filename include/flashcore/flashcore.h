@@ -41,8 +41,8 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 6
-#define FLASHCORE_VERSION_PATCH 1
+#define FLASHCORE_VERSION_MINOR 7
+#define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
 typedef struct CUstream_st* flashcore_stream_t;
@@ -241,6 +241,14 @@ typedef struct flashcore_attention_params {
                     dL/dsinks[h] = -sum over the batch's rows i of head h of exp(sinks[h] - LSE_i) * D_i, D_i =
                     rowsum(dO_i * O_i); always summed in one fixed order (bit-identical from run to run). Must not
                     overlap the other outputs [NULL: not computed] */
+
+  /* ---- Since 0.7: a head dim of V's own. A caller compiled against 0.6 passes FLASHCORE_ATTENTION_PARAMS_V6_SIZE;
+   * it takes its default then. ---- */
+  int64_t head_dim_v; /* V's last dimension, and O's (v, o, v_new: (..., head_dim_v)), where it differs from Q's and
+                         K's head_dim: (head_dim, head_dim_v) = (192, 128) is DeepSeek-V2/V3 MLA prefill's (FlashAttention-3's
+                         hdimdiff). The pairs compiled: flashcore_capabilities_t::head_dim_pairs. 16-bit forward, dense,
+                         packed, KV-cache and paged calls; the backward, the 8-bit paths and split-KV decode refuse a
+                         head_dim_v of its own (FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM naming it) [0: head_dim] */
 } flashcore_attention_params;
 
 /* flashcore_attention_params::precision (since 0.3). */
@@ -273,7 +281,7 @@ typedef struct flashcore_attention_params {
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
  * defaults), FLASHCORE_ATTENTION_PARAMS_V2_SIZE (a 0.2 caller: the fields since 0.3 take theirs), _V3_SIZE and
- * _V4_SIZE and _V5_SIZE (0.3, 0.4 and 0.5 callers), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
+ * _V4_SIZE, _V5_SIZE and _V6_SIZE (0.3, 0.4, 0.5 and 0.6 callers), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
  * built against a newer header) provided every byte past the library's sizeof is zero, i.e. the caller left
  * the fields this library does not know at their defaults. Anything else is FLASHCORE_ERROR_INVALID_ARGUMENT. */
 #define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
@@ -288,6 +296,8 @@ typedef struct flashcore_attention_params {
 #define FLASHCORE_ATTENTION_PARAMS_V4_SIZE 648
 /* struct_size of the 0.5 layout (everything up to reserved4): also accepted, dsinks takes its default. */
 #define FLASHCORE_ATTENTION_PARAMS_V5_SIZE 680
+/* struct_size of the 0.6 layout (everything up to dsinks): also accepted, head_dim_v takes its default. */
+#define FLASHCORE_ATTENTION_PARAMS_V6_SIZE 688
 
 /* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
  * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept
@@ -500,6 +510,10 @@ typedef struct flashcore_capabilities {
   int32_t num_out_dtypes;
   flashcore_dtype out_dtypes[FLASHCORE_MAX_CAPS]; /* output dtypes compiled in (besides FLASHCORE_DTYPE_SAME) */
   char device_backend[16];               /* backend serving the current device ("sm90", "sm80"), "" if none */
+  /* ---- Since 0.7 ---- */
+  int32_t num_head_dim_pairs;
+  int32_t head_dim_pairs[FLASHCORE_MAX_CAPS][2]; /* (head_dim, head_dim_v) pairs compiled in whose head_dim_v differs
+                                                    from head_dim, e.g. {192, 128} */
 } flashcore_capabilities;
 
 /* struct_size of the 0.1 layout of flashcore_capabilities. */

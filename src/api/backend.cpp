@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/tuning.h"
@@ -68,17 +69,38 @@ const char* forced_backend() {
   return env;
 }
 
-bool is_compiled(flashcore_dtype dtype, int head_dim) {
+namespace {
+int v_dim(const core::RowInfo& r) { return r.head_dim_v != 0 ? r.head_dim_v : r.head_dim; }
+}  // namespace
+
+bool is_compiled(flashcore_dtype dtype, int head_dim) { return is_compiled_pair(dtype, head_dim, head_dim); }
+
+bool is_compiled_pair(flashcore_dtype dtype, int head_dim, int head_dim_v) {
   for (const core::RowInfo& r : compiled_rows()) {
-    if (r.dtype == dtype && r.head_dim == head_dim) return true;
+    if (r.dtype == dtype && r.head_dim == head_dim && v_dim(r) == head_dim_v) return true;
   }
   return false;
+}
+
+int compiled_head_dim_pairs(flashcore_dtype dtype, int (*out)[2], int capacity) {
+  std::vector<std::pair<int, int>> pairs;
+  for (const core::RowInfo& r : compiled_rows()) {
+    if ((dtype == FLASHCORE_DTYPE_SAME || r.dtype == dtype) && v_dim(r) != r.head_dim) {
+      pairs.emplace_back(r.head_dim, v_dim(r));
+    }
+  }
+  std::sort(pairs.begin(), pairs.end());
+  pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
+  for (int i = 0; out != nullptr && i < capacity && i < static_cast<int>(pairs.size()); ++i) {
+    out[i][0] = pairs[static_cast<size_t>(i)].first, out[i][1] = pairs[static_cast<size_t>(i)].second;
+  }
+  return static_cast<int>(pairs.size());
 }
 
 int compiled_head_dims(flashcore_dtype dtype, int* out, int capacity) {
   std::vector<int> dims;
   for (const core::RowInfo& r : compiled_rows()) {
-    if (dtype == FLASHCORE_DTYPE_SAME || r.dtype == dtype) dims.push_back(r.head_dim);
+    if ((dtype == FLASHCORE_DTYPE_SAME || r.dtype == dtype) && v_dim(r) == r.head_dim) dims.push_back(r.head_dim);
   }
   std::sort(dims.begin(), dims.end());
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
@@ -113,7 +135,10 @@ int kernel_configs(int cc, flashcore_dtype dtype, int head_dim, bool causal, con
   int count = 0;
   for (int pass = 0; pass < 2; ++pass) {
     for (const core::RowInfo& r : rows) {
-      if (r.dtype != dtype || r.out_dtype != out || r.head_dim != head_dim || r.causal != causal) continue;
+      if (r.dtype != dtype || r.out_dtype != out || r.head_dim != head_dim || v_dim(r) != head_dim ||
+          r.causal != causal) {
+        continue;
+      }
       const bool is_def = def != nullptr && std::strcmp(r.name, def) == 0;
       if (is_def != (pass == 0)) continue;
       if (names != nullptr && count < capacity) names[count] = r.name;

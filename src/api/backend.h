@@ -14,6 +14,11 @@ namespace flashcore::backend {
 
 // True when some backend compiled a kernel for (dtype, head_dim) (any arch).
 bool is_compiled(flashcore_dtype dtype, int head_dim);
+// True when some backend compiled a kernel for (dtype, head_dim) with V's head dim head_dim_v (any arch).
+bool is_compiled_pair(flashcore_dtype dtype, int head_dim, int head_dim_v);
+// The (head_dim, head_dim_v) pairs with head_dim_v != head_dim compiled for dtype (FLASHCORE_DTYPE_SAME: any), sorted;
+// writes at most `capacity` to `out` and returns the count.
+int compiled_head_dim_pairs(flashcore_dtype dtype, int (*out)[2], int capacity);
 
 // Head dims some backend compiled for `dtype` (FLASHCORE_DTYPE_SAME: for any dtype), ascending; writes at most
 // `capacity` of them to `out` and returns how many there are.

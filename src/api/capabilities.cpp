@@ -27,8 +27,10 @@ constexpr size_t kFieldEnds[] = {
     offsetof(flashcore_capabilities, out_dtypes),
     offsetof(flashcore_capabilities, device_backend),
     offsetof(flashcore_capabilities, device_backend) + sizeof(flashcore_capabilities::device_backend),
+    offsetof(flashcore_capabilities, head_dim_pairs),
+    offsetof(flashcore_capabilities, head_dim_pairs) + sizeof(flashcore_capabilities::head_dim_pairs),
 };
-static_assert(kFieldEnds[4] <= sizeof(flashcore_capabilities), "");
+static_assert(kFieldEnds[6] <= sizeof(flashcore_capabilities), "");
 
 // Compute capability of the current device, 0 when there is none (or it cannot be asked).
 int current_device_arch() {
@@ -54,6 +56,9 @@ flashcore_capabilities full_capabilities() {
   caps.num_head_dims = std::min(flashcore::backend::compiled_head_dims(FLASHCORE_DTYPE_SAME, caps.head_dims,
                                                                        FLASHCORE_MAX_CAPS),
                                 FLASHCORE_MAX_CAPS);
+  caps.num_head_dim_pairs = std::min(flashcore::backend::compiled_head_dim_pairs(FLASHCORE_DTYPE_SAME, caps.head_dim_pairs,
+                                                                                 FLASHCORE_MAX_CAPS),
+                                     FLASHCORE_MAX_CAPS);
   caps.num_archs = std::min(flashcore::backend::compiled_archs(caps.archs, FLASHCORE_MAX_CAPS), FLASHCORE_MAX_CAPS);
   caps.device_arch = current_device_arch();
   const char* backend = caps.device_arch > 0 ? flashcore::backend::backend_for_arch(caps.device_arch) : nullptr;

@@ -62,6 +62,7 @@ std::string plan_mismatch(const flashcore_attention_params& plan, const std::str
       {"num_heads_q", plan.num_heads_q == run.num_heads_q},
       {"num_heads_kv", plan.num_heads_kv == run.num_heads_kv},
       {"head_dim", plan.head_dim == run.head_dim},
+      {"head_dim_v", plan.head_dim_v == run.head_dim_v},
       {"dtype", plan.dtype == run.dtype},
       {"causal", plan.causal == run.causal},
       {"out_dtype", plan.out_dtype == run.out_dtype},
@@ -181,9 +182,18 @@ flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_p
         __builtin_mul_overflow(p.seqlen_k * p.num_heads_kv, p.head_dim, &kv_elems)) {
       return set_error(FLASHCORE_ERROR_SIZE_OVERFLOW, "seqlen * num_heads * head_dim overflows int64");
     }
+    // V and O: head_dim_v columns where V has a head dim of its own (since 0.7; checked by validation).
+    const int64_t dv = p.head_dim_v > 0 && p.head_dim_v <= INT32_MAX ? p.head_dim_v : p.head_dim;
+    int64_t o_elems = 0, v_elems = 0;
+    if (__builtin_mul_overflow(p.seqlen_q * p.num_heads_q, dv, &o_elems) ||
+        __builtin_mul_overflow(p.seqlen_k * p.num_heads_kv, dv, &v_elems)) {
+      return set_error(FLASHCORE_ERROR_SIZE_OVERFLOW, "seqlen * num_heads * head_dim_v overflows int64");
+    }
     const bool bhsd = bhsd_layout == 1;
-    p.q_strides = p.o_strides = contiguous(p.seqlen_q, p.num_heads_q, p.head_dim, bhsd);
-    p.k_strides = p.v_strides = contiguous(p.seqlen_k, p.num_heads_kv, p.head_dim, bhsd);
+    p.q_strides = contiguous(p.seqlen_q, p.num_heads_q, p.head_dim, bhsd);
+    p.o_strides = contiguous(p.seqlen_q, p.num_heads_q, dv, bhsd);
+    p.k_strides = contiguous(p.seqlen_k, p.num_heads_kv, p.head_dim, bhsd);
+    p.v_strides = contiguous(p.seqlen_k, p.num_heads_kv, dv, bhsd);
     static_assert(offsetof(flashcore_attention_params, o_strides) + sizeof(flashcore_tensor_strides) <=
                       flashcore::api::kParamsV1FieldBytes,
                   "the strides are 0.1 fields");
@@ -193,8 +203,10 @@ flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_p
     params->o_strides = p.o_strides;
     // The backward's tensors (since 0.4) take Q's and K's layouts, where the caller's struct has them.
     if (params->struct_size >= sizeof(flashcore_attention_params)) {
-      params->dout_strides = params->dq_strides = p.q_strides;
-      params->dk_strides = params->dv_strides = p.k_strides;
+      params->dq_strides = p.q_strides;
+      params->dout_strides = p.o_strides;  // dO has O's shape, dV V's
+      params->dk_strides = p.k_strides;
+      params->dv_strides = p.v_strides;
     }
     return FLASHCORE_SUCCESS;
   });

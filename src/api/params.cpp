@@ -7,7 +7,7 @@ namespace flashcore::api {
 bool accepted_params_size(uint32_t struct_size) {
   return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE ||
          struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE ||
-         struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE ||
+         struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE ||
          (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
 }
 
@@ -71,7 +71,12 @@ void set_post_v4_defaults(flashcore_attention_params& p) {
   set_post_v5_defaults(p);
 }
 
-void set_post_v5_defaults(flashcore_attention_params& p) { p.dsinks = nullptr; }
+void set_post_v5_defaults(flashcore_attention_params& p) {
+  p.dsinks = nullptr;
+  set_post_v6_defaults(p);
+}
+
+void set_post_v6_defaults(flashcore_attention_params& p) { p.head_dim_v = 0; }
 
 size_t field_bytes_of(uint32_t struct_size) {
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) return kParamsV1FieldBytes;
@@ -79,6 +84,7 @@ size_t field_bytes_of(uint32_t struct_size) {
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE) return kParamsV3FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE) return kParamsV4FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE) return kParamsV5FieldBytes;
+  if (struct_size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE) return kParamsV6FieldBytes;
   return sizeof(flashcore_attention_params);
 }
 
@@ -110,6 +116,9 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
   } else if (size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE) {
     std::memcpy(&out, user, kParamsV5FieldBytes);
     set_post_v5_defaults(out);
+  } else if (size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE) {
+    std::memcpy(&out, user, kParamsV6FieldBytes);
+    set_post_v6_defaults(out);
   } else if (size == kCurrent) {
     std::memcpy(&out, user, kCurrent);
   } else if (size > kCurrent && size <= kMaxParamsStructSize) {
@@ -129,7 +138,8 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V2_SIZE) + " (the 0.2 layout), " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V3_SIZE) + " (the 0.3 layout), " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V4_SIZE) + " (the 0.4 layout), " +
-              std::to_string(FLASHCORE_ATTENTION_PARAMS_V5_SIZE) + " (the 0.5 layout), " + std::to_string(kCurrent) +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V5_SIZE) + " (the 0.5 layout), " +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V6_SIZE) + " (the 0.6 layout), " + std::to_string(kCurrent) +
               " (sizeof(flashcore_attention_params) of this library), or " + std::to_string(kCurrent + 1) + ".." +
               std::to_string(kMaxParamsStructSize) +
               " with zero bytes past " + std::to_string(kCurrent) + " (call flashcore_attention_params_init first)";

@@ -13,6 +13,7 @@
 
 #include "api/backend.h"
 #include "core/dtype.h"
+#include "core/variants.h"
 #include "kernels/common/fp8_prep_params.h"
 
 namespace flashcore::api {
@@ -175,6 +176,35 @@ std::string compiled_head_dims(flashcore_dtype dtype) {
   std::string out;
   for (int i = 0; i < n; ++i) out += cat(out.empty() ? "" : ", ", dims[i]);
   return out.empty() ? "none" : out;
+}
+
+// A call whose V has a head dim of its own (head_dim_v != 0 and != head_dim, since 0.7): the pair must be compiled,
+// and only the 16-bit native forward takes it.
+flashcore_status check_head_dim_v(const flashcore_attention_params& p, std::string& message) {
+  if (p.head_dim_v < 0) {
+    message = cat("head_dim_v = ", p.head_dim_v, " must be positive (or 0: head_dim)");
+    return FLASHCORE_ERROR_INVALID_SIZE;
+  }
+  const char* refusal = is_8bit(p.dtype)                              ? "8-bit inputs"
+                        : p.precision != FLASHCORE_PRECISION_NATIVE   ? "precision = FP8 / INT8"
+                        : (p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0 ? "FLASHCORE_FLAG_V_TRANSPOSED"
+                                                                       : nullptr;
+  if (refusal != nullptr) {
+    message = cat("head_dim_v = ", p.head_dim_v, " differs from head_dim = ", p.head_dim, ": ", refusal,
+                  " take one head dim for Q, K and V");
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  if (p.head_dim_v > INT_MAX ||
+      !backend::is_compiled_pair(p.dtype, static_cast<int>(p.head_dim), static_cast<int>(p.head_dim_v))) {
+    int pairs[FLASHCORE_MAX_CAPS][2];
+    const int n = std::min(backend::compiled_head_dim_pairs(p.dtype, pairs, FLASHCORE_MAX_CAPS), FLASHCORE_MAX_CAPS);
+    std::string list;
+    for (int i = 0; i < n; ++i) list += cat(list.empty() ? "" : ", ", "(", pairs[i][0], ", ", pairs[i][1], ")");
+    message = cat("(head_dim, head_dim_v) = (", p.head_dim, ", ", p.head_dim_v, ") is not compiled for ",
+                  dtype_name(p.dtype), "; compiled pairs with a V head dim of its own: ", list.empty() ? "none" : list);
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  return FLASHCORE_SUCCESS;
 }
 
 }  // namespace
@@ -437,8 +467,11 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     const int64_t head_stride = saturating_mul(p.head_dim, vt_keys);
     vs = flashcore_tensor_strides{saturating_mul(p.num_heads_kv, head_stride), vt_keys, head_stride, 1};
   }
-  const Tensor v_given = {"v", p.v, &vs, {kv_entry_name, kv_row_name, "num_heads_kv", "head_dim"},
-                          {kv_entries, kv_rows, p.num_heads_kv, p.head_dim}};
+  // V and O are (..., head_dim_v): head_dim unless the call gives V a head dim of its own (since 0.7).
+  const int64_t dv = core::head_dim_v(p);
+  const char* dv_name = p.head_dim_v != 0 ? "head_dim_v" : "head_dim";
+  const Tensor v_given = {"v", p.v, &vs, {kv_entry_name, kv_row_name, "num_heads_kv", dv_name},
+                          {kv_entries, kv_rows, p.num_heads_kv, dv}};
   const Tensor v_transposed_view = {"v (transposed)", p.v, &vs,
                                     {"batch", "head_dim", "num_heads_kv", "seqlen_k rounded up to 128"},
                                     {p.batch, p.head_dim, p.num_heads_kv, vt_keys}};
@@ -446,7 +479,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
       {"q", p.q, &qs, {q_entry_name, q_row_name, "num_heads_q", "head_dim"}, {q_entries, q_rows, p.num_heads_q, p.head_dim}},
       {"k", p.k, &ks, {kv_entry_name, kv_row_name, "num_heads_kv", "head_dim"}, {kv_entries, kv_rows, p.num_heads_kv, p.head_dim}},
       v_transposed ? v_transposed_view : v_given,
-      {"o", p.o, &os, {q_entry_name, q_row_name, "num_heads_q", "head_dim"}, {q_entries, q_rows, p.num_heads_q, p.head_dim}},
+      {"o", p.o, &os, {q_entry_name, q_row_name, "num_heads_q", dv_name}, {q_entries, q_rows, p.num_heads_q, dv}},
   };
   const Tensor& o = tensors[3];
 
@@ -562,6 +595,9 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
                   "; compiled head dims: ", compiled_head_dims(p.dtype));
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
+  if (core::split_head_dims(p)) {
+    if (const flashcore_status st = check_head_dim_v(p, message); st != FLASHCORE_SUCCESS) return st;
+  }
 
   // Alignment.
   const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},     {"v", p.v},
@@ -606,8 +642,8 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
     const Tensor news[2] = {
         {"k_new", p.k_new, &p.k_new_strides, {"batch", "seqlen_new", "num_heads_kv", "head_dim"},
          {p.batch, p.seqlen_new, p.num_heads_kv, p.head_dim}},
-        {"v_new", p.v_new, &p.v_new_strides, {"batch", "seqlen_new", "num_heads_kv", "head_dim"},
-         {p.batch, p.seqlen_new, p.num_heads_kv, p.head_dim}},
+        {"v_new", p.v_new, &p.v_new_strides, {"batch", "seqlen_new", "num_heads_kv", dv_name},
+         {p.batch, p.seqlen_new, p.num_heads_kv, dv}},
     };
     for (const Tensor& t : news) {
       if (const flashcore_status st = check_overflow(t, elem_size, message); st != FLASHCORE_SUCCESS) return st;
@@ -740,6 +776,11 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
   if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16) {
     message = cat("dtype = ", dtype_name(p.dtype), ": the backward takes fp16 and bf16");
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
+  }
+  if (core::split_head_dims(p)) {
+    message = cat("head_dim_v = ", p.head_dim_v, " differs from head_dim = ", p.head_dim,
+                  ": the backward takes one head dim for Q, K and V in this version");
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   if (!backend::backward_compiled(p.dtype, static_cast<int>(p.head_dim))) {
     message = cat("head_dim = ", p.head_dim, " has no backward kernel for ", dtype_name(p.dtype),
@@ -874,6 +915,11 @@ flashcore_status validate_v_transpose(const flashcore_attention_params& p, std::
   if (p.v == nullptr) {
     message = "v is NULL";
     return FLASHCORE_ERROR_NULL_POINTER;
+  }
+  if (core::split_head_dims(p)) {
+    message = cat("head_dim_v = ", p.head_dim_v, " differs from head_dim = ", p.head_dim,
+                  ": 8-bit V takes Q's and K's head dim");
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   const std::pair<const char*, int64_t> sizes[] = {
       {"batch", p.batch}, {"seqlen_k", p.seqlen_k}, {"num_heads_kv", p.num_heads_kv}, {"head_dim", p.head_dim}};

@@ -76,6 +76,7 @@ struct RowInfo {
   bool causal, is_default;
   int smem_bytes;
   bool variant = false;  // a runtime variant (sm90/variant.h), not compiled into the library
+  int head_dim_v = 0;    // V's and O's head dim (0: head_dim)
 };
 
 // The tuning tables' choice for a call's shape bucket (api/tuning.cpp choose): a config name, or nullptr.

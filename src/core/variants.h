@@ -24,6 +24,11 @@ inline Window window_of(const flashcore_attention_params& p) {
   return w;
 }
 
+// V's (and O's) head dim: head_dim_v, or head_dim when it is 0 (flashcore.h, since 0.7).
+inline int64_t head_dim_v(const flashcore_attention_params& p) { return p.head_dim_v != 0 ? p.head_dim_v : p.head_dim; }
+// Whether V has a head dim of its own (a (head_dim, head_dim_v) pair such as MLA's (192, 128)).
+inline bool split_head_dims(const flashcore_attention_params& p) { return head_dim_v(p) != p.head_dim; }
+
 // Whether the call masks keys by position (causal, a bounded window or chunks): it runs on the causal kernel rows,
 // whose masks take the window at run time. A window of (-1, -1) without causal or chunks masks nothing.
 inline bool masked_call(const flashcore_attention_params& p) {

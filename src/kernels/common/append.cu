@@ -1,6 +1,7 @@
 // The KV-cache append kernel (append_kv.cuh): its parameters from the call and its host launch, compiled for every
 // backend's archs (src/CMakeLists.txt, FLASHCORE_COMMON_KERNEL_SOURCES).
 #include "core/dtype.h"
+#include "core/variants.h"
 #include "kernels/common/append_kv.cuh"
 
 namespace flashcore::kernels {
@@ -31,7 +32,9 @@ cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_tab
   a.rows = p.batch * p.seqlen_new * p.num_heads_kv;
   a.seqlen_new = static_cast<int>(p.seqlen_new);
   a.heads = static_cast<int>(p.num_heads_kv);
-  a.row_units = static_cast<int>(p.head_dim * elem / 16);
+  a.units[0] = static_cast<int>(p.head_dim * elem / 16);
+  a.units[1] = static_cast<int>(core::head_dim_v(p) * elem / 16);
+  a.row_units = a.units[0] > a.units[1] ? a.units[0] : a.units[1];
 
   const int64_t blocks = (a.rows * a.row_units + 255) / 256;
   const int64_t cap = int64_t{sms > 0 ? sms : 1} * 8;  // grid-stride beyond a few waves

@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(256) flashcore_append_kv(const __grid_constant
     }
 #pragma unroll
     for (int tensor = 0; tensor < 2; ++tensor) {
+      if (unit >= a.units[tensor]) continue;  // V's rows are shorter than K's (head_dim_v < head_dim), or longer
       const int64_t* ss = a.src_stride[tensor];
       const int64_t* ds = a.dst_stride[tensor];
       const uint4 value =

@@ -10,7 +10,8 @@ namespace flashcore::kernels {
 
 // Row t of sequence b's new keys/values (all heads) goes to key position seqused_k[b] + t of the cache: row `pos` of
 // batch entry b (dense), or row pos % page_size of page block_table[b * stride + pos / page_size] (paged). Strides are
-// in bytes; a row is row_units 16-byte units (head_dim * element size / 16).
+// in bytes; a thread takes unit u of a row for every row of K and V that has it: K's rows are units[0] 16-byte units
+// (head_dim * element size / 16), V's units[1] (head_dim_v), row_units the larger.
 struct AppendParams {
   const char* src[2];          // k_new, v_new
   int64_t src_stride[2][3];    // [tensor][batch, seq, head]
@@ -26,6 +27,7 @@ struct AppendParams {
   int seqlen_new;
   int heads;
   int row_units;
+  int units[2];  // K's and V's
 };
 
 // Host (append.cu): append p.k_new / p.v_new to the cache of call p (flashcore.h, k_new) on `stream`, before its

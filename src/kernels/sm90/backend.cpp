@@ -50,9 +50,11 @@ const KernelRow* const* rows(int& count) {
 }
 
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, int64_t seqlen_k, std::string& error) {
+                        const char* config, int64_t seqlen_k, std::string& error, int head_dim_v) {
+  if (head_dim_v == 0) head_dim_v = head_dim;
   auto same_key = [&](const KernelRow* r) {
-    return r->dtype == dtype && r->out_dtype == out_dtype && r->head_dim == head_dim && r->causal == causal;
+    return r->dtype == dtype && r->out_dtype == out_dtype && r->head_dim == head_dim && v_head_dim(*r) == head_dim_v &&
+           r->causal == causal;
   };
   std::string names;
   for (const KernelRow* r : kRows) {
@@ -69,11 +71,14 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
       variants += (variants.empty() ? "" : ", ") + std::string(r->name);
     }
     error = std::string("kernel_config = \"") + config + "\" is not compiled for " + dtype_name(dtype) +
-            " head_dim = " + std::to_string(head_dim) + (causal ? " causal" : " non-causal") +
+            " head_dim = " + std::to_string(head_dim) +
+            (head_dim_v != head_dim ? " head_dim_v = " + std::to_string(head_dim_v) : std::string()) +
+            (causal ? " causal" : " non-causal") +
             "; compiled: " + (names.empty() ? "none" : names) + (variants.empty() ? "" : "; registered: " + variants);
   } else {
     error = std::string("no sm90 kernel is compiled for ") + dtype_name(dtype) + " -> " + dtype_name(out_dtype) +
-            " head_dim = " + std::to_string(head_dim);
+            " head_dim = " + std::to_string(head_dim) +
+            (head_dim_v != head_dim ? " head_dim_v = " + std::to_string(head_dim_v) : std::string());
   }
   return nullptr;
 }
@@ -81,8 +86,9 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
 namespace {
 // Whether row r is compiled for the call's (dtype, out dtype, head dim, mask).
 bool same_key(const KernelRow& r, const flashcore_attention_params& p) {
+  // (A window or chunk runs on the causal rows: core/variants.h.)
   return r.dtype == p.dtype && r.out_dtype == resolved_out_dtype(p.dtype, p.out_dtype) && r.head_dim == p.head_dim &&
-         r.causal == core::masked_call(p);  // (a window or chunk runs on the causal rows: core/variants.h)
+         v_head_dim(r) == core::head_dim_v(p) && r.causal == core::masked_call(p);
 }
 
 // Query tiles of the call on the row: (batch, head, block of block_m query rows).
@@ -95,10 +101,10 @@ int64_t query_tiles(const KernelRow& row, const flashcore_attention_params& p) {
 SplitPlan plan_for(const KernelRow& row, const flashcore_attention_params& p, int sms) {
   if (splits_last_round(row.shape)) {
     return last_round_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms,
-                           row.shape.block_m, static_cast<int>(p.head_dim));
+                           row.shape.block_m, static_cast<int>(core::head_dim_v(p)));
   }
   return split_plan(query_tiles(row, p), kernels::ceil_div(p.seqlen_k, row.shape.block_n), sms, p.batch * p.num_heads_q,
-                    p.seqlen_q, static_cast<int>(p.head_dim), p.num_splits);
+                    p.seqlen_q, static_cast<int>(core::head_dim_v(p)), p.num_splits);
 }
 }  // namespace
 
@@ -165,7 +171,7 @@ const KernelRow* variant_row(const flashcore_attention_params& p, uint64_t capac
   if (p.kernel_config != nullptr) {
     const KernelRow* named =
         select(p.dtype, out_dtype, static_cast<int>(p.head_dim), core::masked_call(p), p.kernel_config, p.seqlen_k,
-               error);
+               error, static_cast<int>(core::head_dim_v(p)));
     if (named == nullptr) {
       error += core::window_note(p);
       return nullptr;
@@ -310,7 +316,7 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
                             const core::TunedChoice tuned, std::string& error) {
   const bool workspace_given = capacity >= 16;  // the dynamic scheduler's counter
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
-  const int hd = static_cast<int>(p.head_dim);
+  const int hd = static_cast<int>(p.head_dim), hd_v = static_cast<int>(core::head_dim_v(p));
   const bool causal = core::masked_call(p);
   // The attention variants run on the variants rows only (no split, packed or tuned row takes them).
   if (core::has_variant(p)) return variant_row(p, capacity, plan.sms, error);
@@ -323,7 +329,9 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
   if (p.kernel_config == nullptr && row == nullptr) row = varlen_row(p, workspace_given);
   // The tables' choice, when it is compiled or registered; should one be gone, the default runs. An 8-bit call's
   // entry (the key is the input dtype) serves both O dtypes; a 16-bit call writing O in another dtype has no table.
-  if (row == nullptr && p.kernel_config == nullptr && tuned != nullptr && (out_dtype == p.dtype || is_8bit(p.dtype))) {
+  // (A call whose V has a head dim of its own has no table: they are keyed by one head dim.)
+  if (row == nullptr && p.kernel_config == nullptr && tuned != nullptr && (out_dtype == p.dtype || is_8bit(p.dtype)) &&
+      hd_v == hd) {
     const char* name = tuned(plan.device, plan.cc, p.dtype, hd, causal, p.seqlen_q, p.seqlen_k, workspace_given);
     if (name != nullptr) row = select(p.dtype, out_dtype, hd, causal, name, p.seqlen_k, error);
     // Dynamic rows take no paged K/V, and those with two consumer warpgroups no packed one (smem_plan.h): such calls
@@ -340,7 +348,7 @@ const KernelRow* choose_row(const flashcore_attention_params& p, const core::Pla
       row = nullptr;
     }
   }
-  if (row == nullptr) row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error);
+  if (row == nullptr) row = select(p.dtype, out_dtype, hd, causal, p.kernel_config, p.seqlen_k, error, hd_v);
   if (p.kernel_config == nullptr) row = wave_row(p, plan.device, row, capacity);
   return row;
 }
@@ -439,7 +447,8 @@ void archs(std::vector<int>& out) { out.push_back(90); }  // sm_90a
 
 void listed_rows(int /*cc*/, std::vector<core::RowInfo>& out) {
   auto add = [&](const KernelRow& r, bool variant) {
-    out.push_back({r.name, r.dtype, r.out_dtype, r.head_dim, r.causal, r.is_default, r.smem_bytes, variant});
+    out.push_back({r.name, r.dtype, r.out_dtype, r.head_dim, r.causal, r.is_default, r.smem_bytes, variant,
+                   v_head_dim(r)});
   };
   for (const KernelRow* r : kRows) add(*r, false);
   for (const KernelRow* r : registered_rows()) add(*r, true);  // then the runtime variants registered (variant.h)

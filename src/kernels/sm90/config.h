@@ -23,7 +23,8 @@ template <class Row>
 struct KernelConfig {
   using Element = typename Row::Element;
   using OutElement = typename Row::OutElement;
-  static constexpr int kHeadDim = Row::kHeadDim;
+  static constexpr int kHeadDim = Row::kHeadDim;    // Q's and K's
+  static constexpr int kHeadDimV = Row::kHeadDimV;  // V's and O's (MLA prefill: 192 / 128)
   static constexpr bool kCausal = Row::kCausal;
   static constexpr TileShape kShape = Row::kShape;
   static constexpr int kBlockM = kShape.block_m;
@@ -64,7 +65,7 @@ struct KernelConfig {
   static constexpr bool kRowAfterRow = kHeadDim != 64 || kCausal;
 
   // Launch shape and shared-memory layout (smem_plan.h, shared with the host).
-  static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes);
+  static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes, kHeadDimV);
   static constexpr int kConsumerWarpgroups = kPlan.consumer_warpgroups;
   static constexpr int kRowsPerWarpgroup = sm90::kRowsPerWarpgroup;
   // The causal 16-bit variants rows (TileShape::variants) take a sliding window (kernels/common/mask.cuh, tile.cuh
@@ -88,7 +89,7 @@ struct KernelConfig {
   // spills; docs/decisions.md#pv-overlap).
   static constexpr int kTwoPSetsBudget = kFp8 ? 208 : 192;
   static constexpr bool kTwoPSets =  // (the transposed decode rows keep P in shared memory: decode_swap.cuh)
-      !kSwapAB && kConsumerRegs >= 240 && kHeadDim / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= kTwoPSetsBudget;
+      !kSwapAB && kConsumerRegs >= 240 && kHeadDimV / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= kTwoPSetsBudget;
 
   static constexpr int kRowBytes = kSmemRowBytes;
   static constexpr int kQKRowBytes = kPlan.qk_row_bytes;  // 128, or 64 for 8-bit head dim 64 (64-byte swizzle)
@@ -143,6 +144,9 @@ struct KernelConfig {
   static_assert(kSeparateO || kOutBytes <= kQBytes, "O staged in the Q tile must fit there");
   static_assert(kQStages == 1 || kSwapAB, "a Q ring only on the transposed decode rows (no O staged in Q)");
   static_assert(!kSwapAB || kElemBytes == 2, "transposed decode: 16-bit inputs");
+  static_assert(kHeadDimV == kHeadDim || (kElemBytes == 2 && !kInt8QK && !kSwapAB),
+                "a V head dim of its own: 16-bit inputs, not the transposed decode rows");
+  static_assert(kHeadDimV % 64 == 0 && kHeadDimV <= 256, "V's head dim: whole 128-byte chunks, wgmma N <= 256");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
 };
 

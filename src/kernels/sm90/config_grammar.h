@@ -66,6 +66,7 @@ inline bool parse_config_name(const std::string& name, TileShape& shape) {
 // columns are described in configs.txt). The choice column's "packed-only" makes the row's packed flavour.
 struct ConfigRow {
   int head_dim = 0;
+  int head_dim_v = 0;  // V's and O's head dim: the head_dim column's "<qk>/<v>" form (e.g. 192/128), else head_dim
   bool causal = false;
   TileShape shape{};
   std::string choice;    // default, default(seqlen_k<=N), packed, packed-only, dispatch, plain or -
@@ -96,6 +97,13 @@ inline bool parse_config_row(const std::string& line, ConfigRow& row, std::strin
   ConfigRow r;
   try {
     r.head_dim = std::stoi(f[0], &used);
+    r.head_dim_v = r.head_dim;
+    if (used < f[0].size() && f[0][used] == '/') {  // "<head_dim>/<head_dim_v>"
+      size_t used_v = 0;
+      r.head_dim_v = std::stoi(f[0].substr(used + 1), &used_v);
+      used += 1 + used_v;
+    }
+    if (used != f[0].size()) return fail("head_dim must be <n> or <n>/<n_v>");
     r.shape.block_m = std::stoi(f[2]);
     r.shape.block_n = std::stoi(f[3]);
     r.shape.stages = std::stoi(f[4]);
@@ -149,6 +157,7 @@ struct UnitSpec {
   std::string symbol;
   std::string element, out_element;  // C++ element types, e.g. "__nv_bfloat16"
   int head_dim = 0;
+  int head_dim_v = 0;  // 0: head_dim
   bool causal = false;
   TileShape shape{};
 };
@@ -163,6 +172,7 @@ inline std::string unit_source(const UnitSpec& u, const std::string& generator, 
          "  using Element = " + u.element + ";\n" +
          "  using OutElement = " + u.out_element + ";\n" +
          "  static constexpr int kHeadDim = " + std::to_string(u.head_dim) + ";\n" +
+         "  static constexpr int kHeadDimV = " + std::to_string(u.head_dim_v != 0 ? u.head_dim_v : u.head_dim) + ";\n" +
          "  static constexpr bool kCausal = " + b(u.causal) + ";\n" +
          "  static constexpr TileShape kShape = {" + std::to_string(s.block_m) + ", " + std::to_string(s.block_n) +
          ", " + std::to_string(s.stages) + ", " + b(s.pingpong) + ", Schedule::" +

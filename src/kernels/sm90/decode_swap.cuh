@@ -25,7 +25,7 @@ inline constexpr uint32_t kSwapBarrier = 4;
 
 template <class Cfg>
 struct SwapState {
-  static constexpr int kDTiles = Cfg::kHeadDim / 64;  // m64 tiles of O^T
+  static constexpr int kDTiles = Cfg::kHeadDimV / 64;  // m64 tiles of O^T
   static constexpr int kKTiles = Cfg::kBlockN / 64;   // m64 tiles of S^T
   float o[kDTiles][4];
   float m[2];  // the thread's two query columns: running max of the raw scores
@@ -245,7 +245,7 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         if (row[r & 1] >= seqlen_q) continue;
-        p.o_partial[(part * seqlen_q + row[r & 1]) * Cfg::kHeadDim + 64 * i + swap_row(r)] = st.o[i][r] * inv[r & 1];
+        p.o_partial[(part * seqlen_q + row[r & 1]) * Cfg::kHeadDimV + 64 * i + swap_row(r)] = st.o[i][r] * inv[r & 1];
       }
     }
     if (t < 4) {

@@ -46,7 +46,7 @@ __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx
   if constexpr (kRepairsMaskedV<Cfg>) {
     // The first row of the pair (its partner holds the same columns: kernels::any_nonfinite).
     const bool fired =
-        kernels::any_nonfinite<Cfg::kHeadDim / 4>([&](int e) { return st.o[acc_index(e / 2, 0, e % 2)]; });
+        kernels::any_nonfinite<Cfg::kHeadDimV / 4>([&](int e) { return st.o[acc_index(e / 2, 0, e % 2)]; });
     if (!__any_sync(0xffffffffu, fired)) return;
     const int lane = threadIdx.x % 32;
     const int row = warpgroup * Cfg::kRowsPerWarpgroup + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
@@ -55,7 +55,7 @@ __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx
       if (lse[i] != lse[i]) continue;
       const float inv = repair_row_of_tile<Cfg>(p, tile_idx, row + 8 * i, [&](auto&& f) {
 #pragma unroll
-        for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+        for (int j = 0; j < Cfg::kHeadDimV / 8; ++j) {
           f(kernels::acc_col(j, 0, lane), st.o[acc_index(j, i, 0)]);
           f(kernels::acc_col(j, 1, lane), st.o[acc_index(j, i, 1)]);
         }
@@ -82,16 +82,16 @@ __device__ __forceinline__ void store_split_partial(const FwdParams& p, const Ti
                            : (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_splits + tile.split;
   const int64_t part_rows = Cfg::kLastRoundSplit ? Cfg::kBlockM : seqlen_q;
   const int64_t row0 = Cfg::kLastRoundSplit ? static_cast<int64_t>(tile.m_block) * Cfg::kBlockM : 0;
-  float* o_rows = p.o_partial + part * part_rows * Cfg::kHeadDim;
+  float* o_rows = p.o_partial + part * part_rows * Cfg::kHeadDimV;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t seq_row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + warpgroup * Cfg::kRowsPerWarpgroup +
                             warp_in_wg * 16 + lane / 4 + 8 * i;
     if (seq_row >= seqlen_q) continue;
     const int64_t row = seq_row - row0;
-    float* o_row = o_rows + row * Cfg::kHeadDim + 2 * (lane % 4);
+    float* o_row = o_rows + row * Cfg::kHeadDimV + 2 * (lane % 4);
 #pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+    for (int j = 0; j < Cfg::kHeadDimV / 8; ++j) {
       *reinterpret_cast<float2*>(o_row + 8 * j) =
           make_float2(st.o[kernels::acc_index(j, i, 0)] * inv_sum[i], st.o[kernels::acc_index(j, i, 1)] * inv_sum[i]);
     }
@@ -130,7 +130,7 @@ __device__ __forceinline__ bool count_part_is_last(const FwdParams& p, int64_t c
 template <class Cfg>
 __device__ __forceinline__ void merge_if_last_split(const FwdParams& p, const Tile& tile, int warpgroup) {
   static_assert(Cfg::kConsumerWarpgroups == 1, "one count per split: the split rows have one consumer warpgroup");
-  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kDimV = Cfg::kHeadDimV;  // O's head dim
   using Out = typename Cfg::OutElement;
   const int wg_thread = threadIdx.x % 128;
   const int64_t dense = (static_cast<int64_t>(tile.batch) * p.num_heads_q + tile.head) * p.num_m_blocks + tile.m_block;
@@ -142,14 +142,14 @@ __device__ __forceinline__ void merge_if_last_split(const FwdParams& p, const Ti
   char* o_rows = static_cast<char*>(p.o) + tile.batch * p.o_stride_batch_bytes + tile.head * p.o_stride_head_bytes;
   for (int64_t row = row0 + wg_thread / 32; row < row_end; row += 4) {
     const kernels::SplitRows splits{p.lse_partial + first * seqlen_q + row,
-                                    p.o_partial + (first * seqlen_q + row) * kHeadDim, seqlen_q, p.num_splits};
-    float acc[kHeadDim / 64][2], max_lse;
-    const float total = kernels::merge_split_share<kHeadDim>(splits, 0, 1, acc, max_lse);
+                                    p.o_partial + (first * seqlen_q + row) * kDimV, seqlen_q, p.num_splits};
+    float acc[kDimV / 64][2], max_lse;
+    const float total = kernels::merge_split_share<kDimV>(splits, 0, 1, acc, max_lse);
     Out* o_row = reinterpret_cast<Out*>(o_rows + (tile.seq.q_row0 + row) * p.o_stride_seq_bytes);
     float* lse = p.lse == nullptr ? nullptr
                                   : p.lse + tile.batch * p.lse_stride_batch + tile.head * p.lse_stride_head +
                                         tile.seq.q_row0 + row;
-    kernels::store_merged_row<Out, kHeadDim>(o_row, lse, acc, total, max_lse);
+    kernels::store_merged_row<Out, kDimV>(o_row, lse, acc, total, max_lse);
   }
 }
 
@@ -164,7 +164,7 @@ template <class Cfg>
 __device__ __forceinline__ bool merge_parts_in_registers(const FwdParams& p, const Tile& tile, int warpgroup,
                                                          ConsumerState<Cfg>& st, float (&inv_sum)[2],
                                                          float (&lse)[2]) {
-  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kDimV = Cfg::kHeadDimV;  // O's head dim
   constexpr uint32_t kMergeBarrier = 2 + 2 * Cfg::kConsumerWarpgroups;  // after the epilogue, turn and zero-V ones
   static_assert(kMergeBarrier < 16, "named barriers 0-15");
   const bool counting = threadIdx.x == 128;  // the first consumer thread (consumers follow the producer warpgroup)
@@ -181,9 +181,9 @@ __device__ __forceinline__ bool merge_parts_in_registers(const FwdParams& p, con
     }
     if (m == -INFINITY) continue;  // no part saw a key of this row: O = 0, LSE = -inf
     // This part's O as it stored it, then every part in part order (the result does not depend on which is last).
-    float own[kHeadDim / 4];
+    float own[kDimV / 4];
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
+    for (int j = 0; j < kDimV / 8; ++j) {
       own[2 * j] = st.o[kernels::acc_index(j, i, 0)] * inv_sum[i];
       own[2 * j + 1] = st.o[kernels::acc_index(j, i, 1)] * inv_sum[i];
       st.o[kernels::acc_index(j, i, 0)] = st.o[kernels::acc_index(j, i, 1)] = 0.f;
@@ -194,7 +194,7 @@ __device__ __forceinline__ bool merge_parts_in_registers(const FwdParams& p, con
         const float w = __expf(lse[i] - m);
         total += w;
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
+        for (int j = 0; j < kDimV / 8; ++j) {
           st.o[kernels::acc_index(j, i, 0)] = fmaf(w, own[2 * j], st.o[kernels::acc_index(j, i, 0)]);
           st.o[kernels::acc_index(j, i, 1)] = fmaf(w, own[2 * j + 1], st.o[kernels::acc_index(j, i, 1)]);
         }
@@ -203,9 +203,9 @@ __device__ __forceinline__ bool merge_parts_in_registers(const FwdParams& p, con
       const int64_t slot = tile.part0 + s;
       const float w = __expf(__ldcg(p.lse_partial + slot * Cfg::kBlockM + row) - m);
       total += w;
-      const float* o_row = p.o_partial + (slot * Cfg::kBlockM + row) * kHeadDim + 2 * (lane % 4);
+      const float* o_row = p.o_partial + (slot * Cfg::kBlockM + row) * kDimV + 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
+      for (int j = 0; j < kDimV / 8; ++j) {
         const float2 v = __ldcg(reinterpret_cast<const float2*>(o_row + 8 * j));
         st.o[kernels::acc_index(j, i, 0)] = fmaf(w, v.x, st.o[kernels::acc_index(j, i, 0)]);
         st.o[kernels::acc_index(j, i, 1)] = fmaf(w, v.y, st.o[kernels::acc_index(j, i, 1)]);
@@ -284,11 +284,11 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
   // 8-15, unit j), (rows 0-7, unit j + 1), (rows 8-15, unit j + 1), whose fragments are the accumulators' pairs, and
   // lane l gives the address of row l % 8 of matrix l / 8 (a 16-byte unit of the swizzled row). A quarter of the
   // stores of one 32-bit store per pair (docs/decisions.md#epilogue-stmatrix).
-  static_assert(Cfg::kHeadDim % 16 == 0, "whole stmatrix.x4 column pairs");
+  static_assert(Cfg::kHeadDimV % 16 == 0, "whole stmatrix.x4 column pairs");
   const int st_row = warp_in_wg * 16 + 8 * ((lane / 8) % 2) + lane % 8;  // this lane's row within the slice
   const uint32_t st_base = static_cast<uint32_t>(__cvta_generic_to_shared(stage)) + st_row * Cfg::kRowBytes;
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDim / 8; j += 2) {
+  for (int j = 0; j < Cfg::kHeadDimV / 8; j += 2) {
     const int chunk = j / 8, unit = j % 8 + lane / 16;  // j even: units j % 8 and j % 8 + 1 of one chunk
     const uint32_t r[4] = {
         Out::pack2(st.o[acc_index(j, 0, 0)] * inv_sum[0], st.o[acc_index(j, 0, 1)] * inv_sum[0]),

@@ -130,7 +130,8 @@ int main(int argc, char** argv) {
       const std::string hd = std::to_string(r.head_dim);
       if (std::find(head_dims.begin(), head_dims.end(), hd) == head_dims.end()) continue;
       const std::string name = flashcore::sm90::config_name(r.shape);
-      const std::string key = pair.in + ":" + hd + ":" + (r.causal ? "1" : "0") + ":" + name;
+      const std::string hd_part = hd + (r.head_dim_v != r.head_dim ? "v" + std::to_string(r.head_dim_v) : "");
+      const std::string key = pair.in + ":" + hd_part + ":" + (r.causal ? "1" : "0") + ":" + name;
       // Build tiers: a tuning option ("-") only with FLASHCORE_ALL_CONFIGS or when a shipped table chooses it.
       if (tuned.count(key) != 0) found_tuned.insert(key);
       if (r.choice == "-" && !all_configs && tuned.count(key) == 0) {
@@ -138,7 +139,7 @@ int main(int argc, char** argv) {
         continue;
       }
       dims_with_rows.insert(hd);
-      const std::string symbol = "r_" + pair.in + pair.suffix + "_d" + hd + "_c" + (r.causal ? "1" : "0") + "_" +
+      const std::string symbol = "r_" + pair.in + pair.suffix + "_d" + hd_part + "_c" + (r.causal ? "1" : "0") + "_" +
                                  r.row_part;
       const bool is_default = r.choice.rfind("default", 0) == 0;
       flashcore::sm90::UnitSpec u;
@@ -146,6 +147,7 @@ int main(int argc, char** argv) {
       u.element = kDtypes.at(pair.in).element;
       u.out_element = kDtypes.at(pair.out).element;
       u.head_dim = r.head_dim;
+      u.head_dim_v = r.head_dim_v;
       u.causal = r.causal;
       u.shape = r.shape;
       const std::string tail = "}  // namespace flashcore::sm90\nFLASHCORE_SM90_DEFINE_ROW(" + symbol + ", \"" + name +

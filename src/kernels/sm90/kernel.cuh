@@ -103,5 +103,5 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
       NAME, DTYPE, OUT_DTYPE, ROW::kHeadDim, ROW::kCausal, IS_DEFAULT, ROW::kShape,                             \
       KernelConfig<ROW>::kThreads, KernelConfig<ROW>::kSmemBytes, KernelConfig<ROW>::kSeparateO,                \
       reinterpret_cast<const void*>(&flashcore_fwd_sm90_kernel<KernelConfig<ROW>>), 1.0f, MAX_SEQLEN_K, #ROW,  \
-      KernelConfig<ROW>::kTwoPSets};                                                                            \
+      KernelConfig<ROW>::kTwoPSets, ROW::kHeadDimV};                                                            \
   }

@@ -30,7 +30,11 @@ struct KernelRow {
   // empty): the generated row's struct name, which the kernel's SASS symbol carries, and config.h's kTwoPSets.
   const char* symbol = nullptr;
   bool two_p_sets = false;
+  int head_dim_v = 0;  // V's and O's head dim (0: head_dim; runtime variants leave it so)
 };
+
+// V's and O's head dim of row r.
+inline int v_head_dim(const KernelRow& r) { return r.head_dim_v != 0 ? r.head_dim_v : r.head_dim; }
 
 // Whether `r` is the default for a call with `seqlen_k` keys, its condition (if any) met; INT64_MAX: the key's
 // unconditional default.

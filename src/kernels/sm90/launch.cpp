@@ -47,28 +47,31 @@ flashcore_status encode_maps(const core::Plan& plan, const KernelRow& row, const
   // A paged slice's TMA box (tile_shape.h paged_box_rows, the box producer.cuh issues).
   const int kv_box = paged ? paged_box_rows(kv_box_rows(row.shape), slice_rows) : kv_box_rows(row.shape);
   const bool eight_bit = is_8bit(row.dtype);
+  const int64_t dv = core::head_dim_v(p);  // V's and O's head dim
   const int64_t vt_keys = kernels::fp8_vt_padded_keys(p.seqlen_k);
   const flashcore_tensor_strides vt_strides{p.num_heads_kv * p.head_dim * vt_keys, vt_keys, p.head_dim * vt_keys, 1};
   const TensorMapArgs v_map =
       eight_bit && !plan.v_in_kernel
           ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch, vt_strides,
                           static_cast<int>(p.head_dim), vt_chunk_keys(row.shape, row.head_dim)}
-          : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, p.head_dim, kv_rows, p.num_heads_kv,
+          : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, dv, kv_rows, p.num_heads_kv,
                           kv_entries, p.v_strides, kv_box};  // (int8 Q K^T: V in O's 16-bit dtype)
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.q_strides, row.shape.block_m},
       {"k", p.k, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},
       v_map,
-      {"o", p.o, out_dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.o_strides, 64},
+      {"o", p.o, out_dtype, dv, q_rows, p.num_heads_q, q_entries, p.o_strides, 64},
   };
   CUtensorMap* targets[4] = {&fp.tma_q, &fp.tma_k, &fp.tma_v, &fp.tma_o};
   // One TMA per Q, K or V tile where its box is the whole tile (tile_shape.h tma_chunked, the producer's rule): Q
   // always, a dense K/V unless split-KV boxes it in 32-row slices; a paged cache's slices and O's stores keep 4-D maps.
   const int elem_bytes = static_cast<int>(dtype_size(row.dtype));
   const int chunks = static_cast<int>(p.head_dim * elem_bytes / 128);
+  const int v_chunks = static_cast<int>(dv * elem_bytes / 128);
   const bool kv_chunked = !paged && tma_chunked(elem_bytes, chunks, row.shape.block_n, kv_box);
+  const bool v_chunked = !paged && !eight_bit && tma_chunked(elem_bytes, v_chunks, row.shape.block_n, kv_box);
   const bool chunked[4] = {tma_chunked(elem_bytes, chunks, row.shape.block_m, row.shape.block_m), kv_chunked,
-                           kv_chunked && !eight_bit, false};
+                           v_chunked, false};
   for (int i = 0; i < 4; ++i) {
     TensorMapArgs args = maps[i];
     args.chunked = chunked[i];
@@ -185,7 +188,7 @@ flashcore_status launch_row(const core::Plan& plan, const flashcore_attention_pa
     c.heads = static_cast<int>(p.num_heads_q);
     c.splits = plan.split.splits;
     const cudaError_t err =
-        launch_combine(c, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(p.head_dim), stream);
+        launch_combine(c, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(core::head_dim_v(p)), stream);
     if (err != cudaSuccess) {
       error = core::cuda_message("split-KV combine launch failed", err);
       return FLASHCORE_ERROR_CUDA;

@@ -56,9 +56,9 @@ std::vector<const KernelRow*> registered_rows();
 // The row for (dtype, out dtype, head dim, causal): the one named `config` when it is not NULL (a compiled row,
 // else a registered variant), else the default for a call with `seqlen_k` keys (the first default row, in configs.txt
 // order, whose max_seqlen_k condition the call meets; INT64_MAX: the default of long calls, which listings name).
-// nullptr (with a message in `error`) when none matches.
+// nullptr (with a message in `error`) when none matches. head_dim_v: V's head dim (0: head_dim).
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, int64_t seqlen_k, std::string& error);
+                        const char* config, int64_t seqlen_k, std::string& error, int head_dim_v = 0);
 
 // The split-KV row for a decode-shaped call (at most 64 query rows, after GQA packing, and at least 8 key blocks
 // of 128) whose partials fit in `workspace_capacity` bytes, or nullptr (another shape, too small a

@@ -22,7 +22,7 @@ using kernels::acc_index;
 // Everything a consumer warpgroup carries from the main loop into the epilogue.
 template <class Cfg>
 struct ConsumerState {
-  float o[Cfg::kHeadDim / 2];  // m64 x head_dim fp32 accumulator fragment
+  float o[Cfg::kHeadDimV / 2];  // m64 x head_dim_v fp32 accumulator fragment
   kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8, Cfg::kLazyRescale, Cfg::kRowAfterRow> softmax;
   float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs
   float o_scale;     // 8-bit inputs: the tile's V descale (O = o_scale * P V / sum)
@@ -142,7 +142,7 @@ __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kBlockN / 2], ui
 // chunk t / (kVTChunkKeys / 32).
 // v_tile: the V tile's descriptor (OperandDescs).
 template <class Cfg>
-__device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uint32_t (&a)[kPSteps<Cfg>][4],
+__device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDimV / 2], const uint32_t (&a)[kPSteps<Cfg>][4],
                                         SmemDesc v_tile) {
   wgmma_fence();
 #pragma unroll
@@ -154,7 +154,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDim / 2], const uin
       constexpr int kStepsPerChunk = Cfg::kVTChunkKeys / Cfg::kMmaK;
       offset = (t / kStepsPerChunk) * Cfg::kVTChunkBytes + (t % kStepsPerChunk) * 32;
     }
-    WgmmaRS<typename Cfg::PVElement, Cfg::kHeadDim>::mma(o, a[t], (v_tile + offset).u64(), 1);
+    WgmmaRS<typename Cfg::PVElement, Cfg::kHeadDimV>::mma(o, a[t], (v_tile + offset).u64(), 1);
   }
   wgmma_commit_group();
 }
@@ -247,7 +247,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
                                                   SharedBarriers<Cfg>& bars, int warpgroup, ConsumerState<Cfg>& st,
                                                   ConsumerPipes<Cfg>& pipes) {
 #pragma unroll
-  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) st.o[i] = 0.f;
+  for (int i = 0; i < Cfg::kHeadDimV / 2; ++i) st.o[i] = 0.f;
   tile_scales<Cfg>(p, tile, st);
   // Q: taken for every tile (producer.cuh); a tile with no key block has nothing to compute.
   // (The wait comes after the first ping-pong hand-over below: waiting first cost 2-3% on short non-causal
@@ -401,7 +401,7 @@ __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile
     // slack of 2^8 in 16-bit and int8 P: OnlineSoftmax, kLazyRescale), and the rescale is a multiply by exactly 1
     // that the warp skips (docs/decisions.md#lazy-rescale).
     if (!Cfg::kSkipUnitRescale || __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
-      kernels::rescale_rows<Cfg::kHeadDim>(st.o, rescale);
+      kernels::rescale_rows<Cfg::kHeadDimV>(st.o, rescale);
     }
     if constexpr (!Cfg::kTwoPSets) convert_p<Cfg>(s, p_out);  // (p_out is p_in: only after the wait)
   };

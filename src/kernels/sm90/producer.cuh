@@ -117,9 +117,12 @@ struct PageFetcher {
 // from page page_at(i, its first key). A slice goes in boxes of paged_box_rows rows (tile_shape.h; the host's map has
 // that box), every 128-byte chunk of a box issued back to back: a slice of a page of 128 keys or more as a dense
 // split-KV block.
-template <class Cfg, class PageAt>
+template <class Cfg, bool kV, class PageAt>
 __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtensorMap* map, uint8_t* smem, uint64_t* bar,
                                                int n_block, int kv_head, PageAt page_at) {
+  constexpr int kChunks = kV ? Cfg::kVChunks : Cfg::kChunks;  // V's head dim may differ from K's (MLA)
+  constexpr int kChunkCols = kV ? Cfg::kVChunkCols : Cfg::kChunkCols;
+  constexpr int kChunkBytes = kV ? Cfg::kVChunkBytes : Cfg::kKVChunkBytes;
   const int key0 = n_block * Cfg::kBlockN;  // < seqlen_k + kBlockN: fits in int (validation caps seqlen_k)
   const int box = paged_box_rows(Cfg::kKVBoxRows, p.kv_slice_rows);
 #pragma unroll 1
@@ -129,10 +132,10 @@ __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtenso
 #pragma unroll 1
     for (int b = 0; b < p.kv_slice_rows; b += box) {
 #pragma unroll
-      for (int c = 0; c < Cfg::kChunks; ++c) {
-        const int32_t coords[4] = {c * Cfg::kChunkCols, row + b, kv_head, page};
+      for (int c = 0; c < kChunks; ++c) {
+        const int32_t coords[4] = {c * kChunkCols, row + b, kv_head, page};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        smem + c * Cfg::kKVChunkBytes + (r + b) * Cfg::kRowBytes, map, coords, bar);
+                                        smem + c * kChunkBytes + (r + b) * Cfg::kRowBytes, map, coords, bar);
       }
     }
   }
@@ -160,10 +163,10 @@ struct Producer {
       const auto load = [&](const auto& page_at) {
         const auto kv_state = kv_pos.state();
         bars.k.acquire(kv_state);
-        tma_load_paged<Cfg>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
+        tma_load_paged<Cfg, false>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
                             bars.k.commit_tx(kv_state, Cfg::kKTileBytes), n_block, kv_head, page_at);
         bars.v.acquire(kv_state);
-        tma_load_paged<Cfg>(p, &p.tma_v, smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes,
+        tma_load_paged<Cfg, true>(p, &p.tma_v, smem + Cfg::kSmemVOffset + kv_state.stage * Cfg::kVTileBytes,
                             bars.v.commit_tx(kv_state, Cfg::kVTileBytes), n_block, kv_head, page_at);
         kv_pos.advance();
       };

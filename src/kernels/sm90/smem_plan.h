@@ -117,9 +117,11 @@ struct SmemPlan {
   int smem_bytes;  // the dynamic shared memory to launch with
 };
 
+// head_dim_v: V's and O's head dim (0: head_dim).
 constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_bytes, int out_elem_bytes,
-                             int v_elem_bytes = 0) {
+                             int v_elem_bytes = 0, int head_dim_v = 0) {
   if (v_elem_bytes == 0) v_elem_bytes = elem_bytes;
+  if (head_dim_v == 0) head_dim_v = head_dim;
   SmemPlan p{};
   p.consumer_warpgroups = swaps_gemms(shape) ? 1 : shape.block_m / kRowsPerWarpgroup;
   p.threads = 128 * (p.consumer_warpgroups + 1);
@@ -132,12 +134,12 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.chunk_cols = p.qk_row_bytes / elem_bytes;
   p.chunks = head_dim / p.chunk_cols;
   p.out_chunk_cols = kSmemRowBytes / out_elem_bytes;
-  p.out_chunks = head_dim / p.out_chunk_cols;
+  p.out_chunks = head_dim_v / p.out_chunk_cols;
   p.q_chunk_bytes = shape.block_m * p.qk_row_bytes;
   p.kv_chunk_bytes = shape.block_n * p.qk_row_bytes;
   p.out_chunk_bytes = shape.block_m * kSmemRowBytes;
   p.v_chunk_cols = v_elem_bytes == elem_bytes ? p.chunk_cols : kSmemRowBytes / v_elem_bytes;
-  p.v_chunks = head_dim / p.v_chunk_cols;
+  p.v_chunks = head_dim_v / p.v_chunk_cols;
   p.v_chunk_bytes = v_elem_bytes == elem_bytes ? p.kv_chunk_bytes : shape.block_n * kSmemRowBytes;
   p.q_bytes = p.q_chunk_bytes * p.chunks;
   p.k_tile_bytes = p.kv_chunk_bytes * p.chunks;
