@@ -91,8 +91,9 @@ typedef struct flashcore_attention_params {
 
   const void* q; /* (batch, seqlen_q, num_heads_q, head_dim) through q_strides */
   const void* k; /* (batch, seqlen_k, num_heads_kv, head_dim) through k_strides */
-  const void* v; /* (batch, seqlen_k, num_heads_kv, head_dim) through v_strides */
-  void* o;       /* (batch, seqlen_q, num_heads_q, head_dim) through o_strides; same dtype as q */
+  const void* v; /* (batch, seqlen_k, num_heads_kv, head_dim) through v_strides (head_dim_v columns where set) */
+  void* o;       /* (batch, seqlen_q, num_heads_q, head_dim) through o_strides (head_dim_v columns where set); same
+                    dtype as q */
   float* lse;    /* optional: NULL, or float32 (batch, num_heads_q, seqlen_q) contiguous */
 
   flashcore_tensor_strides q_strides;
@@ -314,7 +315,8 @@ FLASHCORE_API void flashcore_attention_params_init(flashcore_attention_params* p
   flashcore_attention_params_init_sized((params), (uint32_t)sizeof(flashcore_attention_params))
 
 /* Fill contiguous strides for Q, K, V and O in (B, S, H, D) layout ("bshd", FlashAttention's) or
- * (B, H, S, D) layout ("bhsd", PyTorch SDPA's) from the sizes already set in params.
+ * (B, H, S, D) layout ("bhsd", PyTorch SDPA's) from the sizes already set in params (V and O with head_dim_v columns
+ * where a 0.7 struct sets it; the backward's dO and dV as O and V, dQ and dK as Q and K).
  * Returns FLASHCORE_ERROR_NULL_POINTER (params NULL), _INVALID_ARGUMENT (struct_size, bhsd_layout not 0/1),
  * _INVALID_SIZE (a size <= 0) or _SIZE_OVERFLOW (a size > INT32_MAX). batch is not needed. Writes only the
  * four stride fields, so a 0.1 struct (struct_size FLASHCORE_ATTENTION_PARAMS_V1_SIZE) is fine too. */
@@ -518,9 +520,20 @@ typedef struct flashcore_capabilities {
 
 /* struct_size of the 0.1 layout of flashcore_capabilities. */
 #define FLASHCORE_CAPABILITIES_V1_SIZE 216
+/* struct_size of the 0.2 layout (unchanged through 0.6; 0.7 appends the head-dim pairs). */
+#define FLASHCORE_CAPABILITIES_V2_SIZE 304
 
-/* Zero caps and set struct_size (call before flashcore_get_capabilities). */
+/* Since 0.7: zero the first struct_size bytes of caps and set struct_size (FLASHCORE_CAPABILITIES_V1_SIZE up to
+ * sizeof(flashcore_capabilities) of the loaded library; otherwise nothing is written and flashcore_last_error() says
+ * why). Writes nothing past struct_size bytes. */
+FLASHCORE_API void flashcore_capabilities_init_sized(flashcore_capabilities* caps, uint32_t struct_size);
+
+/* Zero caps and set struct_size (call before flashcore_get_capabilities). A macro over
+ * flashcore_capabilities_init_sized with the caller's sizeof; the exported function of this name is the 0.2 one: it
+ * initialises a 0.2 struct (FLASHCORE_CAPABILITIES_V2_SIZE bytes), which is what callers built against 0.2-0.6 pass. */
 FLASHCORE_API void flashcore_capabilities_init(flashcore_capabilities* caps);
+#define flashcore_capabilities_init(caps) \
+  flashcore_capabilities_init_sized((caps), (uint32_t)sizeof(flashcore_capabilities))
 
 /* Fill caps (struct_size must be set, to sizeof of any released layout; flashcore_capabilities_init does it).
  * struct_size may be anything from FLASHCORE_CAPABILITIES_V1_SIZE to sizeof(flashcore_capabilities): the

@@ -18,6 +18,8 @@ namespace {
 
 static_assert(offsetof(flashcore_capabilities, params_struct_size) == FLASHCORE_CAPABILITIES_V1_SIZE,
               "the 0.1 fields of flashcore_capabilities moved");
+static_assert(offsetof(flashcore_capabilities, num_head_dim_pairs) == FLASHCORE_CAPABILITIES_V2_SIZE,
+              "the 0.2 fields of flashcore_capabilities moved");
 
 // End offsets of the fields, in order: a caller's struct of struct_size bytes gets every field ending at or
 // before struct_size (the 0.1 fields as one block).
@@ -81,14 +83,27 @@ flashcore_capabilities full_capabilities() {
 
 }  // namespace
 
-extern "C" void flashcore_capabilities_init(flashcore_capabilities* caps) {
+extern "C" void flashcore_capabilities_init_sized(flashcore_capabilities* caps, uint32_t struct_size) {
   flashcore::api::clear_error();
   if (caps == nullptr) {
-    flashcore::api::set_error(FLASHCORE_ERROR_NULL_POINTER, "flashcore_capabilities_init: caps is NULL");
+    flashcore::api::set_error(FLASHCORE_ERROR_NULL_POINTER, "flashcore_capabilities_init_sized: caps is NULL");
     return;
   }
-  std::memset(caps, 0, sizeof(*caps));
-  caps->struct_size = sizeof(flashcore_capabilities);
+  if (struct_size < FLASHCORE_CAPABILITIES_V1_SIZE || struct_size > sizeof(flashcore_capabilities)) {
+    flashcore::api::set_error(FLASHCORE_ERROR_INVALID_ARGUMENT,
+                              "flashcore_capabilities_init_sized: struct_size = " + std::to_string(struct_size) +
+                                  " is not between " + std::to_string(FLASHCORE_CAPABILITIES_V1_SIZE) + " and " +
+                                  std::to_string(sizeof(flashcore_capabilities)));
+    return;
+  }
+  std::memset(caps, 0, struct_size);
+  caps->struct_size = struct_size;
+}
+
+// The exported function of the macro's name (parenthesized: not the macro): the 0.2 layout, which every caller built
+// against 0.2-0.6 has.
+extern "C" void(flashcore_capabilities_init)(flashcore_capabilities* caps) {
+  flashcore_capabilities_init_sized(caps, FLASHCORE_CAPABILITIES_V2_SIZE);
 }
 
 extern "C" flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps) {

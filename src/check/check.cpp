@@ -53,7 +53,8 @@ std::string format_float(double x) {
 
 // A readable identifier made of [A-Za-z0-9_] only.
 std::string case_name(const Case& c) {
-  std::string n = std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) + "_b" +
+  std::string n = std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) +
+                  (c.head_dim_v != 0 && c.head_dim_v != c.head_dim ? "v" + std::to_string(c.head_dim_v) : "") + "_b" +
                   std::to_string(c.batch) + "_h" + std::to_string(c.heads_q) + "x" + std::to_string(c.heads_kv) +
                   "_q" + std::to_string(c.seqlen_q) + "_k" + std::to_string(c.seqlen_k) +
                   (c.causal ? "_causal" : "_full") + (c.layout == Layout::BHSD ? "_bhsd" : "_bshd");
@@ -102,7 +103,9 @@ bool has_variant(const Case& c) {
 std::string describe(const Case& c) {
   std::ostringstream s;
   s << dtype_name(c.dtype) << " B=" << c.batch << " Hq=" << c.heads_q << " Hkv=" << c.heads_kv
-    << " Sq=" << c.seqlen_q << " Sk=" << c.seqlen_k << " D=" << c.head_dim << (c.causal ? " causal" : "")
+    << " Sq=" << c.seqlen_q << " Sk=" << c.seqlen_k << " D=" << c.head_dim
+    << (c.head_dim_v != 0 && c.head_dim_v != c.head_dim ? " Dv=" + std::to_string(c.head_dim_v) : std::string())
+    << (c.causal ? " causal" : "")
     << (c.layout == Layout::BHSD ? " bhsd" : " bshd");
   if (c.input_scale != 1.0f) s << " inputs*" << format_float(c.input_scale);
   if (c.softmax_scale != 0.0f) s << " softmax_scale=" << format_float(c.softmax_scale);
@@ -437,6 +440,42 @@ void add_variant_cases(CaseList& L, bool quick) {
   add_paged(L, F16, 64, true, 8, 2, 1, 64, {0, 1, 17, 113, 4097}).attention_chunk = 1024;
 }
 
+// 11. Head dims of today's models beyond 64 / 128 / 256 (issue #72): 192, and (192, 128) with V's head dim of its own
+// (MLA prefill): odd and unequal lengths, GQA, both layouts, a KV cache, packed and paged batches, and the variants.
+void add_head_dim_cases(CaseList& L, bool quick) {
+  const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
+  const int64_t pairs[][2] = {{192, 192}, {192, 128}};
+  if (quick) {
+    for (const auto& dims : pairs)
+      for (bool causal : {false, true}) L.add(causal ? BF16 : F16, dims[0], causal, 1, 4, 2, 113, 65).head_dim_v = dims[1];
+    return;
+  }
+  const struct { int64_t sq, sk; } shapes[] = {{1, 1}, {17, 17}, {113, 113}, {300, 300}, {17, 1000},
+                                               {400, 17}, {1, 4097},  {129, 1024}};
+  int n = 0;
+  for (const auto& dims : pairs)
+    for (bool causal : {false, true})
+      for (const auto& sh : shapes) {
+        const int64_t B = sh.sq * sh.sk <= 65536 ? 2 : 1;
+        Case& c = L.add(kDtypes[n % 2], dims[0], causal, B, n % 3 == 0 ? 8 : 4, 2, sh.sq, sh.sk,
+                        n % 2 ? Layout::BHSD : Layout::BSHD);
+        c.head_dim_v = dims[1];
+        if (n % 5 == 4) c.seqused_k = std::vector<int32_t>(static_cast<size_t>(B), static_cast<int32_t>(sh.sk * 2 / 3));
+        ++n;
+      }
+  for (const auto& dims : pairs)
+    for (bool causal : {false, true}) {
+      add_varlen(L, causal ? BF16 : F16, dims[0], causal, 4, 1, {1, 17, 0, 300}, {20, 17, 5, 640}).head_dim_v = dims[1];
+      add_paged(L, causal ? F16 : BF16, dims[0], causal, 8, 2, 1, 64, {0, 1, 17, 113, 4097}).head_dim_v = dims[1];
+      add_paged(L, causal ? BF16 : F16, dims[0], causal, 4, 2, 5, 16, {9, 200, 1000}).head_dim_v = dims[1];
+      // The variants rows: a window with softcap, sinks with a chunk.
+      Case& w = with_window(L.add(BF16, dims[0], causal, 1, 4, 2, 600, 600), 100, causal ? 0 : 7);
+      w.head_dim_v = dims[1], w.softcap = 20.0f;
+      Case& k = L.add(F16, dims[0], causal, 1, 4, 4, 200, 600, Layout::BHSD);
+      k.head_dim_v = dims[1], k.sinks = sink_logits(4), k.attention_chunk = causal ? 128 : 0;
+    }
+}
+
 }  // namespace
 
 std::vector<Case> cases(bool quick) {
@@ -456,6 +495,7 @@ std::vector<Case> cases(bool quick) {
     add_serving_cases(L, true);
     add_ring_cases(L, true);
     add_variant_cases(L, true);
+    add_head_dim_cases(L, true);
     return L.finish();
   }
 
@@ -531,6 +571,9 @@ std::vector<Case> cases(bool quick) {
 
   // 10. Attention variants: windows, softcap, sinks, attention_chunk.
   add_variant_cases(L, false);
+
+  // 11. Head dims 192 and (192, 128).
+  add_head_dim_cases(L, false);
 
   return L.finish();
 }
@@ -743,7 +786,7 @@ uint16_t nan_bits(flashcore_dtype dt) { return dt == FLASHCORE_DTYPE_FP16 ? 0x7e
 // A serving case laid out on the host: the exact images of the device buffers and what the reference needs.
 struct ServingLayout {
   bool varlen_q = false, varlen_k = false, paged = false;
-  int64_t B = 0, Hq = 0, Hkv = 0, D = 0;
+  int64_t B = 0, Hq = 0, Hkv = 0, D = 0, DV = 0;  // DV: V's and O's head dim
   std::vector<int64_t> len_q, rows_k, used;  // per sequence: query rows, its K/V rows, keys used (<= rows_k)
   std::vector<int32_t> cu_q, cu_k;           // (B + 1,) when packed
   std::vector<int32_t> seqused;              // seqused_k as passed (raw); empty: not passed
@@ -753,12 +796,13 @@ struct ServingLayout {
   int64_t page_size = 0, width = 0, param_stride = 0, num_pages = 0;
   std::vector<int32_t> table;
   // Strides as passed; element offsets of the tensors in their buffers; extents (elements) of O and LSE.
-  flashcore_tensor_strides qs{}, ks{};
-  int64_t q_off = 0, kv_off = 0, o_extent = 0, o_buffer = 0;
+  // O and V have their own (DV columns); q_off / kv_off are in Q's and K's elements, o_off / v_off in O's and V's.
+  flashcore_tensor_strides qs{}, ks{}, os{}, vs{};
+  int64_t q_off = 0, kv_off = 0, o_off = 0, v_off = 0, o_extent = 0, o_buffer = 0;
   int64_t lse_off = kLseGuard, lse_count = 0, lse_buffer = 0;
   std::vector<uint16_t> q, k, v;                // device images, NaN guards included
-  std::vector<uint16_t> k_logical, v_logical;   // paged: dense (B, sk, Hkv, D) for the reference
-  flashcore_tensor_strides logical_strides{};
+  std::vector<uint16_t> k_logical, v_logical;   // paged: dense (B, sk, Hkv, D or DV) for the reference
+  flashcore_tensor_strides logical_strides{}, logical_strides_v{};
   std::vector<float> sinks;                     // the case's sink logits (the device array's contents)
 };
 
@@ -768,7 +812,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout& L, std::string& err) {
   L = ServingLayout{};
   const int64_t B = c.batch, Hq = c.heads_q, Hkv = c.heads_kv, D = c.head_dim;
-  L.B = B, L.Hq = Hq, L.Hkv = Hkv, L.D = D;
+  const int64_t DV = c.head_dim_v != 0 ? c.head_dim_v : D;
+  L.B = B, L.Hq = Hq, L.Hkv = Hkv, L.D = D, L.DV = DV;
   L.varlen_q = !c.varlen_q.empty(), L.varlen_k = !c.varlen_k.empty(), L.paged = c.page_size > 0;
   if (B <= 0 || c.seqlen_q <= 0 || c.seqlen_k <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0) {
     err = "sizes must be positive and heads_q a multiple of heads_kv";
@@ -842,16 +887,19 @@ bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout
   // Q and O: packed (total_q rows, batch stride ignored) or dense; 64 guard rows on both sides.
   const int64_t q_rows = L.varlen_q ? L.total_q : L.sq;
   L.qs = layout_strides(c.layout, q_rows, Hq, D);
-  L.o_extent = (L.varlen_q ? 1 : B) * q_rows * Hq * D;
+  L.os = layout_strides(c.layout, q_rows, Hq, DV);
+  L.o_extent = (L.varlen_q ? 1 : B) * q_rows * Hq * DV;
   L.q_off = kGuardRows * Hq * D;
-  L.o_buffer = L.o_extent + 2 * L.q_off;
+  L.o_off = kGuardRows * Hq * DV;
+  L.o_buffer = L.o_extent + 2 * L.o_off;
   L.lse_count = L.varlen_q ? Hq * L.total_q : B * Hq * L.sq;
   L.lse_buffer = L.lse_count + 2 * kLseGuard;
 
   // K and V: packed, paged or dense; 64 guard rows on both sides.
   const uint16_t nan = nan_bits(c.dtype);
   L.kv_off = kGuardRows * Hkv * D;
-  int64_t kv_extent = 0;
+  L.v_off = kGuardRows * Hkv * DV;
+  int64_t kv_extent = 0, v_extent = 0;
   std::vector<int64_t> pages_of(static_cast<size_t>(B), 0);
   if (L.paged) {
     const int64_t P = c.page_size;
@@ -872,39 +920,45 @@ bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout
       return false;
     }
     L.ks = layout_strides(c.layout, P, Hkv, D);
-    kv_extent = L.num_pages * P * Hkv * D;
+    L.vs = layout_strides(c.layout, P, Hkv, DV);
+    kv_extent = L.num_pages * P * Hkv * D, v_extent = L.num_pages * P * Hkv * DV;
   } else if (L.varlen_k) {
     L.ks = layout_strides(c.layout, L.total_k, Hkv, D);
-    kv_extent = L.total_k * Hkv * D;
+    L.vs = layout_strides(c.layout, L.total_k, Hkv, DV);
+    kv_extent = L.total_k * Hkv * D, v_extent = L.total_k * Hkv * DV;
   } else {
     L.ks = layout_strides(c.layout, L.sk, Hkv, D);
-    kv_extent = B * L.sk * Hkv * D;
+    L.vs = layout_strides(c.layout, L.sk, Hkv, DV);
+    kv_extent = B * L.sk * Hkv * D, v_extent = B * L.sk * Hkv * DV;
   }
 
   // Q: N(0,1) * input_scale inside the tensor, NaN in the guards.
-  L.q.resize(static_cast<size_t>(L.o_buffer));
+  L.q.resize(static_cast<size_t>((L.varlen_q ? 1 : B) * q_rows * Hq * D + 2 * L.q_off));
   fill_normal(L.q, c.dtype, seed, 0, c.input_scale);
   std::fill(L.q.begin(), L.q.begin() + L.q_off, nan);
   std::fill(L.q.end() - L.q_off, L.q.end(), nan);
 
   const size_t kv_size = static_cast<size_t>(kv_extent + 2 * L.kv_off);
+  const size_t v_size = static_cast<size_t>(v_extent + 2 * L.v_off);
   if (!L.paged) {
     // K/V as the kernel reads them: values for the used keys, NaN for the rest of each sequence and the guards.
-    L.k.resize(kv_size), L.v.resize(kv_size);
+    L.k.resize(kv_size), L.v.resize(v_size);
     fill_normal(L.k, c.dtype, seed, 1, c.input_scale);
     fill_normal(L.v, c.dtype, seed, 2, c.input_scale);
-    for (auto* img : {&L.k, &L.v}) {
-      std::fill(img->begin(), img->begin() + L.kv_off, nan);
-      std::fill(img->end() - L.kv_off, img->end(), nan);
+    const std::pair<std::vector<uint16_t>*, int64_t> guarded[] = {{&L.k, L.kv_off}, {&L.v, L.v_off}};
+    for (const auto& [img, off] : guarded) {
+      std::fill(img->begin(), img->begin() + off, nan);
+      std::fill(img->end() - off, img->end(), nan);
     }
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t base = L.kv_off + (L.varlen_k ? L.cu_k[static_cast<size_t>(b)] * L.ks.seq : b * L.ks.batch);
-      for (int64_t j = L.used[static_cast<size_t>(b)]; j < L.rows_k[static_cast<size_t>(b)]; ++j)
-        for (int64_t h = 0; h < Hkv; ++h)
-          for (int64_t d = 0; d < D; ++d) {
-            const size_t at = static_cast<size_t>(base + j * L.ks.seq + h * L.ks.head + d);
-            L.k[at] = nan, L.v[at] = nan;
-          }
+      const size_t bi = static_cast<size_t>(b);
+      const int64_t k_base = L.kv_off + (L.varlen_k ? L.cu_k[bi] * L.ks.seq : b * L.ks.batch);
+      const int64_t v_base = L.v_off + (L.varlen_k ? L.cu_k[bi] * L.vs.seq : b * L.vs.batch);
+      for (int64_t j = L.used[bi]; j < L.rows_k[bi]; ++j)
+        for (int64_t h = 0; h < Hkv; ++h) {
+          for (int64_t d = 0; d < D; ++d) L.k[static_cast<size_t>(k_base + j * L.ks.seq + h * L.ks.head + d)] = nan;
+          for (int64_t d = 0; d < DV; ++d) L.v[static_cast<size_t>(v_base + j * L.vs.seq + h * L.vs.head + d)] = nan;
+        }
     }
     return true;
   }
@@ -913,18 +967,18 @@ bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout
   // page order; the block table's entries past each sequence's pages are garbage.
   const int64_t P = L.page_size;
   L.logical_strides = layout_strides(Layout::BSHD, L.sk, Hkv, D);
-  const size_t logical_size = static_cast<size_t>(B * L.sk * Hkv * D);
-  L.k_logical.resize(logical_size), L.v_logical.resize(logical_size);
+  L.logical_strides_v = layout_strides(Layout::BSHD, L.sk, Hkv, DV);
+  L.k_logical.resize(static_cast<size_t>(B * L.sk * Hkv * D)), L.v_logical.resize(static_cast<size_t>(B * L.sk * Hkv * DV));
   fill_normal(L.k_logical, c.dtype, seed, 1, c.input_scale);
   fill_normal(L.v_logical, c.dtype, seed, 2, c.input_scale);
-  const int64_t row = Hkv * D;  // logical row (all heads)
+  const int64_t row = Hkv * D, row_v = Hkv * DV;  // logical rows (all heads)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = L.used[static_cast<size_t>(b)]; j < L.sk; ++j) {
-      const size_t at = static_cast<size_t>((b * L.sk + j) * row);
+      const size_t at = static_cast<size_t>((b * L.sk + j) * row), at_v = static_cast<size_t>((b * L.sk + j) * row_v);
       std::fill(L.k_logical.begin() + at, L.k_logical.begin() + at + row, nan);
-      std::fill(L.v_logical.begin() + at, L.v_logical.begin() + at + row, nan);
+      std::fill(L.v_logical.begin() + at_v, L.v_logical.begin() + at_v + row_v, nan);
     }
-  L.k.assign(kv_size, nan), L.v.assign(kv_size, nan);
+  L.k.assign(kv_size, nan), L.v.assign(v_size, nan);
   std::vector<int32_t> order(static_cast<size_t>(L.num_pages));
   for (int64_t i = 0; i < L.num_pages; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   std::mt19937_64 rng(splitmix(seed ^ 0x9a6ed));
@@ -940,7 +994,9 @@ bool build_layout(const Case& c, uint64_t seed, int64_t min_pages, ServingLayout
           const size_t from = static_cast<size_t>((b * L.sk + pg * P + r) * row + h * D);
           const size_t to = static_cast<size_t>(L.kv_off + page * L.ks.batch + r * L.ks.seq + h * L.ks.head);
           std::copy_n(L.k_logical.begin() + from, D, L.k.begin() + to);
-          std::copy_n(L.v_logical.begin() + from, D, L.v.begin() + to);
+          const size_t from_v = static_cast<size_t>((b * L.sk + pg * P + r) * row_v + h * DV);
+          const size_t to_v = static_cast<size_t>(L.v_off + page * L.vs.batch + r * L.vs.seq + h * L.vs.head);
+          std::copy_n(L.v_logical.begin() + from_v, DV, L.v.begin() + to_v);
         }
     }
   // Garbage past each sequence's pages: -1, INT32_MAX, an id past num_pages, or the id of an unreferenced NaN page.
@@ -981,12 +1037,13 @@ struct ServingDevice {
       return false;
     flashcore_attention_params_init(&p);
     auto at = [&](void* base, int64_t elements) { return static_cast<char*>(base) + elements * static_cast<int64_t>(esize); };
-    p.q = at(q.ptr, L.q_off), p.k = at(k.ptr, L.kv_off), p.v = at(v.ptr, L.kv_off), p.o = at(o.ptr, L.q_off);
+    p.q = at(q.ptr, L.q_off), p.k = at(k.ptr, L.kv_off), p.v = at(v.ptr, L.v_off), p.o = at(o.ptr, L.o_off);
     p.lse = c.with_lse ? static_cast<float*>(lse.ptr) + L.lse_off : nullptr;
     p.lse_capacity = c.with_lse ? L.lse_count : 0;
-    p.q_strides = p.o_strides = L.qs;
-    p.k_strides = p.v_strides = L.ks;
+    p.q_strides = L.qs, p.o_strides = L.os;
+    p.k_strides = L.ks, p.v_strides = L.vs;
     p.batch = L.B, p.seqlen_q = L.sq, p.seqlen_k = L.sk, p.num_heads_q = L.Hq, p.num_heads_kv = L.Hkv, p.head_dim = L.D;
+    p.head_dim_v = c.head_dim_v;
     p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
     p.kernel_config = c.kernel_config;
     p.seqused_k = static_cast<const int32_t*>(used.ptr);
@@ -1061,10 +1118,10 @@ struct ServingDevice {
 // verdict of this run (r.deterministic is left as it is and counts too).
 void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const std::vector<uint16_t>& ho,
                    const std::vector<float>& hlse, Result& r) {
-  const int64_t B = L.B, Hq = L.Hq, D = L.D;
-  const flashcore_tensor_strides& os = L.qs;
+  const int64_t B = L.B, Hq = L.Hq, D = L.DV;  // O's columns
+  const flashcore_tensor_strides& os = L.os;
   auto o_at = [&](int64_t b, int64_t i, int64_t h, int64_t d) -> int64_t {
-    return L.q_off + (L.varlen_q ? L.cu_q[static_cast<size_t>(b)] * os.seq : b * os.batch) + i * os.seq +
+    return L.o_off + (L.varlen_q ? L.cu_q[static_cast<size_t>(b)] * os.seq : b * os.batch) + i * os.seq +
            h * os.head + d;
   };
   auto lse_at = [&](int64_t b, int64_t h, int64_t i) -> int64_t {
@@ -1080,11 +1137,11 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
   int64_t n_guard = 0;
   std::string first_guard;
   for (int64_t e = 0; e < L.o_buffer; ++e) {
-    if (e >= L.q_off && e < L.q_off + L.o_extent) continue;
+    if (e >= L.o_off && e < L.o_off + L.o_extent) continue;
     if (ho[static_cast<size_t>(e)] == 0xffff) continue;
     if (n_guard++ == 0)
-      first_guard = "O element " + std::to_string(e - L.q_off) + " relative to o (" +
-                    (e < L.q_off ? "before the tensor" : "past its end, " + std::to_string(L.o_extent) + " elements") + ")";
+      first_guard = "O element " + std::to_string(e - L.o_off) + " relative to o (" +
+                    (e < L.o_off ? "before the tensor" : "past its end, " + std::to_string(L.o_extent) + " elements") + ")";
   }
   if (c.with_lse)
     for (int64_t e = 0; e < L.lse_buffer; ++e) {
@@ -1122,11 +1179,12 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
   // The reference, per sequence: a batch-1 problem over that sequence's rows.
   flashcore_attention_params host;
   flashcore_attention_params_init(&host);
-  host.batch = 1, host.num_heads_q = Hq, host.num_heads_kv = L.Hkv, host.head_dim = D;
+  host.batch = 1, host.num_heads_q = Hq, host.num_heads_kv = L.Hkv, host.head_dim = L.D, host.head_dim_v = L.DV;
   host.dtype = c.dtype, host.causal = c.causal ? 1 : 0, host.softmax_scale = c.softmax_scale;
   set_variants(c, host, c.sinks.data());
   host.q_strides = L.qs;
-  host.k_strides = host.v_strides = L.paged ? L.logical_strides : L.ks;
+  host.k_strides = L.paged ? L.logical_strides : L.ks;
+  host.v_strides = L.paged ? L.logical_strides_v : L.vs;
   ErrorTally tally(c);
   r.rows_checked = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -1137,10 +1195,10 @@ void check_serving(const Case& c, const ServingLayout& L, uint64_t seed, const s
     host.seqlen_q = lq, host.seqlen_k = std::max<int64_t>(1, keys), host.seqused_k = &used32;
     host.q = L.q.data() + L.q_off + (L.varlen_q ? L.cu_q[bi] * L.qs.seq : b * L.qs.batch);
     if (L.paged) {
-      host.k = L.k_logical.data() + b * L.sk * L.Hkv * D, host.v = L.v_logical.data() + b * L.sk * L.Hkv * D;
+      host.k = L.k_logical.data() + b * L.sk * L.Hkv * L.D, host.v = L.v_logical.data() + b * L.sk * L.Hkv * L.DV;
     } else {
-      const int64_t at = L.kv_off + (L.varlen_k ? L.cu_k[bi] * L.ks.seq : b * L.ks.batch);
-      host.k = L.k.data() + at, host.v = L.v.data() + at;
+      host.k = L.k.data() + L.kv_off + (L.varlen_k ? L.cu_k[bi] * L.ks.seq : b * L.ks.batch);
+      host.v = L.v.data() + L.v_off + (L.varlen_k ? L.cu_k[bi] * L.vs.seq : b * L.vs.batch);
     }
     Case one = c;
     one.batch = 1, one.seqlen_q = lq, one.seqlen_k = keys;
@@ -1222,7 +1280,8 @@ void merge(Result& all, const Result& part, const std::string& label) {
 std::string graph_mismatch(const Case& a, const Case& b, const ServingLayout& la, const ServingLayout& lb) {
   const std::pair<const char*, bool> same[] = {
       {"dtype", a.dtype == b.dtype},
-      {"head_dim / heads / batch", a.head_dim == b.head_dim && a.heads_q == b.heads_q && a.heads_kv == b.heads_kv &&
+      {"head_dim / heads / batch", a.head_dim == b.head_dim && a.head_dim_v == b.head_dim_v && a.heads_q == b.heads_q &&
+                                       a.heads_kv == b.heads_kv &&
                                        a.batch == b.batch},
       {"causal / layout / with_lse / softmax_scale",
        a.causal == b.causal && a.layout == b.layout && a.with_lse == b.with_lse && a.softmax_scale == b.softmax_scale},
@@ -1507,7 +1566,8 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(fstream);
   if (is_serving(c)) return run_serving(c, seed, repeats, stream);
   const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, Hq = c.heads_q, Hkv = c.heads_kv, D = c.head_dim;
-  if (B <= 0 || Sq <= 0 || Sk <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0) {
+  const int64_t DV = c.head_dim_v != 0 ? c.head_dim_v : D;  // V's and O's
+  if (B <= 0 || Sq <= 0 || Sk <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || DV <= 0 || Hq % Hkv != 0) {
     r.message = "invalid case: " + describe(c);
     return r;
   }
@@ -1517,12 +1577,13 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   }
   const size_t esize = static_cast<size_t>(flashcore::dtype_size(c.dtype));
   const int64_t nq = B * Sq * Hq * D, nkv = B * Sk * Hkv * D, nlse = B * Hq * Sq;
+  const int64_t no = B * Sq * Hq * DV, nv = B * Sk * Hkv * DV;
 
   DeviceBuffer dq, dk, dv, dout, dlse;
   if (!cuda_ok(cudaMalloc(&dq.ptr, static_cast<size_t>(nq) * esize), "cudaMalloc(q)", r) ||
       !cuda_ok(cudaMalloc(&dk.ptr, static_cast<size_t>(nkv) * esize), "cudaMalloc(k)", r) ||
-      !cuda_ok(cudaMalloc(&dv.ptr, static_cast<size_t>(nkv) * esize), "cudaMalloc(v)", r) ||
-      !cuda_ok(cudaMalloc(&dout.ptr, static_cast<size_t>(nq) * esize), "cudaMalloc(o)", r) ||
+      !cuda_ok(cudaMalloc(&dv.ptr, static_cast<size_t>(nv) * esize), "cudaMalloc(v)", r) ||
+      !cuda_ok(cudaMalloc(&dout.ptr, static_cast<size_t>(no) * esize), "cudaMalloc(o)", r) ||
       (c.with_lse && !cuda_ok(cudaMalloc(&dlse.ptr, static_cast<size_t>(nlse) * sizeof(float)), "cudaMalloc(lse)", r)))
     return r;
 
@@ -1551,9 +1612,12 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   flashcore_attention_params_init(&p);
   p.q = dq.ptr, p.k = dk.ptr, p.v = dv.ptr, p.o = dout.ptr, p.lse = static_cast<float*>(dlse.ptr);
   p.seqused_k = static_cast<const int32_t*>(dused.ptr);
-  p.q_strides = p.o_strides = layout_strides(c.layout, Sq, Hq, D);
-  p.k_strides = p.v_strides = layout_strides(c.layout, Sk, Hkv, D);
+  p.q_strides = layout_strides(c.layout, Sq, Hq, D);
+  p.o_strides = layout_strides(c.layout, Sq, Hq, DV);
+  p.k_strides = layout_strides(c.layout, Sk, Hkv, D);
+  p.v_strides = layout_strides(c.layout, Sk, Hkv, DV);
   p.batch = B, p.seqlen_q = Sq, p.seqlen_k = Sk, p.num_heads_q = Hq, p.num_heads_kv = Hkv, p.head_dim = D;
+  p.head_dim_v = c.head_dim_v;
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
   p.kernel_config = c.kernel_config;
   p.num_splits = c.num_splits;
@@ -1577,7 +1641,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   }
 
   // Inputs: fresh N(0,1) * input_scale, stored in the case's layout (dense in storage order).
-  std::vector<uint16_t> hq(static_cast<size_t>(nq)), hk(static_cast<size_t>(nkv)), hv(static_cast<size_t>(nkv));
+  std::vector<uint16_t> hq(static_cast<size_t>(nq)), hk(static_cast<size_t>(nkv)), hv(static_cast<size_t>(nv));
   fill_normal(hq, c.dtype, seed, 0, c.input_scale);
   fill_normal(hk, c.dtype, seed, 1, c.input_scale);
   fill_normal(hv, c.dtype, seed, 2, c.input_scale);
@@ -1587,14 +1651,13 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   };
   if (!c.seqused_k.empty()) {
     const uint16_t nan_bits = c.dtype == FLASHCORE_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
-    const flashcore_tensor_strides ks = p.k_strides;
+    const flashcore_tensor_strides ks = p.k_strides, vs = p.v_strides;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = keys_of(b); j < Sk; ++j)
-        for (int64_t h = 0; h < Hkv; ++h)
-          for (int64_t d = 0; d < D; ++d) {
-            const size_t at = static_cast<size_t>(b * ks.batch + j * ks.seq + h * ks.head + d);
-            hk[at] = nan_bits, hv[at] = nan_bits;
-          }
+        for (int64_t h = 0; h < Hkv; ++h) {
+          for (int64_t d = 0; d < D; ++d) hk[static_cast<size_t>(b * ks.batch + j * ks.seq + h * ks.head + d)] = nan_bits;
+          for (int64_t d = 0; d < DV; ++d) hv[static_cast<size_t>(b * vs.batch + j * vs.seq + h * vs.head + d)] = nan_bits;
+        }
   }
   if (!cuda_ok(cudaMemcpy(dq.ptr, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy(q)", r) ||
       !cuda_ok(cudaMemcpy(dk.ptr, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy(k)", r) ||
@@ -1602,13 +1665,14 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     return r;
 
   // Run (repeats times, poisoning O and LSE with all-ones NaN patterns before every call).
-  std::vector<uint16_t> ho(static_cast<size_t>(nq)), first_o;
+  std::vector<uint16_t> ho(static_cast<size_t>(no)), first_o;
   std::vector<float> hlse(c.with_lse ? static_cast<size_t>(nlse) : 0), first_lse;
   repeats = std::max(1, repeats);
   RingShards ring;
   if (c.ring_world > 0) {
-    if (Sq != Sk || !c.seqused_k.empty() || c.kernel_config != nullptr || c.num_splits != 0) {
-      r.message = "invalid case: a ring case has seqlen_q = seqlen_k and no seqused_k, kernel_config or num_splits: " +
+    if (Sq != Sk || !c.seqused_k.empty() || c.kernel_config != nullptr || c.num_splits != 0 || DV != D) {
+      r.message = "invalid case: a ring case has seqlen_q = seqlen_k, one head dim and no seqused_k, kernel_config or "
+                  "num_splits: " +
                   describe(c);
       return r;
     }
@@ -1654,7 +1718,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Sq; ++i)
       for (int64_t h = 0; h < Hq; ++h) {
-        for (int64_t d = 0; d < D; ++d) {
+        for (int64_t d = 0; d < DV; ++d) {
           const uint16_t bits = o_at(b, i, h, d);
           scan.o(bits, to_float(bits), fully_masked(b, i), [&] {
             return "b=" + std::to_string(b) + " row=" + std::to_string(i) + " h=" + std::to_string(h) +
@@ -1684,8 +1748,8 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t i : rows) {
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t ri = static_cast<size_t>(((b * Sq + i) * Hq + h) * D + d);
+        for (int64_t d = 0; d < DV; ++d) {
+          const size_t ri = static_cast<size_t>(((b * Sq + i) * Hq + h) * DV + d);
           tally.o(r, to_float(o_at(b, i, h, d)), exact.o[ri], lowp.o[ri], [&] {
             return "b=" + std::to_string(b) + " h=" + std::to_string(h) + " row=" + std::to_string(i) + " d=" +
                    std::to_string(d);

@@ -14,6 +14,7 @@ enum class Layout { BSHD, BHSD };
 struct Case {
   std::string name;
   int64_t batch = 1, seqlen_q = 128, seqlen_k = 128, heads_q = 1, heads_kv = 1, head_dim = 128;
+  int64_t head_dim_v = 0;  // V's and O's head dim (flashcore_attention_params::head_dim_v); 0: head_dim
   flashcore_dtype dtype = FLASHCORE_DTYPE_BF16;
   bool causal = false;
   Layout layout = Layout::BSHD;

@@ -111,6 +111,7 @@ void validate(const flashcore_attention_params& p) {
       p.head_dim <= 0)
     fail("sizes must be positive");
   if (p.num_heads_q % p.num_heads_kv != 0) fail("num_heads_q must be a multiple of num_heads_kv");
+  if (p.head_dim_v < 0) fail("head_dim_v must be >= 0 (0: head_dim)");
   if (p.dtype != FLASHCORE_DTYPE_FP16 && p.dtype != FLASHCORE_DTYPE_BF16 && p.dtype != FLASHCORE_DTYPE_FP32)
     fail("dtype must be fp16, bf16 or fp32");
   if (!(p.softmax_scale >= 0.0f) || std::isinf(p.softmax_scale)) fail("softmax_scale must be finite and >= 0");
@@ -149,8 +150,8 @@ T sink_of(const flashcore_attention_params& p, int64_t h) {
   return p.sinks != nullptr ? static_cast<T>(p.sinks[h]) : -std::numeric_limits<T>::infinity();
 }
 
-// One query row. q: head_dim values; K, V: dense (seqlen_k, head_dim); keys: the ones the row sees; sink: the
-// head's sink logit (-inf: none); o: head_dim outputs.
+// One query row. q: D values; K: dense (seqlen_k, D); V: dense (seqlen_k, DV); keys: the ones the row sees; sink:
+// the head's sink logit (-inf: none); o: DV outputs (DV = head_dim_v, or D).
 // T = double: the exact reference (no rounding). T = float: the low-precision model, where P is rounded to
 // `dtype` before the P*V product and O to `dtype` at the end (l sums the unrounded P, as kernels do).
 template <typename T>
@@ -185,11 +186,11 @@ struct Row {
     const T t = s / softcap;
     return 1 - t * t;
   }
-  void operator()(const T* q, const T* K, const T* V, KeyRange keys, T sink, int64_t D, double* o, double* lse,
-                  std::vector<T>& s) const {
+  void operator()(const T* q, const T* K, const T* V, KeyRange keys, T sink, int64_t D, int64_t DV, double* o,
+                  double* lse, std::vector<T>& s) const {
     if (keys.empty()) {
       // No key: nothing to average (O = 0); the denominator holds the sink alone (LSE = sink, -inf without one).
-      std::fill(o, o + D, 0.0);
+      std::fill(o, o + DV, 0.0);
       *lse = static_cast<double>(sink);
       return;
     }
@@ -200,17 +201,17 @@ struct Row {
       sj = score(q, K + j * D, D);
       m = std::max(m, sj);
     }
-    std::vector<T> acc(static_cast<size_t>(D), T(0));
+    std::vector<T> acc(static_cast<size_t>(DV), T(0));
     T l = 0;
     for (int64_t j = keys.begin; j < keys.end; ++j) {
       const T pj = std::exp(s[static_cast<size_t>(j - keys.begin)] - m);
       l += pj;
       const T pr = round(pj);
-      const T* v = V + j * D;
-      for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += pr * v[d];
+      const T* v = V + j * DV;
+      for (int64_t d = 0; d < DV; ++d) acc[static_cast<size_t>(d)] += pr * v[d];
     }
     l += std::exp(sink - m);  // the sink joins the denominator only (0 without one)
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<double>(round(acc[static_cast<size_t>(d)] / l));
+    for (int64_t d = 0; d < DV; ++d) o[d] = static_cast<double>(round(acc[static_cast<size_t>(d)] / l));
     *lse = static_cast<double>(m + std::log(l));
   }
 };
@@ -220,7 +221,7 @@ Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows
   validate(p);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.num_heads_q, Hkv = p.num_heads_kv,
-                D = p.head_dim, group = Hq / Hkv;
+                D = p.head_dim, DV = p.head_dim_v != 0 ? p.head_dim_v : D, group = Hq / Hkv;
 
   std::vector<int64_t> rows = rows_in;
   if (rows.empty()) {
@@ -231,24 +232,27 @@ Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows
     if (r < 0 || r >= Sq) throw std::invalid_argument("reference: row " + std::to_string(r) + " out of range");
 
   Output out;
-  out.o.assign(static_cast<size_t>(B * Sq * Hq * D), 0.0);
+  out.o.assign(static_cast<size_t>(B * Sq * Hq * DV), 0.0);
   out.lse.assign(static_cast<size_t>(B * Hq * Sq), 0.0);
 
   const int64_t nrows = static_cast<int64_t>(rows.size());
   const int64_t chunk = std::max<int64_t>(1, (nrows * group + 4 * threads - 1) / (4 * threads));
   const int64_t chunks_per_head = (nrows + chunk - 1) / chunk;
-  std::vector<T> K(static_cast<size_t>(Sk * D)), V(static_cast<size_t>(Sk * D));
+  std::vector<T> K(static_cast<size_t>(Sk * D)), V(static_cast<size_t>(Sk * DV));
 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
       // Densify this KV head once; the query heads of its group share it.
       const int64_t key_chunk = 256;
       parallel_for((Sk + key_chunk - 1) / key_chunk, threads, [&](int64_t c) {
-        for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j)
+        for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j) {
           for (int64_t d = 0; d < D; ++d) {
             K[static_cast<size_t>(j * D + d)] = load_element(p.k, p.dtype, element_index(p.k_strides, b, j, hkv, d));
-            V[static_cast<size_t>(j * D + d)] = load_element(p.v, p.dtype, element_index(p.v_strides, b, j, hkv, d));
           }
+          for (int64_t d = 0; d < DV; ++d) {
+            V[static_cast<size_t>(j * DV + d)] = load_element(p.v, p.dtype, element_index(p.v_strides, b, j, hkv, d));
+          }
+        }
       });
       parallel_for(group * chunks_per_head, threads, [&](int64_t task) {
         const int64_t h = hkv * group + task / chunks_per_head;
@@ -258,9 +262,9 @@ Output run(const flashcore_attention_params& p, const std::vector<int64_t>& rows
           const int64_t i = rows[static_cast<size_t>(r)];
           for (int64_t d = 0; d < D; ++d)
             q[static_cast<size_t>(d)] = load_element(p.q, p.dtype, element_index(p.q_strides, b, i, h, d));
-          double* o = &out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D)];
+          double* o = &out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * DV)];
           double* lse = &out.lse[static_cast<size_t>((b * Hq + h) * Sq + i)];
-          row(q.data(), K.data(), V.data(), visible_keys(p, b, i), sink_of<T>(p, h), D, o, lse, s);
+          row(q.data(), K.data(), V.data(), visible_keys(p, b, i), sink_of<T>(p, h), D, DV, o, lse, s);
         }
       });
     }
@@ -295,6 +299,9 @@ template <typename T>
 Gradients run_backward(const flashcore_attention_params& p, const void* dout, int threads, const Row<T>& row) {
   validate(p);
   if (dout == nullptr) throw std::invalid_argument("reference: host_dout must be a non-null host pointer");
+  if (p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {
+    throw std::invalid_argument("reference: the backward takes head_dim_v = 0 or head_dim");
+  }
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.num_heads_q, Hkv = p.num_heads_kv,
                 D = p.head_dim, group = Hq / Hkv;
@@ -340,7 +347,7 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
           }
           const KeyRange keys = visible[static_cast<size_t>(i)];
           double row_lse = 0;
-          row(&at(Q, r * D), K.data(), V.data(), keys, sink_of<T>(p, h), D, o.data(), &row_lse, s);
+          row(&at(Q, r * D), K.data(), V.data(), keys, sink_of<T>(p, h), D, D, o.data(), &row_lse, s);
           at(lse, r) = static_cast<T>(row_lse);
           for (int64_t d = 0; d < D; ++d) o_t[static_cast<size_t>(d)] = static_cast<T>(o[static_cast<size_t>(d)]);
           at(delta, r) = keys.empty() ? T(0) : dot(&at(dO, r * D), o_t.data(), D);

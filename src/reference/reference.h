@@ -26,13 +26,13 @@ namespace flashcore::reference {
 //   O_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(t)),   LSE_i = log(sum_j exp(s_ij) + exp(t)).
 // Sinks must be finite or -inf (a sink that takes nothing).
 //
-// Computes, for the selected query rows, O in float64 as a dense (batch, seqlen_q, heads_q, head_dim)
-// array and LSE in float64 as (batch, heads_q, seqlen_q). Rows not selected are left untouched.
+// Computes, for the selected query rows, O in float64 as a dense (batch, seqlen_q, heads_q, head_dim_v) (V's head dim:
+// head_dim_v, or head_dim when it is 0) array and LSE in float64 as (batch, heads_q, seqlen_q). Rows not selected are left untouched.
 // `rows`: query positions to compute (for every batch and head); empty = all rows.
 // Rows that see no key give O = 0 and LSE = -inf (LSE = sinks[h] with sinks). Uses up to `threads` host threads
 // (0 = hardware). Unselected rows of the outputs are 0. Throws std::invalid_argument on an invalid problem.
 struct Output {
-  std::vector<double> o;    // batch * seqlen_q * heads_q * head_dim
+  std::vector<double> o;    // batch * seqlen_q * heads_q * head_dim_v
   std::vector<double> lse;  // batch * heads_q * seqlen_q
 };
 Output attention(const flashcore_attention_params& host_problem, const std::vector<int64_t>& rows = {},

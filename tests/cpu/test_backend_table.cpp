@@ -251,20 +251,21 @@ TEST(BackendTable, Sm90DefaultsFollowTheKeyCount) {
     for (int j = 0; j < n; ++j) {
       const sm90::KernelRow& o = *rows[j];
       unconditional += sm90::is_default_for(o, INT64_MAX) && o.dtype == r.dtype && o.out_dtype == r.out_dtype &&
-                       o.head_dim == r.head_dim && o.causal == r.causal;
+                       o.head_dim == r.head_dim && sm90::v_head_dim(o) == sm90::v_head_dim(r) && o.causal == r.causal;
     }
     EXPECT_EQ(unconditional, 1);
     std::string error;
+    const int dv = sm90::v_head_dim(r);
     const sm90::KernelRow* longest =
-        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, INT64_MAX, error);
+        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, INT64_MAX, error, dv);
     ASSERT_NE(longest, nullptr) << error;
     EXPECT_EQ(longest->max_seqlen_k, 0);
     if (r.max_seqlen_k == 0) continue;
     ++conditional;
     const sm90::KernelRow* at =
-        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, r.max_seqlen_k, error);
+        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, r.max_seqlen_k, error, dv);
     const sm90::KernelRow* past =
-        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, r.max_seqlen_k + 1, error);
+        sm90::select(r.dtype, r.out_dtype, r.head_dim, r.causal, nullptr, r.max_seqlen_k + 1, error, dv);
     ASSERT_NE(at, nullptr);
     ASSERT_NE(past, nullptr);
     EXPECT_TRUE(at == &r || at->max_seqlen_k != 0) << "at " << r.max_seqlen_k << " keys: " << at->name;

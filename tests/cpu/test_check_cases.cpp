@@ -112,7 +112,7 @@ TEST(CheckCases, FullListCoversTheRequirements) {
 TEST(CheckCases, QuickListIsSmallAndCoversDtypeHeadDimCausal) {
   const auto quick = check::cases(true);
   EXPECT_GE(quick.size(), 20u);
-  EXPECT_LE(quick.size(), 35u);  // 24 dense, 6 serving, 1 ring, 4 variant cases
+  EXPECT_LE(quick.size(), 40u);  // 24 dense, 6 serving, 1 ring, 4 variant, 4 head-dim (192, 192/128) cases
   for (auto dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
     for (int64_t D : {64, 128, 256})
       for (bool causal : {false, true})
@@ -155,7 +155,7 @@ TEST(CheckCases, FullListIsAffordable) {
   }
   std::printf("full list: %zu cases, %.3g reference multiply-adds, %.3g tensor elements\n", check::cases(false).size(),
               macs, elements);
-  EXPECT_LT(macs, 3e10);
+  EXPECT_LT(macs, 4e10);  // 2.97e10 before the head dim 192 cases (0.58e10)
   EXPECT_LT(elements, 1e9);
 }
 

@@ -55,7 +55,8 @@ TEST(VariantAbi, LayoutOfTheFieldsSince05) {
 // ---- the layout of the 0.6 field: dsinks ----
 TEST(VariantAbi, LayoutOfTheFieldsSince06) {
   EXPECT_EQ(offsetof(flashcore_attention_params, dsinks), size_t{FLASHCORE_ATTENTION_PARAMS_V5_SIZE});
-  EXPECT_EQ(sizeof(flashcore_attention_params), 688u);
+  EXPECT_EQ(size_t{FLASHCORE_ATTENTION_PARAMS_V6_SIZE}, 688u);  // the 0.6 layout ends after dsinks (0.7: head_dim_v)
+  EXPECT_GE(sizeof(flashcore_attention_params), 688u);
   int major = 0, minor = 0, patch = 0;
   flashcore_version(&major, &minor, &patch);
   EXPECT_EQ(major, FLASHCORE_VERSION_MAJOR);
@@ -501,9 +502,9 @@ TEST_F(VariantValidation, V5SizedStructIsAcceptedAndItsDsinksIsNull) {
     EXPECT_TRUE(st == FLASHCORE_SUCCESS || passed_argument_checks(st, flashcore_last_error()))
         << flashcore_status_string(st) << ": " << flashcore_last_error();
 
-    // Read as a current struct, the junk is a dsinks pointer: refused, naming it (0xEE... is not 4-byte aligned; without
+    // Read as a 0.6 struct, the junk is a dsinks pointer: refused, naming it (0xEE... is not 4-byte aligned; without
     // sinks, dsinks is set without them).
-    v5->struct_size = sizeof(flashcore_attention_params);
+    v5->struct_size = FLASHCORE_ATTENTION_PARAMS_V6_SIZE;
     st = flashcore_attention_backward(v5, nullptr);
     EXPECT_EQ(st, with_sinks ? FLASHCORE_ERROR_MISALIGNED_POINTER : FLASHCORE_ERROR_INVALID_ARGUMENT)
         << flashcore_status_string(st) << ": " << flashcore_last_error();
@@ -537,11 +538,12 @@ TEST_F(VariantValidation, NewerCallersZeroTailIsAcceptedWithVariants) {
   EXPECT_NE(std::string(flashcore_last_error()).find("softcap"), std::string::npos) << flashcore_last_error();
 }
 
-// Sizes between the 0.4, 0.5 and current layouts are not layouts: rejected, naming the accepted ones.
+// Sizes between the 0.4, 0.5, 0.6 and current layouts are not layouts: rejected, naming the accepted ones.
 TEST_F(VariantValidation, SizesBetweenV4AndCurrentAreRejected) {
-  EXPECT_EQ(sizeof(flashcore_attention_params), 688u) << "the sizes below assume the 0.6 layout";
+  EXPECT_EQ(sizeof(flashcore_attention_params), 696u) << "the sizes below assume the 0.7 layout";
   for (uint32_t size : {uint32_t{649}, uint32_t{652}, uint32_t{656}, uint32_t{664}, uint32_t{672}, uint32_t{676},
-                        uint32_t{679}, uint32_t{681}, uint32_t{684}, uint32_t{687}}) {
+                        uint32_t{679}, uint32_t{681}, uint32_t{684}, uint32_t{687}, uint32_t{689}, uint32_t{692},
+                        uint32_t{695}}) {
     SCOPED_TRACE(size);
     std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 64, 0);
     std::memcpy(buf.data(), &p, sizeof(p));
@@ -552,6 +554,7 @@ TEST_F(VariantValidation, SizesBetweenV4AndCurrentAreRejected) {
     EXPECT_NE(message.find("struct_size = " + std::to_string(size)), std::string::npos) << message;
     EXPECT_NE(message.find("648 (the 0.4 layout)"), std::string::npos) << message;
     EXPECT_NE(message.find("680 (the 0.5 layout)"), std::string::npos) << message;
+    EXPECT_NE(message.find("688 (the 0.6 layout)"), std::string::npos) << message;
   }
 }
 

@@ -43,6 +43,7 @@ struct RowSpec {
   int32_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
   bool sinks = false;
+  int64_t head_dim_v = 0;  // V's and O's head dim where the shape gives one ("D/DV"); 0: head_dim
 };
 
 // The variant part of the dtype column: ":win(L,R)", ":cap(C)", ":sinks".
@@ -83,6 +84,7 @@ std::string dtype_label(const RowSpec& r) {
 struct ShapeArg {
   std::string text;
   int64_t batch, heads_q, seqlen_q, head_dim, heads_kv, seqlen_k;
+  int64_t head_dim_v = 0;  // "D/DV": V's and O's head dim (0: D)
 };
 
 struct Options {
@@ -143,6 +145,15 @@ ShapeArg parse_shape_arg(const std::string& text) {
   std::vector<std::string> parts = split(text, ',');
   if (parts.size() < 4 || parts.size() > 6)
     usage_error("malformed shape '" + text + "' (expected B,H,S,D[,Hkv[,Sk]])");
+  // D may be "D/DV": V's (and O's) head dim of its own, e.g. 192/128.
+  int64_t head_dim_v = 0;
+  if (const size_t slash = parts[3].find('/'); slash != std::string::npos) {
+    const std::string dv = parts[3].substr(slash + 1);
+    parts[3].resize(slash);
+    if (dv.empty() || dv.size() > 12 || !std::all_of(dv.begin(), dv.end(), ::isdigit) || std::stoll(dv) <= 0)
+      usage_error("malformed shape '" + text + "': DV = '" + dv + "' is not a positive integer");
+    head_dim_v = std::stoll(dv);
+  }
   const char* names[] = {"B", "H", "S", "D", "Hkv", "Sk"};
   int64_t v[6];
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -152,7 +163,7 @@ ShapeArg parse_shape_arg(const std::string& text) {
     v[i] = std::stoll(p);
     if (v[i] <= 0) usage_error("malformed shape '" + text + "': " + names[i] + " must be positive");
   }
-  ShapeArg s{text, v[0], v[1], v[2], v[3], parts.size() > 4 ? v[4] : v[1], parts.size() > 5 ? v[5] : v[2]};
+  ShapeArg s{text, v[0], v[1], v[2], v[3], parts.size() > 4 ? v[4] : v[1], parts.size() > 5 ? v[5] : v[2], head_dim_v};
   if (s.heads_q % s.heads_kv != 0)
     usage_error("malformed shape '" + text + "': H = " + std::to_string(s.heads_q) + " is not a multiple of Hkv = " +
                 std::to_string(s.heads_kv));
@@ -269,6 +280,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
     std::string tag;
     int64_t b, h, s, d, hkv, sk;
     bool from_preset;
+    int64_t dv = 0;  // V's head dim of its own (0: d)
   };
   std::vector<Shape> shapes;
   for (const std::string& p : o.presets) {
@@ -289,7 +301,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
     }
   }
   for (const ShapeArg& s : o.shapes)
-    shapes.push_back({"shape", s.batch, s.heads_q, s.seqlen_q, s.head_dim, s.heads_kv, s.seqlen_k, false});
+    shapes.push_back({"shape", s.batch, s.heads_q, s.seqlen_q, s.head_dim, s.heads_kv, s.seqlen_k, false, s.head_dim_v});
 
   std::vector<bool> default_causal = o.shapes.empty() ? std::vector<bool>{false, true} : std::vector<bool>{false};
   const std::vector<bool>& causal = o.problem.causal.empty() ? default_causal : o.problem.causal;
@@ -305,7 +317,7 @@ std::vector<RowSpec> build_rows(const Options& o, const flashcore_capabilities& 
         rows.push_back({s.tag, s.b, s.h, s.hkv, s.s, s.sk, s.d, dt, c,
                         flashcore::is_8bit(dt) ? FLASHCORE_PRECISION_NATIVE : o.problem.precision,
                         o.problem.out_dtype, o.v_transposed && flashcore::is_8bit(dt), o.local, o.window_left,
-                        o.window_right, o.softcap, o.sinks});
+                        o.window_right, o.softcap, o.sinks, s.dv});
   }
   return rows;
 }
@@ -338,9 +350,10 @@ double visible_pairs(const RowSpec& r) {
   return total;
 }
 
+// 2 FLOPs per multiply-add of S = Q K^T (head_dim) and of O = P V (head_dim_v).
 double row_flops(const RowSpec& r) {
-  return 4.0 * static_cast<double>(r.batch) * static_cast<double>(r.heads_q) * static_cast<double>(r.head_dim) *
-         visible_pairs(r);
+  const double dims = static_cast<double>(r.head_dim + (r.head_dim_v != 0 ? r.head_dim_v : r.head_dim));
+  return 2.0 * static_cast<double>(r.batch) * static_cast<double>(r.heads_q) * dims * visible_pairs(r);
 }
 
 Stats summarize(std::vector<double> v) {
@@ -395,7 +408,7 @@ class RowRunner {
     flashcore_attention_params p;
     try {  // a row the library refuses is that row's error, not the run's
       p = problem_params(r.batch, r.seqlen_q, r.seqlen_k, r.heads_q, r.heads_kv, r.head_dim, r.dtype, r.causal,
-                         o_.problem.bhsd);
+                         o_.problem.bhsd, r.head_dim_v);
     } catch (const CliError& e) {
       throw RowError(e.what());
     }
@@ -414,17 +427,20 @@ class RowRunner {
     // Inputs of 1 (e4m3) or 2 bytes per element; O always 16-bit.
     const size_t esize = static_cast<size_t>(flashcore::dtype_size(r.dtype));
     const size_t q_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * esize;
+    const int64_t dv = r.head_dim_v != 0 ? r.head_dim_v : r.head_dim;
     const size_t kv_bytes = static_cast<size_t>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) * esize;
-    const size_t o_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * r.head_dim) * 2;
+    const size_t v_bytes = static_cast<size_t>(r.batch * r.seqlen_k * r.heads_kv * dv) * esize;
+    const size_t o_bytes = static_cast<size_t>(r.batch * r.seqlen_q * r.heads_q * dv) * 2;
     const size_t lse_bytes = o_.lse ? static_cast<size_t>(r.batch * r.heads_q * r.seqlen_q) * 4 : 0;
     // Layout of one set: Q K V O [LSE], each 256-byte aligned; the backward's modes add dO dQ dK dV (16-bit).
-    const size_t off_k = align256(q_bytes), off_v = off_k + align256(kv_bytes), off_o = off_v + align256(kv_bytes);
+    const size_t off_k = align256(q_bytes), off_v = off_k + align256(kv_bytes), off_o = off_v + align256(v_bytes);
     const size_t off_lse = off_o + align256(o_bytes);
-    const size_t off_dout = off_lse + align256(lse_bytes), off_dq = off_dout + (backward ? align256(q_bytes) : 0);
+    const size_t off_dout = off_lse + align256(lse_bytes), off_dq = off_dout + (backward ? align256(o_bytes) : 0);
     const size_t off_dk = off_dq + (backward ? align256(q_bytes) : 0), off_dv = off_dk + (backward ? align256(kv_bytes) : 0);
-    const size_t set_bytes = off_dv + (backward ? align256(kv_bytes) : 0);
+    const size_t set_bytes = off_dv + (backward ? align256(v_bytes) : 0);
     // Bytes one timed call reads or writes: the forward Q K V O [LSE]; the backward also dO, dQ, dK, dV.
-    const size_t touched = q_bytes + 2 * kv_bytes + o_bytes + lse_bytes + (backward ? 2 * q_bytes + 2 * kv_bytes : 0);
+    const size_t touched =
+        q_bytes + kv_bytes + v_bytes + o_bytes + lse_bytes + (backward ? o_bytes + q_bytes + kv_bytes + v_bytes : 0);
     res.bytes_per_set = static_cast<int64_t>(touched);
 
     size_t sets = 1;
@@ -446,9 +462,9 @@ class RowRunner {
       char* s = base + i * set_bytes;
       pool_.fill(s, q_bytes, r.dtype, rng, stream_);
       pool_.fill(s + off_k, kv_bytes, r.dtype, rng, stream_);
-      pool_.fill(s + off_v, kv_bytes, r.dtype, rng, stream_);
+      pool_.fill(s + off_v, v_bytes, r.dtype, rng, stream_);
       FC_CUDA(cudaMemsetAsync(s + off_o, 0, o_bytes, stream_));
-      if (backward) pool_.fill(s + off_dout, q_bytes, r.dtype, rng, stream_);  // dO; dQ, dK, dV are written whole
+      if (backward) pool_.fill(s + off_dout, o_bytes, r.dtype, rng, stream_);  // dO; dQ, dK, dV are written whole
     }
     // e4m3 inputs: descales per (batch, KV head), (k / 64) / 64 with k in [32, 128] (the pool's values are N(0, 1) * 64:
     // real values ~N(0, 1) * [0.5, 2]); shared by the sets.
@@ -548,8 +564,7 @@ class RowRunner {
     res.tflops = res.flops / (res.ms.median * 1e-3) / 1e12;
     // The KV stream figure is the forward's (K and V read once); not reported for the backward's modes.
     res.kv_gbps = backward ? NAN
-                           : 2.0 * static_cast<double>(r.batch * r.seqlen_k * r.heads_kv * r.head_dim) *
-                                 static_cast<double>(esize) /* bytes per input element */ / (res.ms.median * 1e-3) / 1e9;
+                           : static_cast<double>(kv_bytes + v_bytes) / (res.ms.median * 1e-3) / 1e9;
     char config[128] = "";
     if (o_.mode != PassMode::Bwd &&
         flashcore_attention_selected_config(&params_[0], config, sizeof config) == FLASHCORE_SUCCESS) {
@@ -710,7 +725,7 @@ class RowRunner {
 
 std::string shape_text(const RowSpec& r) {
   std::string s = std::to_string(r.batch) + "," + std::to_string(r.heads_q) + "," + std::to_string(r.seqlen_q) + "," +
-                  std::to_string(r.head_dim);
+                  std::to_string(r.head_dim) + (r.head_dim_v != 0 ? "/" + std::to_string(r.head_dim_v) : "");
   if (r.heads_kv != r.heads_q || r.seqlen_k != r.seqlen_q) s += "," + std::to_string(r.heads_kv);
   if (r.seqlen_k != r.seqlen_q) s += "," + std::to_string(r.seqlen_k);
   return s;
@@ -906,6 +921,7 @@ void check_row(const Options& o, RowResult& r) {
   c.heads_q = r.spec.heads_q;
   c.heads_kv = r.spec.heads_kv;
   c.head_dim = r.spec.head_dim;
+  c.head_dim_v = r.spec.head_dim_v;
   c.dtype = r.spec.dtype;
   c.causal = r.spec.causal;
   c.layout = o.problem.bhsd ? ck::Layout::BHSD : ck::Layout::BSHD;

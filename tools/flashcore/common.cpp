@@ -200,7 +200,7 @@ void check_mode_flags(PassMode mode, const ProblemFlags& p) {
 
 flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                                           int64_t heads_kv, int64_t head_dim, flashcore_dtype dtype, bool causal,
-                                          bool bhsd) {
+                                          bool bhsd, int64_t head_dim_v) {
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
   p.batch = batch;
@@ -209,6 +209,7 @@ flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64
   p.num_heads_q = heads_q;
   p.num_heads_kv = heads_kv;
   p.head_dim = head_dim;
+  p.head_dim_v = head_dim_v;
   p.dtype = dtype;
   p.causal = causal ? 1 : 0;
   if (flashcore_attention_params_set_contiguous(&p, bhsd ? 1 : 0) != FLASHCORE_SUCCESS)

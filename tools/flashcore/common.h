@@ -122,7 +122,7 @@ void check_mode_flags(PassMode mode, const ProblemFlags& p);
 // Throws CliError(kExitFailure) naming flashcore_last_error() when the library refuses the sizes.
 flashcore_attention_params problem_params(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                                           int64_t heads_kv, int64_t head_dim, flashcore_dtype dtype, bool causal,
-                                          bool bhsd);
+                                          bool bhsd, int64_t head_dim_v = 0);
 
 // Library capabilities (never needs a GPU).
 flashcore_capabilities capabilities();

@@ -101,11 +101,15 @@ int ctas_per_sm(const KernelRow& row, int cc) {
 }
 
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, int cc, int64_t seqlen_k, std::string& error) {
+                        const char* config, int cc, int64_t seqlen_k, std::string& error, int head_dim_v) {
+  if (head_dim_v == 0) head_dim_v = head_dim;
   std::string names;
   const KernelRow* best = nullptr;
   for (const KernelRow* r : kRows) {
-    if (r->dtype != dtype || r->out_dtype != out_dtype || r->head_dim != head_dim || r->causal != causal) continue;
+    if (r->dtype != dtype || r->out_dtype != out_dtype || r->head_dim != head_dim || r->head_dim_v != head_dim_v ||
+        r->causal != causal) {
+      continue;
+    }
     if (config != nullptr && std::strcmp(config, r->name) == 0) {
       if (fits(*r, cc)) return r;
       error = std::string("kernel_config = \"") + config + "\" needs " + std::to_string(r->smem_bytes) +
@@ -124,8 +128,9 @@ const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int he
   if (best != nullptr) return best;
   if (config != nullptr) {
     error = std::string("kernel_config = \"") + config + "\" is not compiled for " + dtype_name(dtype) +
-            " head_dim = " + std::to_string(head_dim) + (causal ? " causal" : " non-causal") +
-            " (portable backend); compiled: " + (names.empty() ? "none" : names);
+            " head_dim = " + std::to_string(head_dim) +
+            (head_dim_v != head_dim ? " head_dim_v = " + std::to_string(head_dim_v) : std::string()) +
+            (causal ? " causal" : " non-causal") + " (portable backend); compiled: " + (names.empty() ? "none" : names);
   } else {
     error = std::string("no portable (sm80) kernel is compiled for ") + dtype_name(dtype) + " -> " +
             dtype_name(out_dtype) + " head_dim = " + std::to_string(head_dim) + " that fits compute capability " +
@@ -186,7 +191,8 @@ flashcore_status plan_call(const flashcore_attention_params& p, const core::Plan
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const KernelRow* row = select(p.dtype, resolved_out_dtype(p.dtype, p.out_dtype), static_cast<int>(p.head_dim),
-                                core::masked_call(p), p.kernel_config, plan.cc, p.seqlen_k, error);
+                                core::masked_call(p), p.kernel_config, plan.cc, p.seqlen_k, error,
+                                static_cast<int>(core::head_dim_v(p)));
   if (row == nullptr) {
     if (p.kernel_config != nullptr) error += core::window_note(p);
     return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
@@ -214,7 +220,8 @@ void archs(std::vector<int>& out) { out.insert(out.end(), std::begin(kArchs), st
 void listed_rows(int cc, std::vector<core::RowInfo>& out) {
   for (const KernelRow* r : kRows) {
     if (cc != 0 && !fits(*r, cc)) continue;  // cannot launch there
-    out.push_back({r->name, r->dtype, r->out_dtype, r->head_dim, r->causal, r->is_default, r->smem_bytes});
+    out.push_back({r->name, r->dtype, r->out_dtype, r->head_dim, r->causal, r->is_default, r->smem_bytes, false,
+                   r->head_dim_v});
   }
 }
 

@@ -32,7 +32,8 @@ template <class Row>
 struct KernelConfig {
   using Element = typename Row::Element;
   using OutElement = typename Row::OutElement;
-  static constexpr int kHeadDim = Row::kHeadDim;
+  static constexpr int kHeadDim = Row::kHeadDim;    // Q's and K's
+  static constexpr int kHeadDimV = Row::kHeadDimV;  // V's and O's (MLA prefill: 192 / 128)
   static constexpr bool kCausal = Row::kCausal;
   static constexpr bool kTakesWindow = kCausal;  // a sliding window in the causal rows (kernels/common/mask.cuh)
   static constexpr TileShape kShape = Row::kShape;
@@ -52,7 +53,7 @@ struct KernelConfig {
   static constexpr int kRowsPerWarp = kBlockM * kSplit / kWarps;
   static constexpr int kMTiles = kRowsPerWarp / 16;           // m16 row tiles per warp
   static constexpr int kWarpKeys = kBlockN / kSplit;          // S columns per warp
-  static constexpr int kWarpDim = kHeadDim / kSplit;          // O columns per warp
+  static constexpr int kWarpDim = kHeadDimV / kSplit;         // O columns per warp
   // The lazy rescale (mainloop.cuh, Softmax): measured per head dim on an H200 running this code
   // (docs/decisions.md#sm80-lazy-rescale): +2..5% at 128, -2..3% at 64 and -7..8% at 256 (there the branch keeps the
   // rescale FMULs from filling the mma issue gaps), so head dim 128 only.
@@ -70,16 +71,19 @@ struct KernelConfig {
   // 1-7% on the H100 at 512-4k keys (more MIO-throttle stalls), docs/decisions.md#sm80-copies.
   static constexpr int kCopyThreadsPerRow = kHeadDim == 256 ? 16 : 8;
   static constexpr int kQBytes = kBlockM * kRowBytes;
-  static constexpr int kKVTileBytes = kBlockN * kRowBytes;
+  // V's rows (and O's, staged in the Q tile's rows: epilogue.cuh) hold kHeadDimV elements.
+  static constexpr int kVRowBytes = kHeadDimV * kElemBytes;
+  static constexpr int kKTileBytes = kBlockN * kRowBytes;
+  static constexpr int kVTileBytes = kBlockN * kVRowBytes;
   static constexpr int kSmemQOffset = 0;
-  static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;                    // stage s: + s * kKVTileBytes
-  static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVTileBytes;     // stage s: + s * kKVTileBytes
+  static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;                    // stage s: + s * kKTileBytes
+  static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKTileBytes;      // stage s: + s * kVTileBytes
   // Two row tiles with head_dim + block_n >= 192 fill the 255-register budget (O and S accumulators): their row
   // statistics (max and sum of both rows of each tile, 16 bytes per thread and tile) then wait in shared memory between
   // key blocks (mainloop.cuh). Without it these configs spilled on sm_80/86/89.
   // Split tiles too: their sm_90 images spilled with the statistics in registers.
   static constexpr bool kSoftmaxInSmem = kMTiles == 2 && (kWarpDim + kWarpKeys >= 192 || kSplit == 2);
-  static constexpr int kSmemSoftmaxOffset = kSmemVOffset + kStages * kKVTileBytes;
+  static constexpr int kSmemSoftmaxOffset = kSmemVOffset + kStages * kVTileBytes;
   // Split tiles' exchange area (pair.cuh): per warp, its P fragments (16 bytes per lane, row tile and k-step) and one
   // 16-byte slot per lane for row maxima and sums.
   static constexpr int kPairStatBytes = 32 * 16;
@@ -91,7 +95,10 @@ struct KernelConfig {
 
 
   static_assert(kElemBytes == 2 && kOutElemBytes == 2, "16-bit inputs and outputs only (mma.sync m16n8k16)");
-  static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (the swizzle permutes 8 units of 16 B)");
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
+                "head dims must be multiples of 64 (the swizzle permutes 8 units of 16 B)");
+  static_assert(kHeadDimV <= kHeadDim && kVRowBytes / 16 % kCopyThreadsPerRow == 0,
+                "V's rows at most Q's (O is staged in Q's rows) and whole copy units per thread");
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static_assert(kSplit == 1 || (kSplit == 2 && kMTiles == 2 && !kOverlap && kWarpKeys % 16 == 0 &&
                                 kWarpDim * kElemBytes % 128 == 0),

@@ -154,7 +154,7 @@ __device__ __forceinline__ void gemm_pv_step(float (&o)[Cfg::kMTiles][Cfg::kWarp
 #pragma unroll
   for (int dp = 0; dp < Cfg::kWarpDim / 16; ++dp) {
     uint32_t b[4];
-    const uint32_t offset = swizzled_offset_even<Cfg::kRowBytes>((16 * kk + row) * Cfg::kRowBytes, key, 2 * dp);
+    const uint32_t offset = swizzled_offset_even<Cfg::kVRowBytes>((16 * kk + row) * Cfg::kVRowBytes, key, 2 * dp);
     ldmatrix_x4_trans(b, v_tile + offset);
 #pragma unroll
     for (int t = 0; t < Cfg::kMTiles; ++t) {

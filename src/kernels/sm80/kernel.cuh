@@ -36,5 +36,5 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm80_kernel(co
   extern const KernelRow kRow_##ROW = {                                                                         \
       NAME, DTYPE, OUT_DTYPE, ROW::kHeadDim, ROW::kCausal, IS_DEFAULT, MAX_SEQLEN_K, MIN_CTAS, ROW::kShape,     \
       KernelConfig<ROW>::kThreads, KernelConfig<ROW>::kSmemBytes,                                               \
-      reinterpret_cast<const void*>(&flashcore_fwd_sm80_kernel<KernelConfig<ROW>>)};                           \
+      reinterpret_cast<const void*>(&flashcore_fwd_sm80_kernel<KernelConfig<ROW>>), ROW::kHeadDimV};           \
   }

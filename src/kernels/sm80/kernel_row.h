@@ -22,6 +22,7 @@ struct KernelRow {
   int threads;
   int smem_bytes;
   const void* kernel;  // flashcore_fwd_sm80_kernel<KernelConfig<Row>>
+  int head_dim_v;      // V's and O's head dim (head_dim, or MLA's 128 beside 192)
 };
 
 }  // namespace flashcore::sm80

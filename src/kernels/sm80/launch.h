@@ -41,9 +41,9 @@ int ctas_per_sm(const KernelRow& row, int cc);
 // The row for (dtype, out dtype, head dim, causal) on `cc`: the one named `config` when it is not NULL, else
 // the first default candidate (configs.txt order) that fits and whose conditions hold: `seqlen_k` at most the row's
 // max_seqlen_k, and at least its min_ctas_per_sm resident CTAs (pass INT64_MAX for the long-sequence default).
-// nullptr (with a message in `error`) when none.
+// nullptr (with a message in `error`) when none. head_dim_v: V's head dim (0: head_dim).
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
-                        const char* config, int cc, int64_t seqlen_k, std::string& error);
+                        const char* config, int cc, int64_t seqlen_k, std::string& error, int head_dim_v = 0);
 
 // Launch `row` on `device` (compute capability `cc`). `p` has passed validation; `softmax_scale` is resolved.
 flashcore_status launch(const KernelRow& row, const flashcore_attention_params& p, float softmax_scale, int device,

@@ -36,13 +36,14 @@ struct PagedRows {
 // base plus a compile-time offset, and its source at one row pointer per pass plus a compile-time column offset. (One
 // unit per thread and row, 32 threads a row at head dim 256, took a 64-bit address per copy, ~3 integer instructions
 // each: docs/decisions.md#sm80-copies.)
-template <class Cfg, int kRows>
+// kRowBytes: the tile's row (Q and K: Cfg::kRowBytes; V: Cfg::kVRowBytes, which differs with a V head dim of its own).
+template <class Cfg, int kRows, int kRowBytes = Cfg::kRowBytes>
 struct TileCopy {
   static constexpr int kThreadsPerRow = Cfg::kCopyThreadsPerRow;
-  static constexpr int kColUnits = Cfg::kRowUnits / kThreadsPerRow;
+  static constexpr int kColUnits = kRowBytes / 16 / kThreadsPerRow;
   static constexpr int kRowsPerPass = Cfg::kThreads / kThreadsPerRow;
   static constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(Cfg::kRowUnits % kThreadsPerRow == 0 && kThreadsPerRow % 8 == 0 && kRowsPerPass % 8 == 0 &&
+  static_assert(kRowBytes / 16 % kThreadsPerRow == 0 && kThreadsPerRow % 8 == 0 && kRowsPerPass % 8 == 0 &&
                     kPasses * kRowsPerPass == kRows,
                 "the tile must split into whole passes of whole 8-row groups");
 };
@@ -65,20 +66,20 @@ __device__ __forceinline__ const uint8_t* thread_source(const uint8_t* slice, in
 
 // The shared address of this thread's first copy of the tile at `dst`; copy (pass i, column group g) is at
 // + i * kRowsPerPass * kRowBytes + g * 16 * kCopyThreadsPerRow.
-template <class Cfg>
+template <class Cfg, int kRowBytes = Cfg::kRowBytes>
 __device__ __forceinline__ uint32_t thread_dest(uint32_t dst) {
-  return dst + swizzled_offset<Cfg::kRowBytes>(thread_pass_row<Cfg>(), thread_unit<Cfg>());
+  return dst + swizzled_offset<kRowBytes>(thread_pass_row<Cfg>(), thread_unit<Cfg>());
 }
 
 // The checked path of load_tile (also the main loop's K/V tail and paged tiles).
-template <class Cfg, int kRows>
+template <class Cfg, int kRows, int kRowBytes = Cfg::kRowBytes>
 __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice, int64_t row_bytes, int64_t row0,
                                              int64_t seqlen, bool is_paged, const PagedRows& paged) {
-  using Copy = TileCopy<Cfg, kRows>;
+  using Copy = TileCopy<Cfg, kRows, kRowBytes>;
   constexpr int kColBytes = 16 * Copy::kThreadsPerRow;
   const int r0 = thread_pass_row<Cfg>();
   slice += thread_unit<Cfg>() * 16;
-  dst = thread_dest<Cfg>(dst);
+  dst = thread_dest<Cfg, kRowBytes>(dst);
   // Not unrolled: unrolled, the compiler keeps every pass's 64-bit source offset in registers across the main loop,
   // which made the 32-rows-per-warp configs spill.
 #pragma unroll 1
@@ -94,7 +95,7 @@ __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice,
     }
     // An out-of-range row reads nothing, but its source address must still be a valid one: row 0.
     const uint8_t* src = slice + (valid ? offset : 0);
-    const uint32_t d = dst + i * Copy::kRowsPerPass * Cfg::kRowBytes;
+    const uint32_t d = dst + i * Copy::kRowsPerPass * kRowBytes;
 #pragma unroll
     for (int g = 0; g < Copy::kColUnits; ++g) {
       cp_async_16(d + kColBytes * g, src + kColBytes * g, valid);
@@ -106,14 +107,14 @@ __device__ __forceinline__ void load_checked(uint32_t dst, const uint8_t* slice,
 // of whole 8-row groups: pass i reads one row pointer, src + i x (a pass's rows), and every shared and column offset
 // is a compile-time constant. The main loop keeps `src` of the next K and V tile in a register pair stepped by one
 // tile per load (mainloop.cuh, k_next and v_next).
-template <class Cfg, int kRows>
+template <class Cfg, int kRows, int kRowBytes = Cfg::kRowBytes>
 __device__ __forceinline__ void load_rows(uint32_t dst, const uint8_t* src, int64_t row_bytes) {
-  using Copy = TileCopy<Cfg, kRows>;
+  using Copy = TileCopy<Cfg, kRows, kRowBytes>;
   constexpr int kColBytes = 16 * Copy::kThreadsPerRow;
-  dst = thread_dest<Cfg>(dst);
+  dst = thread_dest<Cfg, kRowBytes>(dst);
 #pragma unroll
   for (int i = 0; i < Copy::kPasses; ++i) {
-    const uint32_t d = dst + i * Copy::kRowsPerPass * Cfg::kRowBytes;
+    const uint32_t d = dst + i * Copy::kRowsPerPass * kRowBytes;
     const uint8_t* row = src + i * Copy::kRowsPerPass * row_bytes;
 #pragma unroll
     for (int g = 0; g < Copy::kColUnits; ++g) cp_async_16(d + kColBytes * g, row + kColBytes * g, true);

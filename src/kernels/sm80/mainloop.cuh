@@ -8,6 +8,7 @@
 // and P exchanged between the two warps of a pair (pair.cuh).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
@@ -84,8 +85,8 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   const int kv_head = tile.head / p.head_ratio;
   const uint32_t smem_base = smem_addr(smem);
   const uint32_t q_tile = smem_base + Cfg::kSmemQOffset;
-  auto k_tile = [&](int stage) { return smem_base + Cfg::kSmemKOffset + stage * Cfg::kKVTileBytes; };
-  auto v_tile = [&](int stage) { return smem_base + Cfg::kSmemVOffset + stage * Cfg::kKVTileBytes; };
+  auto k_tile = [&](int stage) { return smem_base + Cfg::kSmemKOffset + stage * Cfg::kKTileBytes; };
+  auto v_tile = [&](int stage) { return smem_base + Cfg::kSmemVOffset + stage * Cfg::kVTileBytes; };
 
   // Packed (varlen) tensors are one batch entry of total rows (the sequence's rows start at q_row0 / k_row0); a paged
   // K/V's batch entries are its pages (loads.cuh, PagedRows).
@@ -108,21 +109,26 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   const int64_t last_row0 = tile.seq.k_row0 + static_cast<int64_t>(tile.keys.end - 1) * Cfg::kBlockN;
   const uint8_t* k_next = thread_source<Cfg>(k_slice, last_row0, k_row_bytes);
   const uint8_t* v_next = thread_source<Cfg>(v_slice, last_row0, v_row_bytes);
-  auto load_kv_tile = [&](uint32_t dst, const uint8_t*& next, const uint8_t* slice, int64_t row_bytes,
-                          const PagedRows& pages, int n_block) {
+  // (The tile's shared-memory rows: K's, or V's, which are shorter with a V head dim of its own.)
+  auto load_kv_tile = [&](auto tile_row_bytes, uint32_t dst, const uint8_t*& next, const uint8_t* slice,
+                          int64_t row_bytes, const PagedRows& pages, int n_block) {
+    constexpr int kTileRowBytes = decltype(tile_row_bytes)::value;
     const int64_t row0 = tile.seq.k_row0 + static_cast<int64_t>(n_block) * Cfg::kBlockN;
     if (p.block_table == nullptr && row0 + Cfg::kBlockN <= k_end) {
-      load_rows<Cfg, Cfg::kBlockN>(dst, next, row_bytes);
+      load_rows<Cfg, Cfg::kBlockN, kTileRowBytes>(dst, next, row_bytes);
     } else {
-      load_checked<Cfg, Cfg::kBlockN>(dst, slice, row_bytes, row0, k_end, p.block_table != nullptr, pages);
+      load_checked<Cfg, Cfg::kBlockN, kTileRowBytes>(dst, slice, row_bytes, row0, k_end, p.block_table != nullptr,
+                                                     pages);
     }
     next -= Cfg::kBlockN * row_bytes;
   };
   auto load_k = [&](int n_block, int stage) {
-    load_kv_tile(k_tile(stage), k_next, k_slice, k_row_bytes, k_pages, n_block);
+    load_kv_tile(std::integral_constant<int, Cfg::kRowBytes>{}, k_tile(stage), k_next, k_slice, k_row_bytes, k_pages,
+                 n_block);
   };
   auto load_v = [&](int n_block, int stage) {
-    load_kv_tile(v_tile(stage), v_next, v_slice, v_row_bytes, v_pages, n_block);
+    load_kv_tile(std::integral_constant<int, Cfg::kVRowBytes>{}, v_tile(stage), v_next, v_slice, v_row_bytes, v_pages,
+                 n_block);
   };
   auto load_kv = [&](int n_block, int stage) { load_k(n_block, stage), load_v(n_block, stage); };
 
@@ -167,15 +173,16 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   // Split tiles (pair.cuh): this warp's keys of each block and columns of O.
   const int half = warp_half<Cfg>(warp);
   const uint32_t k_part = half * Cfg::kWarpKeys * Cfg::kRowBytes;
+  const uint32_t v_part = half * Cfg::kWarpKeys * Cfg::kVRowBytes;
   const uint32_t v_cols = half * Cfg::kWarpDim * Cfg::kElemBytes;
   [[maybe_unused]] const PairExchange<Cfg> pair{smem + Cfg::kSmemPairOffset, warp, lane};
   auto qk = [&](int stage) { gemm_qk<Cfg>(s, q, k_tile(stage) + k_part, lane); };
   // O += P V: split tiles take their own keys' P first, then the partner's.
   auto pv = [&](int stage) {
     if constexpr (Cfg::kSplit == 2) {
-      gemm_pv<Cfg>(st.o, pa, v_tile(stage) + k_part + v_cols, lane);
+      gemm_pv<Cfg>(st.o, pa, v_tile(stage) + v_part + v_cols, lane);
       gemm_pv_frags<Cfg>(st.o, [&](int kk, uint32_t(&a)[Cfg::kMTiles][4]) { pair.partner_p(kk, a); },
-                         v_tile(stage) + (Cfg::kWarpKeys * Cfg::kRowBytes - k_part) + v_cols, lane);
+                         v_tile(stage) + (Cfg::kWarpKeys * Cfg::kVRowBytes - v_part) + v_cols, lane);
     } else {
       gemm_pv<Cfg>(st.o, pa, v_tile(stage), lane);
     }
