@@ -115,7 +115,11 @@ ATTENTION_PARAMS_V2_SIZE = 448  # FLASHCORE_ATTENTION_PARAMS_V2_SIZE: a 0.2 libr
 ATTENTION_PARAMS_V3_SIZE = 480  # FLASHCORE_ATTENTION_PARAMS_V3_SIZE: a 0.3 library's struct_size
 ATTENTION_PARAMS_V4_SIZE = 648  # FLASHCORE_ATTENTION_PARAMS_V4_SIZE: a 0.4 library's struct_size
 ATTENTION_PARAMS_V5_SIZE = 680  # FLASHCORE_ATTENTION_PARAMS_V5_SIZE: a 0.5 library's struct_size
+ATTENTION_PARAMS_V6_SIZE = 688  # FLASHCORE_ATTENTION_PARAMS_V6_SIZE: a 0.6 library's struct_size
 CAPABILITIES_V1_SIZE = 216  # FLASHCORE_CAPABILITIES_V1_SIZE
+# sizeof(flashcore_capabilities) of 0.2 to 0.6 libraries (everything up to device_backend; no header macro): what such
+# a library accepts at most, since it refuses a struct_size larger than its own.
+CAPABILITIES_V2_SIZE = 304
 
 # ---------------------------------------------------------------------------------------------------------------
 # Structs.
@@ -213,6 +217,9 @@ class AttentionParamsStruct(ctypes.Structure):
         # variant, which a 0.5 library's backward does not take). The backward takes local, window_size_*, softcap and
         # sinks of the forward it differentiates.
         ("dsinks", ctypes.c_void_p),  # float* (device, num_heads_q): written with dL/dsinks; NULL: not computed
+        # Since 0.7: V's and O's head dim where it differs from Q's and K's (a 0.6 library is passed struct_size
+        # ATTENTION_PARAMS_V6_SIZE and never reads it; Library.set_head_dim_v refuses to set it for it). 0: head_dim.
+        ("head_dim_v", ctypes.c_int64),
     ]
 
 
@@ -234,6 +241,9 @@ class CapabilitiesStruct(ctypes.Structure):
         ("num_out_dtypes", ctypes.c_int32),
         ("out_dtypes", ctypes.c_int * MAX_CAPS),  # flashcore_dtype[]
         ("device_backend", ctypes.c_char * 16),
+        # Since 0.7 (a 0.2 to 0.6 library fills only the fields above, CAPABILITIES_V2_SIZE bytes).
+        ("num_head_dim_pairs", ctypes.c_int32),
+        ("head_dim_pairs", (ctypes.c_int32 * 2) * MAX_CAPS),  # (head_dim, head_dim_v) pairs, head_dim_v != head_dim
     ]
 
 
@@ -305,6 +315,9 @@ class Capabilities:
     out_dtypes: Tuple[str, ...] = ()  # dtypes O can be written in (a 0.1 library: none reported)
     device_backend: str = ""  # backend serving the current device, e.g. "sm90"; "" if none
     params_struct_size: int = 0  # the library's sizeof(flashcore_attention_params)
+    # (head_dim, head_dim_v) pairs compiled in whose V (and O) head dim differs from Q's and K's, e.g. ((192, 128),);
+    # () for a library older than 0.7
+    head_dim_pairs: Tuple[Tuple[int, int], ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -429,13 +442,13 @@ class Library:
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
         # The struct_size to pass: the library reports its own (capabilities.params_struct_size, since 0.2). A
-        # library as new as this mirror or newer accepts the mirror's size; a 0.5 (0.4, 0.3, 0.2, 0.1) library takes
-        # the 0.5 (0.4, ...) layout, which is the mirror's prefix: it never reads the fields added later, and the
-        # bindings never set them for it (has_params_field, set_variants, set_dsinks).
+        # library as new as this mirror or newer accepts the mirror's size; a 0.6 (0.5, 0.4, 0.3, 0.2, 0.1) library
+        # takes the 0.6 (0.5, ...) layout, which is the mirror's prefix: it never reads the fields added later, and the
+        # bindings never set them for it (has_params_field, set_variants, set_dsinks, set_head_dim_v).
         mirror = ctypes.sizeof(AttentionParamsStruct)
         library_size = self._raw_capabilities().params_struct_size or ATTENTION_PARAMS_V1_SIZE
-        older = (ATTENTION_PARAMS_V5_SIZE, ATTENTION_PARAMS_V4_SIZE, ATTENTION_PARAMS_V3_SIZE, ATTENTION_PARAMS_V2_SIZE,
-                 ATTENTION_PARAMS_V1_SIZE)
+        older = (ATTENTION_PARAMS_V6_SIZE, ATTENTION_PARAMS_V5_SIZE, ATTENTION_PARAMS_V4_SIZE, ATTENTION_PARAMS_V3_SIZE,
+                 ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE)
         if library_size >= mirror:
             self.params_struct_size = mirror
         elif library_size in older:
@@ -444,9 +457,9 @@ class Library:
             raise RuntimeError(
                 f"FlashCore: ABI mismatch with {path}: it reports sizeof(flashcore_attention_params) = "
                 f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}), the 0.2 ({ATTENTION_PARAMS_V2_SIZE}), "
-                f"the 0.3 ({ATTENTION_PARAMS_V3_SIZE}), the 0.4 ({ATTENTION_PARAMS_V4_SIZE}) nor the 0.5 layout "
-                f"({ATTENTION_PARAMS_V5_SIZE}) nor at least this mirror's {mirror}; rebuild the library or update the "
-                f"bindings"
+                f"the 0.3 ({ATTENTION_PARAMS_V3_SIZE}), the 0.4 ({ATTENTION_PARAMS_V4_SIZE}), the 0.5 "
+                f"({ATTENTION_PARAMS_V5_SIZE}) nor the 0.6 layout ({ATTENTION_PARAMS_V6_SIZE}) nor at least this "
+                f"mirror's {mirror}; rebuild the library or update the bindings"
             )
         probe = self.new_params()
         strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
@@ -457,6 +470,7 @@ class Library:
             )
         self._compiled: Optional[Tuple[Tuple[str, ...], Tuple[int, ...]]] = None
         self._out_dtypes: Optional[Tuple[str, ...]] = None
+        self._head_dim_pairs: Optional[Tuple[Tuple[int, int], ...]] = None
 
     # -- plain calls ----------------------------------------------------------------------------------------------
 
@@ -484,14 +498,18 @@ class Library:
     # -- capabilities ---------------------------------------------------------------------------------------------
 
     def _raw_capabilities(self) -> CapabilitiesStruct:
-        """The C struct, from a 0.2+ library in full; a 0.1 library (which wants its own size) fills the 0.1 part."""
-        caps = CapabilitiesStruct()
-        caps.struct_size = ctypes.sizeof(CapabilitiesStruct)
-        status = self._cdll.flashcore_get_capabilities(ctypes.byref(caps))
-        if status == ERROR_INVALID_ARGUMENT and "flashcore_capabilities_init" not in self._optional:
+        """The C struct, from a 0.7+ library in full. An older library refuses a struct_size larger than its own:
+        a 0.2 to 0.6 library then fills the CAPABILITIES_V2_SIZE bytes it knows, a 0.1 library the 0.1 part; the
+        fields past them stay zero (no head dim pairs)."""
+        sizes = [ctypes.sizeof(CapabilitiesStruct), CAPABILITIES_V2_SIZE]
+        if "flashcore_capabilities_init" not in self._optional:  # a 0.1 library
+            sizes.append(CAPABILITIES_V1_SIZE)
+        for size in sizes:
             caps = CapabilitiesStruct()
-            caps.struct_size = CAPABILITIES_V1_SIZE
+            caps.struct_size = size
             status = self._cdll.flashcore_get_capabilities(ctypes.byref(caps))
+            if status != ERROR_INVALID_ARGUMENT:
+                break
         self.check(status, "flashcore_get_capabilities")
         return caps
 
@@ -513,6 +531,8 @@ class Library:
             out_dtypes=names(caps.out_dtypes, caps.num_out_dtypes),
             device_backend=caps.device_backend.decode("utf-8", "replace"),
             params_struct_size=int(caps.params_struct_size),
+            head_dim_pairs=tuple((int(caps.head_dim_pairs[i][0]), int(caps.head_dim_pairs[i][1]))
+                                 for i in range(max(0, min(int(caps.num_head_dim_pairs), MAX_CAPS)))),
         )
 
     def compiled(self) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
@@ -521,6 +541,14 @@ class Library:
             caps = self.capabilities()
             self._compiled = (caps.dtypes, caps.head_dims)
         return self._compiled
+
+    def compiled_head_dim_pairs(self) -> Tuple[Tuple[int, int], ...]:
+        """The (head_dim, head_dim_v) pairs compiled in whose V (and O) head dim differs from Q's and K's, e.g.
+        ((192, 128),) (() for a library older than 0.7); fixed for the library's lifetime, so queried once. The pairs
+        with head_dim_v == head_dim are compiled() head dims."""
+        if self._head_dim_pairs is None:
+            self._head_dim_pairs = self.capabilities().head_dim_pairs
+        return self._head_dim_pairs
 
     def compiled_out_dtypes(self) -> Tuple[str, ...]:
         """Dtype names O can be written in besides the input dtype (() for a 0.1 library); queried once."""
@@ -533,7 +561,7 @@ class Library:
         0.2 (out_dtype lies in the 0.1 struct's tail padding, which it ignores), a 0.2 library none of those since 0.3
         (descales, precision), a 0.3 library none of those since 0.4 (the backward's), a 0.4 library none of those
         since 0.5 (the variants: local, window sizes, softcap, sinks, attention_chunk), a 0.5 library none of those
-        since 0.6 (dsinks)."""
+        since 0.6 (dsinks), a 0.6 library none of those since 0.7 (head_dim_v)."""
         known = {
             ATTENTION_PARAMS_V1_SIZE: AttentionParamsStruct.out_dtype.offset,
         }.get(self.params_struct_size, self.params_struct_size)
@@ -617,6 +645,29 @@ class Library:
         """Enqueue the forward pass on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream)."""
         status = self._cdll.flashcore_attention_forward(ctypes.byref(params), ctypes.c_void_p(stream or None))
         self.check(status, "flashcore_attention_forward")
+
+    # -- a head dim of V's own (since 0.7) --------------------------------------------------------------------------
+
+    def has_head_dim_v(self) -> bool:
+        """Whether the loaded library reads head_dim_v (0.7 or newer): V and O with a last dimension of their own."""
+        return self.has_params_field("head_dim_v")
+
+    def set_head_dim_v(self, params: AttentionParamsStruct, head_dim_v: int) -> AttentionParamsStruct:
+        """Set params.head_dim_v, V's and O's last dimension, for a call whose V has a head dim other than Q's and
+        K's (params.head_dim, set before). A head_dim_v equal to head_dim leaves the field untouched (0 means
+        head_dim, for any library). A library older than 0.7 cannot read it: RuntimeError naming the version needed,
+        before any call, rather than a call that reads V and writes O with head_dim columns."""
+        head_dim_v = int(head_dim_v)
+        if head_dim_v == params.head_dim:
+            return params
+        if not self.has_head_dim_v():
+            raise RuntimeError(
+                f"FlashCore: v's head dim ({head_dim_v}) differs from q's and k's ({params.head_dim}), but {self.path} "
+                f"(version {self.version_string()}, {self.params_struct_size}-byte flashcore_attention_params) "
+                f"predates head_dim_v: a 0.7 library or newer is needed (older ones take one head dim for q, k and v)"
+            )
+        params.head_dim_v = head_dim_v
+        return params
 
     # -- attention variants (since 0.5) ----------------------------------------------------------------------------
 

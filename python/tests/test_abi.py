@@ -40,7 +40,8 @@ def _strip_comments(text):
 
 
 def parse_struct(header, name):
-    """[(field name, C type, is_pointer, array length or None)] of `typedef struct name {...} name;`."""
+    """[(field name, C type, is_pointer, array lengths or None)] of `typedef struct name {...} name;` (the lengths of
+    each array dimension, outermost first, as written: a macro name or a number)."""
     match = re.search(r"typedef\s+struct\s+%s\s*\{(.*?)\}\s*%s\s*;" % (name, name), _strip_comments(header), re.S)
     assert match, f"struct {name} not found in the header"
     fields = []
@@ -48,10 +49,10 @@ def parse_struct(header, name):
         decl = " ".join(decl.split())
         if not decl:
             continue
-        m = re.fullmatch(r"(?:const )?(\w+)\s*(\*?)\s*(\w+)(?:\[(\w+)\])?", decl)
+        m = re.fullmatch(r"(?:const )?(\w+)\s*(\*?)\s*(\w+)((?:\[\w+\])*)", decl)
         assert m, f"cannot parse declaration {decl!r} in {name}"
-        ctype, pointer, field, length = m.groups()
-        fields.append((field, ctype, bool(pointer), length))
+        ctype, pointer, field, lengths = m.groups()
+        fields.append((field, ctype, bool(pointer), re.findall(r"\[(\w+)\]", lengths) or None))
     return fields
 
 
@@ -71,15 +72,18 @@ def test_struct_fields_match_header(header_text, struct_name):
     text = RING_HEADER.read_text() if struct_name == "flashcore_ring_params" else header_text
     parsed = parse_struct(text, struct_name)
     assert [f[0] for f in parsed] == [f[0] for f in struct._fields_], "field names/order differ from the header"
-    for (field, ctype, pointer, length), (_, py_type) in zip(parsed, struct._fields_):
+    for (field, ctype, pointer, lengths), (_, py_type) in zip(parsed, struct._fields_):
         if pointer:
             expected = ctypes.c_void_p
         else:
             expected = C_TYPES[ctype]
-        if length is not None:
-            assert issubclass(py_type, ctypes.Array), field
-            assert py_type._length_ == parse_define(header_text, length) if not length.isdigit() else int(length)
-            assert py_type._type_ is expected, field
+        if lengths is not None:
+            for length in lengths:  # int32_t x[A][B]: an array of A arrays of B
+                assert issubclass(py_type, ctypes.Array), field
+                assert py_type._length_ == (int(length) if length.isdigit() else parse_define(header_text, length)), \
+                    field
+                py_type = py_type._type_
+            assert py_type is expected, field
         else:
             assert py_type is expected, f"{struct_name}.{field}: {py_type} vs C {ctype}{'*' if pointer else ''}"
 
@@ -99,6 +103,7 @@ def test_enums_match_header(header_text):
     assert _lib.ATTENTION_PARAMS_V3_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V3_SIZE")
     assert _lib.ATTENTION_PARAMS_V4_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
     assert _lib.ATTENTION_PARAMS_V5_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V5_SIZE")
+    assert _lib.ATTENTION_PARAMS_V6_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V6_SIZE")
     assert _lib.PRECISION_NATIVE == parse_define(header_text, "FLASHCORE_PRECISION_NATIVE") == 0
     assert _lib.PRECISION_FP8 == parse_define(header_text, "FLASHCORE_PRECISION_FP8") == 1
     assert _lib.PRECISION_INT8 == parse_define(header_text, "FLASHCORE_PRECISION_INT8") == 2
@@ -162,13 +167,30 @@ def test_v4_prefix_of_the_mirror():
 
 
 def test_v5_prefix_of_the_mirror():
-    """A 0.5 library is handed the mirror's first 680 bytes: the 0.5 fields end there, dsinks (0.6) follows and ends
-    the struct (688 bytes)."""
+    """A 0.5 library is handed the mirror's first 680 bytes: the 0.5 fields end there, dsinks (0.6) follows."""
     params = _lib.AttentionParamsStruct
     assert params.reserved4.offset + params.reserved4.size == _lib.ATTENTION_PARAMS_V5_SIZE == params.dsinks.offset
-    assert [name for name, _ in params._fields_][-1] == "dsinks"
     assert params.dsinks.offset % 8 == 0 and params.dsinks.size == 8
-    assert ctypes.sizeof(params) == 688
+
+
+def test_v6_prefix_of_the_mirror():
+    """A 0.6 library is handed the mirror's first 688 bytes: the 0.6 fields end there (dsinks last), head_dim_v (0.7)
+    follows and ends the struct (696 bytes)."""
+    params = _lib.AttentionParamsStruct
+    assert params.dsinks.offset + params.dsinks.size == _lib.ATTENTION_PARAMS_V6_SIZE == 688
+    assert params.head_dim_v.offset == 688 and params.head_dim_v.size == 8
+    assert [name for name, _ in params._fields_][-2:] == ["dsinks", "head_dim_v"]
+    assert ctypes.sizeof(params) == 696
+
+
+def test_capabilities_v2_prefix_of_the_mirror():
+    """A 0.2 to 0.6 library fills (and accepts at most) the first 304 bytes of flashcore_capabilities: device_backend
+    ends there, the head dim pairs (0.7) follow."""
+    caps = _lib.CapabilitiesStruct
+    assert caps.device_backend.offset + caps.device_backend.size == _lib.CAPABILITIES_V2_SIZE == 304
+    assert caps.num_head_dim_pairs.offset == _lib.CAPABILITIES_V2_SIZE
+    assert caps.head_dim_pairs.offset == 308 and caps.head_dim_pairs.size == _lib.MAX_CAPS * 2 * 4
+    assert ctypes.sizeof(caps) == 436
 
 
 def test_every_status_maps_to_an_exception():
@@ -279,17 +301,19 @@ def test_stub_loads_and_reports(use_library, stub_library):
     params_size = ctypes.sizeof(_lib.AttentionParamsStruct)
     assert caps == _lib.Capabilities(
         ("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256), (90,), 0, False, ("float16", "bfloat16"), "",
-        params_size
+        params_size, ((192, 128),)
     )
     assert _lib.load().params_struct_size == params_size
     assert _lib.load().kernel_configs(_lib.DTYPE_BF16, 64, True) == ("default",)
     assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 64, False) == ()  # the stub's 8-bit head dims: 128, 256
     assert _lib.load().kernel_configs(_lib.DTYPE_FP8_E4M3, 128, True) == ("default",)
     assert _lib.load().compiled() == (("float16", "bfloat16", "float8_e4m3fn"), (64, 128, 256))
+    assert _lib.load().compiled_head_dim_pairs() == ((192, 128),)
     assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2",
                                                                "dout", "reserved3", "local", "sinks", "reserved4",
-                                                               "dsinks"))
+                                                               "dsinks", "head_dim_v"))
     assert _lib.load().has_backward() and _lib.load().has_variants() and _lib.load().has_variant_backward()
+    assert _lib.load().has_head_dim_v()
 
 
 def test_params_reach_c_intact(use_library, stub_library):
@@ -325,7 +349,33 @@ def test_params_reach_c_intact(use_library, stub_library):
     assert all(getattr(seen, f).dim == 1 for f in ("dout_strides", "dq_strides", "dk_strides", "dv_strides"))
     assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks, seen.attention_chunk,
             seen.reserved4, seen.dsinks) == (0, 0, 0, 0.0, None, 0, 0, None)
+    assert seen.head_dim_v == 0  # V of q's head dim: the default
     assert lib.workspace_size(params) == 0
+
+
+def _mla_params(lib):
+    """The params of a (head_dim, head_dim_v) = (192, 128) call: q, k (.., 192), v, o (.., 128)."""
+    params = _lib.fill_params(lib.new_params(), pointers=(0x1000, 0x2000, 0x3000, 0x4000, 0),
+                              strides=((3 * 8 * 192, 8 * 192, 192, 1), (3 * 2 * 192, 2 * 192, 192, 1),
+                                       (3 * 2 * 128, 2 * 128, 128, 1), (3 * 8 * 128, 8 * 128, 128, 1)),
+                              sizes=(2, 3, 3, 8, 2, 192), dtype=_lib.DTYPE_BF16, causal=True, softmax_scale=0.0)
+    return lib.set_head_dim_v(params, 128)
+
+
+def test_head_dim_v_reaches_c_intact(use_library, stub_library):
+    """A 0.7 library: set_head_dim_v writes the field (at offset 688) for a V of its own head dim, and leaves it 0
+    (head_dim) for one of q's."""
+    use_library(stub_library)
+    lib = _lib.load()
+    params = _mla_params(lib)
+    assert params.head_dim_v == 128
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert (seen.head_dim, seen.head_dim_v, seen.v_strides.head, seen.o_strides.seq) == (192, 128, 128, 8 * 128)
+    assert ctypes.string_at(ctypes.addressof(seen) + 688, 8) == (128).to_bytes(8, "little")
+    same = lib.set_head_dim_v(_variant_params(lib), 64)  # head_dim 64: nothing to set
+    assert same.head_dim_v == 0
 
 
 def _variant_params(lib, causal=False):
@@ -398,7 +448,7 @@ def test_v4_library_gets_the_v4_struct_size(use_library, stub_v4_library):
         with pytest.raises(RuntimeError, match=f"{name} is set, but .*a 0.5 library or newer is needed"):
             lib.set_variants(params, causal=True, **kwargs)
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V4_SIZE,
-                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)) == bytes(40)
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)) == bytes(48)
     assert not lib.has_variant_backward()
     with pytest.raises(RuntimeError, match="dsinks .*a 0.6 library or newer is needed"):
         lib.set_dsinks(params, 0x6000)
@@ -443,7 +493,42 @@ def test_v5_library_gets_the_v5_struct_size(use_library, stub_v5_library):
     lib._cdll.stub_last_backward_params(ctypes.byref(seen))
     assert seen.struct_size == _lib.ATTENTION_PARAMS_V5_SIZE and seen.local == 0 and seen.dsinks is None
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V5_SIZE,
-                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V5_SIZE)) == bytes(8)
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V5_SIZE)) == bytes(16)
+
+
+@pytest.fixture
+def stub_v6_library(c_compiler, header_text, tmp_path_factory):
+    """The stub playing a 0.6 library (struct_size 688, capabilities of 304 bytes: no head_dim_v, no head dim pairs)."""
+    from conftest import build_stub
+
+    return build_stub(c_compiler, tmp_path_factory.mktemp("stub_v6"), "libflashcore_v6.so",
+                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V6_SIZE")
+
+
+def test_v6_library_gets_the_v6_struct_size(use_library, stub_v6_library):
+    """A 0.6 library (which refuses the 0.7 capabilities struct) reports its capabilities through the 304-byte layout,
+    is passed struct_size 688 and runs every 0.6 call; a V with a head dim of its own is RuntimeError naming the version
+    needed, before any call, and nothing is written past its 688 bytes."""
+    use_library(stub_v6_library)
+    lib = _lib.load()
+    caps = lib.capabilities()
+    assert caps.params_struct_size == _lib.ATTENTION_PARAMS_V6_SIZE and caps.head_dims == (64, 128, 256)
+    assert caps.head_dim_pairs == () and lib.compiled_head_dim_pairs() == ()
+    assert lib.params_struct_size == _lib.ATTENTION_PARAMS_V6_SIZE
+    assert lib.has_variant_backward() and lib.has_params_field("dsinks")
+    assert not lib.has_head_dim_v() and not lib.has_params_field("head_dim_v")
+    params = lib.set_head_dim_v(_variant_params(lib, causal=True), 64)  # v of q's head dim: nothing to set
+    lib.set_dsinks(params, 0x6000)
+    assert params.struct_size == _lib.ATTENTION_PARAMS_V6_SIZE
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert seen.struct_size == _lib.ATTENTION_PARAMS_V6_SIZE and seen.dsinks == 0x6000 and seen.head_dim_v == 0
+    with pytest.raises(RuntimeError, match=r"v's head dim \(128\) differs from q's and k's \(192\), but .*688-byte "
+                                           r"flashcore_attention_params\) predates head_dim_v: a 0.7 library"):
+        _mla_params(lib)
+    assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V6_SIZE,
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V6_SIZE)) == bytes(8)
 
 
 def test_dsinks_reach_c_intact(use_library, stub_library):

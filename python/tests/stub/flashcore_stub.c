@@ -15,7 +15,13 @@
  * backward and the 8-bit dtype, in a struct that ends before the attention variants (local ... reserved4), which it
  * never reads. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V5_SIZE it plays a 0.5 library: the
  * variants, in a struct that ends before dsinks (0.6), which it never reads (the bindings refuse a backward with a
- * variant for it before calling: a 0.5 library's backward refuses them). */
+ * variant for it before calling: a 0.5 library's backward refuses them). Compiled with
+ * -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V6_SIZE it plays a 0.6 library: a struct that ends before head_dim_v
+ * (0.7), which it never reads.
+ * Capabilities: the stub serves one layout of flashcore_capabilities, its version's (a library refuses a struct_size
+ * larger than its own): the 0.7 one (with head_dim_pairs {192, 128}) as the current library, the 0.2 .. 0.6 one
+ * (STUB_CAPS_V2_SIZE bytes, up to device_backend) when it plays an older library. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +38,11 @@ static char g_error[256];
 #ifndef STUB_PARAMS_SIZE
 #define STUB_PARAMS_SIZE sizeof(flashcore_attention_params)
 #endif
+
+/* sizeof(flashcore_capabilities) of 0.2 .. 0.6 libraries: everything up to device_backend. */
+#define STUB_CAPS_V2_SIZE offsetof(flashcore_capabilities, num_head_dim_pairs)
+#define STUB_CAPS_SIZE (STUB_PARAMS_SIZE >= sizeof(flashcore_attention_params) ? sizeof(flashcore_capabilities) \
+                                                                                : STUB_CAPS_V2_SIZE)
 
 #define STUB_STR2(x) #x
 #define STUB_STR(x) STUB_STR2(x)
@@ -59,8 +70,8 @@ FLASHCORE_API void(flashcore_attention_params_init)(flashcore_attention_params* 
 
 FLASHCORE_API void flashcore_capabilities_init(flashcore_capabilities* caps) {
   if (!caps) return;
-  memset(caps, 0, sizeof(*caps));
-  caps->struct_size = (uint32_t)sizeof(*caps);
+  memset(caps, 0, STUB_CAPS_SIZE);
+  caps->struct_size = (uint32_t)STUB_CAPS_SIZE;
 }
 
 FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params,
@@ -115,7 +126,7 @@ FLASHCORE_API const char* flashcore_version_string(void) { return STUB_VERSION "
 
 FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities* caps) {
   if (!caps) return FLASHCORE_ERROR_NULL_POINTER;
-  if (caps->struct_size != sizeof(*caps)) return FLASHCORE_ERROR_INVALID_ARGUMENT; /* the stub serves 0.2 only */
+  if (caps->struct_size != STUB_CAPS_SIZE) return FLASHCORE_ERROR_INVALID_ARGUMENT; /* its own layout only */
   caps->num_dtypes = 2;
   caps->dtypes[0] = FLASHCORE_DTYPE_FP16;
   caps->dtypes[1] = FLASHCORE_DTYPE_BF16;
@@ -137,6 +148,11 @@ FLASHCORE_API flashcore_status flashcore_get_capabilities(flashcore_capabilities
   caps->out_dtypes[0] = FLASHCORE_DTYPE_FP16;
   caps->out_dtypes[1] = FLASHCORE_DTYPE_BF16;
   caps->device_backend[0] = '\0';
+  if (STUB_CAPS_SIZE >= sizeof(flashcore_capabilities)) { /* 0.7: one head dim pair, DeepSeek MLA's */
+    caps->num_head_dim_pairs = 1;
+    caps->head_dim_pairs[0][0] = 192;
+    caps->head_dim_pairs[0][1] = 128;
+  }
   return FLASHCORE_SUCCESS;
 }
 
