@@ -63,7 +63,10 @@ def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp8: bool = False) -> None:
     """Raise ValueError / TypeError for anything the kernel cannot take, before touching the library.
     kv_batch=False: k and v are a paged cache (num_pages, page_size, Hkv, D), whose first dimension is not q's
-    batch. allow_fp8: float8_e4m3fn / float8_e5m2 inputs are accepted (flashcore.attention's dense calls only)."""
+    batch. allow_fp8: float8_e4m3fn / float8_e5m2 inputs are accepted (flashcore.attention's dense calls only).
+    q and k share their head dim D; v may have a head dim of its own, head_dim_v (its last dimension, and O's: the
+    C ABI's head_dim_v, since 0.7), its other dimensions k's. Whether the library compiles the pair is
+    _check_supported's question."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -80,14 +83,19 @@ def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp
                         f"flashcore.attention), got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"FlashCore: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape != v.shape:
-        raise ValueError(f"FlashCore: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"FlashCore: k and v must have the same shape but for the last dimension (v's head dim may "
+                         f"differ from k's), got {tuple(k.shape)} and {tuple(v.shape)}")
     bq, _, hq, dq = _dims(q, layout)
     bk, _, hk, dk = _dims(k, layout)
     if kv_batch and bk != bq:
         raise ValueError(f"FlashCore: q and k/v must have the same batch size, got {bq} and {bk}")
     if dk != dq:
-        raise ValueError(f"FlashCore: q and k/v must have the same head_dim, got {dq} and {dk}")
+        raise ValueError(f"FlashCore: q and k must have the same head_dim, got {dq} and {dk} (v's last dimension, "
+                         f"head_dim_v, may differ)")
+    if q.dtype in FP8_DTYPES and v.shape[3] != dq:
+        raise ValueError(f"FlashCore: 8-bit attention (float8 q, k, v) takes one head dim for q, k and v; v's last "
+                         f"dimension (head_dim_v) is {v.shape[3]}, q's and k's {dq}")
     if hk == 0 or hq % hk != 0:
         raise ValueError(
             f"FlashCore: the number of query heads ({hq}) must be a multiple of the number of key/value heads ({hk})"
@@ -129,15 +137,29 @@ def _check_scale(softmax_scale, name: str = "softmax_scale") -> float:
     return scale
 
 
-def _check_supported(q: torch.Tensor, head_dim: int) -> _lib.Library:
-    """Load the library (RuntimeError when missing) and check dtype / head_dim against its capabilities."""
+def _check_supported(q: torch.Tensor, head_dim: int, head_dim_v: Optional[int] = None) -> _lib.Library:
+    """Load the library (RuntimeError when missing) and check dtype / head_dim against its capabilities.
+    head_dim_v: v's last dimension (None: head_dim). One other than head_dim needs a 0.7 library (RuntimeError naming
+    the version otherwise) that compiles the pair (head_dim, head_dim_v) (Library.compiled_head_dim_pairs)."""
     lib = _lib.load()
     dtypes, head_dims = lib.compiled()
     dtype_name = str(q.dtype).replace("torch.", "")
     if dtype_name not in dtypes:
         raise TypeError(f"FlashCore: dtype {q.dtype} is not compiled into {lib.path} (compiled: {list(dtypes)})")
-    if head_dim not in head_dims:
-        raise ValueError(f"FlashCore: head_dim {head_dim} is not supported (compiled head dims: {list(head_dims)})")
+    if head_dim_v is None or head_dim_v == head_dim:
+        if head_dim not in head_dims:
+            raise ValueError(f"FlashCore: head_dim {head_dim} is not supported (compiled head dims: {list(head_dims)})")
+        return lib
+    if not lib.has_head_dim_v():
+        raise RuntimeError(f"FlashCore: v's head dim ({head_dim_v}) differs from q's and k's ({head_dim}), but "
+                           f"{lib.path} (version {lib.version_string()}) predates head_dim_v: a 0.7 library or newer "
+                           f"is needed (older ones take one head dim for q, k and v)")
+    pairs = lib.compiled_head_dim_pairs()
+    if (head_dim, head_dim_v) not in pairs:
+        raise ValueError(f"FlashCore: (head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is not supported: v's head "
+                         f"dim differs from q's and k's, and that pair is not compiled (compiled (head_dim, "
+                         f"head_dim_v) pairs: {[tuple(p) for p in pairs]}; head dims with v of q's head dim: "
+                         f"{list(head_dims)})")
     return lib
 
 
@@ -467,6 +489,15 @@ def _check_no_8bit_variants(variants: Optional[Variants], q: torch.Tensor, preci
                          f"(16-bit calls do)")
 
 
+def _check_no_8bit_head_dim_v(q: torch.Tensor, head_dim_v: int, precision: int) -> None:
+    """precision='fp8' / 'int8' quantize q, k and v for the 8-bit kernels, which take one head dim for all three (as
+    float8 inputs do: _check_inputs): ValueError naming it for a v whose last dimension differs."""
+    if precision != _lib.PRECISION_NATIVE and head_dim_v != q.shape[3]:
+        name = "fp8" if precision == _lib.PRECISION_FP8 else "int8"
+        raise ValueError(f"FlashCore: precision='{name}' takes one head dim for q, k and v (the 8-bit kernels); v's "
+                         f"last dimension (head_dim_v) is {head_dim_v}, q's and k's {q.shape[3]}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Strides: what the C ABI takes as is, and the copy otherwise.
 
@@ -517,6 +548,9 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
     workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
     per-sequence key counts (a KV cache's lengths).
 
+    v and out may have a last dimension Dv (head_dim_v, since 0.7) other than q's and k's D: Library.set_head_dim_v
+    writes it (RuntimeError for a library older than 0.7); below, v and out are written with D for short.
+
     Serving modes (flashcore.h), combinable as the C ABI allows:
       - dense: q, out (B, Sq, Hq, D); k, v (B, Sk, Hkv, D).
       - paged KV (block_table: int32 (B, max_pages), row stride >= max_pages, unit column stride): k, v are
@@ -566,6 +600,7 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
         softmax_scale=softmax_scale,
         lse_capacity=lse.numel() if has_lse else None,
     )
+    lib.set_head_dim_v(params, v4.shape[3])
     if seqused_k is not None:
         params.seqused_k = seqused_k.data_ptr()
     if varlen_q:
@@ -687,8 +722,11 @@ def _workspace(lib: _lib.Library, device: torch.device, stream, size: int) -> to
     return buf
 
 
-def _empty_outputs(q: torch.Tensor, return_lse: bool, out_dtype: Optional[torch.dtype] = None):
+def _empty_outputs(q: torch.Tensor, return_lse: bool, out_dtype: Optional[torch.dtype] = None,
+                   head_dim_v: Optional[int] = None):
+    """out (B, Sq, Hq, head_dim_v) (None: q's head dim) and lse (B, Hq, Sq), or an empty (0,) lse."""
     batch, seqlen_q, heads_q, head_dim = q.shape
+    head_dim = head_dim if head_dim_v is None else head_dim_v
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype if out_dtype is None else out_dtype)
     lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
     return out, lse
@@ -778,21 +816,27 @@ def attention_fwd(
     them (flashcore::attention_variants_bwd, a 0.6 library, with the forward's attention_chunk): q, k, v, and sinks
     when they require grad.
 
-    Returns (out (B, Sq, Hq, D) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
-    else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v and sinks (16-bit calls;
-    see _backward): a call that will be differentiated should ask for lse, which the backward reads (without it, the
-    backward runs the forward again to get it)."""
+    head_dim_v (since 0.7): v (B, Sk, Hkv, Dv) may have a last dimension other than q's and k's D, where the library
+    compiles the pair (D, Dv) (16-bit calls: FlashAttention-3's hdimdiff, e.g. DeepSeek MLA's (192, 128)); out is
+    then (B, Sq, Hq, Dv). Its backward is not supported (NotImplementedError when .backward() reaches it).
+
+    Returns (out (B, Sq, Hq, Dv) contiguous in the output dtype, lse): lse is float32 (B, Hq, Sq) when return_lse,
+    else an empty (0,) tensor (a custom op cannot return None). Differentiable in q, k, v and sinks (16-bit calls with
+    Dv = D; see _backward): a call that will be differentiated should ask for lse, which the backward reads (without
+    it, the backward runs the forward again to get it)."""
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
+    head_dim_v = k.shape[3] if v_transposed else v.shape[3]
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
+    _check_no_8bit_head_dim_v(q, head_dim_v, precision)
     variants = _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     _check_no_8bit_variants(variants, q, precision, causal)
-    lib = _check_supported(q, q.shape[3])
+    lib = _check_supported(q, q.shape[3], head_dim_v)
     extended = q.dtype in FP8_DTYPES or precision != _lib.PRECISION_NATIVE or o_dtype != q.dtype
     if extended:
         _check_extended_supported(lib, q, causal, o_dtype, precision)
-    out, lse = _empty_outputs(q, return_lse, o_dtype)
+    out, lse = _empty_outputs(q, return_lse, o_dtype, head_dim_v)
     if out.numel() == 0:
         return out, lse
     if k.shape[1] == 0:  # no keys: every row sees nothing (O = 0, LSE = -inf or the sink), as fully masked rows
@@ -815,10 +859,12 @@ def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse, q_descale=No
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
+    head_dim_v = k.shape[3] if v_transposed else v.shape[3]
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision)
+    _check_no_8bit_head_dim_v(q, head_dim_v, precision)
     variants = _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     _check_no_8bit_variants(variants, q, precision, causal)
-    return _empty_outputs(q, return_lse, o_dtype)
+    return _empty_outputs(q, return_lse, o_dtype, head_dim_v)
 
 
 def _check_cache_seqlens(cache_seqlens: torch.Tensor, q: torch.Tensor) -> None:
@@ -887,14 +933,15 @@ def attention_kvcache_fwd(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (B, Sq, Hq, D) against the first cache_seqlens[b] keys of a KV cache: dense, k_cache/v_cache
     (B, Sk, Hkv, D); or paged, k_cache/v_cache (num_pages, page_size, Hkv, D) with block_table int32
-    (B, max_pages): key j of sequence b is row j % page_size of page block_table[b, j // page_size].
+    (B, max_pages): key j of sequence b is row j % page_size of page block_table[b, j // page_size]. v_cache may have
+    a last dimension Dv of its own (head_dim_v, as in attention_fwd): out is (B, Sq, Hq, Dv).
     Cache rows past those lengths are never read into the output (they may hold anything, NaN included), nor are
     the pages past them. num_splits: split-KV parts (0: the library's choice, 1: no split). The variants (window,
     softcap, sinks, attention_chunk) as in attention_fwd, aligned to each sequence's last key (cache_seqlens[b])."""
     capacity = _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table)
     variants = _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
-    lib = _check_supported(q, q.shape[3])
-    out, lse = _empty_outputs(q, return_lse)
+    lib = _check_supported(q, q.shape[3], v_cache.shape[3])
+    out, lse = _empty_outputs(q, return_lse, head_dim_v=v_cache.shape[3])
     if out.numel() == 0:
         return out, lse
     if capacity == 0:
@@ -915,7 +962,7 @@ def _attention_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, soft
                                 softcap=0.0, sinks=None, attention_chunk=0):
     _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table)
     _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
-    return _empty_outputs(q, return_lse)
+    return _empty_outputs(q, return_lse, head_dim_v=v_cache.shape[3])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -945,7 +992,8 @@ def _check_max_seqlen(name: str, value) -> None:
 
 
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
-    """q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens int32 (batch + 1,), seqused_k int32 (batch,)."""
+    """q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv) (Dv: D, or head_dim_v), cu_seqlens int32
+    (batch + 1,), seqused_k int32 (batch,)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -955,7 +1003,7 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None
                 f"FlashCore: {name} must be 3-D (total_tokens, num_heads, head_dim) for varlen_attention, got shape "
                 f"{tuple(t.shape)}"
             )
-    # The 4-D checks on (1, total, H, D) views: dtypes, k/v shapes, head_dim, head ratio, devices.
+    # The 4-D checks on (1, total, H, D) views: dtypes, k/v shapes, head dims, head ratio, devices.
     _check_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), "bshd")
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
@@ -976,9 +1024,10 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None
             raise ValueError(f"FlashCore: seqused_k is on {seqused_k.device}, q on {q.device}")
 
 
-def _empty_varlen_outputs(q: torch.Tensor, return_lse: bool):
-    total_q, heads_q, head_dim = q.shape
-    out = q.new_empty((total_q, heads_q, head_dim))
+def _empty_varlen_outputs(q: torch.Tensor, return_lse: bool, head_dim_v: int):
+    """out (total_q, Hq, head_dim_v) and lse (Hq, total_q), or an empty (0,) lse."""
+    total_q, heads_q, _ = q.shape
+    out = q.new_empty((total_q, heads_q, head_dim_v))
     lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
@@ -991,13 +1040,14 @@ def varlen_attention_fwd(
     sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed variable-length attention: sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (total_q, Hq,
-    D) against rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k, v (total_k, Hkv, D) (the first seqused_k[b] of them
-    when given). Returns (out (total_q, Hq, D), lse float32 (Hq, total_q) or an empty (0,) tensor). The variants
-    (window, softcap, sinks, attention_chunk) as in attention_fwd, aligned per sequence."""
+    D) against rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k (total_k, Hkv, D) and v (total_k, Hkv, Dv) (the first
+    seqused_k[b] of them when given); Dv is D, or v's head dim of its own (head_dim_v, as in attention_fwd). Returns
+    (out (total_q, Hq, Dv), lse float32 (Hq, total_q) or an empty (0,) tensor). The variants (window, softcap, sinks,
+    attention_chunk) as in attention_fwd, aligned per sequence."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     variants = _op_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, attention_chunk)
-    lib = _check_supported(q, q.shape[2])
-    out, lse = _empty_varlen_outputs(q, return_lse)
+    lib = _check_supported(q, q.shape[2], v.shape[2])
+    out, lse = _empty_varlen_outputs(q, return_lse, v.shape[2])
     if out.numel() == 0:
         return out, lse
     # No sequence is longer than its packed tensor: tighter bounds, same result (the lengths are never read here).
@@ -1017,7 +1067,7 @@ def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, m
                                sinks=None, attention_chunk=0):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     _op_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, attention_chunk)
-    return _empty_varlen_outputs(q, return_lse)
+    return _empty_varlen_outputs(q, return_lse, v.shape[2])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1035,6 +1085,14 @@ VARLEN_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention (f
 KVCACHE_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of KV-cache attention (flashcore.attention_with_kvcache, "
                                   "dense or paged caches) is not supported yet; it is for inference: run it under "
                                   "torch.no_grad() / torch.inference_mode()")
+
+
+def head_dim_v_backward_not_supported(head_dim: int, head_dim_v: int) -> str:
+    """The message of a backward FlashCore does not have: v with a head dim of its own (the library's
+    flashcore_attention_backward refuses head_dim_v != head_dim in this version)."""
+    return (f"FlashCore: the backward of attention whose v has a head dim of its own (head_dim_v {head_dim_v}, q's and "
+            f"k's head_dim {head_dim}) is not supported: the library's backward takes one head dim for q, k and v. "
+            f"The forward runs; to train, give v q's head dim (e.g. zero-pad it and slice the output)")
 
 
 def _abi_layout(t: torch.Tensor) -> bool:
@@ -1056,9 +1114,12 @@ def _grad_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_backward_inputs(dout, q, k, v, out, lse) -> None:
-    """The backward's arguments (metadata only): 16-bit q, k, v as the forward takes them; dout and out of q's shape
-    and dtype; lse float32 (B, Hq, Sq), the forward's."""
+    """The backward's arguments (metadata only): 16-bit q, k, v as the forward takes them, with one head dim
+    (NotImplementedError for a v of a head dim of its own, which the library's backward refuses); dout and out of
+    q's shape and dtype; lse float32 (B, Hq, Sq), the forward's."""
     _check_inputs(q, k, v, "bshd")
+    if v.shape[3] != q.shape[3]:
+        raise NotImplementedError(head_dim_v_backward_not_supported(q.shape[3], v.shape[3]))
     for name, t in (("dout", dout), ("out", out)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -1240,6 +1301,8 @@ def _attention_variants_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale,
 def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int) -> Optional[str]:
     """Why a forward call has no backward yet (None: it has). Every variant has one (the window, softcap and sinks
     since 0.6, attention_chunk with the library that runs it: the same library call takes it in both passes)."""
+    if out.shape[3] != q.shape[3]:  # v, and so O, with a head dim of its own
+        return head_dim_v_backward_not_supported(q.shape[3], out.shape[3])
     if q.dtype in FP8_DTYPES:
         return "FlashCore: the backward of 8-bit attention (float8 q, k, v) is not supported yet"
     if precision != _lib.PRECISION_NATIVE:
@@ -1425,6 +1488,8 @@ def _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
                 softmax_scale, deterministic, variants, return_dsinks):
     """The body of both varlen backward ops: (dq, dk, dv, dsinks or an empty (0,) tensor)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
+    if v.shape[2] != q.shape[2]:
+        raise NotImplementedError(head_dim_v_backward_not_supported(q.shape[2], v.shape[2]))
     lib = _check_supported(q, q.shape[2])
     dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     dsinks = _empty_dsinks(q, q.shape[1], return_dsinks)
@@ -1498,7 +1563,10 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.set_materialize_grads(False)
     variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
-    ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED if seqused_k is not None else None
+    if v.shape[2] != q.shape[2]:
+        ctx.unsupported = head_dim_v_backward_not_supported(q.shape[2], v.shape[2])
+    else:
+        ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED if seqused_k is not None else None
     ctx.num_inputs = len(inputs)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, False
@@ -1574,6 +1642,11 @@ def attention(
     return_lse=True also lse (B, Hq, Sq) float32 (natural log of the softmax denominator; -inf for rows that see no
     key).
 
+    v (B, Sk, Hkv, Dv) may have a head dim of its own (since 0.7, a 0.7 library; FlashAttention-3's hdimdiff): out is
+    then (B, Sq, Hq, Dv). The pairs (D, Dv) the library compiles: Library.compiled_head_dim_pairs, e.g. (192, 128),
+    DeepSeek-V2/V3 MLA prefill. 16-bit calls, the variants included, forward only: .backward() raises
+    NotImplementedError; the 8-bit paths raise ValueError.
+
     Every argument after q, k, v is keyword-only (since 0.3): FlashAttention's flash_attn_func takes softmax_scale
     and causal as its 4th and 5th positional arguments, in the other order, so a positional call ported from it
     raises TypeError here instead of computing something else. causal and return_lse must be bools (or 0 / 1),
@@ -1624,14 +1697,16 @@ def attention(
     _check_inputs(q, k, k if v_transposed else v, "bshd", allow_fp8=True)
     if v_transposed:
         _check_transposed_v(v, k)
+    head_dim_v = k.shape[3] if v_transposed else v.shape[3]
     precision_code = _check_precision(precision)
     o_dtype = _check_8bit_args(q, k, q_descale, k_descale, v_descale, out_dtype, precision_code)
+    _check_no_8bit_head_dim_v(q, head_dim_v, precision_code)
     variants = _front_end_variants(q, q.shape[2], window_size, softcap, sinks, attention_chunk)
     _check_no_8bit_variants(variants, q, precision_code, causal)
     extended = q.dtype in FP8_DTYPES or precision_code != _lib.PRECISION_NATIVE or o_dtype != q.dtype
     if not torch.compiler.is_compiling():
         # Precise errors up front in eager mode; the op checks again when run.
-        lib = _check_supported(q, q.shape[3])
+        lib = _check_supported(q, q.shape[3], head_dim_v)
         if extended:
             _check_extended_supported(lib, q, causal, o_dtype, precision_code)
     if not extended:  # the 0.2 call; lse also when the backward will need it
@@ -1681,10 +1756,10 @@ class AttentionPlan:
         self.scale = _check_scale(softmax_scale)
         self.causal, self.return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
         _check_inputs(q, k, v, "bshd")
-        self._lib = _check_supported(q, q.shape[3])
+        self._lib = _check_supported(q, q.shape[3], v.shape[3])
         self.shapes = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
         self.dtype, self.device = q.dtype, q.device
-        out, lse = _empty_outputs(q, self.return_lse)
+        out, lse = _empty_outputs(q, self.return_lse, head_dim_v=v.shape[3])
         with torch.cuda.device(q.device):
             self._plan = self._lib.plan(self._params(q, k, v, out, lse))
             self.workspace = torch.zeros(max(self._plan.workspace_size, _WORKSPACE_HEADER), dtype=torch.uint8,
@@ -1708,7 +1783,7 @@ class AttentionPlan:
                              f"{self.device}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {q.dtype} on "
                              f"{q.device}: make another plan")
         _check_inputs(q, k, v, "bshd")
-        new_out, new_lse = _empty_outputs(q, self.return_lse)
+        new_out, new_lse = _empty_outputs(q, self.return_lse, head_dim_v=v.shape[3])
         out = new_out if out is None else out
         lse = new_lse if lse is None else lse
         for name, t, like in (("out", out, new_out), ("lse", lse, new_lse)):
@@ -1768,6 +1843,9 @@ def attention_with_kvcache(
     to each sequence's last key (cache_seqlens[b] + Sq_new): a sliding-window decode step is window_size=(N - 1, 0)
     with causal=True (or (N - 1, -1) without).
 
+    v_cache (and v) may have a head dim Dv of their own (since 0.7: head_dim_v, as in flashcore.attention; e.g.
+    (D, Dv) = (192, 128)): out is then (B, Sq, Hq, Dv).
+
     Every argument after q, k_cache, v_cache is keyword-only (since 0.3): FlashAttention-3's sixth positional
     argument is qv where FlashAttention-2's is rotary_cos (and this function's was cache_seqlens), so a positional
     call ported from either raises TypeError instead of binding the wrong argument.
@@ -1791,6 +1869,9 @@ def attention_with_kvcache(
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"FlashCore: {name} must be a 4-D tensor {layout}, got {got}")
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"FlashCore: k_cache and v_cache must have the same shape but for the last dimension "
+                         f"(v_cache's head dim may differ), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if paged:
         _check_block_table(block_table, q, k_cache)
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
@@ -1804,11 +1885,15 @@ def attention_with_kvcache(
     if (k is None) != (v is None):
         raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
     if k is not None:
-        if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape:
-            raise ValueError(
-                f"FlashCore: k and v must be (B, Sq_new, Hkv, D) = ({batch}, *, {k_cache.shape[2]}, "
-                f"{k_cache.shape[3]}), got {tuple(k.shape)} and {tuple(v.shape)}"
-            )
+        for name, new, cache in (("k", k, k_cache), ("v", v, v_cache)):  # v's head dim is v_cache's
+            if not isinstance(new, torch.Tensor) or new.dim() != 4 or new.shape[0] != batch or \
+                    new.shape[2:] != cache.shape[2:]:
+                got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+                raise ValueError(f"FlashCore: {name} must be (B, Sq_new, Hkv, {name}_cache's head dim) = ({batch}, *, "
+                                 f"{cache.shape[2]}, {cache.shape[3]}), got {got}")
+        if v.shape[1] != k.shape[1]:
+            raise ValueError(f"FlashCore: k and v must append as many rows (Sq_new), got {tuple(k.shape)} and "
+                             f"{tuple(v.shape)}")
         positions = lengths.long()[:, None] + torch.arange(k.shape[1], device=q.device)[None, :]  # (B, Sq_new)
         if paged:
             page_size = k_cache.shape[1]
@@ -1823,7 +1908,7 @@ def attention_with_kvcache(
         lengths = (lengths + k.shape[1]).to(torch.int32)
     _kvcache_inputs(q, k_cache, v_cache, lengths, block_table)
     if not torch.compiler.is_compiling():
-        _check_supported(q, q.shape[3])
+        _check_supported(q, q.shape[3], v_cache.shape[3])
     out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
                                      block_table, splits, **_variant_kwargs(variants))
     return (out, lse) if return_softmax_lse else out
@@ -1855,7 +1940,9 @@ def varlen_attention(
     They are read on the device only (no host sync), so a CUDA graph replays with new contents. max_seqlen_q,
     max_seqlen_k: Python ints, at least the longest sequence's length (query rows past max_seqlen_q within a
     sequence are not computed). seqused_k: optional int32 (batch,): sequence b uses only its first seqused_k[b]
-    keys. causal: bottom-right aligned per sequence. The arguments after max_seqlen_k are keyword-only
+    keys. v may have a head dim Dv of its own (total_k, Hkv, Dv) (since 0.7: head_dim_v, as in flashcore.attention):
+    out is then (total_q, Hq, Dv). causal: bottom-right aligned per sequence. The arguments after max_seqlen_k are
+    keyword-only
     (FlashAttention-3's positions 8 and 9 are seqused_q, seqused_k: a positional call written for it fails loudly
     here instead of binding softmax_scale to seqused_q). Returns out (total_q, Hq, D) in q's dtype; with
     return_lse=True also lse float32 (Hq, total_q) (FlashAttention-3 names this flag return_attn_probs). Output
@@ -1873,7 +1960,7 @@ def varlen_attention(
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     variants = _front_end_variants(q, q.shape[1], window_size, softcap, sinks, attention_chunk)
     if not torch.compiler.is_compiling():
-        _check_supported(q, q.shape[2])
+        _check_supported(q, q.shape[2], v.shape[2])
     # The backward reads lse (none with seqused_k, which it does not take yet).
     want_lse = return_lse or (_needs_grad(q, k, v, *_sinks_of(variants)) and seqused_k is None)
     out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -1901,7 +1988,9 @@ def sdpa(
     The same positional order as torch's: query, key, value, attn_mask, dropout_p, is_causal; scale and
     enable_gqa keyword-only (as torch's own function takes them).
 
-    Supported: no attn_mask, dropout_p == 0, 4-D inputs. GQA/MQA (Hq a multiple of Hkv) is always accepted,
+    Supported: no attn_mask, dropout_p == 0, 4-D inputs. value may have a head dim Ev of its own (as torch's (N, ..., S,
+    Ev); since 0.7, the pairs the library compiles, forward only): the result is then (B, H, L, Ev). GQA/MQA (Hq a
+    multiple of Hkv) is always accepted,
     whatever enable_gqa says. is_causal is bottom-right aligned: the same as SDPA's when Sq == Sk (SDPA aligns
     top-left). The result is a (B, H, S, D) view of a (B, S, H, D)-contiguous tensor, so
     `out.transpose(1, 2).reshape(B, S, H * D)` is free.
@@ -1928,7 +2017,7 @@ def sdpa(
     _check_inputs(query, key, value, "bhsd")
     variants = _front_end_variants(query, query.shape[1], window_size, softcap, sinks, 0)
     if not torch.compiler.is_compiling():
-        _check_supported(query, query.shape[3])
+        _check_supported(query, query.shape[3], value.shape[3])
     # (B, H, S, D) -> (B, S, H, D) views: the strides reach the C ABI unchanged, no copy.
     out, _ = _differentiable_fwd(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal,
                                  scale_value, False, deterministic, variants)

@@ -224,10 +224,11 @@ _Exchange = Tuple[str, Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]]
 
 def _rank_program(q, k, v, *, world: int, rank: int, seqlen: int, causal: bool, scale: float, layout: str,
                   shard_lens: Sequence[int], return_lse: bool) -> Generator[_Exchange, None, tuple]:
-    batch, s_local, heads_q, head_dim = q.shape
-    o_acc = torch.empty((batch, s_local, heads_q, head_dim), dtype=torch.float32, device=q.device)
+    batch, s_local, heads_q, _ = q.shape
+    head_dim_v = v.shape[3]  # O's head dim: v's (q's, or one of its own: head_dim_v)
+    o_acc = torch.empty((batch, s_local, heads_q, head_dim_v), dtype=torch.float32, device=q.device)
     lse_acc = torch.empty((batch, heads_q, s_local), dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = q.new_empty((batch, s_local, heads_q, head_dim_v))
     k_cur, v_cur = k.contiguous(), v.contiguous()
     for step in range(world):
         incoming = None
@@ -280,7 +281,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
     the default group).
 
     q (B, S_r, Hq, D), k and v (B, S_r, Hkv, D): this rank's shard of one sequence (see `shard`), every rank with
-    the same B, heads, D and dtype, and all ranks calling together. causal: the global causal mask.
+    the same B, heads, D and dtype, and all ranks calling together (v may have a head dim Dv of its own, as in
+    flashcore.attention: the output is then (B, S_r, Hq, Dv)). causal: the global causal mask.
     seqlen_global: the whole sequence's length [default: the sum of the ranks' shard lengths, which costs an
     all_gather and a host synchronisation; pass it to avoid both]. overlap=False runs each transfer after the
     step's attention (for measuring what the overlap hides). Returns this rank's output rows (B, S_r, Hq, D) in q's

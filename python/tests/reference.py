@@ -17,7 +17,8 @@ def causal_mask(seqlen_q, seqlen_k, device):
 
 
 def reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
-    """(out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32) for (B, S, H, D) inputs; rows that see no key give 0 / -inf.
+    """(out (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32) for (B, S, H, D) inputs (v (B, Sk, Hkv, Dv): Dv may differ from
+    q's and k's D); rows that see no key give 0 / -inf.
 
     upcast=True: fp32 math-backend SDPA on upcast inputs (the reference); upcast=False: SDPA at the inputs'
     dtype (the baseline for the error rule)."""
@@ -52,15 +53,16 @@ def reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
 
 
 def reference_fp64(q, k, v, causal=False, softmax_scale=None, max_scores=2**25):
-    """(out, lse) in float64 for (B, S, H, D) inputs of any float dtype: out (B, Sq, Hq, D), lse (B, Hq, Sq).
+    """(out, lse) in float64 for (B, S, H, D) inputs of any float dtype: out (B, Sq, Hq, Dv), lse (B, Hq, Sq), Dv
+    v's last dimension (q's and k's D, or a head dim of v's own).
 
     Computed on the inputs' device one batch entry and block of query rows at a time (at most `max_scores` scores
     at once). Causal is bottom-right aligned; rows that see no key give 0 / -inf. GQA: query head h reads KV head
-    h // (Hq // Hkv)."""
+    h // (Hq // Hkv). The default scale is 1/sqrt(D), q's head dim."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    out = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.float64, device=q.device)
+    out = torch.zeros(batch, seqlen_q, heads_q, v.shape[3], dtype=torch.float64, device=q.device)
     lse = torch.full((batch, heads_q, seqlen_q), -math.inf, dtype=torch.float64, device=q.device)
     if seqlen_k == 0 or seqlen_q == 0:
         return out, lse
@@ -112,13 +114,13 @@ def reference_variants(q, k, v, causal=False, softmax_scale=None, window_size=(-
                        attention_chunk=0, max_scores=2**25):
     """(out, lse) in float64 of (B, S, H, D) inputs with the attention variants (flashcore.h; FlashAttention's
     semantics): the mask of variant_mask; softcap > 0: s = softcap * tanh(s / softcap) on s = scale * q.k;
-    sinks (Hq,): exp(sinks[h]) joins each row's denominator (unscaled), not its output. out (B, Sq, Hq, D),
-    lse (B, Hq, Sq). A row that sees no key: out 0, lse sinks[h] (-inf without sinks). Computed one batch entry and
-    block of query rows at a time on the inputs' device."""
+    sinks (Hq,): exp(sinks[h]) joins each row's denominator (unscaled), not its output. out (B, Sq, Hq, Dv) (Dv: v's
+    last dimension), lse (B, Hq, Sq). A row that sees no key: out 0, lse sinks[h] (-inf without sinks). Computed one
+    batch entry and block of query rows at a time on the inputs' device."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
-    out = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.float64, device=q.device)
+    out = torch.zeros(batch, seqlen_q, heads_q, v.shape[3], dtype=torch.float64, device=q.device)
     empty_lse = -math.inf if sinks is None else sinks.double()[:, None].expand(heads_q, seqlen_q)
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float64, device=q.device)
     lse[:] = empty_lse
@@ -315,6 +317,22 @@ def rel_rmse(out, ref):
     return ((out.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
+# The head dims the CPU emulations "compile": 16-bit head dims (v of q's head dim), and the (head_dim, head_dim_v) pairs
+# with a head dim of v's own (the library's 0.7 build: DeepSeek MLA's (192, 128)).
+EMULATED_HEAD_DIMS = (64, 128, 192, 256)
+EMULATED_HEAD_DIM_PAIRS = ((192, 128),)
+
+
+def check_emulated_head_dims(head_dim, head_dim_v=None):
+    """_ops._check_supported's head dim checks against the emulated library (ValueError as the real one raises)."""
+    if head_dim_v is not None and head_dim_v != head_dim:
+        if (head_dim, head_dim_v) not in EMULATED_HEAD_DIM_PAIRS:
+            raise ValueError(f"FlashCore: (head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is not supported "
+                             f"(emulation; compiled pairs: {list(EMULATED_HEAD_DIM_PAIRS)})")
+    elif head_dim not in EMULATED_HEAD_DIMS:
+        raise ValueError(f"FlashCore: head_dim {head_dim} is not supported (emulation)")
+
+
 def emulate_on_cpu(monkeypatch):
     """Run flashcore's torch ops on CPU tensors with reference() in place of the native library.
 
@@ -322,7 +340,9 @@ def emulate_on_cpu(monkeypatch):
     adapter) without a GPU; the kernel itself is not exercised. The backward is emulated by backward_fp64 (the
     kernel's formulas in float64), written into the op's dq, dk, dv. 8-bit calls are emulated by the float64 reference
     of the dequantized inputs (precision="fp8": of the inputs quantized per (batch, KV head) by quantize_fp8, as
-    the library does); the emulated library has 8-bit kernels for head dims 128 and 256. Calls with attention variants
+    the library does); the emulated library has 8-bit kernels for head dims 128 and 256, 16-bit ones for head dims
+    EMULATED_HEAD_DIMS and the (head_dim, head_dim_v) pairs EMULATED_HEAD_DIM_PAIRS (v with a head dim of its own: the
+    references take it as it comes). Calls with attention variants
     (window, softcap, sinks, chunk) are emulated by reference_variants in float64, their backward (window, softcap,
     sinks, chunk, and dsinks when asked for) by variant_backward_fp64, whose D reads the out the op passes (as the
     kernel does)."""
@@ -333,11 +353,14 @@ def emulate_on_cpu(monkeypatch):
 
         @staticmethod
         def compiled():
-            return ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"), (64, 128, 256)
+            return ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"), EMULATED_HEAD_DIMS
 
-    def check_supported(q, head_dim):
-        if head_dim not in _CompiledCaps.compiled()[1]:
-            raise ValueError(f"FlashCore: head_dim {head_dim} is not supported (emulation)")
+        @staticmethod
+        def compiled_head_dim_pairs():
+            return EMULATED_HEAD_DIM_PAIRS
+
+    def check_supported(q, head_dim, head_dim_v=None):
+        check_emulated_head_dims(head_dim, head_dim_v)
         return _CompiledCaps
 
     def check_extended_supported(lib, q, causal, out_dtype, precision):

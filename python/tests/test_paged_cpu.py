@@ -16,21 +16,23 @@ from test_varlen_cpu import emulate_serving_on_cpu, ref_sequence  # noqa: E402
 
 
 def paginate(k, v, lengths, page_size, spare_pages=3, seed=0, garbage_entries=True):
-    """A paged copy of dense caches k, v (B, Sk, Hkv, D): (k_pages, v_pages, block_table).
+    """A paged copy of dense caches k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) (Dv: D or v's own head dim): (k_pages,
+    v_pages, block_table).
 
     Pages are shuffled over num_pages = B * ceil(Sk / page_size) + spare_pages; the spare pages and every row past a
     sequence's length (lengths: host ints) hold NaN. With garbage_entries, the block-table entries past the pages a
     sequence's length needs point at a NaN page or out of range (never read, per the C ABI)."""
-    batch, capacity, heads_kv, head_dim = k.shape
+    batch, capacity, heads_kv, _ = k.shape
     per_seq = -(-capacity // page_size)
     num_pages = batch * per_seq + spare_pages
     gen = torch.Generator(device=k.device).manual_seed(seed)
     perm = torch.randperm(num_pages, device=k.device, generator=gen)
     table = perm[:batch * per_seq].reshape(batch, per_seq).to(torch.int32)
-    k_pages = torch.full((num_pages, page_size, heads_kv, head_dim), math.nan, dtype=k.dtype, device=k.device)
-    v_pages = torch.full_like(k_pages, math.nan)
+    k_pages, v_pages = (torch.full((num_pages, page_size, heads_kv, t.shape[3]), math.nan, dtype=t.dtype,
+                                   device=t.device) for t in (k, v))
     padded = per_seq * page_size
     for src, dst in ((k, k_pages), (v, v_pages)):
+        head_dim = src.shape[3]
         dense = torch.full((batch, padded, heads_kv, head_dim), math.nan, dtype=k.dtype, device=k.device)
         for b, n in enumerate(lengths):
             dense[b, :n] = src[b, :n]
@@ -44,11 +46,12 @@ def paginate(k, v, lengths, page_size, spare_pages=3, seed=0, garbage_entries=Tr
     return k_pages, v_pages, table
 
 
-def _cache(batch=3, capacity=96, heads_q=8, heads_kv=2, head_dim=64, seqlen_q=1, dtype=torch.bfloat16, seed=0):
+def _cache(batch=3, capacity=96, heads_q=8, heads_kv=2, head_dim=64, seqlen_q=1, dtype=torch.bfloat16, seed=0,
+           head_dim_v=None):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=gen).to(dtype)
     k = torch.randn(batch, capacity, heads_kv, head_dim, generator=gen).to(dtype)
-    v = torch.randn(batch, capacity, heads_kv, head_dim, generator=gen).to(dtype)
+    v = torch.randn(batch, capacity, heads_kv, head_dim_v or head_dim, generator=gen).to(dtype)
     return q, k, v
 
 
@@ -90,7 +93,10 @@ def test_paginate_round_trip():
          "page_size must be a positive multiple of 16"),
         (lambda a: {**a, "k_cache": a["k_cache"][:0], "v_cache": a["v_cache"][:0]}, ValueError, "has no pages"),
         (lambda a: {**a, "k_cache": a["k_cache"][0]}, ValueError, r"k_cache must be a 4-D tensor \(num_pages, page_size"),
-        (lambda a: {**a, "v_cache": a["v_cache"][:, :, :1]}, ValueError, "k and v must have the same shape"),
+        (lambda a: {**a, "v_cache": a["v_cache"][:, :, :1]}, ValueError,
+         "k_cache and v_cache must have the same shape but for the last dimension"),
+        (lambda a: {**a, "v_cache": a["v_cache"][..., :32]}, ValueError,
+         r"\(head_dim, head_dim_v\) = \(64, 32\) is not supported"),
         (lambda a: {**a, "num_splits": -1}, ValueError, "num_splits must be >= 0"),
         (lambda a: {**a, "num_splits": 2.0}, TypeError, "num_splits must be an int"),
         (lambda a: {**a, "num_splits": True}, TypeError, "num_splits must be an int"),
@@ -98,11 +104,17 @@ def test_paginate_round_trip():
         (lambda a: {**a, "cache_seqlens": torch.tensor([1, 2, 3])}, ValueError, "cache_seqlens must be an int32"),
         (lambda a: {**a, "k": torch.zeros(3, 1, 2, 64, dtype=torch.bfloat16)}, ValueError, "both k and v"),
         (lambda a: {**a, "k": torch.zeros(3, 1, 4, 64, dtype=torch.bfloat16),
-                    "v": torch.zeros(3, 1, 4, 64, dtype=torch.bfloat16)}, ValueError, r"k and v must be \(B, Sq_new"),
+                    "v": torch.zeros(3, 1, 4, 64, dtype=torch.bfloat16)}, ValueError,
+         r"k must be \(B, Sq_new, Hkv, k_cache's head dim\) = \(3, \*, 2, 64\)"),
+        (lambda a: {**a, "k": torch.zeros(3, 1, 2, 64, dtype=torch.bfloat16),
+                    "v": torch.zeros(3, 1, 2, 32, dtype=torch.bfloat16)}, ValueError,
+         r"v must be \(B, Sq_new, Hkv, v_cache's head dim\) = \(3, \*, 2, 64\), got \(3, 1, 2, 32\)"),
+        (lambda a: {**a, "k": torch.zeros(3, 2, 2, 64, dtype=torch.bfloat16),
+                    "v": torch.zeros(3, 1, 2, 64, dtype=torch.bfloat16)}, ValueError, "append as many rows"),
     ],
     ids=["table-int64", "table-batch", "table-1d", "table-list", "page-size-8", "no-pages", "cache-3d", "v-shape",
-         "splits-negative", "splits-float", "splits-bool", "table-and-page-table", "seqlens-int64", "k-without-v",
-         "append-heads"],
+         "v-head-dim-pair", "splits-negative", "splits-float", "splits-bool", "table-and-page-table", "seqlens-int64",
+         "k-without-v", "append-heads", "append-v-head-dim", "append-rows"],
 )
 def test_argument_errors(emulated, mutate, exc, match):
     q, k, v = _cache()

@@ -125,6 +125,7 @@ def emulated_adapter(request, monkeypatch):
     monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 128, 256))
     monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 128))
     monkeypatch.setattr(fc_hf, "_library_has_variants", lambda: True)
+    monkeypatch.setattr(fc_hf, "_compiled_head_dim_pairs", lambda: ((192, 128),))
     return fc_hf.register(request.param)
 
 
@@ -437,6 +438,36 @@ def test_cpu_emulated_uncompiled_head_dim_same_in_eager_and_compiled(emulated_ad
     assert count_calls == []
 
 
+def test_cpu_emulated_value_head_dim_of_its_own(emulated_adapter, count_calls):
+    """A value head dim of its own (DeepSeek-V2/V3 MLA: query and key 192, value 128, as the model passes them to an
+    attention that is not FlashAttention-2's) runs on FlashCore when the library compiles the pair, with a (B, S, H,
+    128) output; a pair it does not compile, and gradients (FlashCore's backward takes one head dim), fall back, or
+    raise ValueError naming them."""
+    from reference import reference
+
+    q, k, _ = _attention_inputs(d=192)
+    v = torch.randn(1, 2, 12, 128, dtype=torch.bfloat16)
+    module = _causal_module()
+    out, _ = fc_hf.strict_attention_forward(module, q, k, v, None)
+    assert count_calls == [(1, 12, 4, 192)] and out.shape == (1, 12, 4, 128)
+    want, _ = reference(*(t.transpose(1, 2) for t in (q, k, v)), causal=True)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    count_calls.clear()
+    for args, needle in (((q, k, v[..., :64]), r"\(head_dim, head_dim_v\) = \(192, 64\) \(compiled pairs: "
+                                                 r"\[\(192, 128\)\]\)"),
+                         ((q.detach().clone().requires_grad_(), k, v),
+                          r"gradients with a value head dim of its own \(128, query and key 192")):
+        with pytest.raises(ValueError, match=needle):
+            fc_hf.strict_attention_forward(module, *args, None)
+        fc_hf._logged_reasons.clear()
+        with pytest.warns(UserWarning, match=needle):
+            fallback, _ = fc_hf.attention_forward(module, *args, None)
+        assert fallback.shape == (1, 12, 4, args[2].shape[-1])
+    assert count_calls == []
+    with pytest.raises(ValueError, match="different head dims for query and key"):
+        fc_hf.strict_attention_forward(module, q, k[..., :128], v, None)
+
+
 # The first flashcore call of a fresh process, made under torch.compile: nothing is cached yet, the library is not
 # loaded. Run in a subprocess, since the point is the process state (the head-dims cache, the loaded library, dynamo's
 # caches); the library is the host-only stub (head dims 64, 128, 256) through $FLASHCORE_LIBRARY, the kernel emulated.
@@ -553,6 +584,10 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
         def has_variant_backward():
             return False
 
+        @staticmethod
+        def compiled_head_dim_pairs():
+            return ((192, 128),)
+
     fake = FakeLib()
     monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
     monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
@@ -563,6 +598,7 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     assert fc_hf._compiled_backward_head_dims() == (64,)
     assert fc_hf._library_has_variants() is False
     assert fc_hf._library_has_variant_backward() is False
+    assert fc_hf._compiled_head_dim_pairs() == ((192, 128),)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,14 +12,16 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import flashcore  # noqa: E402
 from flashcore import _lib, _ops  # noqa: E402
-from reference import reference_of, variant_backward_fp64  # noqa: E402
+from reference import (EMULATED_HEAD_DIM_PAIRS, EMULATED_HEAD_DIMS, check_emulated_head_dims, reference_of,  # noqa: E402
+                       variant_backward_fp64)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Float64 reference, one sequence at a time.
 
 
 def ref_sequence(q, k, v, causal=False, softmax_scale=None):
-    """Attention of one sequence in float64: q (Sq, Hq, D), k and v (Sk, Hkv, D) -> (out (Sq, Hq, D), lse (Hq, Sq)).
+    """Attention of one sequence in float64: q (Sq, Hq, D), k (Sk, Hkv, D), v (Sk, Hkv, Dv) -> (out (Sq, Hq, Dv),
+    lse (Hq, Sq)); Dv is D or a head dim of v's own.
 
     Causal is bottom-right aligned (query i sees key j iff j <= i + Sk - Sq); a row that sees no key (Sk = 0, or
     Sq > Sk under causal) gives out 0 and lse -inf. GQA: query head h reads KV head h // (Hq // Hkv)."""
@@ -46,7 +48,7 @@ def ref_varlen(q, k, v, lens_q, lens_k, causal=False, softmax_scale=None, used_k
     """Per-sequence float64 reference of a packed batch (host lists of lengths). Rows of q not covered by the
     sequences come back as NaN (the op leaves them unwritten). variants: flashcore._ops.Variants (window, softcap,
     sinks, chunk; reference.reference_variants per sequence) or None."""
-    out = torch.full(q.shape, math.nan, dtype=torch.float64, device=q.device)
+    out = torch.full(q.shape[:2] + v.shape[2:], math.nan, dtype=torch.float64, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), math.nan, dtype=torch.float64, device=q.device)
     sq = sk = 0
     for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
@@ -78,7 +80,11 @@ class EmulatedCaps:
 
     @staticmethod
     def compiled():
-        return ("float16", "bfloat16"), (64, 128, 256)
+        return ("float16", "bfloat16"), EMULATED_HEAD_DIMS
+
+    @staticmethod
+    def compiled_head_dim_pairs():
+        return EMULATED_HEAD_DIM_PAIRS
 
 
 def emulate_serving_on_cpu(monkeypatch, calls=None):
@@ -86,9 +92,8 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
     the native library, and varlen_attention's backward with reference.variant_backward_fp64 per sequence. `calls`, a
     list, receives the keyword arguments of every emulated launch."""
 
-    def check_supported(q, head_dim):
-        if head_dim not in EmulatedCaps.compiled()[1]:
-            raise ValueError(f"FlashCore: head_dim {head_dim} is not supported (emulation)")
+    def check_supported(q, head_dim, head_dim_v=None):
+        check_emulated_head_dims(head_dim, head_dim_v)
         return EmulatedCaps
 
     def sequence(q, k, v, causal, scale, variants):
@@ -226,8 +231,10 @@ def test_cpu_tensors_are_rejected():
         (lambda a: {**a, "cu_seqlens_k": a["cu_seqlens_k"][:2]}, ValueError, "the same length"),
         (lambda a: {**a, "cu_seqlens_q": [0, 3, 8]}, TypeError, "cu_seqlens_q must be a torch.Tensor"),
         (lambda a: {**a, "q": a["q"][None]}, ValueError, "must be 3-D"),
-        (lambda a: {**a, "k": a["k"][:, :, :32]}, ValueError, "k and v must have the same shape"),
-        (lambda a: {**a, "q": a["q"][:, :, :32]}, ValueError, "same head_dim"),
+        (lambda a: {**a, "v": a["v"][:, :1]}, ValueError, "k and v must have the same shape but for the last"),
+        (lambda a: {**a, "q": a["q"][:, :, :32]}, ValueError, "q and k must have the same head_dim"),
+        (lambda a: {**a, "k": a["k"][:, :, :32]}, ValueError, "q and k must have the same head_dim"),
+        (lambda a: {**a, "v": a["v"][:, :, :32]}, ValueError, r"\(head_dim, head_dim_v\) = \(64, 32\) is not"),
         (lambda a: {**a, "q": a["q"][:, :3]}, ValueError, "multiple of the number of key/value heads"),
         (lambda a: {**a, "q": a["q"].float()}, TypeError, "float16 or bfloat16"),
         (lambda a: {**a, "k": a["k"].half()}, TypeError, "same dtype"),
@@ -239,7 +246,7 @@ def test_cpu_tensors_are_rejected():
         (lambda a: {**a, "softmax_scale": -1.0}, ValueError, "softmax_scale"),
     ],
     ids=["cu-q-int64", "cu-k-float", "cu-2d", "cu-no-batch", "cu-length-mismatch", "cu-list", "q-4d", "kv-shape",
-         "head-dim", "head-ratio", "fp32", "mixed-dtype", "max-tensor", "max-float", "max-negative",
+         "head-dim", "k-head-dim", "head-dim-v-pair", "head-ratio", "fp32", "mixed-dtype", "max-tensor", "max-float", "max-negative",
          "seqused-int64", "seqused-batch", "scale"],
 )
 def test_argument_errors(emulated, mutate, exc, match):

@@ -23,7 +23,10 @@ Two names, one implementation:
   it reads the lengths). See docs/python.md for the rest.
 
 What runs on FlashCore: fp16/bf16 CUDA inputs with a compiled head dim, no dropout, and either no mask or a pure
-causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv).
+causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv). A value
+head dim of its own (DeepSeek-V2/V3's MLA passes query and key of 192, value of 128 to an attention that is not
+FlashAttention-2's) runs too where the library compiles the pair (0.7: (192, 128)), without gradients (FlashCore's
+backward takes one head dim: a training call falls back).
 Since 0.5 (a 0.5 library) the attention variants models pass for FlashAttention run too: the sliding_window of a
 causal module (the kwarg, or the module's attribute) as FlashAttention's window_size=(sliding_window - 1, 0) when
 it hides keys, softcap (Gemma 2) and gpt-oss's s_aux as sinks.
@@ -206,19 +209,20 @@ def _is_cuda(t: torch.Tensor) -> bool:
 
 
 # (library object, its compiled head dims), (library object, the head dims its backward takes), (library object,
-# whether it reads the attention variants) and (library object, whether its backward takes them): read outside any
-# graph, so that eager and compiled calls agree.
+# whether it reads the attention variants), (library object, whether its backward takes them) and (library object,
+# its compiled (head_dim, head_dim_v) pairs): read outside any graph, so that eager and compiled calls agree.
 _head_dims_cache = (None, None)
 _backward_dims_cache = (None, None)
 _variants_cache = (None, None)
 _variant_backward_cache = (None, None)
+_head_dim_pairs_cache = (None, None)
 
 
 def _load_head_dims():
     """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, those
-    its backward takes (() for a library older than 0.4), whether it has the attention variants (0.5) and whether its
-    backward takes them (0.6)."""
-    global _head_dims_cache, _backward_dims_cache, _variants_cache, _variant_backward_cache
+    its backward takes (() for a library older than 0.4), whether it has the attention variants (0.5), whether its
+    backward takes them (0.6) and its (head_dim, head_dim_v) pairs (() for a library older than 0.7)."""
+    global _head_dims_cache, _backward_dims_cache, _variants_cache, _variant_backward_cache, _head_dim_pairs_cache
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         head_dims = tuple(lib.compiled()[1])
@@ -226,7 +230,13 @@ def _load_head_dims():
         _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
         _variants_cache = (lib, bool(lib.has_variants()))
         _variant_backward_cache = (lib, bool(lib.has_variant_backward()))
+        _head_dim_pairs_cache = (lib, tuple(tuple(p) for p in lib.compiled_head_dim_pairs()))
     return _head_dims_cache[1]
+
+
+def _cached_answers():
+    return (_head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1], _variant_backward_cache[1],
+            _head_dim_pairs_cache[1])
 
 
 @torch.compiler.assume_constant_result
@@ -236,24 +246,24 @@ def _head_dims_outside_graph():
     an eager call would: the first flashcore call of a process may well be a compiled one. A library that cannot be
     loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does.
     Returns (compiled head dims, head dims the backward takes, whether the library has the variants, whether its
-    backward takes them)."""
+    backward takes them, the compiled (head_dim, head_dim_v) pairs)."""
     if _head_dims_cache[1] is None:
         try:
             _load_head_dims()
         except RuntimeError:
             return None
-    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1], _variant_backward_cache[1]
+    return _cached_answers()
 
 
 def _library_head_dims():
     """(the library's compiled head dims, those its backward takes, whether it has the attention variants, whether its
-    backward takes them), the same answer in eager and compiled calls. Eager: loads the library (RuntimeError when
-    missing) and caches the answer. While compiling: the cached answer, or, when nothing was cached yet, the
-    library's, read at trace time outside the graph (None without a library)."""
+    backward takes them, its (head_dim, head_dim_v) pairs), the same answer in eager and compiled calls. Eager: loads
+    the library (RuntimeError when missing) and caches the answer. While compiling: the cached answer, or, when nothing
+    was cached yet, the library's, read at trace time outside the graph (None without a library)."""
     if torch.compiler.is_compiling():
         return _head_dims_outside_graph()
     _load_head_dims()
-    return _head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1], _variant_backward_cache[1]
+    return _cached_answers()
 
 
 def _compiled_head_dims():
@@ -273,6 +283,12 @@ def _library_has_variants() -> Optional[bool]:
     library: the call then goes to the op, which raises the loader's error."""
     dims = _library_head_dims()
     return None if dims is None else dims[2]
+
+
+def _compiled_head_dim_pairs():
+    """The library's compiled (head_dim, head_dim_v) pairs whose V head dim differs (see _library_head_dims)."""
+    dims = _library_head_dims()
+    return None if dims is None else dims[4]
 
 
 def _library_has_variant_backward() -> Optional[bool]:
@@ -412,13 +428,22 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
             return f"tensors on {t.device}"
         if t.dtype not in (torch.float16, torch.bfloat16) or t.dtype != query.dtype:
             return f"dtype {t.dtype}"
-    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
-        return "different head dims for query, key and value"
+    if key.shape[-1] != query.shape[-1]:
+        return "different head dims for query and key"
     if query.shape[1] % key.shape[1] != 0:
         return "a query head count that is not a multiple of the key/value head count"
-    head_dims = _compiled_head_dims()
-    if head_dims is not None and query.shape[-1] not in head_dims:
-        return f"head_dim {query.shape[-1]} (compiled: {list(head_dims)})"
+    head_dim, head_dim_v = query.shape[-1], value.shape[-1]
+    if head_dim_v != head_dim:  # a value head dim of its own (DeepSeek-V2/V3's MLA: 192 / 128), a 0.7 library
+        pairs = _compiled_head_dim_pairs()
+        if pairs is not None and (head_dim, head_dim_v) not in pairs:
+            return f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) (compiled pairs: {list(pairs)})"
+        if _ops._needs_grad(query, key, value, *([_sinks(kwargs)] if _sinks(kwargs) is not None else [])):
+            return (f"gradients with a value head dim of its own ({head_dim_v}, query and key {head_dim}: FlashCore's "
+                    f"backward takes one head dim)")
+    else:
+        head_dims = _compiled_head_dims()
+        if head_dims is not None and head_dim not in head_dims:
+            return f"head_dim {head_dim} (compiled: {list(head_dims)})"
     variants = [name for name, used in (("sliding_window", module_causal and _window_restricts(window, key.shape[2])),
                                         ("softcap", softcap is not None), ("s_aux", sinks is not None)) if used]
     if variants and _library_has_variants() is False:
