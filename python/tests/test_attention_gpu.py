@@ -43,7 +43,7 @@ def _inputs(device, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_di
 def check_against_sdpa(q, k, v, causal, softmax_scale=None, out=None, lse=None):
     if out is None:
         out, lse = flashcore.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
-    assert out.shape == q.shape and out.dtype == q.dtype
+    assert out.shape == q.shape[:3] + v.shape[3:] and out.dtype == q.dtype  # (B, Sq, Hq, v's head dim)
     ref_out, ref_lse = reference(q, k, v, causal, softmax_scale)
     base_out, _ = reference(q, k, v, causal, softmax_scale, upcast=False)
     err = (out.float() - ref_out).abs().max().item()
@@ -64,7 +64,7 @@ HEADS = [(4, 4), (4, 2), (16, 2), (8, 1)]  # MHA, GQA 2, GQA 8, MQA
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"sq{a}-sk{b}" for a, b in SEQLENS])
 @pytest.mark.parametrize("heads", HEADS, ids=[f"hq{a}-hkv{b}" for a, b in HEADS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_matches_sdpa(caps, cuda, dtype, head_dim, causal, heads, seqlens):
     _need(caps, dtype, head_dim)

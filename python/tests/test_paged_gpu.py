@@ -31,8 +31,9 @@ def _cache(device, dtype, batch, capacity, heads_q, heads_kv, head_dim, seqlen_q
 
 
 def check_cache(q, k, v, lengths, causal, out, lse=None, softmax_scale=None):
-    """out (B, Sq, Hq, D) against the dense caches k, v (B, Sk, Hkv, D) cut to each sequence's length."""
-    assert out.shape == q.shape and out.dtype == q.dtype
+    """out (B, Sq, Hq, Dv) against the dense caches k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) cut to each sequence's
+    length."""
+    assert out.shape == q.shape[:3] + v.shape[3:] and out.dtype == q.dtype
     assert torch.isfinite(out).all(), "NaN from an unused page, row or block-table entry reached the output"
     for b, n in enumerate(lengths):
         qb, kb, vb = q[b], k[b, :n], v[b, :n]
@@ -59,7 +60,7 @@ def _poison_dense(k, v, lengths):
 @pytest.mark.parametrize("seqlen_q", [1, 5])
 @pytest.mark.parametrize("page_size", [16, 64, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_matches_reference(caps, cuda, dtype, head_dim, causal, page_size, seqlen_q):
     _need(caps, dtype, head_dim)

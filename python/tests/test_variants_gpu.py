@@ -87,11 +87,11 @@ def _sinks(device, hq, seed=1, scale=2.0):
 def baseline(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None,
              attention_chunk=0):
     """The attention at the inputs' precision, rounded as a flash kernel rounds it (module docstring): out in q's
-    dtype. Whole score matrices: for the moderate shapes of these tests."""
+    dtype, (B, Sq, Hq, v's head dim). Whole score matrices: for the moderate shapes of these tests."""
     batch, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     if sk == 0:  # no key: every row is 0 (with or without sinks)
-        return torch.zeros_like(q)
+        return q.new_zeros(q.shape[:3] + v.shape[3:])
     scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(d)
     kt, vt = (t.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).float() for t in (k, v))  # (B, Hq, Sk, D)
     scores = (q.transpose(1, 2).float() @ kt.transpose(-1, -2)) * scale
@@ -113,7 +113,7 @@ def baseline(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), so
 def check(q, k, v, out, lse=None, **variants):
     """out (and lse) of a dense call against the float64 reference, with the error rule above."""
     ref_out, ref_lse = reference_variants(q, k, v, **variants)
-    assert out.shape == q.shape and out.dtype == q.dtype
+    assert out.shape == q.shape[:3] + v.shape[3:] and out.dtype == q.dtype
     assert torch.isfinite(out).all(), "non-finite output"
     base = (baseline(q, k, v, **variants).double() - ref_out).abs().max().item()
     err = (out.double() - ref_out).abs().max().item()

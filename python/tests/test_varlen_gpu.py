@@ -29,8 +29,9 @@ def _packed(device, dtype, lens_q, lens_k, heads_q, heads_kv, head_dim, seed=0):
 
 
 def check_varlen(q, k, v, lens_q, lens_k, causal, out, lse=None, softmax_scale=None, used_k=None):
-    """Every sequence of a packed batch against the float64 reference (and SDPA at q's dtype for the bound)."""
-    assert out.shape == q.shape and out.dtype == q.dtype
+    """Every sequence of a packed batch against the float64 reference (and SDPA at q's dtype for the bound); out
+    (total_q, Hq, v's head dim)."""
+    assert out.shape == q.shape[:2] + v.shape[2:] and out.dtype == q.dtype
     sq = sk = 0
     for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
         used = nk if used_k is None else max(0, min(nk, used_k[b]))
@@ -61,7 +62,7 @@ HEADS = [(4, 4), (8, 2), (8, 1)]
 
 @pytest.mark.parametrize("heads", HEADS, ids=[f"hq{a}-hkv{b}" for a, b in HEADS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("lengths", ["self", "cross"])
 def test_matches_reference(caps, cuda, lengths, dtype, head_dim, causal, heads):
