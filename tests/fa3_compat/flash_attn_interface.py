@@ -22,11 +22,16 @@ The rules (what makes a pass mean something):
   path (pack_gqa None / False, num_splits 0 / 1, sm_margin 0, no scheduler metadata) and skips otherwise;
   FLASHCORE_FA3_HINTS=ignore runs such calls with FlashCore's own strategy (the result is still FlashCore's,
   computed for the same problem; the run's summary names the mode).
-- What FlashCore's library may or may not have (compiled head dims and dtypes, the variants window_size / softcap /
-  attention_chunk, an 8-bit kernel for a head dim, a backward) is asked of it: flashcore.capabilities(), the front
-  ends' signatures, and for the rest one tiny call of the same kind (a probe, cached per key) whose error, if any,
-  is quoted in the skip reason. The test's own calls are never wrapped in try/except: any error they raise fails
-  the test.
+- What FlashCore's library may or may not have (compiled head dims, (head_dim, head_dim_v) pairs and dtypes, the
+  variants window_size / softcap / attention_chunk, an 8-bit kernel for a head dim, a backward) is asked of it:
+  flashcore.capabilities(), the front ends' signatures, and for the rest one tiny call of the same kind (a probe,
+  cached per key) whose error, if any, is quoted in the skip reason. The test's own calls are never wrapped in
+  try/except: any error they raise fails the test.
+- A v whose head dim differs from q's and k's (FA3's hdimdiff: dv = 128 with d = 192, DeepSeek MLA's) is FlashCore's
+  head_dim_v: passed on as it is where the library compiles the pair (capabilities().head_dim_pairs, a 0.7 library),
+  skipped otherwise, and with 8-bit inputs (FlashCore's 8-bit path takes one head dim). Its backward is asked of
+  FlashCore like any other (a probe with v of that head dim): FlashCore 0.7 has none, so such a test skips when it
+  calls autograd.grad, after its forward was checked.
 - A call whose inputs require grad but whose backward FlashCore does not have (variants, 8-bit, a head dim without a
   backward kernel, varlen with seqused_k, ...) returns its real forward output through a node whose backward skips
   the test, naming the reason: the forward was checked by then (fa3_plugin reports such skips as "after N calls").
@@ -98,6 +103,11 @@ def compiled_dtypes() -> Tuple[str, ...]:
     return tuple(capabilities().dtypes)
 
 
+def compiled_head_dim_pairs() -> Tuple[Tuple[int, int], ...]:
+    """The (head_dim, head_dim_v) pairs with a V head dim of its own the library compiles (none before 0.7)."""
+    return tuple(tuple(p) for p in getattr(capabilities(), "head_dim_pairs", ()))
+
+
 _PROBES: dict = {}
 
 
@@ -123,14 +133,17 @@ def _tiny(shape, dtype, device, requires_grad=False):
 
 
 def _probe_call(entry: str, dtype, head_dim: int, causal: bool, device, variants: dict, *, backward=False,
-                seqused_k=False, deterministic=False):
-    """A thunk making one tiny call of `entry` with these settings (and its backward with backward=True)."""
+                seqused_k=False, deterministic=False, head_dim_v: Optional[int] = None):
+    """A thunk making one tiny call of `entry` with these settings (and its backward with backward=True); v (and the
+    cache's v) of head_dim_v columns when given, else head_dim."""
+    dv = head_dim if head_dim_v is None else head_dim_v
 
     def thunk():
         s, hq, hk = 32, 2, 1
         if entry == "attention":
             q = _tiny((1, s, hq, head_dim), dtype, device, backward)
-            k, v = (_tiny((1, s, hk, head_dim), dtype, device, backward) for _ in range(2))
+            k = _tiny((1, s, hk, head_dim), dtype, device, backward)
+            v = _tiny((1, s, hk, dv), dtype, device, backward)
             extra = {}
             if dtype == FP8:
                 extra = {n: torch.ones(1, hk, device=device) for n in ("q_descale", "k_descale", "v_descale")}
@@ -140,14 +153,15 @@ def _probe_call(entry: str, dtype, head_dim: int, causal: bool, device, variants
             inputs = (q, k, v)
         elif entry == "varlen_attention":
             q = _tiny((s, hq, head_dim), dtype, device, backward)
-            k, v = (_tiny((s, hk, head_dim), dtype, device, backward) for _ in range(2))
+            k = _tiny((s, hk, head_dim), dtype, device, backward)
+            v = _tiny((s, hk, dv), dtype, device, backward)
             cu = torch.tensor([0, s], dtype=torch.int32, device=device)
             used = torch.tensor([s - 3], dtype=torch.int32, device=device) if seqused_k else None
             out = flashcore.varlen_attention(q, k, v, cu, cu, s, s, causal=causal, seqused_k=used, **variants)
             inputs = (q, k, v)
         else:  # attention_with_kvcache
             q = _tiny((1, 1, hq, head_dim), dtype, device)
-            k, v = (_tiny((1, s, hk, head_dim), dtype, device) for _ in range(2))
+            k, v = _tiny((1, s, hk, head_dim), dtype, device), _tiny((1, s, hk, dv), dtype, device)
             out = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=s, causal=causal, **variants)
             inputs = ()
         if backward:
@@ -170,11 +184,20 @@ def _check_dtype(fn_name: str, q: torch.Tensor, fp8_ok: bool) -> None:
 
 
 def _check_head_dims(q: torch.Tensor, v: torch.Tensor) -> None:
+    """q's (and k's) head dim d must be compiled; a v of another head dim dv (FA3's hdimdiff) the pair (d, dv), which
+    FlashCore takes as head_dim_v (16-bit inputs only)."""
     d, dv = q.shape[-1], v.shape[-1]
-    if d not in compiled_head_dims():
-        skip(f"head_dim={d}", f"compiled head dims: {list(compiled_head_dims())}")
-    if dv != d:
-        skip("head_dim_v != head_dim", f"v has {dv}, q and k {d}: FlashCore needs k and v of one shape")
+    if dv == d:
+        if d not in compiled_head_dims():
+            skip(f"head_dim={d}", f"compiled head dims: {list(compiled_head_dims())}")
+        return
+    if q.dtype == FP8:
+        skip("head_dim_v != head_dim with float8_e4m3fn inputs",
+             f"v has {dv}, q and k {d}: FlashCore's 8-bit path takes one head dim for q, k and v")
+    pairs = compiled_head_dim_pairs()
+    if (d, dv) not in pairs:
+        skip("head_dim_v != head_dim", f"(head_dim, head_dim_v) = ({d}, {dv}) is not compiled into this library; "
+                                       f"compiled pairs: {[tuple(p) for p in pairs]}")
 
 
 def _window(window_size) -> Tuple[int, int]:
@@ -185,11 +208,11 @@ def _window(window_size) -> Tuple[int, int]:
     return int(values[0]), int(values[1])
 
 
-def _variants(fn, entry: str, q, causal: bool, window_size, softcap, attention_chunk) -> dict:
+def _variants(fn, entry: str, q, v, causal: bool, window_size, softcap, attention_chunk) -> dict:
     """The variant keyword arguments for FlashCore (only those set), after checking that the front end takes them and
-    that the library runs them (a probe of the same entry, dtype, head dim and causal). FA3's window_size, softcap and
-    attention_chunk are FlashCore's arguments of the same names and meanings (attention_chunk: query i sees key j iff
-    j // c == (i + Sk - Sq) // c, FA3's construct_chunk_mask), passed as ints."""
+    that the library runs them (a probe of the same entry, dtype, head dims (q's and v's) and causal). FA3's
+    window_size, softcap and attention_chunk are FlashCore's arguments of the same names and meanings (attention_chunk:
+    query i sees key j iff j // c == (i + Sk - Sq) // c, FA3's construct_chunk_mask), passed as ints."""
     window = _window(window_size)
     kwargs = {}
     if window != (-1, -1):
@@ -207,8 +230,9 @@ def _variants(fn, entry: str, q, causal: bool, window_size, softcap, attention_c
     for name in kwargs:
         if name not in params:
             skip(name, f"flashcore.{entry} has no {name} argument in this version")
-        reason = probe((entry, name, q.dtype, q.shape[-1], causal),
-                       _probe_call(entry, q.dtype, q.shape[-1], causal, q.device, {name: probe_values[name]}))
+        reason = probe((entry, name, q.dtype, q.shape[-1], v.shape[-1], causal),
+                       _probe_call(entry, q.dtype, q.shape[-1], causal, q.device, {name: probe_values[name]},
+                                   head_dim_v=v.shape[-1]))
         if reason is not None:
             skip(name, reason)
     return kwargs
@@ -252,15 +276,17 @@ def _no_backward(reason: str, result, inputs):
     return _SkipOnBackward.apply(reason, result.detach(), *grad_inputs)
 
 
-def _backward_reason(fn_name: str, entry: str, q, causal: bool, variants: dict, *, seqused_k=False,
+def _backward_reason(fn_name: str, entry: str, q, v, causal: bool, variants: dict, *, seqused_k=False,
                      deterministic=False) -> Optional[str]:
-    """Why FlashCore has no backward for this call (None: it has one), from a tiny backward of the same kind."""
-    key = ("backward", entry, q.dtype, q.shape[-1], causal, tuple(sorted(variants)), seqused_k, deterministic)
-    reason = probe(key, _probe_call(entry, q.dtype, q.shape[-1], causal, q.device, variants, backward=True,
-                                    seqused_k=seqused_k, deterministic=deterministic))
+    """Why FlashCore has no backward for this call (None: it has one), from a tiny backward of the same kind (v of
+    the call's head dim)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    key = ("backward", entry, q.dtype, d, dv, causal, tuple(sorted(variants)), seqused_k, deterministic)
+    reason = probe(key, _probe_call(entry, q.dtype, d, causal, q.device, variants, backward=True,
+                                    seqused_k=seqused_k, deterministic=deterministic, head_dim_v=dv))
     if reason is None:
         return None
-    what = [_dtype_name(q.dtype), f"head_dim={q.shape[-1]}"] + list(variants)
+    what = [_dtype_name(q.dtype), f"head_dim={d}"] + ([f"head_dim_v={dv}"] if dv != d else []) + list(variants)
     if seqused_k:
         what.append("seqused_k")
     return f"flashcore: backward of {fn_name} ({', '.join(what)}) not supported ({reason})"
@@ -310,10 +336,10 @@ def flash_attn_func(
         reason = probe(("fp8", q.shape[-1], causal), _probe_call("attention", FP8, q.shape[-1], causal, q.device, {}))
         if reason is not None:
             skip(f"float8_e4m3fn with head_dim={q.shape[-1]}{' (causal)' if causal else ''}", reason)
-    variants = _variants(flashcore.attention, "attention", q, causal, window_size, softcap, attention_chunk)
+    variants = _variants(flashcore.attention, "attention", q, v, causal, window_size, softcap, attention_chunk)
     no_backward = None
     if _needs_grad(q, k, v):
-        no_backward = _backward_reason(name, "attention", q, causal, variants, deterministic=bool(deterministic))
+        no_backward = _backward_reason(name, "attention", q, v, causal, variants, deterministic=bool(deterministic))
     kwargs = dict(causal=causal, softmax_scale=softmax_scale, return_lse=bool(return_attn_probs), **descales,
                   **variants)
     if deterministic:
@@ -374,11 +400,12 @@ def flash_attn_varlen_func(
         skip(f"deterministic=True in {name}", "flashcore.varlen_attention has no deterministic backward")
     _check_hints(name, pack_gqa=pack_gqa, num_splits=num_splits, sm_margin=sm_margin)
     causal = bool(causal)
-    variants = _variants(flashcore.varlen_attention, "varlen_attention", q, causal, window_size, softcap,
+    variants = _variants(flashcore.varlen_attention, "varlen_attention", q, v, causal, window_size, softcap,
                          attention_chunk)
     no_backward = None
     if _needs_grad(q, k, v):
-        no_backward = _backward_reason(name, "varlen_attention", q, causal, variants, seqused_k=seqused_k is not None)
+        no_backward = _backward_reason(name, "varlen_attention", q, v, causal, variants,
+                                       seqused_k=seqused_k is not None)
     kwargs = dict(causal=causal, softmax_scale=softmax_scale, return_lse=bool(return_attn_probs), **variants)
     if seqused_k is not None:
         kwargs["seqused_k"] = seqused_k
@@ -458,8 +485,8 @@ def flash_attn_with_kvcache(
         skip("scheduler_metadata", "FA3's precomputed scheduling; FlashCore plans each call itself")
     _check_hints(name, pack_gqa=pack_gqa, sm_margin=sm_margin)  # num_splits is FlashCore's own argument here
     causal = bool(causal)
-    variants = _variants(flashcore.attention_with_kvcache, "attention_with_kvcache", q, causal, window_size, softcap,
-                         attention_chunk)
+    variants = _variants(flashcore.attention_with_kvcache, "attention_with_kvcache", q, v_cache, causal, window_size,
+                         softcap, attention_chunk)
     # rotary_seqlens and rotary_interleaved only matter with rotary_cos (FA3 reads them for the rotation only).
     kwargs = dict(k=k, v=v, cache_seqlens=cache_seqlens, softmax_scale=softmax_scale, causal=causal,
                   return_softmax_lse=bool(return_softmax_lse), num_splits=int(num_splits), **variants)

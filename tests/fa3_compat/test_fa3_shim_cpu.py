@@ -89,17 +89,19 @@ def with_variants(signature):
 
 
 class Library:
-    """Stand-ins for what the shim asks of the library: compiled dtypes / head dims, the probes' answers, and
-    recording front ends with FlashCore's real signatures."""
+    """Stand-ins for what the shim asks of the library: compiled dtypes / head dims / (head_dim, head_dim_v) pairs, the
+    probes' answers, and recording front ends with FlashCore's real signatures."""
 
     def __init__(self, monkeypatch):
         self.head_dims = (64, 128, 256)
+        self.head_dim_pairs = ((192, 128),)
         self.dtypes = ("float16", "bfloat16", "float8_e4m3fn")
         self.answers = {}  # "backward" / "fp8" / variant name -> None (runs) or the probe's message
         self.probed = []
         self.calls = []
         monkeypatch.setattr(shim, "compiled_head_dims", lambda: self.head_dims)
         monkeypatch.setattr(shim, "compiled_dtypes", lambda: self.dtypes)
+        monkeypatch.setattr(shim, "compiled_head_dim_pairs", lambda: self.head_dim_pairs)
         monkeypatch.setattr(shim, "probe", self.probe)
         for name in ("attention", "varlen_attention", "attention_with_kvcache"):
             monkeypatch.setattr(flashcore, name, self.recorder(name, getattr(flashcore, name)))
@@ -118,10 +120,10 @@ class Library:
                 lse = torch.zeros(out.shape[0], out.shape[2], out.shape[1])
                 return (out, lse) if kwargs.get("return_lse") else out
             if name == "varlen_attention":
-                out = torch.zeros_like(args[0])
+                out = args[0].new_zeros(args[0].shape[:2] + args[2].shape[2:])
                 return (out, torch.zeros(out.shape[1], out.shape[0])) if kwargs.get("return_lse") else out
             q = args[0]
-            out = torch.zeros_like(q)
+            out = q.new_zeros(q.shape[:3] + args[2].shape[3:])
             return (out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])) if kwargs.get("return_softmax_lse") else out
 
         record.__signature__ = with_variants(inspect.signature(real))
@@ -144,22 +146,22 @@ def qkv(b=2, sq=8, sk=8, hq=4, hk=2, d=64, dv=None, dtype=BF16, requires_grad=Fa
     return q, k, v
 
 
-def packed(total_q=12, total_k=10, hq=4, hk=2, d=64, dtype=BF16):
+def packed(total_q=12, total_k=10, hq=4, hk=2, d=64, dv=None, dtype=BF16):
     cu_q = torch.tensor([0, 5, 12], dtype=torch.int32)
     cu_k = torch.tensor([0, 4, 10], dtype=torch.int32)
     q = torch.randn(total_q, hq, d).to(dtype)
-    k, v = (torch.randn(total_k, hk, d).to(dtype) for _ in range(2))
+    k, v = torch.randn(total_k, hk, d).to(dtype), torch.randn(total_k, hk, dv or d).to(dtype)
     return q, k, v, cu_q, cu_k
 
 
-def cache(b=2, sq=1, s_cache=64, hq=4, hk=2, d=128, page=None):
+def cache(b=2, sq=1, s_cache=64, hq=4, hk=2, d=128, dv=None, page=None):
     q = torch.randn(b, sq, hq, d).to(BF16)
     if page is None:
-        kc, vc = (torch.randn(b, s_cache, hk, d).to(BF16) for _ in range(2))
+        kc, vc = (torch.randn(b, s_cache, hk, dim).to(BF16) for dim in (d, dv or d))
         table = None
     else:
         pages = s_cache // page
-        kc, vc = (torch.randn(b * pages, page, hk, d).to(BF16) for _ in range(2))
+        kc, vc = (torch.randn(b * pages, page, hk, dim).to(BF16) for dim in (d, dv or d))
         table = torch.arange(b * pages, dtype=torch.int32).reshape(b, pages)
     lens = torch.tensor([5, 40], dtype=torch.int32)[:b]
     return q, kc, vc, lens, table
@@ -201,7 +203,12 @@ def _kvcache(page=None, **kw):
 SKIP_CASES = {
     "dense qv": (_dense(qv=torch.randn(2, 8, 4, 64).to(BF16)), "flashcore: qv not supported"),
     "dense head dim 96": (_dense(_qkv=dict(d=96)), "flashcore: head_dim=96 not supported (compiled head dims"),
-    "dense dv != d": (_dense(_qkv=dict(d=64, dv=256)), "flashcore: head_dim_v != head_dim not supported"),
+    "dense dv != d": (_dense(_qkv=dict(d=64, dv=256)), "flashcore: head_dim_v != head_dim not supported ((head_dim, "
+                                                       "head_dim_v) = (64, 256) is not compiled into this library; "
+                                                       "compiled pairs: [(192, 128)])"),
+    "dense fp8 dv != d": (_dense(_qkv=dict(d=192, dv=128, dtype=FP8)),
+                          "flashcore: head_dim_v != head_dim with float8_e4m3fn inputs not supported (v has 128, q and "
+                          "k 192: FlashCore's 8-bit path takes one head dim"),
     "dense float32": (_dense(_qkv=dict(dtype=torch.float32)), "flashcore: dtype float32 not supported"),
     "dense descale with bf16": (_dense(q_descale=torch.ones(2, 2)), "flashcore: q_descale with bfloat16 inputs"),
     "dense pack_gqa": (_dense(pack_gqa=True), "flashcore: pack_gqa=True not supported"),
@@ -345,7 +352,7 @@ def test_attention_chunk_backward_is_flashcores(lib):
     q, k, v = qkv(requires_grad=True)
     out = shim.flash_attn_func(q, k, v, causal=True, attention_chunk=4)
     assert "SkipOnBackward" not in type(out.grad_fn).__name__
-    assert ("backward", "attention", BF16, 64, True, ("attention_chunk",), False, False) in lib.probed
+    assert ("backward", "attention", BF16, 64, 64, True, ("attention_chunk",), False, False) in lib.probed
 
 
 def test_dense_no_window_passes_none(lib):
@@ -416,6 +423,63 @@ def test_kvcache_call(lib):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# FA3's hdimdiff cases: v with a head dim of its own (d = 192, dv = 128), FlashCore's head_dim_v.
+
+
+def test_hdimdiff_reaches_flashcore_as_is(lib):
+    """FA3's (d, dv) = (192, 128) reaches each front end with v (v_cache, v) of 128 columns, the variant probed with
+    it; FlashCore's output has v's head dim."""
+    q, k, v = qkv(d=192, dv=128)
+    out = shim.flash_attn_func(q, k, v, causal=True, softcap=15.0)
+    assert out.shape == (2, 8, 4, 128) and torch.equal(out, ref_attention(q, k, v, causal=True))
+    qp, kp, vp, cu_q, cu_k = packed(d=192, dv=128)
+    assert shim.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, 7, 6).shape == (12, 4, 128)
+    qc, kc, vc, lens, table = cache(d=192, dv=128, page=16)
+    k_new, v_new = torch.randn(2, 1, 2, 192).to(BF16), torch.randn(2, 1, 2, 128).to(BF16)
+    assert shim.flash_attn_with_kvcache(qc, kc, vc, k_new, v_new, cache_seqlens=lens, page_table=table).shape == (
+        2, 1, 4, 128)
+    assert [(name, args[2].shape[-1]) for name, args, _ in lib.calls] == [
+        ("attention", 128), ("varlen_attention", 128), ("attention_with_kvcache", 128)]
+    assert lib.calls[2][2]["v"] is v_new and lib.calls[2][2]["block_table"] is table
+    assert ("attention", "softcap", BF16, 192, 128, True) in lib.probed
+
+
+def test_hdimdiff_without_the_pair_skips(lib):
+    """A library that compiles no such pair (one older than 0.7 reports none) skips the call, naming the pair."""
+    lib.head_dim_pairs = ()
+    for call in (_dense(_qkv=dict(d=192, dv=128)), lambda: shim.flash_attn_varlen_func(
+            *packed(d=192, dv=128), 7, 6)):
+        with pytest.raises(SKIPPED, match=r"flashcore: head_dim_v != head_dim not supported \(\(head_dim, head_dim_v\) "
+                                          r"= \(192, 128\) is not compiled into this library; compiled pairs: \[\]\)"):
+            call()
+    assert lib.calls == []
+
+
+def test_hdimdiff_backward_skips_after_a_real_forward(lib):
+    """FlashCore has no backward with dv != d: the backward probe (v of 128 columns) says so, and the test skips when
+    it asks for gradients, its forward passed on."""
+    lib.answers["backward"] = "probe: NotImplementedError: FlashCore: the backward of attention whose v has a head dim"
+    q, k, v = qkv(d=192, dv=128, requires_grad=True)
+    out = shim.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, ref_attention(q, k, v, causal=True)) and out.requires_grad
+    assert ("backward", "attention", BF16, 192, 128, True, (), False, False) in lib.probed
+    with pytest.raises(SKIPPED) as info:
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert info.value.msg == ("flashcore: backward of flash_attn_func (bfloat16, head_dim=192, head_dim_v=128) not "
+                              "supported (probe: NotImplementedError: FlashCore: the backward of attention whose v has "
+                              "a head dim)")
+
+
+@pytest.mark.parametrize("entry", ["attention", "varlen_attention", "attention_with_kvcache"])
+def test_probe_calls_carry_head_dim_v(lib, entry):
+    """A probe asks FlashCore about the call's v: its tiny call has v (and the cache's v) of head_dim_v columns (the
+    stand-in for attention differentiates, so its backward probe runs too)."""
+    shim._probe_call(entry, BF16, 192, True, "cpu", {}, backward=entry == "attention", head_dim_v=128)()
+    (name, args, _), = lib.calls
+    assert name == entry and args[0].shape[-1] == 192 and args[1].shape[-1] == 192 and args[2].shape[-1] == 128
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Backward.
 
 
@@ -468,8 +532,11 @@ def test_no_grad_no_backward_probe(lib):
 def test_supported_call_reaches_flashcore_without_a_gpu(monkeypatch):
     monkeypatch.setattr(shim, "compiled_head_dims", lambda: (64, 128, 256))
     monkeypatch.setattr(shim, "compiled_dtypes", lambda: ("float16", "bfloat16"))
+    monkeypatch.setattr(shim, "compiled_head_dim_pairs", lambda: ((192, 128),))
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         shim.flash_attn_func(*qkv())
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        shim.flash_attn_func(*qkv(d=192, dv=128))
     q, k, v, cu_q, cu_k = packed()
     with pytest.raises(ValueError, match="CUDA"):
         shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6)
