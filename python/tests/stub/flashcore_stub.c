@@ -68,10 +68,17 @@ FLASHCORE_API void(flashcore_attention_params_init)(flashcore_attention_params* 
   params->q_strides.dim = params->k_strides.dim = params->v_strides.dim = params->o_strides.dim = 1;
 }
 
-FLASHCORE_API void flashcore_capabilities_init(flashcore_capabilities* caps) {
+/* The header makes flashcore_capabilities_init a macro over _init_sized (0.7): parenthesise the name. */
+FLASHCORE_API void(flashcore_capabilities_init)(flashcore_capabilities* caps) {
   if (!caps) return;
   memset(caps, 0, STUB_CAPS_SIZE);
   caps->struct_size = (uint32_t)STUB_CAPS_SIZE;
+}
+
+FLASHCORE_API void flashcore_capabilities_init_sized(flashcore_capabilities* caps, uint32_t struct_size) {
+  if (!caps || struct_size < FLASHCORE_CAPABILITIES_V1_SIZE || struct_size > STUB_CAPS_SIZE) return;
+  memset(caps, 0, struct_size);
+  caps->struct_size = struct_size;
 }
 
 FLASHCORE_API flashcore_status flashcore_attention_params_set_contiguous(flashcore_attention_params* params,
