@@ -241,6 +241,8 @@ TEST(HeadDimsAppend, WritesShorterVRowsAndAttendsToThem) {
              v2 = upload(ev);
   DeviceBuffer o1(B * Sq * Hq * DV * 2), o2(B * Sq * Hq * DV * 2), lens(B * 4), lens2(B * 4);
   const int32_t after[B] = {used[0] + static_cast<int32_t>(New), used[1] + static_cast<int32_t>(New)};
+  ASSERT_EQ(cudaMemset(o1.ptr, 0xff, B * Sq * Hq * DV * 2), cudaSuccess);  // poisoned: every element must be written
+  ASSERT_EQ(cudaMemset(o2.ptr, 0xff, B * Sq * Hq * DV * 2), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(lens.ptr, used, sizeof used, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(lens2.ptr, after, sizeof after, cudaMemcpyHostToDevice), cudaSuccess);
 
