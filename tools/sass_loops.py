@@ -108,8 +108,9 @@ def mma_loops(body, need_exp2=True):
 
 
 def display_name(fname):
-    """FlashCore kernels by their config row (sm90 r_<dtype>_d<D>_c<causal>_<tile>_..., sm80 r80_...), others shortened."""
-    m = re.search(r"(r(?:80)?_[a-z0-9_]+?_d\d+_c\d_[0-9a-z_]+?)E", fname)
+    """FlashCore kernels by their config row (sm90 r_<dtype>_d<D>[v<DV>]_c<causal>_<tile>_..., sm80 r80_...), others
+    shortened."""
+    m = re.search(r"(r(?:80)?_[a-z0-9_]+?_d\d+(?:v\d+)?_c\d_[0-9a-z_]+?)E", fname)
     if m:
         return m.group(1)
     return fname if len(fname) <= 90 else fname[:60] + "..." + fname[-27:]
