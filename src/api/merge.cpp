@@ -14,6 +14,8 @@
 
 namespace flashcore::api {
 
+bool merge_takes_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
 namespace {
 
 struct Span {
@@ -117,7 +119,7 @@ flashcore_status validate_merge(const flashcore_merge_params* user, flashcore_me
     message = "batch * seqlen * num_heads = " + std::to_string(m.batch * m.seqlen * m.num_heads) + " is too large";
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
   }
-  if (m.head_dim != 64 && m.head_dim != 128 && m.head_dim != 256) {
+  if (!merge_takes_head_dim(m.head_dim)) {
     message = "head_dim = " + std::to_string(m.head_dim) + " is not 64, 128 or 256";
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }

@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "api/error.h"
 #include "core/launch_util.h"
+#include "core/variants.h"
 #include "api/merge.h"
 #include "api/params.h"
 #include "api/validate.h"
@@ -157,6 +158,13 @@ flashcore_status check_local(const flashcore_attention_params* user, const flash
   if (flashcore_status s = api::validate_arguments(&p, message); s != FLASHCORE_SUCCESS) {
     message = who + ": " + message;
     return s;
+  }
+  // The ring's shards and merges have one head dim for K, V and O, one its merge kernel takes.
+  if (core::split_head_dims(p) || !api::merge_takes_head_dim(p.head_dim)) {
+    message = who + ".head_dim = " + std::to_string(p.head_dim) +
+              (core::split_head_dims(p) ? ", head_dim_v = " + std::to_string(p.head_dim_v) : std::string()) +
+              ": ring attention takes head dims 64, 128 and 256, with V of the same head dim";
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   int device = 0;
   if (flashcore_status s = api::validate_device(p, device, cc, message); s != FLASHCORE_SUCCESS) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/ring_plan.h"
@@ -173,6 +174,32 @@ TEST(RingApi, EntriesRefuseNullArguments) {
   EXPECT_NE(std::string(flashcore_last_error()).find("ring is NULL"), std::string::npos);
   EXPECT_EQ(flashcore_ring_attention_simulate(nullptr, &ring, nullptr), FLASHCORE_ERROR_NULL_POINTER);
   EXPECT_NE(std::string(flashcore_last_error()).find("local is NULL"), std::string::npos);
+}
+
+// Ring attention's shards and merges have one head dim for K, V and O, one the merge kernel takes: a V head dim of its
+// own or head dim 192 is refused before any device access, naming the field.
+TEST(RingApi, RefusesHeadDimsItsMergeDoesNotTake) {
+  flashcore_ring_params ring = ring_of(2, 64);
+  const int64_t len = 32, H = 2;
+  alignas(16) static uint16_t q[len * H * 192], k[len * H * 192], v[len * H * 192], o[len * H * 192];
+  alignas(16) static float lse[H * len];
+  for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{192, 128}, {192, 0}}) {
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.batch = 1, p.seqlen_q = p.seqlen_k = len, p.num_heads_q = p.num_heads_kv = H, p.head_dim = d, p.head_dim_v = dv;
+    p.dtype = FLASHCORE_DTYPE_BF16;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&p, 0), FLASHCORE_SUCCESS) << flashcore_last_error();
+    p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse;
+    if (flashcore_attention_validate(&p) != FLASHCORE_SUCCESS) continue;  // (192 not compiled in this build)
+    uint64_t bytes = 1;
+    EXPECT_EQ(flashcore_ring_workspace_size(&p, &ring, &bytes), FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM)
+        << flashcore_last_error();
+    const std::string message = flashcore_last_error();
+    EXPECT_NE(message.find("head_dim = 192"), std::string::npos) << message;
+    if (dv != 0) {
+      EXPECT_NE(message.find("head_dim_v = 128"), std::string::npos) << message;
+    }
+  }
 }
 
 // flashcore_attention_merge's argument checks come before any device access.
