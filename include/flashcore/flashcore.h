@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 7
+#define FLASHCORE_VERSION_MINOR 8
 #define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
@@ -167,11 +167,13 @@ typedef struct flashcore_attention_params {
    * [seqused_k[b], seqused_k[b] + seqlen_new) of sequence b, by a copy kernel on the same stream before the
    * attention, which then sees seqused_k[b] + seqlen_new keys (clamped to seqlen_k; rows that would land past
    * seqlen_k are dropped). seqused_k itself is not updated. Requires seqused_k; not with cu_seqlens_k. */
-  const void* k_new;                     /* (batch, seqlen_new, num_heads_kv, head_dim), dtype [NULL: no append] */
+  const void* k_new;                     /* (batch, seqlen_new, num_heads_kv, head_dim), dtype, or packed
+                                            (total_k_new, ...) with cu_seqlens_k_new [NULL: no append] */
   const void* v_new;                     /* same shape [NULL] */
   flashcore_tensor_strides k_new_strides; /* elements, dim stride 1 [zero] */
   flashcore_tensor_strides v_new_strides;
-  int64_t seqlen_new;                    /* new rows per sequence, > 0 with k_new [0] */
+  int64_t seqlen_new;                    /* new rows per sequence, > 0 with k_new; 0 with packed new rows
+                                            (cu_seqlens_k_new, since 0.8) [0] */
 
   /* ---- Since 0.3. A caller compiled against 0.2 passes FLASHCORE_ATTENTION_PARAMS_V2_SIZE; these take their
    * defaults then. ---- */
@@ -250,6 +252,48 @@ typedef struct flashcore_attention_params {
                          hdimdiff). The pairs compiled: flashcore_capabilities_t::head_dim_pairs. 16-bit forward, dense,
                          packed, KV-cache and paged calls; the backward, the 8-bit paths and split-KV decode refuse a
                          head_dim_v of its own (FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM naming it) [0: head_dim] */
+
+  /* ---- Since 0.8: more of what serving engines pass (FlashAttention's flash_attn_with_kvcache). A caller compiled
+   * against 0.7 passes FLASHCORE_ATTENTION_PARAMS_V7_SIZE; these take their defaults then. Both backends; 16-bit
+   * calls (the 8-bit paths refuse the serving layouts). Device int32 arrays, 4-byte aligned, read by the kernels
+   * only (a CUDA graph replays with new contents). ---- */
+  const int32_t* kv_batch_idx; /* (batch,): FlashAttention's cache_batch_idx, a cache slot per sequence. Sequence b's
+                                  K and V are entry kv_batch_idx[b] of their batch dimension (a dense cache) or its
+                                  pages are row kv_batch_idx[b] of block_table (a paged one); an append (k_new)
+                                  writes there. seqused_k and leftpad_k stay indexed by b. An entry outside
+                                  [0, kv_batch_size) gives its sequence no key (O = 0, LSE = -inf) and no append.
+                                  Requires seqused_k; not with cu_seqlens_k [NULL: entry b] */
+  int64_t kv_batch_size;       /* K's and V's batch extent (a dense cache) or block_table's rows (a paged one): > 0
+                                  with kv_batch_idx, else 0 [0] */
+  const int32_t* leftpad_k;    /* (batch,): FlashAttention's cache_leftpad. Sequence b's keys are rows
+                                  [leftpad_k[b], seqused_k[b] + its appended rows) of its cache, leftpad_k[b]
+                                  clamped to [0, that end]; causal alignment, windows and chunks count keys from row
+                                  leftpad_k[b] (the rows before it are never read). Requires seqused_k; dense caches
+                                  only (not with block_table nor cu_seqlens_k) [NULL: 0] */
+  const int32_t* cu_seqlens_k_new; /* (batch + 1,): FlashAttention-3's cu_seqlens_k_new. k_new and v_new are then
+                                  packed (total_k_new, num_heads_kv, head_dim / head_dim_v) (their batch strides are
+                                  ignored) and sequence b appends its rows [cu_seqlens_k_new[b],
+                                  cu_seqlens_k_new[b + 1]) (clamped to [0, total_k_new]) at seqused_k[b]; seqlen_new
+                                  must be 0 [NULL: k_new is (batch, seqlen_new, ...)] */
+  int64_t total_k_new;         /* rows of the packed k_new and v_new; > 0 with cu_seqlens_k_new, else 0 [0] */
+  const int32_t* seqused_q;    /* (batch,) with cu_seqlens_q: FlashAttention-3's seqused_q. Sequence b's queries are
+                                  the first seqused_q[b] rows of its packed rows (clamped to [0, its length]): the
+                                  others are not computed, and their O and LSE rows are not written; causal alignment
+                                  is against seqused_q[b] queries. Not with the backward [NULL: every row] */
+  /* Rotary embedding on append (FlashAttention's rotary_cos / rotary_sin): with k_new, the appended keys and the
+   * queries are rotated before the attention (the cache receives the rotated keys; v_new is copied as it is). The
+   * first rotary_dim columns of each head are rotated by the angle of the row's position: pairs (2i, 2i + 1) with
+   * rotary_interleaved = 1 (GPT-J), (i, i + rotary_dim / 2) with 0 (GPT-NeoX); x' = x cos - y sin, y' = x sin + y cos.
+   * Positions: new row t of sequence b is at rotary_seqlens[b] + t (NULL: seqused_k[b] + t); query row i at
+   * rotary_seqlens[b] + i with causal or a window, else at rotary_seqlens[b] for every row (FlashAttention's rule);
+   * clamped to [0, rotary_seqlen). The rotated Q goes to the workspace (flashcore_attention_workspace_size counts it),
+   * Q itself is not written. */
+  const void* rotary_cos;        /* (rotary_seqlen, rotary_dim / 2), dtype, contiguous [NULL: no rotation] */
+  const void* rotary_sin;        /* the same shape and dtype [NULL] */
+  int64_t rotary_seqlen;         /* rows of rotary_cos and rotary_sin: > 0 with them [0] */
+  int32_t rotary_dim;            /* rotated columns: a multiple of 16, at most head_dim, > 0 with rotary_cos [0] */
+  int32_t rotary_interleaved;    /* 1: GPT-J pairs (2i, 2i + 1); 0: GPT-NeoX halves (i, i + rotary_dim / 2) [0] */
+  const int32_t* rotary_seqlens; /* (batch,): position of sequence b's first new row [NULL: seqused_k] */
 } flashcore_attention_params;
 
 /* flashcore_attention_params::precision (since 0.3). */
@@ -282,7 +326,7 @@ typedef struct flashcore_attention_params {
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their
  * defaults), FLASHCORE_ATTENTION_PARAMS_V2_SIZE (a 0.2 caller: the fields since 0.3 take theirs), _V3_SIZE and
- * _V4_SIZE, _V5_SIZE and _V6_SIZE (0.3, 0.4, 0.5 and 0.6 callers), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
+ * _V4_SIZE, _V5_SIZE, _V6_SIZE and _V7_SIZE (0.3 to 0.7 callers), sizeof(flashcore_attention_params) of the loaded library, and larger sizes up to 4096 (a caller
  * built against a newer header) provided every byte past the library's sizeof is zero, i.e. the caller left
  * the fields this library does not know at their defaults. Anything else is FLASHCORE_ERROR_INVALID_ARGUMENT. */
 #define FLASHCORE_ATTENTION_PARAMS_V1_SIZE 240
@@ -299,6 +343,9 @@ typedef struct flashcore_attention_params {
 #define FLASHCORE_ATTENTION_PARAMS_V5_SIZE 680
 /* struct_size of the 0.6 layout (everything up to dsinks): also accepted, head_dim_v takes its default. */
 #define FLASHCORE_ATTENTION_PARAMS_V6_SIZE 688
+/* struct_size of the 0.7 layout (everything up to head_dim_v): also accepted, the serving fields since 0.8 take their
+ * defaults. */
+#define FLASHCORE_ATTENTION_PARAMS_V7_SIZE 696
 
 /* Zero the first struct_size bytes of params, set struct_size, the dim strides to 1 and the fields since 0.2 that
  * fit to their defaults (out_dtype = FLASHCORE_DTYPE_SAME). struct_size must be one flashcore_attention_* accept

@@ -108,7 +108,8 @@ struct ForwardOptions {
   // Since 0.6.1: chunked local attention (Llama 4; FlashAttention-3's attention_chunk; 0: none).
   int32_t attention_chunk = 0;
   // Packed (varlen) batches, paged caches and appends: set the C fields of make_params()'s result directly
-  // (cu_seqlens_q/k, total_q/k, block_table, page_size, num_pages, k_new, v_new, seqlen_new; see flashcore.h).
+  // (cu_seqlens_q/k, total_q/k, block_table, page_size, num_pages, k_new, v_new, seqlen_new; since 0.8 kv_batch_idx,
+  // kv_batch_size, leftpad_k, cu_seqlens_k_new, total_k_new, seqused_q and the rotary_* fields; see flashcore.h).
 };
 
 // The C parameter struct for (q, k, v, o); throws Error(INVALID_ARGUMENT) when the views disagree.

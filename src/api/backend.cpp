@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "api/tuning.h"
+#include "api/validate.h"
 #include "core/dtype.h"
 #include "core/launch_util.h"
+#include "kernels/common/append_params.h"
 #include "kernels/sm90/launch.h"
 
 namespace flashcore {
@@ -161,6 +163,15 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
   return true;
 }
 
+namespace {
+// The rotated Q's bytes (flashcore.h rotary_cos): a contiguous copy of Q, 256-byte aligned; 0 without a rotation.
+uint64_t rotary_q_bytes(const flashcore_attention_params& p) {
+  if (p.rotary_cos == nullptr) return 0;
+  const int64_t rows = p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
+  return core::align256(static_cast<size_t>(rows * p.num_heads_q * p.head_dim) * dtype_size(p.dtype));
+}
+}  // namespace
+
 flashcore_status plan(const flashcore_attention_params& p, int device, int cc, uint64_t workspace_capacity,
                       core::Plan& out, std::string& error) {
   out = core::Plan{};
@@ -169,19 +180,67 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
     error = "no backend serves compute capability " + std::to_string(cc);
     return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
   }
+  // Pages that are not a multiple of 16 rows: the sm90 kernels' TMA slices cannot load them; the portable kernels,
+  // which look a page up per row, take them on Hopper too (correct, at the portable kernels' speed: the sm90 gather
+  // producer is issue #73's open part).
+  if (p.block_table != nullptr && p.page_size % api::kTmaPageMultiple != 0 &&
+      std::strcmp(out.backend->name, "sm90") == 0) {
+    const core::BackendOps* portable = forced_backend() == nullptr ? by_name("sm80") : nullptr;
+    if (portable == nullptr || !portable->has_image(cc)) {
+      error = "page_size = " + std::to_string(p.page_size) + " is not a multiple of 16: the sm90 kernels take " +
+              "multiples of 16, and " +
+              (forced_backend() != nullptr ? std::string("FLASHCORE_BACKEND=") + forced_backend() + " is set"
+                                           : "this build has no portable kernels for sm_" + std::to_string(cc)) +
+              " (the portable kernels take any page size)";
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    out.backend = portable;
+  }
   out.device = device;
   out.cc = cc;
   if (const cudaError_t err = core::sm_count(device, out.sms); err != cudaSuccess) {
     error = core::cuda_message("cannot query the device", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  const core::PlanRequest request{workspace_capacity, tuning::choose};
-  return out.backend->plan(p, request, out, error);
+  // A rotation's Q copy goes after the backend's workspace: the backend plans for what is left.
+  const uint64_t rotary = rotary_q_bytes(p);
+  if (rotary > 0 && workspace_capacity < rotary + 256) {
+    error = "workspace: rotary_cos rotates Q into the workspace, which needs at least " + std::to_string(rotary + 256) +
+            " bytes (flashcore_attention_workspace_size); workspace_size = " + std::to_string(workspace_capacity) +
+            (p.workspace == nullptr ? " and workspace is NULL" : "");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const uint64_t capacity = workspace_capacity == UINT64_MAX ? UINT64_MAX : workspace_capacity - rotary - 256;
+  const core::PlanRequest request{capacity, tuning::choose};
+  const flashcore_status st = out.backend->plan(p, request, out, error);
+  if (st == FLASHCORE_SUCCESS && rotary > 0) {
+    out.rotary_q = core::align256(out.workspace.bytes);
+    out.workspace.bytes = out.rotary_q + rotary;
+  }
+  return st;
 }
 
 flashcore_status run(const core::Plan& plan, const flashcore_attention_params& p, float softmax_scale,
                      cudaStream_t stream, std::string& error) {
-  return plan.backend->run(plan, p, softmax_scale, stream, error);
+  if (p.rotary_cos == nullptr) return plan.backend->run(plan, p, softmax_scale, stream, error);
+  // Rotary embedding: Q rotated into the workspace first (the new keys are rotated by the append), and the backend
+  // reads that copy, contiguous.
+  if (p.workspace == nullptr || p.workspace_size < plan.workspace.bytes) {
+    error = "workspace: this plan needs " + std::to_string(plan.workspace.bytes) +
+            " bytes with rotary_cos (flashcore_attention_workspace_size); workspace_size = " +
+            std::to_string(p.workspace_size);
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  void* rotated = static_cast<char*>(p.workspace) + plan.rotary_q;
+  if (const cudaError_t err = kernels::launch_rotary_q(p, rotated, plan.sms, stream); err != cudaSuccess) {
+    error = core::cuda_message("rotary embedding launch failed", err);
+    return FLASHCORE_ERROR_CUDA;
+  }
+  flashcore_attention_params r = p;
+  r.q = rotated;
+  r.q_strides = {r.cu_seqlens_q != nullptr ? 0 : r.seqlen_q * r.num_heads_q * r.head_dim, r.num_heads_q * r.head_dim,
+                 r.head_dim, 1};
+  return plan.backend->run(plan, r, softmax_scale, stream, error);
 }
 
 flashcore_status workspace_size(const flashcore_attention_params& p, int cc, size_t& bytes, std::string& error) {

@@ -91,6 +91,15 @@ std::string plan_mismatch(const flashcore_attention_params& plan, const std::str
       {"attention_chunk", plan.attention_chunk == run.attention_chunk},
       {"softcap (given or not)", (plan.softcap != 0.f) == (run.softcap != 0.f)},
       {"sinks (given or not)", (plan.sinks != nullptr) == (run.sinks != nullptr)},
+      {"kv_batch_idx (given or not)", (plan.kv_batch_idx != nullptr) == (run.kv_batch_idx != nullptr)},
+      {"kv_batch_size", plan.kv_batch_size == run.kv_batch_size},
+      {"leftpad_k (given or not)", (plan.leftpad_k != nullptr) == (run.leftpad_k != nullptr)},
+      {"cu_seqlens_k_new (given or not)", (plan.cu_seqlens_k_new != nullptr) == (run.cu_seqlens_k_new != nullptr)},
+      {"total_k_new", plan.total_k_new == run.total_k_new},
+      {"seqused_q (given or not)", (plan.seqused_q != nullptr) == (run.seqused_q != nullptr)},
+      {"rotary_cos (given or not)", (plan.rotary_cos != nullptr) == (run.rotary_cos != nullptr)},
+      {"rotary_dim", plan.rotary_dim == run.rotary_dim},
+      {"rotary_interleaved", plan.rotary_interleaved == run.rotary_interleaved},
   };
   for (const auto& [field, equal] : same) {
     if (!equal) return field;

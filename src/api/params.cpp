@@ -8,6 +8,7 @@ bool accepted_params_size(uint32_t struct_size) {
   return struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V2_SIZE ||
          struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE ||
          struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE || struct_size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE ||
+         struct_size == FLASHCORE_ATTENTION_PARAMS_V7_SIZE ||
          (struct_size >= sizeof(flashcore_attention_params) && struct_size <= kMaxParamsStructSize);
 }
 
@@ -76,7 +77,25 @@ void set_post_v5_defaults(flashcore_attention_params& p) {
   set_post_v6_defaults(p);
 }
 
-void set_post_v6_defaults(flashcore_attention_params& p) { p.head_dim_v = 0; }
+void set_post_v6_defaults(flashcore_attention_params& p) {
+  p.head_dim_v = 0;
+  set_post_v7_defaults(p);
+}
+
+void set_post_v7_defaults(flashcore_attention_params& p) {
+  p.kv_batch_idx = nullptr;
+  p.kv_batch_size = 0;
+  p.leftpad_k = nullptr;
+  p.cu_seqlens_k_new = nullptr;
+  p.total_k_new = 0;
+  p.seqused_q = nullptr;
+  p.rotary_cos = nullptr;
+  p.rotary_sin = nullptr;
+  p.rotary_seqlen = 0;
+  p.rotary_dim = 0;
+  p.rotary_interleaved = 0;
+  p.rotary_seqlens = nullptr;
+}
 
 size_t field_bytes_of(uint32_t struct_size) {
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V1_SIZE) return kParamsV1FieldBytes;
@@ -85,6 +104,7 @@ size_t field_bytes_of(uint32_t struct_size) {
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE) return kParamsV4FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE) return kParamsV5FieldBytes;
   if (struct_size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE) return kParamsV6FieldBytes;
+  if (struct_size == FLASHCORE_ATTENTION_PARAMS_V7_SIZE) return kParamsV7FieldBytes;
   return sizeof(flashcore_attention_params);
 }
 
@@ -119,6 +139,9 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
   } else if (size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE) {
     std::memcpy(&out, user, kParamsV6FieldBytes);
     set_post_v6_defaults(out);
+  } else if (size == FLASHCORE_ATTENTION_PARAMS_V7_SIZE) {
+    std::memcpy(&out, user, kParamsV7FieldBytes);
+    set_post_v7_defaults(out);
   } else if (size == kCurrent) {
     std::memcpy(&out, user, kCurrent);
   } else if (size > kCurrent && size <= kMaxParamsStructSize) {
@@ -139,7 +162,8 @@ flashcore_status upgrade_params(const flashcore_attention_params* user, flashcor
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V3_SIZE) + " (the 0.3 layout), " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V4_SIZE) + " (the 0.4 layout), " +
               std::to_string(FLASHCORE_ATTENTION_PARAMS_V5_SIZE) + " (the 0.5 layout), " +
-              std::to_string(FLASHCORE_ATTENTION_PARAMS_V6_SIZE) + " (the 0.6 layout), " + std::to_string(kCurrent) +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V6_SIZE) + " (the 0.6 layout), " +
+              std::to_string(FLASHCORE_ATTENTION_PARAMS_V7_SIZE) + " (the 0.7 layout), " + std::to_string(kCurrent) +
               " (sizeof(flashcore_attention_params) of this library), or " + std::to_string(kCurrent + 1) + ".." +
               std::to_string(kMaxParamsStructSize) +
               " with zero bytes past " + std::to_string(kCurrent) + " (call flashcore_attention_params_init first)";

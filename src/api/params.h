@@ -28,6 +28,8 @@ inline constexpr size_t kParamsV5FieldBytes = offsetof(flashcore_attention_param
 static_assert(kParamsV5FieldBytes == FLASHCORE_ATTENTION_PARAMS_V5_SIZE, "the 0.5 fields of flashcore_attention_params moved");
 inline constexpr size_t kParamsV6FieldBytes = offsetof(flashcore_attention_params, head_dim_v);
 static_assert(kParamsV6FieldBytes == FLASHCORE_ATTENTION_PARAMS_V6_SIZE, "the 0.6 fields of flashcore_attention_params moved");
+inline constexpr size_t kParamsV7FieldBytes = offsetof(flashcore_attention_params, kv_batch_idx);
+static_assert(kParamsV7FieldBytes == FLASHCORE_ATTENTION_PARAMS_V7_SIZE, "the 0.7 fields of flashcore_attention_params moved");
 
 // A struct_size above this is taken for an uninitialised struct rather than a newer caller (whose zero tail
 // would otherwise be read, up to 4 GiB of it).
@@ -45,8 +47,9 @@ void set_post_v3_defaults(flashcore_attention_params& p);
 void set_post_v4_defaults(flashcore_attention_params& p);
 void set_post_v5_defaults(flashcore_attention_params& p);
 void set_post_v6_defaults(flashcore_attention_params& p);
+void set_post_v7_defaults(flashcore_attention_params& p);
 
-// Bytes of a caller's struct of an accepted older layout that hold fields (V1: 236, V2: 448, V3: 480, V4: 648, V5: 680, V6: 688), or sizeof for any other.
+// Bytes of a caller's struct of an accepted older layout that hold fields (V1: 236, V2: 448, V3: 480, V4: 648, V5: 680, V6: 688, V7: 696), or sizeof for any other.
 size_t field_bytes_of(uint32_t struct_size);
 
 // Copies *user into `out` as a current struct (out.struct_size = sizeof(flashcore_attention_params)):
@@ -55,7 +58,8 @@ size_t field_bytes_of(uint32_t struct_size);
 //   struct_size == FLASHCORE_ATTENTION_PARAMS_V3_SIZE: the 0.3 fields, the later ones get their defaults;
 //   struct_size == FLASHCORE_ATTENTION_PARAMS_V4_SIZE: the 0.4 fields, the later ones get their defaults;
 //   struct_size == FLASHCORE_ATTENTION_PARAMS_V5_SIZE: the 0.5 fields, the later ones get their defaults;
-//   struct_size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE: the 0.6 fields, head_dim_v gets its default;
+//   struct_size == FLASHCORE_ATTENTION_PARAMS_V6_SIZE: the 0.6 fields, the later ones get their defaults;
+//   struct_size == FLASHCORE_ATTENTION_PARAMS_V7_SIZE: the 0.7 fields, the serving fields of 0.8 get their defaults;
 //   struct_size == sizeof: everything;
 //   sizeof < struct_size <= kMaxParamsStructSize: a newer caller; accepted when every byte past sizeof is 0
 //     (it set none of the fields this library does not know), else INVALID_ARGUMENT naming the first such byte.

@@ -219,6 +219,106 @@ float resolve_softmax_scale(const flashcore_attention_params& p) {
 }
 
 namespace {
+// Rotary embedding on append (flashcore.h rotary_cos, since 0.8).
+flashcore_status check_rotary(const flashcore_attention_params& p, std::string& message) {
+  if (p.rotary_cos == nullptr) {
+    const std::pair<const char*, bool> stray[] = {{"rotary_sin", p.rotary_sin != nullptr},
+                                                  {"rotary_seqlen", p.rotary_seqlen != 0},
+                                                  {"rotary_dim", p.rotary_dim != 0},
+                                                  {"rotary_interleaved", p.rotary_interleaved != 0},
+                                                  {"rotary_seqlens", p.rotary_seqlens != nullptr}};
+    for (const auto& [name, set] : stray) {
+      if (set) {
+        message = cat(name, " is set but rotary_cos is NULL (no rotary embedding: leave it at its default)");
+        return FLASHCORE_ERROR_INVALID_ARGUMENT;
+      }
+    }
+    return FLASHCORE_SUCCESS;
+  }
+  if (p.rotary_sin == nullptr) {
+    message = "rotary_sin is NULL but rotary_cos is set (the rotation takes both tables)";
+    return FLASHCORE_ERROR_NULL_POINTER;
+  }
+  if (p.k_new == nullptr) {
+    message = "rotary_cos is set but k_new is NULL (the rotary embedding rotates the keys an append writes, and Q)";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.rotary_dim <= 0 || p.rotary_dim % 16 != 0 || p.rotary_dim > p.head_dim) {
+    message = cat("rotary_dim = ", p.rotary_dim, " must be a positive multiple of 16, at most head_dim = ", p.head_dim,
+                  ", with rotary_cos");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.rotary_seqlen <= 0 || p.rotary_seqlen > kMaxSeqlen) {
+    message = cat("rotary_seqlen = ", p.rotary_seqlen, " must be in [1, ", kMaxSeqlen, "] with rotary_cos (the tables' rows)");
+    return p.rotary_seqlen <= 0 ? FLASHCORE_ERROR_INVALID_SIZE : FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  if (p.rotary_interleaved != 0 && p.rotary_interleaved != 1) {
+    message = cat("rotary_interleaved = ", p.rotary_interleaved, " must be 0 (GPT-NeoX halves) or 1 (GPT-J pairs)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  const std::pair<const char*, const void*> tables[] = {{"rotary_cos", p.rotary_cos}, {"rotary_sin", p.rotary_sin}};
+  for (const auto& [name, ptr] : tables) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 2 != 0) {
+      message = cat(name, " = ", hex(ptr), " is not 2-byte aligned (16-bit entries)");
+      return FLASHCORE_ERROR_MISALIGNED_POINTER;
+    }
+  }
+  return FLASHCORE_SUCCESS;
+}
+
+// The KV-cache fields since 0.8 (flashcore.h): cache slots (kv_batch_idx), left padding (leftpad_k) and packed appends
+// (cu_seqlens_k_new).
+flashcore_status check_cache_slots(const flashcore_attention_params& p, std::string& message) {
+  const std::pair<const char*, bool> needs_cache[] = {{"kv_batch_idx", p.kv_batch_idx != nullptr},
+                                                      {"leftpad_k", p.leftpad_k != nullptr}};
+  for (const auto& [name, set] : needs_cache) {
+    if (!set) continue;
+    if (p.seqused_k == nullptr) {
+      message = cat(name, " is set but seqused_k is NULL (", name, " applies to a KV cache, whose lengths seqused_k ",
+                    "gives)");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (p.cu_seqlens_k != nullptr) {
+      message = cat(name, " with cu_seqlens_k: ", name, " applies to a KV cache (dense or paged), not packed K/V");
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+  }
+  if (p.leftpad_k != nullptr && p.block_table != nullptr) {
+    message = "leftpad_k with block_table: a paged cache takes no left padding (as in FlashAttention-2); pad a dense "
+              "cache, or start the sequence at a page";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.kv_batch_idx == nullptr && p.kv_batch_size != 0) {
+    message = cat("kv_batch_size = ", p.kv_batch_size, " is set but kv_batch_idx is NULL (leave it 0)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.kv_batch_idx != nullptr && (p.kv_batch_size <= 0 || p.kv_batch_size > INT32_MAX)) {
+    message = cat("kv_batch_size = ", p.kv_batch_size, " must be in [1, INT32_MAX] with kv_batch_idx (the cache's ",
+                  p.block_table != nullptr ? "block_table rows" : "K and V batch entries", ")");
+    return p.kv_batch_size <= 0 ? FLASHCORE_ERROR_INVALID_SIZE : FLASHCORE_ERROR_SIZE_OVERFLOW;
+  }
+  if (p.seqused_q != nullptr && p.cu_seqlens_q == nullptr) {
+    message = "seqused_q is set but cu_seqlens_q is NULL (seqused_q counts the queries of packed sequences)";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (const flashcore_status s = check_rotary(p, message); s != FLASHCORE_SUCCESS) return s;
+  if (p.cu_seqlens_k_new == nullptr && p.total_k_new != 0) {
+    message = cat("total_k_new = ", p.total_k_new, " is set but cu_seqlens_k_new is NULL (leave it 0)");
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
+  if (p.cu_seqlens_k_new != nullptr) {
+    if (p.k_new == nullptr) {
+      message = "cu_seqlens_k_new is set but k_new is NULL (it gives the rows of a packed append)";
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+    if (p.total_k_new <= 0 || p.total_k_new > kMaxSeqlen) {
+      message = cat("total_k_new = ", p.total_k_new, " must be in [1, ", kMaxSeqlen, "] with cu_seqlens_k_new");
+      return p.total_k_new <= 0 ? FLASHCORE_ERROR_INVALID_SIZE : FLASHCORE_ERROR_SIZE_OVERFLOW;
+    }
+  }
+  return FLASHCORE_SUCCESS;
+}
+
 // The serving fields (flashcore.h): packed variable-length batches, paged KV caches, the split count.
 flashcore_status check_serving_fields(const flashcore_attention_params& p, std::string& message) {
   if ((p.flags & ~FLASHCORE_FLAGS_ALL) != 0) {
@@ -243,6 +343,7 @@ flashcore_status check_serving_fields(const flashcore_attention_params& p, std::
       return FLASHCORE_ERROR_SIZE_OVERFLOW;
     }
   }
+  if (const flashcore_status s = check_cache_slots(p, message); s != FLASHCORE_SUCCESS) return s;
   if (p.block_table == nullptr) {
     const std::pair<const char*, int64_t> paging[] = {
         {"page_size", p.page_size}, {"num_pages", p.num_pages}, {"block_table_stride", p.block_table_stride}};
@@ -258,9 +359,8 @@ flashcore_status check_serving_fields(const flashcore_attention_params& p, std::
                 "from packed K/V offsets (set one of them)";
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
-    if (p.page_size < kMinPageSize || p.page_size > kMaxPageSize || p.page_size % kMinPageSize != 0) {
-      message = cat("page_size = ", p.page_size, " must be a multiple of ", kMinPageSize, " in [", kMinPageSize, ", ",
-                    kMaxPageSize, "] with block_table");
+    if (p.page_size < kMinPageSize || p.page_size > kMaxPageSize) {
+      message = cat("page_size = ", p.page_size, " must be in [", kMinPageSize, ", ", kMaxPageSize, "] with block_table");
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
     if (p.num_pages <= 0 || p.num_pages > INT32_MAX) {
@@ -274,11 +374,12 @@ flashcore_status check_serving_fields(const flashcore_attention_params& p, std::
                     pages_per_seq, " (the entries of one sequence's row)");
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
-    if (__builtin_mul_overflow(std::max<int64_t>(p.batch, 0),
+    const int64_t table_rows = p.kv_batch_idx != nullptr ? p.kv_batch_size : p.batch;  // a row per cache slot
+    if (__builtin_mul_overflow(std::max<int64_t>(table_rows, 0),
                                p.block_table_stride > 0 ? p.block_table_stride : pages_per_seq, &table_entries) ||
         table_entries > (int64_t{1} << 40)) {
-      message = cat("block_table's extent (batch * block_table_stride = ", p.batch, " * ", p.block_table_stride,
-                    ") is out of range");
+      message = cat("block_table's extent (", p.kv_batch_idx != nullptr ? "kv_batch_size" : "batch",
+                    " * block_table_stride = ", table_rows, " * ", p.block_table_stride, ") is out of range");
       return FLASHCORE_ERROR_SIZE_OVERFLOW;
     }
   }
@@ -299,7 +400,13 @@ flashcore_status check_serving_fields(const flashcore_attention_params& p, std::
                     : "k_new with cu_seqlens_k: an append needs a KV cache (dense or paged), not packed K/V";
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
-    if (p.seqlen_new <= 0 || p.seqlen_new > kMaxSeqlen) {
+    if (p.cu_seqlens_k_new != nullptr) {
+      if (p.seqlen_new != 0) {
+        message = cat("seqlen_new = ", p.seqlen_new, " with cu_seqlens_k_new: packed new rows are counted by ",
+                      "cu_seqlens_k_new (leave seqlen_new 0)");
+        return FLASHCORE_ERROR_INVALID_ARGUMENT;
+      }
+    } else if (p.seqlen_new <= 0 || p.seqlen_new > kMaxSeqlen) {
       message = cat("seqlen_new = ", p.seqlen_new, " must be in [1, ", kMaxSeqlen, "] with k_new");
       return p.seqlen_new <= 0 ? FLASHCORE_ERROR_INVALID_SIZE : FLASHCORE_ERROR_SIZE_OVERFLOW;
     }
@@ -448,11 +555,12 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   if (varlen_q) qs.batch = os.batch = 0;
   if (varlen_k) ks.batch = vs.batch = 0;
   const int64_t q_entries = varlen_q ? 1 : p.batch, q_rows = varlen_q ? p.total_q : p.seqlen_q;
-  const int64_t kv_entries = varlen_k ? 1 : (paged ? p.num_pages : p.batch);
+  const bool slots = p.kv_batch_idx != nullptr;  // a dense cache's batch entries are its slots
+  const int64_t kv_entries = varlen_k ? 1 : (paged ? p.num_pages : (slots ? p.kv_batch_size : p.batch));
   const int64_t kv_rows = varlen_k ? p.total_k : (paged ? p.page_size : p.seqlen_k);
   const char* q_entry_name = varlen_q ? "1 (packed)" : "batch";
   const char* q_row_name = varlen_q ? "total_q" : "seqlen_q";
-  const char* kv_entry_name = varlen_k ? "1 (packed)" : (paged ? "num_pages" : "batch");
+  const char* kv_entry_name = varlen_k ? "1 (packed)" : (paged ? "num_pages" : (slots ? "kv_batch_size" : "batch"));
   const char* kv_row_name = varlen_k ? "total_k" : (paged ? "page_size" : "seqlen_k");
   // V given transposed (FLASHCORE_FLAG_V_TRANSPOSED): (batch, num_heads_kv, head_dim, padded keys) bytes, keys
   // innermost; described here as (batch, head_dim rows, num_heads_kv, padded keys) so that the checks below apply.
@@ -622,7 +730,12 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   const std::pair<const char*, const int32_t*> int_arrays[] = {{"seqused_k", p.seqused_k},
                                                                {"cu_seqlens_q", p.cu_seqlens_q},
                                                                {"cu_seqlens_k", p.cu_seqlens_k},
-                                                               {"block_table", p.block_table}};
+                                                               {"block_table", p.block_table},
+                                                               {"kv_batch_idx", p.kv_batch_idx},
+                                                               {"leftpad_k", p.leftpad_k},
+                                                               {"cu_seqlens_k_new", p.cu_seqlens_k_new},
+                                                               {"seqused_q", p.seqused_q},
+                                                               {"rotary_seqlens", p.rotary_seqlens}};
   for (const auto& [name, ptr] : int_arrays) {
     if (reinterpret_cast<uintptr_t>(ptr) % alignof(int32_t) != 0) {
       message = cat(name, " = ", hex(ptr), " is not 4-byte aligned (int32 entries)");
@@ -639,11 +752,18 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   // KV-cache append: k_new / v_new are read while K and V are written, then O is written.
   if (p.k_new != nullptr) {
+    // Packed new rows (cu_seqlens_k_new): one batch entry of total_k_new rows, batch strides ignored.
+    const bool packed_new = p.cu_seqlens_k_new != nullptr;
+    flashcore_tensor_strides kns = p.k_new_strides, vns = p.v_new_strides;
+    if (packed_new) kns.batch = vns.batch = 0;
+    const int64_t new_entries = packed_new ? 1 : p.batch, new_rows = packed_new ? p.total_k_new : p.seqlen_new;
+    const char* new_entry_name = packed_new ? "1 (packed)" : "batch";
+    const char* new_row_name = packed_new ? "total_k_new" : "seqlen_new";
     const Tensor news[2] = {
-        {"k_new", p.k_new, &p.k_new_strides, {"batch", "seqlen_new", "num_heads_kv", "head_dim"},
-         {p.batch, p.seqlen_new, p.num_heads_kv, p.head_dim}},
-        {"v_new", p.v_new, &p.v_new_strides, {"batch", "seqlen_new", "num_heads_kv", dv_name},
-         {p.batch, p.seqlen_new, p.num_heads_kv, dv}},
+        {"k_new", p.k_new, &kns, {new_entry_name, new_row_name, "num_heads_kv", "head_dim"},
+         {new_entries, new_rows, p.num_heads_kv, p.head_dim}},
+        {"v_new", p.v_new, &vns, {new_entry_name, new_row_name, "num_heads_kv", dv_name},
+         {new_entries, new_rows, p.num_heads_kv, dv}},
     };
     for (const Tensor& t : news) {
       if (const flashcore_status st = check_overflow(t, elem_size, message); st != FLASHCORE_SUCCESS) return st;
@@ -744,6 +864,7 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
   }
   const std::pair<const char*, bool> not_yet[] = {
       {"seqused_k", p.seqused_k != nullptr},
+      {"seqused_q", p.seqused_q != nullptr},
       {"block_table", p.block_table != nullptr},
       {"k_new", p.k_new != nullptr},
       {"precision", p.precision != FLASHCORE_PRECISION_NATIVE},
@@ -1008,6 +1129,13 @@ flashcore_status validate_device(const flashcore_attention_params& p, int& devic
                                                           {"block_table", p.block_table},
                                                           {"k_new", p.k_new},
                                                           {"v_new", p.v_new},
+                                                          {"kv_batch_idx", p.kv_batch_idx},
+                                                          {"leftpad_k", p.leftpad_k},
+                                                          {"cu_seqlens_k_new", p.cu_seqlens_k_new},
+                                                          {"seqused_q", p.seqused_q},
+                                                          {"rotary_cos", p.rotary_cos},
+                                                          {"rotary_sin", p.rotary_sin},
+                                                          {"rotary_seqlens", p.rotary_seqlens},
                                                           {"q_descale", p.q_descale},
                                                           {"k_descale", p.k_descale},
                                                           {"v_descale", p.v_descale},

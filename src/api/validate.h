@@ -20,9 +20,11 @@ inline constexpr int64_t kMaxSeqlen = int64_t{INT32_MAX} - 512;
 // is a normal float, and so is every product the kernel forms from it before exp2.
 inline constexpr float kMinSoftmaxScale = 0x1p-100f;
 inline constexpr float kMaxSoftmaxScale = 0x1p100f;
-// Paged KV caches: page_size a multiple of 16 rows (a TMA box slice of whole 8-row swizzle atoms that divides every
-// kernel's key block) up to 65536; num_splits at most 256.
-inline constexpr int64_t kMinPageSize = 16;
+// Paged KV caches: page_size from 1 to 65536 rows (since 0.8; the sm90 kernels take multiples of 16, a TMA box slice
+// of whole 8-row swizzle atoms that divides every key block: api/backend.cpp sends the others to the portable
+// kernels); num_splits at most 256.
+inline constexpr int64_t kMinPageSize = 1;
+inline constexpr int64_t kTmaPageMultiple = 16;
 inline constexpr int64_t kMaxPageSize = 65536;
 inline constexpr int32_t kMaxSplits = 256;
 

@@ -139,7 +139,13 @@ void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_par
   const bool varlen_q = p.cu_seqlens_q != nullptr;
   s.seqused_k = p.seqused_k;
   s.seqused_k_add = 0;
+  s.cu_seqlens_k_new = nullptr;  // (set with seqused_k_add by the append)
+  s.total_k_new = 0;
+  s.kv_batch_idx = p.kv_batch_idx;
+  s.kv_batch_size = p.kv_batch_size;
+  s.leftpad_k = p.leftpad_k;
   s.cu_seqlens_q = p.cu_seqlens_q;
+  s.seqused_q = p.seqused_q;
   s.cu_seqlens_k = p.cu_seqlens_k;
   s.total_q = p.total_q;
   s.total_k = p.total_k;
@@ -163,7 +169,9 @@ flashcore_status append_new_kv(const flashcore_attention_params& p, int device, 
     error = cuda_message("KV-cache append launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  s.seqused_k_add = static_cast<int>(p.seqlen_new);
+  s.seqused_k_add = static_cast<int>(p.seqlen_new);  // (0 with packed rows: cu_seqlens_k_new counts them)
+  s.cu_seqlens_k_new = p.cu_seqlens_k_new;
+  s.total_k_new = p.total_k_new;
   return FLASHCORE_SUCCESS;
 }
 

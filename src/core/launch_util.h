@@ -49,11 +49,13 @@ flashcore_status prepare_kernel(const void* kernel, int device, int smem_bytes, 
 // grid of m_blocks query blocks per slice.
 void tile_order(const flashcore_attention_params& p, int64_t m_blocks, int& num_slices, int& section_slices);
 
-// The call's serving layouts as the kernels read them (every field but seqused_k_add, which the append sets).
+// The call's serving layouts as the kernels read them (every field but seqused_k_add and cu_seqlens_k_new / total_k_new,
+// which the append sets).
 void set_serving_layout(kernels::ServingLayout& s, const flashcore_attention_params& p);
 
 // A call with k_new / v_new: launch the append of the new rows into the cache on `stream` (before the forward, which
-// then reads seqlen_new more keys per sequence: s.seqused_k_add). Any backend; nothing to do without k_new.
+// then reads seqlen_new more keys per sequence, s.seqused_k_add, or its packed count, s.cu_seqlens_k_new). Any backend;
+// nothing to do without k_new.
 flashcore_status append_new_kv(const flashcore_attention_params& p, int device, cudaStream_t stream,
                                kernels::ServingLayout& s, std::string& error);
 

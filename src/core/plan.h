@@ -66,6 +66,9 @@ struct Plan {
   bool lse_shift = false;        // precision = INT8 with an LSE: the shift launch after the kernel
   SplitKv split;
   WorkspaceLayout workspace;
+  // Rotary embedding on append (flashcore.h rotary_cos): the rotated Q's offset in the workspace, after the backend's
+  // bytes (workspace.bytes counts it); the rotation launch runs before the backend's (api/backend.cpp).
+  size_t rotary_q = 0;
 };
 
 // One backend's view of a compiled kernel, for listings.

@@ -23,7 +23,7 @@ using flashcore::test::HostBuffer;
 TEST(HeadDimVAbi, LayoutOfTheFieldSince07) {
   EXPECT_EQ(size_t{FLASHCORE_ATTENTION_PARAMS_V6_SIZE}, 688u);
   EXPECT_EQ(offsetof(flashcore_attention_params, head_dim_v), size_t{FLASHCORE_ATTENTION_PARAMS_V6_SIZE});
-  EXPECT_EQ(sizeof(flashcore_attention_params), 696u);
+  EXPECT_EQ(size_t{FLASHCORE_ATTENTION_PARAMS_V7_SIZE}, 696u);  // the 0.7 layout ends with it
   EXPECT_GE(FLASHCORE_VERSION_MINOR, 7);
   flashcore_attention_params p;
   std::memset(&p, 0x5A, sizeof(p));

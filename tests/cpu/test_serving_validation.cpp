@@ -216,7 +216,8 @@ TEST_F(ServingValidation, TotalWithoutCuSeqlens) {
 
 // ---- block_table and its fields ----
 TEST_F(ServingValidation, BadPageSize) {
-  for (int64_t page : {int64_t{0}, int64_t{-16}, int64_t{8}, int64_t{24}, int64_t{100}, int64_t{65536 + 16},
+  // (Since 0.8 every size in [1, 65536] is a page: 8, 24 or 100 validate.)
+  for (int64_t page : {int64_t{0}, int64_t{-16}, int64_t{-1}, int64_t{65536 + 16}, int64_t{65537},
                        int64_t{131072}, std::numeric_limits<int64_t>::max()}) {
     SCOPED_TRACE(page);
     paged(16);

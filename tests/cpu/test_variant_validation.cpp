@@ -538,12 +538,13 @@ TEST_F(VariantValidation, NewerCallersZeroTailIsAcceptedWithVariants) {
   EXPECT_NE(std::string(flashcore_last_error()).find("softcap"), std::string::npos) << flashcore_last_error();
 }
 
-// Sizes between the 0.4, 0.5, 0.6 and current layouts are not layouts: rejected, naming the accepted ones.
+// Sizes between the 0.4, 0.5, 0.6, 0.7 and current layouts are not layouts: rejected, naming the accepted ones.
 TEST_F(VariantValidation, SizesBetweenV4AndCurrentAreRejected) {
-  EXPECT_EQ(sizeof(flashcore_attention_params), 696u) << "the sizes below assume the 0.7 layout";
+  EXPECT_EQ(sizeof(flashcore_attention_params), 784u) << "the sizes below assume the 0.8 layout";
   for (uint32_t size : {uint32_t{649}, uint32_t{652}, uint32_t{656}, uint32_t{664}, uint32_t{672}, uint32_t{676},
                         uint32_t{679}, uint32_t{681}, uint32_t{684}, uint32_t{687}, uint32_t{689}, uint32_t{692},
-                        uint32_t{695}}) {
+                        uint32_t{695}, uint32_t{697}, uint32_t{704}, uint32_t{712}, uint32_t{720}, uint32_t{728},
+                        uint32_t{735}, uint32_t{736}, uint32_t{744}, uint32_t{760}, uint32_t{776}, uint32_t{783}}) {
     SCOPED_TRACE(size);
     std::vector<unsigned char> buf(sizeof(flashcore_attention_params) + 64, 0);
     std::memcpy(buf.data(), &p, sizeof(p));
@@ -555,6 +556,7 @@ TEST_F(VariantValidation, SizesBetweenV4AndCurrentAreRejected) {
     EXPECT_NE(message.find("648 (the 0.4 layout)"), std::string::npos) << message;
     EXPECT_NE(message.find("680 (the 0.5 layout)"), std::string::npos) << message;
     EXPECT_NE(message.find("688 (the 0.6 layout)"), std::string::npos) << message;
+    EXPECT_NE(message.find("696 (the 0.7 layout)"), std::string::npos) << message;
   }
 }
 

@@ -6,6 +6,20 @@
 
 namespace flashcore::kernels {
 
+RotaryParams rotary_params(const flashcore_attention_params& p) {
+  RotaryParams r{};
+  if (p.rotary_cos == nullptr) return r;
+  r.cos = p.rotary_cos;
+  r.sin = p.rotary_sin;
+  r.seqlens = p.rotary_seqlens;
+  r.seqused_k = p.seqused_k;
+  r.seqlen = p.rotary_seqlen;
+  r.dim = p.rotary_dim;
+  r.interleaved = p.rotary_interleaved;
+  r.bf16 = p.dtype == FLASHCORE_DTYPE_BF16 ? 1 : 0;
+  return r;
+}
+
 cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_table_stride, int sms,
                           cudaStream_t stream) {
   const int64_t elem = dtype_size(p.dtype);
@@ -29,12 +43,18 @@ cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_tab
   a.page_size = p.page_size;
   a.num_pages = p.num_pages;
   a.capacity = p.seqlen_k;
-  a.rows = p.batch * p.seqlen_new * p.num_heads_kv;
-  a.seqlen_new = static_cast<int>(p.seqlen_new);
+  a.kv_batch_idx = p.kv_batch_idx;
+  a.kv_batch_size = p.kv_batch_size;
+  a.cu_seqlens_k_new = p.cu_seqlens_k_new;
+  a.total_k_new = p.total_k_new;
+  a.batch = static_cast<int>(p.batch);
+  a.rows = (p.cu_seqlens_k_new != nullptr ? p.total_k_new : p.batch * p.seqlen_new) * p.num_heads_kv;
+  a.seqlen_new = static_cast<int>(p.seqlen_new > 0 ? p.seqlen_new : 1);  // (unused with packed rows)
   a.heads = static_cast<int>(p.num_heads_kv);
   a.units[0] = static_cast<int>(p.head_dim * elem / 16);
   a.units[1] = static_cast<int>(core::head_dim_v(p) * elem / 16);
   a.row_units = a.units[0] > a.units[1] ? a.units[0] : a.units[1];
+  a.rotary = rotary_params(p);
 
   const int64_t blocks = (a.rows * a.row_units + 255) / 256;
   const int64_t cap = int64_t{sms > 0 ? sms : 1} * 8;  // grid-stride beyond a few waves

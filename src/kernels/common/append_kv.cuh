@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/append_params.h"
+#include "kernels/common/rotary.cuh"
 
 namespace flashcore::kernels {
 
@@ -14,15 +15,33 @@ __global__ void __launch_bounds__(256) flashcore_append_kv(const __grid_constant
     const int64_t row = i / a.row_units;
     const int unit = static_cast<int>(i - row * a.row_units);
     const int head = static_cast<int>(row % a.heads);
-    const int64_t bt = row / a.heads;
-    const int t = static_cast<int>(bt % a.seqlen_new);
-    const int64_t b = bt / a.seqlen_new;
+    const int64_t bt = row / a.heads;  // the new row: (b, t), or packed row bt
+    int64_t b, t, src_b, src_row;  // sequence, its new row, and where that row is in k_new / v_new
+    if (a.cu_seqlens_k_new != nullptr) {
+      b = packed_owner(a.cu_seqlens_k_new, a.batch, a.total_k_new, bt);
+      const int64_t first = a.cu_seqlens_k_new[b], next = a.cu_seqlens_k_new[b + 1];
+      const int64_t row0 = first < 0 ? 0 : (first > a.total_k_new ? a.total_k_new : first);
+      t = bt - row0;
+      if (t < 0 || bt >= (next > a.total_k_new ? a.total_k_new : next)) continue;  // garbage offsets
+      src_b = 0;
+      src_row = bt;
+    } else {
+      t = bt % a.seqlen_new;
+      b = bt / a.seqlen_new;
+      src_b = b;
+      src_row = t;
+    }
+    int64_t slot = b;
+    if (a.kv_batch_idx != nullptr) {
+      slot = a.kv_batch_idx[b];
+      if (slot < 0 || slot >= a.kv_batch_size) continue;  // the sequence has no cache slot: no append
+    }
     const int64_t used = a.seqused_k[b];
     const int64_t pos = (used < 0 ? 0 : (used > a.capacity ? a.capacity : used)) + t;
     if (pos >= a.capacity) continue;
-    int64_t entry = b, dst_row = pos;
+    int64_t entry = slot, dst_row = pos;
     if (a.block_table != nullptr) {
-      entry = a.block_table[b * a.block_table_stride + pos / a.page_size];
+      entry = a.block_table[slot * a.block_table_stride + pos / a.page_size];
       if (entry < 0 || entry >= a.num_pages) continue;
       dst_row = pos % a.page_size;
     }
@@ -31,9 +50,13 @@ __global__ void __launch_bounds__(256) flashcore_append_kv(const __grid_constant
       if (unit >= a.units[tensor]) continue;  // V's rows are shorter than K's (head_dim_v < head_dim), or longer
       const int64_t* ss = a.src_stride[tensor];
       const int64_t* ds = a.dst_stride[tensor];
-      const uint4 value =
-          *reinterpret_cast<const uint4*>(a.src[tensor] + b * ss[0] + t * ss[1] + head * ss[2] + unit * 16);
-      *reinterpret_cast<uint4*>(a.dst[tensor] + entry * ds[0] + dst_row * ds[1] + head * ds[2] + unit * 16) = value;
+      const char* src = a.src[tensor] + src_b * ss[0] + src_row * ss[1] + head * ss[2];
+      char* dst = a.dst[tensor] + entry * ds[0] + dst_row * ds[1] + head * ds[2];
+      // The new keys' rotary embedding, at the row's position from the sequence's length before the append.
+      if (tensor == 0 && a.rotary.cos != nullptr && rotate_unit(a.rotary, rotary_row(a.rotary, b, t), unit, src, dst)) {
+        continue;
+      }
+      *reinterpret_cast<uint4*>(dst + unit * 16) = *reinterpret_cast<const uint4*>(src + unit * 16);
     }
   }
 }

@@ -59,20 +59,20 @@ __device__ __forceinline__ bool any_nonfinite(Get get) {
   return acc[0] != acc[0];
 }
 
-// Key `key` of the tile's sequence in K or V at KV head `head`: a dense batch entry, the packed tensor's row, or the
-// block table's page; nullptr for a page id outside [0, num_pages), which the kernels' loads read as zeros.
+// Key `key` of the tile's sequence in K or V at KV head `head`: a dense batch entry (the sequence's cache slot, its
+// keys from row k_row0: left padding), the packed tensor's row, or the block table's page; nullptr for a page id
+// outside [0, num_pages), which the kernels' loads read as zeros.
 template <class T>
 __device__ __forceinline__ const T* kv_row(const ServingLayout& sl, const TensorRef& t, const Tile& tile, int64_t key,
                                            int head) {
-  int64_t entry = tile.batch, row = key;
+  int64_t entry = tile.kv_batch, row = tile.seq.k_row0 + key;
   if (sl.block_table != nullptr) {
-    entry = __ldg(sl.block_table + static_cast<int64_t>(tile.batch) * sl.block_table_stride +
+    entry = __ldg(sl.block_table + static_cast<int64_t>(tile.kv_batch) * sl.block_table_stride +
                   page_entry(sl, static_cast<int>(key)));
     if (entry < 0 || entry >= sl.num_pages) return nullptr;
     row = row_in_page(sl, static_cast<int>(key));
   } else if (sl.cu_seqlens_k != nullptr) {
     entry = 0;
-    row = tile.seq.k_row0 + key;
   }
   return static_cast<const T*>(t.ptr) + entry * t.batch_stride + row * t.seq_stride + head * t.head_stride;
 }

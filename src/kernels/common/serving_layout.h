@@ -11,9 +11,20 @@ struct ServingLayout {
   // seqlen_k for every b.
   const int32_t* seqused_k;
   int seqused_k_add;  // k_new's rows appended by this call before the attention: seqused_k[b] + seqused_k_add keys
+  // Packed appends (flashcore.h cu_seqlens_k_new): sequence b appended cu[b+1] - cu[b] rows (clamped to
+  // [0, total_k_new]) instead of seqused_k_add; set with it by the append. nullptr: seqused_k_add.
+  const int32_t* cu_seqlens_k_new;
+  int64_t total_k_new;
+  // A cache slot per sequence (flashcore.h kv_batch_idx): K/V entry (or block-table row) kv_batch_idx[b]; outside
+  // [0, kv_batch_size) the sequence has no key. nullptr: entry b.
+  const int32_t* kv_batch_idx;
+  int64_t kv_batch_size;
+  // Left padding of a dense cache (flashcore.h leftpad_k): sequence b's keys start at row leftpad_k[b]. nullptr: 0.
+  const int32_t* leftpad_k;
   // Packed batches: sequence b's rows are [cu[b], cu[b+1]) of the packed tensor (one batch entry of total rows);
   // entries are clamped to [0, total]. nullptr: dense.
   const int32_t* cu_seqlens_q;
+  const int32_t* seqused_q;  // with cu_seqlens_q: sequence b's first seqused_q[b] rows only (clamped); nullptr: all
   const int32_t* cu_seqlens_k;
   int64_t total_q, total_k;
   // Paged K/V: key j of sequence b is row j % page_size of page block_table[b * stride + j / page_size]; K and V's

@@ -18,6 +18,9 @@ struct Tile {
   int splits = 1;
   int64_t part0 = 0;
   int64_t counter = 0;
+  // K's and V's batch entry (a dense cache) or block-table row (a paged one): batch, or the call's kv_batch_idx[batch]
+  // (ServingLayout::kv_batch_idx). (Last: placed after `batch`, the field tipped a portable d64 row into spilling.)
+  int kv_batch = 0;
 };
 
 // The tile's sequence with the call's window (the causal rows' masks; VariantParams), in the rows that take one
@@ -51,6 +54,7 @@ __device__ __forceinline__ Tile decode_dense_tile(const Params& p, int tile_idx)
   }
   t.head = hb % p.num_heads_q;
   t.batch = hb / p.num_heads_q;
+  t.kv_batch = t.batch;
   t.m_block = Cfg::kCausal ? p.num_m_blocks - 1 - m_idx : m_idx;
   t.seq.seqlen_q = p.seqlen_q;
   t.seq.seqlen_k = p.seqlen_k;
@@ -67,23 +71,49 @@ __device__ __forceinline__ void packed_sequence(const int32_t* cu, int64_t total
   len = clamp64(cu[batch + 1], row0, total) - row0;
 }
 
+// A KV cache's keys for sequence t.batch (seqused_k given): its count, seqused_k[b] plus the rows this call appended
+// (clamped to seqlen_k); its cache slot (kv_batch_idx: an entry outside [0, kv_batch_size) leaves no key); its left
+// padding (leftpad_k: the keys start at row leftpad_k[b] of the cache, and the masks count from there).
+template <class Params>
+__device__ __forceinline__ void cache_keys(const Params& p, Tile& t) {
+  int64_t added = p.seqused_k_add;
+  if (p.cu_seqlens_k_new != nullptr) {
+    int64_t first;
+    packed_sequence(p.cu_seqlens_k_new, p.total_k_new, t.batch, first, added);
+  }
+  int64_t used = clamp64(p.seqused_k[t.batch], 0, t.seq.seqlen_k) + added;
+  used = used < t.seq.seqlen_k ? used : t.seq.seqlen_k;
+  if (p.kv_batch_idx != nullptr) {
+    const int entry = p.kv_batch_idx[t.batch];
+    const bool valid = entry >= 0 && entry < p.kv_batch_size;
+    t.kv_batch = valid ? entry : 0;
+    if (!valid) used = 0;
+  }
+  if (p.leftpad_k != nullptr) {
+    const int64_t pad = clamp64(p.leftpad_k[t.batch], 0, used);
+    t.seq.k_row0 += pad;
+    used -= pad;
+  }
+  t.seq.seqlen_k = used;
+}
+
 // A tile of a batch in any layout: query block, head and sequence from the index (the grid covers the longest
 // sequence, p.seqlen_q rows, for every sequence); the sequence's rows and lengths from cu_seqlens (packed tensors)
-// and seqused_k (a KV cache's lengths). A query block past its sequence's end visits no key and stores nothing.
-// kServing false: dense batches only (kernels without the packed paths). Params: a backend's kernel parameters with
-// the serving fields of flashcore.h (cu_seqlens_q/k, total_q/k, seqused_k, seqused_k_add).
+// and seqused_k (a KV cache's lengths, slots and left padding: cache_keys). A query block past its sequence's end
+// visits no key and stores nothing. kServing false: dense batches only (kernels without the packed paths). Params: a
+// backend's kernel parameters with the serving fields of flashcore.h (ServingLayout).
 template <class Cfg, bool kServing, class Params>
 __device__ __forceinline__ Tile decode_cache_tile(const Params& p, int tile_idx) {
   Tile t = decode_dense_tile<Cfg>(p, tile_idx);
   const bool varlen_q = kServing && p.cu_seqlens_q != nullptr;
   const bool varlen_k = kServing && p.cu_seqlens_k != nullptr;
   if (!varlen_q && !varlen_k && p.seqused_k == nullptr) return t;
-  if (varlen_q) packed_sequence(p.cu_seqlens_q, p.total_q, t.batch, t.seq.q_row0, t.seq.seqlen_q);
-  if (varlen_k) packed_sequence(p.cu_seqlens_k, p.total_k, t.batch, t.seq.k_row0, t.seq.seqlen_k);
-  if (p.seqused_k != nullptr) {
-    const int64_t used = clamp64(p.seqused_k[t.batch], 0, t.seq.seqlen_k) + p.seqused_k_add;
-    t.seq.seqlen_k = used < t.seq.seqlen_k ? used : t.seq.seqlen_k;
+  if (varlen_q) {
+    packed_sequence(p.cu_seqlens_q, p.total_q, t.batch, t.seq.q_row0, t.seq.seqlen_q);
+    if (p.seqused_q != nullptr) t.seq.seqlen_q = clamp64(p.seqused_q[t.batch], 0, t.seq.seqlen_q);
   }
+  if (varlen_k) packed_sequence(p.cu_seqlens_k, p.total_k, t.batch, t.seq.k_row0, t.seq.seqlen_k);
+  if (p.seqused_k != nullptr) cache_keys(p, t);
   t.keys = key_range(windowed<Cfg>(t.seq, p), t.m_block, Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal);
   if (static_cast<int64_t>(t.m_block) * Cfg::kBlockM >= t.seq.seqlen_q) t.keys = KeyRange{};
   return t;

@@ -91,7 +91,7 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   // Packed (varlen) tensors are one batch entry of total rows (the sequence's rows start at q_row0 / k_row0); a paged
   // K/V's batch entries are its pages (loads.cuh, PagedRows).
   const uint8_t* q_slice = slice_base<Cfg>(p.q, p.cu_seqlens_q != nullptr ? 0 : tile.batch, tile.head);
-  const int kv_entry = p.cu_seqlens_k != nullptr || p.block_table != nullptr ? 0 : tile.batch;
+  const int kv_entry = p.cu_seqlens_k != nullptr || p.block_table != nullptr ? 0 : tile.kv_batch;  // its cache slot
   const uint8_t* k_slice = slice_base<Cfg>(p.k, kv_entry, kv_head);
   const uint8_t* v_slice = slice_base<Cfg>(p.v, kv_entry, kv_head);
   const int64_t q_row0 = tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM;
@@ -99,7 +99,7 @@ __device__ __forceinline__ void mainloop(const FwdParams& p, const Tile& tile, u
   const int64_t k_end = tile.seq.k_row0 + tile.seq.seqlen_k;
   // A paged K/V: rows through the block table (the sequence's keys start at row 0; loads.cuh, PagedRows).
   const int32_t* table =  // (no arithmetic on a null table)
-      p.block_table != nullptr ? p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride : nullptr;
+      p.block_table != nullptr ? p.block_table + static_cast<int64_t>(tile.kv_batch) * p.block_table_stride : nullptr;
   const PagedRows k_pages{table, p.k.batch_stride * Cfg::kElemBytes, &p};
   const PagedRows v_pages{table, p.v.batch_stride * Cfg::kElemBytes, &p};
   // K and V tiles load in strictly decreasing key-block order, each block once: a cursor per tensor holds this

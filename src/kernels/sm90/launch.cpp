@@ -43,7 +43,8 @@ flashcore_status encode_maps(const core::Plan& plan, const KernelRow& row, const
   const bool paged = p.block_table != nullptr;
   const int64_t q_rows = varlen_q ? p.total_q : p.seqlen_q, q_entries = varlen_q ? 1 : p.batch;
   const int64_t kv_rows = varlen_k ? p.total_k : (paged ? p.page_size : p.seqlen_k);
-  const int64_t kv_entries = varlen_k ? 1 : (paged ? p.num_pages : p.batch);
+  const int64_t kv_entries =  // (a dense cache with a slot per sequence: its kv_batch_size entries)
+      varlen_k ? 1 : (paged ? p.num_pages : (p.kv_batch_idx != nullptr ? p.kv_batch_size : p.batch));
   // A paged slice's TMA box (tile_shape.h paged_box_rows, the box producer.cuh issues).
   const int kv_box = paged ? paged_box_rows(kv_box_rows(row.shape), slice_rows) : kv_box_rows(row.shape);
   const bool eight_bit = is_8bit(row.dtype);

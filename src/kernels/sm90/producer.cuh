@@ -64,7 +64,7 @@ using kernels::row_in_page;
 __device__ __forceinline__ int32_t page_of(const FwdParams& p, const Tile& tile, int key) {
   if (key >= tile.seq.seqlen_k) return p.num_pages;
   const int32_t page =
-      __ldg(p.block_table + static_cast<int64_t>(tile.batch) * p.block_table_stride + page_entry(p, key));
+      __ldg(p.block_table + static_cast<int64_t>(tile.kv_batch) * p.block_table_stride + page_entry(p, key));
   return page < 0 || page >= p.num_pages ? p.num_pages : page;
 }
 
@@ -207,9 +207,10 @@ struct Producer {
       return;
     }
     const int kv_head = tile.head / p.head_ratio;
-    // A packed tensor's map has one batch entry: the sequence is a row offset (SeqInfo::q_row0 / k_row0).
+    // A packed tensor's map has one batch entry: the sequence is a row offset (SeqInfo::q_row0 / k_row0). A KV
+    // cache's entry is the sequence's slot (Tile::kv_batch).
     const int q_batch = kServingLayouts<Cfg> && p.cu_seqlens_q != nullptr ? 0 : tile.batch;
-    const int kv_batch = kServingLayouts<Cfg> && p.cu_seqlens_k != nullptr ? 0 : tile.batch;
+    const int kv_batch = kServingLayouts<Cfg> && p.cu_seqlens_k != nullptr ? 0 : tile.kv_batch;
     tma_load_tile<Cfg, Cfg::kQChunkBytes, Cfg::kBlockM, Cfg::kBlockM>(
         &p.tma_q, smem + Cfg::kSmemQOffset + q_state.stage * Cfg::kQBytes, bars.q.commit_tx(q_state, Cfg::kQBytes),
         tile.seq.q_row0 + static_cast<int64_t>(tile.m_block) * Cfg::kBlockM, tile.head, q_batch);

@@ -36,7 +36,12 @@ inline constexpr bool kPageWarp = kPagedLayout<Cfg> && fetches_pages(Cfg::kShape
 
 template <class Cfg>
 __device__ __forceinline__ Tile decode_cache_tile(const FwdParams& p, int tile_idx) {
-  return kernels::decode_cache_tile<Cfg, kServingLayouts<Cfg>>(p, tile_idx);
+  // 8-bit rows take no KV cache either (the host refuses seqused_k with 8-bit inputs and precisions): dense tiles.
+  if constexpr (Cfg::kElemBytes == 1) {
+    return kernels::decode_dense_tile<Cfg>(p, tile_idx);
+  } else {
+    return kernels::decode_cache_tile<Cfg, kServingLayouts<Cfg>>(p, tile_idx);
+  }
 }
 
 template <class Cfg>
