@@ -23,7 +23,7 @@ LIBRARY_FILE = "libflashcore.so"
 # The package version, and the version of the header these bindings mirror (FLASHCORE_VERSION_* of
 # include/flashcore/flashcore.h, the single source: tests/test_abi.py holds this line to it). pyproject.toml and
 # flashcore.__version__ read it from here. The loaded library must share the major.
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 ABI_VERSION = tuple(int(part) for part in __version__.split("."))
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,6 +116,7 @@ ATTENTION_PARAMS_V3_SIZE = 480  # FLASHCORE_ATTENTION_PARAMS_V3_SIZE: a 0.3 libr
 ATTENTION_PARAMS_V4_SIZE = 648  # FLASHCORE_ATTENTION_PARAMS_V4_SIZE: a 0.4 library's struct_size
 ATTENTION_PARAMS_V5_SIZE = 680  # FLASHCORE_ATTENTION_PARAMS_V5_SIZE: a 0.5 library's struct_size
 ATTENTION_PARAMS_V6_SIZE = 688  # FLASHCORE_ATTENTION_PARAMS_V6_SIZE: a 0.6 library's struct_size
+ATTENTION_PARAMS_V7_SIZE = 696  # FLASHCORE_ATTENTION_PARAMS_V7_SIZE: a 0.7 library's struct_size
 CAPABILITIES_V1_SIZE = 216  # FLASHCORE_CAPABILITIES_V1_SIZE
 # sizeof(flashcore_capabilities) of 0.2 to 0.6 libraries (everything up to device_backend; no header macro): what such
 # a library accepts at most, since it refuses a struct_size larger than its own.
@@ -220,6 +221,13 @@ class AttentionParamsStruct(ctypes.Structure):
         # Since 0.7: V's and O's head dim where it differs from Q's and K's (a 0.6 library is passed struct_size
         # ATTENTION_PARAMS_V6_SIZE and never reads it; Library.set_head_dim_v refuses to set it for it). 0: head_dim.
         ("head_dim_v", ctypes.c_int64),
+        # Since 0.8: FlashAttention's serving arguments of flash_attn_with_kvcache (a 0.7 library is passed struct_size
+        # ATTENTION_PARAMS_V7_SIZE and never reads these; Library.set_kvcache_serving refuses to set them for it).
+        ("kv_batch_idx", ctypes.c_void_p),  # const int32_t* (device, batch): cache_batch_idx; NULL: entry b
+        ("kv_batch_size", ctypes.c_int64),  # K's / V's batch extent (dense) or block_table's rows (paged) with it
+        ("leftpad_k", ctypes.c_void_p),  # const int32_t* (device, batch): cache_leftpad; NULL: 0 (dense caches only)
+        ("cu_seqlens_k_new", ctypes.c_void_p),  # const int32_t* (device, batch + 1): packed k_new / v_new rows
+        ("total_k_new", ctypes.c_int64),  # rows of the packed k_new / v_new; > 0 with cu_seqlens_k_new
     ]
 
 
@@ -442,13 +450,14 @@ class Library:
                 f"{'.'.join(map(str, ABI_VERSION))} (the major versions must match)"
             )
         # The struct_size to pass: the library reports its own (capabilities.params_struct_size, since 0.2). A
-        # library as new as this mirror or newer accepts the mirror's size; a 0.6 (0.5, 0.4, 0.3, 0.2, 0.1) library
-        # takes the 0.6 (0.5, ...) layout, which is the mirror's prefix: it never reads the fields added later, and the
-        # bindings never set them for it (has_params_field, set_variants, set_dsinks, set_head_dim_v).
+        # library as new as this mirror or newer accepts the mirror's size; a 0.7 (0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+        # library takes the 0.7 (0.6, ...) layout, which is the mirror's prefix: it never reads the fields added later,
+        # and the bindings never set them for it (has_params_field, set_variants, set_dsinks, set_head_dim_v,
+        # set_kvcache_serving).
         mirror = ctypes.sizeof(AttentionParamsStruct)
         library_size = self._raw_capabilities().params_struct_size or ATTENTION_PARAMS_V1_SIZE
-        older = (ATTENTION_PARAMS_V6_SIZE, ATTENTION_PARAMS_V5_SIZE, ATTENTION_PARAMS_V4_SIZE, ATTENTION_PARAMS_V3_SIZE,
-                 ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE)
+        older = (ATTENTION_PARAMS_V7_SIZE, ATTENTION_PARAMS_V6_SIZE, ATTENTION_PARAMS_V5_SIZE, ATTENTION_PARAMS_V4_SIZE,
+                 ATTENTION_PARAMS_V3_SIZE, ATTENTION_PARAMS_V2_SIZE, ATTENTION_PARAMS_V1_SIZE)
         if library_size >= mirror:
             self.params_struct_size = mirror
         elif library_size in older:
@@ -458,8 +467,9 @@ class Library:
                 f"FlashCore: ABI mismatch with {path}: it reports sizeof(flashcore_attention_params) = "
                 f"{library_size}, neither the 0.1 ({ATTENTION_PARAMS_V1_SIZE}), the 0.2 ({ATTENTION_PARAMS_V2_SIZE}), "
                 f"the 0.3 ({ATTENTION_PARAMS_V3_SIZE}), the 0.4 ({ATTENTION_PARAMS_V4_SIZE}), the 0.5 "
-                f"({ATTENTION_PARAMS_V5_SIZE}) nor the 0.6 layout ({ATTENTION_PARAMS_V6_SIZE}) nor at least this "
-                f"mirror's {mirror}; rebuild the library or update the bindings"
+                f"({ATTENTION_PARAMS_V5_SIZE}), the 0.6 ({ATTENTION_PARAMS_V6_SIZE}) nor the 0.7 layout "
+                f"({ATTENTION_PARAMS_V7_SIZE}) nor at least this mirror's {mirror}; rebuild the library or update the "
+                f"bindings"
             )
         probe = self.new_params()
         strides = (probe.q_strides, probe.k_strides, probe.v_strides, probe.o_strides)
@@ -561,7 +571,8 @@ class Library:
         0.2 (out_dtype lies in the 0.1 struct's tail padding, which it ignores), a 0.2 library none of those since 0.3
         (descales, precision), a 0.3 library none of those since 0.4 (the backward's), a 0.4 library none of those
         since 0.5 (the variants: local, window sizes, softcap, sinks, attention_chunk), a 0.5 library none of those
-        since 0.6 (dsinks), a 0.6 library none of those since 0.7 (head_dim_v)."""
+        since 0.6 (dsinks), a 0.6 library none of those since 0.7 (head_dim_v), a 0.7 library none of those since 0.8
+        (kv_batch_idx, kv_batch_size, leftpad_k, cu_seqlens_k_new, total_k_new)."""
         known = {
             ATTENTION_PARAMS_V1_SIZE: AttentionParamsStruct.out_dtype.offset,
         }.get(self.params_struct_size, self.params_struct_size)
@@ -667,6 +678,47 @@ class Library:
                 f"predates head_dim_v: a 0.7 library or newer is needed (older ones take one head dim for q, k and v)"
             )
         params.head_dim_v = head_dim_v
+        return params
+
+    # -- FlashAttention's serving arguments (since 0.8) ----------------------------------------------------------------
+
+    def has_kvcache_serving(self) -> bool:
+        """Whether the loaded library reads the 0.8 serving fields: kv_batch_idx / kv_batch_size (cache_batch_idx),
+        leftpad_k (cache_leftpad), cu_seqlens_k_new / total_k_new (packed appends)."""
+        return self.has_params_field("total_k_new")
+
+    # The C fields of 0.8 and the FlashAttention argument each serves (what a refusal names).
+    KVCACHE_SERVING_ARGUMENTS = {"kv_batch_idx": "cache_batch_idx", "leftpad_k": "cache_leftpad",
+                                 "cu_seqlens_k_new": "cu_seqlens_k_new"}
+
+    def set_kvcache_serving(self, params: AttentionParamsStruct, *, kv_batch_idx: int = 0, kv_batch_size: int = 0,
+                            leftpad_k: int = 0, cu_seqlens_k_new: int = 0,
+                            total_k_new: int = 0) -> AttentionParamsStruct:
+        """Set the 0.8 serving fields of `params`: kv_batch_idx (the device address of int32 (batch,) cache slots,
+        FlashAttention's cache_batch_idx) with kv_batch_size (the cache's batch extent, or block_table's rows),
+        leftpad_k (int32 (batch,), cache_leftpad), cu_seqlens_k_new (int32 (batch + 1,)) with total_k_new (rows of the
+        packed k_new / v_new). Addresses of 0 leave their fields untouched (for any library). A library older than 0.8
+        cannot read them: RuntimeError naming the argument and the version needed, before any call, rather than a
+        call that reads another sequence's cache, the padding, or the packed rows as (batch, seqlen_new) ones."""
+        wanted = [name for name, address in (("kv_batch_idx", kv_batch_idx), ("leftpad_k", leftpad_k),
+                                             ("cu_seqlens_k_new", cu_seqlens_k_new)) if address]
+        if not wanted:
+            return params
+        if not self.has_kvcache_serving():
+            name = wanted[0]
+            raise RuntimeError(
+                f"FlashCore: {self.KVCACHE_SERVING_ARGUMENTS[name]} ({name}) is set, but {self.path} (version "
+                f"{self.version_string()}, {self.params_struct_size}-byte flashcore_attention_params) predates it: a "
+                f"0.8 library or newer is needed"
+            )
+        if kv_batch_idx:
+            params.kv_batch_idx = kv_batch_idx
+            params.kv_batch_size = int(kv_batch_size)
+        if leftpad_k:
+            params.leftpad_k = leftpad_k
+        if cu_seqlens_k_new:
+            params.cu_seqlens_k_new = cu_seqlens_k_new
+            params.total_k_new = int(total_k_new)
         return params
 
     # -- attention variants (since 0.5) ----------------------------------------------------------------------------

@@ -502,12 +502,12 @@ def _check_no_8bit_head_dim_v(q: torch.Tensor, head_dim_v: int, precision: int) 
 # Strides: what the C ABI takes as is, and the copy otherwise.
 
 
-def abi_strides(t: torch.Tensor) -> Optional[Tuple[int, int, int, int]]:
+def abi_strides(t: torch.Tensor, check_pointer: bool = True) -> Optional[Tuple[int, int, int, int]]:
     """Element strides of a 4-D tensor as the C ABI wants them, or None if it cannot take the tensor as is.
 
     The ABI needs the last stride to be 1, the others positive multiples of 16 bytes (8 elements of 16-bit data,
     16 of float8_e4m3fn) and a 16-byte aligned pointer. The stride of a size-1 dimension is never used, so it is
-    replaced by one the ABI accepts."""
+    replaced by one the ABI accepts. check_pointer=False: the strides only (metadata, for fake tensors and tracing)."""
     align = max(1, 16 // t.element_size())
     sizes, strides = list(t.shape), list(t.stride())
     extent = 1 + sum(st * (sz - 1) for sz, st in zip(sizes, strides) if sz > 1)
@@ -517,7 +517,7 @@ def abi_strides(t: torch.Tensor) -> Optional[Tuple[int, int, int, int]]:
         strides[3] = 1
     if strides[3] != 1 or any(st <= 0 or st % align != 0 for st in strides[:3]):
         return None
-    if t.data_ptr() % 16 != 0:
+    if check_pointer and t.data_ptr() % 16 != 0:
         return None
     return (strides[0], strides[1], strides[2], strides[3])
 
@@ -543,7 +543,8 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
                   block_table=None, num_splits: int = 0, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                   descales: Tuple[Optional[torch.Tensor], ...] = (None, None, None),
-                  precision: int = _lib.PRECISION_NATIVE, variants: Optional[Variants] = None):
+                  precision: int = _lib.PRECISION_NATIVE, variants: Optional[Variants] = None, k_new=None, v_new=None,
+                  cu_seqlens_k_new=None, kv_batch_idx=None, leftpad_k=None):
     """The C params of one forward call on tensors the ABI takes as they are (see kernel_operand), without a
     workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
     per-sequence key counts (a KV cache's lengths).
@@ -567,7 +568,15 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
 
     variants (since 0.5): the window, softcap, sinks (a contiguous float32 (Hq,) device tensor) and attention_chunk,
     written by Library.set_variants, which refuses them for a library older than 0.5 (RuntimeError naming the
-    variant) instead of letting it run without them."""
+    variant) instead of letting it run without them.
+
+    Appends and the serving fields of 0.8 (written by Library.set_kvcache_serving, which refuses them for a library
+    older than 0.8, naming FlashAttention's argument):
+      - k_new, v_new: rows the library writes into k and v (the cache) before attending: (B, seqlen_new, Hkv, D), or
+        packed (total_k_new, Hkv, D) with cu_seqlens_k_new int32 (B + 1,).
+      - kv_batch_idx: int32 (B,), FlashAttention's cache_batch_idx: sequence b's cache is entry kv_batch_idx[b] of k's
+        and v's batch (dense) or row kv_batch_idx[b] of block_table (paged); kv_batch_size is that extent.
+      - leftpad_k: int32 (B,), FlashAttention's cache_leftpad (dense caches)."""
     varlen_q, varlen_k, paged = cu_seqlens_q is not None, cu_seqlens_k is not None, block_table is not None
     if varlen_k and paged:
         raise ValueError("FlashCore: cu_seqlens_k and block_table cannot be combined (a paged cache's lengths come "
@@ -633,6 +642,23 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
         lib.set_variants(params, causal=causal, window_size=(variants.window_size_left, variants.window_size_right),
                          softcap=variants.softcap, sinks=0 if sinks is None else sinks.data_ptr(),
                          attention_chunk=variants.attention_chunk)
+    if k_new is not None:
+        packed_new = cu_seqlens_k_new is not None
+        kn4, vn4 = (k_new.unsqueeze(0), v_new.unsqueeze(0)) if packed_new else (k_new, v_new)
+        new_strides = [abi_strides(t) for t in (kn4, vn4)]
+        if any(st is None for st in new_strides):
+            raise ValueError("FlashCore: kernel_params needs k_new / v_new the C ABI takes as they are (kernel_operand)")
+        params.k_new, params.v_new = kn4.data_ptr(), vn4.data_ptr()
+        for field, (batch_, seq, head, dim) in zip(("k_new_strides", "v_new_strides"), new_strides):
+            target = getattr(params, field)
+            target.batch, target.seq, target.head, target.dim = batch_, seq, head, dim
+        params.seqlen_new = 0 if packed_new else kn4.shape[1]
+    lib.set_kvcache_serving(
+        params, kv_batch_idx=0 if kv_batch_idx is None else kv_batch_idx.data_ptr(),
+        kv_batch_size=block_table.shape[0] if paged else k4.shape[0],
+        leftpad_k=0 if leftpad_k is None else leftpad_k.data_ptr(),
+        cu_seqlens_k_new=0 if cu_seqlens_k_new is None or k_new is None else cu_seqlens_k_new.data_ptr(),
+        total_k_new=0 if k_new is None else k_new.shape[0])
     return params
 
 
@@ -882,14 +908,19 @@ PAGE_SIZE_MULTIPLE = 16
 PAGE_SIZE_MAX = 65536
 
 
-def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor) -> None:
-    """A paged cache: block_table int32 (B, max_pages) on q's device; k_cache (num_pages, page_size, Hkv, D)."""
+def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, rows: Optional[int] = -1) -> None:
+    """A paged cache: block_table int32 (B, max_pages) on q's device; k_cache (num_pages, page_size, Hkv, D).
+    rows: the table's rows (-1: q's batch; None: any number >= 1, the cache slots cache_batch_idx picks from)."""
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"FlashCore: block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != q.shape[0]:
+    rows = q.shape[0] if rows == -1 else rows
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or (
+            block_table.shape[0] != rows if rows is not None else block_table.shape[0] < 1):
+        shape = f"(batch, max_pages_per_sequence) = ({rows}, *)" if rows is not None else \
+            "(cache slots >= 1, max_pages_per_sequence) (with cache_batch_idx)"
         raise ValueError(
-            f"FlashCore: block_table must be an int32 tensor of shape (batch, max_pages_per_sequence) = "
-            f"({q.shape[0]}, *), got {block_table.dtype} {tuple(block_table.shape)}"
+            f"FlashCore: block_table must be an int32 tensor of shape {shape}, got {block_table.dtype} "
+            f"{tuple(block_table.shape)}"
         )
     if block_table.device != q.device:
         raise ValueError(f"FlashCore: block_table is on {block_table.device}, q on {q.device}")
@@ -963,6 +994,235 @@ def _attention_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, soft
     _kvcache_inputs(q, k_cache, v_cache, cache_seqlens, block_table)
     _op_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     return _empty_outputs(q, return_lse, head_dim_v=v_cache.shape[3])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The KV cache with FlashAttention's serving arguments (since 0.8): cache_batch_idx, cache_leftpad, packed queries
+# (cu_seqlens_q) and packed appends (cu_seqlens_k_new). One library call does the append (k_new) and the attention:
+# an out-of-range cache_batch_idx entry must append nothing and packed rows are clamped on the device, which the
+# in-place torch indexing of the plain append cannot do without a host sync.
+
+
+def _check_sequence_vector(name: str, t, length: int, q: torch.Tensor, what: str = "(batch,)") -> None:
+    """An int32 device vector of `length` entries on q's device (per-sequence data the kernel reads)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"FlashCore: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"FlashCore: {name} must be an int32 tensor of shape {what} = ({length},), got {t.dtype} "
+                         f"{tuple(t.shape)}")
+    if t.device != q.device:
+        raise ValueError(f"FlashCore: {name} is on {t.device}, q on {q.device}")
+
+
+def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
+                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new) -> Tuple[int, int]:
+    """Checks (metadata only) for the KV-cache ops with the 0.8 arguments; returns (batch, key capacity per sequence).
+    q (B, Sq, Hq, D), or packed (total_q, Hq, D) with cu_seqlens_q (B + 1,). Dense cache (B, Sk, Hkv, D), or
+    (slots, Sk, Hkv, D) with cache_batch_idx; paged (num_pages, page_size, Hkv, D) with block_table (B, max_pages), or
+    (slots, max_pages) with cache_batch_idx. k_new, v_new: (B, Sn, Hkv, D / Dv), or packed (total_k_new, Hkv, D / Dv)
+    with cu_seqlens_k_new (B + 1,)."""
+    paged = block_table is not None
+    if cu_seqlens_q is not None:
+        if not isinstance(q, torch.Tensor) or q.dim() != 3:
+            raise ValueError(f"FlashCore: with cu_seqlens_q, q must be 3-D (total_q, num_heads, head_dim), got "
+                             f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+        _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
+        batch, q4 = cu_seqlens_q.shape[0] - 1, q.unsqueeze(0)
+    else:
+        if not isinstance(q, torch.Tensor) or q.dim() != 4:
+            raise ValueError(f"FlashCore: q must be 4-D (batch, seqlen, num_heads, head_dim) (3-D packed rows need "
+                             f"cu_seqlens_q), got {tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+        batch, q4 = q.shape[0], q
+    _check_inputs(q4, k_cache, v_cache, "bshd", kv_batch=False)
+    _check_sequence_vector("cache_seqlens", cache_seqlens, batch, q)
+    if cache_batch_idx is not None:
+        _check_sequence_vector("cache_batch_idx", cache_batch_idx, batch, q)
+    if paged:
+        _check_block_table(block_table, q4, k_cache, rows=None if cache_batch_idx is not None else batch)
+    elif cache_batch_idx is None and k_cache.shape[0] != batch:
+        raise ValueError(f"FlashCore: k_cache/v_cache must have q's batch size ({batch}) as their first dimension "
+                         f"(or pass cache_batch_idx to pick a cache slot per sequence), got {tuple(k_cache.shape)}")
+    elif cache_batch_idx is not None and k_cache.shape[0] < 1:
+        raise ValueError(f"FlashCore: cache_batch_idx picks among k_cache's slots, but k_cache has none: "
+                         f"{tuple(k_cache.shape)}")
+    if cache_leftpad is not None:
+        if paged:
+            raise ValueError("FlashCore: cache_leftpad takes a dense cache only: FlashCore's paged caches (block_table /"
+                             " page_table) take no left padding, as FlashAttention-2's")
+        _check_sequence_vector("cache_leftpad", cache_leftpad, batch, q)
+    if (k_new is None) != (v_new is None):
+        raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
+    if cu_seqlens_k_new is not None and k_new is None:
+        raise ValueError("FlashCore: cu_seqlens_k_new describes packed k and v to append: pass k and v with it")
+    if k_new is not None:
+        packed = cu_seqlens_k_new is not None
+        if packed:
+            _check_sequence_vector("cu_seqlens_k_new", cu_seqlens_k_new, batch + 1, q, "(batch + 1,)")
+        for name, new, cache in (("k", k_new, k_cache), ("v", v_new, v_cache)):
+            if packed:
+                ok = isinstance(new, torch.Tensor) and new.dim() == 3 and new.shape[1:] == cache.shape[2:]
+                want = f"packed (total_k_new, Hkv, {name}_cache's head dim) = (*, {cache.shape[2]}, {cache.shape[3]})" \
+                       " with cu_seqlens_k_new"
+            else:
+                ok = isinstance(new, torch.Tensor) and new.dim() == 4 and new.shape[0] == batch and \
+                    new.shape[2:] == cache.shape[2:]
+                want = f"(B, Sq_new, Hkv, {name}_cache's head dim) = ({batch}, *, {cache.shape[2]}, {cache.shape[3]})"
+                if isinstance(new, torch.Tensor) and new.dim() == 3:
+                    want += " (3-D packed rows need cu_seqlens_k_new)"
+            if not ok:
+                got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+                raise ValueError(f"FlashCore: {name} must be {want}, got {got}")
+            if new.dtype != cache.dtype:
+                raise TypeError(f"FlashCore: {name} must have {name}_cache's dtype {cache.dtype}, got {new.dtype}")
+            if new.device != q.device:
+                raise ValueError(f"FlashCore: {name} is on {new.device}, q on {q.device}")
+        if v_new.shape[:-1] != k_new.shape[:-1]:
+            raise ValueError(f"FlashCore: k and v must append as many rows, got {tuple(k_new.shape)} and "
+                             f"{tuple(v_new.shape)}")
+        _check_appendable(k_cache, v_cache, check_pointer=False)
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    return batch, capacity
+
+
+def _check_appendable(k_cache, v_cache, check_pointer: bool) -> None:
+    """The library appends into the caches the call passes it, so they must be passed as they are: a copy
+    (kernel_operand) would take the new rows instead of the caller's cache. check_pointer: also the 16-byte alignment
+    of their addresses (not on fake tensors)."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if abi_strides(cache, check_pointer) is None:
+            raise ValueError(f"FlashCore: {name} is appended to in place, so the kernel must take it as it is: its "
+                             f"last stride must be 1, the others positive multiples of 16 bytes and its address "
+                             f"16-byte aligned (got strides {tuple(cache.stride())})")
+
+
+def _kvcache_serving_outputs(q, v_cache, return_lse: bool, varlen_q: bool):
+    if varlen_q:
+        return _empty_varlen_outputs(q, return_lse, v_cache.shape[3])
+    return _empty_outputs(q, return_lse, head_dim_v=v_cache.shape[3])
+
+
+def _launch_kvcache_serving(lib: _lib.Library, q, k_cache, v_cache, out, lse, causal: bool, softmax_scale: float,
+                            seqused_k, *, block_table=None, num_splits: int = 0, variants=None, cache_batch_idx=None,
+                            cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q: int = 0, k_new=None, v_new=None,
+                            cu_seqlens_k_new=None) -> None:
+    """One library call: the append (k_new into the caches, in place) and the attention. k_cache / v_cache are passed
+    as they are when appended to (_kvcache_serving_inputs checked that the ABI takes them), else as kernel_operand
+    lays them out; q and the new rows likewise."""
+    if cu_seqlens_q is not None:
+        q = kernel_operand(q.unsqueeze(0))[0].squeeze(0)
+    else:
+        q = kernel_operand(q)[0]
+    if k_new is None:
+        k_cache, v_cache = (kernel_operand(t)[0] for t in (k_cache, v_cache))
+    elif cu_seqlens_k_new is not None:
+        k_new, v_new = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (k_new, v_new))
+    else:
+        k_new, v_new = (kernel_operand(t)[0] for t in (k_new, v_new))
+    params = kernel_params(lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, seqused_k,
+                           block_table=block_table, num_splits=num_splits, cu_seqlens_q=cu_seqlens_q,
+                           max_seqlen_q=max_seqlen_q, variants=variants, k_new=k_new, v_new=v_new,
+                           cu_seqlens_k_new=cu_seqlens_k_new, kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad)
+    _enqueue(lib, params, q.device)
+
+
+def _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
+                         num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
+                         cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new, cu_seqlens_k_new):
+    """The body of both serving ops (attention_kvcache_serving_fwd, attention_kvcache_serving_append_fwd)."""
+    varlen_q = cu_seqlens_q is not None
+    if varlen_q:
+        _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    _, capacity = _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx,
+                                          cache_leftpad, cu_seqlens_q, k_new, v_new, cu_seqlens_k_new)
+    heads_q = q.shape[-2]
+    variants = _op_variants(q, heads_q, window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    lib = _check_supported(q, q.shape[-1], v_cache.shape[3])
+    out, lse = _kvcache_serving_outputs(q, v_cache, return_lse, varlen_q)
+    if k_new is not None and k_new.shape[0] * k_new.shape[1] == 0:  # no row to append: the plain call
+        k_new = v_new = cu_seqlens_k_new = None
+    if k_new is not None:
+        _check_appendable(k_cache, v_cache, check_pointer=True)
+    max_q = min(max_seqlen_q, q.shape[0]) if varlen_q else q.shape[1]
+    if out.numel() == 0 or max_q == 0:
+        if k_new is not None:
+            raise ValueError("FlashCore: q has no row, so no kernel runs and k, v would not be appended; append with a "
+                             "call that has queries")
+        return out, lse
+    if capacity == 0:  # no key can be seen (appended rows past the capacity are dropped: flashcore.h)
+        _fill_rows_without_keys(out, lse, variants, heads_axis=0 if varlen_q else 1)
+        return out, lse
+    _launch_kvcache_serving(
+        lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, cache_seqlens.contiguous(),
+        block_table=None if block_table is None else block_table_operand(block_table), num_splits=num_splits,
+        variants=_launch_variants(variants).get("variants"),
+        cache_batch_idx=None if cache_batch_idx is None else cache_batch_idx.contiguous(),
+        cache_leftpad=None if cache_leftpad is None else cache_leftpad.contiguous(),
+        cu_seqlens_q=None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), max_seqlen_q=max_q,
+        k_new=k_new, v_new=v_new,
+        cu_seqlens_k_new=None if cu_seqlens_k_new is None else cu_seqlens_k_new.contiguous())
+    return out, lse
+
+
+@torch.library.custom_op("flashcore::attention_kvcache_serving_fwd", mutates_args=())
+def attention_kvcache_serving_fwd(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
+    softmax_scale: float, return_lse: bool, block_table: Optional[torch.Tensor] = None, num_splits: int = 0,
+    window_size_left: int = -1, window_size_right: int = -1, softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0, cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """attention_kvcache_fwd with FlashAttention's serving arguments (a 0.8 library; no append): cache_batch_idx
+    int32 (B,) (sequence b reads cache slot cache_batch_idx[b]: k_cache's batch entry, or block_table's row; one out of
+    range gives O = 0, LSE = -inf), cache_leftpad int32 (B,) (dense: the keys are rows [cache_leftpad[b],
+    cache_seqlens[b]), masks counted from the first), cu_seqlens_q int32 (B + 1,) with max_seqlen_q (q packed
+    (total_q, Hq, D); out (total_q, Hq, Dv), lse (Hq, total_q))."""
+    return _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
+                                num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
+                                cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, None, None, None)
+
+
+@attention_kvcache_serving_fwd.register_fake
+def _attention_kvcache_serving_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse,
+                                        block_table=None, num_splits=0, window_size_left=-1, window_size_right=-1,
+                                        softcap=0.0, sinks=None, attention_chunk=0, cache_batch_idx=None,
+                                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=0):
+    _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
+                            cu_seqlens_q, None, None, None)
+    _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    return _kvcache_serving_outputs(q, v_cache, return_lse, cu_seqlens_q is not None)
+
+
+@torch.library.custom_op("flashcore::attention_kvcache_serving_append_fwd", mutates_args=("k_cache", "v_cache"))
+def attention_kvcache_serving_append_fwd(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, k_new: torch.Tensor,
+    v_new: torch.Tensor, causal: bool, softmax_scale: float, return_lse: bool,
+    block_table: Optional[torch.Tensor] = None, num_splits: int = 0, window_size_left: int = -1,
+    window_size_right: int = -1, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0,
+    cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """attention_kvcache_serving_fwd that first appends k_new, v_new to the caches, in place, by the library (the C
+    ABI's k_new): (B, Sn, Hkv, D / Dv) rows at cache_seqlens[b] .. + Sn of sequence b's cache slot, or packed
+    (total_k_new, Hkv, D / Dv) with cu_seqlens_k_new int32 (B + 1,) (sequence b's rows [cu_seqlens_k_new[b],
+    cu_seqlens_k_new[b + 1]) at cache_seqlens[b]); the attention then sees those rows too. Rows past the cache's
+    capacity are dropped, and a sequence whose cache_batch_idx entry is out of range appends nothing (flashcore.h)."""
+    return _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
+                                num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
+                                cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new,
+                                cu_seqlens_k_new)
+
+
+@attention_kvcache_serving_append_fwd.register_fake
+def _attention_kvcache_serving_append_fwd_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, causal,
+                                               softmax_scale, return_lse, block_table=None, num_splits=0,
+                                               window_size_left=-1, window_size_right=-1, softcap=0.0, sinks=None,
+                                               attention_chunk=0, cache_batch_idx=None, cache_leftpad=None,
+                                               cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None):
+    _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
+                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new)
+    _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    return _kvcache_serving_outputs(q, v_cache, return_lse, cu_seqlens_q is not None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1609,6 +1869,9 @@ varlen_attention_fwd.register_autograd(_varlen_backward, setup_context=_varlen_s
 # (q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table, num_splits, and the five
 # variant arguments)
 _register_unsupported_backward(attention_kvcache_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 14)
+# (the same fourteen, then cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q). The append op mutates its
+# caches, and torch takes no autograd formula for a mutating op: its backward is torch's "no autograd kernel" error.
+_register_unsupported_backward(attention_kvcache_serving_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 18)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1824,6 +2087,11 @@ def attention_with_kvcache(
     attention_chunk: int = 0,
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Decode / chunked prefill against a dense or paged KV cache, with FlashAttention's flash_attn_with_kvcache
     names.
@@ -1849,6 +2117,23 @@ def attention_with_kvcache(
     Every argument after q, k_cache, v_cache is keyword-only (since 0.3): FlashAttention-3's sixth positional
     argument is qv where FlashAttention-2's is rotary_cos (and this function's was cache_seqlens), so a positional
     call ported from either raises TypeError instead of binding the wrong argument.
+
+    FlashAttention-3's serving arguments (since 0.8; a 0.7 library refuses them, RuntimeError naming the argument):
+      - cache_batch_idx: int32 (B,): sequence b's cache is slot cache_batch_idx[b], k_cache[cache_batch_idx[b]] of a
+        dense cache (B_cache, Sk_max, Hkv, D), or row cache_batch_idx[b] of block_table (B_cache, max_pages) of a
+        paged one; its appended rows land there. An entry outside [0, B_cache) gives its sequence no key (out 0, lse
+        -inf) and appends nothing.
+      - cache_leftpad: int32 (B,), dense caches only: sequence b's keys are rows [cache_leftpad[b], cache_seqlens[b]
+        (+ its new rows)) of its cache; causal alignment, windows and chunks count keys from row cache_leftpad[b].
+      - cu_seqlens_q: int32 (B + 1,), with max_seqlen_q (None: total_q, a bound that is always right): q is packed
+        (total_q, Hq, D), sequence b its rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]); out is (total_q, Hq, Dv) and
+        lse (Hq, total_q), FlashAttention-3's varlen convention.
+      - cu_seqlens_k_new: int32 (B + 1,): k, v are packed (total_k_new, Hkv, D / Dv) and sequence b appends its rows
+        [cu_seqlens_k_new[b], cu_seqlens_k_new[b + 1]) at cache_seqlens[b].
+    With any of them the call runs as one library call (flashcore::attention_kvcache_serving_fwd, or
+    flashcore::attention_kvcache_serving_append_fwd with k, v): the library writes the new rows into the caches
+    (device-side, no host sync; rows past the capacity are dropped) and attends to them. cache_seqlens is indexed by
+    b, the sequence, not by its cache slot, and stays as given.
     """
     scale = _check_scale(softmax_scale)
     causal = _check_flag("causal", causal)
@@ -1858,6 +2143,13 @@ def attention_with_kvcache(
         if block_table is not None and page_table is not block_table:
             raise ValueError("FlashCore: pass block_table or page_table (its FlashAttention-3 name), not both")
         block_table = page_table
+    if max_seqlen_q is not None and cu_seqlens_q is None:
+        raise ValueError("FlashCore: max_seqlen_q is given without cu_seqlens_q (it bounds packed queries)")
+    if any(t is not None for t in (cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new)):
+        return _attention_with_kvcache_serving(
+            q, k_cache, v_cache, k, v, cache_seqlens, scale, causal, return_softmax_lse, block_table, splits,
+            window_size, attention_chunk, softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
+            cu_seqlens_k_new)
     paged = block_table is not None
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"FlashCore: q must be a 4-D tensor (batch, seqlen, num_heads, head_dim), got "
@@ -1911,6 +2203,75 @@ def attention_with_kvcache(
         _check_supported(q, q.shape[3], v_cache.shape[3])
     out, lse = attention_kvcache_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
                                      block_table, splits, **_variant_kwargs(variants))
+    return (out, lse) if return_softmax_lse else out
+
+
+def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, scale: float, causal: bool,
+                                    return_softmax_lse: bool, block_table, splits: int, window_size, attention_chunk,
+                                    softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
+                                    cu_seqlens_k_new):
+    """attention_with_kvcache with FlashAttention-3's serving arguments (cache_batch_idx, cache_leftpad, cu_seqlens_q,
+    cu_seqlens_k_new): checked here, naming the argument, then one serving op."""
+    varlen_q = cu_seqlens_q is not None
+    if varlen_q:
+        if not isinstance(q, torch.Tensor) or q.dim() != 3:
+            raise ValueError(f"FlashCore: with cu_seqlens_q, q must be 3-D (total_q, num_heads, head_dim), got "
+                             f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+        _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
+        batch = cu_seqlens_q.shape[0] - 1
+        if max_seqlen_q is None:
+            max_seqlen_q = q.shape[0]
+        _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+        max_seqlen_q = int(max_seqlen_q)
+    else:
+        if not isinstance(q, torch.Tensor) or q.dim() != 4:
+            raise ValueError(f"FlashCore: q must be a 4-D tensor (batch, seqlen, num_heads, head_dim) (packed 3-D rows "
+                             f"need cu_seqlens_q), got "
+                             f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+        batch, max_seqlen_q = q.shape[0], 0
+    variants = _front_end_variants(q, q.shape[-2], window_size, softcap, sinks, attention_chunk)
+    paged = block_table is not None
+    if cache_leftpad is not None and paged:
+        raise ValueError("FlashCore: cache_leftpad takes a dense cache only: FlashCore's paged caches (block_table / "
+                         "page_table) take no left padding, as FlashAttention-2's")
+    layout = "(num_pages, page_size, num_heads_kv, head_dim)" if paged else "(batch, seqlen, num_heads_kv, head_dim)"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"FlashCore: {name} must be a 4-D tensor {layout}, got {got}")
+    if paged:
+        _check_block_table(block_table, q, k_cache, rows=None if cache_batch_idx is not None else batch)
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if cache_seqlens is None:
+        lengths = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        lengths = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    else:
+        lengths = cache_seqlens
+    if (k is None) != (v is None):
+        raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
+    if k is not None:  # the caches' dtype, as the plain append writes them
+        k, v = (t.to(c.dtype) if isinstance(t, torch.Tensor) else t for t, c in ((k, k_cache), (v, v_cache)))
+    _kvcache_serving_inputs(q, k_cache, v_cache, lengths, block_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
+                            k, v, cu_seqlens_k_new)
+    if not torch.compiler.is_compiling():
+        lib = _check_supported(q, q.shape[-1], v_cache.shape[3])
+        serving = [name for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                                        ("cu_seqlens_k_new", cu_seqlens_k_new if k is not None else None))
+                   if t is not None]
+        if serving and not lib.has_kvcache_serving():  # before any append (the op would refuse it at launch)
+            raise RuntimeError(f"FlashCore: {serving[0]} is set, but {lib.path} (version {lib.version_string()}) "
+                               f"predates it: a 0.8 library or newer is needed")
+    common = dict(block_table=block_table, num_splits=splits, **_variant_kwargs(variants),
+                  cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q,
+                  max_seqlen_q=max_seqlen_q)
+    if k is None:
+        out, lse = attention_kvcache_serving_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
+                                                 **common)
+    else:
+        out, lse = attention_kvcache_serving_append_fwd(q, k_cache, v_cache, lengths, k, v, causal, scale,
+                                                        return_softmax_lse, cu_seqlens_k_new=cu_seqlens_k_new,
+                                                        **common)
     return (out, lse) if return_softmax_lse else out
 
 

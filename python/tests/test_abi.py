@@ -104,6 +104,7 @@ def test_enums_match_header(header_text):
     assert _lib.ATTENTION_PARAMS_V4_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V4_SIZE")
     assert _lib.ATTENTION_PARAMS_V5_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V5_SIZE")
     assert _lib.ATTENTION_PARAMS_V6_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V6_SIZE")
+    assert _lib.ATTENTION_PARAMS_V7_SIZE == parse_define(header_text, "FLASHCORE_ATTENTION_PARAMS_V7_SIZE")
     assert _lib.PRECISION_NATIVE == parse_define(header_text, "FLASHCORE_PRECISION_NATIVE") == 0
     assert _lib.PRECISION_FP8 == parse_define(header_text, "FLASHCORE_PRECISION_FP8") == 1
     assert _lib.PRECISION_INT8 == parse_define(header_text, "FLASHCORE_PRECISION_INT8") == 2
@@ -175,12 +176,24 @@ def test_v5_prefix_of_the_mirror():
 
 def test_v6_prefix_of_the_mirror():
     """A 0.6 library is handed the mirror's first 688 bytes: the 0.6 fields end there (dsinks last), head_dim_v (0.7)
-    follows and ends the struct (696 bytes)."""
+    follows."""
     params = _lib.AttentionParamsStruct
     assert params.dsinks.offset + params.dsinks.size == _lib.ATTENTION_PARAMS_V6_SIZE == 688
     assert params.head_dim_v.offset == 688 and params.head_dim_v.size == 8
-    assert [name for name, _ in params._fields_][-2:] == ["dsinks", "head_dim_v"]
-    assert ctypes.sizeof(params) == 696
+    names = [name for name, _ in params._fields_]
+    assert names[names.index("dsinks"):names.index("dsinks") + 2] == ["dsinks", "head_dim_v"]
+
+
+def test_v7_prefix_of_the_mirror():
+    """A 0.7 library is handed the mirror's first 696 bytes: the 0.7 fields end there (head_dim_v last), the serving
+    fields of 0.8 follow and end the struct (736 bytes)."""
+    params = _lib.AttentionParamsStruct
+    assert params.head_dim_v.offset + params.head_dim_v.size == _lib.ATTENTION_PARAMS_V7_SIZE == 696
+    names = [name for name, _ in params._fields_]
+    assert names[names.index("head_dim_v"):] == ["head_dim_v", "kv_batch_idx", "kv_batch_size", "leftpad_k",
+                                                 "cu_seqlens_k_new", "total_k_new"]
+    assert [getattr(params, n).offset for n in names[-5:]] == [696, 704, 712, 720, 728]
+    assert ctypes.sizeof(params) == 736
 
 
 def test_capabilities_v2_prefix_of_the_mirror():
@@ -311,9 +324,10 @@ def test_stub_loads_and_reports(use_library, stub_library):
     assert _lib.load().compiled_head_dim_pairs() == ((192, 128),)
     assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2",
                                                                "dout", "reserved3", "local", "sinks", "reserved4",
-                                                               "dsinks", "head_dim_v"))
+                                                               "dsinks", "head_dim_v", "kv_batch_idx",
+                                                               "total_k_new"))
     assert _lib.load().has_backward() and _lib.load().has_variants() and _lib.load().has_variant_backward()
-    assert _lib.load().has_head_dim_v()
+    assert _lib.load().has_head_dim_v() and _lib.load().has_kvcache_serving()
 
 
 def test_params_reach_c_intact(use_library, stub_library):
@@ -350,6 +364,8 @@ def test_params_reach_c_intact(use_library, stub_library):
     assert (seen.local, seen.window_size_left, seen.window_size_right, seen.softcap, seen.sinks, seen.attention_chunk,
             seen.reserved4, seen.dsinks) == (0, 0, 0, 0.0, None, 0, 0, None)
     assert seen.head_dim_v == 0  # V of q's head dim: the default
+    assert (seen.kv_batch_idx, seen.kv_batch_size, seen.leftpad_k, seen.cu_seqlens_k_new, seen.total_k_new) == (
+        None, 0, None, None, 0)  # the 0.8 serving fields' defaults
     assert lib.workspace_size(params) == 0
 
 
@@ -448,7 +464,8 @@ def test_v4_library_gets_the_v4_struct_size(use_library, stub_v4_library):
         with pytest.raises(RuntimeError, match=f"{name} is set, but .*a 0.5 library or newer is needed"):
             lib.set_variants(params, causal=True, **kwargs)
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V4_SIZE,
-                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)) == bytes(48)
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)) == bytes(
+        ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V4_SIZE)
     assert not lib.has_variant_backward()
     with pytest.raises(RuntimeError, match="dsinks .*a 0.6 library or newer is needed"):
         lib.set_dsinks(params, 0x6000)
@@ -493,7 +510,8 @@ def test_v5_library_gets_the_v5_struct_size(use_library, stub_v5_library):
     lib._cdll.stub_last_backward_params(ctypes.byref(seen))
     assert seen.struct_size == _lib.ATTENTION_PARAMS_V5_SIZE and seen.local == 0 and seen.dsinks is None
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V5_SIZE,
-                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V5_SIZE)) == bytes(16)
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V5_SIZE)) == bytes(
+        ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V5_SIZE)
 
 
 @pytest.fixture
@@ -516,7 +534,7 @@ def test_v6_library_gets_the_v6_struct_size(use_library, stub_v6_library):
     assert caps.head_dim_pairs == () and lib.compiled_head_dim_pairs() == ()
     assert lib.params_struct_size == _lib.ATTENTION_PARAMS_V6_SIZE
     assert lib.has_variant_backward() and lib.has_params_field("dsinks")
-    assert not lib.has_head_dim_v() and not lib.has_params_field("head_dim_v")
+    assert not lib.has_head_dim_v() and not lib.has_params_field("head_dim_v") and not lib.has_kvcache_serving()
     params = lib.set_head_dim_v(_variant_params(lib, causal=True), 64)  # v of q's head dim: nothing to set
     lib.set_dsinks(params, 0x6000)
     assert params.struct_size == _lib.ATTENTION_PARAMS_V6_SIZE
@@ -528,7 +546,8 @@ def test_v6_library_gets_the_v6_struct_size(use_library, stub_v6_library):
                                            r"flashcore_attention_params\) predates head_dim_v: a 0.7 library"):
         _mla_params(lib)
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V6_SIZE,
-                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V6_SIZE)) == bytes(8)
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V6_SIZE)) == bytes(
+        ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V6_SIZE)
 
 
 def test_dsinks_reach_c_intact(use_library, stub_library):
@@ -676,3 +695,57 @@ def test_abi_mismatch_is_refused(use_library, c_compiler, header_text, tmp_path)
     use_library(bad)
     with pytest.raises(RuntimeError, match="ABI mismatch"):
         _lib.load()
+
+
+@pytest.fixture
+def stub_v7_library(c_compiler, header_text, tmp_path_factory):
+    """The stub playing a 0.7 library (struct_size 696: no serving fields of 0.8; the 0.7 capabilities)."""
+    from conftest import build_stub
+
+    return build_stub(c_compiler, tmp_path_factory.mktemp("stub_v7"), "libflashcore_v7.so",
+                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE")
+
+
+def test_v7_library_gets_the_v7_struct_size(use_library, stub_v7_library):
+    """A 0.7 library is passed struct_size 696 and runs every 0.7 call (head_dim_v included); each 0.8 serving field
+    is RuntimeError naming FlashAttention's argument, the field and the version needed, before any call, and nothing
+    is written past its 696 bytes."""
+    use_library(stub_v7_library)
+    lib = _lib.load()
+    caps = lib.capabilities()
+    assert caps.params_struct_size == _lib.ATTENTION_PARAMS_V7_SIZE and caps.head_dim_pairs == ((192, 128),)
+    assert lib.params_struct_size == _lib.ATTENTION_PARAMS_V7_SIZE
+    assert lib.has_head_dim_v() and not lib.has_kvcache_serving() and not lib.has_params_field("kv_batch_idx")
+    params = lib.set_kvcache_serving(_mla_params(lib))  # nothing to set: any library
+    assert params.struct_size == _lib.ATTENTION_PARAMS_V7_SIZE and params.head_dim_v == 128
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert seen.struct_size == _lib.ATTENTION_PARAMS_V7_SIZE and seen.head_dim_v == 128
+    for kwargs, name in ((dict(kv_batch_idx=0x7000, kv_batch_size=4), r"cache_batch_idx \(kv_batch_idx\)"),
+                         (dict(leftpad_k=0x7100), r"cache_leftpad \(leftpad_k\)"),
+                         (dict(cu_seqlens_k_new=0x7200, total_k_new=9), r"cu_seqlens_k_new \(cu_seqlens_k_new\)")):
+        with pytest.raises(RuntimeError, match=name + r" is set, but .*version 0\.8\.0-stub, 696-byte "
+                                                      r"flashcore_attention_params\) predates it: a 0.8 library"):
+            lib.set_kvcache_serving(params, **kwargs)
+    assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V7_SIZE,
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V7_SIZE)) == bytes(40)
+
+
+def test_kvcache_serving_fields_reach_c_intact(use_library, stub_library):
+    """A 0.8 library: set_kvcache_serving writes kv_batch_idx / kv_batch_size, leftpad_k, cu_seqlens_k_new /
+    total_k_new at offsets 696 .. 728, and leaves a field unset when its address is 0."""
+    use_library(stub_library)
+    lib = _lib.load()
+    params = lib.set_kvcache_serving(_mla_params(lib), kv_batch_idx=0x7000, kv_batch_size=6, leftpad_k=0x7100,
+                                     cu_seqlens_k_new=0x7200, total_k_new=9)
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert (seen.kv_batch_idx, seen.kv_batch_size, seen.leftpad_k, seen.cu_seqlens_k_new, seen.total_k_new) == (
+        0x7000, 6, 0x7100, 0x7200, 9)
+    raw = ctypes.string_at(ctypes.addressof(seen) + 696, 40)
+    assert [int.from_bytes(raw[i:i + 8], "little") for i in range(0, 40, 8)] == [0x7000, 6, 0x7100, 0x7200, 9]
+    only = lib.set_kvcache_serving(_mla_params(lib), leftpad_k=0x7100, kv_batch_size=6, total_k_new=9)
+    assert (only.kv_batch_idx, only.kv_batch_size, only.leftpad_k, only.cu_seqlens_k_new, only.total_k_new) == (
+        None, 0, 0x7100, None, 0)

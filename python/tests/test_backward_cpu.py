@@ -49,13 +49,15 @@ def _header_layout(header_text):
 def test_params_layout_matches_header(header_text):
     """dout starts where the 0.3 layout ends (480); then 4 pointers, 4 stride structs and 2 int32: the 0.4 layout,
     648 bytes; the 0.5 variants follow (4 int32/float, a pointer, 2 int32): 680 bytes; then the 0.6 dsinks pointer:
-    688 bytes; then the 0.7 head_dim_v (int64): 696 bytes."""
+    688 bytes; then the 0.7 head_dim_v (int64): 696 bytes; then the 0.8 serving fields (a pointer, an int64, two
+    pointers, an int64): 736 bytes."""
     offsets, size = _header_layout(header_text)
     assert offsets["dout"] == 480 == _lib.ATTENTION_PARAMS_V3_SIZE
     assert offsets["local"] == 480 + 4 * 8 + 4 * 32 + 2 * 4 == 648 == _lib.ATTENTION_PARAMS_V4_SIZE
     assert offsets["dsinks"] == 648 + 4 * 4 + 8 + 2 * 4 == 680 == _lib.ATTENTION_PARAMS_V5_SIZE
     assert offsets["head_dim_v"] == 680 + 8 == 688 == _lib.ATTENTION_PARAMS_V6_SIZE
-    assert size == 688 + 8 == 696
+    assert offsets["kv_batch_idx"] == 688 + 8 == 696 == _lib.ATTENTION_PARAMS_V7_SIZE
+    assert size == 696 + 5 * 8 == 736
     assert ctypes.sizeof(_lib.AttentionParamsStruct) == size
     assert [name for name, _ in _lib.AttentionParamsStruct._fields_] == list(offsets)
     for name, offset in offsets.items():

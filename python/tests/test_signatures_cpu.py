@@ -52,7 +52,10 @@ _VARIANTS = {"window_size", "softcap", "attention_chunk"}
 SAME_MEANING = {
     "attention": {"softmax_scale", "causal", "q_descale", "k_descale", "v_descale", "deterministic"} | _VARIANTS,
     "varlen_attention": {"softmax_scale", "causal", "seqused_k"} | _VARIANTS,
-    "attention_with_kvcache": {"k", "v", "cache_seqlens", "softmax_scale", "causal", "return_softmax_lse"} | _VARIANTS,
+    # 0.8: cu_seqlens_q packs q (total_q, H, D) with out (total_q, H, Dv) and lse (H, total_q), as FA3's;
+    # cu_seqlens_k_new packs k and v (total_k_new, Hkv, D), each sequence's rows appended at cache_seqlens[b].
+    "attention_with_kvcache": {"k", "v", "cache_seqlens", "softmax_scale", "causal", "return_softmax_lse",
+                               "cu_seqlens_q", "cu_seqlens_k_new"} | _VARIANTS,
 }
 
 # Keywords FlashCore shares with FA3 whose meaning differs in some respect, and why that is intended.
@@ -63,6 +66,13 @@ DIFFERENT = {
         "page_table": "The same block table (int32 (batch, max_pages)), accepted as an alias of FA2's block_table; "
                       "FlashCore needs a page size that is a multiple of 16 (whole 16-row slices for its kernels) and "
                       "raises ValueError for any other, where FA3 takes any page size.",
+        "cache_batch_idx": "The same slot per sequence (k_cache's batch entry, or page_table's row) for entries in "
+                           "range; an entry out of range, which FA3 reads out of bounds with, gives its sequence no "
+                           "key (out 0, lse -inf) and no append here.",
+        "cache_leftpad": "The same rows [cache_leftpad[b], end) with masks counted from the first, on dense caches; "
+                         "with page_table FlashCore raises ValueError (its paged caches take no left padding).",
+        "max_seqlen_q": "The same bound on packed queries; FA3 requires it with cu_seqlens_q, FlashCore takes None "
+                        "as total_q (always a valid bound).",
     },
 }
 
@@ -119,6 +129,11 @@ KEYWORD_ONLY_HERE = {
         "window_size": "As softmax_scale.",
         "attention_chunk": "As softmax_scale.",
         "softcap": "As softmax_scale.",
+        "cache_batch_idx": "As softmax_scale.",
+        "cache_leftpad": "As softmax_scale.",
+        "cu_seqlens_q": "As softmax_scale.",
+        "cu_seqlens_k_new": "As softmax_scale.",
+        "max_seqlen_q": "As softmax_scale.",
     },
 }
 

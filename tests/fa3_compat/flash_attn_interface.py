@@ -108,6 +108,14 @@ def compiled_head_dim_pairs() -> Tuple[Tuple[int, int], ...]:
     return tuple(tuple(p) for p in getattr(capabilities(), "head_dim_pairs", ()))
 
 
+def has_kvcache_serving() -> bool:
+    """Whether the loaded library takes FA3's serving arguments of flash_attn_with_kvcache (0.8: cache_batch_idx,
+    cache_leftpad, cu_seqlens_k_new; packed queries on a cache it took before)."""
+    from flashcore import _lib
+
+    return _lib.load().has_kvcache_serving()
+
+
 _PROBES: dict = {}
 
 
@@ -459,21 +467,20 @@ def flash_attn_with_kvcache(
     return_softmax_lse=False,
 ):
     """FA3's flash_attn_with_kvcache on flashcore.attention_with_kvcache (dense or paged cache, k / v appended in
-    place). Returns out, or (out, softmax_lse (B, H, Sq)) with return_softmax_lse."""
+    place; cache_batch_idx, cache_leftpad (dense caches), packed queries (cu_seqlens_q, max_seqlen_q) and packed new
+    keys (cu_seqlens_k_new) passed on). Returns out, or (out, softmax_lse (B, H, Sq), or (H, total_q) with packed
+    queries) with return_softmax_lse."""
     name = "flash_attn_with_kvcache"
     if qv is not None:
         skip("qv", "FA3's extra q_v . v score term (MLA decode)")
     if rotary_cos is not None or rotary_sin is not None:
         skip("rotary embedding (rotary_cos / rotary_sin)", "FlashCore applies no rotary embedding")
-    if cache_batch_idx is not None:
-        skip("cache_batch_idx", "FlashCore's KV cache is indexed by q's batch")
-    if cache_leftpad is not None:
-        skip("cache_leftpad", "FlashCore's cache sequences start at row 0")
-    if cu_seqlens_q is not None or max_seqlen_q is not None:
-        skip("cu_seqlens_q / max_seqlen_q (packed queries) in flash_attn_with_kvcache",
-             "flashcore.attention_with_kvcache takes q as (B, Sq, H, D)")
-    if cu_seqlens_k_new is not None:
-        skip("cu_seqlens_k_new (packed new keys)", "flashcore.attention_with_kvcache appends k, v as (B, S_new, H, D)")
+    if cache_leftpad is not None and page_table is not None:
+        skip("cache_leftpad with page_table", "FlashCore's paged caches take no left padding, as FlashAttention-2's")
+    serving = [n for n, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                              ("cu_seqlens_k_new", cu_seqlens_k_new)) if t is not None]
+    if serving and not has_kvcache_serving():
+        skip(serving[0], "the loaded libflashcore.so predates FlashCore 0.8's serving arguments")
     _check_dtype(name, q, fp8_ok=False)
     _check_head_dims(q, v_cache)
     for n, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
@@ -492,6 +499,11 @@ def flash_attn_with_kvcache(
                   return_softmax_lse=bool(return_softmax_lse), num_splits=int(num_splits), **variants)
     if page_table is not None:
         kwargs["block_table"] = page_table
+    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                        ("cu_seqlens_q", cu_seqlens_q), ("max_seqlen_q", max_seqlen_q),
+                        ("cu_seqlens_k_new", cu_seqlens_k_new)):
+        if value is not None:  # (FlashCore's defaults otherwise: the call of a 0.7 front end stays as it was)
+            kwargs[name] = value
     return _count(flashcore.attention_with_kvcache(q, k_cache, v_cache, **kwargs))
 
 

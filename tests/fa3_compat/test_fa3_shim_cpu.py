@@ -99,6 +99,8 @@ class Library:
         self.answers = {}  # "backward" / "fp8" / variant name -> None (runs) or the probe's message
         self.probed = []
         self.calls = []
+        self.serving = True  # the library takes the 0.8 serving arguments
+        monkeypatch.setattr(shim, "has_kvcache_serving", lambda: self.serving)
         monkeypatch.setattr(shim, "compiled_head_dims", lambda: self.head_dims)
         monkeypatch.setattr(shim, "compiled_dtypes", lambda: self.dtypes)
         monkeypatch.setattr(shim, "compiled_head_dim_pairs", lambda: self.head_dim_pairs)
@@ -123,6 +125,9 @@ class Library:
                 out = args[0].new_zeros(args[0].shape[:2] + args[2].shape[2:])
                 return (out, torch.zeros(out.shape[1], out.shape[0])) if kwargs.get("return_lse") else out
             q = args[0]
+            if kwargs.get("cu_seqlens_q") is not None:  # packed queries: out (total_q, H, Dv), lse (H, total_q)
+                out = q.new_zeros(q.shape[:2] + args[2].shape[3:])
+                return (out, torch.zeros(q.shape[1], q.shape[0])) if kwargs.get("return_softmax_lse") else out
             out = q.new_zeros(q.shape[:3] + args[2].shape[3:])
             return (out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])) if kwargs.get("return_softmax_lse") else out
 
@@ -230,14 +235,9 @@ SKIP_CASES = {
     "kvcache qv": (_kvcache(qv=torch.zeros(2, 1, 4, 128)), "flashcore: qv not supported"),
     "kvcache rotary": (_kvcache(rotary_cos=torch.ones(64, 32), rotary_sin=torch.zeros(64, 32)),
                        "flashcore: rotary embedding (rotary_cos / rotary_sin) not supported"),
-    "kvcache batch idx": (_kvcache(cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32)),
-                          "flashcore: cache_batch_idx not supported"),
-    "kvcache leftpad": (_kvcache(cache_leftpad=torch.tensor([1, 0], dtype=torch.int32)),
-                        "flashcore: cache_leftpad not supported"),
-    "kvcache packed q": (_kvcache(cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), max_seqlen_q=1),
-                         "flashcore: cu_seqlens_q / max_seqlen_q (packed queries)"),
-    "kvcache packed new keys": (_kvcache(cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=torch.int32)),
-                                "flashcore: cu_seqlens_k_new (packed new keys) not supported"),
+    "kvcache paged leftpad": (_kvcache(page=16, cache_leftpad=torch.tensor([1, 0], dtype=torch.int32)),
+                              "flashcore: cache_leftpad with page_table not supported (FlashCore's paged caches take "
+                              "no left padding, as FlashAttention-2's)"),
     "kvcache page 4": (_kvcache(page=4), "flashcore: page_size=4 not supported"),
     "kvcache page 1": (_kvcache(page=1), "flashcore: page_size=1 not supported"),
     "kvcache scheduler metadata": (_kvcache(scheduler_metadata=torch.zeros(4, dtype=torch.int32)),
@@ -420,6 +420,48 @@ def test_kvcache_call(lib):
     assert kwargs == dict(k=k_new, v=v_new, cache_seqlens=lens, softmax_scale=None, causal=True,
                           return_softmax_lse=True, num_splits=3, window_size=(10, 3), block_table=table)
     assert rest == [] and lse.shape == (2, 4, 1)
+
+
+def test_kvcache_serving_arguments_are_passed(lib):
+    """FA3's cache_batch_idx, cache_leftpad (dense), packed queries and packed new keys reach
+    flashcore.attention_with_kvcache as they are (FlashCore 0.8 takes them under FA3's names)."""
+    q, kc, vc, lens, _ = cache()
+    qp = q.reshape(2, 4, 128)
+    idx, pad = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([2, 0], dtype=torch.int32)
+    cu_q, cu_new = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 2, 3], dtype=torch.int32)
+    k_new, v_new = (torch.randn(3, 2, 128).to(BF16) for _ in range(2))
+    out, lse = shim.flash_attn_with_kvcache(qp, kc, vc, k_new, v_new, cache_seqlens=lens, cache_batch_idx=idx,
+                                           cache_leftpad=pad, cu_seqlens_q=cu_q, max_seqlen_q=1,
+                                           cu_seqlens_k_new=cu_new, causal=True, return_softmax_lse=True)
+    (name, args, kwargs), = lib.calls
+    assert name == "attention_with_kvcache" and args[0] is qp
+    assert all(kwargs[n] is t for n, t in (("cache_batch_idx", idx), ("cache_leftpad", pad), ("cu_seqlens_q", cu_q),
+                                           ("cu_seqlens_k_new", cu_new), ("k", k_new), ("v", v_new)))
+    assert kwargs["max_seqlen_q"] == 1 and "block_table" not in kwargs
+    assert out.shape == (2, 4, 128) and lse.shape == (4, 2)
+    q, kc, vc, lens, table = cache(page=16)  # paged: cache_batch_idx picks the page_table row
+    shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, cache_batch_idx=idx)
+    assert lib.calls[1][2]["cache_batch_idx"] is idx and lib.calls[1][2]["block_table"] is table
+    shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)  # none given: none passed
+    assert not {"cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "max_seqlen_q", "cu_seqlens_k_new"} & set(
+        lib.calls[2][2])
+
+
+def test_kvcache_serving_arguments_skip_with_an_older_library(lib):
+    """A library older than 0.8 (no serving fields): the call skips naming the argument; packed queries alone, which
+    0.7's C ABI took on a cache, are passed on."""
+    lib.serving = False
+    q, kc, vc, lens, _ = cache()
+    for kwargs, name in ((dict(cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32)), "cache_batch_idx"),
+                         (dict(cache_leftpad=torch.tensor([1, 0], dtype=torch.int32)), "cache_leftpad")):
+        with pytest.raises(SKIPPED) as info:
+            shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, **kwargs)
+        assert info.value.msg == (f"flashcore: {name} not supported (the loaded libflashcore.so predates FlashCore "
+                                  f"0.8's serving arguments)")
+    assert lib.calls == []
+    shim.flash_attn_with_kvcache(q.reshape(2, 4, 128), kc, vc, cache_seqlens=lens,
+                                 cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), max_seqlen_q=1)
+    assert len(lib.calls) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

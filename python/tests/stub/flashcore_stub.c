@@ -17,10 +17,12 @@
  * variants, in a struct that ends before dsinks (0.6), which it never reads (the bindings refuse a backward with a
  * variant for it before calling: a 0.5 library's backward refuses them). Compiled with
  * -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V6_SIZE it plays a 0.6 library: a struct that ends before head_dim_v
- * (0.7), which it never reads.
+ * (0.7), which it never reads. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE it plays a 0.7
+ * library: a struct that ends before the serving fields of 0.8 (kv_batch_idx ... total_k_new), which it never reads,
+ * with the 0.7 capabilities (head dim pairs).
  * Capabilities: the stub serves one layout of flashcore_capabilities, its version's (a library refuses a struct_size
- * larger than its own): the 0.7 one (with head_dim_pairs {192, 128}) as the current library, the 0.2 .. 0.6 one
- * (STUB_CAPS_V2_SIZE bytes, up to device_backend) when it plays an older library. */
+ * larger than its own): the 0.7 one (with head_dim_pairs {192, 128}; unchanged in 0.8) as the current library and as
+ * a 0.7 library, the 0.2 .. 0.6 one (STUB_CAPS_V2_SIZE bytes, up to device_backend) when it plays an older library. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,8 +43,8 @@ static char g_error[256];
 
 /* sizeof(flashcore_capabilities) of 0.2 .. 0.6 libraries: everything up to device_backend. */
 #define STUB_CAPS_V2_SIZE offsetof(flashcore_capabilities, num_head_dim_pairs)
-#define STUB_CAPS_SIZE (STUB_PARAMS_SIZE >= sizeof(flashcore_attention_params) ? sizeof(flashcore_capabilities) \
-                                                                                : STUB_CAPS_V2_SIZE)
+#define STUB_CAPS_SIZE (STUB_PARAMS_SIZE >= FLASHCORE_ATTENTION_PARAMS_V7_SIZE ? sizeof(flashcore_capabilities) \
+                                                                                  : STUB_CAPS_V2_SIZE)
 
 #define STUB_STR2(x) #x
 #define STUB_STR(x) STUB_STR2(x)
