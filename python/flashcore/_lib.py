@@ -228,6 +228,14 @@ class AttentionParamsStruct(ctypes.Structure):
         ("leftpad_k", ctypes.c_void_p),  # const int32_t* (device, batch): cache_leftpad; NULL: 0 (dense caches only)
         ("cu_seqlens_k_new", ctypes.c_void_p),  # const int32_t* (device, batch + 1): packed k_new / v_new rows
         ("total_k_new", ctypes.c_int64),  # rows of the packed k_new / v_new; > 0 with cu_seqlens_k_new
+        ("seqused_q", ctypes.c_void_p),  # const int32_t* (device, batch) with cu_seqlens_q: queries used per sequence
+        # Rotary embedding on append (FlashAttention's rotary_cos / rotary_sin; flashcore.h).
+        ("rotary_cos", ctypes.c_void_p),  # (rotary_seqlen, rotary_dim / 2), q's dtype, contiguous; NULL: none
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_seqlen", ctypes.c_int64),
+        ("rotary_dim", ctypes.c_int32),  # a multiple of 16, at most head_dim
+        ("rotary_interleaved", ctypes.c_int32),  # 1: GPT-J pairs (2i, 2i + 1); 0: GPT-NeoX halves
+        ("rotary_seqlens", ctypes.c_void_p),  # const int32_t* (device, batch): first rotated position; NULL: seqused_k
     ]
 
 
