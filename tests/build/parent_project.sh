@@ -34,7 +34,8 @@ echo "parent_project: kernel images: ${archs:-none}; PTX: ${ptx:-none} (parent's
 [[ "$archs" == "sm_86 sm_90a " && "$ptx" == "sm_86.ptx " ]] ||
   fail "expected sm_86 and sm_90a SASS and compute_86 PTX (FLASHCORE_SM80_PTX) only"
 # Per object: the sm90 units hold sm_90a only, the portable units sm_86 only, the arch-neutral units (merge.cu: the
-# merge of partial results and the row copy; append.cu: the KV-cache append) both.
+# merge of partial results and the row copy; append.cu: the KV-cache append; rotary.cu: the queries' rotary
+# embedding) both.
 tmp=$(mktemp -d)
 (cd "$tmp" && ar x "$lib") || fail "cannot unpack $lib"
 for o in "$tmp"/*.cu.o; do
@@ -42,7 +43,7 @@ for o in "$tmp"/*.cu.o; do
   got_ptx=$(cuobjdump --list-ptx "$o" 2>/dev/null | grep -o 'sm_[0-9]*a\?\.ptx' | sort -u | tr '\n' ' ')
   case "$(basename "$o")" in
     r80_*) want="sm_86 " want_ptx="sm_86.ptx " ;;
-    merge.cu.o | append.cu.o) want="sm_86 sm_90a " want_ptx="sm_86.ptx " ;;
+    merge.cu.o | append.cu.o | rotary.cu.o) want="sm_86 sm_90a " want_ptx="sm_86.ptx " ;;
     *) want="sm_90a " want_ptx="" ;;
   esac
   [[ "$got" == "$want" ]] || { rm -rf "$tmp"; fail "$(basename "$o") holds ${got:-none}, expected $want"; }
