@@ -580,7 +580,8 @@ class Library:
         (descales, precision), a 0.3 library none of those since 0.4 (the backward's), a 0.4 library none of those
         since 0.5 (the variants: local, window sizes, softcap, sinks, attention_chunk), a 0.5 library none of those
         since 0.6 (dsinks), a 0.6 library none of those since 0.7 (head_dim_v), a 0.7 library none of those since 0.8
-        (kv_batch_idx, kv_batch_size, leftpad_k, cu_seqlens_k_new, total_k_new)."""
+        (kv_batch_idx, kv_batch_size, leftpad_k, cu_seqlens_k_new, total_k_new, seqused_q, rotary_cos, rotary_sin,
+        rotary_seqlen, rotary_dim, rotary_interleaved, rotary_seqlens)."""
         known = {
             ATTENTION_PARAMS_V1_SIZE: AttentionParamsStruct.out_dtype.offset,
         }.get(self.params_struct_size, self.params_struct_size)
@@ -692,24 +693,39 @@ class Library:
 
     def has_kvcache_serving(self) -> bool:
         """Whether the loaded library reads the 0.8 serving fields: kv_batch_idx / kv_batch_size (cache_batch_idx),
-        leftpad_k (cache_leftpad), cu_seqlens_k_new / total_k_new (packed appends)."""
-        return self.has_params_field("total_k_new")
+        leftpad_k (cache_leftpad), cu_seqlens_k_new / total_k_new (packed appends), seqused_q and the rotary fields
+        (rotary_cos, rotary_sin, rotary_seqlen, rotary_dim, rotary_interleaved, rotary_seqlens)."""
+        return self.has_params_field("rotary_seqlens")
 
     # The C fields of 0.8 and the FlashAttention argument each serves (what a refusal names).
     KVCACHE_SERVING_ARGUMENTS = {"kv_batch_idx": "cache_batch_idx", "leftpad_k": "cache_leftpad",
-                                 "cu_seqlens_k_new": "cu_seqlens_k_new"}
+                                 "cu_seqlens_k_new": "cu_seqlens_k_new", "seqused_q": "seqused_q",
+                                 "rotary_cos": "rotary_cos", "rotary_seqlens": "rotary_seqlens"}
 
     def set_kvcache_serving(self, params: AttentionParamsStruct, *, kv_batch_idx: int = 0, kv_batch_size: int = 0,
-                            leftpad_k: int = 0, cu_seqlens_k_new: int = 0,
-                            total_k_new: int = 0) -> AttentionParamsStruct:
+                            leftpad_k: int = 0, cu_seqlens_k_new: int = 0, total_k_new: int = 0,
+                            seqused_q: int = 0, rotary_cos: int = 0, rotary_sin: int = 0, rotary_seqlen: int = 0,
+                            rotary_dim: int = 0, rotary_interleaved: bool = False,
+                            rotary_seqlens: int = 0) -> AttentionParamsStruct:
         """Set the 0.8 serving fields of `params`: kv_batch_idx (the device address of int32 (batch,) cache slots,
         FlashAttention's cache_batch_idx) with kv_batch_size (the cache's batch extent, or block_table's rows),
         leftpad_k (int32 (batch,), cache_leftpad), cu_seqlens_k_new (int32 (batch + 1,)) with total_k_new (rows of the
-        packed k_new / v_new). Addresses of 0 leave their fields untouched (for any library). A library older than 0.8
-        cannot read them: RuntimeError naming the argument and the version needed, before any call, rather than a
-        call that reads another sequence's cache, the padding, or the packed rows as (batch, seqlen_new) ones."""
+        packed k_new / v_new), seqused_q (int32 (batch,), with cu_seqlens_q: the query rows used per sequence), and
+        the rotary embedding of an append: rotary_cos / rotary_sin (the addresses of (rotary_seqlen, rotary_dim / 2)
+        tables in the call's dtype, contiguous; both or neither) with rotary_seqlen, rotary_dim, rotary_interleaved
+        (True: GPT-J pairs, False: GPT-NeoX halves) and rotary_seqlens (int32 (batch,) first positions; 0: seqused_k).
+        Addresses of 0 leave their fields untouched (for any library). A library older than 0.8 cannot read them:
+        RuntimeError naming the argument and the version needed, before any call, rather than a call that reads
+        another sequence's cache, the padding, the packed rows as (batch, seqlen_new) ones, computes query rows past
+        seqused_q or attends with unrotated queries and keys."""
+        if bool(rotary_cos) != bool(rotary_sin):
+            raise ValueError("FlashCore: rotary_cos and rotary_sin go together: pass both or neither")
+        if rotary_seqlens and not rotary_cos:
+            raise ValueError("FlashCore: rotary_seqlens is set without rotary_cos / rotary_sin")
         wanted = [name for name, address in (("kv_batch_idx", kv_batch_idx), ("leftpad_k", leftpad_k),
-                                             ("cu_seqlens_k_new", cu_seqlens_k_new)) if address]
+                                             ("cu_seqlens_k_new", cu_seqlens_k_new), ("seqused_q", seqused_q),
+                                             ("rotary_cos", rotary_cos), ("rotary_seqlens", rotary_seqlens))
+                  if address]
         if not wanted:
             return params
         if not self.has_kvcache_serving():
@@ -727,6 +743,15 @@ class Library:
         if cu_seqlens_k_new:
             params.cu_seqlens_k_new = cu_seqlens_k_new
             params.total_k_new = int(total_k_new)
+        if seqused_q:
+            params.seqused_q = seqused_q
+        if rotary_cos:
+            params.rotary_cos, params.rotary_sin = rotary_cos, rotary_sin
+            params.rotary_seqlen = int(rotary_seqlen)
+            params.rotary_dim = int(rotary_dim)
+            params.rotary_interleaved = 1 if rotary_interleaved else 0
+            if rotary_seqlens:
+                params.rotary_seqlens = rotary_seqlens
         return params
 
     # -- attention variants (since 0.5) ----------------------------------------------------------------------------

@@ -186,14 +186,19 @@ def test_v6_prefix_of_the_mirror():
 
 def test_v7_prefix_of_the_mirror():
     """A 0.7 library is handed the mirror's first 696 bytes: the 0.7 fields end there (head_dim_v last), the serving
-    fields of 0.8 follow and end the struct (736 bytes)."""
+    fields of 0.8 follow and end the struct (784 bytes): kv_batch_idx .. total_k_new, seqused_q, then the rotary
+    fields (two pointers, an int64, two int32, a pointer)."""
     params = _lib.AttentionParamsStruct
     assert params.head_dim_v.offset + params.head_dim_v.size == _lib.ATTENTION_PARAMS_V7_SIZE == 696
     names = [name for name, _ in params._fields_]
     assert names[names.index("head_dim_v"):] == ["head_dim_v", "kv_batch_idx", "kv_batch_size", "leftpad_k",
-                                                 "cu_seqlens_k_new", "total_k_new"]
-    assert [getattr(params, n).offset for n in names[-5:]] == [696, 704, 712, 720, 728]
-    assert ctypes.sizeof(params) == 736
+                                                 "cu_seqlens_k_new", "total_k_new", "seqused_q", "rotary_cos",
+                                                 "rotary_sin", "rotary_seqlen", "rotary_dim", "rotary_interleaved",
+                                                 "rotary_seqlens"]
+    assert [getattr(params, n).offset for n in names[-12:]] == [696, 704, 712, 720, 728, 736, 744, 752, 760, 768, 772,
+                                                                776]
+    assert [getattr(params, n).size for n in names[-7:]] == [8, 8, 8, 8, 4, 4, 8]
+    assert ctypes.sizeof(params) == 784
 
 
 def test_capabilities_v2_prefix_of_the_mirror():
@@ -325,7 +330,8 @@ def test_stub_loads_and_reports(use_library, stub_library):
     assert all(_lib.load().has_params_field(name) for name in ("out_dtype", "seqlen_new", "precision", "reserved2",
                                                                "dout", "reserved3", "local", "sinks", "reserved4",
                                                                "dsinks", "head_dim_v", "kv_batch_idx",
-                                                               "total_k_new"))
+                                                               "total_k_new", "seqused_q", "rotary_cos",
+                                                               "rotary_seqlens"))
     assert _lib.load().has_backward() and _lib.load().has_variants() and _lib.load().has_variant_backward()
     assert _lib.load().has_head_dim_v() and _lib.load().has_kvcache_serving()
 
@@ -366,6 +372,8 @@ def test_params_reach_c_intact(use_library, stub_library):
     assert seen.head_dim_v == 0  # V of q's head dim: the default
     assert (seen.kv_batch_idx, seen.kv_batch_size, seen.leftpad_k, seen.cu_seqlens_k_new, seen.total_k_new) == (
         None, 0, None, None, 0)  # the 0.8 serving fields' defaults
+    assert (seen.seqused_q, seen.rotary_cos, seen.rotary_sin, seen.rotary_seqlen, seen.rotary_dim,
+            seen.rotary_interleaved, seen.rotary_seqlens) == (None, None, None, 0, 0, 0, None)
     assert lib.workspace_size(params) == 0
 
 
@@ -724,12 +732,15 @@ def test_v7_library_gets_the_v7_struct_size(use_library, stub_v7_library):
     assert seen.struct_size == _lib.ATTENTION_PARAMS_V7_SIZE and seen.head_dim_v == 128
     for kwargs, name in ((dict(kv_batch_idx=0x7000, kv_batch_size=4), r"cache_batch_idx \(kv_batch_idx\)"),
                          (dict(leftpad_k=0x7100), r"cache_leftpad \(leftpad_k\)"),
-                         (dict(cu_seqlens_k_new=0x7200, total_k_new=9), r"cu_seqlens_k_new \(cu_seqlens_k_new\)")):
+                         (dict(cu_seqlens_k_new=0x7200, total_k_new=9), r"cu_seqlens_k_new \(cu_seqlens_k_new\)"),
+                         (dict(seqused_q=0x7300), r"seqused_q \(seqused_q\)"),
+                         (dict(rotary_cos=0x7400, rotary_sin=0x7500, rotary_seqlen=64, rotary_dim=32),
+                          r"rotary_cos \(rotary_cos\)")):
         with pytest.raises(RuntimeError, match=name + r" is set, but .*version 0\.8\.0-stub, 696-byte "
                                                       r"flashcore_attention_params\) predates it: a 0.8 library"):
             lib.set_kvcache_serving(params, **kwargs)
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V7_SIZE,
-                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V7_SIZE)) == bytes(40)
+                                  ctypes.sizeof(params) - _lib.ATTENTION_PARAMS_V7_SIZE)) == bytes(88)
 
 
 def test_kvcache_serving_fields_reach_c_intact(use_library, stub_library):
@@ -749,3 +760,29 @@ def test_kvcache_serving_fields_reach_c_intact(use_library, stub_library):
     only = lib.set_kvcache_serving(_mla_params(lib), leftpad_k=0x7100, kv_batch_size=6, total_k_new=9)
     assert (only.kv_batch_idx, only.kv_batch_size, only.leftpad_k, only.cu_seqlens_k_new, only.total_k_new) == (
         None, 0, 0x7100, None, 0)
+
+
+def test_seqused_q_and_rotary_fields_reach_c_intact(use_library, stub_library):
+    """A 0.8 library: set_kvcache_serving writes seqused_q at 736 and the rotary fields at 744 .. 776
+    (rotary_interleaved as 0 / 1), rotary_seqlens only when given; rotary_cos and rotary_sin go together, rotary_seqlens needs them."""
+    use_library(stub_library)
+    lib = _lib.load()
+    params = lib.set_kvcache_serving(_mla_params(lib), seqused_q=0x7300, rotary_cos=0x7400, rotary_sin=0x7500,
+                                     rotary_seqlen=4096, rotary_dim=64, rotary_interleaved=True,
+                                     rotary_seqlens=0x7600)
+    lib.forward(params, 0)
+    seen = _lib.AttentionParamsStruct()
+    lib._cdll.stub_last_params(ctypes.byref(seen))
+    assert (seen.seqused_q, seen.rotary_cos, seen.rotary_sin, seen.rotary_seqlen, seen.rotary_dim,
+            seen.rotary_interleaved, seen.rotary_seqlens) == (0x7300, 0x7400, 0x7500, 4096, 64, 1, 0x7600)
+    raw = ctypes.string_at(ctypes.addressof(seen) + 736, 48)
+    word = lambda i, n=8: int.from_bytes(raw[i:i + n], "little")  # noqa: E731
+    assert [word(0), word(8), word(16), word(24), word(32, 4), word(36, 4), word(40)] == [
+        0x7300, 0x7400, 0x7500, 4096, 64, 1, 0x7600]
+    neox = lib.set_kvcache_serving(_mla_params(lib), rotary_cos=0x7400, rotary_sin=0x7500, rotary_seqlen=8,
+                                   rotary_dim=16, rotary_interleaved=False)
+    assert (neox.rotary_interleaved, neox.rotary_seqlens, neox.seqused_q, neox.kv_batch_idx) == (0, None, None, None)
+    with pytest.raises(ValueError, match="rotary_cos and rotary_sin go together"):
+        lib.set_kvcache_serving(_mla_params(lib), rotary_cos=0x7400, rotary_seqlen=8, rotary_dim=16)
+    with pytest.raises(ValueError, match="rotary_seqlens is set without rotary_cos"):
+        lib.set_kvcache_serving(_mla_params(lib), rotary_seqlens=0x7600)

@@ -50,14 +50,19 @@ def test_params_layout_matches_header(header_text):
     """dout starts where the 0.3 layout ends (480); then 4 pointers, 4 stride structs and 2 int32: the 0.4 layout,
     648 bytes; the 0.5 variants follow (4 int32/float, a pointer, 2 int32): 680 bytes; then the 0.6 dsinks pointer:
     688 bytes; then the 0.7 head_dim_v (int64): 696 bytes; then the 0.8 serving fields (a pointer, an int64, two
-    pointers, an int64): 736 bytes."""
+    pointers, an int64, the seqused_q pointer, two rotary pointers, an int64, two int32 and a pointer): 784 bytes."""
     offsets, size = _header_layout(header_text)
     assert offsets["dout"] == 480 == _lib.ATTENTION_PARAMS_V3_SIZE
     assert offsets["local"] == 480 + 4 * 8 + 4 * 32 + 2 * 4 == 648 == _lib.ATTENTION_PARAMS_V4_SIZE
     assert offsets["dsinks"] == 648 + 4 * 4 + 8 + 2 * 4 == 680 == _lib.ATTENTION_PARAMS_V5_SIZE
     assert offsets["head_dim_v"] == 680 + 8 == 688 == _lib.ATTENTION_PARAMS_V6_SIZE
     assert offsets["kv_batch_idx"] == 688 + 8 == 696 == _lib.ATTENTION_PARAMS_V7_SIZE
-    assert size == 696 + 5 * 8 == 736
+    assert offsets["seqused_q"] == 696 + 5 * 8 == 736
+    assert {name: offsets[name] for name in ("rotary_cos", "rotary_sin", "rotary_seqlen", "rotary_dim",
+                                             "rotary_interleaved", "rotary_seqlens")} == {
+        "rotary_cos": 744, "rotary_sin": 752, "rotary_seqlen": 760, "rotary_dim": 768, "rotary_interleaved": 772,
+        "rotary_seqlens": 776}
+    assert size == 736 + 8 + 2 * 8 + 8 + 2 * 4 + 8 == 784
     assert ctypes.sizeof(_lib.AttentionParamsStruct) == size
     assert [name for name, _ in _lib.AttentionParamsStruct._fields_] == list(offsets)
     for name, offset in offsets.items():

@@ -18,8 +18,9 @@
  * variant for it before calling: a 0.5 library's backward refuses them). Compiled with
  * -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V6_SIZE it plays a 0.6 library: a struct that ends before head_dim_v
  * (0.7), which it never reads. Compiled with -DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE it plays a 0.7
- * library: a struct that ends before the serving fields of 0.8 (kv_batch_idx ... total_k_new), which it never reads,
- * with the 0.7 capabilities (head dim pairs).
+ * library: a struct that ends before the serving fields of 0.8 (kv_batch_idx ... total_k_new, seqused_q, rotary_cos ...
+ * rotary_seqlens), which it never reads, with the 0.7 capabilities (head dim pairs). Built without STUB_PARAMS_SIZE it
+ * plays a 0.8 library: it records the whole 0.8 struct (784 bytes) of the header it includes.
  * Capabilities: the stub serves one layout of flashcore_capabilities, its version's (a library refuses a struct_size
  * larger than its own): the 0.7 one (with head_dim_pairs {192, 128}; unchanged in 0.8) as the current library and as
  * a 0.7 library, the 0.2 .. 0.6 one (STUB_CAPS_V2_SIZE bytes, up to device_backend) when it plays an older library. */
