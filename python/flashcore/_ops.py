@@ -544,7 +544,8 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
                   max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                   descales: Tuple[Optional[torch.Tensor], ...] = (None, None, None),
                   precision: int = _lib.PRECISION_NATIVE, variants: Optional[Variants] = None, k_new=None, v_new=None,
-                  cu_seqlens_k_new=None, kv_batch_idx=None, leftpad_k=None):
+                  cu_seqlens_k_new=None, kv_batch_idx=None, leftpad_k=None, seqused_q=None,
+                  rotary: Optional["Rotary"] = None):
     """The C params of one forward call on tensors the ABI takes as they are (see kernel_operand), without a
     workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
     per-sequence key counts (a KV cache's lengths).
@@ -576,11 +577,22 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
         packed (total_k_new, Hkv, D) with cu_seqlens_k_new int32 (B + 1,).
       - kv_batch_idx: int32 (B,), FlashAttention's cache_batch_idx: sequence b's cache is entry kv_batch_idx[b] of k's
         and v's batch (dense) or row kv_batch_idx[b] of block_table (paged); kv_batch_size is that extent.
-      - leftpad_k: int32 (B,), FlashAttention's cache_leftpad (dense caches)."""
+      - leftpad_k: int32 (B,), FlashAttention's cache_leftpad (dense caches).
+      - seqused_q: int32 (B,) with cu_seqlens_q, FlashAttention-3's seqused_q: the query rows used per sequence.
+      - rotary: a Rotary (contiguous cos / sin (rotary_seqlen, rotary_dim / 2) in q's dtype, interleaved, optional
+        int32 (B,) seqlens) with k_new: the library rotates the appended keys and, into the workspace, q."""
     varlen_q, varlen_k, paged = cu_seqlens_q is not None, cu_seqlens_k is not None, block_table is not None
     if varlen_k and paged:
         raise ValueError("FlashCore: cu_seqlens_k and block_table cannot be combined (a paged cache's lengths come "
                          "from seqused_k)")
+    if seqused_q is not None and not varlen_q:
+        raise ValueError("FlashCore: seqused_q counts the used rows of packed queries: it needs cu_seqlens_q")
+    if rotary is not None:
+        if k_new is None:
+            raise ValueError("FlashCore: rotary_cos / rotary_sin rotate an append: they need k_new")
+        for name, table in (("rotary_cos", rotary.cos), ("rotary_sin", rotary.sin)):
+            if table.dtype != q.dtype or not table.is_contiguous() or table.dim() != 2:
+                raise ValueError(f"FlashCore: kernel_params needs a contiguous 2-D {name} of q's dtype")
     q4 = q.unsqueeze(0) if varlen_q else q
     out4 = out.unsqueeze(0) if varlen_q else out
     k4, v4 = (k.unsqueeze(0), v.unsqueeze(0)) if varlen_k else (k, v)
@@ -658,7 +670,9 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
         kv_batch_size=block_table.shape[0] if paged else k4.shape[0],
         leftpad_k=0 if leftpad_k is None else leftpad_k.data_ptr(),
         cu_seqlens_k_new=0 if cu_seqlens_k_new is None or k_new is None else cu_seqlens_k_new.data_ptr(),
-        total_k_new=0 if k_new is None else k_new.shape[0])
+        total_k_new=0 if k_new is None else k_new.shape[0],
+        seqused_q=0 if seqused_q is None else seqused_q.data_ptr(),
+        **({} if rotary is None else rotary.fields()))
     return params
 
 
@@ -695,12 +709,14 @@ def _launch(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_scale: f
 
 def _launch_varlen(lib: _lib.Library, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                    max_seqlen_k: int, causal: bool, softmax_scale: float, seqused_k=None,
-                   variants: Optional[Variants] = None) -> None:
-    """The packed variable-length call: q, out (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q)."""
+                   variants: Optional[Variants] = None, seqused_q=None) -> None:
+    """The packed variable-length call: q, out (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q).
+    seqused_q: int32 (B,) (since 0.8): the library computes only sequence b's first seqused_q[b] rows and writes no
+    other."""
     q, k, v = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (q, k, v))
     params = kernel_params(lib, q, k, v, out, lse, causal, softmax_scale, seqused_k, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                           variants=variants)
+                           variants=variants, seqused_q=seqused_q)
     _enqueue(lib, params, q.device)
 
 
@@ -903,8 +919,8 @@ def _check_cache_seqlens(cache_seqlens: torch.Tensor, q: torch.Tensor) -> None:
         raise ValueError(f"FlashCore: cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
 
 
-# The C ABI's page sizes (flashcore.h): a multiple of 16 rows, at most 65536.
-PAGE_SIZE_MULTIPLE = 16
+# The C ABI's page sizes (flashcore.h, since 0.8): any number of rows from 1 to 65536 (a 0.7 library takes multiples of
+# 16 only, and refuses the others itself, naming page_size).
 PAGE_SIZE_MAX = 65536
 
 
@@ -926,11 +942,10 @@ def _check_block_table(block_table, q: torch.Tensor, k_cache: torch.Tensor, rows
         raise ValueError(f"FlashCore: block_table is on {block_table.device}, q on {q.device}")
     if k_cache.dim() == 4:
         num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-        if page_size <= 0 or page_size % PAGE_SIZE_MULTIPLE != 0 or page_size > PAGE_SIZE_MAX:
+        if page_size <= 0 or page_size > PAGE_SIZE_MAX:
             raise ValueError(
                 f"FlashCore: with block_table, k_cache/v_cache are (num_pages, page_size, num_heads_kv, head_dim) and "
-                f"page_size must be a positive multiple of {PAGE_SIZE_MULTIPLE} up to {PAGE_SIZE_MAX}, got "
-                f"{tuple(k_cache.shape)} (page_size {page_size})"
+                f"page_size must be from 1 to {PAGE_SIZE_MAX}, got {tuple(k_cache.shape)} (page_size {page_size})"
             )
         if num_pages == 0:
             raise ValueError(f"FlashCore: the paged cache has no pages: k_cache {tuple(k_cache.shape)}")
@@ -1014,8 +1029,70 @@ def _check_sequence_vector(name: str, t, length: int, q: torch.Tensor, what: str
         raise ValueError(f"FlashCore: {name} is on {t.device}, q on {q.device}")
 
 
+class Rotary(NamedTuple):
+    """The rotary embedding of an append (FlashAttention's rotary_cos / rotary_sin, since 0.8): cos and sin
+    (rotary_seqlen, rotary_dim / 2) in q's dtype, contiguous; interleaved (GPT-J pairs) or not (GPT-NeoX halves);
+    seqlens: int32 (B,) first positions, or None (cache_seqlens)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    interleaved: bool
+    seqlens: Optional[torch.Tensor]
+
+    def fields(self) -> dict:
+        """Library.set_kvcache_serving's keyword arguments."""
+        return dict(rotary_cos=self.cos.data_ptr(), rotary_sin=self.sin.data_ptr(), rotary_seqlen=self.cos.shape[0],
+                    rotary_dim=2 * self.cos.shape[1], rotary_interleaved=self.interleaved,
+                    rotary_seqlens=0 if self.seqlens is None else self.seqlens.data_ptr())
+
+
+# The C ABI's rotary_dim (flashcore.h): a multiple of 16 columns, at most head_dim (FlashAttention's rule too).
+ROTARY_DIM_MULTIPLE = 16
+
+
+def _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q: torch.Tensor, batch: int, append: bool) -> None:
+    """FlashAttention's rotary_cos / rotary_sin (rotary_seqlen, rotary_dim / 2) of q's dtype on q's device, rotary_dim
+    a positive multiple of 16 up to q's head dim, at least one row; rotary_seqlens int32 (B,); an append (k, v)
+    required (metadata only: contiguity is the front end's business, which makes them contiguous)."""
+    if rotary_cos is None and rotary_sin is None:
+        if rotary_seqlens is not None:
+            raise ValueError("FlashCore: rotary_seqlens is given without rotary_cos / rotary_sin (it places their "
+                             "rotation)")
+        return
+    if (rotary_cos is None) != (rotary_sin is None):
+        missing = "rotary_sin" if rotary_sin is None else "rotary_cos"
+        raise ValueError(f"FlashCore: pass both rotary_cos and rotary_sin, or neither ({missing} is missing)")
+    if not append:
+        raise ValueError("FlashCore: rotary_cos / rotary_sin rotate the appended keys (and the queries): pass k and v "
+                         "to append with them, as FlashAttention requires")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"FlashCore: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"FlashCore: {name} must be 2-D (rotary_seqlen, rotary_dim / 2), got shape "
+                             f"{tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"FlashCore: {name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"FlashCore: {name} is on {t.device}, q on {q.device}")
+    if rotary_sin.shape != rotary_cos.shape:
+        raise ValueError(f"FlashCore: rotary_cos and rotary_sin must have the same shape, got "
+                         f"{tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+    rows, half = rotary_cos.shape
+    head_dim = q.shape[-1]
+    rotary_dim = 2 * half
+    if rotary_dim <= 0 or rotary_dim % ROTARY_DIM_MULTIPLE != 0 or rotary_dim > head_dim:
+        raise ValueError(f"FlashCore: rotary_dim = 2 * rotary_cos.shape[1] = {rotary_dim} must be a positive multiple "
+                         f"of {ROTARY_DIM_MULTIPLE} and at most q's head dim ({head_dim})")
+    if rows <= 0:
+        raise ValueError(f"FlashCore: rotary_cos and rotary_sin have no row (position): shape "
+                         f"{tuple(rotary_cos.shape)}")
+    if rotary_seqlens is not None:
+        _check_sequence_vector("rotary_seqlens", rotary_seqlens, batch, q)
+
+
 def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new) -> Tuple[int, int]:
+                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos=None, rotary_sin=None,
+                            rotary_seqlens=None) -> Tuple[int, int]:
     """Checks (metadata only) for the KV-cache ops with the 0.8 arguments; returns (batch, key capacity per sequence).
     q (B, Sq, Hq, D), or packed (total_q, Hq, D) with cu_seqlens_q (B + 1,). Dense cache (B, Sk, Hkv, D), or
     (slots, Sk, Hkv, D) with cache_batch_idx; paged (num_pages, page_size, Hkv, D) with block_table (B, max_pages), or
@@ -1080,6 +1157,10 @@ def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cac
             raise ValueError(f"FlashCore: k and v must append as many rows, got {tuple(k_new.shape)} and "
                              f"{tuple(v_new.shape)}")
         _check_appendable(k_cache, v_cache, check_pointer=False)
+    _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q, batch, k_new is not None)
+    if rotary_cos is not None and k_new.shape[0] * k_new.shape[1] == 0:
+        raise ValueError("FlashCore: rotary_cos / rotary_sin with k and v of no row: the library rotates the queries "
+                         "only along an append; append at least one row, or rotate q yourself")
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     return batch, capacity
 
@@ -1104,7 +1185,7 @@ def _kvcache_serving_outputs(q, v_cache, return_lse: bool, varlen_q: bool):
 def _launch_kvcache_serving(lib: _lib.Library, q, k_cache, v_cache, out, lse, causal: bool, softmax_scale: float,
                             seqused_k, *, block_table=None, num_splits: int = 0, variants=None, cache_batch_idx=None,
                             cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q: int = 0, k_new=None, v_new=None,
-                            cu_seqlens_k_new=None) -> None:
+                            cu_seqlens_k_new=None, rotary: Optional[Rotary] = None) -> None:
     """One library call: the append (k_new into the caches, in place) and the attention. k_cache / v_cache are passed
     as they are when appended to (_kvcache_serving_inputs checked that the ABI takes them), else as kernel_operand
     lays them out; q and the new rows likewise."""
@@ -1121,19 +1202,22 @@ def _launch_kvcache_serving(lib: _lib.Library, q, k_cache, v_cache, out, lse, ca
     params = kernel_params(lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, seqused_k,
                            block_table=block_table, num_splits=num_splits, cu_seqlens_q=cu_seqlens_q,
                            max_seqlen_q=max_seqlen_q, variants=variants, k_new=k_new, v_new=v_new,
-                           cu_seqlens_k_new=cu_seqlens_k_new, kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad)
-    _enqueue(lib, params, q.device)
+                           cu_seqlens_k_new=cu_seqlens_k_new, kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
+                           rotary=rotary)
+    _enqueue(lib, params, q.device)  # the workspace query sees the rotary fields: the rotated q lives there
 
 
 def _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
                          num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
-                         cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new, cu_seqlens_k_new):
+                         cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new, cu_seqlens_k_new,
+                         rotary_cos=None, rotary_sin=None, rotary_interleaved=True, rotary_seqlens=None):
     """The body of both serving ops (attention_kvcache_serving_fwd, attention_kvcache_serving_append_fwd)."""
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _, capacity = _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx,
-                                          cache_leftpad, cu_seqlens_q, k_new, v_new, cu_seqlens_k_new)
+                                          cache_leftpad, cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos,
+                                          rotary_sin, rotary_seqlens)
     heads_q = q.shape[-2]
     variants = _op_variants(q, heads_q, window_size_left, window_size_right, softcap, sinks, attention_chunk)
     lib = _check_supported(q, q.shape[-1], v_cache.shape[3])
@@ -1159,7 +1243,10 @@ def _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_sca
         cache_leftpad=None if cache_leftpad is None else cache_leftpad.contiguous(),
         cu_seqlens_q=None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), max_seqlen_q=max_q,
         k_new=k_new, v_new=v_new,
-        cu_seqlens_k_new=None if cu_seqlens_k_new is None else cu_seqlens_k_new.contiguous())
+        cu_seqlens_k_new=None if cu_seqlens_k_new is None else cu_seqlens_k_new.contiguous(),
+        rotary=None if rotary_cos is None else Rotary(
+            rotary_cos.contiguous(), rotary_sin.contiguous(), bool(rotary_interleaved),
+            None if rotary_seqlens is None else rotary_seqlens.contiguous()))
     return out, lse
 
 
@@ -1200,17 +1287,23 @@ def attention_kvcache_serving_append_fwd(
     window_size_right: int = -1, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0,
     cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
     cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
-    cu_seqlens_k_new: Optional[torch.Tensor] = None
+    cu_seqlens_k_new: Optional[torch.Tensor] = None, rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None, rotary_interleaved: bool = True,
+    rotary_seqlens: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """attention_kvcache_serving_fwd that first appends k_new, v_new to the caches, in place, by the library (the C
     ABI's k_new): (B, Sn, Hkv, D / Dv) rows at cache_seqlens[b] .. + Sn of sequence b's cache slot, or packed
     (total_k_new, Hkv, D / Dv) with cu_seqlens_k_new int32 (B + 1,) (sequence b's rows [cu_seqlens_k_new[b],
     cu_seqlens_k_new[b + 1]) at cache_seqlens[b]); the attention then sees those rows too. Rows past the cache's
-    capacity are dropped, and a sequence whose cache_batch_idx entry is out of range appends nothing (flashcore.h)."""
+    capacity are dropped, and a sequence whose cache_batch_idx entry is out of range appends nothing (flashcore.h).
+    rotary_cos / rotary_sin (rotary_seqlen, rotary_dim / 2) in q's dtype (FlashAttention's rotary embedding, since
+    0.8): the library writes the new keys rotated (new row t of sequence b at position rotary_seqlens[b] + t, or
+    cache_seqlens[b] + t) and attends with q rotated (row i at rotary_seqlens[b] + i with causal or a window, else at
+    rotary_seqlens[b]), pairs (2i, 2i + 1) with rotary_interleaved, else (i, i + rotary_dim / 2); q is not written."""
     return _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
                                 num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
                                 cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new,
-                                cu_seqlens_k_new)
+                                cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
 
 
 @attention_kvcache_serving_append_fwd.register_fake
@@ -1218,9 +1311,11 @@ def _attention_kvcache_serving_append_fwd_fake(q, k_cache, v_cache, cache_seqlen
                                                softmax_scale, return_lse, block_table=None, num_splits=0,
                                                window_size_left=-1, window_size_right=-1, softcap=0.0, sinks=None,
                                                attention_chunk=0, cache_batch_idx=None, cache_leftpad=None,
-                                               cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None):
+                                               cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None,
+                                               rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                                               rotary_seqlens=None):
     _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new)
+                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens)
     _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     return _kvcache_serving_outputs(q, v_cache, return_lse, cu_seqlens_q is not None)
 
@@ -1251,9 +1346,9 @@ def _check_max_seqlen(name: str, value) -> None:
         raise ValueError(f"FlashCore: {name} must be >= 0, got {value}")
 
 
-def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q=None) -> None:
     """q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv) (Dv: D, or head_dim_v), cu_seqlens int32
-    (batch + 1,), seqused_k int32 (batch,)."""
+    (batch + 1,), seqused_k and seqused_q int32 (batch,)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -1282,14 +1377,39 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None
                              f"got {got}")
         if seqused_k.device != q.device:
             raise ValueError(f"FlashCore: seqused_k is on {seqused_k.device}, q on {q.device}")
+    if seqused_q is not None:
+        batch = cu_seqlens_q.shape[0] - 1
+        if (not isinstance(seqused_q, torch.Tensor) or seqused_q.dtype != torch.int32 or seqused_q.dim() != 1
+                or seqused_q.shape[0] != batch):
+            got = (f"{seqused_q.dtype} {tuple(seqused_q.shape)}" if isinstance(seqused_q, torch.Tensor)
+                   else type(seqused_q).__name__)
+            raise ValueError(f"FlashCore: seqused_q must be None or an int32 tensor of shape (batch,) = ({batch},), "
+                             f"got {got}")
+        if seqused_q.device != q.device:
+            raise ValueError(f"FlashCore: seqused_q is on {seqused_q.device}, q on {q.device}")
 
 
-def _empty_varlen_outputs(q: torch.Tensor, return_lse: bool, head_dim_v: int):
-    """out (total_q, Hq, head_dim_v) and lse (Hq, total_q), or an empty (0,) lse."""
+def _empty_varlen_outputs(q: torch.Tensor, return_lse: bool, head_dim_v: int, unused_rows: bool = False):
+    """out (total_q, Hq, head_dim_v) and lse (Hq, total_q), or an empty (0,) lse. unused_rows (seqused_q): rows the
+    library will not write, so out is zero-filled and lse -inf-filled (the values of a row that sees no key), which
+    makes the result deterministic (FlashAttention-3 leaves them uninitialised)."""
     total_q, heads_q, _ = q.shape
+    if unused_rows:
+        out = q.new_zeros((total_q, heads_q, head_dim_v))
+        lse = q.new_full((heads_q, total_q) if return_lse else (0,), -math.inf, dtype=torch.float32)
+        return out, lse
     out = q.new_empty((total_q, heads_q, head_dim_v))
     lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
     return out, lse
+
+
+def _rows_used(cu_seqlens_q: torch.Tensor, seqused_q: torch.Tensor, total_q: int) -> torch.Tensor:
+    """bool (total_q,): whether packed row r is among its sequence's first seqused_q[b] rows (on the device, no host
+    sync)."""
+    rows = torch.arange(total_q, device=cu_seqlens_q.device, dtype=torch.int64)
+    cu = cu_seqlens_q.long()
+    seq = torch.searchsorted(cu[1:], rows, right=True).clamp_(max=cu.shape[0] - 2)
+    return (rows >= cu[seq]) & (rows < cu[seq + 1]) & (rows - cu[seq] < seqused_q.long()[seq])
 
 
 @torch.library.custom_op("flashcore::varlen_attention_fwd", mutates_args=())
@@ -1297,35 +1417,42 @@ def varlen_attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
     return_lse: bool, window_size_left: int = -1, window_size_right: int = -1, softcap: float = 0.0,
-    sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0
+    sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0, seqused_q: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed variable-length attention: sequence b is rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (total_q, Hq,
     D) against rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k (total_k, Hkv, D) and v (total_k, Hkv, Dv) (the first
     seqused_k[b] of them when given); Dv is D, or v's head dim of its own (head_dim_v, as in attention_fwd). Returns
     (out (total_q, Hq, Dv), lse float32 (Hq, total_q) or an empty (0,) tensor). The variants (window, softcap, sinks,
-    attention_chunk) as in attention_fwd, aligned per sequence."""
-    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    attention_chunk) as in attention_fwd, aligned per sequence. seqused_q int32 (batch,) (since 0.8): only sequence
+    b's first seqused_q[b] query rows are computed (causal alignment against seqused_q[b]); every other row of out is
+    0 and of lse -inf."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     variants = _op_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     lib = _check_supported(q, q.shape[2], v.shape[2])
-    out, lse = _empty_varlen_outputs(q, return_lse, v.shape[2])
+    out, lse = _empty_varlen_outputs(q, return_lse, v.shape[2], unused_rows=seqused_q is not None)
     if out.numel() == 0:
         return out, lse
     # No sequence is longer than its packed tensor: tighter bounds, same result (the lengths are never read here).
     max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     if max_seqlen_q == 0 or max_seqlen_k == 0:  # no query row, or no key anywhere: O = 0, LSE = -inf (or the sink)
-        _fill_rows_without_keys(out, lse, variants, heads_axis=0)
+        if seqused_q is None or variants is None or variants.sinks is None or lse.numel() == 0:
+            _fill_rows_without_keys(out, lse, variants, heads_axis=0)
+        else:  # the sink's LSE on the used rows only (the others stay -inf, as the library leaves them unwritten)
+            used = _rows_used(cu_seqlens_q, seqused_q, q.shape[0])
+            lse.copy_(torch.where(used[None, :], variants.sinks[:, None], lse))
         return out, lse
     _launch_varlen(lib, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q,
                    max_seqlen_k, causal, softmax_scale, None if seqused_k is None else seqused_k.contiguous(),
-                   **_launch_variants(variants))
+                   **_launch_variants(variants),
+                   **({} if seqused_q is None else {"seqused_q": seqused_q.contiguous()}))
     return out, lse
 
 
 @varlen_attention_fwd.register_fake
 def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
                                softmax_scale, return_lse, window_size_left=-1, window_size_right=-1, softcap=0.0,
-                               sinks=None, attention_chunk=0):
-    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+                               sinks=None, attention_chunk=0, seqused_q=None):
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     _op_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     return _empty_varlen_outputs(q, return_lse, v.shape[2])
 
@@ -1811,20 +1938,25 @@ def _varlen_attention_variants_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, c
 
 VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention with seqused_k is not supported "
                                          "yet (packed batches without seqused_k are)")
+VARLEN_SEQUSED_Q_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention with seqused_q is not "
+                                           "supported (the library's backward refuses seqused_q); run it under "
+                                           "torch.no_grad(), or pass cu_seqlens_q with the used lengths to train")
 
 # varlen_attention_fwd's inputs: (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-# softmax_scale, return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk).
+# softmax_scale, return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk, seqused_q).
 _VARLEN_SINKS_INPUT = 14
 
 
 def _varlen_setup_context(ctx, inputs, output) -> None:
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-     _return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk) = inputs
+     _return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk, seqused_q) = inputs
     out, lse = output
     ctx.set_materialize_grads(False)
     variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
     if v.shape[2] != q.shape[2]:
         ctx.unsupported = head_dim_v_backward_not_supported(q.shape[2], v.shape[2])
+    elif seqused_q is not None:
+        ctx.unsupported = VARLEN_SEQUSED_Q_BACKWARD_NOT_SUPPORTED
     else:
         ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED if seqused_k is not None else None
     ctx.num_inputs = len(inputs)
@@ -2092,13 +2224,18 @@ def attention_with_kvcache(
     cu_seqlens_q: Optional[torch.Tensor] = None,
     max_seqlen_q: Optional[int] = None,
     cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    rotary_interleaved: bool = True,
+    rotary_seqlens: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Decode / chunked prefill against a dense or paged KV cache, with FlashAttention's flash_attn_with_kvcache
     names.
 
     q (B, Sq, Hq, D). Dense cache: k_cache, v_cache (B, Sk_max, Hkv, D). Paged cache: block_table int32
     (B, max_pages) (FlashAttention-2's name; FlashAttention-3's page_table is accepted as an alias) and k_cache,
-    v_cache (num_pages, page_size, Hkv, D), page_size a multiple of 16: key j of sequence b is row j % page_size
+    v_cache (num_pages, page_size, Hkv, D), page_size from 1 to 65536 (since 0.8; a 0.7 library takes multiples of
+    16 only and refuses the others, naming page_size): key j of sequence b is row j % page_size
     of page block_table[b, j // page_size]; Sk_max = max_pages * page_size.
     cache_seqlens: int32 (B,) tensor (or an int for all) of the keys already in each sequence's cache (None:
     Sk_max). k, v (B, Sq_new, Hkv, D), optional: written into the caches in place at positions cache_seqlens[b] ..
@@ -2130,6 +2267,15 @@ def attention_with_kvcache(
         lse (Hq, total_q), FlashAttention-3's varlen convention.
       - cu_seqlens_k_new: int32 (B + 1,): k, v are packed (total_k_new, Hkv, D / Dv) and sequence b appends its rows
         [cu_seqlens_k_new[b], cu_seqlens_k_new[b + 1]) at cache_seqlens[b].
+      - rotary_cos, rotary_sin: (rotary_seqlen, rotary_dim / 2) in q's dtype (made contiguous), rotary_dim a
+        multiple of 16 up to D, with k and v (an append; FlashAttention requires it too): FlashAttention's rotary
+        embedding. The first rotary_dim columns of the new keys are rotated before they are written to the cache
+        (the cache holds the rotated keys; v is copied as it is), and the queries are rotated for the attention (q
+        itself is not written): new row t of sequence b at position rotary_seqlens[b] + t, query row i at
+        rotary_seqlens[b] + i with causal or a window, else at rotary_seqlens[b] for every row; positions clamped to
+        [0, rotary_seqlen). rotary_interleaved=True (FA3's default): GPT-J pairs (2i, 2i + 1); False: GPT-NeoX halves
+        (i, i + rotary_dim / 2). rotary_seqlens: int32 (B,), None: cache_seqlens. x' = x cos - y sin,
+        y' = x sin + y cos, rounded once to q's dtype.
     With any of them the call runs as one library call (flashcore::attention_kvcache_serving_fwd, or
     flashcore::attention_kvcache_serving_append_fwd with k, v): the library writes the new rows into the caches
     (device-side, no host sync; rows past the capacity are dropped) and attends to them. cache_seqlens is indexed by
@@ -2145,11 +2291,13 @@ def attention_with_kvcache(
         block_table = page_table
     if max_seqlen_q is not None and cu_seqlens_q is None:
         raise ValueError("FlashCore: max_seqlen_q is given without cu_seqlens_q (it bounds packed queries)")
-    if any(t is not None for t in (cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new)):
+    rotary_interleaved = _check_flag("rotary_interleaved", rotary_interleaved)
+    if any(t is not None for t in (cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new, rotary_cos,
+                                   rotary_sin, rotary_seqlens)):
         return _attention_with_kvcache_serving(
             q, k_cache, v_cache, k, v, cache_seqlens, scale, causal, return_softmax_lse, block_table, splits,
             window_size, attention_chunk, softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
-            cu_seqlens_k_new)
+            cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
     paged = block_table is not None
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"FlashCore: q must be a 4-D tensor (batch, seqlen, num_heads, head_dim), got "
@@ -2209,9 +2357,10 @@ def attention_with_kvcache(
 def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, scale: float, causal: bool,
                                     return_softmax_lse: bool, block_table, splits: int, window_size, attention_chunk,
                                     softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
-                                    cu_seqlens_k_new):
+                                    cu_seqlens_k_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                                    rotary_seqlens=None):
     """attention_with_kvcache with FlashAttention-3's serving arguments (cache_batch_idx, cache_leftpad, cu_seqlens_q,
-    cu_seqlens_k_new): checked here, naming the argument, then one serving op."""
+    cu_seqlens_k_new, the rotary embedding): checked here, naming the argument, then one serving op."""
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         if not isinstance(q, torch.Tensor) or q.dim() != 3:
@@ -2252,12 +2401,15 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
         raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
     if k is not None:  # the caches' dtype, as the plain append writes them
         k, v = (t.to(c.dtype) if isinstance(t, torch.Tensor) else t for t, c in ((k, k_cache), (v, v_cache)))
+    if isinstance(rotary_cos, torch.Tensor) and isinstance(rotary_sin, torch.Tensor):  # FA3's maybe_contiguous
+        rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
     _kvcache_serving_inputs(q, k_cache, v_cache, lengths, block_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
-                            k, v, cu_seqlens_k_new)
+                            k, v, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens)
     if not torch.compiler.is_compiling():
         lib = _check_supported(q, q.shape[-1], v_cache.shape[3])
         serving = [name for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-                                        ("cu_seqlens_k_new", cu_seqlens_k_new if k is not None else None))
+                                        ("cu_seqlens_k_new", cu_seqlens_k_new if k is not None else None),
+                                        ("rotary_cos", rotary_cos), ("rotary_seqlens", rotary_seqlens))
                    if t is not None]
         if serving and not lib.has_kvcache_serving():  # before any append (the op would refuse it at launch)
             raise RuntimeError(f"FlashCore: {serving[0]} is set, but {lib.path} (version {lib.version_string()}) "
@@ -2269,9 +2421,12 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
         out, lse = attention_kvcache_serving_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
                                                  **common)
     else:
+        rotary = {} if rotary_cos is None else dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                                    rotary_interleaved=rotary_interleaved,
+                                                    rotary_seqlens=rotary_seqlens)
         out, lse = attention_kvcache_serving_append_fwd(q, k_cache, v_cache, lengths, k, v, causal, scale,
                                                         return_softmax_lse, cu_seqlens_k_new=cu_seqlens_k_new,
-                                                        **common)
+                                                        **rotary, **common)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -2292,6 +2447,7 @@ def varlen_attention(
     attention_chunk: int = 0,
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    seqused_q: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Packed variable-length attention with FlashAttention's flash_attn_varlen_func names.
 
@@ -2310,22 +2466,33 @@ def varlen_attention(
     rows not covered by cu_seqlens_q are left unwritten. window_size, attention_chunk, softcap and sinks as in
     flashcore.attention (since 0.5), aligned per sequence.
 
+    seqused_q: optional int32 (batch,) (since 0.8, FlashAttention-3's): sequence b uses only its first seqused_q[b]
+    query rows (clamped to its length); causal alignment is against seqused_q[b] rows. The other rows are not
+    computed: out is 0 and lse -inf there (FlashCore zero-fills them for a deterministic result; FlashAttention-3
+    leaves them uninitialised). Forward only: a backward through a call with seqused_q raises NotImplementedError.
+    A 0.7 library refuses it (RuntimeError naming seqused_q).
+
     Differentiable (since 0.4, sm90 backend; the portable backend refuses packed batches in the backward, naming them)
-    in q, k and v through out (not through lse), without seqused_k; since 0.6 (a 0.6 library) with window_size,
+    in q, k and v through out (not through lse), without seqused_k and seqused_q; since 0.6 (a 0.6 library) with
+    window_size,
     softcap and sinks too (and attention_chunk, with a library that runs it), and in sinks when they require grad.
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     variants = _front_end_variants(q, q.shape[1], window_size, softcap, sinks, attention_chunk)
     if not torch.compiler.is_compiling():
-        _check_supported(q, q.shape[2], v.shape[2])
-    # The backward reads lse (none with seqused_k, which it does not take yet).
-    want_lse = return_lse or (_needs_grad(q, k, v, *_sinks_of(variants)) and seqused_k is None)
+        lib = _check_supported(q, q.shape[2], v.shape[2])
+        if seqused_q is not None and not lib.has_kvcache_serving():
+            raise RuntimeError(f"FlashCore: seqused_q is set, but {lib.path} (version {lib.version_string()}) predates "
+                               f"it: a 0.8 library or newer is needed")
+    # The backward reads lse (none with seqused_k or seqused_q, which it does not take).
+    want_lse = return_lse or (_needs_grad(q, k, v, *_sinks_of(variants)) and seqused_k is None and seqused_q is None)
+    extra = {} if seqused_q is None else {"seqused_q": seqused_q}
     out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                    causal, scale, want_lse, **_variant_kwargs(variants))
+                                    causal, scale, want_lse, **_variant_kwargs(variants), **extra)
     return (out, lse) if return_lse else out
 
 

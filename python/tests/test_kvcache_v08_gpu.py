@@ -9,6 +9,14 @@ keys, with the project's error rule (test_variants_gpu.check: err <= 2 * err(bas
 LSE within 2e-3 / 1e-3). Every cache row no sequence may read holds NaN (unused slots and pages, rows past the lengths,
 rows before the left padding).
 
+The rotary embedding of an append (rotary_cos / rotary_sin, GPT-J pairs and GPT-NeoX halves, rotary_dim 32 and 128,
+explicit rotary_seqlens, dense and paged caches with pages of 1, 4 and 24 rows): the caches must hold the new keys
+rotated by the float64 reference (rotate_fp64, FlashAttention's formula) within one bf16 ulp (the library rounds once),
+the other columns and v bit for bit; the output is checked against the float64 attention of the queries rotated by the
+reference (FlashAttention's positions: row i at rotary_seqlens[b] + i with causal or a window, else at
+rotary_seqlens[b]) and the keys the call left in the cache. varlen_attention's seqused_q: the used rows against the
+reference of those rows (causal alignment against seqused_q[b]), the others 0 with lse -inf.
+
 Needs torch, a CUDA GPU and a libflashcore.so of 0.8 or newer (skips otherwise, naming the reason)."""
 
 import math
@@ -20,7 +28,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 import flashcore  # noqa: E402
 from flashcore import _lib  # noqa: E402
 from test_attention_gpu import _need, caps  # noqa: E402,F401  (fixtures; cuda: conftest.py)
-from test_kvcache_v08_cpu import expected_v08  # noqa: E402
+from test_kvcache_v08_cpu import expected_v08, rotary_positions, rotate_fp64  # noqa: E402
 from test_paged_cpu import paginate  # noqa: E402
 from test_variants_gpu import check  # noqa: E402
 from test_varlen_cpu import cu_seqlens  # noqa: E402
@@ -37,9 +45,11 @@ def v08(caps):
 
 def _run(cuda, *, lengths, causal, batch_idx=None, slots=None, leftpad=None, lens_q=None, seqlen_q=1,
          new=None, packed_new=False, page_size=None, window=(-1, -1), heads=(8, 2), head_dim=128, capacity=256,
-         dtype=torch.bfloat16, seed=0):
-    """One call with these arguments, checked: the caches bit for bit, then each sequence. new: rows appended per
-    sequence (a list; (B, Sn) rows need them all equal). lens_q: packed queries of these lengths (else (B, seqlen_q))."""
+         dtype=torch.bfloat16, seed=0, rotary_dim=None, interleaved=True, rotary_seqlens=None):
+    """One call with these arguments, checked: the caches bit for bit (the rotated columns of appended keys within
+    one ulp), then each sequence. new: rows appended per sequence (a list; (B, Sn) rows need them all equal). lens_q:
+    packed queries of these lengths (else (B, seqlen_q)). rotary_dim: rotary tables of capacity + 8 rows and
+    rotary_dim / 2 columns (FlashAttention-3's test draws its angles the same way)."""
     batch = len(lengths)
     slots = batch if slots is None else slots
     heads_q, heads_kv = heads
@@ -74,6 +84,14 @@ def _run(cuda, *, lengths, causal, batch_idx=None, slots=None, leftpad=None, len
     k_before, v_before = k.to("cpu", copy=True), v.to("cpu", copy=True)
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=cuda)
     kwargs = dict(cache_seqlens=seqlens, causal=causal, return_softmax_lse=True, window_size=window)
+    rotary = None
+    if rotary_dim is not None:
+        angle = torch.rand(capacity + 8, rotary_dim // 2, device=cuda, generator=gen, dtype=torch.float64) * 2 * math.pi
+        cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+        kwargs.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+        if rotary_seqlens is not None:
+            kwargs["rotary_seqlens"] = torch.tensor(rotary_seqlens, dtype=torch.int32, device=cuda)
+        rotary = (cos.cpu(), sin.cpu(), interleaved, rotary_seqlens)
     if table is not None:
         kwargs["page_table"] = table
     if batch_idx is not None:
@@ -95,8 +113,17 @@ def _run(cuda, *, lengths, causal, batch_idx=None, slots=None, leftpad=None, len
     _, _, k_after, v_after = expected_v08(
         q.cpu(), k_before, v_before, lengths, causal=causal, block_table=None if table is None else table.cpu(),
         batch_idx=batch_idx, leftpad=leftpad, lens_q=lens_q, k_new=None if k_new is None else k_new.cpu(),
-        v_new=None if v_new is None else v_new.cpu(), lens_new=new if packed_new else None)
-    assert torch.equal(k.cpu().nan_to_num(7.0), k_after.nan_to_num(7.0)), "k_cache after the append"
+        v_new=None if v_new is None else v_new.cpu(), lens_new=new if packed_new else None, rotary=rotary)
+    if rotary is None:
+        assert torch.equal(k.cpu().nan_to_num(7.0), k_after.nan_to_num(7.0)), "k_cache after the append"
+    else:  # rotated once in fp32 (or wider) and rounded: within one ulp of the float64 rotation rounded
+        got, want = k.cpu().double(), k_after.double()
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), "k_cache after the append (NaN rows)"
+        finite = ~torch.isnan(want)
+        diff = (got[finite] - want[finite]).abs()
+        bound = 2.0 ** -7 * torch.maximum(got[finite].abs(), want[finite].abs()) + 1e-5
+        assert (diff <= bound).all(), f"rotated keys: max error {diff.max().item():.3g} beyond one ulp"
+        assert torch.equal(got[..., rotary_dim:].nan_to_num(7.0), want[..., rotary_dim:].nan_to_num(7.0))
     assert torch.equal(v.cpu().nan_to_num(7.0), v_after.nan_to_num(7.0)), "v_cache after the append"
     if new is not None and any(0 <= s < slots for s in slot_of):
         assert not torch.equal(k.cpu().nan_to_num(7.0), k_before.nan_to_num(7.0))  # something was appended
@@ -112,6 +139,9 @@ def _run(cuda, *, lengths, causal, batch_idx=None, slots=None, leftpad=None, len
         start += n_q
         if n_q == 0:
             continue
+        if rotary is not None:  # the queries the library attends with: rotated (rounded to q's dtype), q itself intact
+            pos_q, _ = rotary_positions(lengths, rotary_seqlens, b, n_q, 0, causal or window != (-1, -1))
+            q_b = rotate_fp64(q_b.cpu(), rotary[0], rotary[1], pos_q, interleaved).to(dtype).to(cuda)
         s = slot_of[b]
         if not 0 <= s < slots:
             assert (out_b == 0).all() and (lse_b == -math.inf).all(), f"sequence {b}: slot {s} is out of range"
@@ -189,3 +219,72 @@ def test_mha_and_gqa(v08, cuda):
     for heads in ((4, 4), (8, 1)):
         _run(cuda, lengths=[5, 128], batch_idx=[1, 0], new=[3, 2], packed_new=True, causal=True, seqlen_q=3,
              heads=heads, seed=8)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rotary embedding of an append.
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rotary_dim", [32, 128])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+def test_rotary(v08, cuda, interleaved, rotary_dim, causal):
+    """Dense cache, (B, 3) new rows, 3 queries per sequence, d = 128; the last sequence's rows past the capacity
+    dropped."""
+    _run(cuda, lengths=[0, 77, 200, 254], new=[3, 3, 3, 3], seqlen_q=3, causal=causal, rotary_dim=rotary_dim,
+         interleaved=interleaved, seed=20)
+
+
+def test_rotary_with_window_and_seqlens(v08, cuda):
+    """A window without causal (queries at incremental positions, FlashAttention's "local"), positions from an
+    explicit rotary_seqlens, GQA 16 / 2."""
+    _run(cuda, lengths=[40, 120, 9], new=[2, 2, 2], seqlen_q=2, causal=False, window=(20, 3), heads=(16, 2),
+         rotary_dim=64, interleaved=False, rotary_seqlens=[0, 130, 9], seed=21)
+    _run(cuda, lengths=[40, 120, 9], new=[2, 2, 2], seqlen_q=4, causal=False, rotary_dim=32, interleaved=True,
+         rotary_seqlens=[3, 0, 250], seed=22)  # not causal, no window: every query row at rotary_seqlens[b]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 24])
+def test_rotary_paged_with_batch_idx_and_packed_append(v08, cuda, page_size):
+    """Pages of 1, 4 and 24 rows, slots by cache_batch_idx (one out of range: no append, O = 0), packed new rows
+    (cu_seqlens_k_new) and packed queries."""
+    _run(cuda, lengths=[5, 100, 0, 250], lens_q=[2, 1, 3, 2], new=[2, 1, 3, 0], packed_new=True,
+         batch_idx=[2, 0, 7, 1], slots=3, causal=True, page_size=page_size, rotary_dim=32,
+         interleaved=page_size != 4, seed=23)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 24])
+def test_any_page_size(v08, cuda, page_size):
+    """Pages that are not multiples of 16 (0.8), dense appends and a plain call."""
+    _run(cuda, lengths=[37, 200, 3], new=[2, 2, 2], seqlen_q=2, causal=True, page_size=page_size, seed=24)
+    _run(cuda, lengths=[256, 1, 70], seqlen_q=1, causal=False, page_size=page_size, seed=25, batch_idx=[1, 2, 0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# varlen_attention's seqused_q.
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_seqused_q(v08, cuda, causal):
+    """Sequence b's first seqused_q[b] rows against its keys (causal alignment against seqused_q[b]), every other row
+    0 with lse -inf (FlashCore zero-fills what the library leaves unwritten); a count past the length is clamped."""
+    lens_q, lens_k, used = [5, 3, 40, 7, 1], [9, 40, 33, 0, 64], [2, 3, 17, 4, 9]
+    gen = torch.Generator(device=cuda).manual_seed(30)
+    q = torch.randn(sum(lens_q), 8, 128, device=cuda, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(sum(lens_k), 2, 128, device=cuda, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(sum(lens_k), 2, 128, device=cuda, dtype=torch.bfloat16, generator=gen)
+    out, lse = flashcore.varlen_attention(q, k, v, cu_seqlens(lens_q, cuda), cu_seqlens(lens_k, cuda), max(lens_q),
+                                          max(lens_k), causal=causal, return_lse=True,
+                                          seqused_q=torch.tensor(used, dtype=torch.int32, device=cuda))
+    sq = sk = 0
+    for b in range(len(lens_q)):
+        n = min(used[b], lens_q[b])
+        rows, keys = slice(sq, sq + n), slice(sk, sk + lens_k[b])
+        if n:
+            if lens_k[b]:
+                check(q[None, rows], k[None, keys], v[None, keys], out[None, rows], lse[None, :, rows], causal=causal)
+            else:
+                assert (out[rows] == 0).all() and (lse[:, rows] == -math.inf).all()
+        assert (out[sq + n:sq + lens_q[b]] == 0).all(), f"sequence {b}: a row past seqused_q was written"
+        assert (lse[:, sq + n:sq + lens_q[b]] == -math.inf).all()
+        sq, sk = sq + lens_q[b], sk + lens_k[b]

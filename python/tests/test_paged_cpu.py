@@ -89,8 +89,8 @@ def test_paginate_round_trip():
         (lambda a: {**a, "block_table": a["block_table"][:2]}, ValueError, r"\(batch, max_pages_per_sequence\) = \(3, \*\)"),
         (lambda a: {**a, "block_table": a["block_table"].flatten()}, ValueError, "block_table must be an int32"),
         (lambda a: {**a, "block_table": [[0]]}, TypeError, "block_table must be a torch.Tensor"),
-        (lambda a: {**a, "k_cache": a["k_cache"][:, :8], "v_cache": a["v_cache"][:, :8]}, ValueError,
-         "page_size must be a positive multiple of 16"),
+        (lambda a: {**a, "k_cache": a["k_cache"][:, :0], "v_cache": a["v_cache"][:, :0]}, ValueError,
+         r"page_size must be from 1 to 65536, got .* \(page_size 0\)"),
         (lambda a: {**a, "k_cache": a["k_cache"][:0], "v_cache": a["v_cache"][:0]}, ValueError, "has no pages"),
         (lambda a: {**a, "k_cache": a["k_cache"][0]}, ValueError, r"k_cache must be a 4-D tensor \(num_pages, page_size"),
         (lambda a: {**a, "v_cache": a["v_cache"][:, :, :1]}, ValueError,
@@ -112,7 +112,7 @@ def test_paginate_round_trip():
         (lambda a: {**a, "k": torch.zeros(3, 2, 2, 64, dtype=torch.bfloat16),
                     "v": torch.zeros(3, 1, 2, 64, dtype=torch.bfloat16)}, ValueError, "append as many rows"),
     ],
-    ids=["table-int64", "table-batch", "table-1d", "table-list", "page-size-8", "no-pages", "cache-3d", "v-shape",
+    ids=["table-int64", "table-batch", "table-1d", "table-list", "page-size-0", "no-pages", "cache-3d", "v-shape",
          "v-head-dim-pair", "splits-negative", "splits-float", "splits-bool", "table-and-page-table", "seqlens-int64",
          "k-without-v", "append-heads", "append-v-head-dim", "append-rows"],
 )
@@ -195,8 +195,10 @@ def test_block_table_views(use_library, stub_library):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("page_size", [1, 4, 16, 24, 64])
 def test_emulated_paged_matches_dense(emulated, causal, page_size):
+    """Any page size (since 0.8 the library takes 1 .. 65536 rows; the Python layer no longer asks for multiples of
+    16)."""
     lengths = [0, 1, 37, 128]
     q, k, v = _cache(batch=4, capacity=128, seqlen_q=2)
     seqlens = torch.tensor(lengths, dtype=torch.int32)

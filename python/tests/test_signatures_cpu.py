@@ -54,8 +54,10 @@ SAME_MEANING = {
     "varlen_attention": {"softmax_scale", "causal", "seqused_k"} | _VARIANTS,
     # 0.8: cu_seqlens_q packs q (total_q, H, D) with out (total_q, H, Dv) and lse (H, total_q), as FA3's;
     # cu_seqlens_k_new packs k and v (total_k_new, Hkv, D), each sequence's rows appended at cache_seqlens[b].
+    # 0.8: the rotary embedding of an append (FA3's tables, pairs, positions and default rotary_interleaved=True).
     "attention_with_kvcache": {"k", "v", "cache_seqlens", "softmax_scale", "causal", "return_softmax_lse",
-                               "cu_seqlens_q", "cu_seqlens_k_new"} | _VARIANTS,
+                               "cu_seqlens_q", "cu_seqlens_k_new", "rotary_sin", "rotary_interleaved",
+                               "rotary_seqlens"} | _VARIANTS,
 }
 
 # Keywords FlashCore shares with FA3 whose meaning differs in some respect, and why that is intended.
@@ -63,9 +65,9 @@ DIFFERENT = {
     "attention_with_kvcache": {
         "num_splits": "0 (the library's choice) and 1 (no split) as in FA3, but n > 1 is at most n parts (FlashCore "
                       "uses fewer where the key range is too short to give each part work), not exactly n.",
-        "page_table": "The same block table (int32 (batch, max_pages)), accepted as an alias of FA2's block_table; "
-                      "FlashCore needs a page size that is a multiple of 16 (whole 16-row slices for its kernels) and "
-                      "raises ValueError for any other, where FA3 takes any page size.",
+        "page_table": "The same block table (int32 (batch, max_pages)), accepted as an alias of FA2's block_table "
+                      "(any page size from 1 to 65536 rows since 0.8, as FA3; a 0.7 library takes multiples of 16 "
+                      "only and refuses the others).",
         "cache_batch_idx": "The same slot per sequence (k_cache's batch entry, or page_table's row) for entries in "
                            "range; an entry out of range, which FA3 reads out of bounds with, gives its sequence no "
                            "key (out 0, lse -inf) and no append here.",
@@ -73,6 +75,15 @@ DIFFERENT = {
                          "with page_table FlashCore raises ValueError (its paged caches take no left padding).",
         "max_seqlen_q": "The same bound on packed queries; FA3 requires it with cu_seqlens_q, FlashCore takes None "
                         "as total_q (always a valid bound).",
+        "rotary_cos": "The same rotation of the appended keys and of the queries (the same positions, a multiple of "
+                      "16 columns, k and v required); an append of no row with it raises ValueError here (the "
+                      "library rotates q only along an append), and positions past the table are clamped to its "
+                      "last row.",
+    },
+    "varlen_attention": {
+        "seqused_q": "The same first seqused_q[b] query rows, causal alignment against them; the other rows are "
+                     "0 (out) and -inf (lse) here, uninitialised in FA3, and FlashCore has no backward with it "
+                     "(NotImplementedError when the backward runs).",
     },
 }
 
@@ -109,7 +120,9 @@ KEYWORD_ONLY_HERE = {
         "softcap": "As window_size.",
     },
     "varlen_attention": {
-        "seqused_k": "FA3's 9th positional argument, after seqused_q, which FlashCore does not have.",
+        "seqused_q": "FA3's 8th positional argument; keyword-only here (added in 0.8, after FlashCore's keyword-only "
+                     "arguments; a positional call written for FA3 still fails loudly).",
+        "seqused_k": "FA3's 9th positional argument, after seqused_q, which FlashCore took keyword-only (0.8).",
         "softmax_scale": "After seqused_q in FA3: positions cannot line up.",
         "causal": "After seqused_q in FA3: positions cannot line up.",
         "window_size": "After seqused_q and qv in FA3: positions cannot line up.",
@@ -134,6 +147,10 @@ KEYWORD_ONLY_HERE = {
         "cu_seqlens_q": "As softmax_scale.",
         "cu_seqlens_k_new": "As softmax_scale.",
         "max_seqlen_q": "As softmax_scale.",
+        "rotary_cos": "FA3's 7th positional argument, after qv, which FlashCore does not have.",
+        "rotary_sin": "As rotary_cos.",
+        "rotary_seqlens": "As softmax_scale.",
+        "rotary_interleaved": "As softmax_scale.",
     },
 }
 

@@ -125,14 +125,24 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
                 lse[b] = l.float()
 
     def launch_varlen(lib, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale, seqused_k=None,
-                      variants=None):
+                      variants=None, seqused_q=None):
         if calls is not None:
             calls.append({"kind": "varlen", "max_seqlen_q": max_q, "max_seqlen_k": max_k,
-                          **({} if variants is None else {"variants": variants})})
+                          **({} if variants is None else {"variants": variants}),
+                          **({} if seqused_q is None else {"seqused_q": seqused_q})})
         cq, ck = cu_q.tolist(), cu_k.tolist()
         lens_q = [b - a for a, b in zip(cq, cq[1:])]
         lens_k = [b - a for a, b in zip(ck, ck[1:])]
         used = None if seqused_k is None else seqused_k.tolist()
+        if seqused_q is not None:  # sequence b's first seqused_q[b] rows only: the others are not written
+            for b, n in enumerate(seqused_q.tolist()):
+                n = max(0, min(n, lens_q[b]))
+                o, l = ref_varlen(q[cq[b]:cq[b] + n], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], [n], [lens_k[b]],
+                                  causal, softmax_scale or None, None if used is None else [used[b]], variants)
+                out[cq[b]:cq[b] + n] = o.to(out.dtype)
+                if lse.numel():
+                    lse[:, cq[b]:cq[b] + n] = l.float()
+            return
         o, l = ref_varlen(q, k, v, lens_q, lens_k, causal, softmax_scale or None, used, variants)
         covered = cq[-1]
         out[:covered] = o[:covered].to(out.dtype)
@@ -401,12 +411,12 @@ def test_signature_follows_fa3_names():
     params = inspect.signature(flashcore.varlen_attention).parameters
     assert list(params) == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                             "softmax_scale", "causal", "seqused_k", "return_lse", "window_size", "attention_chunk",
-                            "softcap", "sinks"]
+                            "softcap", "sinks", "seqused_q"]
     keyword_only = [name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert keyword_only == list(params)[7:]
     assert {name: params[name].default for name in keyword_only} == {
         "softmax_scale": None, "causal": False, "seqused_k": None, "return_lse": False, "window_size": (-1, -1),
-        "attention_chunk": 0, "softcap": 0.0, "sinks": None}
+        "attention_chunk": 0, "softcap": 0.0, "sinks": None, "seqused_q": None}
 
 
 def test_fa3_positional_call_fails_loudly(emulated):

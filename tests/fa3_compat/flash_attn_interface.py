@@ -12,10 +12,12 @@ The rules (what makes a pass mean something):
   supported (...)")`, before FlashCore is called: never computed some other way, never dropped. The list is in
   `unsupported()`'s callers; each reason names the argument.
 - Only exact equivalences are translated: a `window_size` given as a tensor becomes two ints; `seqused_q` /
-  `seqused_k` equal to the lengths cu_seqlens already gives are left out (the same problem; a `seqused_q` that leaves
-  rows unused skips, a `seqused_k` that does is passed on); rotary arguments that FA3 ignores without `rotary_cos`
-  (`rotary_seqlens`, `rotary_interleaved`) are ignored; FA3's `num_splits` for the KV cache is FlashCore's
-  (0: the library's choice, 1: none, n: up to n).
+  `seqused_k` equal to the lengths cu_seqlens already gives are left out (the same problem; a `seqused_q` or
+  `seqused_k` that leaves rows unused is passed on, `seqused_q` to a 0.8 library only: an older one skips); rotary
+  arguments that FA3 ignores without `rotary_cos` (`rotary_seqlens`, `rotary_interleaved`) are ignored, and with it
+  all four are passed on (a 0.8 library; an older one skips); FA3's `num_splits` for the KV cache is FlashCore's
+  (0: the library's choice, 1: none, n: up to n). Page sizes are passed on as they are (any size since 0.8; an
+  older library skips those that are not multiples of 16).
 - Execution-strategy hints (`pack_gqa`, `num_splits` of flash_attn_func / flash_attn_varlen_func, `sm_margin`,
   `scheduler_metadata` / get_scheduler_metadata) do not change the result in FA3, and FlashCore chooses its own
   strategy. FLASHCORE_FA3_HINTS=skip (the default) runs a call only when the hint asks for nothing beyond FA3's plain
@@ -33,8 +35,9 @@ The rules (what makes a pass mean something):
   FlashCore like any other (a probe with v of that head dim): FlashCore 0.7 has none, so such a test skips when it
   calls autograd.grad, after its forward was checked.
 - A call whose inputs require grad but whose backward FlashCore does not have (variants, 8-bit, a head dim without a
-  backward kernel, varlen with seqused_k, ...) returns its real forward output through a node whose backward skips
-  the test, naming the reason: the forward was checked by then (fa3_plugin reports such skips as "after N calls").
+  backward kernel, varlen with seqused_k or seqused_q, ...) returns its real forward output through a node whose
+  backward skips the test, naming the reason: the forward was checked by then (fa3_plugin reports such skips as
+  "after N calls").
 
 `calls` counts the FlashCore calls that returned in the current test (fa3_plugin resets it per test).
 """
@@ -398,10 +401,11 @@ def flash_attn_varlen_func(
         if t is not None:
             skip(f"{n} in {name}", "FlashCore's varlen path is 16-bit only")
     if seqused_q is not None:
-        if not _same_lengths(seqused_q, cu_seqlens_q):
-            skip("seqused_q", "query rows past seqused_q[b] inside a sequence: FlashCore's varlen_attention has no "
-                              "seqused_q")
-        seqused_q = None  # the lengths cu_seqlens_q gives: the same problem
+        if _same_lengths(seqused_q, cu_seqlens_q):
+            seqused_q = None  # the lengths cu_seqlens_q gives: the same problem
+        elif not has_kvcache_serving():
+            skip("seqused_q", "query rows past seqused_q[b] inside a sequence: the loaded libflashcore.so predates "
+                              "FlashCore 0.8's seqused_q")
     if seqused_k is not None and _same_lengths(seqused_k, cu_seqlens_k):
         seqused_k = None  # likewise
     if deterministic:
@@ -412,11 +416,17 @@ def flash_attn_varlen_func(
                          attention_chunk)
     no_backward = None
     if _needs_grad(q, k, v):
-        no_backward = _backward_reason(name, "varlen_attention", q, v, causal, variants,
-                                       seqused_k=seqused_k is not None)
+        if seqused_q is not None:  # the library's backward refuses seqused_q (flashcore.h): nothing to probe
+            no_backward = (f"flashcore: backward of {name} with seqused_q not supported (FlashCore's backward "
+                           f"refuses seqused_q)")
+        else:
+            no_backward = _backward_reason(name, "varlen_attention", q, v, causal, variants,
+                                           seqused_k=seqused_k is not None)
     kwargs = dict(causal=causal, softmax_scale=softmax_scale, return_lse=bool(return_attn_probs), **variants)
     if seqused_k is not None:
         kwargs["seqused_k"] = seqused_k
+    if seqused_q is not None:
+        kwargs["seqused_q"] = seqused_q
     result = flashcore.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                         **kwargs)
     if no_backward is not None:
@@ -466,19 +476,21 @@ def flash_attn_with_kvcache(
     sm_margin=0,
     return_softmax_lse=False,
 ):
-    """FA3's flash_attn_with_kvcache on flashcore.attention_with_kvcache (dense or paged cache, k / v appended in
-    place; cache_batch_idx, cache_leftpad (dense caches), packed queries (cu_seqlens_q, max_seqlen_q) and packed new
-    keys (cu_seqlens_k_new) passed on). Returns out, or (out, softmax_lse (B, H, Sq), or (H, total_q) with packed
-    queries) with return_softmax_lse."""
+    """FA3's flash_attn_with_kvcache on flashcore.attention_with_kvcache (dense or paged cache of any page size, k / v
+    appended in place; cache_batch_idx, cache_leftpad (dense caches), packed queries (cu_seqlens_q, max_seqlen_q),
+    packed new keys (cu_seqlens_k_new) and the rotary embedding (rotary_cos, rotary_sin, rotary_interleaved,
+    rotary_seqlens) passed on). Returns out, or (out, softmax_lse (B, H, Sq), or (H, total_q) with packed queries)
+    with return_softmax_lse."""
     name = "flash_attn_with_kvcache"
     if qv is not None:
         skip("qv", "FA3's extra q_v . v score term (MLA decode)")
-    if rotary_cos is not None or rotary_sin is not None:
-        skip("rotary embedding (rotary_cos / rotary_sin)", "FlashCore applies no rotary embedding")
     if cache_leftpad is not None and page_table is not None:
         skip("cache_leftpad with page_table", "FlashCore's paged caches take no left padding, as FlashAttention-2's")
+    rotary = rotary_cos is not None or rotary_sin is not None
     serving = [n for n, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                               ("cu_seqlens_k_new", cu_seqlens_k_new)) if t is not None]
+    if rotary:
+        serving.append("rotary embedding (rotary_cos / rotary_sin)")
     if serving and not has_kvcache_serving():
         skip(serving[0], "the loaded libflashcore.so predates FlashCore 0.8's serving arguments")
     _check_dtype(name, q, fp8_ok=False)
@@ -486,17 +498,23 @@ def flash_attn_with_kvcache(
     for n, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if t is not None:
             skip(f"{n} in {name}", "FlashCore's KV-cache path is 16-bit only")
-    if page_table is not None and k_cache.shape[1] % 16 != 0:
-        skip(f"page_size={k_cache.shape[1]}", "FlashCore's paged KV cache needs a page size that is a multiple of 16")
+    if page_table is not None and k_cache.shape[1] % 16 != 0 and not has_kvcache_serving():
+        skip(f"page_size={k_cache.shape[1]}", "the loaded libflashcore.so predates FlashCore 0.8, whose paged KV "
+                                              "cache takes any page size (older ones: multiples of 16)")
     if scheduler_metadata is not None and scheduler_metadata is not NO_SCHEDULER_METADATA:
         skip("scheduler_metadata", "FA3's precomputed scheduling; FlashCore plans each call itself")
     _check_hints(name, pack_gqa=pack_gqa, sm_margin=sm_margin)  # num_splits is FlashCore's own argument here
     causal = bool(causal)
     variants = _variants(flashcore.attention_with_kvcache, "attention_with_kvcache", q, v_cache, causal, window_size,
                          softcap, attention_chunk)
-    # rotary_seqlens and rotary_interleaved only matter with rotary_cos (FA3 reads them for the rotation only).
+    # rotary_seqlens and rotary_interleaved only matter with rotary_cos (FA3 reads them for the rotation only): passed
+    # on with it, left out without it.
     kwargs = dict(k=k, v=v, cache_seqlens=cache_seqlens, softmax_scale=softmax_scale, causal=causal,
                   return_softmax_lse=bool(return_softmax_lse), num_splits=int(num_splits), **variants)
+    if rotary:
+        kwargs.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=bool(rotary_interleaved))
+        if rotary_seqlens is not None:
+            kwargs["rotary_seqlens"] = rotary_seqlens
     if page_table is not None:
         kwargs["block_table"] = page_table
     for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),

@@ -225,21 +225,15 @@ SKIP_CASES = {
                          "flashcore: window_size with float8_e4m3fn inputs not supported"),
     "varlen fp8": (_varlen(_dtype=FP8), "flashcore: float8_e4m3fn inputs to flash_attn_varlen_func not supported"),
     "varlen qv": (_varlen(qv=torch.zeros(12, 4, 64)), "flashcore: qv not supported"),
-    "varlen seqused_q with unused rows": (_varlen(seqused_q=torch.tensor([5, 6], dtype=torch.int32)),
-                                         "flashcore: seqused_q not supported"),
     "varlen deterministic": (_varlen(deterministic=True),
                              "flashcore: deterministic=True in flash_attn_varlen_func not supported"),
     "varlen num_splits 3": (_varlen(num_splits=3), "flashcore: num_splits=3 not supported"),
     "varlen pack_gqa": (_varlen(pack_gqa=True), "flashcore: pack_gqa=True not supported"),
     "varlen descale": (_varlen(k_descale=torch.ones(2, 2)), "flashcore: k_descale in flash_attn_varlen_func"),
     "kvcache qv": (_kvcache(qv=torch.zeros(2, 1, 4, 128)), "flashcore: qv not supported"),
-    "kvcache rotary": (_kvcache(rotary_cos=torch.ones(64, 32), rotary_sin=torch.zeros(64, 32)),
-                       "flashcore: rotary embedding (rotary_cos / rotary_sin) not supported"),
     "kvcache paged leftpad": (_kvcache(page=16, cache_leftpad=torch.tensor([1, 0], dtype=torch.int32)),
                               "flashcore: cache_leftpad with page_table not supported (FlashCore's paged caches take "
                               "no left padding, as FlashAttention-2's)"),
-    "kvcache page 4": (_kvcache(page=4), "flashcore: page_size=4 not supported"),
-    "kvcache page 1": (_kvcache(page=1), "flashcore: page_size=1 not supported"),
     "kvcache scheduler metadata": (_kvcache(scheduler_metadata=torch.zeros(4, dtype=torch.int32)),
                                    "flashcore: scheduler_metadata not supported"),
     "kvcache pack_gqa": (_kvcache(pack_gqa=True), "flashcore: pack_gqa=True not supported"),
@@ -447,6 +441,60 @@ def test_kvcache_serving_arguments_are_passed(lib):
         lib.calls[2][2])
 
 
+def test_varlen_partial_seqused_q_is_passed(lib):
+    """A seqused_q that leaves rows unused reaches flashcore.varlen_attention (0.8); FlashCore has no backward with
+    it, so a call under autograd returns the real forward and skips at the backward, without a probe."""
+    q, k, v, cu_q, cu_k = packed()
+    used = torch.tensor([3, 7], dtype=torch.int32)
+    shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_q=used, causal=True)
+    (_, _, kwargs), = lib.calls
+    assert kwargs["seqused_q"] is used and "seqused_k" not in kwargs
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_q=used)
+    assert not any(key[0] == "backward" for key in lib.probed)
+    with pytest.raises(SKIPPED, match=r"flashcore: backward of flash_attn_varlen_func with seqused_q not supported"):
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+
+def test_varlen_partial_seqused_q_skips_with_an_older_library(lib):
+    lib.serving = False
+    q, k, v, cu_q, cu_k = packed()
+    with pytest.raises(SKIPPED) as info:
+        shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_q=torch.tensor([3, 7], dtype=torch.int32))
+    assert info.value.msg.startswith("flashcore: seqused_q not supported (query rows past seqused_q[b] inside a "
+                                     "sequence: the loaded libflashcore.so predates FlashCore 0.8's seqused_q)")
+    assert lib.calls == []
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_kvcache_rotary_is_passed(lib, interleaved):
+    """rotary_cos / rotary_sin reach flashcore.attention_with_kvcache with rotary_interleaved and rotary_seqlens as
+    FA3 got them (rotary_seqlens left out when None)."""
+    q, kc, vc, lens, table = cache(page=16)
+    k_new, v_new = (torch.randn(2, 1, 2, 128).to(BF16) for _ in range(2))
+    cos, sin = torch.ones(64, 32).to(BF16), torch.zeros(64, 32).to(BF16)
+    starts = torch.tensor([3, 9], dtype=torch.int32)
+    shim.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                                 page_table=table, rotary_seqlens=starts, rotary_interleaved=interleaved, causal=True)
+    shim.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens)
+    (_, _, first), (_, _, second) = lib.calls
+    assert first["rotary_cos"] is cos and first["rotary_sin"] is sin and first["rotary_seqlens"] is starts
+    assert first["rotary_interleaved"] is interleaved and first["block_table"] is table
+    assert second["rotary_interleaved"] is True and "rotary_seqlens" not in second
+
+
+@pytest.mark.parametrize("page", [1, 4, 24])
+def test_kvcache_any_page_size_is_passed(lib, page):
+    q, kc, vc, lens, _ = cache()
+    pages = 48 // page
+    kp, vp = (torch.randn(2 * pages, page, 2, 128).to(BF16) for _ in range(2))
+    table = torch.arange(2 * pages, dtype=torch.int32).reshape(2, pages)
+    shim.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, page_table=table)
+    (_, args, kwargs), = lib.calls
+    assert args[1] is kp and kwargs["block_table"] is table
+
+
 def test_kvcache_serving_arguments_skip_with_an_older_library(lib):
     """A library older than 0.8 (no serving fields): the call skips naming the argument; packed queries alone, which
     0.7's C ABI took on a cache, are passed on."""
@@ -458,6 +506,17 @@ def test_kvcache_serving_arguments_skip_with_an_older_library(lib):
             shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, **kwargs)
         assert info.value.msg == (f"flashcore: {name} not supported (the loaded libflashcore.so predates FlashCore "
                                   f"0.8's serving arguments)")
+    k_new, v_new = (torch.randn(2, 1, 2, 128).to(BF16) for _ in range(2))
+    with pytest.raises(SKIPPED) as info:
+        shim.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=torch.ones(64, 32).to(BF16),
+                                     rotary_sin=torch.zeros(64, 32).to(BF16), cache_seqlens=lens)
+    assert info.value.msg.startswith("flashcore: rotary embedding (rotary_cos / rotary_sin) not supported (the "
+                                     "loaded libflashcore.so predates")
+    q4, kp, vp, lens4, table = cache(page=4)
+    with pytest.raises(SKIPPED) as info:
+        shim.flash_attn_with_kvcache(q4, kp, vp, cache_seqlens=lens4, page_table=table)
+    assert info.value.msg.startswith("flashcore: page_size=4 not supported (the loaded libflashcore.so predates "
+                                     "FlashCore 0.8")
     assert lib.calls == []
     shim.flash_attn_with_kvcache(q.reshape(2, 4, 128), kc, vc, cache_seqlens=lens,
                                  cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), max_seqlen_q=1)
