@@ -153,7 +153,9 @@ typedef struct flashcore_attention_params {
                                   outside [0, num_pages) reads as zeros [NULL: dense K and V] */
   int64_t block_table_stride;  /* elements between the rows of block_table, >= ceil(seqlen_k / page_size)
                                   [0: exactly that] */
-  int64_t page_size;           /* rows per page: a multiple of 16, at most 65536; required with block_table [0] */
+  int64_t page_size;           /* rows per page, 1 to 65536 (since 0.8; before, a multiple of 16: the sm90
+                                  kernels take those, other sizes run on the portable kernels); required with
+                                  block_table [0] */
   int64_t num_pages;           /* pages in K and V; required (> 0) with block_table [0] */
   int32_t num_splits;          /* split-KV parts for decode-shaped calls (at most 64 query rows per KV head after
                                   GQA packing, a workspace given): 0 the library's choice (split_plan: full waves),
