@@ -204,18 +204,25 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
   }
   // A rotation's Q copy goes after the backend's workspace: the backend plans for what is left.
   const uint64_t rotary = rotary_q_bytes(p);
-  if (rotary > 0 && workspace_capacity < rotary + 256) {
-    error = "workspace: rotary_cos rotates Q into the workspace, which needs at least " + std::to_string(rotary + 256) +
+  if (rotary > 0 && workspace_capacity < rotary) {
+    error = "workspace: rotary_cos rotates Q into the workspace, which needs at least " + std::to_string(rotary) +
             " bytes (flashcore_attention_workspace_size); workspace_size = " + std::to_string(workspace_capacity) +
             (p.workspace == nullptr ? " and workspace is NULL" : "");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  const uint64_t capacity = workspace_capacity == UINT64_MAX ? UINT64_MAX : workspace_capacity - rotary - 256;
+  const uint64_t capacity =
+      rotary == 0 || workspace_capacity == UINT64_MAX ? workspace_capacity : workspace_capacity - rotary;
   const core::PlanRequest request{capacity, tuning::choose};
   const flashcore_status st = out.backend->plan(p, request, out, error);
   if (st == FLASHCORE_SUCCESS && rotary > 0) {
     out.rotary_q = core::align256(out.workspace.bytes);
     out.workspace.bytes = out.rotary_q + rotary;
+    if (workspace_capacity != UINT64_MAX && out.workspace.bytes > workspace_capacity) {
+      error = "workspace: this call needs " + std::to_string(out.workspace.bytes) +
+              " bytes with rotary_cos (flashcore_attention_workspace_size); workspace_size = " +
+              std::to_string(workspace_capacity);
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
   }
   return st;
 }
