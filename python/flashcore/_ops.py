@@ -1367,26 +1367,17 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused
             f"FlashCore: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
             f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
         )
-    if seqused_k is not None:
-        batch = cu_seqlens_q.shape[0] - 1
-        if (not isinstance(seqused_k, torch.Tensor) or seqused_k.dtype != torch.int32 or seqused_k.dim() != 1
-                or seqused_k.shape[0] != batch):
-            got = (f"{seqused_k.dtype} {tuple(seqused_k.shape)}" if isinstance(seqused_k, torch.Tensor)
-                   else type(seqused_k).__name__)
-            raise ValueError(f"FlashCore: seqused_k must be None or an int32 tensor of shape (batch,) = ({batch},), "
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, used in (("seqused_k", seqused_k), ("seqused_q", seqused_q)):
+        if used is None:
+            continue
+        if (not isinstance(used, torch.Tensor) or used.dtype != torch.int32 or used.dim() != 1
+                or used.shape[0] != batch):
+            got = f"{used.dtype} {tuple(used.shape)}" if isinstance(used, torch.Tensor) else type(used).__name__
+            raise ValueError(f"FlashCore: {name} must be None or an int32 tensor of shape (batch,) = ({batch},), "
                              f"got {got}")
-        if seqused_k.device != q.device:
-            raise ValueError(f"FlashCore: seqused_k is on {seqused_k.device}, q on {q.device}")
-    if seqused_q is not None:
-        batch = cu_seqlens_q.shape[0] - 1
-        if (not isinstance(seqused_q, torch.Tensor) or seqused_q.dtype != torch.int32 or seqused_q.dim() != 1
-                or seqused_q.shape[0] != batch):
-            got = (f"{seqused_q.dtype} {tuple(seqused_q.shape)}" if isinstance(seqused_q, torch.Tensor)
-                   else type(seqused_q).__name__)
-            raise ValueError(f"FlashCore: seqused_q must be None or an int32 tensor of shape (batch,) = ({batch},), "
-                             f"got {got}")
-        if seqused_q.device != q.device:
-            raise ValueError(f"FlashCore: seqused_q is on {seqused_q.device}, q on {q.device}")
+        if used.device != q.device:
+            raise ValueError(f"FlashCore: {name} is on {used.device}, q on {q.device}")
 
 
 def _empty_varlen_outputs(q: torch.Tensor, return_lse: bool, head_dim_v: int, unused_rows: bool = False):
