@@ -65,7 +65,7 @@ cuobjdump --dump-sass "$lib" >"$sass" 2>"$sass.err" || { cat "$sass.err"; err "c
 
 # One summary line per kernel: name, HGMMA, QGMMA, IGMMA, UTMALDG, UTMASTG, LDL/STL and STSM counts.
 report=$(awk '
-  /Function : / { if (name != "") print name, h, q, i, l, s, loc, t, l5; name = $NF; h = q = i = l = s = loc = t = l5 = 0; next }
+  /Function : / { if (name != "") print name, h, q, i, l, s, loc, t, l5, cv; name = $NF; h = q = i = l = s = loc = t = l5 = cv = 0; next }
   name != "" && /HGMMA/   { h++ }
   name != "" && /QGMMA/   { q++ }
   name != "" && /IGMMA/   { i++ }
@@ -74,18 +74,23 @@ report=$(awk '
   name != "" && /UTMASTG/ { s++ }
   name != "" && /[^A-Z](LDL|STL)[. ]/ { loc++ }
   name != "" && /STSM/    { t++ }
-  END { if (name != "") print name, h, q, i, l, s, loc, t, l5 }
+  name != "" && /F2FP\.F16\.E4M3/ { cv++ }
+  END { if (name != "") print name, h, q, i, l, s, loc, t, l5, cv }
 ' "$sass" | grep flashcore_fwd_sm90_kernel | sort -u)
 
 found=$(printf '%s\n' "$report" | grep -c . || true)
 echo "check_sass: $found forward kernel(s) in $lib (expected $expected from the generated instantiations)"
 [[ "$found" -eq "$expected" && "$found" -gt 0 ]] || err "found $found forward kernels, expected $expected"
 
-while read -r name h q i l s loc t l5; do
+while read -r name h q i l s loc t l5 cv; do
   [[ -z "${name:-}" ]] && continue
   demangled=$(echo "$name" | c++filt 2>/dev/null || echo "$name")
   status="ok"
-  if [[ "$demangled" == *_e4m3_* || "$demangled" == *_e5m2_* ]]; then
+  if [[ "$demangled" == *_kve4m3_* ]]; then  # an e4m3 KV cache under 16-bit Q (convert_kv.cuh)
+    [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA"; status="FAIL"; }
+    [[ "$q" -eq 0 ]] || { err "$demangled: 16-bit GEMMs expected, found $q QGMMA"; status="FAIL"; }
+    [[ "$cv" -gt 0 ]] || { err "$demangled: no F2FP.F16.E4M3 (e4m3 K/V widened in shared memory)"; status="FAIL"; }
+  elif [[ "$demangled" == *_e4m3_* || "$demangled" == *_e5m2_* ]]; then
     [[ "$q" -gt 0 ]] || { err "$demangled: no QGMMA (8-bit wgmma)"; status="FAIL"; }
     [[ "$h" -eq 0 ]] || { err "$demangled: 8-bit kernel with $h HGMMA"; status="FAIL"; }
     in_place=${v_in_place[$(row_of "$name")]:-}

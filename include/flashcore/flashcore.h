@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define FLASHCORE_VERSION_MAJOR 0
-#define FLASHCORE_VERSION_MINOR 8
+#define FLASHCORE_VERSION_MINOR 9
 #define FLASHCORE_VERSION_PATCH 0
 
 /* Same type as cudaStream_t / CUstream; NULL is the legacy default stream. */
@@ -323,7 +323,18 @@ typedef struct flashcore_attention_params {
                                           transposition, and its workspace needs only the first 256 bytes. For a K/V
                                           that several calls attend to (a KV cache, chunked prefill): transpose once,
                                           then every call reads it as is. */
-#define FLASHCORE_FLAGS_ALL 1u
+#define FLASHCORE_FLAG_KV_FP8_E4M3 2u /* (added in 0.9) an e4m3 KV cache under 16-bit Q: dtype is FP16 or BF16 (Q
+                                          and O), k and v (and k_new, v_new) hold float8_e4m3fn values x whose real
+                                          value is x * k_descale / x * v_descale, one float32 factor per (batch, KV
+                                          head), as the 8-bit fields describe [NULL: 1]; q_descale stays NULL. The sm90
+                                          kernels read K and V in 8 bits (half a 16-bit cache's bytes) and widen them
+                                          to the 16-bit dtype in shared memory, exactly, so the GEMMs and the softmax
+                                          are the 16-bit ones. Dense, KV-cache (seqused_k, kv_batch_idx, block_table
+                                          with pages of a multiple of 16 rows) and packed calls; strides of K and V in
+                                          multiples of 16 elements. Not yet: the portable backend, k_new / v_new
+                                          appends, rotary, the attention variants, head_dim_v, kernel_config, the
+                                          backward. */
+#define FLASHCORE_FLAGS_ALL 3u
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.
  * Accepted struct_size values: FLASHCORE_ATTENTION_PARAMS_V1_SIZE (a 0.1 caller: the fields since 0.2 take their

@@ -15,6 +15,8 @@
 //   opt.workspace = ws;  // cudaMalloc'ed and cudaMemset to 0 once
 //   flashcore::attention_forward(q8, k8, v8, o, opt, stream);
 // 16-bit inputs computed in 8 bits: opt.precision = FLASHCORE_PRECISION_FP8 (no descales; a workspace too).
+// An e4m3 KV cache under 16-bit Q (0.9): k and v views of FLASHCORE_DTYPE_FP8_E4M3, q and o fp16 / bf16,
+// opt.k_descale / opt.v_descale (nullptr: 1); make_params sets FLASHCORE_FLAG_KV_FP8_E4M3 (sm90 only).
 // A K/V that several 8-bit calls attend to: transpose V once (fp8_transpose_v(v8, vt), into fp8_transposed_v_size(v8)
 // bytes), then call with v's view pointed at vt (a copy of the view, data = vt; its strides are not read) and
 // opt.v_transposed = true: the calls skip their own transposition.
@@ -125,7 +127,13 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   if (v.heads != k.heads) mismatch("head counts of k and v", k.heads, v.heads);
   if (o.seq != q.seq) mismatch("seqlens of q and o", q.seq, o.seq);
   if (o.heads != q.heads) mismatch("head counts of q and o", q.heads, o.heads);
-  if (k.dtype != q.dtype || v.dtype != q.dtype) mismatch("dtypes of q/k/v", q.dtype, k.dtype != q.dtype ? k.dtype : v.dtype);
+  // An e4m3 KV cache under 16-bit Q (since 0.9): k and v views of FLASHCORE_DTYPE_FP8_E4M3, q fp16 / bf16; the
+  // options' k_descale / v_descale scale the cache.
+  const bool kv8 = k.dtype == FLASHCORE_DTYPE_FP8_E4M3 && v.dtype == FLASHCORE_DTYPE_FP8_E4M3 &&
+                   (q.dtype == FLASHCORE_DTYPE_FP16 || q.dtype == FLASHCORE_DTYPE_BF16);
+  if (!kv8 && (k.dtype != q.dtype || v.dtype != q.dtype)) {
+    mismatch("dtypes of q/k/v", q.dtype, k.dtype != q.dtype ? k.dtype : v.dtype);
+  }
 
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
@@ -162,7 +170,7 @@ inline flashcore_attention_params make_params(const TensorView& q, const TensorV
   p.k_descale = options.k_descale;
   p.v_descale = options.v_descale;
   p.precision = options.precision;
-  p.flags = options.v_transposed ? FLASHCORE_FLAG_V_TRANSPOSED : 0u;
+  p.flags = (options.v_transposed ? FLASHCORE_FLAG_V_TRANSPOSED : 0u) | (kv8 ? FLASHCORE_FLAG_KV_FP8_E4M3 : 0u);
   p.local = options.window_size_left >= 0 || options.window_size_right >= 0 ? 1 : 0;
   p.window_size_left = p.local != 0 ? options.window_size_left : 0;
   p.window_size_right = p.local != 0 ? options.window_size_right : 0;

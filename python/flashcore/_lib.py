@@ -23,7 +23,7 @@ LIBRARY_FILE = "libflashcore.so"
 # The package version, and the version of the header these bindings mirror (FLASHCORE_VERSION_* of
 # include/flashcore/flashcore.h, the single source: tests/test_abi.py holds this line to it). pyproject.toml and
 # flashcore.__version__ read it from here. The loaded library must share the major.
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 ABI_VERSION = tuple(int(part) for part in __version__.split("."))
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -196,6 +196,15 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
     }
     out.backend = portable;
   }
+  // An e4m3 KV cache (FLASHCORE_FLAG_KV_FP8_E4M3) runs on the sm90 kernels only in this version.
+  if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0 && std::strcmp(out.backend->name, "sm90") != 0) {
+    error = std::string("flags has FLASHCORE_FLAG_KV_FP8_E4M3: an e4m3 KV cache runs on the sm90 kernels (Hopper) only "
+                        "in this version; the ") + out.backend->name + " backend serves this call" +
+            (p.block_table != nullptr && p.page_size % api::kTmaPageMultiple != 0
+                 ? " (page_size = " + std::to_string(p.page_size) + " is not a multiple of 16)"
+                 : std::string());
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
   out.device = device;
   out.cc = cc;
   if (const cudaError_t err = core::sm_count(device, out.sms); err != cudaSuccess) {

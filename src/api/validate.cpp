@@ -442,7 +442,8 @@ flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::str
                         : p.k_descale != nullptr ? "k_descale"
                         : p.v_descale != nullptr ? "v_descale"
                                                  : nullptr;
-  if (descale != nullptr && !is_8bit(p.dtype)) {
+  const bool kv8 = (p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0;
+  if (descale != nullptr && !is_8bit(p.dtype) && !(kv8 && p.q_descale == nullptr)) {
     message = cat(descale, " is set but dtype = ", dtype_name(p.dtype), ": descales apply to 8-bit inputs only",
                   p.precision != FLASHCORE_PRECISION_NATIVE ? cat(" (", precision_name, " computes its own)") : "");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
@@ -474,6 +475,34 @@ flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::str
   return FLASHCORE_SUCCESS;
 }
 }  // namespace
+
+// FLASHCORE_FLAG_KV_FP8_E4M3 (since 0.9): an e4m3 KV cache under 16-bit Q, and what this version does not take with it.
+flashcore_status check_kv8(const flashcore_attention_params& p, std::string& message) {
+  if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) == 0) return FLASHCORE_SUCCESS;
+  const char* refusal = nullptr;
+  std::string what;
+  if (is_8bit(p.dtype) || is_int8_qk(p.dtype)) {
+    what = cat("dtype = ", dtype_name(p.dtype)), refusal = "Q must be fp16 or bf16 (an 8-bit call's K and V are 8-bit already)";
+  } else if (p.precision != FLASHCORE_PRECISION_NATIVE) {
+    what = "precision != FLASHCORE_PRECISION_NATIVE", refusal = "the e4m3 cache is read as stored, Q stays 16-bit";
+  } else if (p.q_descale != nullptr) {
+    what = "q_descale is set", refusal = "Q is 16-bit and takes no descale (k_descale and v_descale scale the cache)";
+  } else if (p.k_new != nullptr || p.v_new != nullptr) {
+    what = cat(p.k_new != nullptr ? "k_new" : "v_new", " is set"),
+    refusal = "appends to an e4m3 cache are not taken yet (write the quantized rows, then pass seqused_k)";
+  } else if (p.local != 0 || p.softcap != 0.f || p.sinks != nullptr || p.attention_chunk != 0) {
+    what = p.local != 0 ? "local = 1" : p.softcap != 0.f ? "softcap is set" : p.sinks != nullptr ? "sinks is set"
+                                                                                                : "attention_chunk is set";
+    refusal = "the attention variants do not take an e4m3 cache yet";
+  } else if (core::split_head_dims(p)) {
+    what = cat("head_dim_v = ", p.head_dim_v), refusal = "an e4m3 cache takes one head dim for K and V";
+  } else if (p.kernel_config != nullptr) {
+    what = "kernel_config is set", refusal = "an e4m3 cache runs its own rows (configs_kv8.txt)";
+  }
+  if (refusal == nullptr) return FLASHCORE_SUCCESS;
+  message = cat("flags has FLASHCORE_FLAG_KV_FP8_E4M3 and ", what, ": ", refusal);
+  return FLASHCORE_ERROR_INVALID_ARGUMENT;
+}
 
 // The fields since 0.5: the sliding window, softcap, sinks and attention_chunk (flashcore.h).
 flashcore_status check_variant_fields(const flashcore_attention_params& p, std::string& message) {
@@ -544,6 +573,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   }
 
   if (const flashcore_status s = check_serving_fields(p, message); s != FLASHCORE_SUCCESS) return s;
+  if (const flashcore_status s = check_kv8(p, message); s != FLASHCORE_SUCCESS) return s;
   if (const flashcore_status s = check_8bit_fields(p, message); s != FLASHCORE_SUCCESS) return s;
   if (const flashcore_status s = check_variant_fields(p, message); s != FLASHCORE_SUCCESS) return s;
 
@@ -630,10 +660,13 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   // O is in the output dtype (which differs from the input's for 8-bit inputs).
   const flashcore_dtype out_dtype = resolved_out_dtype(p.dtype, p.out_dtype);
   const int64_t o_elem_size = std::max<int64_t>(dtype_size(out_dtype), 1);
+  // K and V: 1 byte in an e4m3 cache (FLASHCORE_FLAG_KV_FP8_E4M3).
+  const flashcore_dtype kv_dtype = kv_storage_dtype(p);
+  const int64_t kv_elem_size = std::max<int64_t>(dtype_size(kv_dtype), 1);
+  auto elem_size_of = [&](const Tensor& t) { return &t == &o ? o_elem_size : &t == &tensors[0] ? elem_size : kv_elem_size; };
+  auto dtype_of = [&](const Tensor& t) { return &t == &o ? out_dtype : &t == &tensors[0] ? p.dtype : kv_dtype; };
   for (const Tensor& t : tensors) {
-    if (const flashcore_status s = check_overflow(t, &t == &o ? o_elem_size : elem_size, message); s != FLASHCORE_SUCCESS) {
-      return s;
-    }
+    if (const flashcore_status s = check_overflow(t, elem_size_of(t), message); s != FLASHCORE_SUCCESS) return s;
   }
   int64_t lse_count = 0, lse_bytes = 0;
   uintptr_t lse_end = 0;
@@ -745,9 +778,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
   // Strides.
   for (const Tensor& t : tensors) {
-    if (const flashcore_status s = check_strides(t, &t == &o ? out_dtype : p.dtype, message); s != FLASHCORE_SUCCESS) {
-      return s;
-    }
+    if (const flashcore_status s = check_strides(t, dtype_of(t), message); s != FLASHCORE_SUCCESS) return s;
   }
 
   // KV-cache append: k_new / v_new are read while K and V are written, then O is written.
@@ -802,7 +833,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   // Outputs must not overlap the inputs, each other, or themselves.
   const Span o_span = span_of(o, o_elem_size);
   for (int i = 0; i < 3; ++i) {
-    const Span s = span_of(tensors[i], elem_size);
+    const Span s = span_of(tensors[i], elem_size_of(tensors[i]));
     if (o_span.overlaps(s)) {
       message = cat(describe("o", o_span), " overlaps ", describe(tensors[i].name, s));
       return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
@@ -812,7 +843,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
   if (p.lse != nullptr) {
     const Span lse_span{reinterpret_cast<uintptr_t>(p.lse), lse_end};
     for (const Tensor& t : tensors) {
-      const Span s = span_of(t, &t == &o ? o_elem_size : elem_size);
+      const Span s = span_of(t, elem_size_of(t));
       if (lse_span.overlaps(s)) {
         message = cat(describe("lse", lse_span), " overlaps ", describe(t.name, s));
         return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;
@@ -823,6 +854,10 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 }
 
 flashcore_status validate_backward_arguments(const flashcore_attention_params& p, std::string& message) {
+  if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0) {
+    message = "flags has FLASHCORE_FLAG_KV_FP8_E4M3: the backward takes 16-bit K and V (an e4m3 cache is for inference)";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
   // Packed (varlen) tensors are one batch entry of total rows, their batch strides ignored, as in the forward.
   const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
   const int64_t qe = varlen_q ? 1 : p.batch, qr = varlen_q ? p.total_q : p.seqlen_q;

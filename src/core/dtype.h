@@ -48,6 +48,17 @@ constexpr flashcore_dtype resolved_out_dtype(flashcore_dtype dtype, flashcore_dt
   return is_8bit(dtype) || is_int8_qk(dtype) ? FLASHCORE_DTYPE_BF16 : dtype;
 }
 
+// K's and V's dtype (and k_new's, v_new's): FLASHCORE_DTYPE_FP8_E4M3 with FLASHCORE_FLAG_KV_FP8_E4M3 (an e4m3 KV cache
+// under 16-bit Q, since 0.9), else FLASHCORE_DTYPE_SAME (Q's dtype).
+constexpr flashcore_dtype kv_dtype_of(const flashcore_attention_params& p) {
+  return (p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0 ? FLASHCORE_DTYPE_FP8_E4M3 : FLASHCORE_DTYPE_SAME;
+}
+
+// The dtype K and V are stored in.
+constexpr flashcore_dtype kv_storage_dtype(const flashcore_attention_params& p) {
+  return kv_dtype_of(p) == FLASHCORE_DTYPE_SAME ? p.dtype : kv_dtype_of(p);
+}
+
 // TMA needs 16-byte strides: the batch/seq/head strides must be multiples of this many elements.
 constexpr int64_t stride_multiple(flashcore_dtype dtype) { return dtype_size(dtype) > 0 ? 16 / dtype_size(dtype) : 1; }
 

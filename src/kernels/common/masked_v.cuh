@@ -15,6 +15,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -34,6 +35,10 @@ __device__ __forceinline__ float elem_float<__nv_bfloat16>(const __nv_bfloat16* 
 template <>
 __device__ __forceinline__ float elem_float<__half>(const __half* row, int col) {
   return __half2float(row[col]);
+}
+template <>
+__device__ __forceinline__ float elem_float<__nv_fp8_e4m3>(const __nv_fp8_e4m3* row, int col) {
+  return static_cast<float>(row[col]);
 }
 
 // The probe: true when one of get(0), ..., get(kCount - 1) is NaN or +-Inf, from sum(o * 0) (0 when all are finite,
@@ -82,9 +87,10 @@ __device__ __forceinline__ const T* kv_row(const ServingLayout& sl, const Tensor
 // columns of the row. If a masked key of those blocks holds a non-finite V value in one of them, the row's
 // accumulators are replaced by its unnormalized O over the visible keys and inv_sum by that O's normalizer (0 for a
 // row that sees no key of the range: O = 0) and it returns true; otherwise nothing changes (false). scale_log2: the
-// kernel's (softmax_scale * log2(e), or softcap * log2(e) with a softcap); the window, softcap and sink of
-// `var` apply as in the kernel.
-template <class T, int kHeadDim, class Cols>
+// kernel's (softmax_scale * log2(e), or softcap * log2(e) with a softcap; times K's descale for an e4m3 cache); the
+// window, softcap and sink of `var` apply as in the kernel. TKV: K's and V's element (e4m3 in an e4m3 KV cache, whose
+// V descale the caller applies with inv_sum).
+template <class T, int kHeadDim, class Cols, class TKV = T>
 __device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, const VariantParams& var,
                                                     const TensorRef& q, const TensorRef& k, const TensorRef& v,
                                                     const Tile& tile, int head_kv, int64_t row, float scale_log2,
@@ -101,7 +107,7 @@ __device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, con
   bool leaked = false;
   auto scan = [&](int64_t from, int64_t to) {
     for (int64_t key = from; key < to && !leaked; ++key) {
-      const T* vr = kv_row<T>(sl, v, tile, key, head_kv);
+      const TKV* vr = kv_row<TKV>(sl, v, tile, key, head_kv);
       if (vr != nullptr) cols([&](int c, float&) { leaked = leaked || !isfinite(elem_float(vr, c)); });
     }
   };
@@ -117,8 +123,8 @@ __device__ __forceinline__ bool repair_masked_v_row(const ServingLayout& sl, con
   const int64_t visible_begin = first > begin ? first : begin;
   const int64_t visible_end = limit < end ? limit : end;
   for (int64_t key = visible_begin; key < visible_end; ++key) {
-    const T* kr = kv_row<T>(sl, k, tile, key, head_kv);
-    const T* vr = kv_row<T>(sl, v, tile, key, head_kv);
+    const TKV* kr = kv_row<TKV>(sl, k, tile, key, head_kv);
+    const TKV* vr = kv_row<TKV>(sl, v, tile, key, head_kv);
     float s = 0.f;
     if (kr != nullptr) {
 #pragma unroll 8

@@ -52,9 +52,10 @@ const KernelRow* const* rows(int& count) {
 const KernelRow* select(flashcore_dtype dtype, flashcore_dtype out_dtype, int head_dim, bool causal,
                         const char* config, int64_t seqlen_k, std::string& error, int head_dim_v) {
   if (head_dim_v == 0) head_dim_v = head_dim;
+  // (The e4m3 KV-cache rows have a dispatch of their own: kv8_row.)
   auto same_key = [&](const KernelRow* r) {
     return r->dtype == dtype && r->out_dtype == out_dtype && r->head_dim == head_dim && v_head_dim(*r) == head_dim_v &&
-           r->causal == causal;
+           r->causal == causal && r->kv_dtype == FLASHCORE_DTYPE_SAME;
   };
   std::string names;
   for (const KernelRow* r : kRows) {
@@ -88,7 +89,7 @@ namespace {
 bool same_key(const KernelRow& r, const flashcore_attention_params& p) {
   // (A window or chunk runs on the causal rows: core/variants.h.)
   return r.dtype == p.dtype && r.out_dtype == resolved_out_dtype(p.dtype, p.out_dtype) && r.head_dim == p.head_dim &&
-         v_head_dim(r) == core::head_dim_v(p) && r.causal == core::masked_call(p);
+         v_head_dim(r) == core::head_dim_v(p) && r.causal == core::masked_call(p) && r.kv_dtype == kv_dtype_of(p);
 }
 
 // Query tiles of the call on the row: (batch, head, block of block_m query rows).
@@ -309,6 +310,32 @@ flashcore_status no_row_status(const flashcore_attention_params& p) {
   return p.kernel_config != nullptr ? FLASHCORE_ERROR_INVALID_ARGUMENT : FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
 }
 
+// An e4m3 KV cache's row (configs_kv8.txt): the split row of the call's key, nullptr and the reason if none is
+// compiled.
+const KernelRow* kv8_row(const flashcore_attention_params& p, std::string& error) {
+  for (const KernelRow* r : kRows) {
+    if (same_key(*r, p)) return r;
+  }
+  error = std::string("no sm90 kernel for an e4m3 KV cache (FLASHCORE_FLAG_KV_FP8_E4M3) is compiled for ") +
+          dtype_name(p.dtype) + " head_dim = " + std::to_string(p.head_dim) +
+          (core::masked_call(p) ? " causal" : " non-causal") + " (configs_kv8.txt: head dims 64, 128, 256)";
+  return nullptr;
+}
+
+// An e4m3 KV cache's split: the decode rows' parts for a decode-shaped call (one block of at most 64 query rows, at
+// least 8 key blocks of 128, dense queries) whose workspace holds the partials, else one part per tile, which writes
+// O itself and needs no workspace.
+SplitPlan kv8_split(const KernelRow& row, const flashcore_attention_params& p, int sms, uint64_t capacity) {
+  if (p.seqlen_q <= 64 && kernels::ceil_div(p.seqlen_k, 128) >= 8 && p.num_splits != 1 && p.cu_seqlens_q == nullptr) {
+    const SplitPlan parts = plan_for(row, p, sms);
+    if (parts.bytes <= capacity) return parts;
+  }
+  SplitPlan one;
+  one.splits = 1;
+  one.blocks_per_split = static_cast<int>(std::max<int64_t>(1, kernels::ceil_div(p.seqlen_k, row.shape.block_n)));
+  return one;
+}
+
 // The row a (native or quantized-key) call runs for a workspace of `capacity` bytes: the kernel_config it names;
 // else the split-KV decode row (decode-shaped calls with a workspace), the packed rows (varlen), the tuning tables'
 // choice, the default; then wave_row's smaller-tile or prefill split row.
@@ -372,12 +399,16 @@ flashcore_status plan_call(const flashcore_attention_params& call, const core::P
     quantized = quantized_layout(p);
     p = quantized_key(p);
   }
-  const KernelRow* row = choose_row(p, plan, request.workspace_capacity, request.tuned, error);
+  const bool kv8 = kv_dtype_of(p) != FLASHCORE_DTYPE_SAME;
+  const KernelRow* row =
+      kv8 ? kv8_row(p, error) : choose_row(p, plan, request.workspace_capacity, request.tuned, error);
   if (row == nullptr) return no_row_status(call);
   plan.row = row;
   plan.config = row->name;
   const bool split = row->shape.schedule == Schedule::kSplitKv;
-  const SplitPlan parts = split ? plan_for(*row, p, plan.sms) : SplitPlan{};
+  const SplitPlan parts = kv8     ? kv8_split(*row, p, plan.sms, request.workspace_capacity)
+                          : split ? plan_for(*row, p, plan.sms)
+                                  : SplitPlan{};
   plan.split = parts;
   if (const flashcore_status st = check_row(*row, p, plan, error); st != FLASHCORE_SUCCESS) return st;
   plan.append_kv = p.k_new != nullptr;
@@ -450,7 +481,9 @@ void listed_rows(int /*cc*/, std::vector<core::RowInfo>& out) {
     out.push_back({r.name, r.dtype, r.out_dtype, r.head_dim, r.causal, r.is_default, r.smem_bytes, variant,
                    v_head_dim(r)});
   };
-  for (const KernelRow* r : kRows) add(*r, false);
+  for (const KernelRow* r : kRows) {  // (the e4m3 KV-cache rows are no config a call names: kv8_row)
+    if (r->kv_dtype == FLASHCORE_DTYPE_SAME) add(*r, false);
+  }
   for (const KernelRow* r : registered_rows()) add(*r, true);  // then the runtime variants registered (variant.h)
 }
 

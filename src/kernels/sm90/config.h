@@ -19,6 +19,17 @@
 
 namespace flashcore::sm90 {
 
+// A row's K/V storage type: Row::KVElement where the row declares one (the e4m3 KV-cache rows of configs_kv8.txt),
+// else Element.
+template <class Row, class = void>
+struct RowKVElement {
+  using type = typename Row::Element;
+};
+template <class Row>
+struct RowKVElement<Row, std::void_t<typename Row::KVElement>> {
+  using type = typename Row::KVElement;
+};
+
 template <class Row>
 struct KernelConfig {
   using Element = typename Row::Element;
@@ -54,6 +65,12 @@ struct KernelConfig {
   static constexpr int kMmaK = kernels::kMmaK<Element>;       // S GEMM k-step
   static constexpr int kPVMmaK = kernels::kMmaK<PVElement>;   // P V GEMM k-step
   static constexpr VLayout kVLayout = kFp8 ? VLayout::kDimMajor : VLayout::kKeyMajor;
+  // An e4m3 KV cache under 16-bit Q (configs_kv8.txt, FLASHCORE_FLAG_KV_FP8_E4M3): TMA brings each K/V block in 8
+  // bits into a staging ring, the producer's other warps widen it into the 16-bit tile the GEMMs read
+  // (convert_kv.cuh), and the descales of the tile's (batch, KV head) scale S and O as the 8-bit rows' do.
+  using KVElement = typename RowKVElement<Row>::type;
+  static constexpr bool kKV8 = kernels::ElemTraits<KVElement>::kBytes == 1 && kElemBytes == 2;
+  static constexpr bool kDescaled = kFp8 || kKV8;  // per-(batch, KV head) descales in the scores and O
 
   // Skip the O rescale when no row max of a warp changed (mainloop.cuh), with maxima kept within a slack of 2^8 (16-bit
   // and int8 P: softmax.cuh, kLazyRescale). It makes the time depend on the data, so it is a config column
@@ -65,7 +82,8 @@ struct KernelConfig {
   static constexpr bool kRowAfterRow = kHeadDim != 64 || kCausal;
 
   // Launch shape and shared-memory layout (smem_plan.h, shared with the host).
-  static constexpr SmemPlan kPlan = smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes, kHeadDimV);
+  static constexpr SmemPlan kPlan =
+      smem_plan(kShape, kHeadDim, kElemBytes, kOutElemBytes, kVElemBytes, kHeadDimV, kKV8);
   static constexpr int kConsumerWarpgroups = kPlan.consumer_warpgroups;
   static constexpr int kRowsPerWarpgroup = sm90::kRowsPerWarpgroup;
   // The causal 16-bit variants rows (TileShape::variants) take a sliding window (kernels/common/mask.cuh, tile.cuh
@@ -115,6 +133,15 @@ struct KernelConfig {
   static constexpr int kOutChunks = kPlan.out_chunks;
   static constexpr int kOutChunkBytes = kPlan.out_chunk_bytes;
   static constexpr int kOutBytes = kPlan.out_bytes;
+  // The e4m3 staging ring (kKV8): stage s of K at kSmemK8Offset + s * kK8TileBytes, V likewise; a block in the 8-bit
+  // rows' layout (kKV8RowBytes-byte rows, kKV8Chunks chunks of kKV8ChunkCols columns, kKV8ChunkBytes each).
+  static constexpr int kKV8RowBytes = kPlan.kv8_row_bytes;
+  static constexpr int kKV8ChunkCols = kPlan.kv8_row_bytes;
+  static constexpr int kKV8Chunks = kKV8 ? kHeadDim / kKV8ChunkCols : 0;
+  static constexpr int kKV8ChunkBytes = kBlockN * kKV8RowBytes;
+  static constexpr int kK8TileBytes = kPlan.k8_tile_bytes;
+  static constexpr int kSmemK8Offset = kPlan.k8_offset;
+  static constexpr int kSmemV8Offset = kPlan.v8_offset;
 
   static constexpr int kSmemQOffset = kPlan.q_offset;  // Q stage s: + s * kQBytes
   static constexpr int kQStages = kPlan.q_stages;
@@ -147,6 +174,9 @@ struct KernelConfig {
   static_assert(kHeadDimV == kHeadDim || (kElemBytes == 2 && !kInt8QK && !kSwapAB),
                 "a V head dim of its own: 16-bit inputs, not the transposed decode rows");
   static_assert(kHeadDimV % 64 == 0 && kHeadDimV <= 256, "V's head dim: whole 128-byte chunks, wgmma N <= 256");
+  static_assert(!kKV8 || (kSplitKv && !kSwapAB && !kLastRoundSplit && kHeadDimV == kHeadDim &&
+                          !kShape.variants && std::is_same_v<KVElement, __nv_fp8_e4m3>),
+                "e4m3 KV cache rows: split-KV 64-row tiles, one head dim, no variants (configs_kv8.txt)");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
 };
 

@@ -156,6 +156,7 @@ inline long long choice_max_seqlen_k(const std::string& choice) {
 struct UnitSpec {
   std::string symbol;
   std::string element, out_element;  // C++ element types, e.g. "__nv_bfloat16"
+  std::string kv_element;            // K/V's where they differ (an e4m3 KV cache's rows), else empty
   int head_dim = 0;
   int head_dim_v = 0;  // 0: head_dim
   bool causal = false;
@@ -171,6 +172,7 @@ inline std::string unit_source(const UnitSpec& u, const std::string& generator, 
          "struct " + u.symbol + " {\n" +
          "  using Element = " + u.element + ";\n" +
          "  using OutElement = " + u.out_element + ";\n" +
+         (u.kv_element.empty() ? std::string() : "  using KVElement = " + u.kv_element + ";\n") +
          "  static constexpr int kHeadDim = " + std::to_string(u.head_dim) + ";\n" +
          "  static constexpr int kHeadDimV = " + std::to_string(u.head_dim_v != 0 ? u.head_dim_v : u.head_dim) + ";\n" +
          "  static constexpr bool kCausal = " + b(u.causal) + ";\n" +

@@ -226,7 +226,8 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         if (lse[c] != lse[c]) continue;
-        const float new_inv = repair_row_of_tile<Cfg>(p, tile_idx, swap_col(c), [&](auto&& f) {  // (row: column c)
+        // (row: column c)
+        const float new_inv = repair_row_of_tile<Cfg>(p, tile_idx, swap_col(c), p.scale_log2, [&](auto&& f) {
 #pragma unroll
           for (int i = 0; i < kDTiles; ++i) {
             f(64 * i + swap_row(c), st.o[i][c]);

@@ -20,7 +20,8 @@ namespace flashcore::sm90 {
 // GEMM of a diagonal block (0 * NaN) are recomputed without it (kernels/common/masked_v.cuh): one FFMA per accumulator
 // of a row pair's first row and a warp vote per tile; the rare path, for both rows, only when the vote fires. Rows
 // past the sequence are stored by no one; rows whose LSE is NaN (a NaN or +Inf score) are NaN whatever V holds. 8-bit
-// rows: not yet (their V is transposed).
+// rows: not yet (their V is transposed). An e4m3 KV cache's rows read K and V in e4m3 there (K's descale in the score
+// scale, V's with the normalizer after it).
 template <class Cfg>
 inline constexpr bool kRepairsMaskedV = Cfg::kCausal && Cfg::kElemBytes == 2;
 
@@ -29,14 +30,16 @@ inline constexpr bool kRepairsMaskedV = Cfg::kCausal && Cfg::kElemBytes == 2;
 // of uniform registers (docs/decisions.md#masked-v). Inlined: out of line, the call made ptxas serialize the wgmmas of
 // a 192 x 64 d128 variant (C7514). Returns the row's new normalizer, or -1 when the row needed no repair.
 template <class Cfg, class Cols>
-__device__ __forceinline__ float repair_row_of_tile(const FwdParams& p, int tile_idx, int row, Cols cols) {
+__device__ __forceinline__ float repair_row_of_tile(const FwdParams& p, int tile_idx, int row, float scale_log2,
+                                                    Cols cols) {
   const Tile tile = decode_tile<Cfg>(p, tile_idx);
   const int64_t seq_row = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + row;
   if (seq_row >= tile.seq.seqlen_q) return -1.f;  // stored by no one
   float inv_sum = -1.f;
-  const bool repaired = kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim>(
-      p, p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, p.scale_log2, Cfg::kBlockN, inv_sum,
-      cols);
+  const bool repaired =
+      kernels::repair_masked_v_row<typename Cfg::Element, Cfg::kHeadDim, Cols, typename Cfg::KVElement>(
+          p, p, p.q_ref, p.k_ref, p.v_ref, tile, tile.head / p.head_ratio, seq_row, scale_log2, Cfg::kBlockN, inv_sum,
+          cols);
   return repaired ? inv_sum : -1.f;
 }
 
@@ -53,7 +56,7 @@ __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (lse[i] != lse[i]) continue;
-      const float inv = repair_row_of_tile<Cfg>(p, tile_idx, row + 8 * i, [&](auto&& f) {
+      const float inv = repair_row_of_tile<Cfg>(p, tile_idx, row + 8 * i, score_scale<Cfg>(p, st), [&](auto&& f) {
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDimV / 8; ++j) {
           f(kernels::acc_col(j, 0, lane), st.o[acc_index(j, i, 0)]);
@@ -247,7 +250,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
   st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse,
                       kTakesVariants<Cfg> ? kernels::sink_log2_of(p.sinks, tile.head) : -INFINITY);
   repair_masked_v<Cfg>(p, tile_idx, warpgroup, st, inv_sum, lse);
-  if constexpr (Cfg::kFp8) {
+  if constexpr (Cfg::kDescaled) {
     inv_sum[0] *= st.o_scale;
     inv_sum[1] *= st.o_scale;
   }

@@ -1,6 +1,7 @@
 // The sm90 forward kernel: a producer warpgroup (TMA) and 1-3 consumer warpgroups (wgmma + online softmax) per
 // CTA, walking the tiles its scheduler hands it. Each role is one file: scheduler.cuh (which tiles),
-// producer.cuh (loads), transpose_v.cuh (8-bit V transposed by the producer's other warps), mainloop.cuh (GEMMs +
+// producer.cuh (loads), transpose_v.cuh (8-bit V transposed by the producer's other warps), convert_kv.cuh (an e4m3
+// KV cache widened to 16 bits by those warps), mainloop.cuh (GEMMs +
 // softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs); decode_swap.cuh is the consumer of the transposed
 // decode rows (block_m 8).
 // Included by the generated instantiation units only (gen_rows.cpp, run by sources.cmake); host code sees kernel_row.h.
@@ -8,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/sm90/config.h"
+#include "kernels/sm90/convert_kv.cuh"
 #include "kernels/sm90/decode_swap.cuh"
 #include "kernels/sm90/epilogue.cuh"
 #include "kernels/sm90/kernel_row.h"
@@ -35,7 +37,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
   // shared memory, so they are set up before the wait; nothing reads or writes global memory before the previous
   // kernel has completed and its writes are visible.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  if (threadIdx.x == 0) bars.init();
+  // (An e4m3 KV cache's rows: the converter warps, fewer where a paged call's table warp takes warp 1.)
+  const bool table_warp = kPageWarp<Cfg> && p.block_table != nullptr;
+  if (threadIdx.x == 0) bars.init(convert_warps(table_warp));
   cudaGridDependencySynchronize();
   // And the next kernel's CTAs may be placed as soon as every CTA of this grid runs: on the SMs this grid leaves idle
   // or has finished with. Its own wait still holds it until this grid has completed and its writes are visible.
@@ -57,12 +61,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
         producer.load_tile(p, decode_tile<Cfg>(p, t), smem, bars);
       }
       if (v_transposed_by_producer<Cfg>(p)) producer.end_v_transposes(bars);
+      if constexpr (Cfg::kKV8) producer.end_kv8_converters(bars);
     } else if constexpr (Cfg::kTransposesV) {
       if (p.transpose_v && threadIdx.x >= 32) {
         VTransposer<Cfg>(static_cast<int>(threadIdx.x % 32)).run(smem, bars, static_cast<int>(threadIdx.x / 32) - 1);
       }
-    } else if constexpr (kPageWarp<Cfg>) {
-      if (p.block_table != nullptr && threadIdx.x / 32 == 1) PageFetcher<Cfg>::run(p, bars);
+    } else {
+      const int warp = static_cast<int>(threadIdx.x / 32);
+      if constexpr (kPageWarp<Cfg>) {
+        if (table_warp && warp == 1) PageFetcher<Cfg>::run(p, bars);
+      }
+      if constexpr (Cfg::kKV8) {
+        const int first = table_warp ? 2 : 1;
+        if (warp >= first) KVConverter<Cfg>::run(smem, bars, warp - first, convert_warps(table_warp));
+      }
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
@@ -97,11 +109,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
 }  // namespace flashcore::sm90
 
 // One row of the kernel table: the generated unit defines the row struct ROW (config.h) and names it here.
-#define FLASHCORE_SM90_DEFINE_ROW(ROW, NAME, DTYPE, OUT_DTYPE, IS_DEFAULT, MAX_SEQLEN_K)                         \
+#define FLASHCORE_SM90_DEFINE_ROW(ROW, NAME, DTYPE, OUT_DTYPE, IS_DEFAULT, MAX_SEQLEN_K, KV_DTYPE)               \
   namespace flashcore::sm90 {                                                                                   \
   extern const KernelRow kRow_##ROW = {                                                                         \
       NAME, DTYPE, OUT_DTYPE, ROW::kHeadDim, ROW::kCausal, IS_DEFAULT, ROW::kShape,                             \
       KernelConfig<ROW>::kThreads, KernelConfig<ROW>::kSmemBytes, KernelConfig<ROW>::kSeparateO,                \
       reinterpret_cast<const void*>(&flashcore_fwd_sm90_kernel<KernelConfig<ROW>>), 1.0f, MAX_SEQLEN_K, #ROW,  \
-      KernelConfig<ROW>::kTwoPSets, ROW::kHeadDimV};                                                            \
+      KernelConfig<ROW>::kTwoPSets, ROW::kHeadDimV, KV_DTYPE};                                                  \
   }

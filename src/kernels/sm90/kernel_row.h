@@ -31,6 +31,9 @@ struct KernelRow {
   const char* symbol = nullptr;
   bool two_p_sets = false;
   int head_dim_v = 0;  // V's and O's head dim (0: head_dim; runtime variants leave it so)
+  // K's and V's dtype where it differs from Q's: FLASHCORE_DTYPE_FP8_E4M3 for the e4m3 KV-cache rows
+  // (configs_kv8.txt, FLASHCORE_FLAG_KV_FP8_E4M3); FLASHCORE_DTYPE_SAME otherwise.
+  flashcore_dtype kv_dtype = FLASHCORE_DTYPE_SAME;
 };
 
 // V's and O's head dim of row r.

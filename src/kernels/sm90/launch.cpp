@@ -48,6 +48,8 @@ flashcore_status encode_maps(const core::Plan& plan, const KernelRow& row, const
   // A paged slice's TMA box (tile_shape.h paged_box_rows, the box producer.cuh issues).
   const int kv_box = paged ? paged_box_rows(kv_box_rows(row.shape), slice_rows) : kv_box_rows(row.shape);
   const bool eight_bit = is_8bit(row.dtype);
+  // K's and V's dtype: an e4m3 KV cache's rows read them in 8 bits (configs_kv8.txt), the others in the row's dtype.
+  const flashcore_dtype kv_dtype = row.kv_dtype != FLASHCORE_DTYPE_SAME ? row.kv_dtype : p.dtype;
   const int64_t dv = core::head_dim_v(p);  // V's and O's head dim
   const int64_t vt_keys = kernels::fp8_vt_padded_keys(p.seqlen_k);
   const flashcore_tensor_strides vt_strides{p.num_heads_kv * p.head_dim * vt_keys, vt_keys, p.head_dim * vt_keys, 1};
@@ -55,11 +57,11 @@ flashcore_status encode_maps(const core::Plan& plan, const KernelRow& row, const
       eight_bit && !plan.v_in_kernel
           ? TensorMapArgs{"v (transposed)", vt, row.dtype, vt_keys, p.head_dim, p.num_heads_kv, p.batch, vt_strides,
                           static_cast<int>(p.head_dim), vt_chunk_keys(row.shape, row.head_dim)}
-          : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : p.dtype, dv, kv_rows, p.num_heads_kv,
+          : TensorMapArgs{"v", p.v, is_int8_qk(row.dtype) ? out_dtype : kv_dtype, dv, kv_rows, p.num_heads_kv,
                           kv_entries, p.v_strides, kv_box};  // (int8 Q K^T: V in O's 16-bit dtype)
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, q_entries, p.q_strides, row.shape.block_m},
-      {"k", p.k, p.dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},
+      {"k", p.k, kv_dtype, p.head_dim, kv_rows, p.num_heads_kv, kv_entries, p.k_strides, kv_box},
       v_map,
       {"o", p.o, out_dtype, dv, q_rows, p.num_heads_q, q_entries, p.o_strides, 64},
   };
@@ -67,10 +69,12 @@ flashcore_status encode_maps(const core::Plan& plan, const KernelRow& row, const
   // One TMA per Q, K or V tile where its box is the whole tile (tile_shape.h tma_chunked, the producer's rule): Q
   // always, a dense K/V unless split-KV boxes it in 32-row slices; a paged cache's slices and O's stores keep 4-D maps.
   const int elem_bytes = static_cast<int>(dtype_size(row.dtype));
+  const int kv_elem_bytes = static_cast<int>(dtype_size(kv_dtype));
   const int chunks = static_cast<int>(p.head_dim * elem_bytes / 128);
-  const int v_chunks = static_cast<int>(dv * elem_bytes / 128);
-  const bool kv_chunked = !paged && tma_chunked(elem_bytes, chunks, row.shape.block_n, kv_box);
-  const bool v_chunked = !paged && !eight_bit && tma_chunked(elem_bytes, v_chunks, row.shape.block_n, kv_box);
+  const int kv_chunks = static_cast<int>(p.head_dim * kv_elem_bytes / 128);
+  const int v_chunks = static_cast<int>(dv * kv_elem_bytes / 128);
+  const bool kv_chunked = !paged && tma_chunked(kv_elem_bytes, kv_chunks, row.shape.block_n, kv_box);
+  const bool v_chunked = !paged && !eight_bit && tma_chunked(kv_elem_bytes, v_chunks, row.shape.block_n, kv_box);
   const bool chunked[4] = {tma_chunked(elem_bytes, chunks, row.shape.block_m, row.shape.block_m), kv_chunked,
                            v_chunked, false};
   for (int i = 0; i < 4; ++i) {

@@ -25,15 +25,16 @@ struct ConsumerState {
   float o[Cfg::kHeadDimV / 2];  // m64 x head_dim_v fp32 accumulator fragment
   kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8, Cfg::kLazyRescale, Cfg::kRowAfterRow> softmax;
   float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs
-  float o_scale;     // 8-bit inputs: the tile's V descale (O = o_scale * P V / sum)
+  float o_scale;     // 8-bit inputs and e4m3 KV caches: the tile's V descale (O = o_scale * P V / sum)
   float q_scale[2];  // int8 Q K^T: the token scales of the thread's two rows, times p.scale_log2
 };
 
-// A tile's score scale and O factor, for 8-bit inputs: the call's scale times the descales of the tile's (batch, KV
-// head) (NULL: 1). 16-bit inputs read p.scale_log2 where they use it (score_scale), as before the 8-bit path.
+// A tile's score scale and O factor, for 8-bit inputs and e4m3 KV caches (Cfg::kDescaled): the call's scale times the
+// descales of the tile's (batch, KV head) (NULL: 1). 16-bit inputs read p.scale_log2 where they use it
+// (score_scale), as before the 8-bit path.
 template <class Cfg>
 __device__ __forceinline__ void tile_scales(const FwdParams& p, const Tile& tile, ConsumerState<Cfg>& st) {
-  if constexpr (Cfg::kFp8) {
+  if constexpr (Cfg::kDescaled) {
     st.scale_log2 = p.scale_log2;
     st.o_scale = 1.f;
     const int64_t idx = static_cast<int64_t>(tile.batch) * p.num_heads_kv + tile.head / p.head_ratio;
@@ -45,7 +46,7 @@ __device__ __forceinline__ void tile_scales(const FwdParams& p, const Tile& tile
 
 template <class Cfg>
 __device__ __forceinline__ float score_scale(const FwdParams& p, const ConsumerState<Cfg>& st) {
-  if constexpr (Cfg::kFp8) {
+  if constexpr (Cfg::kDescaled) {
     return st.scale_log2;
   } else if constexpr (Cfg::kInt8QK) {
     return 1.f;  // the running maxima are scaled already (OnlineSoftmax::update_int8)

@@ -94,6 +94,9 @@ struct Pipeline {
 
 // Warps 1-3 of the producer warpgroup transpose 8-bit V tiles (transpose_v.cuh); warp 0 holds the TMA thread.
 inline constexpr int kTransposeWarps = 3;
+// The warps that widen an e4m3 KV cache's blocks (convert_kv.cuh): 1-3 of the producer warpgroup, or 2-3 where warp 1
+// is a paged call's table warp (producer.cuh PageFetcher).
+__host__ __device__ constexpr int convert_warps(bool table_warp) { return table_warp ? 2 : 3; }
 
 // Every pipeline of the kernel, carved from shared memory at KernelConfig::kSmemBarrierOffset.
 template <class Cfg>
@@ -116,11 +119,18 @@ struct SharedBarriers {
       takes_paged(Cfg::kShape) && fetches_pages(Cfg::kShape) && Cfg::kElemBytes == 2;
   Pipeline<2> pages;
   int32_t page_slots[kPagedSlots ? 2 * kPageChunk : 1];
+  // An e4m3 KV cache (Cfg::kKV8): k8_full[s] / v8_full[s] complete when the TMA has filled staging stage s (the
+  // producer thread's arrival and the bytes); k.full / v.full then take one arrival per converter warp
+  // (convert_kv.cuh), and v_end[s] != 0 ends the converters' loop, as it ends the transposers'.
+  uint64_t k8_full[Cfg::kKV8 ? Cfg::kStages : 1];
+  uint64_t v8_full[Cfg::kKV8 ? Cfg::kStages : 1];
 
-  __device__ __forceinline__ void init() {
+  // converters: the warps that arrive on k.full / v.full of an e4m3 KV cache's rows (convert_warps).
+  __device__ __forceinline__ void init(int converters = 0) {
     q.init(1, Cfg::kQReleaseArrivals);
-    k.init(1, Cfg::kConsumerThreads);
-    v.init(1, Cfg::kConsumerThreads);
+    const uint32_t kv_arrivals = Cfg::kKV8 ? static_cast<uint32_t>(converters) : 1u;
+    k.init(kv_arrivals, Cfg::kConsumerThreads);
+    v.init(kv_arrivals, Cfg::kConsumerThreads);
     tile.init(1, Cfg::kConsumerThreads);
     if constexpr (kPagedSlots) pages.init(32, 1);  // the table warp's lanes; the producer thread
     if constexpr (Cfg::kTransposesV) {
@@ -130,6 +140,14 @@ struct SharedBarriers {
         v_end[s] = 0;
       }
       for (int w = 0; w < kTransposeWarps; ++w) v_lap[w] = 0;
+    }
+    if constexpr (Cfg::kKV8) {
+#pragma unroll
+      for (int s = 0; s < Cfg::kStages; ++s) {
+        cuda::ptx::mbarrier_init(&k8_full[s], 1);
+        cuda::ptx::mbarrier_init(&v8_full[s], 1);
+        v_end[s] = 0;
+      }
     }
     // Make the initialized barriers visible to the async (TMA) proxy.
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);

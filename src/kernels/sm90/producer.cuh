@@ -55,6 +55,29 @@ __device__ __forceinline__ void tma_load_vt(const CUtensorMap* map, uint8_t* sme
   }
 }
 
+// An e4m3 KV cache's key block (Cfg::kKV8) into its staging stage: kBlockN rows in boxes of kKVBoxRows rows x one
+// chunk of kKV8ChunkCols columns (the 8-bit rows' layout: chunk c of row r at c * kKV8ChunkBytes + r * row bytes).
+template <class Cfg>
+__device__ __forceinline__ void tma_load_kv8(const CUtensorMap* map, uint8_t* smem, uint64_t* bar, int64_t row,
+                                             int head, int batch) {
+#pragma unroll
+  for (int r = 0; r < Cfg::kBlockN; r += Cfg::kKVBoxRows) {
+#pragma unroll
+    for (int c = 0; c < Cfg::kKV8Chunks; ++c) {
+      const int32_t coords[4] = {c * Cfg::kKV8ChunkCols, static_cast<int32_t>(row + r), head, batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                      smem + c * Cfg::kKV8ChunkBytes + r * Cfg::kKV8RowBytes, map, coords, bar);
+    }
+  }
+}
+
+// Arrive on an e4m3 staging stage's barrier and announce its bytes; returns the barrier the copies signal.
+__device__ __forceinline__ uint64_t* commit_kv8(uint64_t* bar, uint32_t bytes) {
+  cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
+                                       bytes);
+  return bar;
+}
+
 using kernels::page_entry;
 using kernels::row_in_page;
 
@@ -117,12 +140,15 @@ struct PageFetcher {
 // from page page_at(i, its first key). A slice goes in boxes of paged_box_rows rows (tile_shape.h; the host's map has
 // that box), every 128-byte chunk of a box issued back to back: a slice of a page of 128 keys or more as a dense
 // split-KV block.
-template <class Cfg, bool kV, class PageAt>
+// k8: an e4m3 KV cache's block into its staging stage (Cfg::kKV8: the 8-bit rows' chunks and rows).
+template <class Cfg, bool kV, class PageAt, bool k8 = Cfg::kKV8>
 __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtensorMap* map, uint8_t* smem, uint64_t* bar,
                                                int n_block, int kv_head, PageAt page_at) {
-  constexpr int kChunks = kV ? Cfg::kVChunks : Cfg::kChunks;  // V's head dim may differ from K's (MLA)
-  constexpr int kChunkCols = kV ? Cfg::kVChunkCols : Cfg::kChunkCols;
-  constexpr int kChunkBytes = kV ? Cfg::kVChunkBytes : Cfg::kKVChunkBytes;
+  // (V's head dim may differ from K's: MLA.)
+  constexpr int kChunks = k8 ? Cfg::kKV8Chunks : kV ? Cfg::kVChunks : Cfg::kChunks;
+  constexpr int kChunkCols = k8 ? Cfg::kKV8ChunkCols : kV ? Cfg::kVChunkCols : Cfg::kChunkCols;
+  constexpr int kChunkBytes = k8 ? Cfg::kKV8ChunkBytes : kV ? Cfg::kVChunkBytes : Cfg::kKVChunkBytes;
+  constexpr int kRowBytes = k8 ? Cfg::kKV8RowBytes : Cfg::kRowBytes;
   const int key0 = n_block * Cfg::kBlockN;  // < seqlen_k + kBlockN: fits in int (validation caps seqlen_k)
   const int box = paged_box_rows(Cfg::kKVBoxRows, p.kv_slice_rows);
 #pragma unroll 1
@@ -135,7 +161,7 @@ __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtenso
       for (int c = 0; c < kChunks; ++c) {
         const int32_t coords[4] = {c * kChunkCols, row + b, kv_head, page};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        smem + c * kChunkBytes + (r + b) * Cfg::kRowBytes, map, coords, bar);
+                                        smem + c * kChunkBytes + (r + b) * kRowBytes, map, coords, bar);
       }
     }
   }
@@ -162,6 +188,17 @@ struct Producer {
     for (int n_block = tile.keys.end - 1; n_block >= tile.keys.begin; --n_block) {
       const auto load = [&](const auto& page_at) {
         const auto kv_state = kv_pos.state();
+        if constexpr (Cfg::kKV8) {  // e4m3 blocks into the staging ring (convert_kv.cuh widens them)
+          const int s = kv_state.stage;
+          bars.k.acquire(kv_state);
+          tma_load_paged<Cfg, false>(p, &p.tma_k, smem + Cfg::kSmemK8Offset + s * Cfg::kK8TileBytes,
+                                     commit_kv8(&bars.k8_full[s], Cfg::kK8TileBytes), n_block, kv_head, page_at);
+          bars.v.acquire(kv_state);
+          tma_load_paged<Cfg, true>(p, &p.tma_v, smem + Cfg::kSmemV8Offset + s * Cfg::kK8TileBytes,
+                                    commit_kv8(&bars.v8_full[s], Cfg::kK8TileBytes), n_block, kv_head, page_at);
+          kv_pos.advance();
+          return;
+        }
         bars.k.acquire(kv_state);
         tma_load_paged<Cfg, false>(p, &p.tma_k, smem + Cfg::kSmemKOffset + kv_state.stage * Cfg::kKTileBytes,
                             bars.k.commit_tx(kv_state, Cfg::kKTileBytes), n_block, kv_head, page_at);
@@ -230,9 +267,14 @@ struct Producer {
     // producer thread left ptxas the uniform registers that its 24 had lacked). Kept together: the transposed decode
     // rows (K and V of one block in one step), rows of three or more stages (their ring has the slack) and 8-bit rows
     // (not measured).
-    constexpr bool kKAhead = !Cfg::kSwapAB && Cfg::kStages == 2 && Cfg::kElemBytes == 2;
+    constexpr bool kKAhead = !Cfg::kSwapAB && Cfg::kStages == 2 && Cfg::kElemBytes == 2 && !Cfg::kKV8;
     auto load_k = [&](const PipelineState<Cfg::kStages>& st, int64_t r) {
       bars.k.acquire(st);
+      if constexpr (Cfg::kKV8) {  // e4m3 K into the staging ring (convert_kv.cuh widens it)
+        tma_load_kv8<Cfg>(&p.tma_k, smem + Cfg::kSmemK8Offset + st.stage * Cfg::kK8TileBytes,
+                          commit_kv8(&bars.k8_full[st.stage], Cfg::kK8TileBytes), r, kv_head, kv_batch);
+        return;
+      }
       tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
           &p.tma_k, smem + Cfg::kSmemKOffset + st.stage * Cfg::kKTileBytes, bars.k.commit_tx(st, Cfg::kKTileBytes), r,
           kv_head, kv_batch);
@@ -240,7 +282,10 @@ struct Producer {
     auto load_v = [&](const PipelineState<Cfg::kStages>& st, int64_t r) {
       uint8_t* v_stage = smem + Cfg::kSmemVOffset + st.stage * Cfg::kVTileBytes;
       bars.v.acquire(st);
-      if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
+      if constexpr (Cfg::kKV8) {
+        tma_load_kv8<Cfg>(&p.tma_v, smem + Cfg::kSmemV8Offset + st.stage * Cfg::kK8TileBytes,
+                          commit_kv8(&bars.v8_full[st.stage], Cfg::kK8TileBytes), r, kv_head, kv_batch);
+      } else if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
         if (v_transposed_by_producer<Cfg>(p)) {  // as stored, like K: the transposer warps take it from here
           tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
               &p.tma_v, v_stage, bars.v.commit_tx(st, Cfg::kVTileBytes), r, kv_head, kv_batch);
@@ -270,6 +315,15 @@ struct Producer {
       }
       load_v(kv_pos.previous(), kv_row(tile, tile.keys.begin));
     }
+  }
+
+  // After the last tile, an e4m3 KV cache's rows: the next K stage, once free, carries no load but its v_end flag, and
+  // its staging barrier completes without bytes, which ends the converters' loop (convert_kv.cuh).
+  __device__ __forceinline__ void end_kv8_converters(SharedBarriers<Cfg>& bars) {
+    const auto kv_state = kv_pos.state();
+    bars.k.acquire(kv_state);
+    atomicExch(&bars.v_end[kv_state.stage], 1);
+    mbar_arrive(&bars.k8_full[kv_state.stage]);  // (release: the flag is visible to whoever sees the phase complete)
   }
 
   // After the last tile: the V ring's next stage, once free, carries no load but its v_end flag, which ends the

@@ -113,13 +113,16 @@ struct SmemPlan {
   // soon as the tile's last S GEMM has read it, and the next tile's Q loads while this tile finishes.
   // Otherwise O is staged in the Q tile, released once the TMA store has read it.
   bool separate_o;
+  // An e4m3 KV cache under 16-bit Q (kv8): the 8-bit staging ring of K and V blocks, one stage per K/V stage, after
+  // the K/V ring (rows of kv8_row_bytes = min(head_dim, 128) bytes, 128- or 64-byte swizzled). 0 otherwise.
+  int kv8_row_bytes, k8_tile_bytes, k8_offset, v8_offset;
   int o_offset, barrier_offset;
   int smem_bytes;  // the dynamic shared memory to launch with
 };
 
-// head_dim_v: V's and O's head dim (0: head_dim).
+// head_dim_v: V's and O's head dim (0: head_dim). kv8: K and V arrive in e4m3 through a staging ring (config.h kKV8).
 constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_bytes, int out_elem_bytes,
-                             int v_elem_bytes = 0, int head_dim_v = 0) {
+                             int v_elem_bytes = 0, int head_dim_v = 0, bool kv8 = false) {
   if (v_elem_bytes == 0) v_elem_bytes = elem_bytes;
   if (head_dim_v == 0) head_dim_v = head_dim;
   SmemPlan p{};
@@ -164,6 +167,13 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
     p.swap_p_offset = p.kv_end;  // 1024-byte aligned
     p.swap_red_offset = p.swap_p_offset + swap_p_bytes;
     p.kv_end += swap_bytes;
+  }
+  if (kv8) {  // (1024-byte aligned: the 16-bit tiles are)
+    p.kv8_row_bytes = head_dim < kSmemRowBytes ? head_dim : kSmemRowBytes;
+    p.k8_tile_bytes = shape.block_n * head_dim;
+    p.k8_offset = p.kv_end;
+    p.v8_offset = p.k8_offset + shape.stages * p.k8_tile_bytes;
+    p.kv_end = p.v8_offset + shape.stages * p.k8_tile_bytes;
   }
   // (8-bit inputs: O, in 16 bits, does not fit in the Q tile and always gets its own buffer.)
   p.separate_o = (p.persistent || p.out_bytes > p.q_bytes) && p.kv_end + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes;

@@ -1,6 +1,7 @@
 # sm90 kernels: one generated translation unit per (dtype, O dtype, row of configs*.txt) of the build tier. 16-bit rows
 # come from configs.txt; 8-bit (e4m3, e5m2 in FLASHCORE_DTYPES) rows from configs_fp8.txt and int8 Q K^T rows (i8,
-# precision = INT8) from configs_i8.txt, each compiled with O (and for int8, V) in bf16 and in fp16.
+# precision = INT8) from configs_i8.txt, each compiled with O (and for int8, V) in bf16 and in fp16; e4m3 KV-cache rows
+# under each 16-bit dtype (FLASHCORE_FLAG_KV_FP8_E4M3) from configs_kv8.txt.
 # The units are written by gen_rows.cpp (a host program built here with try_compile and run at configure time), whose
 # names, shapes and unit text come from config_grammar.h, the grammar runtime variants use too (variant.cpp).
 # Inputs : FLASHCORE_HEAD_DIMS (e.g. "64;128;256"), FLASHCORE_DTYPES (e.g. "fp16;bf16;e4m3"), FLASHCORE_ALL_CONFIGS,
@@ -9,7 +10,7 @@
 #          one FLASHCORE_SM90_ROW(symbol) line per compiled kernel, the list backend.cpp reads, and packed_rows.inc).
 set(_fc_sm90_dir ${CMAKE_CURRENT_LIST_DIR})
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_fc_sm90_dir}/configs.txt ${_fc_sm90_dir}/configs_fp8.txt
-             ${_fc_sm90_dir}/configs_i8.txt ${_fc_sm90_dir}/gen_rows.cpp ${_fc_sm90_dir}/config_grammar.h
+             ${_fc_sm90_dir}/configs_i8.txt ${_fc_sm90_dir}/configs_kv8.txt ${_fc_sm90_dir}/gen_rows.cpp ${_fc_sm90_dir}/config_grammar.h
              ${_fc_sm90_dir}/tile_shape.h)
 
 # Write a generated file only when its content changes, so a re-configure rebuilds nothing.
@@ -90,7 +91,7 @@ endif()
 execute_process(
   COMMAND ${_fc_gen_dir}/gen_rows ${_fc_gen_dir} "${FLASHCORE_DTYPES}" "${FLASHCORE_HEAD_DIMS}" ${_fc_all_configs}
           ${_fc_gen_dir}/tuned_keys.txt ${_fc_sm90_dir}/configs.txt ${_fc_sm90_dir}/configs_fp8.txt
-          ${_fc_sm90_dir}/configs_i8.txt
+          ${_fc_sm90_dir}/configs_i8.txt ${_fc_sm90_dir}/configs_kv8.txt
   RESULT_VARIABLE _fc_gen_rc OUTPUT_VARIABLE _fc_left_out ERROR_VARIABLE _fc_gen_err OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _fc_gen_rc EQUAL 0)
   message(FATAL_ERROR "${_fc_gen_err}")

@@ -1,0 +1,193 @@
+"""Decode on an e4m3 KV cache (FLASHCORE_FLAG_KV_FP8_E4M3, library 0.9) against the 16-bit cache, FA3 and cuDNN.
+
+One new token per sequence (bf16 Q, d128, 32 query / 8 KV heads by default) against a full cache of Sk keys, CUDA-graph
+medians, the systems interleaved row by row and --rounds times over. Columns:
+  fc_bf16      flashcore.attention on the bf16 cache (the library's own dispatch: split-KV, GQA packing)
+  fc_e4m3      the same call on the e4m3 cache (bf16 Q, K/V e4m3 with per-(batch, KV head) descales)
+  fa3_bf16     FA3's flash_attn_with_kvcache on the bf16 cache (../shared/fa3/serving)
+  fa3_e4m3     FA3's FP8 path on the e4m3 cache (it takes Q in e4m3 too: Q quantized per tensor, outside the timing)
+  cudnn_bf16   PyTorch SDPA's cuDNN backend on the bf16 cache
+GB/s counts the K/V bytes each system reads (1 byte per element in e4m3, 2 in bf16); "speed-up" is fc_bf16's time
+over fc_e4m3's (the token rate, since both read the same keys). Errors: max |O - O_ref| against float32 SDPA on the
+dequantized e4m3 cache (e4m3 columns) or on the bf16 cache (bf16 columns).
+
+  python3 bench/kv_fp8.py [--rows 1x8192,8x8192] [--rounds 3] [--out DIR]
+"""
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashcore
+from flashcore import _lib, _ops
+
+try:
+    from flash_attn_interface import flash_attn_with_kvcache
+except Exception:  # no FA3 serving build on the path
+    flash_attn_with_kvcache = None
+
+ROWS = [(1, 8192), (8, 8192), (32, 4096), (64, 16384), (16, 65536)]
+FLAG_KV_FP8_E4M3 = 2
+
+
+def graph_time_us(fn, reps=20, iters=15):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / reps)
+    return statistics.median(ts)
+
+
+def quantize(x):
+    """x (B, S, H, D) -> (e4m3 copy, descale (B, H) float32): per (batch, head) scale amax / 448."""
+    amax = x.float().abs().amax(dim=(1, 3)).clamp(min=1e-6)
+    descale = (amax / 448.0).contiguous()
+    q8 = (x.float() / descale[:, None, :, None]).to(torch.float8_e4m3fn)
+    return q8, descale
+
+
+def dequantize(x8, descale):
+    return x8.float() * descale[:, None, :, None]
+
+
+def sdpa_ref(q, k, v):
+    return F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
+                                          v.transpose(1, 2).float(), enable_gqa=True).transpose(1, 2)
+
+
+def e4m3_call(lib, q, k8, v8, kd, vd, out):
+    """The C call on the e4m3 cache: the bf16 call's params with K/V swapped for the e4m3 tensors (same shape and
+    element strides), the flag and the descales; a zero-filled workspace where the plan asks for one. Returns the
+    call and what must stay alive with it."""
+    params = _ops.kernel_params(lib, q, torch.empty_like(k8, dtype=q.dtype), torch.empty_like(v8, dtype=q.dtype), out,
+                                None, False, q.shape[3] ** -0.5)
+    params.k, params.v = k8.data_ptr(), v8.data_ptr()
+    params.flags = params.flags | FLAG_KV_FP8_E4M3
+    params.k_descale, params.v_descale = kd.data_ptr(), vd.data_ptr()
+    size = lib.workspace_size(params)
+    ws = torch.zeros(max(size, 256), dtype=torch.uint8, device=q.device)
+    params.workspace, params.workspace_size = ws.data_ptr(), ws.numel()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call():
+        lib.forward(params, stream)
+        return out
+    return call, (params, ws), lib.selected_config(params)
+
+
+def row(B, Sk, hq, hkv, D, rounds):
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    k16 = torch.randn(B, Sk, hkv, D, device="cuda", dtype=torch.bfloat16)
+    v16 = torch.randn_like(k16)
+    k8, kd = quantize(k16)
+    v8, vd = quantize(v16)
+    lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+    lib = _lib.load()
+    out8 = torch.empty_like(q)
+    fc8, keep, config8 = e4m3_call(lib, q, k8, v8, kd, vd, out8)  # noqa: F841 (keep: alive while timed)
+    ref8 = sdpa_ref(q, dequantize(k8, kd), dequantize(v8, vd))
+    ref16 = sdpa_ref(q, k16, v16)
+    r = {"B": B, "Sk": Sk, "Hq": hq, "Hkv": hkv, "D": D, "fc_e4m3_config": config8}
+    r["fc_e4m3_err"] = (fc8().float() - ref8).abs().max().item()
+    r["fc_bf16_err"] = (flashcore.attention(q, k16, v16).float() - ref16).abs().max().item()
+    systems = {"fc_bf16": (lambda: flashcore.attention(q, k16, v16), 2), "fc_e4m3": (fc8, 1)}
+    if flash_attn_with_kvcache is not None:
+        q8 = (q.float() / (q.float().abs().amax() / 448.0)).to(torch.float8_e4m3fn)
+        qd = (q.float().abs().amax() / 448.0).reshape(1, 1).expand(B, hkv).contiguous()
+        systems["fa3_bf16"] = (lambda: flash_attn_with_kvcache(q, k16, v16, cache_seqlens=lens, causal=True), 2)
+
+        def fa3_8():
+            return flash_attn_with_kvcache(q8, k8, v8, cache_seqlens=lens, causal=True, q_descale=qd, k_descale=kd,
+                                           v_descale=vd)
+        try:
+            o = fa3_8()
+            o = o[0] if isinstance(o, tuple) else o
+            r["fa3_e4m3_err"] = (o.float() - ref8).abs().max().item()
+            systems["fa3_e4m3"] = (fa3_8, 1)
+        except Exception as e:
+            r["fa3_e4m3_error"] = repr(e)[:160]
+    qt, kt, vt = q.transpose(1, 2), k16.transpose(1, 2), v16.transpose(1, 2)
+
+    def cud():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    try:
+        cud()
+        systems["cudnn_bf16"] = (cud, 2)
+    except Exception as e:
+        r["cudnn_error"] = repr(e)[:160]
+    times = {s: [] for s in systems}
+    for _ in range(rounds):  # interleaved: every system once per round
+        for s, (fn, _) in systems.items():
+            times[s].append(graph_time_us(fn))
+    for s, (fn, elem) in systems.items():
+        us = statistics.median(times[s])
+        r[f"{s}_us"] = us
+        r[f"{s}_rounds_us"] = times[s]
+        r[f"{s}_GBps"] = 2 * B * Sk * hkv * D * elem / (us * 1e-6) / 1e9
+    r["speedup_e4m3_over_bf16"] = r["fc_bf16_us"] / r["fc_e4m3_us"]
+    del q, k16, v16, k8, v8
+    torch.cuda.empty_cache()
+    return r
+
+
+def markdown(rows, name):
+    cols = ["fc_bf16", "fc_e4m3", "fa3_bf16", "fa3_e4m3", "cudnn_bf16"]
+    lines = [f"Decode on an e4m3 KV cache, {name}: us (GB/s of K/V bytes read), CUDA-graph medians of the rounds",
+             "", "| B x Sk | " + " | ".join(cols) + " | e4m3 / bf16 speed-up | e4m3 err (fc / fa3) |",
+             "|---|" + "---|" * (len(cols) + 2)]
+    for r in rows:
+        cells = [f"{r[c + '_us']:.1f} ({r[c + '_GBps']:.0f})" if c + "_us" in r else "-" for c in cols]
+        errs = f"{r['fc_e4m3_err']:.2e} / " + (f"{r['fa3_e4m3_err']:.2e}" if "fa3_e4m3_err" in r else "-")
+        lines.append(f"| {r['B']} x {r['Sk']} | " + " | ".join(cells) +
+                     f" | {r['speedup_e4m3_over_bf16']:.2f} | {errs} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="", help="comma-separated BATCHxCACHE_LEN rows")
+    ap.add_argument("--heads", default="32,8")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    hq, hkv = (int(x) for x in args.heads.split(","))
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.rows.split(",") if s] or ROWS
+    torch.manual_seed(0)
+    name = torch.cuda.get_device_name()
+    rows = []
+    for B, Sk in shapes:
+        rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds))
+        print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds_us")}), flush=True)
+    md = markdown(rows, f"{name}, library {_lib.load().version_string()}")
+    print(md)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "kv_fp8.json"), "w") as f:
+            json.dump({"device": name, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "kv_fp8.md"), "w") as f:
+            f.write(md + "\n")
+
+
+if __name__ == "__main__":
+    main()
