@@ -96,6 +96,12 @@ PRECISION_INT8 = 2  # since 0.3: Q (per token) and K (smoothed, per 128 keys) qu
 
 # flashcore_attention_params::flags.
 FLAG_V_TRANSPOSED = 1  # 8-bit calls: v holds V as flashcore_fp8_transpose_v wrote it (added in 0.3)
+# (added in 0.9) an e4m3 KV cache under 16-bit Q: dtype is Q's and O's (FP16 / BF16), k and v hold float8_e4m3fn
+# values scaled by k_descale / v_descale (float32 (batch, num_heads_kv) [NULL: 1]); q_descale stays NULL. sm90 only.
+FLAG_KV_FP8_E4M3 = 2
+# The first version whose library knows FLAG_KV_FP8_E4M3 (it added no params field: the version tells; a 0.8 library
+# refuses the bit, "flags = 2 has bits this library does not know").
+KV_FP8_VERSION = (0, 9)
 
 # flashcore_dtype -> the name torch gives the dtype (torch.<name>).
 DTYPE_NAMES = {
@@ -752,6 +758,33 @@ class Library:
             params.rotary_interleaved = 1 if rotary_interleaved else 0
             if rotary_seqlens:
                 params.rotary_seqlens = rotary_seqlens
+        return params
+
+    # -- an e4m3 KV cache under 16-bit Q (since 0.9) -----------------------------------------------------------------
+
+    def has_kv_fp8(self) -> bool:
+        """Whether the loaded library takes FLAG_KV_FP8_E4M3 (0.9 or newer): k and v (a KV cache) in float8_e4m3fn
+        with float32 (batch, num_heads_kv) k_descale / v_descale under 16-bit q. The flag added no params field, so
+        the library's version tells (with the 0.8 layout it needs for the cache's serving fields)."""
+        return tuple(self.version[:2]) >= KV_FP8_VERSION and self.has_kvcache_serving()
+
+    def set_kv_fp8(self, params: AttentionParamsStruct, *, k_descale: int = 0, v_descale: int = 0
+                   ) -> AttentionParamsStruct:
+        """Mark `params` as a call on an e4m3 KV cache (params.flags |= FLAG_KV_FP8_E4M3; params.dtype stays q's
+        16-bit dtype) and set k_descale / v_descale, the device addresses of contiguous float32 (batch, num_heads_kv)
+        factors (0: NULL, a factor of 1). A library older than 0.9 does not know the flag: RuntimeError naming its
+        version and the one needed, before any call, rather than the library's refusal of an unknown flag bit."""
+        if not self.has_kv_fp8():
+            raise RuntimeError(
+                f"FlashCore: an e4m3 KV cache (float8_e4m3fn k_cache / v_cache under float16 / bfloat16 q, "
+                f"FLASHCORE_FLAG_KV_FP8_E4M3) needs a {'.'.join(map(str, KV_FP8_VERSION))} library or newer; "
+                f"{self.path} is version {self.version_string()}"
+            )
+        params.flags |= FLAG_KV_FP8_E4M3
+        if k_descale:
+            params.k_descale = k_descale
+        if v_descale:
+            params.v_descale = v_descale
         return params
 
     # -- attention variants (since 0.5) ----------------------------------------------------------------------------

@@ -60,10 +60,13 @@ def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp8: bool = False) -> None:
+def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp8: bool = False,
+                  kv_fp8: bool = False) -> None:
     """Raise ValueError / TypeError for anything the kernel cannot take, before touching the library.
     kv_batch=False: k and v are a paged cache (num_pages, page_size, Hkv, D), whose first dimension is not q's
     batch. allow_fp8: float8_e4m3fn / float8_e5m2 inputs are accepted (flashcore.attention's dense calls only).
+    kv_fp8: k and v are an e4m3 KV cache (float8_e4m3fn, both) under float16 / bfloat16 q (since 0.9;
+    _check_kv_fp8_dtypes), the KV-cache calls' 8-bit mode.
     q and k share their head dim D; v may have a head dim of its own, head_dim_v (its last dimension, and O's: the
     C ABI's head_dim_v, since 0.7), its other dimensions k's. Whether the library compiles the pair is
     _check_supported's question."""
@@ -73,15 +76,17 @@ def _check_inputs(q, k, v, layout: str = "bshd", kv_batch: bool = True, allow_fp
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"FlashCore: {name} must be 4-D {_LAYOUTS[layout]}, got shape {tuple(t.shape)}")
-    if q.dtype in FP8_DTYPES and not allow_fp8:
+    if kv_fp8:
+        _check_kv_fp8_dtypes(q, k, v)
+    elif q.dtype in FP8_DTYPES and not allow_fp8:
         raise TypeError(
             "FlashCore: float8_e4m3fn / float8_e5m2 inputs are supported by flashcore.attention on dense batches only "
             f"(not by sdpa, KV-cache, paged, variable-length or ring calls); got q of dtype {q.dtype}"
         )
-    if q.dtype not in _DTYPE_CODES and q.dtype not in FP8_DTYPES:
+    elif q.dtype not in _DTYPE_CODES and q.dtype not in FP8_DTYPES:
         raise TypeError(f"FlashCore: q must be float16 or bfloat16 (or float8_e4m3fn / float8_e5m2 for "
                         f"flashcore.attention), got {q.dtype}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
+    elif k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"FlashCore: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape[:3] != v.shape[:3]:
         raise ValueError(f"FlashCore: k and v must have the same shape but for the last dimension (v's head dim may "
@@ -499,6 +504,99 @@ def _check_no_8bit_head_dim_v(q: torch.Tensor, head_dim_v: int, precision: int) 
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# An e4m3 KV cache under 16-bit q (C ABI 0.9, FLASHCORE_FLAG_KV_FP8_E4M3; FlashAttention-3's flash_attn_with_kvcache
+# with a float8_e4m3fn k_cache / v_cache and k_descale / v_descale): the KV-cache calls only, sm90 only, forward only.
+
+KV_FP8_DTYPE = torch.float8_e4m3fn
+KV_FP8_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward through an e4m3 KV cache (float8_e4m3fn k_cache / v_cache, "
+                                 "flashcore.attention_with_kvcache) is not supported: the cache is for inference, "
+                                 "run it under torch.no_grad() / torch.inference_mode()")
+
+
+def _is_kv_fp8(k_cache, v_cache) -> bool:
+    """Whether a KV-cache call has an 8-bit floating-point cache (k_cache or v_cache of a float8 dtype): the e4m3 KV
+    cache, or a cache _check_kv_fp8_dtypes refuses naming what is wrong with it."""
+    return any(isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.dtype.itemsize == 1
+               for t in (k_cache, v_cache))
+
+
+def _check_kv_fp8_dtypes(q, k_cache, v_cache) -> None:
+    """An e4m3 KV cache: k_cache and v_cache both float8_e4m3fn, q float16 / bfloat16 (TypeError otherwise)."""
+    if q.dtype in FP8_DTYPES:
+        raise TypeError(f"FlashCore: float8_e4m3fn / float8_e5m2 inputs are supported by flashcore.attention on dense "
+                        f"batches only; got q of dtype {q.dtype}: an e4m3 KV cache (float8_e4m3fn k_cache / v_cache) "
+                        f"is read under float16 or bfloat16 q")
+    if q.dtype not in _DTYPE_CODES:
+        raise TypeError(f"FlashCore: an e4m3 KV cache (float8_e4m3fn k_cache / v_cache) is read under float16 or "
+                        f"bfloat16 q, got q of dtype {q.dtype}")
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"FlashCore: k_cache and v_cache must have the same dtype (an 8-bit KV cache holds both in "
+                        f"float8_e4m3fn), got {k_cache.dtype} and {v_cache.dtype}")
+    if k_cache.dtype != KV_FP8_DTYPE:
+        raise TypeError(f"FlashCore: k_cache and v_cache are {k_cache.dtype}: FlashCore's 8-bit KV cache is "
+                        f"float8_e4m3fn (FLASHCORE_FLAG_KV_FP8_E4M3); e5m2 and other 8-bit formats are not taken")
+
+
+def _check_kv_fp8_descale(name: str, d, batch: int, heads_kv: int, q: torch.Tensor) -> None:
+    """k_descale / v_descale of an e4m3 KV cache as the ops take them: None, or float32 (batch, num_heads_kv) on q's
+    device (batch: the sequences, not the cache's slots)."""
+    if d is None:
+        return
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"FlashCore: {name} must be a torch.Tensor or None, got {type(d).__name__}")
+    if d.dtype != torch.float32:
+        raise TypeError(f"FlashCore: {name} must be float32, got {d.dtype}")
+    if d.dim() != 2 or d.shape[0] != batch or d.shape[1] != heads_kv:
+        raise ValueError(f"FlashCore: {name} must have shape (batch, num_heads_kv) = ({batch}, {heads_kv}) (or hold "
+                         f"one element, a factor for the whole cache), got {tuple(d.shape)}")
+    if d.device != q.device:
+        raise ValueError(f"FlashCore: {name} is on {d.device}, q on {q.device}")
+
+
+def _check_kv_fp8(q, k_cache, v_cache, batch: int, k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale,
+                  v_descale) -> None:
+    """What an e4m3 KV cache does not take in this version (ValueError naming the argument), and its descales
+    (metadata only; q, k_cache and v_cache passed _check_inputs(kv_fp8=True)). The variants: _check_kv_fp8_variants."""
+    if k_new is not None:
+        raise ValueError("FlashCore: k and v (rows to append) are not taken with an e4m3 KV cache in this version: "
+                         "quantize the new rows into k_cache / v_cache yourself and pass cache_seqlens that count them")
+    rotary = [n for n, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                             ("rotary_seqlens", rotary_seqlens)) if t is not None]
+    if rotary:
+        raise ValueError(f"FlashCore: {rotary[0]} is set, but an e4m3 KV cache takes no rotary embedding in this "
+                         f"version (it rotates an append, which an e4m3 cache does not take)")
+    if v_cache.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"FlashCore: an e4m3 KV cache takes one head dim for k_cache and v_cache; v_cache's (its "
+                         f"head_dim_v) is {v_cache.shape[3]}, k_cache's {k_cache.shape[3]}")
+    for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
+        _check_kv_fp8_descale(name, d, batch, k_cache.shape[2], q)
+
+
+def _check_kv_fp8_variants(variants: Optional[Variants], causal: bool) -> None:
+    names = variant_names(variants, causal)
+    if names:
+        raise ValueError(f"FlashCore: {names[0].split('=')[0]} is set, but an e4m3 KV cache takes no window_size, "
+                         f"softcap, sinks or attention_chunk in this version (16-bit caches do)")
+
+
+def _check_kv_fp8_library(lib: _lib.Library) -> None:
+    """RuntimeError naming the loaded library's version when it predates the e4m3 KV cache (0.9)."""
+    if not lib.has_kv_fp8():
+        raise RuntimeError(f"FlashCore: k_cache and v_cache are float8_e4m3fn (an e4m3 KV cache under 16-bit q), but "
+                           f"{lib.path} (version {lib.version_string()}) predates it: a "
+                           f"{'.'.join(map(str, _lib.KV_FP8_VERSION))} library or newer is needed")
+
+
+def _per_sequence_descale(d, batch: int, heads_kv: int):
+    """attention_with_kvcache's k_descale / v_descale as the op takes them: a one-element tensor (0-d, (1,), ...: one
+    factor for the whole cache) expanded to (batch, num_heads_kv) (a view; the op copies it contiguous); anything
+    else as given (the op checks it)."""
+    if isinstance(d, torch.Tensor) and d.numel() == 1 and tuple(d.shape) != (batch, heads_kv):
+        return d.reshape(1, 1).expand(batch, heads_kv)
+    return d
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Strides: what the C ABI takes as is, and the copy otherwise.
 
 
@@ -567,6 +665,10 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
     (out_dtype is set when it differs from q's). The fields since 0.2 / 0.3 are written only when used, so a 0.1 or
     0.2 library's struct is never written past its struct_size by a call it can serve.
 
+    An e4m3 KV cache (since 0.9): float16 / bfloat16 q with float8_e4m3fn k and v; descales (None, k_descale,
+    v_descale) as above (no q_descale). Library.set_kv_fp8 sets FLAG_KV_FP8_E4M3 and the descales (RuntimeError for a
+    library older than 0.9); dtype stays q's, O is q's dtype.
+
     variants (since 0.5): the window, softcap, sinks (a contiguous float32 (Hq,) device tensor) and attention_chunk,
     written by Library.set_variants, which refuses them for a library older than 0.5 (RuntimeError naming the
     variant) instead of letting it run without them.
@@ -596,6 +698,7 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
     q4 = q.unsqueeze(0) if varlen_q else q
     out4 = out.unsqueeze(0) if varlen_q else out
     k4, v4 = (k.unsqueeze(0), v.unsqueeze(0)) if varlen_k else (k, v)
+    kv_fp8 = k4.dtype == KV_FP8_DTYPE and q4.dtype in _DTYPE_CODES  # an e4m3 KV cache (since 0.9)
     strides = [abi_strides(t) for t in (q4, k4, v4, out4)]
     if any(st is None for st in strides):
         raise ValueError("FlashCore: kernel_params needs operands the C ABI takes as they are (kernel_operand)")
@@ -641,10 +744,19 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
     if out4.dtype != q4.dtype:
         params.out_dtype = _OUT_DTYPE_CODES[out4.dtype]
     for field, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
-        if descale is not None:
-            if descale.dtype != torch.float32 or not descale.is_contiguous():
-                raise ValueError(f"FlashCore: kernel_params needs a contiguous float32 {field}")
-            setattr(params, field, descale.data_ptr())
+        if descale is not None and (descale.dtype != torch.float32 or not descale.is_contiguous()):
+            raise ValueError(f"FlashCore: kernel_params needs a contiguous float32 {field}")
+    if kv_fp8:
+        if descales[0] is not None:
+            raise ValueError("FlashCore: q_descale is not taken with an e4m3 KV cache (q is 16-bit)")
+        if v4.dtype != k4.dtype:
+            raise ValueError("FlashCore: kernel_params needs k and v of one dtype (float8_e4m3fn) for an e4m3 KV cache")
+        lib.set_kv_fp8(params, k_descale=0 if descales[1] is None else descales[1].data_ptr(),
+                       v_descale=0 if descales[2] is None else descales[2].data_ptr())
+    else:
+        for field, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+            if descale is not None:
+                setattr(params, field, descale.data_ptr())
     if precision != _lib.PRECISION_NATIVE:
         params.precision = int(precision)
     if variants is not None:
@@ -1092,12 +1204,14 @@ def _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q: torch.Tensor, batch
 
 def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
                             cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos=None, rotary_sin=None,
-                            rotary_seqlens=None) -> Tuple[int, int]:
+                            rotary_seqlens=None, k_descale=None, v_descale=None) -> Tuple[int, int]:
     """Checks (metadata only) for the KV-cache ops with the 0.8 arguments; returns (batch, key capacity per sequence).
     q (B, Sq, Hq, D), or packed (total_q, Hq, D) with cu_seqlens_q (B + 1,). Dense cache (B, Sk, Hkv, D), or
     (slots, Sk, Hkv, D) with cache_batch_idx; paged (num_pages, page_size, Hkv, D) with block_table (B, max_pages), or
     (slots, max_pages) with cache_batch_idx. k_new, v_new: (B, Sn, Hkv, D / Dv), or packed (total_k_new, Hkv, D / Dv)
-    with cu_seqlens_k_new (B + 1,)."""
+    with cu_seqlens_k_new (B + 1,). An e4m3 cache (float8_e4m3fn k_cache / v_cache under 16-bit q, since 0.9): no
+    append, no rotary tables, one head dim; k_descale / v_descale None or float32 (B, Hkv) on q's device (given with a
+    16-bit cache: ValueError)."""
     paged = block_table is not None
     if cu_seqlens_q is not None:
         if not isinstance(q, torch.Tensor) or q.dim() != 3:
@@ -1110,7 +1224,15 @@ def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cac
             raise ValueError(f"FlashCore: q must be 4-D (batch, seqlen, num_heads, head_dim) (3-D packed rows need "
                              f"cu_seqlens_q), got {tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
         batch, q4 = q.shape[0], q
-    _check_inputs(q4, k_cache, v_cache, "bshd", kv_batch=False)
+    kv_fp8 = _is_kv_fp8(k_cache, v_cache)
+    _check_inputs(q4, k_cache, v_cache, "bshd", kv_batch=False, kv_fp8=kv_fp8)
+    if kv_fp8:
+        _check_kv_fp8(q, k_cache, v_cache, batch, k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale, v_descale)
+    else:
+        given = [n for n, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None]
+        if given:
+            raise ValueError(f"FlashCore: {given[0]} is set, but k_cache is {k_cache.dtype}: the descales scale an "
+                             f"e4m3 KV cache (float8_e4m3fn k_cache / v_cache) only")
     _check_sequence_vector("cache_seqlens", cache_seqlens, batch, q)
     if cache_batch_idx is not None:
         _check_sequence_vector("cache_batch_idx", cache_batch_idx, batch, q)
@@ -1185,10 +1307,12 @@ def _kvcache_serving_outputs(q, v_cache, return_lse: bool, varlen_q: bool):
 def _launch_kvcache_serving(lib: _lib.Library, q, k_cache, v_cache, out, lse, causal: bool, softmax_scale: float,
                             seqused_k, *, block_table=None, num_splits: int = 0, variants=None, cache_batch_idx=None,
                             cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q: int = 0, k_new=None, v_new=None,
-                            cu_seqlens_k_new=None, rotary: Optional[Rotary] = None) -> None:
+                            cu_seqlens_k_new=None, rotary: Optional[Rotary] = None, k_descale=None,
+                            v_descale=None) -> None:
     """One library call: the append (k_new into the caches, in place) and the attention. k_cache / v_cache are passed
     as they are when appended to (_kvcache_serving_inputs checked that the ABI takes them), else as kernel_operand
-    lays them out; q and the new rows likewise."""
+    lays them out; q and the new rows likewise. An e4m3 cache (since 0.9): k_descale / v_descale contiguous float32
+    (B, Hkv) or None, the flag set by kernel_params."""
     if cu_seqlens_q is not None:
         q = kernel_operand(q.unsqueeze(0))[0].squeeze(0)
     else:
@@ -1203,24 +1327,30 @@ def _launch_kvcache_serving(lib: _lib.Library, q, k_cache, v_cache, out, lse, ca
                            block_table=block_table, num_splits=num_splits, cu_seqlens_q=cu_seqlens_q,
                            max_seqlen_q=max_seqlen_q, variants=variants, k_new=k_new, v_new=v_new,
                            cu_seqlens_k_new=cu_seqlens_k_new, kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-                           rotary=rotary)
+                           rotary=rotary, descales=(None, k_descale, v_descale))
     _enqueue(lib, params, q.device)  # the workspace query sees the rotary fields: the rotated q lives there
 
 
 def _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
                          num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
                          cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new, cu_seqlens_k_new,
-                         rotary_cos=None, rotary_sin=None, rotary_interleaved=True, rotary_seqlens=None):
+                         rotary_cos=None, rotary_sin=None, rotary_interleaved=True, rotary_seqlens=None,
+                         k_descale=None, v_descale=None):
     """The body of both serving ops (attention_kvcache_serving_fwd, attention_kvcache_serving_append_fwd)."""
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _, capacity = _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx,
                                           cache_leftpad, cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos,
-                                          rotary_sin, rotary_seqlens)
+                                          rotary_sin, rotary_seqlens, k_descale, v_descale)
     heads_q = q.shape[-2]
     variants = _op_variants(q, heads_q, window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    kv_fp8 = _is_kv_fp8(k_cache, v_cache)
+    if kv_fp8:
+        _check_kv_fp8_variants(variants, causal)
     lib = _check_supported(q, q.shape[-1], v_cache.shape[3])
+    if kv_fp8:
+        _check_kv_fp8_library(lib)
     out, lse = _kvcache_serving_outputs(q, v_cache, return_lse, varlen_q)
     if k_new is not None and k_new.shape[0] * k_new.shape[1] == 0:  # no row to append: the plain call
         k_new = v_new = cu_seqlens_k_new = None
@@ -1246,7 +1376,9 @@ def _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_sca
         cu_seqlens_k_new=None if cu_seqlens_k_new is None else cu_seqlens_k_new.contiguous(),
         rotary=None if rotary_cos is None else Rotary(
             rotary_cos.contiguous(), rotary_sin.contiguous(), bool(rotary_interleaved),
-            None if rotary_seqlens is None else rotary_seqlens.contiguous()))
+            None if rotary_seqlens is None else rotary_seqlens.contiguous()),
+        **({} if not kv_fp8 else dict(k_descale=None if k_descale is None else k_descale.contiguous(),
+                                      v_descale=None if v_descale is None else v_descale.contiguous())))
     return out, lse
 
 
@@ -1256,26 +1388,36 @@ def attention_kvcache_serving_fwd(
     softmax_scale: float, return_lse: bool, block_table: Optional[torch.Tensor] = None, num_splits: int = 0,
     window_size_left: int = -1, window_size_right: int = -1, softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0, cache_batch_idx: Optional[torch.Tensor] = None,
-    cache_leftpad: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0
+    cache_leftpad: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+    k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """attention_kvcache_fwd with FlashAttention's serving arguments (a 0.8 library; no append): cache_batch_idx
     int32 (B,) (sequence b reads cache slot cache_batch_idx[b]: k_cache's batch entry, or block_table's row; one out of
     range gives O = 0, LSE = -inf), cache_leftpad int32 (B,) (dense: the keys are rows [cache_leftpad[b],
     cache_seqlens[b]), masks counted from the first), cu_seqlens_q int32 (B + 1,) with max_seqlen_q (q packed
-    (total_q, Hq, D); out (total_q, Hq, Dv), lse (Hq, total_q))."""
+    (total_q, Hq, D); out (total_q, Hq, Dv), lse (Hq, total_q)).
+
+    An e4m3 KV cache (a 0.9 library, sm90): k_cache and v_cache float8_e4m3fn under float16 / bfloat16 q, their real
+    values k_cache * k_descale[b, h] and v_cache * v_descale[b, h], k_descale / v_descale float32 (B, Hkv) on q's
+    device (b: the sequence, h: the KV head; None: 1), out in q's dtype. No window, softcap, sinks or
+    attention_chunk, one head dim; no backward (NotImplementedError naming the e4m3 cache)."""
     return _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
                                 num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
-                                cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, None, None, None)
+                                cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, None, None, None,
+                                k_descale=k_descale, v_descale=v_descale)
 
 
 @attention_kvcache_serving_fwd.register_fake
 def _attention_kvcache_serving_fwd_fake(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse,
                                         block_table=None, num_splits=0, window_size_left=-1, window_size_right=-1,
                                         softcap=0.0, sinks=None, attention_chunk=0, cache_batch_idx=None,
-                                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=0):
+                                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=0, k_descale=None,
+                                        v_descale=None):
     _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                            cu_seqlens_q, None, None, None)
-    _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+                            cu_seqlens_q, None, None, None, k_descale=k_descale, v_descale=v_descale)
+    variants = _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    if _is_kv_fp8(k_cache, v_cache):
+        _check_kv_fp8_variants(variants, causal)
     return _kvcache_serving_outputs(q, v_cache, return_lse, cu_seqlens_q is not None)
 
 
@@ -1826,17 +1968,18 @@ def _backward_not_supported_fake(grads, inputs, message):
     return [torch.empty_like(t) for t in inputs]
 
 
-def _register_unsupported_backward(op, message: str, count: int) -> None:
+def _register_unsupported_backward(op, message, count: int) -> None:
     """An autograd formula for `op` (with `count` inputs, the first three q, k, v) that raises
     NotImplementedError(message) when the backward reaches it: inputs may require grad until then, and no gradient is
-    ever made up."""
+    ever made up. message: a str, or a function of the call's inputs returning it."""
 
     def setup_context(ctx, inputs, output) -> None:
+        ctx.message = message(inputs) if callable(message) else message
         ctx.save_for_backward(*inputs[:3])
 
     def backward(ctx, *grads):
         given = [g for g in grads if g is not None]
-        return tuple(backward_not_supported(given, list(ctx.saved_tensors), message)) + (None,) * (count - 3)
+        return tuple(backward_not_supported(given, list(ctx.saved_tensors), ctx.message)) + (None,) * (count - 3)
 
     op.register_autograd(backward, setup_context=setup_context)
 
@@ -1992,9 +2135,14 @@ varlen_attention_fwd.register_autograd(_varlen_backward, setup_context=_varlen_s
 # (q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table, num_splits, and the five
 # variant arguments)
 _register_unsupported_backward(attention_kvcache_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 14)
-# (the same fourteen, then cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q). The append op mutates its
-# caches, and torch takes no autograd formula for a mutating op: its backward is torch's "no autograd kernel" error.
-_register_unsupported_backward(attention_kvcache_serving_fwd, KVCACHE_BACKWARD_NOT_SUPPORTED, 18)
+# (the same fourteen, then cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_descale, v_descale; the message
+# names an e4m3 cache). The append op mutates its caches, and torch takes no autograd formula for a mutating op: its
+# backward is torch's "no autograd kernel" error.
+_register_unsupported_backward(
+    attention_kvcache_serving_fwd,
+    lambda inputs: (KV_FP8_BACKWARD_NOT_SUPPORTED if _is_kv_fp8(inputs[1], inputs[2])
+                    else KVCACHE_BACKWARD_NOT_SUPPORTED),
+    20)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -2219,6 +2367,9 @@ def attention_with_kvcache(
     rotary_sin: Optional[torch.Tensor] = None,
     rotary_interleaved: bool = True,
     rotary_seqlens: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Decode / chunked prefill against a dense or paged KV cache, with FlashAttention's flash_attn_with_kvcache
     names.
@@ -2271,6 +2422,18 @@ def attention_with_kvcache(
     flashcore::attention_kvcache_serving_append_fwd with k, v): the library writes the new rows into the caches
     (device-side, no host sync; rows past the capacity are dropped) and attends to them. cache_seqlens is indexed by
     b, the sequence, not by its cache slot, and stays as given.
+
+    An e4m3 KV cache (since 0.9, a 0.9 library; sm90 (Hopper) only; FlashAttention-3's convention): k_cache and
+    v_cache float8_e4m3fn (both) under float16 / bfloat16 q, dense or paged (pages of a multiple of 16 rows: the
+    library refuses others), with cache_batch_idx, cache_leftpad, cu_seqlens_q and num_splits as above. Their real
+    values are k_cache * k_descale[b, h] and v_cache * v_descale[b, h]: k_descale / v_descale float32 on q's device,
+    (B, Hkv) (b the sequence, not its cache slot; h the KV head, query head i uses h = i // (Hq // Hkv)), or one
+    element (0-d or (1,)): a factor for the whole cache, expanded to (B, Hkv); None: 1. out is in q's dtype. Not
+    taken with it (ValueError naming the argument, before any library call): k / v (appends; quantize the rows into the
+    cache yourself), the rotary tables, window_size / softcap / sinks / attention_chunk, a v_cache head dim other than
+    k_cache's; q_descale (q stays 16-bit) is a ValueError with any cache, and k_descale / v_descale with a 16-bit cache.
+    k_cache and v_cache of different dtypes, e5m2 or another 8-bit format, or float8 q: TypeError. A library older than
+    0.9: RuntimeError naming its version. Forward only: .backward() through such a call raises NotImplementedError.
     """
     scale = _check_scale(softmax_scale)
     causal = _check_flag("causal", causal)
@@ -2283,12 +2446,23 @@ def attention_with_kvcache(
     if max_seqlen_q is not None and cu_seqlens_q is None:
         raise ValueError("FlashCore: max_seqlen_q is given without cu_seqlens_q (it bounds packed queries)")
     rotary_interleaved = _check_flag("rotary_interleaved", rotary_interleaved)
-    if any(t is not None for t in (cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new, rotary_cos,
-                                   rotary_sin, rotary_seqlens)):
+    if q_descale is not None and not (isinstance(q, torch.Tensor) and q.dtype in FP8_DTYPES):
+        raise ValueError(f"FlashCore: q_descale is set, but q is {getattr(q, 'dtype', type(q).__name__)}: "
+                         f"attention_with_kvcache keeps q in 16 bits (k_descale / v_descale scale an e4m3 cache; "
+                         f"float8 q is flashcore.attention's dense 8-bit path)")
+    kv_fp8 = _is_kv_fp8(k_cache, v_cache)
+    if not kv_fp8:
+        given = [n for n, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None]
+        if given:
+            raise ValueError(f"FlashCore: {given[0]} is set, but k_cache is "
+                             f"{getattr(k_cache, 'dtype', type(k_cache).__name__)}: the descales scale an e4m3 KV "
+                             f"cache (float8_e4m3fn k_cache / v_cache) only")
+    if kv_fp8 or any(t is not None for t in (cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new,
+                                             rotary_cos, rotary_sin, rotary_seqlens)):
         return _attention_with_kvcache_serving(
             q, k_cache, v_cache, k, v, cache_seqlens, scale, causal, return_softmax_lse, block_table, splits,
             window_size, attention_chunk, softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
-            cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
+            cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens, k_descale, v_descale)
     paged = block_table is not None
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"FlashCore: q must be a 4-D tensor (batch, seqlen, num_heads, head_dim), got "
@@ -2349,9 +2523,10 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
                                     return_softmax_lse: bool, block_table, splits: int, window_size, attention_chunk,
                                     softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
                                     cu_seqlens_k_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
-                                    rotary_seqlens=None):
+                                    rotary_seqlens=None, k_descale=None, v_descale=None):
     """attention_with_kvcache with FlashAttention-3's serving arguments (cache_batch_idx, cache_leftpad, cu_seqlens_q,
-    cu_seqlens_k_new, the rotary embedding): checked here, naming the argument, then one serving op."""
+    cu_seqlens_k_new, the rotary embedding), or on an e4m3 cache (k_descale, v_descale): checked here, naming the
+    argument, then one serving op."""
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         if not isinstance(q, torch.Tensor) or q.dim() != 3:
@@ -2388,6 +2563,15 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
         lengths = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     else:
         lengths = cache_seqlens
+    kv_fp8 = _is_kv_fp8(k_cache, v_cache)
+    if kv_fp8:  # what an e4m3 cache does not take, named before the checks that would misname it
+        appended = [n for n, t in (("k", k), ("v", v), ("cu_seqlens_k_new", cu_seqlens_k_new)) if t is not None]
+        if appended:
+            raise ValueError(f"FlashCore: {appended[0]} is set, but an e4m3 KV cache takes no append (k / v rows) in "
+                             f"this version: quantize the new rows into k_cache / v_cache yourself and pass "
+                             f"cache_seqlens that count them")
+        _check_kv_fp8_variants(variants, causal)
+        k_descale, v_descale = (_per_sequence_descale(d, batch, k_cache.shape[2]) for d in (k_descale, v_descale))
     if (k is None) != (v is None):
         raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
     if k is not None:  # the caches' dtype, as the plain append writes them
@@ -2395,9 +2579,11 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
     if isinstance(rotary_cos, torch.Tensor) and isinstance(rotary_sin, torch.Tensor):  # FA3's maybe_contiguous
         rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
     _kvcache_serving_inputs(q, k_cache, v_cache, lengths, block_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
-                            k, v, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens)
+                            k, v, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale, v_descale)
     if not torch.compiler.is_compiling():
         lib = _check_supported(q, q.shape[-1], v_cache.shape[3])
+        if kv_fp8:
+            _check_kv_fp8_library(lib)
         serving = [name for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                                         ("cu_seqlens_k_new", cu_seqlens_k_new if k is not None else None),
                                         ("rotary_cos", rotary_cos), ("rotary_seqlens", rotary_seqlens))
@@ -2409,8 +2595,9 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
                   cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q,
                   max_seqlen_q=max_seqlen_q)
     if k is None:
+        descales = {n: d for n, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None}
         out, lse = attention_kvcache_serving_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
-                                                 **common)
+                                                 **common, **descales)
     else:
         rotary = {} if rotary_cos is None else dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                                     rotary_interleaved=rotary_interleaved,

@@ -42,6 +42,14 @@ def build_stub(compiler, out_dir, name, *defines):
 
 
 @pytest.fixture(scope="session")
+def stub_builder(c_compiler, header_text):
+    """build_stub with the compiler bound: stub_builder(out_dir, name, *defines). A fixture, so that a test needs no
+    `from conftest import build_stub`, which finds another folder's conftest when pytest collects tests/fa3_compat
+    (its own conftest.py) in the same run."""
+    return lambda out_dir, name, *defines: build_stub(c_compiler, out_dir, name, *defines)
+
+
+@pytest.fixture(scope="session")
 def stub_library(c_compiler, header_text, tmp_path_factory):
     """Path of a host-only libflashcore stand-in (tests/stub/flashcore_stub.c)."""
     return build_stub(c_compiler, tmp_path_factory.mktemp("stub"), "libflashcore_stub.so")

@@ -707,11 +707,12 @@ def test_abi_mismatch_is_refused(use_library, c_compiler, header_text, tmp_path)
 
 @pytest.fixture
 def stub_v7_library(c_compiler, header_text, tmp_path_factory):
-    """The stub playing a 0.7 library (struct_size 696: no serving fields of 0.8; the 0.7 capabilities)."""
+    """The stub playing a 0.7 library (struct_size 696: no serving fields of 0.8; the 0.7 capabilities; version
+    0.7.0, whatever the header's)."""
     from conftest import build_stub
 
     return build_stub(c_compiler, tmp_path_factory.mktemp("stub_v7"), "libflashcore_v7.so",
-                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE")
+                      "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE", "-DSTUB_VERSION_MINOR=7")
 
 
 def test_v7_library_gets_the_v7_struct_size(use_library, stub_v7_library):
@@ -736,7 +737,7 @@ def test_v7_library_gets_the_v7_struct_size(use_library, stub_v7_library):
                          (dict(seqused_q=0x7300), r"seqused_q \(seqused_q\)"),
                          (dict(rotary_cos=0x7400, rotary_sin=0x7500, rotary_seqlen=64, rotary_dim=32),
                           r"rotary_cos \(rotary_cos\)")):
-        with pytest.raises(RuntimeError, match=name + r" is set, but .*version 0\.8\.0-stub, 696-byte "
+        with pytest.raises(RuntimeError, match=name + r" is set, but .*version 0\.7\.0-stub, 696-byte "
                                                       r"flashcore_attention_params\) predates it: a 0.8 library"):
             lib.set_kvcache_serving(params, **kwargs)
     assert bytes(ctypes.string_at(ctypes.addressof(params) + _lib.ATTENTION_PARAMS_V7_SIZE,

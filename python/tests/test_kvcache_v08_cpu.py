@@ -500,13 +500,11 @@ def test_serving_params_reach_c(use_library, stub_library):
     assert (params.k_new_strides.batch, params.k_new_strides.seq) == (2 * 2 * 64, 2 * 64)
 
 
-def test_a_07_library_runs_without_the_new_fields(use_library, c_compiler, header_text, tmp_path_factory):
+def test_a_07_library_runs_without_the_new_fields(use_library, stub_builder, tmp_path_factory):
     """The stub playing 0.7: kernel_params without the 0.8 arguments (cu_seqlens_q on a cache and a dense k_new
     included) fill its 696 bytes; each 0.8 argument is RuntimeError naming it."""
-    from conftest import build_stub
-
-    use_library(build_stub(c_compiler, tmp_path_factory.mktemp("stub_v7_ops"), "libflashcore_v7.so",
-                           "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE"))
+    use_library(stub_builder(tmp_path_factory.mktemp("stub_v7_ops"), "libflashcore_v7.so",
+                             "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE"))
     lib = _lib.load()
     q, k, v = _tensors(batch=3, slots=3, seqlen_q=2)
     qp, cu_q, lens = q.reshape(6, 8, 64), _i32([0, 1, 4, 6]), _i32([3, 60, 20])
@@ -781,11 +779,9 @@ def test_rotary_params_reach_c(use_library, stub_library):
                            v_new=new, rotary=_ops.Rotary(cos.t(), sin, False, None))
 
 
-def test_a_07_library_refuses_rotary_and_seqused_q(use_library, c_compiler, header_text, tmp_path_factory):
-    from conftest import build_stub
-
-    use_library(build_stub(c_compiler, tmp_path_factory.mktemp("stub_v7_rotary"), "libflashcore_v7.so",
-                           "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE"))
+def test_a_07_library_refuses_rotary_and_seqused_q(use_library, stub_builder, tmp_path_factory):
+    use_library(stub_builder(tmp_path_factory.mktemp("stub_v7_rotary"), "libflashcore_v7.so",
+                             "-DSTUB_PARAMS_SIZE=FLASHCORE_ATTENTION_PARAMS_V7_SIZE"))
     lib = _lib.load()
     q, k, v = _tensors(batch=3, slots=3, seqlen_q=2)
     lens, new = _i32([3, 60, 20]), torch.randn(3, 2, 2, 64).bfloat16()

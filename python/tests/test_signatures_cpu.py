@@ -79,6 +79,14 @@ DIFFERENT = {
                       "16 columns, k and v required); an append of no row with it raises ValueError here (the "
                       "library rotates q only along an append), and positions past the table are clamped to its "
                       "last row.",
+        # 0.9: an e4m3 KV cache under 16-bit q.
+        "q_descale": "FA3 scales an e4m3 q by it; FlashCore's KV-cache calls keep q in 16 bits, so it raises "
+                     "ValueError here (float8 q is flashcore.attention's dense path).",
+        "k_descale": "The same float32 (batch, num_heads_kv) factors of an e4m3 k_cache (batch the sequence, real "
+                     "value k_cache * k_descale), taken under 16-bit q (FA3 also with e4m3 q, which FlashCore refuses "
+                     "here); FlashCore also takes one element (0-d or (1,)) as a factor for the whole cache, and "
+                     "raises ValueError with a 16-bit cache.",
+        "v_descale": "As k_descale, for v_cache.",
     },
     "varlen_attention": {
         "seqused_q": "The same first seqused_q[b] query rows, causal alignment against them; the other rows are "
@@ -151,6 +159,9 @@ KEYWORD_ONLY_HERE = {
         "rotary_sin": "As rotary_cos.",
         "rotary_seqlens": "As softmax_scale.",
         "rotary_interleaved": "As softmax_scale.",
+        "q_descale": "After qv and the rotary arguments in FA3 (0.9 here): positions cannot line up.",
+        "k_descale": "As q_descale.",
+        "v_descale": "As q_descale.",
     },
 }
 

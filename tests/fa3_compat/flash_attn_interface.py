@@ -34,6 +34,10 @@ The rules (what makes a pass mean something):
   skipped otherwise, and with 8-bit inputs (FlashCore's 8-bit path takes one head dim). Its backward is asked of
   FlashCore like any other (a probe with v of that head dim): FlashCore 0.7 has none, so such a test skips when it
   calls autograd.grad, after its forward was checked.
+- An e4m3 KV cache under 16-bit q (flash_attn_with_kvcache with float8_e4m3fn k_cache / v_cache and bf16 / fp16 q) is
+  FlashCore's (0.9): passed on with k_descale / v_descale as they are. FA3's own fp8 cases quantize q too: e4m3 q
+  skips (FlashCore's KV-cache calls keep q in 16 bits), and so does what FlashCore 0.9's e4m3 cache does not take
+  (an append, rotary, the variants, head_dim_v, pages not a multiple of 16 rows, a library older than 0.9).
 - A call whose inputs require grad but whose backward FlashCore does not have (variants, 8-bit, a head dim without a
   backward kernel, varlen with seqused_k or seqused_q, ...) returns its real forward output through a node whose
   backward skips the test, naming the reason: the forward was checked by then (fa3_plugin reports such skips as
@@ -111,6 +115,13 @@ def compiled_head_dim_pairs() -> Tuple[Tuple[int, int], ...]:
     return tuple(tuple(p) for p in getattr(capabilities(), "head_dim_pairs", ()))
 
 
+def has_kv_fp8() -> bool:
+    """Whether the loaded library takes an e4m3 KV cache under 16-bit q (0.9: FLASHCORE_FLAG_KV_FP8_E4M3)."""
+    from flashcore import _lib
+
+    return _lib.load().has_kv_fp8()
+
+
 def has_kvcache_serving() -> bool:
     """Whether the loaded library takes FA3's serving arguments of flash_attn_with_kvcache (0.8: cache_batch_idx,
     cache_leftpad, cu_seqlens_k_new; packed queries on a cache it took before)."""
@@ -144,9 +155,9 @@ def _tiny(shape, dtype, device, requires_grad=False):
 
 
 def _probe_call(entry: str, dtype, head_dim: int, causal: bool, device, variants: dict, *, backward=False,
-                seqused_k=False, deterministic=False, head_dim_v: Optional[int] = None):
+                seqused_k=False, deterministic=False, head_dim_v: Optional[int] = None, kv_fp8=False):
     """A thunk making one tiny call of `entry` with these settings (and its backward with backward=True); v (and the
-    cache's v) of head_dim_v columns when given, else head_dim."""
+    cache's v) of head_dim_v columns when given, else head_dim. kv_fp8: the cache in e4m3 (with descales of 1)."""
     dv = head_dim if head_dim_v is None else head_dim_v
 
     def thunk():
@@ -172,8 +183,10 @@ def _probe_call(entry: str, dtype, head_dim: int, causal: bool, device, variants
             inputs = (q, k, v)
         else:  # attention_with_kvcache
             q = _tiny((1, 1, hq, head_dim), dtype, device)
-            k, v = _tiny((1, s, hk, head_dim), dtype, device), _tiny((1, s, hk, dv), dtype, device)
-            out = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=s, causal=causal, **variants)
+            cache = FP8 if kv_fp8 else dtype
+            k, v = _tiny((1, s, hk, head_dim), cache, device), _tiny((1, s, hk, dv), cache, device)
+            extra = {n: torch.ones(1, hk, device=device) for n in ("k_descale", "v_descale")} if kv_fp8 else {}
+            out = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=s, causal=causal, **extra, **variants)
             inputs = ()
         if backward:
             torch.autograd.grad(out, inputs, torch.ones_like(out))
@@ -247,6 +260,34 @@ def _variants(fn, entry: str, q, v, causal: bool, window_size, softcap, attentio
         if reason is not None:
             skip(name, reason)
     return kwargs
+
+
+def _check_kv_fp8(q, k_cache, v_cache, k, rotary: bool, page_table, window_size, softcap, attention_chunk,
+                  causal: bool) -> None:
+    """An e4m3 k_cache / v_cache under 16-bit q, FlashCore 0.9's: what it does not take skips, before FlashCore is
+    called; whether the library runs it for this dtype / head dim / causal is asked of it (a probe)."""
+    what = "a float8_e4m3fn KV cache"
+    if not has_kv_fp8():
+        skip(what, "the loaded libflashcore.so predates FlashCore 0.9's e4m3 KV cache")
+    if k is not None:
+        skip(f"k / v appended to {what}", "FlashCore 0.9's e4m3 KV cache takes no append")
+    if rotary:
+        skip(f"rotary embedding with {what}", "FlashCore 0.9's e4m3 KV cache takes no append, which it rotates")
+    left, right = _window(window_size)
+    variants = [n for n, used in (("window_size", left != -1 or (not causal and right != -1)),
+                                  ("softcap", softcap is not None and float(softcap) != 0.0),
+                                  ("attention_chunk", bool(attention_chunk))) if used]
+    if variants:
+        skip(f"{', '.join(variants)} with {what}", "FlashCore 0.9's e4m3 KV cache takes no attention variants")
+    if v_cache.shape[-1] != q.shape[-1]:
+        skip(f"head_dim_v != head_dim with {what}", "FlashCore 0.9's e4m3 KV cache takes one head dim")
+    if page_table is not None and k_cache.shape[1] % 16 != 0:
+        skip(f"page_size={k_cache.shape[1]} with {what}", "FlashCore 0.9's e4m3 KV cache takes pages of a multiple "
+                                                          "of 16 rows")
+    reason = probe(("kv_fp8", q.dtype, q.shape[-1], causal),
+                   _probe_call("attention_with_kvcache", q.dtype, q.shape[-1], causal, q.device, {}, kv_fp8=True))
+    if reason is not None:
+        skip(f"{what} with {_dtype_name(q.dtype)} q, head_dim={q.shape[-1]}{' (causal)' if causal else ''}", reason)
 
 
 def _check_hints(fn_name: str, *, pack_gqa=None, num_splits=None, sm_margin=0) -> None:
@@ -479,8 +520,8 @@ def flash_attn_with_kvcache(
     """FA3's flash_attn_with_kvcache on flashcore.attention_with_kvcache (dense or paged cache of any page size, k / v
     appended in place; cache_batch_idx, cache_leftpad (dense caches), packed queries (cu_seqlens_q, max_seqlen_q),
     packed new keys (cu_seqlens_k_new) and the rotary embedding (rotary_cos, rotary_sin, rotary_interleaved,
-    rotary_seqlens) passed on). Returns out, or (out, softmax_lse (B, H, Sq), or (H, total_q) with packed queries)
-    with return_softmax_lse."""
+    rotary_seqlens) passed on; an e4m3 k_cache / v_cache under 16-bit q with k_descale / v_descale, a 0.9 library).
+    Returns out, or (out, softmax_lse (B, H, Sq), or (H, total_q) with packed queries) with return_softmax_lse."""
     name = "flash_attn_with_kvcache"
     if qv is not None:
         skip("qv", "FA3's extra q_v . v score term (MLA decode)")
@@ -493,11 +534,19 @@ def flash_attn_with_kvcache(
         serving.append("rotary embedding (rotary_cos / rotary_sin)")
     if serving and not has_kvcache_serving():
         skip(serving[0], "the loaded libflashcore.so predates FlashCore 0.8's serving arguments")
+    if q.dtype == FP8:
+        skip(f"float8_e4m3fn inputs to {name}", "FlashCore's KV-cache calls keep q in 16 bits: an e4m3 k_cache / "
+                                                "v_cache is taken under float16 / bfloat16 q, not with e4m3 q")
     _check_dtype(name, q, fp8_ok=False)
     _check_head_dims(q, v_cache)
-    for n, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if t is not None:
-            skip(f"{n} in {name}", "FlashCore's KV-cache path is 16-bit only")
+    kv_fp8 = FP8 in (k_cache.dtype, v_cache.dtype)
+    if q_descale is not None:
+        skip(f"q_descale in {name}", "FlashCore's KV-cache calls keep q in 16 bits (k_descale / v_descale scale an "
+                                     "e4m3 cache)")
+    descales = {n: t for n, t in (("k_descale", k_descale), ("v_descale", v_descale)) if t is not None}
+    if descales and not kv_fp8:
+        skip(f"{next(iter(descales))} in {name}", f"FlashCore's descales scale an e4m3 KV cache only, this one is "
+                                                  f"{_dtype_name(k_cache.dtype)}")
     if page_table is not None and k_cache.shape[1] % 16 != 0 and not has_kvcache_serving():
         skip(f"page_size={k_cache.shape[1]}", "the loaded libflashcore.so predates FlashCore 0.8, whose paged KV "
                                               "cache takes any page size (older ones: multiples of 16)")
@@ -505,12 +554,14 @@ def flash_attn_with_kvcache(
         skip("scheduler_metadata", "FA3's precomputed scheduling; FlashCore plans each call itself")
     _check_hints(name, pack_gqa=pack_gqa, sm_margin=sm_margin)  # num_splits is FlashCore's own argument here
     causal = bool(causal)
+    if kv_fp8:
+        _check_kv_fp8(q, k_cache, v_cache, k, rotary, page_table, window_size, softcap, attention_chunk, causal)
     variants = _variants(flashcore.attention_with_kvcache, "attention_with_kvcache", q, v_cache, causal, window_size,
                          softcap, attention_chunk)
     # rotary_seqlens and rotary_interleaved only matter with rotary_cos (FA3 reads them for the rotation only): passed
     # on with it, left out without it.
     kwargs = dict(k=k, v=v, cache_seqlens=cache_seqlens, softmax_scale=softmax_scale, causal=causal,
-                  return_softmax_lse=bool(return_softmax_lse), num_splits=int(num_splits), **variants)
+                  return_softmax_lse=bool(return_softmax_lse), num_splits=int(num_splits), **variants, **descales)
     if rotary:
         kwargs.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=bool(rotary_interleaved))
         if rotary_seqlens is not None:

@@ -96,11 +96,13 @@ class Library:
         self.head_dims = (64, 128, 256)
         self.head_dim_pairs = ((192, 128),)
         self.dtypes = ("float16", "bfloat16", "float8_e4m3fn")
-        self.answers = {}  # "backward" / "fp8" / variant name -> None (runs) or the probe's message
+        self.answers = {}  # "backward" / "fp8" / "kv_fp8" / variant name -> None (runs) or the probe's message
         self.probed = []
         self.calls = []
         self.serving = True  # the library takes the 0.8 serving arguments
+        self.kv_fp8 = True  # the library takes an e4m3 KV cache (0.9)
         monkeypatch.setattr(shim, "has_kvcache_serving", lambda: self.serving)
+        monkeypatch.setattr(shim, "has_kv_fp8", lambda: self.kv_fp8)
         monkeypatch.setattr(shim, "compiled_head_dims", lambda: self.head_dims)
         monkeypatch.setattr(shim, "compiled_dtypes", lambda: self.dtypes)
         monkeypatch.setattr(shim, "compiled_head_dim_pairs", lambda: self.head_dim_pairs)
@@ -111,7 +113,7 @@ class Library:
     def probe(self, key, thunk):
         assert callable(thunk)
         self.probed.append(key)
-        kind = key[0] if key[0] in ("backward", "fp8") else key[1]
+        kind = key[0] if key[0] in ("backward", "fp8", "kv_fp8") else key[1]
         return self.answers.get(kind)
 
     def recorder(self, name, real):
@@ -255,10 +257,101 @@ def test_unsupported_skips_before_flashcore(lib, case):
 
 
 def test_kvcache_fp8_skips(lib):
+    """FA3's fp8 KV-cache cases quantize q with the cache: FlashCore keeps q in 16 bits, so they skip."""
     q, kc, vc, lens, _ = cache()
-    with pytest.raises(SKIPPED, match="float8_e4m3fn inputs to flash_attn_with_kvcache not supported"):
-        shim.flash_attn_with_kvcache(q.to(FP8), kc.to(FP8), vc.to(FP8), cache_seqlens=lens)
+    ones = torch.ones(2, 2)
+    with pytest.raises(SKIPPED, match="float8_e4m3fn inputs to flash_attn_with_kvcache not supported .*keep q in "
+                                      "16 bits"):
+        shim.flash_attn_with_kvcache(q.to(FP8), kc.to(FP8), vc.to(FP8), cache_seqlens=lens, q_descale=ones,
+                                     k_descale=ones, v_descale=ones)
     assert lib.calls == []
+
+
+def _e4m3_cache(page=None):
+    q, kc, vc, lens, table = cache(page=page)
+    return q, kc.to(FP8), vc.to(FP8), lens, table
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_kvcache_e4m3_cache_is_passed(lib, page):
+    """bf16 q on an e4m3 cache (FlashCore 0.9): the call reaches flashcore.attention_with_kvcache with k_descale /
+    v_descale as FA3 got them (left out when None), after one probe of the library."""
+    q, kc, vc, lens, table = _e4m3_cache(page)
+    kd, vd = torch.rand(2, 2), torch.rand(2, 2)
+    out, lse = shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, k_descale=kd,
+                                           v_descale=vd, causal=True, return_softmax_lse=True)
+    shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, cache_batch_idx=lens * 0)
+    (_, args, first), (_, _, second) = lib.calls
+    assert args[1] is kc and args[2] is vc and first["k_descale"] is kd and first["v_descale"] is vd
+    assert first.get("block_table") is table and first["causal"] is True  # (None without a page table)
+    assert "k_descale" not in second and "v_descale" not in second and "cache_batch_idx" in second
+    assert out.shape == q.shape and lse.shape == (2, 4, 1)
+    assert {key[0] for key in lib.probed} == {"kv_fp8"}
+
+
+def _e4m3_call(page=None, **kw):
+    def call():
+        q, kc, vc, lens, table = _e4m3_cache(page)
+        shim.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **kw)
+    return call
+
+
+E4M3_SKIPS = {
+    "append": (_e4m3_call(k=torch.zeros(2, 1, 2, 128).to(FP8), v=torch.zeros(2, 1, 2, 128).to(FP8)),
+               "flashcore: k / v appended to a float8_e4m3fn KV cache not supported"),
+    "rotary": (_e4m3_call(rotary_cos=torch.ones(64, 32).to(BF16), rotary_sin=torch.zeros(64, 32).to(BF16)),
+               "flashcore: rotary embedding with a float8_e4m3fn KV cache not supported"),
+    "softcap": (_e4m3_call(softcap=15.0), "flashcore: softcap with a float8_e4m3fn KV cache not supported"),
+    "window": (_e4m3_call(window_size=(8, 0), causal=True),
+               "flashcore: window_size with a float8_e4m3fn KV cache not supported"),
+    "chunk": (_e4m3_call(attention_chunk=16), "flashcore: attention_chunk with a float8_e4m3fn KV cache"),
+    "page 4": (_e4m3_call(page=4), "flashcore: page_size=4 with a float8_e4m3fn KV cache not supported"),
+    "q_descale": (_e4m3_call(q_descale=torch.ones(2, 2)), "flashcore: q_descale in flash_attn_with_kvcache not "
+                                                          "supported (FlashCore's KV-cache calls keep q in 16 bits"),
+    "k_descale bf16 cache": (_kvcache(k_descale=torch.ones(2, 2)),
+                             "flashcore: k_descale in flash_attn_with_kvcache not supported (FlashCore's descales "
+                             "scale an e4m3 KV cache only, this one is bfloat16)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(E4M3_SKIPS))
+def test_kvcache_e4m3_cache_skips(lib, case):
+    call, reason = E4M3_SKIPS[case]
+    with pytest.raises(SKIPPED) as info:
+        call()
+    assert str(info.value.msg).startswith(reason), info.value.msg
+    assert lib.calls == []
+
+
+def test_kvcache_e4m3_cache_causal_window_is_no_variant(lib):
+    """causal=True with window_size (-1, 0) is plain causal attention (FlashCore's rule too): not skipped."""
+    _e4m3_call(window_size=(-1, 0), causal=True)()
+    assert len(lib.calls) == 1
+
+
+def test_kvcache_e4m3_cache_skips_with_an_older_library_or_a_refusing_probe(lib):
+    lib.kv_fp8 = False
+    with pytest.raises(SKIPPED) as info:
+        _e4m3_call()()
+    assert info.value.msg == ("flashcore: a float8_e4m3fn KV cache not supported (the loaded libflashcore.so predates "
+                              "FlashCore 0.9's e4m3 KV cache)")
+    lib.kv_fp8 = True
+    lib.answers["kv_fp8"] = "probe: ValueError: no sm90 kernel"
+    with pytest.raises(SKIPPED) as info:
+        _e4m3_call(causal=True)()
+    assert info.value.msg == ("flashcore: a float8_e4m3fn KV cache with bfloat16 q, head_dim=128 (causal) not "
+                              "supported (probe: ValueError: no sm90 kernel)")
+    assert lib.calls == []
+
+
+def test_kvcache_e4m3_probe_is_an_e4m3_call(monkeypatch):
+    """The probe's tiny call has an e4m3 cache and descales of 1 (recorded by a stand-in front end)."""
+    seen = []
+    monkeypatch.setattr(flashcore, "attention_with_kvcache", lambda q, k, v, **kw: seen.append((q, k, v, kw)))
+    shim._probe_call("attention_with_kvcache", BF16, 128, True, "cpu", {}, kv_fp8=True)()
+    (q, k, v, kw), = seen
+    assert q.dtype == BF16 and k.dtype == v.dtype == FP8 and kw["causal"] is True
+    assert torch.equal(kw["k_descale"], torch.ones(1, 1)) and torch.equal(kw["v_descale"], torch.ones(1, 1))
 
 
 @pytest.mark.parametrize("variant,kwargs", [("attention_chunk", dict(attention_chunk=17)),

@@ -23,7 +23,12 @@
  * plays a 0.8 library: it records the whole 0.8 struct (784 bytes) of the header it includes.
  * Capabilities: the stub serves one layout of flashcore_capabilities, its version's (a library refuses a struct_size
  * larger than its own): the 0.7 one (with head_dim_pairs {192, 128}; unchanged in 0.8) as the current library and as
- * a 0.7 library, the 0.2 .. 0.6 one (STUB_CAPS_V2_SIZE bytes, up to device_backend) when it plays an older library. */
+ * a 0.7 library, the 0.2 .. 0.6 one (STUB_CAPS_V2_SIZE bytes, up to device_backend) when it plays an older library.
+ * Version: the header's, unless -DSTUB_VERSION_MINOR=<n> gives the minor it reports (0.9 added a flag, not a field:
+ * the stub playing 0.8 is -DSTUB_VERSION_MINOR=8, playing 0.9 -DSTUB_VERSION_MINOR=9). Flags: a stub of minor 9 or
+ * newer knows FLASHCORE_FLAG_V_TRANSPOSED and FLASHCORE_FLAG_KV_FP8_E4M3 (bits 1 and 2), an older one bit 1 only, and
+ * refuses a call with other bits as the library does (INVALID_ARGUMENT, "flags = N has bits this library does not
+ * know"). */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -47,10 +52,16 @@ static char g_error[256];
 #define STUB_CAPS_SIZE (STUB_PARAMS_SIZE >= FLASHCORE_ATTENTION_PARAMS_V7_SIZE ? sizeof(flashcore_capabilities) \
                                                                                   : STUB_CAPS_V2_SIZE)
 
+#ifndef STUB_VERSION_MINOR
+#define STUB_VERSION_MINOR FLASHCORE_VERSION_MINOR
+#endif
+/* FLASHCORE_FLAG_V_TRANSPOSED (0.3) | FLASHCORE_FLAG_KV_FP8_E4M3 (0.9). */
+#define STUB_KNOWN_FLAGS (STUB_VERSION_MINOR >= 9 ? 3u : 1u)
+
 #define STUB_STR2(x) #x
 #define STUB_STR(x) STUB_STR2(x)
 #define STUB_VERSION \
-  STUB_STR(FLASHCORE_VERSION_MAJOR) "." STUB_STR(FLASHCORE_VERSION_MINOR) "." STUB_STR(FLASHCORE_VERSION_PATCH)
+  STUB_STR(FLASHCORE_VERSION_MAJOR) "." STUB_STR(STUB_VERSION_MINOR) "." STUB_STR(FLASHCORE_VERSION_PATCH)
 
 FLASHCORE_API void flashcore_attention_params_init_sized(flashcore_attention_params* params, uint32_t struct_size) {
   if (!params || struct_size != STUB_PARAMS_SIZE) return;
@@ -97,6 +108,10 @@ FLASHCORE_API flashcore_status flashcore_attention_validate(const flashcore_atte
              (unsigned)STUB_PARAMS_SIZE);
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
+  if (STUB_PARAMS_SIZE > offsetof(flashcore_attention_params, flags) && (params->flags & ~STUB_KNOWN_FLAGS) != 0u) {
+    snprintf(g_error, sizeof(g_error), "flags = %u has bits this library does not know", (unsigned)params->flags);
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
   return FLASHCORE_SUCCESS;
 }
 
@@ -128,7 +143,7 @@ FLASHCORE_API const char* flashcore_last_error(void) { return g_error; }
 
 FLASHCORE_API void flashcore_version(int* major, int* minor, int* patch) {
   if (major) *major = FLASHCORE_VERSION_MAJOR;
-  if (minor) *minor = FLASHCORE_VERSION_MINOR;
+  if (minor) *minor = STUB_VERSION_MINOR;
   if (patch) *patch = FLASHCORE_VERSION_PATCH;
 }
 
