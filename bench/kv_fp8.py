@@ -31,6 +31,8 @@ except Exception:  # no FA3 serving build on the path
     flash_attn_with_kvcache = None
 
 ROWS = [(1, 8192), (8, 8192), (32, 4096), (64, 16384), (16, 65536)]
+# The e4m3 KV-cache kernels are experimental in 0.9: the library runs them with this switch only.
+os.environ.setdefault("FLASHCORE_EXPERIMENTAL_KV_FP8", "1")
 FLAG_KV_FP8_E4M3 = 2
 
 

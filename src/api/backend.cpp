@@ -196,7 +196,17 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
     }
     out.backend = portable;
   }
-  // An e4m3 KV cache (FLASHCORE_FLAG_KV_FP8_E4M3) runs on the sm90 kernels only in this version.
+  // An e4m3 KV cache (FLASHCORE_FLAG_KV_FP8_E4M3): experimental until its kernels have run on a GPU (docs/decisions.md
+  // #kv-fp8), so a call runs them only with FLASHCORE_EXPERIMENTAL_KV_FP8=1 in the environment.
+  if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0) {
+    const char* on = std::getenv("FLASHCORE_EXPERIMENTAL_KV_FP8");
+    if (on == nullptr || std::strcmp(on, "1") != 0) {
+      error = "flags has FLASHCORE_FLAG_KV_FP8_E4M3: the e4m3 KV-cache kernels are experimental in 0.9 (built and "
+              "checked on the CPU, not yet run on a GPU); set FLASHCORE_EXPERIMENTAL_KV_FP8=1 to run them";
+      return FLASHCORE_ERROR_INVALID_ARGUMENT;
+    }
+  }
+  // An e4m3 KV cache runs on the sm90 kernels only in this version.
   if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0 && std::strcmp(out.backend->name, "sm90") != 0) {
     error = std::string("flags has FLASHCORE_FLAG_KV_FP8_E4M3: an e4m3 KV cache runs on the sm90 kernels (Hopper) only "
                         "in this version; the ") + out.backend->name + " backend serves this call" +

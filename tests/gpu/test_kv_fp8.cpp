@@ -299,6 +299,12 @@ void run_kv8_case(const Kv8Case& c, uint64_t seed) {
   EXPECT_GT(checked, 0);
 }
 
+// The e4m3 KV-cache kernels are experimental in 0.9 (api/backend.cpp): the tests run them.
+struct EnableKv8 {
+  EnableKv8() { setenv("FLASHCORE_EXPERIMENTAL_KV_FP8", "1", 1); }
+};
+const EnableKv8 g_enable_kv8;
+
 // Whether the sm90 kernels serve this process: a Hopper GPU, FLASHCORE_BACKEND not naming the portable backend.
 bool on_hopper() {
   int dev = 0, major = 0;
@@ -388,6 +394,26 @@ TEST(KvFp8, RefusedWhereItDoesNotRun) {
   p.k_strides = {S * H * D, H * D, D, 1}, p.v_strides = p.k_strides;
   EXPECT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flashcore_last_error()).find("FLASHCORE_FLAG_KV_FP8_E4M3"), std::string::npos)
+      << flashcore_last_error();
+}
+
+// Without FLASHCORE_EXPERIMENTAL_KV_FP8=1 the flag is refused on every GPU, naming the switch.
+TEST(KvFp8, ExperimentalUntilEnabled) {
+  FLASHCORE_REQUIRE_GPU();
+  unsetenv("FLASHCORE_EXPERIMENTAL_KV_FP8");
+  constexpr int64_t B = 1, S = 64, H = 2, D = 128;
+  DeviceBuffer q(B * H * D * 2), k(B * S * H * D), v(B * S * H * D), o(B * H * D * 2);
+  flashcore_attention_params p;
+  flashcore_attention_params_init(&p);
+  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr;
+  p.batch = B, p.seqlen_q = 1, p.seqlen_k = S, p.num_heads_q = H, p.num_heads_kv = H, p.head_dim = D;
+  p.dtype = FLASHCORE_DTYPE_BF16, p.flags = FLASHCORE_FLAG_KV_FP8_E4M3;
+  p.q_strides = {H * D, H * D, D, 1}, p.o_strides = p.q_strides;
+  p.k_strides = {S * H * D, H * D, D, 1}, p.v_strides = p.k_strides;
+  const flashcore_status st = flashcore_attention_forward(&p, nullptr);
+  setenv("FLASHCORE_EXPERIMENTAL_KV_FP8", "1", 1);
+  EXPECT_EQ(st, FLASHCORE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcore_last_error()).find("FLASHCORE_EXPERIMENTAL_KV_FP8=1"), std::string::npos)
       << flashcore_last_error();
 }
 
