@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashcore
 from flashcore import _lib, _ops
+from serving import graph_time_us  # bench/serving.py's CUDA-graph median (this script runs from bench/)
 
 try:
     from flash_attn_interface import flash_attn_with_kvcache
@@ -34,29 +35,6 @@ ROWS = [(1, 8192), (8, 8192), (32, 4096), (64, 16384), (16, 65536)]
 # The e4m3 KV-cache kernels are experimental in 0.9: the library runs them with this switch only.
 os.environ.setdefault("FLASHCORE_EXPERIMENTAL_KV_FP8", "1")
 FLAG_KV_FP8_E4M3 = 2
-
-
-def graph_time_us(fn, reps=20, iters=15):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(ts)
 
 
 def quantize(x):

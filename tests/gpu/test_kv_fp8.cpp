@@ -379,19 +379,28 @@ TEST(KvFp8, SmallCachesForTheSanitizers) {
   run_kv8_case(c, g_seed++);
 }
 
+// A one-query call on a 64-row e4m3 cache (the refusals' call; its buffers hold garbage and are never read).
+struct TinyCall {
+  static constexpr int64_t B = 1, S = 64, H = 2, D = 128;
+  DeviceBuffer q{B * H * D * 2}, k{B * S * H * D}, v{B * S * H * D}, o{B * H * D * 2};
+  flashcore_attention_params params() const {
+    flashcore_attention_params p;
+    flashcore_attention_params_init(&p);
+    p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr;
+    p.batch = B, p.seqlen_q = 1, p.seqlen_k = S, p.num_heads_q = H, p.num_heads_kv = H, p.head_dim = D;
+    p.dtype = FLASHCORE_DTYPE_BF16, p.flags = FLASHCORE_FLAG_KV_FP8_E4M3;
+    p.q_strides = {H * D, H * D, D, 1}, p.o_strides = p.q_strides;
+    p.k_strides = {S * H * D, H * D, D, 1}, p.v_strides = p.k_strides;
+    return p;
+  }
+};
+
 TEST(KvFp8, RefusedWhereItDoesNotRun) {
   FLASHCORE_REQUIRE_GPU();
   // Off Hopper (or on the portable backend), the flag is refused by the plan, naming it.
   if (on_hopper()) GTEST_SKIP() << "Hopper on the sm90 backend runs the flag (the other tests)";
-  constexpr int64_t B = 1, S = 64, H = 2, D = 128;
-  DeviceBuffer q(B * H * D * 2), k(B * S * H * D), v(B * S * H * D), o(B * H * D * 2);
-  flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr;
-  p.batch = B, p.seqlen_q = 1, p.seqlen_k = S, p.num_heads_q = H, p.num_heads_kv = H, p.head_dim = D;
-  p.dtype = FLASHCORE_DTYPE_BF16, p.flags = FLASHCORE_FLAG_KV_FP8_E4M3;
-  p.q_strides = {H * D, H * D, D, 1}, p.o_strides = p.q_strides;
-  p.k_strides = {S * H * D, H * D, D, 1}, p.v_strides = p.k_strides;
+  const TinyCall call;
+  flashcore_attention_params p = call.params();
   EXPECT_EQ(flashcore_attention_forward(&p, nullptr), FLASHCORE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flashcore_last_error()).find("FLASHCORE_FLAG_KV_FP8_E4M3"), std::string::npos)
       << flashcore_last_error();
@@ -401,15 +410,8 @@ TEST(KvFp8, RefusedWhereItDoesNotRun) {
 TEST(KvFp8, ExperimentalUntilEnabled) {
   FLASHCORE_REQUIRE_GPU();
   unsetenv("FLASHCORE_EXPERIMENTAL_KV_FP8");
-  constexpr int64_t B = 1, S = 64, H = 2, D = 128;
-  DeviceBuffer q(B * H * D * 2), k(B * S * H * D), v(B * S * H * D), o(B * H * D * 2);
-  flashcore_attention_params p;
-  flashcore_attention_params_init(&p);
-  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr;
-  p.batch = B, p.seqlen_q = 1, p.seqlen_k = S, p.num_heads_q = H, p.num_heads_kv = H, p.head_dim = D;
-  p.dtype = FLASHCORE_DTYPE_BF16, p.flags = FLASHCORE_FLAG_KV_FP8_E4M3;
-  p.q_strides = {H * D, H * D, D, 1}, p.o_strides = p.q_strides;
-  p.k_strides = {S * H * D, H * D, D, 1}, p.v_strides = p.k_strides;
+  const TinyCall call;
+  flashcore_attention_params p = call.params();
   const flashcore_status st = flashcore_attention_forward(&p, nullptr);
   setenv("FLASHCORE_EXPERIMENTAL_KV_FP8", "1", 1);
   EXPECT_EQ(st, FLASHCORE_ERROR_INVALID_ARGUMENT);
