@@ -109,8 +109,11 @@ struct KernelConfig {
   static constexpr bool kTwoPSets =  // (the transposed decode rows keep P in shared memory: decode_swap.cuh)
       !kSwapAB && kConsumerRegs >= 240 && kHeadDimV / 2 + kBlockN / 2 + 2 * 4 * kPSteps <= kTwoPSetsBudget;
 
-  static constexpr int kRowBytes = kSmemRowBytes;
-  static constexpr int kQKRowBytes = kPlan.qk_row_bytes;  // 128, or 64 for 8-bit head dim 64 (64-byte swizzle)
+  // Shared-memory row widths (smem_plan.h swizzle_row_bytes): 128, or 64 (64-byte swizzle) for 8-bit head dim 64's Q
+  // and K and for every tile of 16-bit head dim 96.
+  static constexpr int kQKRowBytes = kPlan.qk_row_bytes;
+  static constexpr int kVRowBytes = kPlan.v_row_bytes;  // a key-major V's (VLayout::kKeyMajor)
+  static constexpr int kOutRowBytes = kPlan.out_row_bytes;  // the staged O's
   static constexpr int kChunkCols = kPlan.chunk_cols;
   static constexpr int kChunks = kPlan.chunks;
   static constexpr int kQChunkBytes = kPlan.q_chunk_bytes;
@@ -173,7 +176,11 @@ struct KernelConfig {
   static_assert(!kSwapAB || kElemBytes == 2, "transposed decode: 16-bit inputs");
   static_assert(kHeadDimV == kHeadDim || (kElemBytes == 2 && !kInt8QK && !kSwapAB),
                 "a V head dim of its own: 16-bit inputs, not the transposed decode rows");
-  static_assert(kHeadDimV % 64 == 0 && kHeadDimV <= 256, "V's head dim: whole 128-byte chunks, wgmma N <= 256");
+  static_assert(kHeadDimV % kOutChunkCols == 0 && kHeadDimV % kVChunkCols == 0 && kHeadDimV <= 256,
+                "V's head dim: whole chunks of V and O, wgmma N <= 256");
+  static_assert(kVLayout == VLayout::kDimMajor || kVRowBytes == 128 || (kVRowBytes == 64 && kElemBytes == 2 && !kSwapAB && !kKV8),
+                "64-byte V rows (16-bit head dim 96): the row kinds written for them (no transposed decode, no e4m3 "
+                "KV cache)");
   static_assert(!kKV8 || (kSplitKv && !kSwapAB && !kLastRoundSplit && kHeadDimV == kHeadDim &&
                           !kShape.variants && std::is_same_v<KVElement, __nv_fp8_e4m3>),
                 "e4m3 KV cache rows: split-KV 64-row tiles, one head dim, no variants (configs_kv8.txt)");

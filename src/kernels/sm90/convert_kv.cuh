@@ -22,7 +22,7 @@ struct KVConverter {
   static constexpr int kRowUnits = Cfg::kHeadDim / 16;         // 16-byte e4m3 units per key row
   static constexpr int kChunkUnits = Cfg::kKV8RowBytes / 16;   // of them per staging chunk row (8, or 4 at head dim 64)
   static constexpr int kUnits = Cfg::kBlockN * kRowUnits;      // per block
-  static_assert(Cfg::kKV8 && Cfg::kRowBytes == 128 && Cfg::kChunkCols == 64, "16-bit tiles of 64-column chunks");
+  static_assert(Cfg::kKV8 && Cfg::kQKRowBytes == 128 && Cfg::kVRowBytes == 128 && Cfg::kChunkCols == 64, "16-bit tiles of 64-column chunks");
   static_assert(Cfg::kKV8RowBytes == 128 || Cfg::kKV8RowBytes == 64, "128- or 64-byte swizzled staging rows");
 
   // Two e4m3 values (the low byte first) as two 16-bit values of Element, in a 32-bit register.
@@ -51,7 +51,7 @@ struct KVConverter {
                                                        ((u8 ^ phase8) << 4));
       // Columns 16 u .. 16 u + 15: 16-bit units 2 u' and 2 u' + 1 of chunk (16 u) / 64, u' = u % 4.
       const int c16 = u / 4, u16 = 2 * (u % 4);
-      uint8_t* row = dst + c16 * Cfg::kKVChunkBytes + r * Cfg::kRowBytes;
+      uint8_t* row = dst + c16 * Cfg::kKVChunkBytes + r * Cfg::kQKRowBytes;
       uint4 lo, hi;
       lo.x = widen2(in.x), lo.y = widen2(in.x >> 16), lo.z = widen2(in.y), lo.w = widen2(in.y >> 16);
       hi.x = widen2(in.z), hi.y = widen2(in.z >> 16), hi.z = widen2(in.w), hi.w = widen2(in.w >> 16);

@@ -22,9 +22,12 @@ namespace flashcore::sm90 {
 
 // Named barrier of the softmax's exchange and of P^T's hand-over to the wgmma (ids: mainloop.cuh; 1 and 3 are taken).
 inline constexpr uint32_t kSwapBarrier = 4;
+// Its tiles' rows: 128-byte swizzled (head dims 64 and 128; config.h keeps 64-byte rows off these rows).
+inline constexpr int kSwapRowBytes = 128;
 
 template <class Cfg>
 struct SwapState {
+  static_assert(Cfg::kQKRowBytes == kSwapRowBytes && Cfg::kVRowBytes == kSwapRowBytes, "128-byte rows");
   static constexpr int kDTiles = Cfg::kHeadDimV / 64;  // m64 tiles of O^T
   static constexpr int kKTiles = Cfg::kBlockN / 64;   // m64 tiles of S^T
   float o[kDTiles][4];
@@ -113,7 +116,7 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
     for (int i = 0; i < kKTiles; ++i) {
 #pragma unroll
       for (int k = 0; k < Cfg::kHeadDim / 16; ++k) {
-        const uint64_t da = (k_tile + (i * 64 * Cfg::kRowBytes + (k / 4) * Cfg::kKVChunkBytes + (k % 4) * 32)).u64();
+        const uint64_t da = (k_tile + (i * 64 * kSwapRowBytes + (k / 4) * Cfg::kKVChunkBytes + (k % 4) * 32)).u64();
         const uint64_t db = (q_desc + ((k / 4) * Cfg::kQChunkBytes + (k % 4) * 32)).u64();
         WgmmaSS<typename Cfg::Element, 8>::mma(s[i], da, db, k > 0 ? 1 : 0);
       }
@@ -161,7 +164,7 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
         const float x = kernels::exp2_approx(fmaf(s[i][r], scale, neg[r & 1]));
         st.l[r & 1] += x;
         const int key = swap_row(r), n = swap_col(r);
-        uint8_t* dst = pt + i * 8 * Cfg::kRowBytes + n * Cfg::kRowBytes + (((key / 8) ^ n) * 16) + (key % 8) * 2;
+        uint8_t* dst = pt + i * 8 * kSwapRowBytes + n * kSwapRowBytes + (((key / 8) ^ n) * 16) + (key % 8) * 2;
         *reinterpret_cast<uint16_t*>(dst) = swap_bits16<typename Cfg::Element>(x);
       }
     }
@@ -184,8 +187,8 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
     for (int i = 0; i < kDTiles; ++i) {
 #pragma unroll
       for (int t = 0; t < Cfg::kBlockN / 16; ++t) {
-        const uint64_t da = (v_tile + (i * Cfg::kVChunkBytes + t * 16 * Cfg::kRowBytes)).u64();
-        const uint64_t db = (pt_desc + ((t / 4) * 8 * Cfg::kRowBytes + (t % 4) * 32)).u64();
+        const uint64_t da = (v_tile + (i * Cfg::kVChunkBytes + t * 16 * kSwapRowBytes)).u64();
+        const uint64_t db = (pt_desc + ((t / 4) * 8 * kSwapRowBytes + (t % 4) * 32)).u64();
         WgmmaSSTransA<typename Cfg::Element, 8>::mma(st.o[i], da, db, 1);
       }
     }

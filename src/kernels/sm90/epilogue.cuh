@@ -1,5 +1,5 @@
-// Epilogue: normalize O, convert it to the output element type, stage it in shared memory in the 128B-swizzled
-// layout of the O tensor map and write it with TMA stores; LSE (natural log, fp32) goes straight from registers
+// Epilogue: normalize O, convert it to the output element type, stage it in shared memory in the swizzled layout of
+// the O tensor map (128-byte rows, 64-byte at head dim 96) and write it with TMA stores; LSE (natural log, fp32) goes straight from registers
 // when requested. Rows past the end of the tensor are clipped by the TMA unit, which for dense batches is the
 // end of the sequence; in a packed (varlen) batch the next sequence follows, so a slice that ends past its
 // sequence is copied out of the staging buffer by the warpgroup's threads, row by row, up to the sequence's end
@@ -224,13 +224,14 @@ __device__ __forceinline__ bool merge_parts_in_registers(const FwdParams& p, con
 template <class Cfg>
 __device__ __forceinline__ void store_clipped(const FwdParams& p, const Tile& tile, const uint8_t* stage, int64_t row,
                                               int rows) {
-  constexpr int kUnitsPerRow = Cfg::kOutChunks * 8;  // 128-byte chunk rows of eight 16-byte units
+  constexpr int kChunkUnits = Cfg::kOutRowBytes / 16;  // 16-byte units of a chunk row
+  constexpr int kUnitsPerRow = Cfg::kOutChunks * kChunkUnits;
   char* o_rows = static_cast<char*>(p.o) + (tile.seq.q_row0 + row) * p.o_stride_seq_bytes +
                  static_cast<int64_t>(tile.head) * p.o_stride_head_bytes;
   for (int u = static_cast<int>(threadIdx.x % 128); u < rows * kUnitsPerRow; u += 128) {
-    const int r = u / kUnitsPerRow, chunk = (u % kUnitsPerRow) / 8, unit = u % 8;
-    const uint4 val =
-        *reinterpret_cast<const uint4*>(stage + chunk * Cfg::kOutChunkBytes + r * Cfg::kRowBytes + ((unit ^ (r % 8)) * 16));
+    const int r = u / kUnitsPerRow, chunk = (u % kUnitsPerRow) / kChunkUnits, unit = u % kChunkUnits;
+    const uint4 val = *reinterpret_cast<const uint4*>(stage + chunk * Cfg::kOutChunkBytes + r * Cfg::kOutRowBytes +
+                                                      swizzled_unit<Cfg::kOutRowBytes>(r, unit) * 16);
     *reinterpret_cast<uint4*>(o_rows + r * p.o_stride_seq_bytes + (u % kUnitsPerRow) * 16) = val;
   }
 }
@@ -278,7 +279,7 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
 
   // Staging: this warpgroup's 64 rows of the O buffer, or of the Q tile (no longer read: its last wgmma has
   // completed). A separate O buffer may still be read by the previous tile's store: wait for it.
-  uint8_t* stage = smem + Cfg::kSmemOOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kRowBytes;
+  uint8_t* stage = smem + Cfg::kSmemOOffset + warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kOutRowBytes;
   if (Cfg::kSeparateO) {
     if (wg_thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     kernels::named_barrier_sync(1 + warpgroup, 128);
@@ -289,16 +290,18 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
   // stores of one 32-bit store per pair (docs/decisions.md#epilogue-stmatrix).
   static_assert(Cfg::kHeadDimV % 16 == 0, "whole stmatrix.x4 column pairs");
   const int st_row = warp_in_wg * 16 + 8 * ((lane / 8) % 2) + lane % 8;  // this lane's row within the slice
-  const uint32_t st_base = static_cast<uint32_t>(__cvta_generic_to_shared(stage)) + st_row * Cfg::kRowBytes;
+  const uint32_t st_base = static_cast<uint32_t>(__cvta_generic_to_shared(stage)) + st_row * Cfg::kOutRowBytes;
+  constexpr int kChunkUnits = Cfg::kOutRowBytes / 16;  // 8, or 4 in 64-byte rows
 #pragma unroll
   for (int j = 0; j < Cfg::kHeadDimV / 8; j += 2) {
-    const int chunk = j / 8, unit = j % 8 + lane / 16;  // j even: units j % 8 and j % 8 + 1 of one chunk
+    // j even: units j % kChunkUnits and the next of one chunk
+    const int chunk = j / kChunkUnits, unit = j % kChunkUnits + lane / 16;
     const uint32_t r[4] = {
         Out::pack2(st.o[acc_index(j, 0, 0)] * inv_sum[0], st.o[acc_index(j, 0, 1)] * inv_sum[0]),
         Out::pack2(st.o[acc_index(j, 1, 0)] * inv_sum[1], st.o[acc_index(j, 1, 1)] * inv_sum[1]),
         Out::pack2(st.o[acc_index(j + 1, 0, 0)] * inv_sum[0], st.o[acc_index(j + 1, 0, 1)] * inv_sum[0]),
         Out::pack2(st.o[acc_index(j + 1, 1, 0)] * inv_sum[1], st.o[acc_index(j + 1, 1, 1)] * inv_sum[1])};
-    stmatrix_x4(st_base + chunk * Cfg::kOutChunkBytes + ((unit ^ (st_row % 8)) * 16), r);
+    stmatrix_x4(st_base + chunk * Cfg::kOutChunkBytes + swizzled_unit<Cfg::kOutRowBytes>(st_row, unit) * 16, r);
   }
   // Generic-proxy writes must be visible to the TMA (async proxy) before the store is issued.
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);

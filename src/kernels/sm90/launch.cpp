@@ -70,9 +70,12 @@ flashcore_status encode_maps(const core::Plan& plan, const KernelRow& row, const
   // always, a dense K/V unless split-KV boxes it in 32-row slices; a paged cache's slices and O's stores keep 4-D maps.
   const int elem_bytes = static_cast<int>(dtype_size(row.dtype));
   const int kv_elem_bytes = static_cast<int>(dtype_size(kv_dtype));
-  const int chunks = static_cast<int>(p.head_dim * elem_bytes / 128);
-  const int kv_chunks = static_cast<int>(p.head_dim * kv_elem_bytes / 128);
-  const int v_chunks = static_cast<int>(dv * kv_elem_bytes / 128);
+  const auto chunks_of = [](int64_t row_bytes) {  // the kernel's chunks of a row (smem_plan.h swizzle_row_bytes)
+    return static_cast<int>(row_bytes / swizzle_row_bytes(static_cast<int>(row_bytes)));
+  };
+  const int chunks = chunks_of(p.head_dim * elem_bytes);
+  const int kv_chunks = chunks_of(p.head_dim * kv_elem_bytes);
+  const int v_chunks = chunks_of(dv * kv_elem_bytes);
   const bool kv_chunked = !paged && tma_chunked(kv_elem_bytes, kv_chunks, row.shape.block_n, kv_box);
   const bool v_chunked = !paged && !eight_bit && tma_chunked(kv_elem_bytes, v_chunks, row.shape.block_n, kv_box);
   const bool chunked[4] = {tma_chunked(elem_bytes, chunks, row.shape.block_m, row.shape.block_m), kv_chunked,

@@ -150,7 +150,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kHeadDimV / 2], const ui
   for (int t = 0; t < kPSteps<Cfg>; ++t) {
     uint32_t offset;
     if constexpr (Cfg::kVLayout == VLayout::kKeyMajor) {
-      offset = t * 16 * Cfg::kRowBytes;
+      offset = t * 16 * Cfg::kVRowBytes;
     } else {
       constexpr int kStepsPerChunk = Cfg::kVTChunkKeys / Cfg::kMmaK;
       offset = (t / kStepsPerChunk) * Cfg::kVTChunkBytes + (t % kStepsPerChunk) * 32;
@@ -169,8 +169,9 @@ struct OperandDescs {
       : q(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemQOffset + q_stage * Cfg::kQBytes +
                                                   warpgroup * Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes)),
         k0(make_smem_desc_kmajor<Cfg::kQKRowBytes>(smem + Cfg::kSmemKOffset)),
-        v0(Cfg::kVLayout == VLayout::kKeyMajor ? make_smem_desc_sw128(smem + Cfg::kSmemVOffset, Cfg::kVChunkBytes, 1024)
-                                               : make_smem_desc_kmajor<Cfg::kVTChunkKeys>(smem + Cfg::kSmemVOffset)) {}
+        v0(Cfg::kVLayout == VLayout::kKeyMajor
+               ? make_smem_desc_mn_major<Cfg::kVRowBytes>(smem + Cfg::kSmemVOffset, Cfg::kVChunkBytes)
+               : make_smem_desc_kmajor<Cfg::kVTChunkKeys>(smem + Cfg::kSmemVOffset)) {}
   __device__ __forceinline__ SmemDesc k(int stage) const { return k0 + stage * Cfg::kKTileBytes; }
   __device__ __forceinline__ SmemDesc v(int stage) const { return v0 + stage * Cfg::kVTileBytes; }
 };
@@ -192,8 +193,8 @@ __device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const T
   const int64_t left = tile.seq.seqlen_k - static_cast<int64_t>(v_block) * Cfg::kBlockN;  // same in the whole CTA
   if (left >= Cfg::kBlockN) return;
   const int valid = left > 0 ? static_cast<int>(left) : 0;
-  const int units_per_chunk = (Cfg::kBlockN - valid) * (Cfg::kRowBytes / 16);
-  uint8_t* base = const_cast<uint8_t*>(v_tile) + valid * Cfg::kRowBytes;
+  const int units_per_chunk = (Cfg::kBlockN - valid) * (Cfg::kVRowBytes / 16);
+  uint8_t* base = const_cast<uint8_t*>(v_tile) + valid * Cfg::kVRowBytes;
   for (int u = static_cast<int>(threadIdx.x) - 128; u < units_per_chunk * Cfg::kVChunks; u += Cfg::kConsumerThreads) {
     const int chunk = u / units_per_chunk, rest = u % units_per_chunk;
     *reinterpret_cast<uint4*>(base + chunk * Cfg::kVChunkBytes + rest * 16) = make_uint4(0u, 0u, 0u, 0u);

@@ -24,7 +24,7 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* s
   static_assert(kRows % kBoxRows == 0 && kBoxRows % 8 == 0, "whole 8-row swizzle atoms per box");
   constexpr int kChunks = kV ? Cfg::kVChunks : Cfg::kChunks;
   constexpr int kChunkCols = kV ? Cfg::kVChunkCols : Cfg::kChunkCols;
-  constexpr int kRowBytes = kV ? Cfg::kRowBytes : Cfg::kQKRowBytes;
+  constexpr int kRowBytes = kV ? Cfg::kVRowBytes : Cfg::kQKRowBytes;
   if constexpr (tma_chunked(Cfg::kElemBytes, kChunks, kRows, kBoxRows)) {
     static_assert(kChunkBytes == kRows * kRowBytes, "chunk-major box layout");
     const int32_t coords[5] = {0, static_cast<int32_t>(row), 0, head, batch};
@@ -148,7 +148,7 @@ __device__ __forceinline__ void tma_load_paged(const FwdParams& p, const CUtenso
   constexpr int kChunks = k8 ? Cfg::kKV8Chunks : kV ? Cfg::kVChunks : Cfg::kChunks;
   constexpr int kChunkCols = k8 ? Cfg::kKV8ChunkCols : kV ? Cfg::kVChunkCols : Cfg::kChunkCols;
   constexpr int kChunkBytes = k8 ? Cfg::kKV8ChunkBytes : kV ? Cfg::kVChunkBytes : Cfg::kKVChunkBytes;
-  constexpr int kRowBytes = k8 ? Cfg::kKV8RowBytes : Cfg::kRowBytes;
+  constexpr int kRowBytes = k8 ? Cfg::kKV8RowBytes : kV ? Cfg::kVRowBytes : Cfg::kQKRowBytes;
   const int key0 = n_block * Cfg::kBlockN;  // < seqlen_k + kBlockN: fits in int (validation caps seqlen_k)
   const int box = paged_box_rows(Cfg::kKVBoxRows, p.kv_slice_rows);
 #pragma unroll 1

@@ -86,6 +86,30 @@ __device__ __forceinline__ uint64_t make_smem_desc_kmajor(const void* smem_ptr) 
   }
 }
 
+// The position of 16-byte unit `unit` of row `row` in a chunk of kRowBytes-byte rows swizzled to that width (TMA's
+// and wgmma's 128- and 64-byte swizzles: the unit index XOR the row's 128-byte line within the 1024-byte pattern),
+// for chunks that start 1024-byte aligned. 128-byte rows: unit ^ (row % 8); 64-byte rows: unit ^ ((row / 2) % 4).
+// Either way eight consecutive rows at one logical unit fall in eight different 16-byte bank groups.
+template <int kRowBytes>
+__device__ __forceinline__ int swizzled_unit(int row, int unit) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte rows");
+  return kRowBytes == 128 ? unit ^ (row % 8) : unit ^ ((row / 2) % 4);
+}
+
+// An MN-major B operand (a key-major V: rows = the k dimension) stored as chunks of kRowBytes-byte rows (128 or 64),
+// swizzled to that width, chunk c holding columns [c * kRowBytes / elem, ...) of every row: the leading byte offset is
+// the distance between chunks (the next columns of the N dimension), the stride byte offset that between groups of 8
+// rows (CUTLASS's canonical MN-major layouts: ((T, R/16, m), (8, k)) : ((1, T, LBO), (R/16 T, SBO)) for R-byte rows).
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t make_smem_desc_mn_major(const void* smem_ptr, uint32_t chunk_bytes) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte rows");
+  if constexpr (kRowBytes == 128) {
+    return make_smem_desc_sw128(smem_ptr, chunk_bytes, 1024);
+  } else {
+    return make_smem_desc_sw64(smem_ptr, chunk_bytes, 512);
+  }
+}
+
 // A descriptor as two 32-bit words, for operands whose start address moves by known byte offsets (k-steps, pipeline
 // stages): the fixed fields are built once, and a move adds offset >> 4 to the low word (one integer add per wgmma
 // instead of rebuilding the descriptor: docs/decisions.md#wgmma-desc). Shared-memory addresses stay below 2^18, so the

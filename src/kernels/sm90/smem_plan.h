@@ -7,13 +7,22 @@
 namespace flashcore::sm90 {
 
 inline constexpr int kSmemLimitBytes = 227 * 1024;  // dynamic shared memory a CTA may opt in to on sm_90
-inline constexpr int kSmemRowBytes = 128;           // tiles are stored in rows of the 128-byte swizzle width
+inline constexpr int kSmemRowBytes = 128;           // tiles are stored in rows of the 128-byte swizzle width, where
+                                                    // their rows are whole 128 bytes (swizzle_row_bytes)
 inline constexpr int kSmemBarrierBytes = 512;       // SharedBarriers (pipeline.cuh), checked there
 inline constexpr int kSmemSlackBytes = kSmemBarrierBytes + 1024;  // +1024: the base is rounded up to 1024 B
 inline constexpr int kRowsPerWarpgroup = 64;        // query rows per consumer warpgroup
 inline constexpr int kProducerRegs = 24;            // setmaxnreg budget of the producer warpgroup
 inline constexpr int kPageChunk = 16;               // paged K/V: (block, slice) pages per table-warp chunk (producer.cuh)
 inline constexpr int kSwapRows = 8;                 // query rows of a transposed decode tile (decode_swap.cuh)
+
+// The row width of a tile's shared-memory chunks for rows of row_bytes bytes: the widest TMA / wgmma swizzle (128, 64
+// or 32 bytes) whose width divides the row, so that the row is whole chunks. 128 for every 16-bit head dim that is a
+// multiple of 64; 64 for 16-bit head dim 96 (three 64-byte chunks of 32 columns: docs/decisions.md#head-dim-96) and
+// 8-bit head dim 64 (one chunk). The host's tensor maps use the same width (tma_desc.cpp).
+constexpr int swizzle_row_bytes(int row_bytes) {
+  return row_bytes % 128 == 0 ? 128 : row_bytes % 64 == 0 ? 64 : 32;
+}
 
 // A split-KV row with block_m = kSwapRows runs its GEMMs transposed (S^T = K Q^T, O^T = V^T P^T: decode_swap.cuh),
 // so that wgmma's N = 8 spans the query rows and M = 64 the keys / head dims.
@@ -88,9 +97,10 @@ struct SmemPlan {
   int consumer_regs;
   bool persistent;  // the schedule walks several tiles per CTA
   // Tiles are stored as chunks of 128-byte rows: chunk c holds columns [c*chunk_cols, (c+1)*chunk_cols) of
-  // every row. Chunks are 1024-byte aligned. O is staged in the same layout, in its own element size. Q and K rows
-  // shorter than 128 bytes (8-bit head dim 64) are one chunk of 64-byte rows, 64-byte swizzled (qk_row_bytes).
-  int qk_row_bytes;
+  // every row. Chunks are 1024-byte aligned. O is staged in the same layout, in its own element size. Rows that are
+  // not whole 128 bytes (8-bit head dim 64, 16-bit head dim 96) are chunks of 64-byte rows, 64-byte swizzled
+  // (swizzle_row_bytes): qk_row_bytes for Q and K, v_row_bytes for a 16-bit V, out_row_bytes for the staged O.
+  int qk_row_bytes, v_row_bytes, out_row_bytes;
   int chunk_cols, chunks;
   int out_chunk_cols, out_chunks;
   int q_chunk_bytes, kv_chunk_bytes, out_chunk_bytes;
@@ -133,17 +143,22 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   p.persistent = shape.schedule == Schedule::kStaticPersistent || shape.schedule == Schedule::kDynamicPersistent ||
                  splits_last_round(shape);
 
-  p.qk_row_bytes = head_dim * elem_bytes < kSmemRowBytes ? head_dim * elem_bytes : kSmemRowBytes;
+  p.qk_row_bytes = swizzle_row_bytes(head_dim * elem_bytes);
   p.chunk_cols = p.qk_row_bytes / elem_bytes;
   p.chunks = head_dim / p.chunk_cols;
-  p.out_chunk_cols = kSmemRowBytes / out_elem_bytes;
+  p.out_row_bytes = swizzle_row_bytes(head_dim_v * out_elem_bytes);
+  p.out_chunk_cols = p.out_row_bytes / out_elem_bytes;
   p.out_chunks = head_dim_v / p.out_chunk_cols;
   p.q_chunk_bytes = shape.block_m * p.qk_row_bytes;
   p.kv_chunk_bytes = shape.block_n * p.qk_row_bytes;
-  p.out_chunk_bytes = shape.block_m * kSmemRowBytes;
-  p.v_chunk_cols = v_elem_bytes == elem_bytes ? p.chunk_cols : kSmemRowBytes / v_elem_bytes;
+  p.out_chunk_bytes = shape.block_m * p.out_row_bytes;
+  // V: the Q/K chunks where V has their element size and their row width (every head dim pair compiled has), else
+  // rows of its own (an int8 Q K^T config's 16-bit V).
+  p.v_row_bytes = swizzle_row_bytes(head_dim_v * v_elem_bytes);
+  const bool v_like_k = v_elem_bytes == elem_bytes && p.v_row_bytes == p.qk_row_bytes;
+  p.v_chunk_cols = v_like_k ? p.chunk_cols : p.v_row_bytes / v_elem_bytes;
   p.v_chunks = head_dim_v / p.v_chunk_cols;
-  p.v_chunk_bytes = v_elem_bytes == elem_bytes ? p.kv_chunk_bytes : shape.block_n * kSmemRowBytes;
+  p.v_chunk_bytes = v_like_k ? p.kv_chunk_bytes : shape.block_n * p.v_row_bytes;
   p.q_bytes = p.q_chunk_bytes * p.chunks;
   p.k_tile_bytes = p.kv_chunk_bytes * p.chunks;
   p.v_tile_bytes = p.v_chunk_bytes * p.v_chunks;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "kernels/sm90/smem_plan.h"
 
 namespace flashcore::sm90 {
 namespace {
@@ -54,7 +55,10 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
                                  stride_bytes(a.strides.batch, a.batch, elem)};
   // One 128-byte row chunk per box row; a row of 64 bytes (8-bit head dim 64, or a transposed 8-bit V in 64-key
   // chunks) is one box of 64-byte swizzled rows, and one of 32 bytes (a transposed V in 32-key chunks) of 32-byte ones.
-  const int64_t row_elems = a.row_elems > 0 ? a.row_elems : a.head_dim * elem < 128 ? a.head_dim : 128 / elem;
+  // Without row_elems: the kernel's own chunk width (smem_plan.h swizzle_row_bytes): 128 bytes, or 64 where the row is
+  // not whole 128 bytes (8-bit head dim 64, 16-bit head dim 96).
+  const int64_t row_elems =
+      a.row_elems > 0 ? a.row_elems : swizzle_row_bytes(static_cast<int>(a.head_dim * elem)) / elem;
   const int64_t row_bytes = row_elems * elem;
   const CUtensorMapSwizzle swizzle = row_bytes == 32   ? CU_TENSOR_MAP_SWIZZLE_32B
                                      : row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
@@ -66,8 +70,8 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   // (bench/micro/kv_stream.cu, docs/decisions.md#tma-l2-promotion).
   const CUtensorMapL2promotion promotion =
       row_bytes <= 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  if (a.chunked && (row_bytes != 128 || a.head_dim <= row_elems || a.head_dim % row_elems != 0)) {
-    error = std::string("tensor '") + a.name + "': a chunked map needs whole 128-byte chunks (head_dim " +
+  if (a.chunked && ((row_bytes != 128 && row_bytes != 64) || a.head_dim <= row_elems || a.head_dim % row_elems != 0)) {
+    error = std::string("tensor '") + a.name + "': a chunked map needs whole 128- or 64-byte chunks (head_dim " +
             std::to_string(a.head_dim) + ")";
     return FLASHCORE_ERROR_INTERNAL;
   }
@@ -75,7 +79,7 @@ flashcore_status encode_tensor_map(CUtensorMap* map, const TensorMapArgs& a, std
   if (a.chunked) {
     const cuuint64_t dims5[5] = {static_cast<cuuint64_t>(row_elems), dims[1],
                                  static_cast<cuuint64_t>(a.head_dim / row_elems), dims[2], dims[3]};
-    const cuuint64_t strides5[4] = {strides[0], 128, strides[1], strides[2]};
+    const cuuint64_t strides5[4] = {strides[0], static_cast<cuuint64_t>(row_bytes), strides[1], strides[2]};
     const cuuint32_t box5[5] = {static_cast<cuuint32_t>(row_elems), static_cast<cuuint32_t>(a.box_rows),
                                 static_cast<cuuint32_t>(a.head_dim / row_elems), 1, 1};
     const cuuint32_t elem_strides5[5] = {1, 1, 1, 1, 1};

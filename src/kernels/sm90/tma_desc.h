@@ -11,8 +11,9 @@
 namespace flashcore::sm90 {
 
 // A (batch, seq, heads, head_dim) tensor viewed as the 4-D map (head_dim, seq, heads, batch) with the
-// caller's strides, 128-byte swizzle, and a box of one 128-byte row chunk x box_rows rows of one head and batch.
-// chunked: the 5-D map (64 elements, seq, head_dim / 64, heads, batch), the chunk dimension 128 bytes apart, whose
+// caller's strides, 128-byte swizzle, and a box of one 128-byte row chunk x box_rows rows of one head and batch (64-byte
+// chunks and swizzle where the row is not whole 128 bytes: smem_plan.h swizzle_row_bytes).
+// chunked: the 5-D map (chunk elements, seq, head_dim / chunk, heads, batch), the chunk dimension a chunk apart, whose
 // box is every chunk of box_rows rows, chunk-major in shared memory. Out-of-range rows read as zero and are clipped
 // on store.
 struct TensorMapArgs {
