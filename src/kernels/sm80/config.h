@@ -85,8 +85,10 @@ struct KernelConfig {
   // Two row tiles with head_dim + block_n >= 192 fill the 255-register budget (O and S accumulators): their row
   // statistics (max and sum of both rows of each tile, 16 bytes per thread and tile) then wait in shared memory between
   // key blocks (mainloop.cuh). Without it these configs spilled on sm_80/86/89.
-  // Split tiles too: their sm_90 images spilled with the statistics in registers.
-  static constexpr bool kSoftmaxInSmem = kMTiles == 2 && (kWarpDim + kWarpKeys >= 192 || kSplit == 2);
+  // Split tiles too: their sm_90 images spilled with the statistics in registers; and head dim 96 (96 + 64 = 160), whose
+  // sm_90 images spilled 4-24 bytes with them in registers (those of sm_80/86/89 did not).
+  static constexpr bool kSoftmaxInSmem =
+      kMTiles == 2 && (kWarpDim + kWarpKeys >= 192 || kSplit == 2 || kHeadDim == 96);
   static constexpr int kSmemSoftmaxOffset = kSmemVOffset + kStages * kVTileBytes;
   // Split tiles' exchange area (pair.cuh): per warp, its P fragments (16 bytes per lane, row tile and k-step) and one
   // 16-byte slot per lane for row maxima and sums.
