@@ -19,7 +19,8 @@
 // for 32 rows, V: half the columns; Nsight Compute: 21% fewer wavefronts). That bought speed only in the 8-warp
 // 128 x 64 tile (docs/decisions.md#sm80-warp-pairs).
 // Shared memory holds the Q tile and a ring of kStages (K tile, V tile) pairs; every tile is rows of kHeadDim
-// elements, stored with the 16-byte-unit XOR swizzle of smem.cuh. No alignment beyond 16 bytes is needed.
+// elements, stored with the 16-byte-unit XOR swizzle of smem.cuh (rows of a multiple of 128 bytes, or the 192-byte
+// rows of head dim 96). No alignment beyond 16 bytes is needed.
 #pragma once
 #include <cstdint>
 
@@ -68,8 +69,11 @@ struct KernelConfig {
   static constexpr int kRowUnits = kRowBytes / 16;         // 16-byte units per row (cp.async, ldmatrix rows)
   // cp.async copies: threads per tile row (loads.cuh, TileCopy). 8 at head dims 64 and 128 (one or two 128-byte
   // column groups per thread and row); 16 at head dim 256, where 8 (four 16-byte copies per row back to back) lost
-  // 1-7% on the H100 at 512-4k keys (more MIO-throttle stalls), docs/decisions.md#sm80-copies.
-  static constexpr int kCopyThreadsPerRow = kHeadDim == 256 ? 16 : 8;
+  // 1-7% on the H100 at 512-4k keys (more MIO-throttle stalls), docs/decisions.md#sm80-copies. 4 at head dim 96: its
+  // 12-unit rows split only into 1, 2, 3, 4, 6 or 12 threads' units, and the copies' compile-time offsets need a
+  // multiple of the swizzle's 4-unit groups (smem.cuh) and a whole number of rows per pass of the CTA: 4 (three copies
+  // per thread and row, 64 contiguous bytes per 4 threads; not measured against anything).
+  static constexpr int kCopyThreadsPerRow = kHeadDim == 256 ? 16 : kHeadDim == 96 ? 4 : 8;
   static constexpr int kQBytes = kBlockM * kRowBytes;
   // V's rows (and O's, staged in the Q tile's rows: epilogue.cuh) hold kHeadDimV elements.
   static constexpr int kVRowBytes = kHeadDimV * kElemBytes;
@@ -81,8 +85,10 @@ struct KernelConfig {
   // Two row tiles with head_dim + block_n >= 192 fill the 255-register budget (O and S accumulators): their row
   // statistics (max and sum of both rows of each tile, 16 bytes per thread and tile) then wait in shared memory between
   // key blocks (mainloop.cuh). Without it these configs spilled on sm_80/86/89.
-  // Split tiles too: their sm_90 images spilled with the statistics in registers.
-  static constexpr bool kSoftmaxInSmem = kMTiles == 2 && (kWarpDim + kWarpKeys >= 192 || kSplit == 2);
+  // Split tiles too: their sm_90 images spilled with the statistics in registers; and head dim 96 (96 + 64 = 160), whose
+  // sm_90 images spilled 4-24 bytes with them in registers (those of sm_80/86/89 did not).
+  static constexpr bool kSoftmaxInSmem =
+      kMTiles == 2 && (kWarpDim + kWarpKeys >= 192 || kSplit == 2 || kHeadDim == 96);
   static constexpr int kSmemSoftmaxOffset = kSmemVOffset + kStages * kVTileBytes;
   // Split tiles' exchange area (pair.cuh): per warp, its P fragments (16 bytes per lane, row tile and k-step) and one
   // 16-byte slot per lane for row maxima and sums.
@@ -95,15 +101,17 @@ struct KernelConfig {
 
 
   static_assert(kElemBytes == 2 && kOutElemBytes == 2, "16-bit inputs and outputs only (mma.sync m16n8k16)");
-  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
-                "head dims must be multiples of 64 (the swizzle permutes 8 units of 16 B)");
+  // Head dim 96 (192-byte rows) only with head_dim_v = 96 too: O is staged in Q's rows, and V's copies share Q's and
+  // K's threads per row (kCopyThreadsPerRow, 4 there), which suit 12-unit rows only (smem.cuh, loads.cuh).
+  static_assert((kHeadDim % 64 == 0 && kHeadDimV % 64 == 0) || (kHeadDim == 96 && kHeadDimV == 96),
+                "head dims must be multiples of 64 (the swizzle permutes 8 units of 16 B), or 96 and 96 (12 units)");
   static_assert(kHeadDimV <= kHeadDim && kVRowBytes / 16 % kCopyThreadsPerRow == 0,
                 "V's rows at most Q's (O is staged in Q's rows) and whole copy units per thread");
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
   static_assert(kSplit == 1 || (kSplit == 2 && kMTiles == 2 && !kOverlap && kWarpKeys % 16 == 0 &&
                                 kWarpDim * kElemBytes % 128 == 0),
-                "split 2: pairs of 32 rows, whole k-steps of keys and whole 128-byte column groups per warp, and "
-                "no 3-stage overlap");
+                "split 2: pairs of 32 rows, whole k-steps of keys and whole 128-byte column groups per warp (not "
+                "head dim 96), and no 3-stage overlap");
   static_assert(kMTiles * 16 * kWarps == kBlockM * kSplit && (kMTiles == 1 || kMTiles == 2),
                 "block_m = warps x 16 or warps x 32 rows (split 2: warps / 2 x 32)");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n: a multiple of 16 up to 128");

@@ -135,15 +135,18 @@ __device__ __forceinline__ void epilogue(const FwdParams& p, const Tile& tile, u
     const uint8_t* src = stage + (tile_row0<Cfg>(warp, 0) + lane_row) * Cfg::kRowBytes;
 #pragma unroll
     for (int u = 0; u < Cfg::kRowsPerWarp / kRowsPerPass; ++u) {
-      // Row lane_row + r of the warp's rows; tile_row0 is a multiple of 16, so its swizzle key is (lane_row + r) % 8.
+      // Row lane_row + r of the warp's rows; tile_row0 is a multiple of 16, so its swizzle key is that of
+      // lane_row + r (smem.cuh: keys repeat every 8 rows).
       const int r = kRowsPerPass * u;
-      const uint4 v = *reinterpret_cast<const uint4*>(src + r * Cfg::kRowBytes + ((unit ^ ((lane_row + r) & 7)) << 4));
+      const uint4 v = *reinterpret_cast<const uint4*>(src + r * Cfg::kRowBytes +
+                                                      ((unit ^ swizzle_key<Cfg::kRowBytes>(lane_row + r)) << 4));
       if (r < rows_left) *reinterpret_cast<uint4*>(dst) = v;
       dst += kRowsPerPass * o_row_bytes;
     }
   } else {
-    // Rows of a width that does not divide the warp (head dim 192: 24 units): the warp's units in row-major order,
-    // 32 consecutive ones per pass (a pass spans a row boundary; stores of one row still go to consecutive addresses).
+    // Rows of a width that does not divide the warp (head dim 192: 24 units; 96: 12): the warp's units in row-major
+    // order, 32 consecutive ones per pass (a pass spans a row boundary; stores of one row still go to consecutive
+    // addresses; shared-memory reads free of bank conflicts, smem.cuh).
     constexpr int kUnits = Cfg::kRowsPerWarp * kWarpUnits;
     static_assert(kUnits % 32 == 0, "whole passes of 32 lanes");
     const int64_t left = tile.seq.seqlen_q - warp_row0;  // the warp's rows still inside the sequence

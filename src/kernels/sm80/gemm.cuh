@@ -33,7 +33,7 @@ template <class Cfg>
 __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], uint32_t q_tile, int row_base, int lane, int kk) {
   const int m = lane / 8;
   const int row = row_base + (lane % 8) + 8 * (m % 2);
-  const uint32_t key = lane_swizzle_key(row, m / 2);
+  const uint32_t key = lane_swizzle_key<Cfg::kRowBytes>(row, m / 2);
   ldmatrix_x4(a, q_tile + swizzled_offset_even<Cfg::kRowBytes>(row * Cfg::kRowBytes, key, 2 * kk));
 }
 
@@ -76,18 +76,20 @@ struct QOperand<Cfg, false> {
 // keys 16 * np + 8 * (m / 2) .. +7 and unit 2 * kk + m % 2, i.e. b[0], b[1] of tile 2 np and b[0], b[1] of tile
 // 2 np + 1.
 //
-// The lane's K row (+ 16 np) and swizzle key in gemm_qk's ldmatrix.
+// The lane's K row (+ 16 np) and swizzle key in gemm_qk's ldmatrix (kRowBytes: K's rows; 16 np rows further the key
+// is the same: it repeats every 8 rows).
+template <int kRowBytes>
 struct KLane {
   int row;
   uint32_t key;
   __device__ __forceinline__ explicit KLane(int lane)
-      : row(8 * (lane / 16) + (lane % 8)), key(lane_swizzle_key(row, (lane / 8) % 2)) {}
+      : row(8 * (lane / 16) + (lane % 8)), key(lane_swizzle_key<kRowBytes>(row, (lane / 8) % 2)) {}
 };
 
 // One k-step (head-dim columns 16 kk ..) of S.
 template <class Cfg>
 __device__ __forceinline__ void gemm_qk_step(float (&s)[Cfg::kMTiles][Cfg::kWarpKeys / 2], const QOperand<Cfg>& q,
-                                             uint32_t k_tile, const KLane& kl, int kk) {
+                                             uint32_t k_tile, const KLane<Cfg::kRowBytes>& kl, int kk) {
   using Mma = Mma16816<typename Cfg::Element>;
   const int row = kl.row;
   const uint32_t key = kl.key;
@@ -119,7 +121,7 @@ template <class Cfg>
 __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kWarpKeys / 2], const QOperand<Cfg>& q,
                                         uint32_t k_tile, int lane) {
   zero_scores<Cfg>(s);
-  const KLane kl(lane);
+  const KLane<Cfg::kRowBytes> kl(lane);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) gemm_qk_step<Cfg>(s, q, k_tile, kl, kk);
 }
@@ -136,18 +138,19 @@ __device__ __forceinline__ void convert_p(const float (&p)[Cfg::kWarpKeys / 2], 
 // its columns the n dimension, so B comes from ldmatrix.trans: matrix m covers keys 16 * kk + 8 * (m % 2) .. +7 and
 // unit 2 * dp + m / 2, i.e. b[0], b[1] of dim tile 2 dp and b[0], b[1] of dim tile 2 dp + 1.
 //
-// The lane's V row (+ 16 kk) and swizzle key in gemm_pv's ldmatrix.trans.
+// The lane's V row (+ 16 kk) and swizzle key in gemm_pv's ldmatrix.trans (kRowBytes: V's rows).
+template <int kRowBytes>
 struct VLane {
   int row;
   uint32_t key;
   __device__ __forceinline__ explicit VLane(int lane)
-      : row(8 * ((lane / 8) % 2) + (lane % 8)), key(lane_swizzle_key(row, lane / 16)) {}
+      : row(8 * ((lane / 8) % 2) + (lane % 8)), key(lane_swizzle_key<kRowBytes>(row, lane / 16)) {}
 };
 
 template <class Cfg>
 __device__ __forceinline__ void gemm_pv_step(float (&o)[Cfg::kMTiles][Cfg::kWarpDim / 2],
-                                             const uint32_t (&a)[Cfg::kMTiles][4], uint32_t v_tile, const VLane& vl,
-                                             int kk) {
+                                             const uint32_t (&a)[Cfg::kMTiles][4], uint32_t v_tile,
+                                             const VLane<Cfg::kVRowBytes>& vl, int kk) {
   using Mma = Mma16816<typename Cfg::Element>;
   const int row = vl.row;
   const uint32_t key = vl.key;
@@ -180,7 +183,7 @@ __device__ __forceinline__ void p_step(uint32_t (&a)[Cfg::kMTiles][4],
 template <class Cfg, class PFrags>
 __device__ __forceinline__ void gemm_pv_frags(float (&o)[Cfg::kMTiles][Cfg::kWarpDim / 2], const PFrags& p_frags,
                                               uint32_t v_tile, int lane) {
-  const VLane vl(lane);
+  const VLane<Cfg::kVRowBytes> vl(lane);
 #pragma unroll
   for (int kk = 0; kk < Cfg::kWarpKeys / 16; ++kk) {
     uint32_t a[Cfg::kMTiles][4];
@@ -206,8 +209,8 @@ __device__ __forceinline__ void gemm_pv_qk(float (&o)[Cfg::kMTiles][Cfg::kWarpDi
                                            uint32_t k_tile, int lane) {
   constexpr int kPvSteps = Cfg::kBlockN / 16, kQkSteps = Cfg::kHeadDim / 16;
   zero_scores<Cfg>(s);
-  const KLane kl(lane);
-  const VLane vl(lane);
+  const KLane<Cfg::kRowBytes> kl(lane);
+  const VLane<Cfg::kVRowBytes> vl(lane);
 #pragma unroll
   for (int i = 0; i < (kPvSteps > kQkSteps ? kPvSteps : kQkSteps); ++i) {
     if (i < kPvSteps) {

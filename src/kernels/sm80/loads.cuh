@@ -32,10 +32,11 @@ struct PagedRows {
 // How a tile's rows split over the CTA: T = Cfg::kCopyThreadsPerRow threads per row, thread c of a row copying its
 // logical units c, c + T, c + 2T, ... (kColUnits of them, 16 T bytes apart); a pass of the CTA's threads covers
 // kRowsPerPass = threads / T rows, a multiple of 8, kPasses passes a tile. Because a pass is whole groups of 8 rows
-// and the swizzle (smem.cuh) only permutes a unit within its group of 8, every copy of a thread lands at one shared
-// base plus a compile-time offset, and its source at one row pointer per pass plus a compile-time column offset. (One
-// unit per thread and row, 32 threads a row at head dim 256, took a 64-bit address per copy, ~3 integer instructions
-// each: docs/decisions.md#sm80-copies.)
+// (a row's swizzle key repeats every 8 rows) and the swizzle (smem.cuh) only permutes a unit within its aligned group
+// of kSwizzleUnits (8; 4 in the 12-unit rows of head dim 96), of which T is a multiple, every copy of a thread lands
+// at one shared base plus a compile-time offset, and its source at one row pointer per pass plus a compile-time
+// column offset. (One unit per thread and row, 32 threads a row at head dim 256, took a 64-bit address per copy, ~3
+// integer instructions each: docs/decisions.md#sm80-copies.)
 // kRowBytes: the tile's row (Q and K: Cfg::kRowBytes; V: Cfg::kVRowBytes, which differs with a V head dim of its own).
 template <class Cfg, int kRows, int kRowBytes = Cfg::kRowBytes>
 struct TileCopy {
@@ -43,9 +44,10 @@ struct TileCopy {
   static constexpr int kColUnits = kRowBytes / 16 / kThreadsPerRow;
   static constexpr int kRowsPerPass = Cfg::kThreads / kThreadsPerRow;
   static constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kRowBytes / 16 % kThreadsPerRow == 0 && kThreadsPerRow % 8 == 0 && kRowsPerPass % 8 == 0 &&
-                    kPasses * kRowsPerPass == kRows,
-                "the tile must split into whole passes of whole 8-row groups");
+  static_assert(kRowBytes / 16 % kThreadsPerRow == 0 && kThreadsPerRow % kSwizzleUnits<kRowBytes> == 0 &&
+                    kRowsPerPass % 8 == 0 && kPasses * kRowsPerPass == kRows,
+                "the tile must split into whole passes of whole 8-row groups, each thread's units of a row whole "
+                "swizzle groups apart");
 };
 
 // This thread's row within a pass and its first logical unit of a row.
