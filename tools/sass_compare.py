@@ -24,8 +24,11 @@ def functions(path):
     with open(path) as f:
         for line in f:
             m = ARCH.search(line)
-            if m:
-                arch = m.group(1)
+            if m:  # a new image: the previous image's last function ends here, under its own arch
+                if name:
+                    out[(arch, name)] = body
+                arch, name, body = m.group(1), None, []
+                continue
             m = FUNC.search(line)
             if m:
                 if name:
