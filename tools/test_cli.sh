@@ -131,7 +131,7 @@ expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,512,64,8,512,9 --dtype 
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 1,8,-512,64 --dtype "$DT"
 expect 2 "malformed shape" 1 -- "$BIN" bench --shape 0,8,512,64 --dtype "$DT"
 expect 2 "not a multiple" 1 -- "$BIN" bench --shape "$S1",3 --dtype "$DT"
-expect 2 "unsupported head dim 96" 1 -- "$BIN" bench --shape 1,8,512,96 --dtype "$DT"
+expect 2 "unsupported head dim 80" 1 -- "$BIN" bench --shape 1,8,512,80 --dtype "$DT"
 expect 2 "unsupported head dim 100" 1 -- "$BIN" bench --shape 2,4,256,100 --dtype "$DT"
 expect 2 "unsupported dtype 'fp8'" 1 -- "$BIN" bench --dtype fp8
 expect 2 "unsupported dtype 'fp32'" 1 -- "$BIN" bench --shape "$S1" --dtype fp32
@@ -217,7 +217,7 @@ expect 2 "unknown option" 1 -- "$BIN" check --bogus
 expect 2 "exclusive" 1 -- "$BIN" check --quick --shape "$S1" --dtype "$DT"
 if [[ $have_check -eq 1 ]]; then
   expect 2 "malformed shape" 1 -- "$BIN" check --shape 1,2 --dtype "$DT"
-  expect 2 "unsupported head dim 96" 1 -- "$BIN" check --shape 1,8,512,96 --dtype "$DT"
+  expect 2 "unsupported head dim 80" 1 -- "$BIN" check --shape 1,8,512,80 --dtype "$DT"
   expect 2 "unsupported dtype" 1 -- "$BIN" check --shape "$S1" --dtype int8
   expect 2 "not an integer" 1 -- "$BIN" check --shape "$S1" --dtype "$DT" --determinism many
 else

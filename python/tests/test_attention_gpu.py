@@ -64,7 +64,7 @@ HEADS = [(4, 4), (4, 2), (16, 2), (8, 1)]  # MHA, GQA 2, GQA 8, MQA
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"sq{a}-sk{b}" for a, b in SEQLENS])
 @pytest.mark.parametrize("heads", HEADS, ids=[f"hq{a}-hkv{b}" for a, b in HEADS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_matches_sdpa(caps, cuda, dtype, head_dim, causal, heads, seqlens):
     _need(caps, dtype, head_dim)

@@ -60,7 +60,7 @@ def _poison_dense(k, v, lengths):
 @pytest.mark.parametrize("seqlen_q", [1, 5])
 @pytest.mark.parametrize("page_size", [16, 64, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_matches_reference(caps, cuda, dtype, head_dim, causal, page_size, seqlen_q):
     _need(caps, dtype, head_dim)

@@ -418,9 +418,9 @@ def test_cpu_emulated_position_id_packing_while_compiling_is_per_sequence(emulat
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_cpu_emulated_uncompiled_head_dim_same_in_eager_and_compiled(emulated_adapter, count_calls, strict):
-    """head_dim 96 (not compiled): eager and torch.compile take the same path (SDPA fallback, or ValueError)."""
+    """head_dim 80 (not compiled): eager and torch.compile take the same path (SDPA fallback, or ValueError)."""
     fn = fc_hf.strict_attention_forward if strict else fc_hf.attention_forward
-    q, k, v = _attention_inputs(d=96)
+    q, k, v = _attention_inputs(d=80)
     module = _causal_module()
 
     def run(q, k, v):
@@ -430,7 +430,7 @@ def test_cpu_emulated_uncompiled_head_dim_same_in_eager_and_compiled(emulated_ad
     compiled = torch.compile(run, backend="eager")
     if strict:
         for call in (run, compiled):
-            with pytest.raises(ValueError, match="head_dim 96"):
+            with pytest.raises(ValueError, match="head_dim 80"):
                 call(q, k, v)
     else:
         eager_out = run(q, k, v)
@@ -493,8 +493,8 @@ mp.setattr(fc_hf._ops, "attention", lambda *a, **k: calls.append(a[0].shape) or 
 assert _lib._library is None and fc_hf._head_dims_cache == (None, None), "not the process's first flashcore call"
 
 torch.manual_seed(0)
-q = torch.randn(1, 4, 12, 96, dtype=torch.bfloat16)
-k, v = (torch.randn(1, 2, 12, 96, dtype=torch.bfloat16) for _ in range(2))
+q = torch.randn(1, 4, 12, 80, dtype=torch.bfloat16)
+k, v = (torch.randn(1, 2, 12, 80, dtype=torch.bfloat16) for _ in range(2))
 module = torch.nn.Module()
 module.is_causal = True
 module.num_key_value_groups = 2
@@ -519,9 +519,9 @@ if strict:
         try:
             call(q, k, v)
         except Exception as exc:  # dynamo may wrap what it re-raises
-            assert "unsupported call: head_dim 96" in str(exc), f"{name}: {type(exc).__name__}: {exc}"
+            assert "unsupported call: head_dim 80" in str(exc), f"{name}: {type(exc).__name__}: {exc}"
         else:
-            raise AssertionError(f"{name}: no error for head_dim 96 in strict mode")
+            raise AssertionError(f"{name}: no error for head_dim 80 in strict mode")
 else:
     got = compiled(q, k, v)  # the first call: must fall back to SDPA, as eager does
     eager = run(q, k, v)
@@ -554,7 +554,7 @@ def _run_first_call_compiled(mode, library):
 
 @pytest.mark.parametrize("mode", ["fallback", "strict"])
 def test_first_call_compiled_uncompiled_head_dim_matches_eager(stub_library, mode):
-    """A process whose first flashcore call happens under torch.compile, with head_dim 96 (not compiled), takes
+    """A process whose first flashcore call happens under torch.compile, with head_dim 80 (not compiled), takes
     the eager decision: SDPA fallback (or, strict, the adapter's ValueError), never a flashcore call that fails."""
     _run_first_call_compiled(mode, stub_library)
 

@@ -62,7 +62,7 @@ HEADS = [(4, 4), (8, 2), (8, 1)]
 
 @pytest.mark.parametrize("heads", HEADS, ids=[f"hq{a}-hkv{b}" for a, b in HEADS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("lengths", ["self", "cross"])
 def test_matches_reference(caps, cuda, lengths, dtype, head_dim, causal, heads):

@@ -440,11 +440,11 @@ void add_variant_cases(CaseList& L, bool quick) {
   add_paged(L, F16, 64, true, 8, 2, 1, 64, {0, 1, 17, 113, 4097}).attention_chunk = 1024;
 }
 
-// 11. Head dims of today's models beyond 64 / 128 / 256 (issue #72): 192, and (192, 128) with V's head dim of its own
-// (MLA prefill): odd and unequal lengths, GQA, both layouts, a KV cache, packed and paged batches, and the variants.
+// 11. Head dims of today's models beyond 64 / 128 / 256 (issue #72): 96 (Phi-3), 192, and (192, 128) with V's head dim
+// of its own (MLA prefill): odd and unequal lengths, GQA, both layouts, a KV cache, packed and paged batches, and the variants.
 void add_head_dim_cases(CaseList& L, bool quick) {
   const flashcore_dtype F16 = FLASHCORE_DTYPE_FP16, BF16 = FLASHCORE_DTYPE_BF16;
-  const int64_t pairs[][2] = {{192, 192}, {192, 128}};
+  const int64_t pairs[][2] = {{96, 96}, {192, 192}, {192, 128}};
   if (quick) {
     for (const auto& dims : pairs)
       for (bool causal : {false, true}) L.add(causal ? BF16 : F16, dims[0], causal, 1, 4, 2, 113, 65).head_dim_v = dims[1];
@@ -572,7 +572,7 @@ std::vector<Case> cases(bool quick) {
   // 10. Attention variants: windows, softcap, sinks, attention_chunk.
   add_variant_cases(L, false);
 
-  // 11. Head dims 192 and (192, 128).
+  // 11. Head dims 96, 192 and (192, 128).
   add_head_dim_cases(L, false);
 
   return L.finish();

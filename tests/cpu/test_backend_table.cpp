@@ -179,6 +179,15 @@ TEST(BackendTable, PortableConfigsFollowTheDeviceSharedMemory) {
     EXPECT_EQ(configs(89, dt, 64, false), tiered({"128x64x2-w4", "128x64x3-w4", "128x64x2"}, {"128x64x2"}));
     EXPECT_EQ(configs(80, dt, 64, false), tiered({"128x64x3-w4", "128x64x2-w4", "128x64x2"}, {"128x64x2"}));
   }
+  if (compiled(dt, 96)) {
+    // Head dim 96 (192-byte rows): the 3-stage ring (100 KB) where two of its CTAs fit on an SM, else the 2-stage one
+    // (76 KB), the only one on the 99 KB devices.
+    for (bool causal : {false, true}) {
+      EXPECT_EQ(configs(86, dt, 96, causal), std::vector<std::string>({"128x64x2-w4"}));
+      EXPECT_EQ(configs(89, dt, 96, causal), std::vector<std::string>({"128x64x2-w4"}));
+      EXPECT_EQ(configs(80, dt, 96, causal), std::vector<std::string>({"128x64x2-w4", "128x64x3-w4"}));
+    }
+  }
   // Hopper lists its own (sm90) rows unless the portable backend is forced.
   if (compiled(dt, 128)) {
     const std::vector<std::string> hopper = configs(90, dt, 128, true);

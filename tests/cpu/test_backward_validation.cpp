@@ -309,8 +309,8 @@ TEST_F(BackwardValidation, ForwardChecksComeFirstAndUnchanged) {
       {"seqlen_k = INT32_MAX", [](P& x) { x.seqlen_k = INT32_MAX; }},
       {"num_heads_q = 3", [](P& x) { x.num_heads_q = 3; }},
       {"dtype = fp32", [](P& x) { x.dtype = FLASHCORE_DTYPE_FP32; }},
-      {"head_dim = 96", [](P& x) {
-         x.head_dim = 96;
+      {"head_dim = 80", [](P& x) {
+         x.head_dim = 80;
          flashcore_attention_params_set_contiguous(&x, 0);
        }},
       {"q misaligned", [this](P& x) { x.q = shifted(x.q, 2); }},

@@ -284,7 +284,7 @@ TEST_F(Validation, OutDtype) {
 
 // ---- UNSUPPORTED_HEAD_DIM ----
 TEST_F(Validation, HeadDimNotCompiled) {
-  for (int64_t hd : {int64_t{96}, int64_t{8}, int64_t{512}, int64_t{INT32_MAX}}) {
+  for (int64_t hd : {int64_t{80}, int64_t{8}, int64_t{512}, int64_t{INT32_MAX}}) {
     p.head_dim = hd;
     flashcore_attention_params_set_contiguous(&p, 0);
     if (hd == INT32_MAX) p.q_strides = p.k_strides = p.v_strides = p.o_strides = {0, 0, 0, 1};
@@ -486,11 +486,11 @@ TEST_F(Validation, OrderOfChecks) {
   p.dtype = FLASHCORE_DTYPE_FP32;  // ratio before dtype
   expect_error(FLASHCORE_ERROR_INVALID_HEAD_RATIO, {"num_heads_q = 3"});
   p.num_heads_q = HQ;
-  p.head_dim = 96;  // dtype before head dim
+  p.head_dim = 80;  // dtype before head dim
   expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"dtype = 2"});
   p.dtype = first_compiled().dtype;
   p.q = static_cast<const unsigned char*>(p.q) + 2;  // head dim before alignment
-  expect_error(FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim = 96"});
+  expect_error(FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim = 80"});
   p.head_dim = D;
   p.q_strides.seq = 12;  // alignment before strides
   expect_error(FLASHCORE_ERROR_MISALIGNED_POINTER, {"q = 0x"});
@@ -521,7 +521,7 @@ TEST_F(Validation, OrderOfTheNewChecks) {
   p.out_dtype = FLASHCORE_DTYPE_FP32;
   expect_error(FLASHCORE_ERROR_INVALID_HEAD_RATIO, {"num_heads_q = 3"});
   p.num_heads_q = HQ;
-  p.head_dim = 96;
+  p.head_dim = 80;
   expect_error(FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"out_dtype = 2"});
   p.head_dim = D;
   p.out_dtype = FLASHCORE_DTYPE_SAME;

@@ -193,7 +193,7 @@ TEST(Variants, FeasibilityRulesSayWhichRuleFailed) {
   };
   const Reject rejects[] = {
       {with([](VariantSpec& s) { s.dtype = FLASHCORE_DTYPE_FP8_E4M3; }), "dtype"},
-      {with([](VariantSpec& s) { s.head_dim = 96; }), "head_dim = 96"},
+      {with([](VariantSpec& s) { s.head_dim = 80; }), "head_dim = 80"},
       {with([](VariantSpec& s) { s.head_dim = 320; }), "head_dim = 320"},
       {with([](VariantSpec& s) { s.shape.block_m = 96; }), "block_m = 96"},
       {with([](VariantSpec& s) { s.shape.block_m = 256; }), "block_m = 256"},

@@ -249,7 +249,7 @@ TEST_F(ForwardBadArgs, RejectedCallsLeaveOutputsUntouched) {
   expect_rejected("batch = 2^62 (extent overflow)", with([](P& p) { p.batch = int64_t{1} << 62; }),
                   FLASHCORE_ERROR_SIZE_OVERFLOW);
   expect_rejected("Hq=2, Hkv=3", with([](P& p) { p.num_heads_kv = 3; }), FLASHCORE_ERROR_INVALID_HEAD_RATIO);
-  expect_rejected("head_dim = 96", with([](P& p) { p.head_dim = 96; }), FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM);
+  expect_rejected("head_dim = 80", with([](P& p) { p.head_dim = 80; }), FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM);
   expect_rejected("dtype = fp32", with([](P& p) { p.dtype = FLASHCORE_DTYPE_FP32; }), FLASHCORE_ERROR_UNSUPPORTED_DTYPE);
   expect_rejected("dtype = 99", with([](P& p) { p.dtype = static_cast<flashcore_dtype>(99); }), FLASHCORE_SUCCESS);
   expect_rejected("q misaligned by one element",

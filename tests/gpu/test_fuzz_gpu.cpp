@@ -325,7 +325,7 @@ TEST(FuzzGpu, RandomInvalidProblemsFailCleanly) {
       case 5: p.k = host_memory.data(), br = {"k in host memory", FLASHCORE_ERROR_INVALID_ARGUMENT}; break;
       case 6: p.reserved = 1, br = {"reserved != 0", FLASHCORE_ERROR_INVALID_ARGUMENT}; break;
       case 7: p.o = const_cast<void*>(p.q), br = {"O over Q", FLASHCORE_ERROR_OVERLAPPING_OUTPUT}; break;
-      case 8: p.head_dim = 96, br = {"head_dim 96", FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM}; break;
+      case 8: p.head_dim = 80, br = {"head_dim 80", FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM}; break;
       case 9:
         p.lse = static_cast<float*>(in.dlse.ptr);
         p.lse_capacity = in.nlse - 1;

@@ -1,5 +1,5 @@
 // Head dims beyond 64 / 128 / 256 (issue #72) on the GPU, through the C ABI (check::run_case) against the float64
-// reference with the suite's tolerance rule (check.h): head dim 192, and (head_dim, head_dim_v) = (192, 128), V's
+// reference with the suite's tolerance rule (check.h): head dims 96 and 192, and (head_dim, head_dim_v) = (192, 128), V's
 // and O's head dim of its own (ABI 0.7, DeepSeek MLA prefill). Odd and unequal lengths (Sq > Sk: rows that see no
 // key), GQA and MQA, both layouts, fp16 and bf16, a KV cache (seqused_k, NaN past it), packed and paged batches, a
 // KV append whose V rows are shorter than K's, and the variants (window, softcap, sinks, chunks); bit-exact reruns.
@@ -37,7 +37,7 @@ uint64_t case_seed(const std::string& name) { return flashcore::test::case_seed(
 struct Dims {
   int64_t d, dv;
 };
-const Dims kDims[] = {{192, 192}, {192, 128}};
+const Dims kDims[] = {{96, 96}, {192, 192}, {192, 128}};
 const flashcore_dtype kDtypes[] = {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16};
 
 struct Param {

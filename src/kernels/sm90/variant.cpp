@@ -202,13 +202,16 @@ bool feasible(const VariantSpec& spec, std::string& why) {
   }
   // The rules of every compiled row (smem_plan.h shape_fault, which config.h asserts), for 16-bit inputs: the
   // shape first (footprint() needs a well-formed one), then its shared memory.
-  ShapeFault fault = shape_fault(s, spec.head_dim, 64, 16, 0);
+  // Head dims: multiples of 64 (128-byte chunks of 64 columns), or 96 (64-byte chunks of 32: smem_plan.h
+  // swizzle_row_bytes); the kernel has no 32-byte 16-bit rows.
+  const int chunk_cols = spec.head_dim == 96 ? 32 : 64;
+  ShapeFault fault = shape_fault(s, spec.head_dim, chunk_cols, 16, 0);
   const Footprint f = fault == ShapeFault::kNone ? footprint(spec) : Footprint{};
-  if (fault == ShapeFault::kNone) fault = shape_fault(s, spec.head_dim, 64, 16, f.smem_bytes);
+  if (fault == ShapeFault::kNone) fault = shape_fault(s, spec.head_dim, chunk_cols, 16, f.smem_bytes);
   switch (fault) {
     case ShapeFault::kNone: break;
     case ShapeFault::kHeadDim:
-      return reject("head_dim = " + std::to_string(spec.head_dim) + " is not a multiple of 64 in [64, 256]");
+      return reject("head_dim = " + std::to_string(spec.head_dim) + " is not 96 nor a multiple of 64 in [64, 256]");
     case ShapeFault::kBlockM:
       return reject("block_m = " + std::to_string(s.block_m) +
                     " is not 64, 128 or 192 (64 rows per warpgroup), nor 8 in a split row with block_n a multiple of "

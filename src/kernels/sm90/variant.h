@@ -30,7 +30,7 @@ struct Footprint {
 };
 Footprint footprint(const VariantSpec& spec);
 
-// Whether the spec can be built and run: head dim a multiple of 64 (64..256), block_m in {64, 128, 192} (or 8: a
+// Whether the spec can be built and run: head dim 96 or a multiple of 64 (64..256), block_m in {64, 128, 192} (or 8: a
 // transposed split-KV decode row, smem_plan.h swaps_gemms), block_n a multiple of 16 in [16, 256], stages 1..4,
 // ping-pong only with >= 2 consumer warpgroups, shared memory <= 227 KB and the register estimate within the consumer
 // budget. On false, `why` says which rule failed.
