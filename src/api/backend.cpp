@@ -196,16 +196,6 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
     }
     out.backend = portable;
   }
-  // An e4m3 KV cache (FLASHCORE_FLAG_KV_FP8_E4M3): experimental until its kernels have run on a GPU (docs/decisions.md
-  // #kv-fp8), so a call runs them only with FLASHCORE_EXPERIMENTAL_KV_FP8=1 in the environment.
-  if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0) {
-    const char* on = std::getenv("FLASHCORE_EXPERIMENTAL_KV_FP8");
-    if (on == nullptr || std::strcmp(on, "1") != 0) {
-      error = "flags has FLASHCORE_FLAG_KV_FP8_E4M3: the e4m3 KV-cache kernels are experimental in 0.9 (built and "
-              "checked on the CPU, not yet run on a GPU); set FLASHCORE_EXPERIMENTAL_KV_FP8=1 to run them";
-      return FLASHCORE_ERROR_INVALID_ARGUMENT;
-    }
-  }
   // An e4m3 KV cache runs on the sm90 kernels only in this version.
   if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0 && std::strcmp(out.backend->name, "sm90") != 0) {
     error = std::string("flags has FLASHCORE_FLAG_KV_FP8_E4M3: an e4m3 KV cache runs on the sm90 kernels (Hopper) only "
@@ -234,7 +224,10 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
   const core::PlanRequest request{capacity, tuning::choose};
   const flashcore_status st = out.backend->plan(p, request, out, error);
   if (st == FLASHCORE_SUCCESS && rotary > 0) {
-    out.rotary_q = core::align256(out.workspace.bytes);
+    // Past the zero-filled head (core::WorkspaceLayout::kHead), also where the backend needs no workspace: a rotated Q
+    // written there would leave the head non-zero after the call, and the next call's dynamic tile counter or split
+    // counters would start from it.
+    out.rotary_q = core::align256(std::max<size_t>(out.workspace.bytes, core::WorkspaceLayout::kHead));
     out.workspace.bytes = out.rotary_q + rotary;
     if (workspace_capacity != UINT64_MAX && out.workspace.bytes > workspace_capacity) {
       error = "workspace: this call needs " + std::to_string(out.workspace.bytes) +

@@ -303,6 +303,12 @@ void run_slot_case(const SlotCase& sc, uint64_t seed) {
     }
   }
   ASSERT_EQ(flashcore_attention_forward(&a, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The workspace's head is zero again after the call (flashcore.h), also with the rotated Q in the workspace: the next
+  // call's dynamic tile counter or split counters start from it.
+  const std::vector<uint8_t> head = download<uint8_t>(ws, 256);
+  EXPECT_TRUE(std::all_of(head.begin(), head.end(), [](uint8_t x) { return x == 0; }))
+      << "the workspace's first 256 bytes are not zero after the call";
   flashcore_attention_params b = params(dq_rot.ptr, dkb.ptr, dvb.ptr, do_b.ptr, static_cast<float*>(dlse_b.ptr), dbase_used.ptr,
                                         dbase_table.ptr);
   ASSERT_EQ(flashcore_attention_forward(&b, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
