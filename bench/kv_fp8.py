@@ -4,14 +4,16 @@ One new token per sequence (bf16 Q, d128, 32 query / 8 KV heads by default) agai
 medians, the systems interleaved row by row and --rounds times over. Columns:
   fc_bf16      flashcore.attention on the bf16 cache (the library's own dispatch: split-KV, GQA packing)
   fc_e4m3      the same call on the e4m3 cache (bf16 Q, K/V e4m3 with per-(batch, KV head) descales)
-  fa3_bf16     FA3's flash_attn_with_kvcache on the bf16 cache (../shared/fa3/serving)
-  fa3_e4m3     FA3's FP8 path on the e4m3 cache (it takes Q in e4m3 too: Q quantized per tensor, outside the timing)
+  fa3_bf16     FA3 on the bf16 cache: flash_attn_with_kvcache (--fa3 kvcache, ../shared/fa3/serving on the path) or
+               flash_attn_func on the full cache as a dense K/V (--fa3 func, ../shared/fa3/prefill: no split-KV)
+  fa3_e4m3     FA3's FP8 path on the e4m3 cache (it takes Q in e4m3 too: Q quantized per tensor, outside the timing);
+               only FA3's prefill build has FP8 (--fa3 func)
   cudnn_bf16   PyTorch SDPA's cuDNN backend on the bf16 cache
 GB/s counts the K/V bytes each system reads (1 byte per element in e4m3, 2 in bf16); "speed-up" is fc_bf16's time
 over fc_e4m3's (the token rate, since both read the same keys). Errors: max |O - O_ref| against float32 SDPA on the
 dequantized e4m3 cache (e4m3 columns) or on the bf16 cache (bf16 columns).
 
-  python3 bench/kv_fp8.py [--rows 1x8192,8x8192] [--rounds 3] [--out DIR]
+  python3 bench/kv_fp8.py [--rows 1x8192,8x8192] [--rounds 3] [--fa3 kvcache|func] [--out DIR]
 """
 import argparse
 import json
@@ -27,13 +29,11 @@ from flashcore import _lib, _ops
 from serving import graph_time_us  # bench/serving.py's CUDA-graph median (this script runs from bench/)
 
 try:
-    from flash_attn_interface import flash_attn_with_kvcache
-except Exception:  # no FA3 serving build on the path
-    flash_attn_with_kvcache = None
+    from flash_attn_interface import flash_attn_func, flash_attn_with_kvcache
+except Exception:  # no FA3 build on the path
+    flash_attn_func = flash_attn_with_kvcache = None
 
 ROWS = [(1, 8192), (8, 8192), (32, 4096), (64, 16384), (16, 65536)]
-# The e4m3 KV-cache kernels are experimental in 0.9: the library runs them with this switch only.
-os.environ.setdefault("FLASHCORE_EXPERIMENTAL_KV_FP8", "1")
 FLAG_KV_FP8_E4M3 = 2
 
 
@@ -66,15 +66,13 @@ def e4m3_call(lib, q, k8, v8, kd, vd, out):
     size = lib.workspace_size(params)
     ws = torch.zeros(max(size, 256), dtype=torch.uint8, device=q.device)
     params.workspace, params.workspace_size = ws.data_ptr(), ws.numel()
-    stream = torch.cuda.current_stream().cuda_stream
-
-    def call():
-        lib.forward(params, stream)
+    def call():  # on the caller's current stream (a graph capture's)
+        lib.forward(params, torch.cuda.current_stream().cuda_stream)
         return out
     return call, (params, ws), lib.selected_config(params)
 
 
-def row(B, Sk, hq, hkv, D, rounds):
+def row(B, Sk, hq, hkv, D, rounds, fa3):
     q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
     k16 = torch.randn(B, Sk, hkv, D, device="cuda", dtype=torch.bfloat16)
     v16 = torch.randn_like(k16)
@@ -90,14 +88,20 @@ def row(B, Sk, hq, hkv, D, rounds):
     r["fc_e4m3_err"] = (fc8().float() - ref8).abs().max().item()
     r["fc_bf16_err"] = (flashcore.attention(q, k16, v16).float() - ref16).abs().max().item()
     systems = {"fc_bf16": (lambda: flashcore.attention(q, k16, v16), 2), "fc_e4m3": (fc8, 1)}
-    if flash_attn_with_kvcache is not None:
+    if flash_attn_func is not None:
         q8 = (q.float() / (q.float().abs().amax() / 448.0)).to(torch.float8_e4m3fn)
         qd = (q.float().abs().amax() / 448.0).reshape(1, 1).expand(B, hkv).contiguous()
-        systems["fa3_bf16"] = (lambda: flash_attn_with_kvcache(q, k16, v16, cache_seqlens=lens, causal=True), 2)
+        if fa3 == "kvcache":
+            systems["fa3_bf16"] = (lambda: flash_attn_with_kvcache(q, k16, v16, cache_seqlens=lens, causal=True), 2)
 
-        def fa3_8():
-            return flash_attn_with_kvcache(q8, k8, v8, cache_seqlens=lens, causal=True, q_descale=qd, k_descale=kd,
-                                           v_descale=vd)
+            def fa3_8():
+                return flash_attn_with_kvcache(q8, k8, v8, cache_seqlens=lens, causal=True, q_descale=qd,
+                                               k_descale=kd, v_descale=vd)
+        else:  # the full cache as a dense K/V (causal: the one query row sees every key)
+            systems["fa3_bf16"] = (lambda: flash_attn_func(q, k16, v16, causal=True), 2)
+
+            def fa3_8():
+                return flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
         try:
             o = fa3_8()
             o = o[0] if isinstance(o, tuple) else o
@@ -149,6 +153,8 @@ def main():
     ap.add_argument("--heads", default="32,8")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fa3", choices=["kvcache", "func"], default="kvcache",
+                    help="FA3's entry: flash_attn_with_kvcache (serving build) or flash_attn_func (prefill build, FP8)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     hq, hkv = (int(x) for x in args.heads.split(","))
@@ -157,9 +163,9 @@ def main():
     name = torch.cuda.get_device_name()
     rows = []
     for B, Sk in shapes:
-        rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds))
+        rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds, args.fa3))
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds_us")}), flush=True)
-    md = markdown(rows, f"{name}, library {_lib.load().version_string()}")
+    md = markdown(rows, f"{name}, library {_lib.load().version_string()}, FA3 through --fa3 {args.fa3}")
     print(md)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -333,8 +333,7 @@ typedef struct flashcore_attention_params {
                                           with pages of a multiple of 16 rows) and packed calls; strides of K and V in
                                           multiples of 16 elements. Not yet: the portable backend, k_new / v_new
                                           appends, rotary, the attention variants, head_dim_v, kernel_config, the
-                                          backward. Experimental in 0.9 (not yet run on a GPU): a call runs only
-                                          with FLASHCORE_EXPERIMENTAL_KV_FP8=1 in the environment. */
+                                          backward. */
 #define FLASHCORE_FLAGS_ALL 3u
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.

@@ -19,7 +19,6 @@ Needs torch, a CUDA GPU and a libflashcore.so of 0.9 or newer (skips otherwise, 
 the sm90 backend (Hopper); elsewhere only test_refused_off_hopper runs, which checks the library's refusal."""
 
 import math
-import os
 
 import pytest
 
@@ -32,10 +31,6 @@ from test_attention_gpu import ATOL, _need, caps  # noqa: E402,F401  (fixtures; 
 from test_paged_cpu import paginate  # noqa: E402
 from test_variants_gpu import LSE_ATOL, LSE_RTOL, baseline, check  # noqa: E402
 from test_varlen_cpu import cu_seqlens  # noqa: E402
-
-# The e4m3 KV-cache kernels are experimental in 0.9 (the library runs them with this switch only: docs/decisions.md
-# #kv-fp8); these tests run them.
-os.environ["FLASHCORE_EXPERIMENTAL_KV_FP8"] = "1"
 
 E4M3 = torch.float8_e4m3fn
 

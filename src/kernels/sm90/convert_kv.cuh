@@ -40,15 +40,18 @@ struct KVConverter {
   // Widens one block: staging tile `src` (8-bit layout: chunk c of row r at c * kKV8ChunkBytes + r * row bytes,
   // units swizzled by the row's phase) into the 16-bit tile `dst` (64-column chunks of 128-byte rows, 128-byte
   // swizzle). Unit i of the block, row i / kRowUnits, goes to thread i % threads; consecutive lanes take consecutive
-  // units of a row, so that a warp's loads and stores fall in distinct banks.
-  __device__ __forceinline__ static void widen_block(const uint8_t* src, uint8_t* dst, int thread, int threads) {
+  // units of a row, so that a warp's loads and stores fall in distinct banks. Rows at or past `rows` are written as
+  // zeros (a V block's rows past its sequence: SharedBarriers::v_rows), whatever the staging tile holds there.
+  __device__ __forceinline__ static void widen_block(const uint8_t* src, uint8_t* dst, int thread, int threads,
+                                                     int rows = Cfg::kBlockN) {
 #pragma unroll 2
     for (int i = thread; i < kUnits; i += threads) {
       const int r = i / kRowUnits, u = i % kRowUnits;
       const int c8 = u / kChunkUnits, u8 = u % kChunkUnits;
       const int phase8 = Cfg::kKV8RowBytes == 128 ? (r & 7) : ((r >> 1) & 3);
-      const uint4 in = *reinterpret_cast<const uint4*>(src + c8 * Cfg::kKV8ChunkBytes + r * Cfg::kKV8RowBytes +
-                                                       ((u8 ^ phase8) << 4));
+      const uint4 in = r < rows ? *reinterpret_cast<const uint4*>(src + c8 * Cfg::kKV8ChunkBytes +
+                                                                   r * Cfg::kKV8RowBytes + ((u8 ^ phase8) << 4))
+                                : make_uint4(0u, 0u, 0u, 0u);  // (e4m3 zeros widen to zeros)
       // Columns 16 u .. 16 u + 15: 16-bit units 2 u' and 2 u' + 1 of chunk (16 u) / 64, u' = u % 4.
       const int c16 = u / 4, u16 = 2 * (u % 4);
       uint8_t* row = dst + c16 * Cfg::kKVChunkBytes + r * Cfg::kQKRowBytes;
@@ -77,8 +80,11 @@ struct KVConverter {
       __syncwarp();
       if (lane == 0) mbar_arrive(&bars.k.full[s]);
       mbar_wait(&bars.v8_full[s], pos.phase);
+      // (Read and written as atomics, as v_end: the slot is rewritten for the stage's next block once the consumers
+      // have freed the stage, an order through three barriers that compute-sanitizer's racecheck does not follow.)
+      const int rows = __shfl_sync(0xffffffffu, lane == 0 ? atomicOr(&bars.v_rows[s], 0) : 0, 0);
       widen_block(smem + Cfg::kSmemV8Offset + s * Cfg::kK8TileBytes, smem + Cfg::kSmemVOffset + s * Cfg::kVTileBytes,
-                  thread, threads);
+                  thread, threads, rows);
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
       if (lane == 0) mbar_arrive(&bars.v.full[s]);
