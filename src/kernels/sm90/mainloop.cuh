@@ -189,8 +189,7 @@ inline constexpr uint32_t kZeroVBarrier = 1 + 2 * Cfg::kConsumerWarpgroups;
 template <class Cfg>
 __device__ __forceinline__ void zero_v_rows_past_end(const FwdParams& p, const Tile& tile, int v_block,
                                                      const uint8_t* v_tile) {
-  // (8-bit calls have no serving layouts; an e4m3 KV cache's converters write the tail as zeros: convert_kv.cuh)
-  if (Cfg::kElemBytes == 1 || Cfg::kKV8 || !p.zero_v_tail) return;
+  if (Cfg::kElemBytes == 1 || !p.zero_v_tail) return;  // (8-bit calls have no serving layouts)
   const int64_t left = tile.seq.seqlen_k - static_cast<int64_t>(v_block) * Cfg::kBlockN;  // same in the whole CTA
   if (left >= Cfg::kBlockN) return;
   const int valid = left > 0 ? static_cast<int>(left) : 0;

@@ -124,9 +124,9 @@ struct SharedBarriers {
   // (convert_kv.cuh), and v_end[s] != 0 ends the converters' loop, as it ends the transposers'.
   uint64_t k8_full[Cfg::kKV8 ? Cfg::kStages : 1];
   uint64_t v8_full[Cfg::kKV8 ? Cfg::kStages : 1];
-  // The rows of V staging stage s the converters widen (rows at or past it they write as zeros: the V tail of a
-  // sequence whose tensor goes on, FwdParams::zero_v_tail), stored by the producer thread before its arrival on
-  // v8_full[s] (release), so that no other thread writes the 16-bit V tile (mainloop.cuh zero_v_rows_past_end).
+  // The rows of V staging stage s the converters widen (rows at or past it, past the sequence, they write as zeros),
+  // stored by the producer thread before its arrival on v8_full[s] (release), so that no other thread writes the
+  // 16-bit V tile (the host clears FwdParams::zero_v_tail for these rows: mainloop.cuh zero_v_rows_past_end).
   int v_rows[Cfg::kKV8 ? Cfg::kStages : 1];
 
   // converters: the warps that arrive on k.full / v.full of an e4m3 KV cache's rows (convert_warps).

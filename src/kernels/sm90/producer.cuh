@@ -71,12 +71,13 @@ __device__ __forceinline__ void tma_load_kv8(const CUtensorMap* map, uint8_t* sm
   }
 }
 
-// The rows of key block n_block that hold keys of the sequence, for a V staging stage (SharedBarriers::v_rows): all
-// of them where the tensor's rows past the sequence read as zeros (TMA fills them) or the block is whole.
+// The rows of the key block whose first key is key0 that hold keys of the sequence, for a V staging stage
+// (SharedBarriers::v_rows). The converters write the others as zeros in every layout (past a dense tensor's end TMA
+// has filled zeros already), and the consumers zero none (the host clears FwdParams::zero_v_tail for these rows).
 template <class Cfg>
-__device__ __forceinline__ int kv8_v_rows(const FwdParams& p, const Tile& tile, int64_t n_block) {
-  const int64_t left = tile.seq.seqlen_k - n_block * Cfg::kBlockN;
-  return !p.zero_v_tail || left >= Cfg::kBlockN ? Cfg::kBlockN : (left > 0 ? static_cast<int>(left) : 0);
+__device__ __forceinline__ int kv8_v_rows(const Tile& tile, int64_t key0) {
+  const int64_t left = tile.seq.seqlen_k - key0;
+  return left >= Cfg::kBlockN ? Cfg::kBlockN : (left > 0 ? static_cast<int>(left) : 0);
 }
 
 // Arrive on an e4m3 staging stage's barrier and announce its bytes; returns the barrier the copies signal.
@@ -202,7 +203,7 @@ struct Producer {
           tma_load_paged<Cfg, false>(p, &p.tma_k, smem + Cfg::kSmemK8Offset + s * Cfg::kK8TileBytes,
                                      commit_kv8(&bars.k8_full[s], Cfg::kK8TileBytes), n_block, kv_head, page_at);
           bars.v.acquire(kv_state);
-          atomicExch(&bars.v_rows[s], kv8_v_rows<Cfg>(p, tile, n_block));  // (read by the converters' atomic)
+          atomicExch(&bars.v_rows[s], kv8_v_rows<Cfg>(tile, int64_t{n_block} * Cfg::kBlockN));  // (converters read it)
           tma_load_paged<Cfg, true>(p, &p.tma_v, smem + Cfg::kSmemV8Offset + s * Cfg::kK8TileBytes,
                                     commit_kv8(&bars.v8_full[s], Cfg::kK8TileBytes), n_block, kv_head, page_at);
           kv_pos.advance();
@@ -292,7 +293,7 @@ struct Producer {
       uint8_t* v_stage = smem + Cfg::kSmemVOffset + st.stage * Cfg::kVTileBytes;
       bars.v.acquire(st);
       if constexpr (Cfg::kKV8) {
-        atomicExch(&bars.v_rows[st.stage], kv8_v_rows<Cfg>(p, tile, (r - tile.seq.k_row0) / Cfg::kBlockN));
+        atomicExch(&bars.v_rows[st.stage], kv8_v_rows<Cfg>(tile, r - tile.seq.k_row0));
         tma_load_kv8<Cfg>(&p.tma_v, smem + Cfg::kSmemV8Offset + st.stage * Cfg::kK8TileBytes,
                           commit_kv8(&bars.v8_full[st.stage], Cfg::kK8TileBytes), r, kv_head, kv_batch);
       } else if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
