@@ -178,7 +178,8 @@ struct KernelConfig {
                 "a V head dim of its own: 16-bit inputs, not the transposed decode rows");
   static_assert(kHeadDimV % kOutChunkCols == 0 && kHeadDimV % kVChunkCols == 0 && kHeadDimV <= 256,
                 "V's head dim: whole chunks of V and O, wgmma N <= 256");
-  static_assert(kVLayout == VLayout::kDimMajor || kVRowBytes == 128 || (kVRowBytes == 64 && kElemBytes == 2 && !kSwapAB && !kKV8),
+  static_assert(kVLayout == VLayout::kDimMajor || kVRowBytes == 128 ||
+                    (kVRowBytes == 64 && kElemBytes == 2 && !kSwapAB && !kKV8),
                 "64-byte V rows (16-bit head dim 96): the row kinds written for them (no transposed decode, no e4m3 "
                 "KV cache)");
   static_assert(!kKV8 || (kSplitKv && !kSwapAB && !kLastRoundSplit && kHeadDimV == kHeadDim &&

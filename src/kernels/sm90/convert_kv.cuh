@@ -22,7 +22,8 @@ struct KVConverter {
   static constexpr int kRowUnits = Cfg::kHeadDim / 16;         // 16-byte e4m3 units per key row
   static constexpr int kChunkUnits = Cfg::kKV8RowBytes / 16;   // of them per staging chunk row (8, or 4 at head dim 64)
   static constexpr int kUnits = Cfg::kBlockN * kRowUnits;      // per block
-  static_assert(Cfg::kKV8 && Cfg::kQKRowBytes == 128 && Cfg::kVRowBytes == 128 && Cfg::kChunkCols == 64, "16-bit tiles of 64-column chunks");
+  static_assert(Cfg::kKV8 && Cfg::kQKRowBytes == 128 && Cfg::kVRowBytes == 128 && Cfg::kChunkCols == 64,
+                "16-bit tiles of 64-column chunks");
   static_assert(Cfg::kKV8RowBytes == 128 || Cfg::kKV8RowBytes == 64, "128- or 64-byte swizzled staging rows");
 
   // Two e4m3 values (the low byte first) as two 16-bit values of Element, in a 32-bit register.

@@ -1,8 +1,8 @@
 // Epilogue: normalize O, convert it to the output element type, stage it in shared memory in the swizzled layout of
-// the O tensor map (128-byte rows, 64-byte at head dim 96) and write it with TMA stores; LSE (natural log, fp32) goes straight from registers
-// when requested. Rows past the end of the tensor are clipped by the TMA unit, which for dense batches is the
-// end of the sequence; in a packed (varlen) batch the next sequence follows, so a slice that ends past its
-// sequence is copied out of the staging buffer by the warpgroup's threads, row by row, up to the sequence's end
+// the O tensor map (128-byte rows, 64-byte at head dim 96) and write it with TMA stores; LSE (natural log, fp32) goes
+// straight from registers when requested. Rows past the end of the tensor are clipped by the TMA unit, which for
+// dense batches is the end of the sequence; in a packed (varlen) batch the next sequence follows, so a slice that ends
+// past its sequence is copied out of the staging buffer by the warpgroup's threads, row by row, up to the sequence's end
 // (store_clipped).
 #pragma once
 #include <cuda/ptx>

@@ -100,7 +100,8 @@ void fill_params(const core::Plan& plan, const KernelRow& row, const flashcore_a
   fp.page_chunk_blocks = paged ? kPageChunk / fp.page_block_slices : 0;
   // (An e4m3 KV cache's converter warps write those rows as zeros themselves, convert_kv.cuh: its consumers must not
   // write the tile too. Skipping their zeroing at compile time instead made ptxas spill in the d128 / d256 rows.)
-  fp.zero_v_tail = (p.seqused_k != nullptr || p.cu_seqlens_k != nullptr || paged) && row.kv_dtype == FLASHCORE_DTYPE_SAME;
+  fp.zero_v_tail =
+      (p.seqused_k != nullptr || p.cu_seqlens_k != nullptr || paged) && row.kv_dtype == FLASHCORE_DTYPE_SAME;
   fp.q_ref = {p.q, p.q_strides.batch, p.q_strides.seq, p.q_strides.head};
   fp.k_ref = {p.k, p.k_strides.batch, p.k_strides.seq, p.k_strides.head};
   fp.v_ref = {p.v, p.v_strides.batch, p.v_strides.seq, p.v_strides.head};
