@@ -25,8 +25,14 @@ __host__ __device__ constexpr void bwd_dq_position(int e, int& row, int& col) {
   col = 64 * region + 8 * group + 2 * (lane % 4) + reg % 2;
 }
 
-// Rows of the workspace's per-(batch, head) arrays: seqlen_q rounded up to whole 64-row blocks.
-__host__ __device__ constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 63) / 64 * 64; }
+// The most query rows a backward kernel's step covers (sm90 at head dim 64: 128): the workspace pads each sequence's
+// rows to whole steps, so that a step reads and adds only its own sequence's rows.
+inline constexpr int kBwdMaxStepRows = 128;
+
+// Rows of the workspace's per-(batch, head) arrays: seqlen_q rounded up to whole steps of kBwdMaxStepRows rows.
+__host__ __device__ constexpr int64_t bwd_padded_rows(int64_t seqlen_q) {
+  return (seqlen_q + kBwdMaxStepRows - 1) / kBwdMaxStepRows * kBwdMaxStepRows;
+}
 
 // One sequence of a call: its query and key rows in Q / K (packed batches: from cu_seqlens, clamped to the tensors
 // as the forward clamps them) and its lengths.
@@ -37,8 +43,8 @@ struct BwdSeq {
 
 // Where the backward's per-row workspace arrays (the scaled LSE, D, the fp32 dQ rows) of a call live. Dense batches:
 // (batch, head) slices of padded_rows(seqlen_q) rows. Packed (varlen) batches: per head, total_q (rounded up to 4) +
-// 128 * batch + 64 rows, sequence b's starting at 128 * b + its first row rounded up to 4 (16-byte aligned for the bulk copies, and
-// each sequence's rows padded to whole 64-row blocks without reaching the next one's).
+// 256 * batch + 128 rows, sequence b's starting at 256 * b + its first row rounded up to 4 (16-byte aligned for the
+// bulk copies, and each sequence's rows padded to whole 128-row steps without reaching the next one's).
 struct BwdRows {
   const int* cu_seqlens_q;  // nullptr: dense
   const int* cu_seqlens_k;
@@ -49,7 +55,7 @@ struct BwdRows {
 
   // (Packed: total_q rounded up to 4, so that every head's rows start 16-byte aligned for the bulk copies.)
   __host__ __device__ static int64_t head_rows_of(bool varlen, int64_t seqlen_q, int64_t total_q, int64_t batch) {
-    return varlen ? (total_q + 3) / 4 * 4 + 128 * batch + 64 : bwd_padded_rows(seqlen_q);
+    return varlen ? (total_q + 3) / 4 * 4 + 2 * kBwdMaxStepRows * batch + kBwdMaxStepRows : bwd_padded_rows(seqlen_q);
   }
   __host__ __device__ int64_t rows(int64_t batch) const { return head_rows * heads * (cu_seqlens_q ? 1 : batch); }
 #if defined(__CUDACC__)
@@ -63,7 +69,7 @@ struct BwdRows {
   // The first row of (sequence b, head h)'s block of rows.
   __device__ int64_t base(int b, int h, const BwdSeq& s) const {
     if (cu_seqlens_q == nullptr) return (static_cast<int64_t>(b) * heads + h) * head_rows;
-    return h * head_rows + 128 * static_cast<int64_t>(b) + (s.q_start + 3) / 4 * 4;
+    return h * head_rows + 2 * kBwdMaxStepRows * static_cast<int64_t>(b) + (s.q_start + 3) / 4 * 4;
   }
 #endif
 };
@@ -92,7 +98,7 @@ inline BwdWorkspace bwd_workspace_of(const flashcore_attention_params& p) {
   auto align = [](uint64_t x) { return (x + 255) / 256 * 256; };
   const uint64_t rows = static_cast<uint64_t>(bwd_rows_of(p).rows(p.batch));
   const uint64_t blocks = static_cast<uint64_t>(p.batch) * static_cast<uint64_t>(p.num_heads_q) *
-                          static_cast<uint64_t>((p.seqlen_q + 63) / 64);
+                          static_cast<uint64_t>(bwd_padded_rows(p.seqlen_q) / 64);
   BwdWorkspace w;
   w.dpsum = align(w.lse + rows * 4);
   w.dq_accum = align(w.dpsum + rows * 4);

@@ -24,7 +24,9 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
   using Vec = std::conditional_t<kPerLane == 2, uint32_t, uint2>;
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const BwdSeq seq = p.rows.seq(b);
-  if (m * 64 >= seq.len_q) return;  // a block past this sequence's rows: no kernel reads it
+  // A block past this sequence's rows: no kernel reads it, unless its kernel step (block_m rows) holds rows of the
+  // sequence (then its LSE rows are +inf, its D rows 0 and its dQ rows take the step's zeros).
+  if (m * 64 / p.block_m * p.block_m >= seq.len_q) return;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const bool varlen = p.rows.cu_seqlens_q != nullptr;
   const int64_t base = p.rows.base(b, h, seq);
@@ -64,9 +66,14 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
   for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 4; i += 256) block[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   const int64_t index = (static_cast<int64_t>(b) * p.rows.heads + h) * p.m_blocks + m;
   if (p.dq_semaphore != nullptr && threadIdx.x == 0) {
-    // The first key block's turn (bwd_window.h): with a left bound or chunks the first blocks do not see these rows.
+    // The first turn (bwd_window.h). sm90: the last key block that walks the rows, the key blocks adding theirs from
+    // it down (and launched in that order), so that a CTA's first query block (on its diagonal) finds its turn at
+    // once; in ascending order causal CTA n waited for n steps of CTA n - 1's. The portable kernels: the first key
+    // block, adding up. A step of 128 rows waits on its first block's counter only.
     const BwdWindow window{seq.len_k - seq.len_q, p.window_left, p.window_right, p.chunk};
-    p.dq_semaphore[index] = window.first_key_block(m, 64, p.block_n);
+    const int step_block = m * 64 / p.block_m;
+    p.dq_semaphore[index] = p.descending ? window.last_key_block(step_block, p.block_m, p.block_n, seq.len_k)
+                                         : window.first_key_block(step_block, p.block_m, p.block_n);
   }
   if (p.sinks != nullptr) {  // the block's share: the warps' in a fixed order
     __shared__ float shares[8];

@@ -24,6 +24,8 @@ struct BwdPrepParams {
   // block.
   int window_left, window_right, chunk;
   int block_n;          // the kernel's keys per CTA
+  int block_m;          // the kernel's query rows per step (64 or 128): the blocks of a step's rows are prepared
+  bool descending;      // deterministic order: key blocks add from the last down (sm90) or from the first up (sm80)
   // Sinks: each block's share of dL/dsinks, (batch, num_heads_q, m_blocks) floats (bwd_dsinks sums them).
   const float* sinks;   // nullptr: no sinks
   float* dsink_part;
@@ -47,11 +49,12 @@ struct BwdDqParams {
 
 // The launches' parameters of a validated call, both backends (host): `base` is the workspace, `ws` its layout,
 // `rows` the rows the kernels address, `var` the call's normalized variants (core::set_variants), `variants` whether
-// the call runs a variants' kernel (whose window the first key block of a query block follows), `block_n` the
-// kernel's keys per CTA.
+// the call runs a variants' kernel (whose window the deterministic order of a query block's key blocks follows),
+// `masked` whether a plain call is causal, `block_n` the kernel's keys per CTA, `block_m` its query rows per step and
+// `descending` its deterministic order.
 inline BwdPrepParams bwd_prep_params_of(const flashcore_attention_params& p, const BwdWorkspace& ws, char* base,
                                         const BwdRows& rows, int m_blocks, const VariantParams& var, bool variants,
-                                        int block_n) {
+                                        bool masked, int block_n, int block_m, bool descending) {
   BwdPrepParams prep{};
   prep.o = p.o;
   prep.o_stride_batch = p.o_strides.batch;
@@ -68,10 +71,13 @@ inline BwdPrepParams bwd_prep_params_of(const flashcore_attention_params& p, con
   prep.dq_semaphore = p.deterministic != 0 ? reinterpret_cast<int*>(base + ws.semaphore) : nullptr;
   prep.rows = rows;
   prep.m_blocks = m_blocks;
+  // (The plain kernels: causal's window, or every key: a right bound of seqlen_q reaches the last key from any row.)
   prep.window_left = variants ? var.window_left : -1;
-  prep.window_right = variants ? var.window_right : 0;
+  prep.window_right = variants ? var.window_right : (masked ? 0 : static_cast<int>(p.seqlen_q));
   prep.chunk = variants ? var.chunk : 0;
   prep.block_n = block_n;
+  prep.block_m = block_m;
+  prep.descending = descending;
   prep.sinks = p.sinks != nullptr && p.dsinks != nullptr ? p.sinks : nullptr;
   prep.dsink_part = reinterpret_cast<float*>(base + ws.dsink_part);
   return prep;

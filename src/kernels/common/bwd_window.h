@@ -1,7 +1,7 @@
 // The backward's blocks under a window and chunks (kernels/common/variant_params.h; causal is the window (-1, 0)),
 // both backends and the preparation kernel: which query blocks a key block's CTA walks, which key block adds its dQ
-// to a query block first (the deterministic order's first turn), and which elements of a (key block, query block)
-// step are masked. Query row i of a sequence, at diagonal position x = i + d (d = len_k - len_q), sees key j iff
+// to a query block first or last (the deterministic orders' first turns), and which elements of a (key block, query
+// block) step are masked. Query row i of a sequence, at diagonal position x = i + d (d = len_k - len_q), sees key j iff
 // lo(x) <= j <= hi(x): lo(x) = x - left (left -1: unbounded) and hi(x) = x + right, each clipped to x's chunk
 // [chunk_start(x), + chunk) when chunk > 0 (tile_math.h). Both bounds grow with x, so the rows [X0, X1] of a query
 // block see keys in [lo(X0), hi(X1)] only, and every row sees every key of [lo(X1), hi(X0)].
@@ -78,6 +78,14 @@ struct BwdWindow {
     if (left < 0 && chunk == 0) return 0;
     const int lowest = lo(m * block_m + d);
     return lowest <= 0 ? 0 : lowest / block_n;
+  }
+
+  // The last key block whose CTA walks query block m, len_k the sequence's keys: the one holding hi of the block's
+  // last row, clipped to the sequence (0 when no key block walks it). The deterministic order adds from it down.
+  __host__ __device__ __forceinline__ int last_key_block(int m, int block_m, int block_n, int len_k) const {
+    const int highest = hi(m * block_m + block_m - 1 + d);
+    const int last = highest < len_k - 1 ? highest : len_k - 1;
+    return last <= 0 ? 0 : last / block_n;
   }
 
   // Whether some element of the step (key block n, query block m) is not visible: outside [lo(X1), hi(X0)].

@@ -145,7 +145,9 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.dv_stride_head = p.dv_strides.head;
   bp.seqlen_q = static_cast<int>(p.seqlen_q);
   bp.seqlen_k = static_cast<int>(p.seqlen_k);
-  bp.seqlen_q_pad = static_cast<int>(kernels::bwd_padded_rows(p.seqlen_q));
+  // Rows per (batch, head) of the workspace's arrays: whole 64-row steps, as the kernel's dQ blocks (index *
+  // kBlockM rows) assume; the workspace's size (bwd_padded_rows: whole 128-row steps) covers them.
+  bp.seqlen_q_pad = static_cast<int>(m_blocks * kBlockM);
   bp.num_heads_q = static_cast<int>(p.num_heads_q);
   bp.head_ratio = static_cast<int>(p.num_heads_q / p.num_heads_kv);
   bp.num_m_blocks = static_cast<int>(m_blocks);
@@ -162,7 +164,8 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   rows.head_rows = bp.seqlen_q_pad;
   rows.heads = bp.num_heads_q;
   kernels::BwdPrepParams prep =
-      kernels::bwd_prep_params_of(p, ws, base, rows, bp.num_m_blocks, bp.var, variants, row->block_n);
+      kernels::bwd_prep_params_of(p, ws, base, rows, bp.num_m_blocks, bp.var, variants, core::masked_call(p),
+                                  row->block_n, kBlockM, /*descending=*/false);
   kernels::BwdDqParams conv = kernels::bwd_dq_params_of(p, ws, base, rows, softmax_scale);
   const bool dsinks = prep.sinks != nullptr;
 

@@ -18,7 +18,9 @@ struct BwdConfig {
   static constexpr int kHeadDim = kD;
   static constexpr bool kCausal = kIsCausal;
   static constexpr bool kVariants = kIsVariants;
-  static constexpr int kBlockM = 64;   // query rows per step (the N of S^T = K Q^T)
+  // Query rows per step (the N of S^T = K Q^T): 128 at head dim 64, where a 64-row step's GEMMs were too short to
+  // keep the tensor cores busy (decisions.md#bwd-design), 64 at 128, whose registers hold dK and dV of 128 columns.
+  static constexpr int kBlockM = kD == 64 ? 128 : 64;
   static constexpr int kBlockN = 128;  // keys per CTA: 64 per consumer warpgroup (the M of every GEMM)
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -31,16 +33,18 @@ struct BwdConfig {
   static constexpr int kChunkCols = 64;  // one 128-byte swizzled row chunk of 16-bit elements
   static constexpr int kChunks = kD / kChunkCols;
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static constexpr int kSRegs = kBlockM / 2;     // a warpgroup's S^T (or dP^T): 64 keys x kBlockM queries, fp32
+  static constexpr int kPFrags = kBlockM / 16;   // its 16-bit A fragments (P^T, dS^T) for the dV / dK GEMMs
 
-  // dQ(kBlockM x kD) = dS(kBlockM x keys) K(keys x kD), split over the warpgroups: at head dim 128 by columns (each
-  // warpgroup one 64-column chunk over all 128 keys), at 64 by keys (each its own 64 keys; the two partial sums meet
-  // in shared memory). Either way a warpgroup's accumulator is 64 x 64.
-  static constexpr bool kDqSplitKeys = kChunks == 1;
-  static constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;
+  // dQ (kBlockM x kD) = dS (kBlockM x 128 keys) K (128 keys x kD), split over the two warpgroups so that each holds a
+  // 64 x 64 accumulator: by queries at head dim 64 (warpgroup w: query rows 64w.., every key and column), by columns
+  // at 128 (warpgroup w: column chunk w, every key and query). Either way warpgroup w fills region w of the step's
+  // dQ block (kernels/common/bwd_layout.h: a region is a 64-row block's 64 columns).
+  static constexpr bool kDqByQueries = kBlockM == 128;
+  static_assert((kDqByQueries ? kBlockM / 64 : kChunks) == kConsumerWarpgroups, "one dQ region per warpgroup");
   static constexpr int kDqRegs = 32;  // m64n64 fp32
-  // The consumer threads that fill a dQ block before the writer warp may add it to the workspace: both warpgroups at
-  // head dim 128 (a region each), warpgroup 1 at 64 (it adds its sums to warpgroup 0's).
-  static constexpr int kDqFullArrivals = kDqSplitKeys ? 128 : kConsumerThreads;
+  // The step's dQ block in shared memory, as the writer warp adds it to the workspace: two buffers where they fit.
+  static constexpr int kDqStages = kBlockM == 128 ? 1 : 2;
 
   // Shared memory, byte offsets from the 1024-aligned base. Each operand is chunk-major: chunk c (64 columns) of all
   // its rows, 128-byte rows, 128-byte swizzle (as TMA writes them).
@@ -48,8 +52,10 @@ struct BwdConfig {
   static constexpr int kKVBytes = kChunks * kKVChunkBytes;
   static constexpr int kQChunkBytes = kBlockM * 128;
   static constexpr int kQBytes = kChunks * kQChunkBytes;
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T, keys x queries (one 128-byte row per key)
-  static constexpr int kDqBytes = kBlockM * kD * 4;       // the fp32 dQ of a step, as bwd_epilogue.cuh lays it out
+  // dS^T, keys x queries, chunk-major as the other operands: chunk c holds queries 64c.. of every key.
+  static constexpr int kDsChunkBytes = kBlockN * 128;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kDqBytes = kBlockM * kD * 4;  // the fp32 dQ of a step, as bwd_epilogue.cuh lays it out
   static constexpr int kRowStatBytes = kBlockM * 4;       // a step's scaled LSE (or D) for its kBlockM rows
 
   static constexpr int kSmemK = 0;
@@ -57,8 +63,8 @@ struct BwdConfig {
   static constexpr int kSmemQ = kSmemV + kKVBytes;
   static constexpr int kSmemDo = kSmemQ + kStages * kQBytes;
   static constexpr int kSmemDs = kSmemDo + kStages * kQBytes;  // two buffers, alternating by step
-  static constexpr int kSmemDq = kSmemDs + 2 * kDsBytes;     // two buffers, alternating by step
-  static constexpr int kSmemLse = kSmemDq + 2 * kDqBytes;      // kStages x kRowStatBytes
+  static constexpr int kSmemDq = kSmemDs + 2 * kDsBytes;     // kDqStages buffers, alternating by step
+  static constexpr int kSmemLse = kSmemDq + kDqStages * kDqBytes;  // kStages x kRowStatBytes
   static constexpr int kSmemD = kSmemLse + kStages * kRowStatBytes;
   static constexpr int kSmemBarriers = kSmemD + kStages * kRowStatBytes;
   static constexpr int kSmemBarrierBytes = 128;

@@ -1,7 +1,7 @@
 // The backward's stores. Per step, the warpgroups' dQ (64 queries x 64 columns each) goes to a shared-memory block
-// in the workspace's order (kernels/common/bwd_layout.h), two blocks in turn, and a writer thread adds each block to
-// the workspace's fp32 dQ accumulator (bwd_dq_write). At the end, dK (times softmax_scale) and dV from registers, in
-// the call's dtype.
+// in the workspace's order (kernels/common/bwd_layout.h), kDqStages blocks in turn, and a writer thread adds each
+// block to the workspace's fp32 dQ accumulator (bwd_dq_write). At the end, dK (times softmax_scale) and dV from
+// registers, in the call's dtype.
 #pragma once
 #include <cuda/atomic>
 #include <cuda/ptx>
@@ -16,39 +16,18 @@
 
 namespace flashcore::sm90 {
 
-inline constexpr uint32_t kBwdDqBarrier = 2;  // head dim 64: warpgroup 0's partial sums written (256 threads)
-
-// The consumers' half of a step's dQ: the warpgroups' accumulators into dQ buffer st.stage (once the writer has
-// read what it held two steps ago), then the full barrier for the writer warp.
+// The consumers' half of a step's dQ: warpgroup wg's accumulator into region wg of dQ buffer st.stage (once the
+// writer has read what it held kDqStages steps ago), then the full barrier for the writer warp.
 template <class Cfg>
-__device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& bars, const PipelineState<2>& st, int wg,
-                                             int thread, const float (&dq)[Cfg::kDqRegs]) {
+__device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& bars,
+                                             const PipelineState<Cfg::kDqStages>& st, int wg, int thread,
+                                             const float (&dq)[Cfg::kDqRegs]) {
   float* block = reinterpret_cast<float*>(smem + Cfg::kSmemDq + st.stage * Cfg::kDqBytes);
   bars.dq.acquire(st);
-  if (Cfg::kDqSplitKeys && wg == 1) {
-    // Head dim 64: both warpgroups hold partial sums of the same 64 x 64 block; add ours to warpgroup 0's.
-    kernels::named_barrier_sync(kBwdDqBarrier, Cfg::kConsumerThreads);
 #pragma unroll
-    for (int g = 0; g < Cfg::kDqRegs / 4; ++g) {
-      float4* at = reinterpret_cast<float4*>(block + kernels::bwd_dq_index(0, 4 * g, thread));
-      float4 v = *at;
-      v.x += dq[4 * g];
-      v.y += dq[4 * g + 1];
-      v.z += dq[4 * g + 2];
-      v.w += dq[4 * g + 3];
-      *at = v;
-    }
-  } else {
-    const int region = Cfg::kDqSplitKeys ? 0 : wg;
-#pragma unroll
-    for (int g = 0; g < Cfg::kDqRegs / 4; ++g) {
-      *reinterpret_cast<float4*>(block + kernels::bwd_dq_index(region, 4 * g, thread)) =
-          make_float4(dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
-    }
-    if (Cfg::kDqSplitKeys) {  // warpgroup 0 at head dim 64: warpgroup 1 adds to it and fills the block
-      kernels::named_barrier_arrive(kBwdDqBarrier, Cfg::kConsumerThreads);
-      return;
-    }
+  for (int g = 0; g < Cfg::kDqRegs / 4; ++g) {
+    *reinterpret_cast<float4*>(block + kernels::bwd_dq_index(wg, 4 * g, thread)) =
+        make_float4(dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
   }
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before the bulk reduction reads them
   bars.dq.commit(st);
@@ -57,20 +36,26 @@ __device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& ba
 // The writer: one thread of the producer warpgroup's second warp. Per step, in the consumers' order, it waits for the
 // dQ block, adds it to the workspace's fp32 accumulator with one bulk reduction (cp.reduce.async.bulk .add.f32) and
 // hands the buffer back once the reduction has read it. The key blocks of a query block add theirs in any order,
-// or, for deterministic calls, in key-block order: a counter per query block, which the writer waits to read as its
-// key block's index and moves on once its addition is complete. Waiting here keeps the consumers' steps going.
+// or, for deterministic calls, in descending key-block order: a counter per query block, which the writer waits to
+// read as its key block's index and moves on once its addition is complete. Waiting here keeps the consumers' steps
+// going.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_write(const BwdParams& p, const BwdWork& w, uint8_t* smem,
                                              BwdBarriers<Cfg>& bars) {
   // (Pointers advanced per block rather than recomputed: the producer warpgroup has 24 registers, and the 64-bit
   // row arithmetic of each block spilled at head dim 64.)
-  PipelineState<2> st;
+  // A step's block is kBlockM / 64 of the workspace's 64-row blocks, consecutive; its counter is the first one's.
+  constexpr int kBlocks = Cfg::kBlockM / 64;
+  PipelineState<Cfg::kDqStages> st;
   for (int g = 0; g < p.head_ratio; ++g) {
     const int head = w.kv_head * p.head_ratio + g;
-    float* dst = p.dq_accum + (p.rows.base(w.batch, head, w.seq) + 64 * w.m_first) * Cfg::kHeadDim;
-    int* counter = p.dq_semaphore == nullptr ? nullptr
-                   : p.dq_semaphore + (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks + w.m_first;
-    for (int m = w.m_first; m < w.m_end; ++m, dst += 64 * Cfg::kHeadDim, counter += counter != nullptr ? 1 : 0) {
+    float* dst = p.dq_accum + (p.rows.base(w.batch, head, w.seq) + Cfg::kBlockM * w.m_first) * Cfg::kHeadDim;
+    int* counter = p.dq_semaphore == nullptr
+                       ? nullptr
+                       : p.dq_semaphore + (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks +
+                             kBlocks * w.m_first;
+    for (int m = w.m_first; m < w.m_end;
+         ++m, dst += Cfg::kBlockM * Cfg::kHeadDim, counter += counter != nullptr ? kBlocks : 0) {
       const float* block = reinterpret_cast<const float*>(smem + Cfg::kSmemDq + st.stage * Cfg::kDqBytes);
       bars.dq.wait(st);
       if (counter != nullptr) {
@@ -82,7 +67,7 @@ __device__ __forceinline__ void bwd_dq_write(const BwdParams& p, const BwdWork& 
         cuda::ptx::cp_async_bulk_commit_group();
         cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});  // complete, not only read
         cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-        turn.store(w.n_block + 1, cuda::memory_order_release);
+        turn.store(w.n_block - 1, cuda::memory_order_release);
       } else {
         cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst,
                                         block, static_cast<uint32_t>(Cfg::kDqBytes));

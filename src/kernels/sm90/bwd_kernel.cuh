@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
         reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, true, true>>)}},       \
       BwdConfig<T, HEAD_DIM, false>::kSmemBytes,                                                                \
       BwdConfig<T, HEAD_DIM, false>::kThreads,                                                                  \
+      BwdConfig<T, HEAD_DIM, false>::kBlockM,                                                                   \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM>),                                 \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>),                           \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<90>)};                                       \

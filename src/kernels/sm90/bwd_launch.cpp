@@ -29,7 +29,7 @@ const BwdKernelRow* const kBwdRows[] = {
     nullptr};
 #undef FLASHCORE_SM90_BWD
 
-constexpr int kBlockM = 64, kBlockN = 128;
+constexpr int kBlockN = 128;
 
 flashcore_status prepare(const void* kernel, int device, int smem_bytes, std::string& error) {
   return core::prepare_kernel(kernel, device, smem_bytes, "sm90 backward kernel image", [](const cudaFuncAttributes& a) {
@@ -79,7 +79,10 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   if (const flashcore_status st = prepare(kernel, device, row->smem_bytes, error); st != FLASHCORE_SUCCESS) return st;
   const BwdWorkspace ws = bwd_workspace(p);
   char* base = static_cast<char*>(p.workspace);
-  const int m_blocks = static_cast<int>((p.seqlen_q + kBlockM - 1) / kBlockM);
+  const int block_m = row->block_m;
+  // The workspace's 64-row blocks, whole kernel steps of block_m rows: the preparation's and dQ conversion's grids
+  // and the stride of the deterministic counters.
+  const int m_blocks = static_cast<int>((p.seqlen_q + block_m - 1) / block_m * (block_m / 64));
   const bool varlen = p.cu_seqlens_q != nullptr;
   // Packed tensors are one batch entry of total rows (their batch strides are not read).
   const int64_t q_rows = varlen ? p.total_q : p.seqlen_q, k_rows = varlen ? p.total_k : p.seqlen_k;
@@ -87,8 +90,8 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
 
   BwdParams bp{};
   const TensorMapArgs maps[4] = {
-      {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.q_strides, kBlockM},
-      {"dout", p.dout, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.dout_strides, kBlockM},
+      {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.q_strides, block_m},
+      {"dout", p.dout, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.dout_strides, block_m},
       {"k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.k_strides, kBlockN},
       {"v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.v_strides, kBlockN},
   };
@@ -120,7 +123,8 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.never_step = -1;
 
   kernels::BwdPrepParams prep =
-      kernels::bwd_prep_params_of(p, ws, base, bp.rows, m_blocks, bp.var, variants, kBlockN);
+      kernels::bwd_prep_params_of(p, ws, base, bp.rows, m_blocks, bp.var, variants, core::masked_call(p), kBlockN,
+                                  block_m, /*descending=*/true);
   kernels::BwdDqParams conv = kernels::bwd_dq_params_of(p, ws, base, bp.rows, softmax_scale);
   const bool dsinks = prep.sinks != nullptr;
 

@@ -16,6 +16,7 @@ struct BwdKernelRow {
   int head_dim;
   const void* kernel[2][2];  // [variants: a window or softcap][causal or windowed]
   int smem_bytes, threads;
+  int block_m;             // query rows per step (BwdConfig::kBlockM): the Q and dO boxes, the workspace's steps
   const void* prep;        // kernels::flashcore_bwd_prep<T, D>
   const void* dq_convert;  // kernels::flashcore_bwd_dq_convert<T, D>
   const void* dsinks;      // kernels::flashcore_bwd_dsinks<90>

@@ -32,7 +32,7 @@ struct BwdParams {
   int64_t dv_stride_batch, dv_stride_seq, dv_stride_head;
   kernels::BwdRows rows;        // the sequences (dense, or packed through cu_seqlens) and the workspace's rows
   int num_heads_q, head_ratio;  // query heads per KV head
-  int num_m_blocks;             // ceil(seqlen_q / kBlockM): of the longest sequence
+  int num_m_blocks;             // the workspace's 64-row blocks of the longest sequence (whole steps): counters' stride
   float scale_log2;             // softmax_scale * log2(e)
   float softmax_scale;          // dK's factor (dQ's: the conversion kernel)
   int never_step;               // -1: a step no CTA has (bwd_mainloop.cuh bwd_keep_allocated)

@@ -14,14 +14,15 @@ namespace flashcore::sm90 {
 // The barriers of the backward kernel, in shared memory at kSmemBarriers.
 template <class Cfg>
 struct BwdBarriers {
-  Pipeline<Cfg::kStages> step;  // a step's Q, dO, LSE and D
-  Pipeline<2> dq;               // a step's dQ block: filled by the consumers, added to the workspace by the writer
+  // (Every wait of the backward suspends the thread: mbar_wait_sleep.)
+  Pipeline<Cfg::kStages, true> step;  // a step's Q, dO, LSE and D
+  Pipeline<Cfg::kDqStages, true> dq;  // a step's dQ block: the consumers fill it, the writer adds it to the workspace
   uint64_t kv;                  // K and V, loaded once
   uint32_t sink;                // written only by bwd_keep_allocated's branch, which never runs
 
   __device__ __forceinline__ void init() {
     step.init(1, Cfg::kConsumerThreads);
-    dq.init(Cfg::kDqFullArrivals, 1);
+    dq.init(Cfg::kConsumerThreads, 1);
     cuda::ptx::mbarrier_init(&kv, 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
@@ -48,7 +49,9 @@ struct BwdWork {
 template <class Cfg>
 __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
   BwdWork w{};
-  w.n_block = static_cast<int>(blockIdx.x);
+  // Deterministic calls launch the key blocks last first: they add dQ from the last down (bwd_prep.cuh), so a CTA
+  // waits only on CTAs launched before it.
+  w.n_block = static_cast<int>(p.dq_semaphore != nullptr ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
   w.kv_head = static_cast<int>(blockIdx.y);
   w.batch = static_cast<int>(blockIdx.z);
   w.seq = p.rows.seq(w.batch);
