@@ -118,12 +118,13 @@ while read -r name h q i l s loc t l5 cv; do
 done <<<"$report"
 
 # The backward kernels (bwd_kernel.cuh): 16-bit wgmma (HGMMA), TMA loads (UTMALDG), the dQ bulk reduction
-# (UBLKRED) and no local memory, per kernel.
+# (UBLKRED; the wide head dims' kernels, BwdWideConfig: vector atomic adds, REDG...F32x4, and stmatrix for P and
+# dS) and no local memory, per kernel.
 bwd_report=$(awk '
   /Function : / { if (name != "") print name, h, l, r, loc; name = $NF; h = l = r = loc = 0; next }
   name != "" && /HGMMA/   { h++ }
   name != "" && /UTMALDG/ { l++ }
-  name != "" && /UBLKRED/ { r++ }
+  name != "" && (/UBLKRED/ || (name ~ /BwdWideConfig/ && /REDG.*F32x4/)) { r++ }
   name != "" && /[^A-Z](LDL|STL)[. ]/ { loc++ }
   END { if (name != "") print name, h, l, r, loc }
 ' "$sass" | grep flashcore_bwd_sm90_kernel | sort -u)
@@ -135,7 +136,7 @@ while read -r name h l r loc; do
   status="ok"
   [[ "$h" -gt 0 ]] || { err "$demangled: no HGMMA"; status="FAIL"; }
   [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
-  [[ "$r" -gt 0 ]] || { err "$demangled: no UBLKRED (the dQ bulk reduction)"; status="FAIL"; }
+  [[ "$r" -gt 0 ]] || { err "$demangled: no UBLKRED (the dQ bulk reduction; wide: REDG F32x4)"; status="FAIL"; }
   [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
   printf 'check_sass: %-4s HGMMA=%-4s UTMALDG=%-3s UBLKRED=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$l" "$r" "$loc" "$demangled"
 done <<<"$bwd_report"

@@ -1594,10 +1594,11 @@ def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, m
 # The backward (since 0.4): the flashcore::attention_bwd custom op (flashcore_attention_backward) and the autograd
 # formulas of the forward ops.
 
-# The head dims the library's backward takes (flashcore.h, 0.4: 64 and 128). The op leaves the decision to the
-# library (its error names the field); the transformers adapter reads this to fall back to SDPA for training calls
-# the backward cannot take, before running the forward.
-BACKWARD_HEAD_DIMS = (64, 128)
+# The head dims the library's backward takes (flashcore.h, 0.4: 64 and 128; 0.9: 256 on Hopper, without window or
+# softcap). The op leaves the decision to the library (its error names the field); the transformers adapter reads
+# this to fall back to SDPA for training calls the backward cannot take, before running the forward.
+BACKWARD_HEAD_DIMS = (64, 128, 256)
+BACKWARD_WIDE_VERSION = (0, 9)  # the first library whose backward takes head dims above 128
 
 VARLEN_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention (flashcore.varlen_attention, packed "
                                  "cu_seqlens batches) is not supported yet; use flashcore.attention on padded "
@@ -2215,8 +2216,8 @@ def attention(
         them, and a row that sees no key gets out 0 and lse sinks[h] (gpt-oss's attention sinks; FlashAttention-4
         calls them learnable_sink).
 
-    Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128 in 0.4),
-    through out and lse. deterministic (FlashAttention's name): the backward's dq is bit-identical from run to run
+    Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128; 256
+    since 0.9), through out and lse. deterministic (FlashAttention's name): the backward's dq is bit-identical from run to run
     (dk and dv always are), a little slower. Since 0.6 (a 0.6 library) with window_size, softcap and sinks too (and
     attention_chunk, with a library that runs it: the backward gets the forward's), and in sinks when they require
     grad (their gradient comes from the library's dsinks, float32, converted back to the sinks' dtype by autograd); a

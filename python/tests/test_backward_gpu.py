@@ -8,6 +8,7 @@ libflashcore.so with the backward (FLASHCORE_LIBRARY=build/lib/libflashcore.so);
 
 import itertools
 import math
+import os
 
 import pytest
 
@@ -104,6 +105,21 @@ HEADS = [(4, 4), (8, 2), (8, 1)]  # MHA, GQA 4, MQA
 def test_grads_match_reference(caps, cuda, dtype, head_dim, causal, heads, seqlens):
     _need(caps, dtype, head_dim)
     check_grads(*_inputs(cuda, dtype, 2, *seqlens, *heads, head_dim), causal)
+
+
+SEQLENS_256 = [(1, 1), (17, 113), (113, 113), (300, 1000), (1000, 300)]
+
+
+@pytest.mark.parametrize("seqlens", SEQLENS_256, ids=[f"sq{a}-sk{b}" for a, b in SEQLENS_256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_head_dim_256(caps, cuda, dtype, causal, seqlens):
+    """Head dim 256 (0.9, the sm90 backend's wide kernel: dK and dV split by columns between its warpgroups), GQA."""
+    _need(caps, dtype, 256)
+    lib = _lib.load()
+    if tuple(lib.version[:2]) < (0, 9) or caps.device_arch // 10 != 9 or os.environ.get("FLASHCORE_BACKEND") == "sm80":
+        pytest.skip("head dim 256's backward: the sm90 backend of a 0.9 library")
+    check_grads(*_inputs(cuda, dtype, 2, *seqlens, 8, 2, 256), causal)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

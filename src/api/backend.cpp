@@ -315,10 +315,20 @@ const core::BackendOps* backward_backend(int cc, std::string& error) {
 }
 }  // namespace
 
+// Whether backend b compiles the backward of the call's (dtype, head dim); else the reason in `error`.
+bool backend_has_backward(const core::BackendOps* b, const flashcore_attention_params& p, std::string& error) {
+  if (b->backward_compiled == nullptr || b->backward_compiled(p.dtype, static_cast<int>(p.head_dim))) return true;
+  error = std::string("head_dim = ") + std::to_string(p.head_dim) + ": the " + b->name +
+          " backend that serves this device has no backward kernel for it (the sm90 backend's backward takes head "
+          "dim 256, the portable one's 64 and 128)";
+  return false;
+}
+
 flashcore_status backward_workspace_size(const flashcore_attention_params& p, int cc, uint64_t& bytes,
                                          std::string& error) {
   const core::BackendOps* b = backward_backend(cc, error);
   if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  if (!backend_has_backward(b, p, error)) return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   bytes = b->backward_workspace(p);
   return FLASHCORE_SUCCESS;
 }
@@ -327,6 +337,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
                           cudaStream_t stream, std::string& error) {
   const core::BackendOps* b = backward_backend(cc, error);
   if (b == nullptr) return FLASHCORE_ERROR_UNSUPPORTED_ARCH;
+  if (!backend_has_backward(b, p, error)) return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   const uint64_t needed = b->backward_workspace(p);
   if (p.workspace == nullptr || p.workspace_size < needed) {
     error = "workspace: the backward needs " + std::to_string(needed) +

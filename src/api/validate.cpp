@@ -940,7 +940,13 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
   }
   if (!backend::backward_compiled(p.dtype, static_cast<int>(p.head_dim))) {
     message = cat("head_dim = ", p.head_dim, " has no backward kernel for ", dtype_name(p.dtype),
-                  " in this build (the backward has head dims 64 and 128, where FLASHCORE_HEAD_DIMS holds them)");
+                  " in this build (the backward has head dims 64, 128 and, on Hopper, 256, where FLASHCORE_HEAD_DIMS "
+                  "holds them)");
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
+  if (p.head_dim > 128 && (core::windowed_call(p) || p.softcap != 0.f)) {
+    message = cat("head_dim = ", p.head_dim, " with ", p.softcap != 0.f ? "softcap" : "a window or attention_chunk",
+                  ": the backward takes the variants at head dims 64 and 128 only in this version");
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   const int64_t elem_size = dtype_size(p.dtype);

@@ -124,7 +124,7 @@ struct CaseList {
 };
 
 const flashcore_dtype kDtypes[] = {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16};
-const int64_t kHeadDims[] = {64, 128};  // the backward's head dims (v1)
+const int64_t kHeadDims[] = {64, 128};  // the backward's head dims of both backends (256: add_wide_cases)
 
 using detail::sink_logits;
 using detail::with_window;
@@ -225,6 +225,21 @@ void add_variant_cases(CaseList& L, bool quick) {
   }
 }
 
+// Head dim 256 (0.9: the sm90 backend's wide kernel; on the portable backend these cases skip): odd lengths both
+// ways, GQA, causal and not; the full list adds MQA, a longer sequence and a 3x input scale.
+void add_wide_cases(CaseList& L, bool quick) {
+  int n = 0;
+  for (auto dt : kDtypes)
+    for (bool causal : {false, true}) {
+      const bool long_q = n++ % 2 == 1;
+      L.add(dt, 256, causal, 1, 4, 2, long_q ? 130 : 33, long_q ? 33 : 95, long_q ? Layout::BHSD : Layout::BSHD);
+    }
+  if (quick) return;
+  L.add(FLASHCORE_DTYPE_BF16, 256, true, 2, 8, 1, 300, 300);
+  L.add(FLASHCORE_DTYPE_FP16, 256, false, 1, 2, 2, 700, 700, Layout::BHSD);
+  L.add(FLASHCORE_DTYPE_BF16, 256, false, 1, 2, 2, 300, 300).input_scale = 3.0f;
+}
+
 }  // namespace
 
 std::vector<Case> cases(bool quick) {
@@ -240,6 +255,7 @@ std::vector<Case> cases(bool quick) {
           const bool long_q = dt == FLASHCORE_DTYPE_FP16;
           L.add(dt, D, causal, 1, 4, 2, long_q ? 95 : 33, long_q ? 33 : 95, Layout::BHSD);
         }
+    add_wide_cases(L, true);
     add_variant_cases(L, true);
     return L.finish();
   }
@@ -298,6 +314,8 @@ std::vector<Case> cases(bool quick) {
       L.add(dt, kHeadDims[n % 2], causal, 1, 2, 2, 300, 300, n % 2 ? Layout::BHSD : Layout::BSHD).input_scale = 3.0f;
       ++n;
     }
+
+  add_wide_cases(L, false);
 
   // 6. Non-default softmax scales (dQ and dK carry the scale).
   L.add(FLASHCORE_DTYPE_FP16, 64, false, 2, 2, 2, 129, 129).softmax_scale = 0.5f;

@@ -594,21 +594,34 @@ TEST_F(BackwardValidation, Fp8DtypesAreNotTaken) {
 
 TEST_F(BackwardValidation, HeadDims) {
   for (int64_t hd : {int64_t{256}, int64_t{96}, int64_t{32}}) {
+    if (hd == 256 && flashcore::backend::backward_compiled(dtype, 256)) continue;  // (0.9: sm90, below)
     SCOPED_TRACE(hd);
     flashcore_attention_params with = p;
     with.head_dim = hd;
     ASSERT_EQ(flashcore_attention_params_set_contiguous(&with, 0), FLASHCORE_SUCCESS);
     expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim"});
   }
-  // 64 and 128 pass where this build compiled them for the dtype.
-  for (int64_t hd : {int64_t{64}, int64_t{128}}) {
-    if (!flashcore::backend::is_compiled(dtype, static_cast<int>(hd))) continue;
+  // 64, 128 and (sm90, 0.9) 256 pass where this build compiled their backward for the dtype.
+  for (int64_t hd : {int64_t{64}, int64_t{128}, int64_t{256}}) {
+    if (!flashcore::backend::backward_compiled(dtype, static_cast<int>(hd))) continue;
     SCOPED_TRACE(hd);
     flashcore_attention_params with = p;
     with.head_dim = hd;
     ASSERT_EQ(flashcore_attention_params_set_contiguous(&with, 0), FLASHCORE_SUCCESS);
     expect_passes_argument_checks(with);
   }
+}
+
+TEST_F(BackwardValidation, HeadDim256TakesNoVariantsYet) {
+  if (!flashcore::backend::backward_compiled(dtype, 256)) GTEST_SKIP() << "no head dim 256 backward in this build";
+  flashcore_attention_params with = p;
+  with.head_dim = 256;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&with, 0), FLASHCORE_SUCCESS);
+  with.softcap = 30.f;
+  expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim", "softcap"});
+  with.softcap = 0.f;
+  with.local = 1, with.window_size_left = 16, with.window_size_right = 0;
+  expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim", "window"});
 }
 
 // ---- OVERLAPPING_OUTPUT ----

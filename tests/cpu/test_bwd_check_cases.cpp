@@ -113,7 +113,8 @@ TEST(BwdCheckCases, FullListCoversTheBackwardScope) {
   EXPECT_TRUE(any(list, [](const check::Case& c) { return c.softmax_scale != 0.0f; }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return c.input_scale != 1.0f; }));
   for (const auto& c : list) {
-    EXPECT_TRUE(c.head_dim == 64 || c.head_dim == 128) << c.name;  // the v1 backward's head dims
+    EXPECT_TRUE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) << c.name;  // the backward's head dims
+    if (c.head_dim == 256) EXPECT_FALSE(check::has_variant(c)) << c.name;  // (0.9: 256 takes no variants yet)
     EXPECT_TRUE(c.with_lse && !check::is_serving(c) && c.ring_world == 0 && c.seqused_k.empty()) << c.name;
     if (!c.sinks.empty()) {
       EXPECT_EQ(static_cast<int64_t>(c.sinks.size()), c.heads_q) << c.name;
@@ -204,6 +205,13 @@ TEST(BwdCheckCases, QuickListIsSmall) {
         })) << "dtype " << dt << " D=" << D << " causal=" << causal;
   for (const auto& c : quick) EXPECT_LE(c.batch * c.heads_q * c.seqlen_q * c.seqlen_k, 64 * 1024) << c.name;
   EXPECT_TRUE(any(quick, fully_masked_rows));
+  // Head dim 256 (the sm90 backend's wide kernel), both dtypes and masks, GQA, Sq != Sk.
+  for (auto dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
+    for (bool causal : {false, true})
+      EXPECT_TRUE(any(quick, [&](const check::Case& c) {
+        return c.dtype == dt && c.head_dim == 256 && c.causal == causal && c.heads_q > c.heads_kv &&
+               c.seqlen_q != c.seqlen_k;
+      })) << "dtype " << dt << " D=256 causal=" << causal;
 }
 
 TEST(BwdCheckCases, QuickListHasFourVariantCases) {

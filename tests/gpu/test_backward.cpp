@@ -88,19 +88,21 @@ Case make_case(flashcore_dtype dt, int64_t d, bool causal, int64_t b, int64_t sq
   return c;
 }
 
-// Both dtypes, head dims 64 and 128, causal and not, over the shapes (batch, seqlen_q, seqlen_k, heads_q, heads_kv):
-// MHA, one row and one key, odd lengths with GQA 2:1 and 4:2, seqlen_q < seqlen_k and > seqlen_k (causal: rows that
-// see no key), MQA 8:1; one long sequence per dtype; then layouts and a non-default softmax scale.
+// Both dtypes, head dims 64, 128 and 256 (sm90; the portable backend skips 256), causal and not, over the shapes
+// (batch, seqlen_q, seqlen_k, heads_q, heads_kv): MHA, one row and one key, odd lengths with GQA 2:1 and 4:2,
+// seqlen_q < seqlen_k and > seqlen_k (causal: rows that see no key), MQA 8:1; one long sequence per dtype (and one at
+// head dim 256); then layouts and a non-default softmax scale.
 std::vector<Case> backward_cases() {
   const int64_t shapes[][5] = {{2, 128, 128, 4, 4}, {1, 1, 1, 2, 2},     {1, 17, 17, 2, 1},    {2, 113, 113, 4, 2},
                                {1, 257, 511, 2, 2}, {1, 511, 257, 2, 2}, {1, 1024, 1024, 8, 1}};
   std::vector<Case> list;
   for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
-    for (int64_t d : {64, 128})
+    for (int64_t d : {64, 128, 256})
       for (bool causal : {false, true})
         for (const auto& s : shapes) list.push_back(make_case(dt, d, causal, s[0], s[1], s[2], s[3], s[4]));
   list.push_back(make_case(FLASHCORE_DTYPE_BF16, 128, true, 1, 4097, 4097, 1, 1));
   list.push_back(make_case(FLASHCORE_DTYPE_FP16, 64, false, 1, 4097, 4097, 1, 1));
+  list.push_back(make_case(FLASHCORE_DTYPE_BF16, 256, true, 1, 4097, 4097, 1, 1));
   // Layouts: both (B, H, S, D); padded heads and batch entries; inputs (B, S, H, D) with gradients (B, H, S, D).
   const std::pair<Layout, Layout> layouts[] = {
       {Layout::BHSD, Layout::BHSD}, {Layout::Padded, Layout::Padded}, {Layout::BSHD, Layout::BHSD}};
@@ -224,7 +226,8 @@ std::vector<Case> determinism_cases() {
     Case a = make_case(FLASHCORE_DTYPE_BF16, 128, true, 2, 700, 700, 4, 2, suffix);
     Case b = make_case(FLASHCORE_DTYPE_FP16, 64, false, 2, 700, 700, 4, 2, suffix);
     Case m = make_case(FLASHCORE_DTYPE_BF16, 64, false, 1, 700, 700, 8, 1, suffix);  // MQA: 8 heads into one dK
-    for (Case* c : {&a, &b, &m}) {
+    Case w = make_case(FLASHCORE_DTYPE_BF16, 256, true, 2, 700, 700, 4, 2, suffix);  // the wide kernel's atomics
+    for (Case* c : {&a, &b, &m, &w}) {
       c->deterministic = det;
       list.push_back(*c);
     }

@@ -226,7 +226,9 @@ def _load_head_dims():
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         head_dims = tuple(lib.compiled()[1])
-        backward_dims = tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims) if lib.has_backward() else ()
+        wide = tuple(getattr(lib, "version", (0, 0))[:2]) >= _ops.BACKWARD_WIDE_VERSION
+        backward_dims = (tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims and (d <= 128 or wide))
+                         if lib.has_backward() else ())
         _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
         _variants_cache = (lib, bool(lib.has_variants()))
         _variant_backward_cache = (lib, bool(lib.has_variant_backward()))
@@ -459,6 +461,10 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
             if not backward_dims:
                 return "gradients (the loaded libflashcore.so has no backward pass: 0.4 or newer needed)"
             return f"gradients with head_dim {query.shape[-1]} (FlashCore's backward: {list(backward_dims)})"
+        wide_variants = [v for v in variants if v != "s_aux"]
+        if query.shape[-1] > 128 and wide_variants:
+            return (f"gradients with {', '.join(wide_variants)} at head_dim {query.shape[-1]} (FlashCore's backward "
+                    f"takes them at head dims 64 and 128)")
     return None
 
 

@@ -20,8 +20,8 @@ namespace flashcore::kernels {
 
 template <class T, int kD, int kBackend = 90>
 __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p) {
-  constexpr int kPerLane = kD / 32;  // 2 or 4 elements: one 4- or 8-byte load per lane and row
-  using Vec = std::conditional_t<kPerLane == 2, uint32_t, uint2>;
+  constexpr int kPerLane = kD / 32;  // 2, 4 or 8 elements: one 4-, 8- or 16-byte load per lane and row
+  using Vec = std::conditional_t<kPerLane == 2, uint32_t, std::conditional_t<kPerLane == 4, uint2, uint4>>;
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const BwdSeq seq = p.rows.seq(b);
   // A block past this sequence's rows: no kernel reads it, unless its kernel step (block_m rows) holds rows of the
@@ -110,32 +110,40 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dsinks(const BwdDsinksParam
 
 template <class T, int kD, int kBackend = 90>
 __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParams p) {
-  __shared__ float tile[64][kD + 2];
+  // A block's columns in groups of at most 128 (two regions), so that the staging tile stays under 48 KB at 256.
+  constexpr int kCols = kD < 128 ? kD : 128;
+  __shared__ float tile[64][kCols + 2];
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const BwdSeq seq = p.rows.seq(b);
   if (m * 64 >= seq.len_q) return;
   const bool varlen = p.rows.cu_seqlens_q != nullptr;
-  const float4* block = reinterpret_cast<const float4*>(p.dq_accum + (p.rows.base(b, h, seq) + 64 * m) * kD);
-  for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 4; i += 256) {
-    const float4 v = block[i];
-    const float vals[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int row = 0, col = 0;
-      bwd_dq_position(4 * i + e, row, col);
-      tile[row][col] = vals[e];
-    }
-  }
-  __syncthreads();
   using E = ElemTraits<T>;
   auto* dq = static_cast<T*>(p.dq) + (varlen ? 0 : b * p.stride_batch) + seq.q_start * p.stride_seq + h * p.stride_head;
-  for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 2; i += 256) {
-    const int row = i / (kD / 2), col = 2 * (i % (kD / 2));
-    const int q = m * 64 + row;
-    if (q < seq.len_q) {
-      *reinterpret_cast<uint32_t*>(dq + q * p.stride_seq + col) =
-          E::pack2(p.softmax_scale * tile[row][col], p.softmax_scale * tile[row][col + 1]);
+#pragma unroll 1
+  for (int c0 = 0; c0 < kD; c0 += kCols) {
+    // Regions c0 / 64 .. of the block (bwd_layout.h: a region is 64 x 64 floats, region-major).
+    const float4* block =
+        reinterpret_cast<const float4*>(p.dq_accum + (p.rows.base(b, h, seq) + 64 * m) * kD + 64 * c0);
+    for (int i = static_cast<int>(threadIdx.x); i < 64 * kCols / 4; i += 256) {
+      const float4 v = block[i];
+      const float vals[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int row = 0, col = 0;
+        bwd_dq_position(4 * i + e, row, col);
+        tile[row][col] = vals[e];
+      }
     }
+    __syncthreads();
+    for (int i = static_cast<int>(threadIdx.x); i < 64 * kCols / 2; i += 256) {
+      const int row = i / (kCols / 2), col = 2 * (i % (kCols / 2));
+      const int q = m * 64 + row;
+      if (q < seq.len_q) {
+        *reinterpret_cast<uint32_t*>(dq + q * p.stride_seq + c0 + col) =
+            E::pack2(p.softmax_scale * tile[row][col], p.softmax_scale * tile[row][col + 1]);
+      }
+    }
+    __syncthreads();  // the tile is read before the next columns overwrite it
   }
 }
 

@@ -23,27 +23,12 @@ struct BwdStatColumns {
   __device__ __forceinline__ float2 operator[](int j) const { return at[4 * j]; }
 };
 
-// Without it, s keeps P^T (times the softcap's derivative) for the caller's dS^T. With it (kOn), dS^T = that times
-// (dP^T - D) is packed into dsa (dK's A fragments) as P^T is computed, and s's values die column group by column group.
-struct BwdNoDsFuse {
-  static constexpr bool kOn = false;
-};
-template <int kCols, class Stats>
-struct BwdDsFuse {
-  static constexpr bool kOn = true;
-  const float (&dp)[kCols / 2];
-  Stats dsum;
-  uint32_t (&dsa)[kCols / 16][4];
-};
-
-// kFastExp: ex2.approx.ftz (sm90; the portable kernels keep exp2f, whose registers ex2.approx's schedule spilled).
-template <class Element, int kCols, bool kSoftcap, bool kWindow, bool kFastExp = false, class Stats,
-          class Fuse = BwdNoDsFuse>
+// Stats: the columns' scaled LSE, stat[j] the pair of column group j (an array, or BwdStatColumns).
+template <class Element, int kCols, bool kSoftcap, bool kWindow, class Stats>
 __device__ __forceinline__ void bwd_variant_probabilities(float (&s)[kCols / 2], uint32_t (&pa)[kCols / 16][4],
                                                           const Stats& stat, float softcap_scale,
                                                           float scale_log2, bool masked, int key_row, int len_k,
-                                                          int rel0, int lo, int hi, int chunk, int chunk_rel,
-                                                          const Fuse& fuse = {}) {
+                                                          int rel0, int lo, int hi, int chunk, int chunk_rel) {
   // Chunks: key k sees the queries whose diagonal position lies in its chunk, i.e. rel in [r - chunk + 1, r] with
   // r = k mod chunk (relative to the diagonal; chunk_rel shifts that to the caller's rel: sm80 counts from the
   // main diagonal). Bounds per key row, computed for masked steps of chunked calls only.
@@ -71,8 +56,7 @@ __device__ __forceinline__ void bwd_variant_probabilities(float (&s)[kCols / 2],
           x[e] = tanh_approx(x[e] * softcap_scale);
           g[e] = fmaf(-x[e], x[e], 1.f);
         }
-        x[e] = fmaf(x[e], scale_log2, -(e ? stat[j].y : stat[j].x));
-        x[e] = kFastExp ? exp2_approx(x[e]) : exp2f(x[e]);
+        x[e] = exp2f(fmaf(x[e], scale_log2, -(e ? stat[j].y : stat[j].x)));
         if (masked) {
           const int rel = rel0 + 8 * i - 8 * j - e;
           const bool keep = key_row + 8 * i < len_k && (!kWindow || ((rel <= hi_row[i]) & (rel >= lo_row[i])));
@@ -80,15 +64,8 @@ __device__ __forceinline__ void bwd_variant_probabilities(float (&s)[kCols / 2],
         }
       }
       pa[j / 2][(j % 2) * 2 + i] = ElemTraits<Element>::pack2(x[0], x[1]);
-      if constexpr (Fuse::kOn) {
-        const float2 d = fuse.dsum[j];
-        fuse.dsa[j / 2][(j % 2) * 2 + i] =
-            ElemTraits<Element>::pack2((kSoftcap ? x[0] * g[0] : x[0]) * (fuse.dp[acc_index(j, i, 0)] - d.x),
-                                       (kSoftcap ? x[1] * g[1] : x[1]) * (fuse.dp[acc_index(j, i, 1)] - d.y));
-      } else {
-        s[acc_index(j, i, 0)] = kSoftcap ? x[0] * g[0] : x[0];
-        s[acc_index(j, i, 1)] = kSoftcap ? x[1] * g[1] : x[1];
-      }
+      s[acc_index(j, i, 0)] = kSoftcap ? x[0] * g[0] : x[0];
+      s[acc_index(j, i, 1)] = kSoftcap ? x[1] * g[1] : x[1];
     }
   }
 }

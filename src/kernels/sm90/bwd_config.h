@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/bwd_layout.h"
 
@@ -15,12 +16,14 @@ namespace flashcore::sm90 {
 template <class T, int kD, bool kIsCausal, bool kIsVariants = false>
 struct BwdConfig {
   using Element = T;
+  static constexpr bool kWide = false;
   static constexpr int kHeadDim = kD;
   static constexpr bool kCausal = kIsCausal;
   static constexpr bool kVariants = kIsVariants;
   // Query rows per step (the N of S^T = K Q^T): 128 at head dim 64, where a 64-row step's GEMMs were too short to
-  // keep the tensor cores busy (decisions.md#bwd-design), 64 at 128, whose registers hold dK and dV of 128 columns.
-  static constexpr int kBlockM = kD == 64 ? 128 : 64;
+  // keep the tensor cores busy (decisions.md#bwd-design), 64 at 128, whose registers hold dK and dV of 128 columns,
+  // and in the variants' kernels (at 128 rows the softcap's tanh and derivative spilled).
+  static constexpr int kBlockM = kD == 64 && !kIsVariants ? 128 : 64;
   static constexpr int kBlockN = 128;  // keys per CTA: 64 per consumer warpgroup (the M of every GEMM)
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -38,10 +41,15 @@ struct BwdConfig {
 
   // dQ (kBlockM x kD) = dS (kBlockM x 128 keys) K (128 keys x kD), split over the two warpgroups so that each holds a
   // 64 x 64 accumulator: by queries at head dim 64 (warpgroup w: query rows 64w.., every key and column), by columns
-  // at 128 (warpgroup w: column chunk w, every key and query). Either way warpgroup w fills region w of the step's
-  // dQ block (kernels/common/bwd_layout.h: a region is a 64-row block's 64 columns).
+  // at 128 (warpgroup w: column chunk w, every key and query); either way warpgroup w fills region w of the step's
+  // dQ block (kernels/common/bwd_layout.h: a region is a 64-row block's 64 columns). The d64 variants' 64-row steps
+  // split it by keys (warpgroup w: its own 64 keys), and warpgroup 1 adds its partial sums to warpgroup 0's.
   static constexpr bool kDqByQueries = kBlockM == 128;
-  static_assert((kDqByQueries ? kBlockM / 64 : kChunks) == kConsumerWarpgroups, "one dQ region per warpgroup");
+  static constexpr bool kDqSplitKeys = !kDqByQueries && kChunks == 1;
+  static_assert(kDqSplitKeys || (kDqByQueries ? kBlockM / 64 : kChunks) == kConsumerWarpgroups,
+                "one dQ region per warpgroup");
+  static constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // the keys of a warpgroup's dQ GEMM
+  static constexpr int kDqFullArrivals = kDqSplitKeys ? 128 : kConsumerThreads;  // the threads that fill a block
   static constexpr int kDqRegs = 32;  // m64n64 fp32
   // The step's dQ block in shared memory, as the writer warp adds it to the workspace: two buffers where they fit.
   static constexpr int kDqStages = kBlockM == 128 ? 1 : 2;
@@ -78,5 +86,71 @@ struct BwdConfig {
   static constexpr uint32_t kStepTxBytes = 2 * kQBytes + 2 * kRowStatBytes;
   static constexpr uint32_t kKVTxBytes = 2 * kKVBytes;
 };
+
+}  // namespace flashcore::sm90
+
+namespace flashcore::sm90 {
+
+// The wide head dims' backward (bwd_mainloop_wide.cuh; head dim 256): dK and dV of 64 keys x 256 columns do not fit
+// in one warpgroup's registers, so the two consumer warpgroups split them by columns (128 each) over the CTA's 64
+// keys. Each computes S and dP for half the keys (64 queries x 32 keys, query-major: M = queries), writes its halves
+// of P and dS (16-bit, query-major) to shared memory, and after both halves are in, dV += P^T dO, dK += dS^T Q and
+// dQ = dS K for its 128 columns from shared memory; dQ goes to the workspace by vector atomic adds from registers (no
+// shared-memory block: 64 x 256 fp32 would not fit beside the stages). Plain (causal or not) calls only.
+template <class T, int kD, bool kIsCausal>
+struct BwdWideConfig {
+  using Element = T;
+  static constexpr bool kWide = true;
+  static constexpr int kHeadDim = kD;
+  static constexpr bool kCausal = kIsCausal;
+  static constexpr bool kVariants = false;
+  static constexpr int kBlockM = 64;  // query rows per step
+  static constexpr int kBlockN = 64;  // keys per CTA
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kStages = 2;
+  static constexpr int kMmaK = 16;
+  static constexpr int kChunks = kD / 64;
+  static_assert(kD == 256, "head dim 256");
+  static constexpr int kColsPerWarpgroup = kD / kConsumerWarpgroups;  // dK, dV and dQ columns of a warpgroup
+  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // S and dP columns of a warpgroup
+  static constexpr int kSRegs = kBlockM * kKeysPerWarpgroup / 128;  // 16
+  static constexpr int kAccRegs = kBlockN * kColsPerWarpgroup / 128;  // 64: dK, dV (keys x columns) and dQ
+  static constexpr int kDqStages = 1;  // (BwdBarriers' dQ ring: unused, dQ is added from registers)
+  static constexpr int kDqFullArrivals = kConsumerThreads;
+
+  static constexpr int kKVChunkBytes = kBlockN * 128;
+  static constexpr int kKVBytes = kChunks * kKVChunkBytes;
+  static constexpr int kQChunkBytes = kBlockM * 128;
+  static constexpr int kQBytes = kChunks * kQChunkBytes;
+  static constexpr int kPBytes = kBlockM * kBlockN * 2;  // P or dS: query-major, one 128-byte row of 64 keys a query
+  static constexpr int kRowStatBytes = kBlockM * 4;
+
+  static constexpr int kSmemK = 0;
+  static constexpr int kSmemV = kSmemK + kKVBytes;
+  static constexpr int kSmemQ = kSmemV + kKVBytes;
+  static constexpr int kSmemDo = kSmemQ + kStages * kQBytes;
+  static constexpr int kSmemP = kSmemDo + kStages * kQBytes;  // two buffers, alternating by step
+  static constexpr int kSmemDs = kSmemP + 2 * kPBytes;       // two buffers, alternating by step
+  static constexpr int kSmemLse = kSmemDs + 2 * kPBytes;
+  static constexpr int kSmemD = kSmemLse + kStages * kRowStatBytes;
+  static constexpr int kSmemBarriers = kSmemD + kStages * kRowStatBytes;
+  static constexpr int kSmemBarrierBytes = 128;
+  static constexpr int kSmemBytes = kSmemBarriers + kSmemBarrierBytes + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kSmemQ % 1024 == 0 && kSmemDo % 1024 == 0 && kSmemP % 1024 == 0 && kSmemDs % 1024 == 0,
+                "swizzled operands start 1024-byte aligned");
+
+  static constexpr uint32_t kStepTxBytes = 2 * kQBytes + 2 * kRowStatBytes;
+  static constexpr uint32_t kKVTxBytes = 2 * kKVBytes;
+};
+
+// The kernel of (T, head dim, causal, variants): the wide one above 128.
+template <class T, int kD, bool kIsCausal, bool kIsVariants>
+using BwdConfigOf =
+    std::conditional_t<(kD > 128), BwdWideConfig<T, kD, kIsCausal>, BwdConfig<T, kD, kIsCausal, kIsVariants>>;
 
 }  // namespace flashcore::sm90

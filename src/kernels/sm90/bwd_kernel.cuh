@@ -14,11 +14,14 @@
 namespace flashcore::sm90 {
 template <class T, int N>
 struct WgmmaSSTransAB;
+template <class T, int N>
+struct WgmmaSSTransB;
 #include "kernels/sm90/wgmma_bwd_ops.inc"
 }  // namespace flashcore::sm90
 
 #include "kernels/sm90/bwd_epilogue.cuh"
 #include "kernels/sm90/bwd_mainloop.cuh"
+#include "kernels/sm90/bwd_mainloop_wide.cuh"
 #include "kernels/sm90/bwd_producer.cuh"
 #include "kernels/sm90/bwd_launch.h"
 
@@ -42,15 +45,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
     if (threadIdx.x < 32) {
       if (elect_one_sync()) bwd_produce<Cfg>(p, work, smem, bars);
     } else if (threadIdx.x < 64) {
-      if (elect_one_sync()) bwd_dq_write<Cfg>(p, work, smem, bars);
+      if constexpr (!Cfg::kWide) {  // (the wide kernel's consumers add dQ themselves)
+        if (elect_one_sync()) bwd_dq_write<Cfg>(p, work, smem, bars);
+      }
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    bwd_consume<Cfg>(p, work, smem, bars, warpgroup - 1);
+    if constexpr (Cfg::kWide) {
+      bwd_consume_wide<Cfg>(p, work, smem, bars, warpgroup - 1);
+    } else {
+      bwd_consume<Cfg>(p, work, smem, bars, warpgroup - 1);
+    }
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for another arch: the host checks the image before launching
 #endif
+}
+
+// The kernel of (T, head dim, causal, variants), or nullptr where none is compiled (the wide head dims' variants).
+template <class T, int kD, bool kCausal, bool kVariants>
+constexpr const void* bwd_kernel_of() {
+  if constexpr (kD > 128 && kVariants) {
+    return nullptr;
+  } else {
+    return reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfigOf<T, kD, kCausal, kVariants>>);
+  }
 }
 
 }  // namespace flashcore::sm90
@@ -61,13 +80,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
   extern const BwdKernelRow kBwd_##NAME = {                                                                     \
       DTYPE,                                                                                                    \
       HEAD_DIM,                                                                                                 \
-      {{reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, false>>),              \
-        reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, true>>)},              \
-       {reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, false, true>>),        \
-        reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfig<T, HEAD_DIM, true, true>>)}},       \
-      BwdConfig<T, HEAD_DIM, false>::kSmemBytes,                                                                \
-      BwdConfig<T, HEAD_DIM, false>::kThreads,                                                                  \
-      BwdConfig<T, HEAD_DIM, false>::kBlockM,                                                                   \
+      {{bwd_kernel_of<T, HEAD_DIM, false, false>(), bwd_kernel_of<T, HEAD_DIM, true, false>()},                  \
+       {bwd_kernel_of<T, HEAD_DIM, false, true>(), bwd_kernel_of<T, HEAD_DIM, true, true>()}},                   \
+      BwdConfigOf<T, HEAD_DIM, false, false>::kSmemBytes,                                                       \
+      BwdConfigOf<T, HEAD_DIM, false, false>::kThreads,                                                         \
+      {BwdConfigOf<T, HEAD_DIM, false, false>::kBlockM, BwdConfigOf<T, HEAD_DIM, false, true>::kBlockM},         \
+      BwdConfigOf<T, HEAD_DIM, false, false>::kBlockN,                                                          \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM>),                                 \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>),                           \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<90>)};                                       \

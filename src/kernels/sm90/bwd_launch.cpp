@@ -29,7 +29,6 @@ const BwdKernelRow* const kBwdRows[] = {
     nullptr};
 #undef FLASHCORE_SM90_BWD
 
-constexpr int kBlockN = 128;
 
 flashcore_status prepare(const void* kernel, int device, int smem_bytes, std::string& error) {
   return core::prepare_kernel(kernel, device, smem_bytes, "sm90 backward kernel image", [](const cudaFuncAttributes& a) {
@@ -76,10 +75,16 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   // Calls with a window or softcap run the variants' kernels; a windowed call runs the causal one (core/variants.h).
   const bool variants = core::windowed_call(p) || p.softcap != 0.f;
   const void* kernel = row->kernel[variants ? 1 : 0][core::masked_call(p) ? 1 : 0];
+  if (kernel == nullptr) {
+    error = "head_dim = " + std::to_string(p.head_dim) +
+            ": the sm90 backward takes no window_size, attention_chunk or softcap at this head dim yet (head dims 64 "
+            "and 128 do)";
+    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
+  }
   if (const flashcore_status st = prepare(kernel, device, row->smem_bytes, error); st != FLASHCORE_SUCCESS) return st;
   const BwdWorkspace ws = bwd_workspace(p);
   char* base = static_cast<char*>(p.workspace);
-  const int block_m = row->block_m;
+  const int block_m = row->block_m[variants ? 1 : 0], block_n = row->block_n;
   // The workspace's 64-row blocks, whole kernel steps of block_m rows: the preparation's and dQ conversion's grids
   // and the stride of the deterministic counters.
   const int m_blocks = static_cast<int>((p.seqlen_q + block_m - 1) / block_m * (block_m / 64));
@@ -92,8 +97,8 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.q_strides, block_m},
       {"dout", p.dout, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.dout_strides, block_m},
-      {"k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.k_strides, kBlockN},
-      {"v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.v_strides, kBlockN},
+      {"k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.k_strides, block_n},
+      {"v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.v_strides, block_n},
   };
   CUtensorMap* targets[4] = {&bp.tma_q, &bp.tma_do, &bp.tma_k, &bp.tma_v};
   for (int i = 0; i < 4; ++i) {
@@ -123,14 +128,14 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.never_step = -1;
 
   kernels::BwdPrepParams prep =
-      kernels::bwd_prep_params_of(p, ws, base, bp.rows, m_blocks, bp.var, variants, core::masked_call(p), kBlockN,
+      kernels::bwd_prep_params_of(p, ws, base, bp.rows, m_blocks, bp.var, variants, core::masked_call(p), block_n,
                                   block_m, /*descending=*/true);
   kernels::BwdDqParams conv = kernels::bwd_dq_params_of(p, ws, base, bp.rows, softmax_scale);
   const bool dsinks = prep.sinks != nullptr;
 
   const dim3 q_grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads_q),
                     static_cast<unsigned>(p.batch));
-  const dim3 kv_grid(static_cast<unsigned>((p.seqlen_k + kBlockN - 1) / kBlockN), static_cast<unsigned>(p.num_heads_kv),
+  const dim3 kv_grid(static_cast<unsigned>((p.seqlen_k + block_n - 1) / block_n), static_cast<unsigned>(p.num_heads_kv),
                      static_cast<unsigned>(p.batch));
   if (flashcore_status st = launch(row->prep, q_grid, 256, 0, &prep, stream, "backward preparation launch failed", error);
       st != FLASHCORE_SUCCESS) {

@@ -14,9 +14,10 @@ namespace flashcore::sm90 {
 struct BwdKernelRow {
   flashcore_dtype dtype;
   int head_dim;
-  const void* kernel[2][2];  // [variants: a window or softcap][causal or windowed]
+  const void* kernel[2][2];  // [variants: a window or softcap][causal or windowed]; nullptr: not compiled
   int smem_bytes, threads;
-  int block_m;             // query rows per step (BwdConfig::kBlockM): the Q and dO boxes, the workspace's steps
+  int block_m[2];          // query rows per step (BwdConfig::kBlockM) [variants]: the Q and dO boxes, the steps
+  int block_n;             // keys per CTA: the K and V boxes, the grid
   const void* prep;        // kernels::flashcore_bwd_prep<T, D>
   const void* dq_convert;  // kernels::flashcore_bwd_dq_convert<T, D>
   const void* dsinks;      // kernels::flashcore_bwd_dsinks<90>

@@ -58,13 +58,13 @@ __device__ __forceinline__ void bwd_gemm_acc(float (&acc)[Cfg::kHeadDim / 2], co
   wgmma_commit_group();
 }
 
-// dQ (64 queries x 64 columns) = dS (those queries x the block's 128 keys; M-major: dS^T's rows are keys) * K (keys x
-// 64 columns, N-major: K's rows are keys).
+// dQ (64 queries x 64 columns) = dS (those queries x kDqKeys keys; M-major: dS^T's rows are keys) * K (keys x 64
+// columns, N-major: K's rows are keys).
 template <class Cfg>
 __device__ __forceinline__ void bwd_gemm_dq(float (&dq)[Cfg::kDqRegs], SmemDesc ds, SmemDesc k) {
   wgmma_fence();
 #pragma unroll
-  for (int t = 0; t < Cfg::kBlockN / 16; ++t) {
+  for (int t = 0; t < Cfg::kDqKeys / 16; ++t) {
     WgmmaSSTransAB<typename Cfg::Element, 64>::mma(dq, (ds + t * 16 * 128).u64(), (k + t * 16 * 128).u64(),
                                                    t > 0 ? 1 : 0);
   }
@@ -82,16 +82,6 @@ __device__ __forceinline__ void bwd_keep_allocated(const BwdParams& p, int step,
 #pragma unroll
     for (int t = 0; t < kFrags; ++t) x ^= a[t][0] ^ a[t][1] ^ a[t][2] ^ a[t][3];
     *reinterpret_cast<volatile uint32_t*>(sink) = x;
-  }
-}
-
-// The variants' fused dS^T (kernels/common/bwd_variants.cuh), or none.
-template <class Fuse, class Stats, int kSRegs, int kFrags>
-__device__ __forceinline__ Fuse make_ds_fuse(const float (&dp)[kSRegs], Stats dsum, uint32_t (&dsa)[kFrags][4]) {
-  if constexpr (Fuse::kOn) {
-    return Fuse{dp, dsum, dsa};
-  } else {
-    return Fuse{};
   }
 }
 
@@ -114,13 +104,14 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
   const SmemDesc do_kmajor(make_smem_desc_kmajor<128>(smem + Cfg::kSmemDo));
   const SmemDesc q_nmajor(make_smem_desc_sw128(smem + Cfg::kSmemQ, Cfg::kQChunkBytes, 1024));
   const SmemDesc do_nmajor(make_smem_desc_sw128(smem + Cfg::kSmemDo, Cfg::kQChunkBytes, 1024));
-  // dQ's share (bwd_config.h kDqByQueries): dS^T's query chunk wg and K's only chunk, or dS^T's only query chunk and
-  // K's column chunk wg.
-  const int ds_chunk = Cfg::kDqByQueries ? wg : 0, k_chunk = Cfg::kDqByQueries ? 0 : wg;
-  const SmemDesc ds0(
-      make_smem_desc_sw128(smem + Cfg::kSmemDs + ds_chunk * Cfg::kDsChunkBytes, Cfg::kDsChunkBytes, 1024));
-  const SmemDesc k_dq(
-      make_smem_desc_sw128(smem + Cfg::kSmemK + k_chunk * Cfg::kKVChunkBytes, Cfg::kKVChunkBytes, 1024));
+  // dQ's share (bwd_config.h kDqByQueries, kDqSplitKeys): dS^T's query chunk wg and K's only chunk; dS^T's only
+  // query chunk and K's column chunk wg; or the warpgroup's own 64 keys of both.
+  const int ds_chunk = Cfg::kDqByQueries ? wg : 0, k_chunk = Cfg::kDqByQueries || Cfg::kDqSplitKeys ? 0 : wg;
+  const int dq_key0 = Cfg::kDqSplitKeys ? wg * 64 : 0;
+  const SmemDesc ds0(make_smem_desc_sw128(smem + Cfg::kSmemDs + ds_chunk * Cfg::kDsChunkBytes + dq_key0 * 128,
+                                          Cfg::kDsChunkBytes, 1024));
+  const SmemDesc k_dq(make_smem_desc_sw128(smem + Cfg::kSmemK + k_chunk * Cfg::kKVChunkBytes + dq_key0 * 128,
+                                           Cfg::kKVChunkBytes, 1024));
 
   const int key_row = w.n_block * Cfg::kBlockN + wg * 64 + 16 * warp + lane / 4;  // + 8i: the thread's keys
   const kernels::BwdWindow window = bwd_window<Cfg>(p, w.seq);
@@ -155,23 +146,19 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
       const bool masked = keys_past_end || (Cfg::kCausal && window.step_masked(w.n_block, m, Cfg::kBlockN, kM));
       uint32_t pa[Cfg::kPFrags][4], dsa[Cfg::kPFrags][4];
       if constexpr (Cfg::kVariants) {
-        // The variants' P^T (kernels/common/bwd_variants.cuh), the window's bounds relative to the diagonal; without
-        // the early dV GEMM, dS^T with it. ex2.approx at 128 query rows only: with it the head dim 128 causal
-        // variants' kernel spilled 16 bytes, with exp2f the head dim 64 one 80.
-        const kernels::BwdStatColumns lse_cols{lse}, d_cols{dsum};
+        // The variants' P^T (kernels/common/bwd_variants.cuh; 64-row steps: kEarlyDv), the window's bounds relative
+        // to the diagonal. exp2f: with ex2.approx the head dim 128 causal variants' kernel spilled 16 bytes.
+        static_assert(kEarlyDv, "the variants' kernels take 64-row steps");
+        const kernels::BwdStatColumns lse_cols{lse};
         const int rel0 = key_row - q0 - window.d, lo = window.left < 0 ? INT_MIN : -window.left;
-        auto run = [&](auto softcap_on, auto fuse) {
-          kernels::bwd_variant_probabilities<Element, kM, decltype(softcap_on)::value, Cfg::kCausal, kM == 128>(
-              s, pa, lse_cols, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo,
-              window.right, window.chunk, 0, fuse);
-        };
-        using Fuse =
-            std::conditional_t<kEarlyDv, kernels::BwdNoDsFuse, kernels::BwdDsFuse<kM, kernels::BwdStatColumns>>;
-        const Fuse fuse = make_ds_fuse<Fuse>(dp, d_cols, dsa);
         if (softcap) {
-          run(std::true_type{}, fuse);
+          kernels::bwd_variant_probabilities<Element, kM, true, Cfg::kCausal>(
+              s, pa, lse_cols, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo,
+              window.right, window.chunk, 0);
         } else {
-          run(std::false_type{}, fuse);
+          kernels::bwd_variant_probabilities<Element, kM, false, Cfg::kCausal>(
+              s, pa, lse_cols, p.var.softcap_scale, p.scale_log2, masked, key_row, w.seq.len_k, rel0, lo,
+              window.right, window.chunk, 0);
         }
       } else {
         // Packed into the A fragments as computed (pack_p_fragments' order); without the early dV GEMM, dS^T too, so

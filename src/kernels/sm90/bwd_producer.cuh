@@ -22,7 +22,7 @@ struct BwdBarriers {
 
   __device__ __forceinline__ void init() {
     step.init(1, Cfg::kConsumerThreads);
-    dq.init(Cfg::kConsumerThreads, 1);
+    dq.init(Cfg::kDqFullArrivals, 1);
     cuda::ptx::mbarrier_init(&kv, 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }

@@ -102,7 +102,7 @@ if(NOT FLASHCORE_ALL_CONFIGS)
   message(STATUS "sm90: ${_fc_left_out} tuning-option rows left out (FLASHCORE_ALL_CONFIGS=ON builds them)")
 endif()
 
-# The backward (bwd_kernel.cuh): one generated unit per 16-bit dtype and head dim it has (64, 128) among
+# The backward (bwd_kernel.cuh): one generated unit per 16-bit dtype and head dim it has (64, 128, 256) among
 # FLASHCORE_DTYPES and FLASHCORE_HEAD_DIMS, each with its causal and non-causal kernel and the launches around them;
 # bwd_rows.inc lists them for bwd_launch.cpp.
 list(APPEND FLASHCORE_SM90_SOURCES ${_fc_sm90_dir}/bwd_launch.cpp)
@@ -111,7 +111,7 @@ foreach(_fc_dt IN ITEMS bf16 fp16)
   if(NOT _fc_dt IN_LIST FLASHCORE_DTYPES)
     continue()
   endif()
-  foreach(_fc_hd IN ITEMS 64 128)
+  foreach(_fc_hd IN ITEMS 64 128 256)
     if(NOT _fc_hd IN_LIST FLASHCORE_HEAD_DIMS)
       continue()
     endif()
