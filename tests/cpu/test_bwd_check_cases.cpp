@@ -114,7 +114,9 @@ TEST(BwdCheckCases, FullListCoversTheBackwardScope) {
   EXPECT_TRUE(any(list, [](const check::Case& c) { return c.input_scale != 1.0f; }));
   for (const auto& c : list) {
     EXPECT_TRUE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) << c.name;  // the backward's head dims
-    if (c.head_dim == 256) EXPECT_FALSE(check::has_variant(c)) << c.name;  // (0.9: 256 takes no variants yet)
+    if (c.head_dim == 256) {
+      EXPECT_FALSE(check::has_variant(c)) << c.name;  // (0.9: 256 takes no variants yet)
+    }
     EXPECT_TRUE(c.with_lse && !check::is_serving(c) && c.ring_world == 0 && c.seqused_k.empty()) << c.name;
     if (!c.sinks.empty()) {
       EXPECT_EQ(static_cast<int64_t>(c.sinks.size()), c.heads_q) << c.name;
