@@ -601,6 +601,54 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     assert fc_hf._compiled_head_dim_pairs() == ((192, 128),)
 
 
+@pytest.mark.parametrize("version,arch,backend,expected", [
+    ((0, 9, 0), 90, "", (64, 128, 256)),      # a 0.9 library on Hopper: the wide kernel
+    ((0, 9, 0), 90, "sm80", (64, 128)),       # the portable backend forced: its backward stops at 128
+    ((0, 9, 0), 86, "", (64, 128)),           # an Ampere GPU: the portable backend
+    ((0, 8, 0), 90, "", (64, 128)),           # a library before 0.9 has no head dim 256 backward
+])
+def test_backward_head_dims_follow_library_and_device(monkeypatch, version, arch, backend, expected):
+    """Head dim 256 trains on FlashCore only where its backward exists (0.9, the sm90 backend); elsewhere the adapter
+    falls back to SDPA before the forward instead of failing in the backward."""
+
+    class FakeLib:
+        def __init__(self):
+            self.version = version
+
+        @staticmethod
+        def compiled():
+            return ("bfloat16",), (64, 128, 256)
+
+        @staticmethod
+        def has_backward():
+            return True
+
+        @staticmethod
+        def has_variants():
+            return True
+
+        @staticmethod
+        def has_variant_backward():
+            return True
+
+        @staticmethod
+        def compiled_head_dim_pairs():
+            return ()
+
+        @staticmethod
+        def capabilities():
+            return type("Caps", (), {"device_arch": arch})()
+
+    fake = FakeLib()
+    monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
+    monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
+    if backend:
+        monkeypatch.setenv("FLASHCORE_BACKEND", backend)
+    else:
+        monkeypatch.delenv("FLASHCORE_BACKEND", raising=False)
+    assert fc_hf._compiled_backward_head_dims() == expected
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU: the real kernel.
 
@@ -715,3 +763,4 @@ def test_gpu_llama_training_matches_sdpa(gpu_train_name, count_calls):
     assert torch.all(gap <= 2 * noise + 0.01 * sdpa), (
         f"window means: flashcore {fc.tolist()}, sdpa {sdpa.tolist()}, sdpa math {math_backend.tolist()}")
     assert fc[-1] < fc[0] - 0.5, f"flashcore did not learn: window means {fc.tolist()}"
+

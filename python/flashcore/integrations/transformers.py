@@ -60,6 +60,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import warnings
 from typing import Optional
 
@@ -218,6 +219,19 @@ _variant_backward_cache = (None, None)
 _head_dim_pairs_cache = (None, None)
 
 
+def _wide_backward(lib) -> bool:
+    """Whether the library's backward takes head dims above 128 on this device: a 0.9 library on the sm90 backend (a
+    Hopper GPU, FLASHCORE_BACKEND not forcing the portable one, whose backward stops at 128)."""
+    if tuple(getattr(lib, "version", (0, 0))[:2]) < _ops.BACKWARD_WIDE_VERSION:
+        return False
+    if os.environ.get("FLASHCORE_BACKEND", "").strip().lower() == "sm80":
+        return False
+    try:
+        return lib.capabilities().device_arch // 10 == 9
+    except Exception:  # no device here: the forward would fail first, with the library's own error
+        return False
+
+
 def _load_head_dims():
     """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, those
     its backward takes (() for a library older than 0.4), whether it has the attention variants (0.5), whether its
@@ -226,7 +240,7 @@ def _load_head_dims():
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         head_dims = tuple(lib.compiled()[1])
-        wide = tuple(getattr(lib, "version", (0, 0))[:2]) >= _ops.BACKWARD_WIDE_VERSION
+        wide = _wide_backward(lib) if lib.has_backward() else False
         backward_dims = (tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims and (d <= 128 or wide))
                          if lib.has_backward() else ())
         _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
