@@ -138,7 +138,7 @@ while read -r name h l r loc; do
   [[ "$l" -gt 0 ]] || { err "$demangled: no UTMALDG"; status="FAIL"; }
   [[ "$r" -gt 0 ]] || { err "$demangled: no UBLKRED (the dQ bulk reduction; wide: REDG F32x4)"; status="FAIL"; }
   [[ "$loc" -eq 0 ]] || { err "$demangled: $loc local-memory instructions (LDL/STL)"; status="FAIL"; }
-  printf 'check_sass: %-4s HGMMA=%-4s UTMALDG=%-3s UBLKRED=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$l" "$r" "$loc" "$demangled"
+  printf 'check_sass: %-4s HGMMA=%-4s UTMALDG=%-3s dQ-RED=%-3s LDL/STL=%-3s %s\n' "$status" "$h" "$l" "$r" "$loc" "$demangled"
 done <<<"$bwd_report"
 
 # TMA loads in per-lane loops: a BRA.U.ANY within two instructions after a UTMALDG, per kernel.
