@@ -11,21 +11,17 @@
 
 namespace flashcore::sm90 {
 
-// kIsVariants: the variants' flavour (bwd_mainloop.cuh): the causal one masks by the call's window
-// (kernels/common/bwd_window.h), both take the softcap; calls without a window or softcap run the plain kernels.
-template <class T, int kD, bool kIsCausal, bool kIsVariants = false>
-struct BwdConfig {
+// What both backward tiles share (BwdConfig, BwdWideConfig): a producer warpgroup and two consumer warpgroups, the
+// register split, the Q / dO / LSE / D ring, and shared memory that starts with K, V and the Q and dO stages. Each
+// operand is chunk-major: chunk c (64 columns) of all its rows, 128-byte rows, 128-byte swizzle (as TMA writes them).
+// Offsets are bytes from the 1024-aligned base.
+template <class T, int kD, int kM, int kN>
+struct BwdTileBase {
   using Element = T;
-  static constexpr bool kWide = false;
   static constexpr int kHeadDim = kD;
-  static constexpr bool kCausal = kIsCausal;
-  static constexpr bool kVariants = kIsVariants;
-  // Query rows per step (the N of S^T = K Q^T): 128 at head dim 64, where a 64-row step's GEMMs were too short to
-  // keep the tensor cores busy (decisions.md#bwd-design), 64 at 128, whose registers hold dK and dV of 128 columns,
-  // and in the variants' kernels (at 128 rows the softcap's tanh and derivative spilled).
-  static constexpr int kBlockM = kD == 64 && !kIsVariants ? 128 : 64;
-  static constexpr int kBlockN = 128;  // keys per CTA: 64 per consumer warpgroup (the M of every GEMM)
-  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  static constexpr int kBlockM = kM;  // query rows per step
+  static constexpr int kBlockN = kN;  // keys per CTA
+  static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kProducerRegs = 24;
@@ -35,6 +31,49 @@ struct BwdConfig {
   static constexpr int kMmaK = 16;
   static constexpr int kChunkCols = 64;  // one 128-byte swizzled row chunk of 16-bit elements
   static constexpr int kChunks = kD / kChunkCols;
+
+  static constexpr int kKVChunkBytes = kBlockN * 128;
+  static constexpr int kKVBytes = kChunks * kKVChunkBytes;
+  static constexpr int kQChunkBytes = kBlockM * 128;
+  static constexpr int kQBytes = kChunks * kQChunkBytes;
+  static constexpr int kRowStatBytes = kBlockM * 4;  // a step's scaled LSE (or D) for its kBlockM rows
+
+  static constexpr int kSmemK = 0;
+  static constexpr int kSmemV = kSmemK + kKVBytes;
+  static constexpr int kSmemQ = kSmemV + kKVBytes;
+  static constexpr int kSmemDo = kSmemQ + kStages * kQBytes;
+  static constexpr int kSmemOwn = kSmemDo + kStages * kQBytes;  // where the tile's own buffers start
+
+  // The bytes one step's loads bring (the full barrier's transaction count), and K and V's.
+  static constexpr uint32_t kStepTxBytes = 2 * kQBytes + 2 * kRowStatBytes;
+  static constexpr uint32_t kKVTxBytes = 2 * kKVBytes;
+};
+
+// The end of a tile's shared memory, after its own buffers (ending at kOwnEnd): the LSE and D stages, the barriers,
+// and + 1024 for the alignment of the dynamic shared-memory base (the kernel aligns it up to 1024 bytes).
+template <class Base, int kOwnEnd>
+struct BwdSmemTail {
+  static constexpr int kLse = kOwnEnd;
+  static constexpr int kD = kLse + Base::kStages * Base::kRowStatBytes;
+  static constexpr int kBarriers = kD + Base::kStages * Base::kRowStatBytes;
+  static constexpr int kBarrierBytes = 128;
+  static constexpr int kBytes = kBarriers + kBarrierBytes + 1024;
+  static_assert(kBytes <= 227 * 1024, "shared memory");
+};
+
+// kIsVariants: the variants' flavour (bwd_mainloop.cuh): the causal one masks by the call's window
+// (kernels/common/bwd_window.h), both take the softcap; calls without a window or softcap run the plain kernels.
+// Query rows per step (the N of S^T = K Q^T): 128 at head dim 64, where a 64-row step's GEMMs were too short to keep
+// the tensor cores busy (decisions.md#bwd-design), 64 at 128, whose registers hold dK and dV of 128 columns, and in the
+// variants' kernels (at 128 rows the softcap's tanh and derivative spilled). 128 keys per CTA: 64 per consumer
+// warpgroup (the M of every GEMM).
+template <class T, int kD, bool kIsCausal, bool kIsVariants = false>
+struct BwdConfig : BwdTileBase<T, kD, kD == 64 && !kIsVariants ? 128 : 64, 128> {
+  using Base = BwdTileBase<T, kD, kD == 64 && !kIsVariants ? 128 : 64, 128>;
+  using Base::kBlockM, Base::kBlockN, Base::kChunks, Base::kConsumerWarpgroups, Base::kConsumerThreads;
+  static constexpr bool kWide = false;
+  static constexpr bool kCausal = kIsCausal;
+  static constexpr bool kVariants = kIsVariants;
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static constexpr int kSRegs = kBlockM / 2;     // a warpgroup's S^T (or dP^T): 64 keys x kBlockM queries, fp32
   static constexpr int kPFrags = kBlockM / 16;   // its 16-bit A fragments (P^T, dS^T) for the dV / dK GEMMs
@@ -54,37 +93,19 @@ struct BwdConfig {
   // The step's dQ block in shared memory, as the writer warp adds it to the workspace: two buffers where they fit.
   static constexpr int kDqStages = kBlockM == 128 ? 1 : 2;
 
-  // Shared memory, byte offsets from the 1024-aligned base. Each operand is chunk-major: chunk c (64 columns) of all
-  // its rows, 128-byte rows, 128-byte swizzle (as TMA writes them).
-  static constexpr int kKVChunkBytes = kBlockN * 128;
-  static constexpr int kKVBytes = kChunks * kKVChunkBytes;
-  static constexpr int kQChunkBytes = kBlockM * 128;
-  static constexpr int kQBytes = kChunks * kQChunkBytes;
   // dS^T, keys x queries, chunk-major as the other operands: chunk c holds queries 64c.. of every key.
   static constexpr int kDsChunkBytes = kBlockN * 128;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDqBytes = kBlockM * kD * 4;  // the fp32 dQ of a step, as bwd_epilogue.cuh lays it out
-  static constexpr int kRowStatBytes = kBlockM * 4;       // a step's scaled LSE (or D) for its kBlockM rows
 
-  static constexpr int kSmemK = 0;
-  static constexpr int kSmemV = kSmemK + kKVBytes;
-  static constexpr int kSmemQ = kSmemV + kKVBytes;
-  static constexpr int kSmemDo = kSmemQ + kStages * kQBytes;
-  static constexpr int kSmemDs = kSmemDo + kStages * kQBytes;  // two buffers, alternating by step
-  static constexpr int kSmemDq = kSmemDs + 2 * kDsBytes;     // kDqStages buffers, alternating by step
-  static constexpr int kSmemLse = kSmemDq + kDqStages * kDqBytes;  // kStages x kRowStatBytes
-  static constexpr int kSmemD = kSmemLse + kStages * kRowStatBytes;
-  static constexpr int kSmemBarriers = kSmemD + kStages * kRowStatBytes;
-  static constexpr int kSmemBarrierBytes = 128;
-  // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
-  static constexpr int kSmemBytes = kSmemBarriers + kSmemBarrierBytes + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(kSmemQ % 1024 == 0 && kSmemDo % 1024 == 0 && kSmemDs % 1024 == 0 && kSmemDq % 1024 == 0,
+  static constexpr int kSmemDs = Base::kSmemOwn;            // two buffers, alternating by step
+  static constexpr int kSmemDq = kSmemDs + 2 * kDsBytes;    // kDqStages buffers, alternating by step
+  using Tail = BwdSmemTail<Base, kSmemDq + kDqStages * kDqBytes>;
+  static constexpr int kSmemLse = Tail::kLse, kSmemD = Tail::kD;  // kStages x kRowStatBytes each
+  static constexpr int kSmemBarriers = Tail::kBarriers, kSmemBarrierBytes = Tail::kBarrierBytes;
+  static constexpr int kSmemBytes = Tail::kBytes;
+  static_assert(Base::kSmemQ % 1024 == 0 && Base::kSmemDo % 1024 == 0 && kSmemDs % 1024 == 0 && kSmemDq % 1024 == 0,
                 "swizzled operands start 1024-byte aligned");
-
-  // The bytes one step's loads bring (the full barrier's transaction count).
-  static constexpr uint32_t kStepTxBytes = 2 * kQBytes + 2 * kRowStatBytes;
-  static constexpr uint32_t kKVTxBytes = 2 * kKVBytes;
 };
 
 }  // namespace flashcore::sm90
@@ -98,22 +119,12 @@ namespace flashcore::sm90 {
 // dQ = dS K for its 128 columns from shared memory; dQ goes to the workspace by vector atomic adds from registers (no
 // shared-memory block: 64 x 256 fp32 would not fit beside the stages). Plain (causal or not) calls only.
 template <class T, int kD, bool kIsCausal>
-struct BwdWideConfig {
-  using Element = T;
+struct BwdWideConfig : BwdTileBase<T, kD, 64, 64> {  // 64 query rows per step, 64 keys per CTA
+  using Base = BwdTileBase<T, kD, 64, 64>;
+  using Base::kBlockM, Base::kBlockN, Base::kConsumerWarpgroups, Base::kConsumerThreads;
   static constexpr bool kWide = true;
-  static constexpr int kHeadDim = kD;
   static constexpr bool kCausal = kIsCausal;
   static constexpr bool kVariants = false;
-  static constexpr int kBlockM = 64;  // query rows per step
-  static constexpr int kBlockN = 64;  // keys per CTA
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kConsumerThreads = 256;
-  static constexpr int kThreads = 128 + kConsumerThreads;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
-  static constexpr int kStages = 2;
-  static constexpr int kMmaK = 16;
-  static constexpr int kChunks = kD / 64;
   static_assert(kD == 256, "head dim 256");
   static constexpr int kColsPerWarpgroup = kD / kConsumerWarpgroups;  // dK, dV and dQ columns of a warpgroup
   static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // S and dP columns of a warpgroup
@@ -122,30 +133,15 @@ struct BwdWideConfig {
   static constexpr int kDqStages = 1;  // (BwdBarriers' dQ ring: unused, dQ is added from registers)
   static constexpr int kDqFullArrivals = kConsumerThreads;
 
-  static constexpr int kKVChunkBytes = kBlockN * 128;
-  static constexpr int kKVBytes = kChunks * kKVChunkBytes;
-  static constexpr int kQChunkBytes = kBlockM * 128;
-  static constexpr int kQBytes = kChunks * kQChunkBytes;
   static constexpr int kPBytes = kBlockM * kBlockN * 2;  // P or dS: query-major, one 128-byte row of 64 keys a query
-  static constexpr int kRowStatBytes = kBlockM * 4;
-
-  static constexpr int kSmemK = 0;
-  static constexpr int kSmemV = kSmemK + kKVBytes;
-  static constexpr int kSmemQ = kSmemV + kKVBytes;
-  static constexpr int kSmemDo = kSmemQ + kStages * kQBytes;
-  static constexpr int kSmemP = kSmemDo + kStages * kQBytes;  // two buffers, alternating by step
-  static constexpr int kSmemDs = kSmemP + 2 * kPBytes;       // two buffers, alternating by step
-  static constexpr int kSmemLse = kSmemDs + 2 * kPBytes;
-  static constexpr int kSmemD = kSmemLse + kStages * kRowStatBytes;
-  static constexpr int kSmemBarriers = kSmemD + kStages * kRowStatBytes;
-  static constexpr int kSmemBarrierBytes = 128;
-  static constexpr int kSmemBytes = kSmemBarriers + kSmemBarrierBytes + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(kSmemQ % 1024 == 0 && kSmemDo % 1024 == 0 && kSmemP % 1024 == 0 && kSmemDs % 1024 == 0,
+  static constexpr int kSmemP = Base::kSmemOwn;          // two buffers, alternating by step
+  static constexpr int kSmemDs = kSmemP + 2 * kPBytes;  // two buffers, alternating by step
+  using Tail = BwdSmemTail<Base, kSmemDs + 2 * kPBytes>;
+  static constexpr int kSmemLse = Tail::kLse, kSmemD = Tail::kD;
+  static constexpr int kSmemBarriers = Tail::kBarriers, kSmemBarrierBytes = Tail::kBarrierBytes;
+  static constexpr int kSmemBytes = Tail::kBytes;
+  static_assert(Base::kSmemQ % 1024 == 0 && Base::kSmemDo % 1024 == 0 && kSmemP % 1024 == 0 && kSmemDs % 1024 == 0,
                 "swizzled operands start 1024-byte aligned");
-
-  static constexpr uint32_t kStepTxBytes = 2 * kQBytes + 2 * kRowStatBytes;
-  static constexpr uint32_t kKVTxBytes = 2 * kKVBytes;
 };
 
 // The kernel of (T, head dim, causal, variants): the wide one above 128.

@@ -55,6 +55,17 @@ __device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& ba
   bars.dq.commit(st);
 }
 
+// The deterministic order's turn of key block n_block at a query block's counter (bwd_prep.cuh): wait until the counter
+// reads n_block (acquire), and, once this key block's dQ is added, hand it to key block n_block - 1 (release).
+__device__ __forceinline__ void bwd_turn_wait(int* counter, int n_block) {
+  cuda::atomic_ref<int, cuda::thread_scope_device> turn(*counter);
+  while (turn.load(cuda::memory_order_acquire) != n_block) __nanosleep(20);
+}
+__device__ __forceinline__ void bwd_turn_pass(int* counter, int n_block) {
+  cuda::atomic_ref<int, cuda::thread_scope_device> turn(*counter);
+  turn.store(n_block - 1, cuda::memory_order_release);
+}
+
 // The writer: one thread of the producer warpgroup's second warp. Per step, in the consumers' order, it waits for the
 // dQ block, adds it to the workspace's fp32 accumulator with one bulk reduction (cp.reduce.async.bulk .add.f32) and
 // hands the buffer back once the reduction has read it. The key blocks of a query block add theirs in any order,
@@ -81,15 +92,14 @@ __device__ __forceinline__ void bwd_dq_write(const BwdParams& p, const BwdWork& 
       const float* block = reinterpret_cast<const float*>(smem + Cfg::kSmemDq + st.stage * Cfg::kDqBytes);
       bars.dq.wait(st);
       if (counter != nullptr) {
-        cuda::atomic_ref<int, cuda::thread_scope_device> turn(*counter);
-        while (turn.load(cuda::memory_order_acquire) != w.n_block) __nanosleep(20);
+        bwd_turn_wait(counter, w.n_block);
         cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the earlier key blocks' additions before ours
         cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst,
                                         block, static_cast<uint32_t>(Cfg::kDqBytes));
         cuda::ptx::cp_async_bulk_commit_group();
         cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});  // complete, not only read
         cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-        turn.store(w.n_block - 1, cuda::memory_order_release);
+        bwd_turn_pass(counter, w.n_block);
       } else {
         cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, dst,
                                         block, static_cast<uint32_t>(Cfg::kDqBytes));

@@ -1,8 +1,9 @@
 // The sm90 backward kernel: a producer warpgroup (TMA loads, bwd_producer.cuh; its second warp adds dQ blocks to the
-// workspace, bwd_epilogue.cuh) and two consumer warpgroups (wgmma;
-// bwd_mainloop.cuh, stores in bwd_epilogue.cuh) per CTA, one CTA per (key block, KV head, batch): grid
-// (ceil(seqlen_k / 128), num_heads_kv, batch), seqlen_k the longest sequence's for packed (varlen) batches. The launches around it (D, scaled LSE, dQ conversion):
-// kernels/common/bwd_prep.cuh. Included by the generated units (sources.cmake) only; host code sees bwd_launch.h.
+// workspace, bwd_epilogue.cuh) and two consumer warpgroups (wgmma; bwd_mainloop.cuh, or bwd_mainloop_wide.cuh above
+// head dim 128; stores in bwd_epilogue.cuh) per CTA, one CTA per (key block, KV head, batch): grid
+// (ceil(seqlen_k / kBlockN), num_heads_kv, batch), seqlen_k the longest sequence's for packed (varlen) batches. The
+// launches around it (D, scaled LSE, dQ conversion): kernels/common/bwd_prep.cuh. Included by the generated units
+// (sources.cmake) only; host code sees bwd_launch.h.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -21,6 +21,7 @@
 #include "kernels/common/warp.cuh"
 #include "kernels/sm90/bwd_config.h"
 #include "kernels/sm90/bwd_epilogue.cuh"
+#include "kernels/sm90/bwd_gemm.cuh"
 #include "kernels/sm90/bwd_producer.cuh"
 #include "kernels/sm90/ptx.cuh"
 
@@ -31,20 +32,6 @@ using kernels::acc_index;
 // Named barriers of the consumers (0 is __syncthreads): both halves of dS^T written.
 inline constexpr uint32_t kBwdDsBarrier = 1;
 
-// S^T (64 keys x kBlockM queries) = A (the warpgroup's 64 rows of K or V) * B^T (the step's Q or dO tile), both
-// K-major.
-template <class Cfg>
-__device__ __forceinline__ void bwd_gemm_rows(float (&s)[Cfg::kSRegs], SmemDesc a, SmemDesc b) {
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < Cfg::kHeadDim / Cfg::kMmaK; ++k) {
-    const int chunk = k / 4, kk = k % 4;  // four 16-column steps per 128-byte chunk
-    WgmmaSS<typename Cfg::Element, Cfg::kBlockM>::mma(s, (a + (chunk * Cfg::kKVChunkBytes + kk * 32)).u64(),
-                                                      (b + (chunk * Cfg::kQChunkBytes + kk * 32)).u64(), k > 0 ? 1 : 0);
-  }
-  wgmma_commit_group();
-}
-
 // acc (64 keys x D) += A (64 keys x queries [16 kT0, 16 kT1), registers) * B (those rows of the step's Q or dO tile,
 // N-major).
 template <class Cfg, int kT0 = 0, int kT1 = Cfg::kPFrags>
@@ -54,19 +41,6 @@ __device__ __forceinline__ void bwd_gemm_acc(float (&acc)[Cfg::kHeadDim / 2], co
 #pragma unroll
   for (int t = kT0; t < kT1; ++t) {
     WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>::mma(acc, a[t], (b + t * 16 * 128).u64(), 1);
-  }
-  wgmma_commit_group();
-}
-
-// dQ (64 queries x 64 columns) = dS (those queries x kDqKeys keys; M-major: dS^T's rows are keys) * K (keys x 64
-// columns, N-major: K's rows are keys).
-template <class Cfg>
-__device__ __forceinline__ void bwd_gemm_dq(float (&dq)[Cfg::kDqRegs], SmemDesc ds, SmemDesc k) {
-  wgmma_fence();
-#pragma unroll
-  for (int t = 0; t < Cfg::kDqKeys / 16; ++t) {
-    WgmmaSSTransAB<typename Cfg::Element, 64>::mma(dq, (ds + t * 16 * 128).u64(), (k + t * 16 * 128).u64(),
-                                                   t > 0 ? 1 : 0);
   }
   wgmma_commit_group();
 }
@@ -128,8 +102,10 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
       bars.step.wait(st);
       const uint32_t q_off = st.stage * Cfg::kQBytes;
       float s[Cfg::kSRegs], dp[Cfg::kSRegs];
-      bwd_gemm_rows<Cfg>(s, k_rows, q_kmajor + q_off);
-      bwd_gemm_rows<Cfg>(dp, v_rows, do_kmajor + q_off);
+      // S^T (64 keys x kBlockM queries) = K_w Q^T and dP^T = V_w dO^T, over the head dim (both K-major).
+      using GemmRows = WgmmaSS<Element, kM>;
+      bwd_gemm_head_dim<GemmRows, Cfg::kHeadDim>(s, k_rows, Cfg::kKVChunkBytes, q_kmajor + q_off, Cfg::kQChunkBytes);
+      bwd_gemm_head_dim<GemmRows, Cfg::kHeadDim>(dp, v_rows, Cfg::kKVChunkBytes, do_kmajor + q_off, Cfg::kQChunkBytes);
       // The scaled LSE and D of the thread's query columns 8j + 2 (lane % 4) + e: float2 4j of these.
       const float2* lse =
           reinterpret_cast<const float2*>(smem + Cfg::kSmemLse + st.stage * Cfg::kRowStatBytes) + lane % 4;
@@ -176,7 +152,7 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
                 const int key = key_row + 8 * i, query = q0 + 8 * j + e;
                 if (key >= w.seq.len_k || (Cfg::kCausal && !window.visible(key, query))) x[e] = 0.f;
               }
-              s[acc_index(j, i, e)] = x[e];
+              if constexpr (kEarlyDv) s[acc_index(j, i, e)] = x[e];  // (dS^T below reads it)
             }
             pa[j / 2][(j % 2) * 2 + i] = kernels::ElemTraits<Element>::pack2(x[0], x[1]);
             if constexpr (!kEarlyDv) {
@@ -230,7 +206,10 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       kernels::named_barrier_sync(kBwdDsBarrier, Cfg::kConsumerThreads);
       float dq[Cfg::kDqRegs];
-      bwd_gemm_dq<Cfg>(dq, ds0 + (step & 1) * Cfg::kDsBytes, k_dq);
+      // dQ (64 queries x 64 columns) = dS (M-major: dS^T's rows are keys) K (N-major: K's rows are keys), over
+      // kDqKeys keys.
+      bwd_gemm_steps<WgmmaSSTransAB<Element, 64>, Cfg::kDqKeys / 16>(dq, ds0 + (step & 1) * Cfg::kDsBytes, k_dq,
+                                                                     16 * 128, 16 * 128, false);
       bwd_gemm_acc<Cfg, kHalf, Cfg::kPFrags>(dk, dsa, q_nmajor + q_off);
       wgmma_wait_group<1>();  // dV, the first half of dK and dQ: the second half of dK runs on
       bwd_keep_allocated(p, step, pa, &bars.sink);

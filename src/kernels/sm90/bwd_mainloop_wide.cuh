@@ -17,6 +17,8 @@
 #include "kernels/common/fragment.cuh"
 #include "kernels/common/warp.cuh"
 #include "kernels/sm90/bwd_config.h"
+#include "kernels/sm90/bwd_epilogue.cuh"
+#include "kernels/sm90/bwd_gemm.cuh"
 #include "kernels/sm90/bwd_producer.cuh"
 #include "kernels/sm90/ptx.cuh"
 
@@ -28,33 +30,6 @@ using kernels::acc_index;
 // written; the deterministic turn taken and given back.
 inline constexpr uint32_t kBwdWidePdsBarrier = 1;
 inline constexpr uint32_t kBwdWideTurnBarrier = 2;
-
-// acc (64 x N) (+)= A * B over kSteps k-steps of 16, where A and B advance by a_step and b_step bytes per k-step.
-template <class Wgmma, int kSteps, int kRegs>
-__device__ __forceinline__ void bwd_wide_gemm(float (&acc)[kRegs], SmemDesc a, SmemDesc b, uint32_t a_step,
-                                              uint32_t b_step, bool accumulate) {
-  wgmma_fence();
-#pragma unroll
-  for (int t = 0; t < kSteps; ++t) {
-    Wgmma::mma(acc, (a + t * a_step).u64(), (b + t * b_step).u64(), accumulate || t > 0 ? 1 : 0);
-  }
-  wgmma_commit_group();
-}
-
-// S (or dP) = A (the step's Q or dO tile, K-major) * B^T (the warpgroup's 32 rows of K or V, K-major), over the
-// head dim: k-step k is 16-column step k % 4 of 128-byte chunk k / 4.
-template <class Cfg>
-__device__ __forceinline__ void bwd_wide_gemm_s(float (&s)[Cfg::kSRegs], SmemDesc a, SmemDesc b) {
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < Cfg::kHeadDim / Cfg::kMmaK; ++k) {
-    const int chunk = k / 4, kk = k % 4;
-    WgmmaSS<typename Cfg::Element, Cfg::kKeysPerWarpgroup>::mma(
-        s, (a + (chunk * Cfg::kQChunkBytes + kk * 32)).u64(), (b + (chunk * Cfg::kKVChunkBytes + kk * 32)).u64(),
-        k > 0 ? 1 : 0);
-  }
-  wgmma_commit_group();
-}
 
 // The warpgroup's dQ (64 queries x 128 columns: regions 2w and 2w + 1 of the step's 64-row block, bwd_layout.h) added
 // to the workspace: one vector reduction per four registers.
@@ -133,7 +108,6 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
   const int row0 = 16 * warp + lane / 4;                                     // + 8i: the thread's query rows
   const kernels::BwdWindow window = bwd_window<Cfg>(p, w.seq);
   const bool keys_past_end = (w.n_block + 1) * Cfg::kBlockN > w.seq.len_k;
-  constexpr int kBlocks = 1;  // the workspace's 64-row blocks per step
   mbar_wait_sleep(&bars.kv, 0u);
 
   PipelineState<Cfg::kStages> st;
@@ -148,8 +122,10 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
       bars.step.wait(st);
       const uint32_t q_off = st.stage * Cfg::kQBytes, buf = (step & 1) * Cfg::kPBytes;
       float s[Cfg::kSRegs], dp[Cfg::kSRegs];
-      bwd_wide_gemm_s<Cfg>(s, q_kmajor + q_off, k_rows);
-      bwd_wide_gemm_s<Cfg>(dp, do_kmajor + q_off, v_rows);
+      // S (or dP) = the step's Q (dO) tile * the warpgroup's 32 rows of K (V)^T, over the head dim (both K-major).
+      using GemmS = WgmmaSS<Element, kKeys>;
+      bwd_gemm_head_dim<GemmS, Cfg::kHeadDim>(s, q_kmajor + q_off, Cfg::kQChunkBytes, k_rows, Cfg::kKVChunkBytes);
+      bwd_gemm_head_dim<GemmS, Cfg::kHeadDim>(dp, do_kmajor + q_off, Cfg::kQChunkBytes, v_rows, Cfg::kKVChunkBytes);
       const float* lse = reinterpret_cast<const float*>(smem + Cfg::kSmemLse + st.stage * Cfg::kRowStatBytes);
       const float* dsum = reinterpret_cast<const float*>(smem + Cfg::kSmemD + st.stage * Cfg::kRowStatBytes);
       const float l[2] = {lse[row0], lse[row0 + 8]}, d[2] = {dsum[row0], dsum[row0 + 8]};
@@ -195,10 +171,10 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
       using TransAB = WgmmaSSTransAB<Element, Cfg::kColsPerWarpgroup>;
       using TransB = WgmmaSSTransB<Element, Cfg::kColsPerWarpgroup>;
       constexpr int kQSteps = Cfg::kBlockM / 16, kKeySteps = Cfg::kBlockN / 16;
-      bwd_wide_gemm<TransAB, kQSteps>(dv, p_mmajor + buf, do_cols + q_off, 16 * 128, 16 * 128, true);
-      bwd_wide_gemm<TransAB, kQSteps>(dk, ds_mmajor + buf, q_cols + q_off, 16 * 128, 16 * 128, true);
+      bwd_gemm_steps<TransAB, kQSteps>(dv, p_mmajor + buf, do_cols + q_off, 16 * 128, 16 * 128, true);
+      bwd_gemm_steps<TransAB, kQSteps>(dk, ds_mmajor + buf, q_cols + q_off, 16 * 128, 16 * 128, true);
       float dq[Cfg::kAccRegs];
-      bwd_wide_gemm<TransB, kKeySteps>(dq, ds_kmajor + buf, k_cols, 32, 16 * 128, false);
+      bwd_gemm_steps<TransB, kKeySteps>(dq, ds_kmajor + buf, k_cols, 32, 16 * 128, false);
       wgmma_wait_group<0>();
       fence_regs(dq);
       fence_regs(dk);
@@ -208,18 +184,12 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
       if (counter != nullptr) {
         // Deterministic: the key blocks add in descending order (bwd_prep.cuh); both warpgroups add theirs in
         // this CTA's turn.
-        if (threadIdx.x == 128) {
-          cuda::atomic_ref<int, cuda::thread_scope_device> turn(counter[kBlocks * m]);
-          while (turn.load(cuda::memory_order_acquire) != w.n_block) __nanosleep(20);
-        }
+        if (threadIdx.x == 128) bwd_turn_wait(counter + m, w.n_block);
         kernels::named_barrier_sync(kBwdWideTurnBarrier, Cfg::kConsumerThreads);
         bwd_wide_dq_add<Cfg>(block, wg, thread, dq);
         __threadfence();
         kernels::named_barrier_sync(kBwdWideTurnBarrier, Cfg::kConsumerThreads);
-        if (threadIdx.x == 128) {
-          cuda::atomic_ref<int, cuda::thread_scope_device> turn(counter[kBlocks * m]);
-          turn.store(w.n_block - 1, cuda::memory_order_release);
-        }
+        if (threadIdx.x == 128) bwd_turn_pass(counter + m, w.n_block);
       } else {
         bwd_wide_dq_add<Cfg>(block, wg, thread, dq);
       }
