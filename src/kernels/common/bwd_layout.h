@@ -16,10 +16,21 @@ __host__ __device__ constexpr int bwd_dq_index(int region, int reg, int thread) 
   return region * 64 * 64 + (reg / 4) * 512 + thread * 4 + reg % 4;
 }
 
-// The inverse: the (row, column) of element e of a block (the accumulator layout of fragment.cuh).
+// The portable backend's order (sm80/bwd_epilogue.cuh), which adds one register at a time: within each group of four
+// registers, register-major, so that a warp's 32 adds of one register reach 128 consecutive bytes (4 sectors; the
+// thread-major order spread them over 16).
+__host__ __device__ constexpr int bwd_dq_index_by_reg(int region, int reg, int thread) {
+  return region * 64 * 64 + (reg / 4) * 512 + (reg % 4) * 128 + thread;
+}
+
+// The inverse of either order (kByReg: bwd_dq_index_by_reg's): the (row, column) of element e of a block (the
+// accumulator layout of fragment.cuh).
+template <bool kByReg = false>
 __host__ __device__ constexpr void bwd_dq_position(int e, int& row, int& col) {
   const int region = e / 4096, rest = e % 4096;
-  const int group = rest / 512, thread = (rest % 512) / 4, reg = group * 4 + rest % 4;
+  const int group = rest / 512;
+  const int thread = kByReg ? rest % 128 : (rest % 512) / 4;
+  const int reg = group * 4 + (kByReg ? (rest % 512) / 128 : rest % 4);
   const int warp = thread / 32, lane = thread % 32;
   row = 16 * warp + lane / 4 + 8 * ((reg / 2) % 2);
   col = 64 * region + 8 * group + 2 * (lane % 4) + reg % 2;

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParam
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int row = 0, col = 0;
-        bwd_dq_position(4 * i + e, row, col);
+        bwd_dq_position<kBackend == 80>(4 * i + e, row, col);  // (bwd_layout.h: the portable backend's order)
         tile[row][col] = vals[e];
       }
     }

@@ -40,10 +40,19 @@ struct BwdConfig {
   static constexpr int kSubM = kHeadDim == 128 ? (kVariants ? 16 : 32) : 64;
 
   // dQ(64 x kHeadDim) = dS(64 x kBlockN) K: warp w computes row tile w % 4 (16 queries) over kDqCols columns from
-  // column (w / 4) * kDqCols, at most 64 columns (32 accumulators) at a time.
+  // column (w / 4) * kDqCols, at most 64 columns (32 accumulators) at a time; 32 in the plain 64-key kernels, which
+  // spilled 8 bytes at 64 once the dQ adds went one register at a time (bwd_epilogue.cuh).
   static constexpr int kDqColParts = kWarps / 4;
   static constexpr int kDqCols = kHeadDim / kDqColParts;
-  static constexpr int kDqChunk = kDqCols < 64 ? kDqCols : 64;
+  static constexpr int kDqChunk = kDqCols < 64 ? kDqCols : (kBlockN == 64 && !kVariants ? 32 : 64);
+
+  // The query-rows kernels (bwd_mainloop_rows.cuh; the plain 128-key tiles): S and dP with queries as rows, warps 2 x 4
+  // over the step's 64 queries x 128 keys (32 x 32 each); P and dS through shared memory (64 rows of 128 keys each);
+  // dV and dK by warps 4 x 2 over keys x head dim (32 keys x kHeadDim / 2 columns each); dQ by warps 2 x 4 over
+  // queries x head dim (32 x kHeadDim / 4). The others: bwd_mainloop.cuh's keys-as-rows order.
+  static constexpr bool kQueryRows = kBlockN == 128 && !kIsVariants;
+  static constexpr int kPRowBytes = kBlockN * kElemBytes;  // a query's 128 keys
+  static constexpr int kPBytes = kQueryRows ? kBlockM * kPRowBytes : 0;
 
   static constexpr int kKVBytes = kBlockN * kRowBytes;
   static constexpr int kQBytes = kBlockM * kRowBytes;
@@ -54,7 +63,8 @@ struct BwdConfig {
   static constexpr int kSmemQ = kSmemV + kKVBytes;          // stage s: + s * kQBytes
   static constexpr int kSmemDo = kSmemQ + kStages * kQBytes;  // stage s: + s * kQBytes
   static constexpr int kSmemDs = kSmemDo + kStages * kQBytes;
-  static constexpr int kSmemStats = kSmemDs + kDsBytes;       // stage s: + s * kStatBytes
+  static constexpr int kSmemP = kSmemDs + kDsBytes;           // query-rows kernels: P (kSmemDs holds dS)
+  static constexpr int kSmemStats = kSmemP + kPBytes;         // stage s: + s * kStatBytes
   static constexpr int kSmemBytes = kSmemStats + kStages * kStatBytes;
 
   static_assert(kElemBytes == 2, "16-bit inputs only (mma.sync m16n8k16)");

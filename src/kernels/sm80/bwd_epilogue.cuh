@@ -1,6 +1,6 @@
 // The backward's stores. Per step, a warp's dQ (16 queries x kDqChunk columns at a time) is added to the workspace's
-// fp32 block with atomic adds (RED), in the block's order (kernels/common/bwd_layout.h): the four accumulators of an
-// 8-column group of a thread are one float4 there, and a warp's 32 lanes cover 512 consecutive bytes. Deterministic
+// fp32 block with atomic adds (RED), in the portable backend's order of the block (kernels/common/bwd_layout.h
+// bwd_dq_index_by_reg): a warp's adds of one register reach 128 consecutive bytes. Deterministic
 // calls add in key-block order: a counter per query block, which the CTA waits to read as its key block's index and
 // moves on once its additions are visible. At the end, dK (times softmax_scale) and dV from registers, in the call's
 // dtype.
@@ -13,6 +13,7 @@
 #include "kernels/common/element.cuh"
 #include "kernels/common/fragment.cuh"
 #include "kernels/sm80/bwd_params.h"
+#include "kernels/sm80/ptx.cuh"
 
 namespace flashcore::sm80 {
 
@@ -44,9 +45,9 @@ __device__ __forceinline__ void bwd_dq_add(float* block, const float (&acc)[Cfg:
 #pragma unroll
   for (int jj = 0; jj < Cfg::kDqChunk / 8; ++jj) {
     const int j = col0 / 8 + jj;  // 8-column group of the block
-    float* at = block + kernels::bwd_dq_index(j / 8, 4 * (j % 8), thread);
+    float* at = block + kernels::bwd_dq_index_by_reg(j / 8, 4 * (j % 8), thread);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) atomicAdd(at + r, acc[4 * jj + r]);
+    for (int r = 0; r < 4; ++r) red_add_f32(at + 128 * r, acc[4 * jj + r]);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "kernels/sm80/bwd_config.h"
 #include "kernels/sm80/bwd_launch.h"
 #include "kernels/sm80/bwd_mainloop.cuh"
+#include "kernels/sm80/bwd_mainloop_rows.cuh"
 #include "kernels/sm80/bwd_params.h"
 
 namespace flashcore::sm80 {
@@ -18,7 +19,11 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm80_kernel(const __grid_constant__ BwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) uint8_t smem[];
-  bwd_mainloop<Cfg>(p, smem);
+  if constexpr (Cfg::kQueryRows) {
+    bwd_mainloop_rows<Cfg>(p, smem);
+  } else {
+    bwd_mainloop<Cfg>(p, smem);
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an arch below sm_80: never return as if dK and dV had been written (the host checks the image)
 #endif

@@ -34,6 +34,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// A float added to global memory with no value returned (RED; atomicAdd here compiled to ATOMG, which waits for
+// the old value).
+__device__ __forceinline__ void red_add_f32(float* at, float x) {
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;\n" ::"l"(at), "f"(x));
+}
+
 // ldmatrix x4 (and .trans): kernels/common/warp.cuh, shared with the sm90 producer's V transpose.
 using kernels::ldmatrix_x4;
 using kernels::ldmatrix_x4_trans;
