@@ -281,7 +281,7 @@ typedef struct flashcore_attention_params {
   const int32_t* seqused_q;    /* (batch,) with cu_seqlens_q: FlashAttention-3's seqused_q. Sequence b's queries are
                                   the first seqused_q[b] rows of its packed rows (clamped to [0, its length]): the
                                   others are not computed, and their O and LSE rows are not written; causal alignment
-                                  is against seqused_q[b] queries. Not with the backward [NULL: every row] */
+                                  is against seqused_q[b] queries. The backward takes it since 0.9 [NULL: every row] */
   /* Rotary embedding on append (FlashAttention's rotary_cos / rotary_sin): with k_new, the appended keys and the
    * queries are rotated before the attention (the cache receives the rotated keys; v_new is copied as it is). The
    * first rotary_dim columns of each head are rotated by the angle of the row's position: pairs (2i, 2i + 1) with
@@ -473,9 +473,11 @@ FLASHCORE_API void flashcore_plan_destroy(flashcore_plan* plan);
  * as in the forward; dq has Q's shape, dk and dv K's. A query row that sees no key (LSE = -inf) contributes nothing.
  * The fields of this version: FP16 / BF16, head_dim 64 or 128, dense batches or (sm90 backend) packed ones with
  * cu_seqlens_q and cu_seqlens_k together (Q, O, dO, dq (total_q, heads, head_dim), LSE (num_heads_q, total_q), K, V,
- * dk, dv (total_k, ...), as the forward takes them); no seqused_k, block_table, k_new; precision NATIVE, out_dtype
- * SAME, flags 0, no kernel_config; on either backend (sm90, and the portable sm80 backend: Ampere, Ada, and Hopper
- * with FLASHCORE_BACKEND=sm80).
+ * dk, dv (total_k, ...), as the forward takes them) and, since 0.9, with seqused_q / seqused_k (each sequence's first
+ * seqused rows attend as in the forward; dq, dk and dv rows of the unused ones are zeros; the unused rows of q, k,
+ * v and dout must hold finite values, as FlashAttention-3 assumes: a NaN there can reach the used rows' gradients
+ * through a masked product); no block_table, k_new; precision NATIVE, out_dtype SAME, flags 0, no kernel_config; on
+ * either backend (sm90, and the portable sm80 backend: Ampere, Ada, and Hopper with FLASHCORE_BACKEND=sm80).
  * Anything else returns an error naming the field, before any device work.
  * Needs a workspace of flashcore_attention_backward_workspace_size bytes (any contents: the call initializes what it
  * uses; the fp32 dQ accumulator, rowsum(dO * O) and the scaled LSE, about (4 * head_dim + 8) * batch * num_heads_q *

@@ -1988,16 +1988,18 @@ def _register_unsupported_backward(op, message, count: int) -> None:
 def _launch_varlen_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
                             deterministic: bool, variants: Optional[Variants] = None,
-                            dsinks: Optional[torch.Tensor] = None) -> None:
+                            dsinks: Optional[torch.Tensor] = None, seqused_q=None, seqused_k=None) -> None:
     """Enqueue flashcore_attention_backward for a packed batch (q, out, dout, dq (total_q, Hq, D); k, v, dk, dv
     (total_k, Hkv, D), dq, dk, dv contiguous; lse (Hq, total_q)) on the current stream of q's device; dsinks as in
-    _launch_backward. max_seqlen_*: already bounded by the packed tensors, both > 0."""
+    _launch_backward. max_seqlen_*: already bounded by the packed tensors, both > 0. seqused_q / seqused_k: int32
+    (batch,) contiguous, or None (a library before 0.9 refuses them, naming the field)."""
     _require_backward_function(lib)
     _check_variant_backward_supported(lib, variants, causal, dsinks is not None)
     q, k, v, out, dout = (kernel_operand(t.unsqueeze(0))[0].squeeze(0) for t in (q, k, v, out, dout))
-    params = kernel_params(lib, q, k, v, out, lse.contiguous(), causal, softmax_scale, cu_seqlens_q=cu_seqlens_q,
-                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                           **_launch_variants(variants))
+    params = kernel_params(lib, q, k, v, out, lse.contiguous(), causal, softmax_scale, seqused_k,
+                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                           max_seqlen_k=max_seqlen_k, **_launch_variants(variants),
+                           **({} if seqused_q is None else {"seqused_q": seqused_q}))
     strides = tuple(abi_strides(t.unsqueeze(0)) for t in (dout, dq, dk, dv))
     params = _lib.fill_backward_params(params, pointers=tuple(t.data_ptr() for t in (dout, dq, dk, dv)),
                                        strides=strides, deterministic=deterministic)
@@ -2007,9 +2009,9 @@ def _launch_varlen_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, 
 
 
 def _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                softmax_scale, deterministic, variants, return_dsinks):
+                softmax_scale, deterministic, variants, return_dsinks, seqused_q=None, seqused_k=None):
     """The body of both varlen backward ops: (dq, dk, dv, dsinks or an empty (0,) tensor)."""
-    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     if v.shape[2] != q.shape[2]:
         raise NotImplementedError(head_dim_v_backward_not_supported(q.shape[2], v.shape[2]))
     lib = _check_supported(q, q.shape[2])
@@ -2021,7 +2023,9 @@ def _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     _launch_varlen_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q.contiguous(),
                             cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic,
                             **({} if variants is None else {"variants": variants}),
-                            **({"dsinks": dsinks} if return_dsinks else {}))
+                            **({"dsinks": dsinks} if return_dsinks else {}),
+                            seqused_q=None if seqused_q is None else seqused_q.contiguous(),
+                            seqused_k=None if seqused_k is None else seqused_k.contiguous())
     return dq, dk, dv, dsinks
 
 
@@ -2029,19 +2033,21 @@ def _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_
 def varlen_attention_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-    softmax_scale: float, deterministic: bool = False
+    softmax_scale: float, deterministic: bool = False, seqused_q: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of varlen_attention_fwd (packed q, out, dout (total_q, Hq, D); k, v (total_k, Hkv, D); lse
     float32 (Hq, total_q), the forward's): (dq, dk, dv), packed like q, k, v. Rows not covered by cu_seqlens get
-    zeros. The backward of a call with variants is varlen_attention_variants_bwd."""
+    zeros, and (since 0.9, a 0.9 library) so do rows past seqused_q / seqused_k (int32 (batch,), the forward's). The
+    backward of a call with variants is varlen_attention_variants_bwd."""
     dq, dk, dv, _ = _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                causal, softmax_scale, deterministic, None, False)
+                                causal, softmax_scale, deterministic, None, False, seqused_q, seqused_k)
     return dq, dk, dv
 
 
 @varlen_attention_bwd.register_fake
 def _varlen_attention_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal, softmax_scale, deterministic=False):
+                               causal, softmax_scale, deterministic=False, seqused_q=None, seqused_k=None):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
@@ -2050,32 +2056,28 @@ def varlen_attention_variants_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
     softmax_scale: float, deterministic: bool = False, window_size_left: int = -1, window_size_right: int = -1,
-    softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, return_dsinks: bool = False, attention_chunk: int = 0
+    softcap: float = 0.0, sinks: Optional[torch.Tensor] = None, return_dsinks: bool = False, attention_chunk: int = 0,
+    seqused_q: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of varlen_attention_fwd with the attention variants (since 0.6; a 0.6 library, sm90 backend for
-    packed batches): (dq, dk, dv, dsinks), the variants (attention_chunk last, as in attention_variants_bwd) and dsinks
-    as in attention_variants_bwd (dsinks summed over every sequence's rows), the rest as varlen_attention_bwd."""
+    packed batches): (dq, dk, dv, dsinks), the variants (attention_chunk, as in attention_variants_bwd) and dsinks
+    as in attention_variants_bwd (dsinks summed over every sequence's rows), the rest (seqused_q / seqused_k last) as
+    varlen_attention_bwd."""
     variants = _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks,
                              attention_chunk)
     return _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                       softmax_scale, deterministic, variants, return_dsinks)
+                       softmax_scale, deterministic, variants, return_dsinks, seqused_q, seqused_k)
 
 
 @varlen_attention_variants_bwd.register_fake
 def _varlen_attention_variants_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, causal, softmax_scale, deterministic=False, window_size_left=-1,
                                         window_size_right=-1, softcap=0.0, sinks=None, return_dsinks=False,
-                                        attention_chunk=0):
+                                        attention_chunk=0, seqused_q=None, seqused_k=None):
     _bwd_variants(q, q.shape[1], window_size_left, window_size_right, softcap, sinks, return_dsinks, attention_chunk)
     return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
             _empty_dsinks(q, q.shape[1], return_dsinks))
 
-
-VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention with seqused_k is not supported "
-                                         "yet (packed batches without seqused_k are)")
-VARLEN_SEQUSED_Q_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention with seqused_q is not "
-                                           "supported (the library's backward refuses seqused_q); run it under "
-                                           "torch.no_grad(), or pass cu_seqlens_q with the used lengths to train")
 
 # varlen_attention_fwd's inputs: (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
 # softmax_scale, return_lse, window_size_left, window_size_right, softcap, sinks, attention_chunk, seqused_q).
@@ -2088,22 +2090,17 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.set_materialize_grads(False)
     variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
-    if v.shape[2] != q.shape[2]:
-        ctx.unsupported = head_dim_v_backward_not_supported(q.shape[2], v.shape[2])
-    elif seqused_q is not None:
-        ctx.unsupported = VARLEN_SEQUSED_Q_BACKWARD_NOT_SUPPORTED
-    else:
-        ctx.unsupported = VARLEN_SEQUSED_BACKWARD_NOT_SUPPORTED if seqused_k is not None else None
+    ctx.unsupported = head_dim_v_backward_not_supported(q.shape[2], v.shape[2]) if v.shape[2] != q.shape[2] else None
     ctx.num_inputs = len(inputs)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, False
     ctx.variants = None if variants is None else variants._replace(sinks=None)
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks, seqused_q, seqused_k)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
     grads = [None] * ctx.num_inputs
-    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, sinks, used_q, used_k = ctx.saved_tensors
     if ctx.unsupported is not None:
         given = [g for g in (grad_out, grad_lse) if g is not None]
         grads[:3] = backward_not_supported(given, [q, k, v], ctx.unsupported)
@@ -2118,14 +2115,15 @@ def _varlen_backward(ctx, grad_out, grad_lse):
         raise RuntimeError("FlashCore: varlen_attention_fwd ran without lse where its backward is needed")
     if ctx.variants is None:
         dq, dk, dv = varlen_attention_bwd(grad_out, q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen[0],
-                                          ctx.max_seqlen[1], ctx.causal, ctx.softmax_scale, ctx.deterministic)
+                                          ctx.max_seqlen[1], ctx.causal, ctx.softmax_scale, ctx.deterministic,
+                                          used_q, used_k)
         dsinks = None
     else:
         variants = ctx.variants
         dq, dk, dv, dsinks = varlen_attention_variants_bwd(
             grad_out, q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen[0], ctx.max_seqlen[1], ctx.causal,
             ctx.softmax_scale, ctx.deterministic, variants.window_size_left, variants.window_size_right,
-            variants.softcap, sinks, needs_sinks, variants.attention_chunk)
+            variants.softcap, sinks, needs_sinks, variants.attention_chunk, used_q, used_k)
     grads[:3] = (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None)
     if needs_sinks:
         grads[_VARLEN_SINKS_INPUT] = dsinks
@@ -2648,13 +2646,13 @@ def varlen_attention(
     seqused_q: optional int32 (batch,) (since 0.8, FlashAttention-3's): sequence b uses only its first seqused_q[b]
     query rows (clamped to its length); causal alignment is against seqused_q[b] rows. The other rows are not
     computed: out is 0 and lse -inf there (FlashCore zero-fills them for a deterministic result; FlashAttention-3
-    leaves them uninitialised). Forward only: a backward through a call with seqused_q raises NotImplementedError.
-    A 0.7 library refuses it (RuntimeError naming seqused_q).
+    leaves them uninitialised). A 0.7 library refuses it (RuntimeError naming seqused_q).
 
     Differentiable (since 0.4, sm90 backend; the portable backend refuses packed batches in the backward, naming them)
-    in q, k and v through out (not through lse), without seqused_k and seqused_q; since 0.6 (a 0.6 library) with
-    window_size,
-    softcap and sinks too (and attention_chunk, with a library that runs it), and in sinks when they require grad.
+    in q, k and v through out (not through lse); since 0.6 (a 0.6 library) with window_size, softcap and sinks too
+    (and attention_chunk, with a library that runs it), and in sinks when they require grad; since 0.9 (a 0.9
+    library) with seqused_q and seqused_k: the gradients of the unused rows are zeros, and the unused rows of q, k,
+    v must hold finite values (as FlashAttention-3 assumes; a NaN there can reach the used rows' gradients).
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
@@ -2667,8 +2665,8 @@ def varlen_attention(
         if seqused_q is not None and not lib.has_kvcache_serving():
             raise RuntimeError(f"FlashCore: seqused_q is set, but {lib.path} (version {lib.version_string()}) predates "
                                f"it: a 0.8 library or newer is needed")
-    # The backward reads lse (none with seqused_k or seqused_q, which it does not take).
-    want_lse = return_lse or (_needs_grad(q, k, v, *_sinks_of(variants)) and seqused_k is None and seqused_q is None)
+    # The backward reads lse.
+    want_lse = return_lse or _needs_grad(q, k, v, *_sinks_of(variants))
     extra = {} if seqused_q is None else {"seqused_q": seqused_q}
     out, lse = varlen_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                     causal, scale, want_lse, **_variant_kwargs(variants), **extra)

@@ -393,7 +393,7 @@ def test_compile_fullgraph_backward(emulated, backend, dynamic):
 
 def _varlen_call(q, k, v):
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
-    used = torch.tensor([5, 6], dtype=torch.int32)  # seqused_k: the part of varlen whose backward is not there yet
+    used = torch.tensor([5, 6], dtype=torch.int32)  # seqused_k: sequence 1 uses 6 of its 7 keys
     return flashcore.varlen_attention(q, k, v, cu, cu, 7, 7, seqused_k=used)
 
 
@@ -406,15 +406,18 @@ def emulated_serving(monkeypatch):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_varlen_backward_is_not_supported(emulated_serving, compiled):
-    q, k, v = (t[0] for t in _qkv(1, 12, 12, 4, 2, 64))  # (total, H, D)
+def test_varlen_backward_with_seqused_k(emulated_serving, compiled):
+    """Since 0.9 the backward takes seqused_k (eager and compiled): sequence 1's unused key gets zero gradients, the
+    rest those of its first 6 keys alone."""
+    q, k, v = (t[0].detach().requires_grad_() for t in _qkv(1, 12, 12, 4, 2, 64))  # (total, H, D)
     fn = _varlen_call
     if compiled:
         torch._dynamo.reset()
         fn = torch.compile(_varlen_call, backend="aot_eager", fullgraph=True)
-    out = fn(q, k, v)  # inputs that require grad are fine until the backward
-    with pytest.raises(NotImplementedError, match="backward of varlen attention with seqused_k is not supported"):
-        out.float().sum().backward()
+    out = fn(q, k, v)
+    out.float().sum().backward()
+    assert torch.count_nonzero(k.grad[11]) == 0 and torch.count_nonzero(v.grad[11]) == 0
+    assert torch.count_nonzero(k.grad[10]) > 0 and torch.count_nonzero(q.grad[5:12]) > 0
 
 
 def test_kvcache_backward_is_not_supported(emulated_serving):

@@ -327,13 +327,22 @@ def test_varlen_backward_matches_each_sequence(caps, cuda, head_dim, causal):
                     grads=(one(leaves[0].grad, qs), one(leaves[1].grad, ks), one(leaves[2].grad, ks)))
 
 
-def test_varlen_backward_with_seqused_k_raises(caps, cuda):
+def test_varlen_backward_with_seqused(caps, cuda):
+    """seqused_q / seqused_k (0.9): the gradients of each sequence's used rows are those of the used part alone, the
+    unused rows' zeros."""
     _need(caps, torch.bfloat16, 64)
+    if caps.device_backend != "sm90":
+        pytest.skip(f"the {caps.device_backend} backend's backward takes dense batches only")
     q, k, v, _ = _inputs(cuda, torch.bfloat16, 1, 12, 12, 4, 2, 64)
-    q = q[0].requires_grad_()
+    q, k, v = (t[0].detach().requires_grad_() for t in (q, k, v))
     cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=cuda)
-    used = torch.tensor([5, 6], dtype=torch.int32, device=cuda)
-    out = flashcore.varlen_attention(q, k[0], v[0], cu, cu, 7, 7, causal=True, seqused_k=used)
-    with pytest.raises(NotImplementedError, match="seqused_k is not supported"):
-        out.float().sum().backward()
-    assert math.isfinite(out.float().sum().item())
+    used_q = torch.tensor([4, 7], dtype=torch.int32, device=cuda)
+    used_k = torch.tensor([5, 6], dtype=torch.int32, device=cuda)
+    dout = torch.randn(12, 4, 64, device=cuda, dtype=torch.bfloat16)
+    out = flashcore.varlen_attention(q, k, v, cu, cu, 7, 7, causal=True, seqused_q=used_q, seqused_k=used_k)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert torch.count_nonzero(dq[4]) == 0 and torch.count_nonzero(dk[11]) == 0 and torch.count_nonzero(dv[11]) == 0
+    for qs, ks in ((slice(0, 4), slice(0, 5)), (slice(5, 12), slice(5, 11))):
+        one = lambda t, s: t[s].unsqueeze(0)  # noqa: E731
+        check_grads(one(q, qs), one(k, ks), one(v, ks), one(dout, qs), True,
+                    grads=(one(dq, qs), one(dk, ks), one(dv, ks)))

@@ -875,15 +875,21 @@ def test_varlen_seqused_q_errors(monkeypatch, seqused_q, exc, match):
     assert not calls
 
 
-def test_varlen_seqused_q_has_no_backward(monkeypatch):
-    """Under autograd the forward runs (without an lse for a backward), and the backward raises NotImplementedError
-    naming seqused_q."""
-    _varlen_v08(monkeypatch, [])
+def test_varlen_seqused_q_backward(monkeypatch):
+    """Under autograd the forward keeps its lse, and the backward (0.9) takes seqused_q: the unused rows' dq is zero,
+    and each sequence's used rows get the gradients of its first seqused_q[b] rows alone."""
+    calls = []
+    _varlen_v08(monkeypatch, calls)
     q, k, v, cu_q, cu_k = _varlen_inputs([5, 3, 4], [9, 2, 6], requires_grad=True)
-    out = flashcore.varlen_attention(q, k, v, cu_q, cu_k, 5, 9, causal=True, seqused_q=_i32([2, 3, 1]))
+    used = _i32([2, 3, 1])
+    out = flashcore.varlen_attention(q, k, v, cu_q, cu_k, 5, 9, causal=True, seqused_q=used)
     assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward of varlen attention with seqused_q is not supported"):
-        out.sum().backward()
+    out.float().sum().backward()
+    (bwd,) = [c for c in calls if c["kind"] == "varlen_backward"]
+    assert torch.equal(bwd["seqused_q"], used)
+    unused = torch.ones(12, dtype=torch.bool)
+    unused[[0, 1, 5, 6, 7, 8]] = False
+    assert torch.count_nonzero(q.grad[unused]) == 0 and torch.count_nonzero(q.grad[~unused]) > 0
 
 
 def test_varlen_seqused_q_refused_by_an_older_library(monkeypatch):

@@ -150,21 +150,30 @@ def emulate_serving_on_cpu(monkeypatch, calls=None):
             lse[:, :covered] = l[:, :covered].float()
 
     def launch_varlen_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
-                               softmax_scale, deterministic, variants=None, dsinks=None):
-        """Each sequence's backward by the float64 formulas (reference.variant_backward_fp64, D from the out given)."""
+                               softmax_scale, deterministic, variants=None, dsinks=None, seqused_q=None,
+                               seqused_k=None):
+        """Each sequence's backward by the float64 formulas (reference.variant_backward_fp64, D from the out given),
+        over its first seqused_q[b] queries and seqused_k[b] keys where given (the other rows' gradients: zeros)."""
         if calls is not None:
             calls.append({"kind": "varlen_backward", "max_seqlen_q": max_q, "max_seqlen_k": max_k,
                           "deterministic": deterministic, "dsinks": dsinks is not None,
-                          **({} if variants is None else {"variants": variants})})
+                          **({} if variants is None else {"variants": variants}),
+                          **({} if seqused_q is None else {"seqused_q": seqused_q}),
+                          **({} if seqused_k is None else {"seqused_k": seqused_k})})
         window = (-1, -1) if variants is None else (variants.window_size_left, variants.window_size_right)
         cap = 0.0 if variants is None else variants.softcap
         sinks = None if variants is None else variants.sinks
         chunk = 0 if variants is None else variants.attention_chunk
         cq, ck = cu_q.tolist(), cu_k.tolist()
         total = torch.zeros(q.shape[1], dtype=torch.float64)
+        for t in (dq, dk, dv):
+            t.zero_()
         for b in range(len(cq) - 1):
-            qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-            if cq[b + 1] == cq[b] or ck[b + 1] == ck[b]:
+            nq, nk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+            nq = nq if seqused_q is None else max(0, min(int(seqused_q[b]), nq))
+            nk = nk if seqused_k is None else max(0, min(int(seqused_k[b]), nk))
+            qs, ks = slice(cq[b], cq[b] + nq), slice(ck[b], ck[b] + nk)
+            if nq == 0 or nk == 0:
                 continue
             one = lambda t, s: t[s][None]  # noqa: E731
             gq, gk, gv, gs = variant_backward_fp64(one(q, qs), one(k, ks), one(v, ks), one(dout, qs), causal,

@@ -897,9 +897,12 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
       return FLASHCORE_ERROR_NULL_POINTER;
     }
   }
+  if (p.seqused_k != nullptr && p.cu_seqlens_q == nullptr) {
+    message = "seqused_k is set on a dense batch: the backward takes seqused_k (and seqused_q) with cu_seqlens_q and "
+              "cu_seqlens_k (packed batches) only";
+    return FLASHCORE_ERROR_INVALID_ARGUMENT;
+  }
   const std::pair<const char*, bool> not_yet[] = {
-      {"seqused_k", p.seqused_k != nullptr},
-      {"seqused_q", p.seqused_q != nullptr},
       {"block_table", p.block_table != nullptr},
       {"k_new", p.k_new != nullptr},
       {"precision", p.precision != FLASHCORE_PRECISION_NATIVE},
@@ -910,7 +913,7 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
   for (const auto& [field, set] : not_yet) {
     if (set) {
       message = cat(field, " is set: the backward takes dense or packed (cu_seqlens_q and cu_seqlens_k) batches in the ",
-                    "input dtype with the library's kernel only (no seqused_k, block_table, k_new, precision, out_dtype, ",
+                    "input dtype with the library's kernel only (no block_table, k_new, precision, out_dtype, ",
                     "kernel_config or flags) in this version");
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }

@@ -57,9 +57,10 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
 
 // The backward's arguments (flashcore_attention_backward), for params that passed validate_arguments, in this order:
 //   NULL_POINTER        lse, dout, dq, dk, dv NULL
-//   INVALID_ARGUMENT    a field the backward does not take yet, named: seqused_k, cu_seqlens_q, cu_seqlens_k,
-//                       block_table, k_new, precision (not NATIVE), out_dtype (not SAME or dtype), kernel_config, flags;
-//                       deterministic not 0/1; reserved3 != 0
+//   INVALID_ARGUMENT    seqused_k on a dense batch (packed batches take seqused_k and seqused_q); a field the backward
+//                       does not take yet, named: cu_seqlens_q without cu_seqlens_k or the reverse, block_table, k_new,
+//                       precision (not NATIVE), out_dtype (not SAME or dtype), kernel_config, flags; deterministic not
+//                       0/1; reserved3 != 0
 //   UNSUPPORTED_DTYPE   an 8-bit dtype
 //   UNSUPPORTED_HEAD_DIM no backward kernel compiled for (dtype, head_dim) (64 and 128 exist)
 //   SIZE_OVERFLOW       dout, dq, dk, dv's extents

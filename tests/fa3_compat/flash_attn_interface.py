@@ -155,7 +155,8 @@ def _tiny(shape, dtype, device, requires_grad=False):
 
 
 def _probe_call(entry: str, dtype, head_dim: int, causal: bool, device, variants: dict, *, backward=False,
-                seqused_k=False, deterministic=False, head_dim_v: Optional[int] = None, kv_fp8=False):
+                seqused_k=False, seqused_q=False, deterministic=False, head_dim_v: Optional[int] = None,
+                kv_fp8=False):
     """A thunk making one tiny call of `entry` with these settings (and its backward with backward=True); v (and the
     cache's v) of head_dim_v columns when given, else head_dim. kv_fp8: the cache in e4m3 (with descales of 1)."""
     dv = head_dim if head_dim_v is None else head_dim_v
@@ -179,7 +180,9 @@ def _probe_call(entry: str, dtype, head_dim: int, causal: bool, device, variants
             v = _tiny((s, hk, dv), dtype, device, backward)
             cu = torch.tensor([0, s], dtype=torch.int32, device=device)
             used = torch.tensor([s - 3], dtype=torch.int32, device=device) if seqused_k else None
-            out = flashcore.varlen_attention(q, k, v, cu, cu, s, s, causal=causal, seqused_k=used, **variants)
+            used_q = {"seqused_q": torch.tensor([s - 5], dtype=torch.int32, device=device)} if seqused_q else {}
+            out = flashcore.varlen_attention(q, k, v, cu, cu, s, s, causal=causal, seqused_k=used, **used_q,
+                                             **variants)
             inputs = (q, k, v)
         else:  # attention_with_kvcache
             q = _tiny((1, 1, hq, head_dim), dtype, device)
@@ -329,18 +332,18 @@ def _no_backward(reason: str, result, inputs):
 
 
 def _backward_reason(fn_name: str, entry: str, q, v, causal: bool, variants: dict, *, seqused_k=False,
-                     deterministic=False) -> Optional[str]:
+                     seqused_q=False, deterministic=False) -> Optional[str]:
     """Why FlashCore has no backward for this call (None: it has one), from a tiny backward of the same kind (v of
     the call's head dim)."""
     d, dv = q.shape[-1], v.shape[-1]
-    key = ("backward", entry, q.dtype, d, dv, causal, tuple(sorted(variants)), seqused_k, deterministic)
+    key = ("backward", entry, q.dtype, d, dv, causal, tuple(sorted(variants)), seqused_k, seqused_q, deterministic)
     reason = probe(key, _probe_call(entry, q.dtype, d, causal, q.device, variants, backward=True,
-                                    seqused_k=seqused_k, deterministic=deterministic, head_dim_v=dv))
+                                    seqused_k=seqused_k, seqused_q=seqused_q, deterministic=deterministic,
+                                    head_dim_v=dv))
     if reason is None:
         return None
     what = [_dtype_name(q.dtype), f"head_dim={d}"] + ([f"head_dim_v={dv}"] if dv != d else []) + list(variants)
-    if seqused_k:
-        what.append("seqused_k")
+    what += [n for n, on in (("seqused_q", seqused_q), ("seqused_k", seqused_k)) if on]
     return f"flashcore: backward of {fn_name} ({', '.join(what)}) not supported ({reason})"
 
 
@@ -457,12 +460,8 @@ def flash_attn_varlen_func(
                          attention_chunk)
     no_backward = None
     if _needs_grad(q, k, v):
-        if seqused_q is not None:  # the library's backward refuses seqused_q (flashcore.h): nothing to probe
-            no_backward = (f"flashcore: backward of {name} with seqused_q not supported (FlashCore's backward "
-                           f"refuses seqused_q)")
-        else:
-            no_backward = _backward_reason(name, "varlen_attention", q, v, causal, variants,
-                                           seqused_k=seqused_k is not None)
+        no_backward = _backward_reason(name, "varlen_attention", q, v, causal, variants,
+                                       seqused_k=seqused_k is not None, seqused_q=seqused_q is not None)
     kwargs = dict(causal=causal, softmax_scale=softmax_scale, return_lse=bool(return_attn_probs), **variants)
     if seqused_k is not None:
         kwargs["seqused_k"] = seqused_k

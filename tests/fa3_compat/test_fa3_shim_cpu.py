@@ -439,7 +439,7 @@ def test_attention_chunk_backward_is_flashcores(lib):
     q, k, v = qkv(requires_grad=True)
     out = shim.flash_attn_func(q, k, v, causal=True, attention_chunk=4)
     assert "SkipOnBackward" not in type(out.grad_fn).__name__
-    assert ("backward", "attention", BF16, 64, 64, True, ("attention_chunk",), False, False) in lib.probed
+    assert ("backward", "attention", BF16, 64, 64, True, ("attention_chunk",), False, False, False) in lib.probed
 
 
 def test_dense_no_window_passes_none(lib):
@@ -535,8 +535,9 @@ def test_kvcache_serving_arguments_are_passed(lib):
 
 
 def test_varlen_partial_seqused_q_is_passed(lib):
-    """A seqused_q that leaves rows unused reaches flashcore.varlen_attention (0.8); FlashCore has no backward with
-    it, so a call under autograd returns the real forward and skips at the backward, without a probe."""
+    """A seqused_q that leaves rows unused reaches flashcore.varlen_attention (0.8); under autograd the backward is
+    probed with seqused_q (0.9's backward takes it), and a library that refuses it skips at the backward, naming
+    seqused_q."""
     q, k, v, cu_q, cu_k = packed()
     used = torch.tensor([3, 7], dtype=torch.int32)
     shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_q=used, causal=True)
@@ -544,9 +545,12 @@ def test_varlen_partial_seqused_q_is_passed(lib):
     assert kwargs["seqused_q"] is used and "seqused_k" not in kwargs
     for t in (q, k, v):
         t.requires_grad_()
+    lib.answers["backward"] = "probe: RuntimeError: seqused_q is set"
     out = shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_q=used)
-    assert not any(key[0] == "backward" for key in lib.probed)
-    with pytest.raises(SKIPPED, match=r"flashcore: backward of flash_attn_varlen_func with seqused_q not supported"):
+    backward_keys = [key for key in lib.probed if key[0] == "backward"]
+    assert backward_keys and backward_keys[-1][-3:] == (False, True, False)  # seqused_k, seqused_q, deterministic
+    with pytest.raises(SKIPPED, match=r"backward of flash_attn_varlen_func \(bfloat16, head_dim=64, seqused_q\) not "
+                                      r"supported \(probe: RuntimeError: seqused_q is set\)"):
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 
 
@@ -656,7 +660,7 @@ def test_hdimdiff_backward_skips_after_a_real_forward(lib):
     q, k, v = qkv(d=192, dv=128, requires_grad=True)
     out = shim.flash_attn_func(q, k, v, causal=True)
     assert torch.equal(out, ref_attention(q, k, v, causal=True)) and out.requires_grad
-    assert ("backward", "attention", BF16, 192, 128, True, (), False, False) in lib.probed
+    assert ("backward", "attention", BF16, 192, 128, True, (), False, False, False) in lib.probed
     with pytest.raises(SKIPPED) as info:
         torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     assert info.value.msg == ("flashcore: backward of flash_attn_func (bfloat16, head_dim=192, head_dim_v=128) not "
@@ -707,7 +711,7 @@ def test_backward_varlen_with_seqused_k_is_probed_as_such(lib):
         t.requires_grad_()
     out = shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, seqused_k=torch.tensor([3, 6], dtype=torch.int32))
     backward_keys = [key for key in lib.probed if key[0] == "backward"]
-    assert backward_keys and backward_keys[-1][-2] is True  # seqused_k
+    assert backward_keys and backward_keys[-1][-3:] == (True, False, False)  # seqused_k, seqused_q, deterministic
     with pytest.raises(SKIPPED, match=r"backward of flash_attn_varlen_func \(bfloat16, head_dim=64, seqused_k\)"):
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 

@@ -31,11 +31,13 @@ struct VarlenCase {
   bool causal;
   std::vector<int> len_q, len_k;
   int64_t heads_q = 4, heads_kv = 2;
+  std::vector<int> used_q = {}, used_k = {};  // seqused_q / seqused_k (empty: not given)
 };
 
 std::string name_of(const VarlenCase& c) {
   return std::string(c.dtype == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16") + "_d" + std::to_string(c.head_dim) +
-         (c.causal ? "_causal" : "_full") + "_seqs" + std::to_string(c.len_q.size());
+         (c.causal ? "_causal" : "_full") + "_seqs" + std::to_string(c.len_q.size()) +
+         (c.used_q.empty() ? "" : "_usedq") + (c.used_k.empty() ? "" : "_usedk");
 }
 
 std::vector<VarlenCase> varlen_cases() {
@@ -45,6 +47,11 @@ std::vector<VarlenCase> varlen_cases() {
       for (bool causal : {false, true}) {
         // Lengths that cross and end inside blocks, a one-row sequence, one longer than a key block, Sq != Sk.
         out.push_back({dt, d, causal, {17, 64, 1, 200, 130}, {33, 64, 5, 200, 257}});
+        // seqused_q / seqused_k (FlashAttention-3's): rows past them in each sequence's slot are unused (their
+        // gradients zeros); a sequence with no used query or key; used counts equal to the slot's.
+        out.push_back({dt, d, causal, {17, 64, 3, 200, 130}, {33, 64, 5, 200, 257}, 4, 2, {9, 64, 0, 131, 100},
+                       {20, 0, 5, 77, 256}});
+        out.push_back({dt, d, causal, {100, 40}, {100, 300}, 4, 2, {}, {60, 129}});
       }
     }
   }
@@ -104,6 +111,19 @@ TEST_P(BackwardVarlen, EachSequenceMatchesItsReference) {
   p.cu_seqlens_k = static_cast<const int32_t*>(cuk_.ptr);
   p.total_q = total_q;
   p.total_k = total_k;
+  DeviceBuffer usedq_(std::max<size_t>(4, c.used_q.size() * 4)), usedk_(std::max<size_t>(4, c.used_k.size() * 4));
+  if (!c.used_q.empty()) {
+    ASSERT_EQ(cudaMemcpy(usedq_.ptr, c.used_q.data(), c.used_q.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    p.seqused_q = static_cast<const int32_t*>(usedq_.ptr);
+  }
+  if (!c.used_k.empty()) {
+    ASSERT_EQ(cudaMemcpy(usedk_.ptr, c.used_k.data(), c.used_k.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    p.seqused_k = static_cast<const int32_t*>(usedk_.ptr);
+  }
+  // The rows each sequence uses (the reference's lengths).
+  auto used = [](const std::vector<int>& u, const std::vector<int>& len, int64_t b) {
+    return u.empty() ? len[b] : std::min(u[b], len[b]);
+  };
   const flashcore_tensor_strides qs{0, Hq * D, D, 1}, ks{0, Hkv * D, D, 1};
   p.q = dq_.ptr;
   p.k = dk_.ptr;
@@ -168,8 +188,8 @@ TEST_P(BackwardVarlen, EachSequenceMatchesItsReference) {
       flashcore_attention_params h;
       flashcore_attention_params_init(&h);
       h.batch = 1;
-      h.seqlen_q = c.len_q[b];
-      h.seqlen_k = c.len_k[b];
+      h.seqlen_q = used(c.used_q, c.len_q, b);
+      h.seqlen_k = used(c.used_k, c.len_k, b);
       h.num_heads_q = Hq;
       h.num_heads_kv = Hkv;
       h.head_dim = D;
@@ -180,6 +200,28 @@ TEST_P(BackwardVarlen, EachSequenceMatchesItsReference) {
       h.v = v.data() + cu_k[b] * Hkv * D;
       h.q_strides = h.dout_strides = flashcore_tensor_strides{total_q * Hq * D, Hq * D, D, 1};
       h.k_strides = h.v_strides = flashcore_tensor_strides{total_k * Hkv * D, Hkv * D, D, 1};
+      // The unused rows' gradients: zeros.
+      {
+        const int64_t rows[3] = {c.len_q[b] - h.seqlen_q, c.len_k[b] - h.seqlen_k, c.len_k[b] - h.seqlen_k};
+        const int64_t first[3] = {(cu_q[b] + h.seqlen_q) * Hq * D, (cu_k[b] + h.seqlen_k) * Hkv * D,
+                                  (cu_k[b] + h.seqlen_k) * Hkv * D};
+        const int64_t width[3] = {Hq * D, Hkv * D, Hkv * D};
+        for (int t = 0; t < 3; ++t) {
+          int64_t nonzero = 0;
+          for (int64_t e = 0; e < rows[t] * width[t]; ++e) nonzero += got[run][t][first[t] + e] != 0;
+          EXPECT_EQ(nonzero, 0) << "tensor " << t << ": unused rows not zero";
+        }
+      }
+      if (h.seqlen_q == 0 || h.seqlen_k == 0) {  // nothing attends: every gradient of the used rows is zero
+        const int64_t count[3] = {h.seqlen_q * Hq * D, h.seqlen_k * Hkv * D, h.seqlen_k * Hkv * D};
+        const int64_t first[3] = {cu_q[b] * Hq * D, cu_k[b] * Hkv * D, cu_k[b] * Hkv * D};
+        for (int t = 0; t < 3; ++t) {
+          int64_t nonzero = 0;
+          for (int64_t e = 0; e < count[t]; ++e) nonzero += got[run][t][first[t] + e] != 0;
+          EXPECT_EQ(nonzero, 0) << "tensor " << t << ": a sequence with no used query or key";
+        }
+        continue;
+      }
       const ref::Gradients r = ref::attention_backward(h, dout.data() + cu_q[b] * Hq * D);
       const std::vector<double>* want[3] = {&r.dq, &r.dk, &r.dv};
       const int64_t start[3] = {cu_q[b] * Hq * D, cu_k[b] * Hkv * D, cu_k[b] * Hkv * D};

@@ -46,10 +46,13 @@ __host__ __device__ constexpr int64_t bwd_padded_rows(int64_t seqlen_q) {
 }
 
 // One sequence of a call: its query and key rows in Q / K (packed batches: from cu_seqlens, clamped to the tensors
-// as the forward clamps them) and its lengths.
+// as the forward clamps them), the rows it holds there and the rows it uses (seqused_q / seqused_k: its first
+// len_q <= rows_q queries and len_k <= rows_k keys; without them all). The kernels attend over the used rows; the
+// gradients of the others are zeros (bwd_prep.cuh).
 struct BwdSeq {
   int64_t q_start, k_start;
   int len_q, len_k;
+  int rows_q, rows_k;
 };
 
 // Where the backward's per-row workspace arrays (the scaled LSE, D, the fp32 dQ rows) of a call live. Dense batches:
@@ -59,6 +62,8 @@ struct BwdSeq {
 struct BwdRows {
   const int* cu_seqlens_q;  // nullptr: dense
   const int* cu_seqlens_k;
+  const int* seqused_q;     // packed only; nullptr: every row of a sequence used
+  const int* seqused_k;
   int64_t seqlen_q, seqlen_k;  // dense lengths, or the longest sequence's
   int64_t total_q, total_k;    // packed rows (varlen)
   int64_t head_rows;           // rows per (batch, head) slice (dense) or per head (varlen)
@@ -71,11 +76,18 @@ struct BwdRows {
   __host__ __device__ int64_t rows(int64_t batch) const { return head_rows * heads * (cu_seqlens_q ? 1 : batch); }
 #if defined(__CUDACC__)
   __device__ BwdSeq seq(int b) const {
-    if (cu_seqlens_q == nullptr) return {0, 0, static_cast<int>(seqlen_q), static_cast<int>(seqlen_k)};
+    if (cu_seqlens_q == nullptr) {
+      const int sq = static_cast<int>(seqlen_q), sk = static_cast<int>(seqlen_k);
+      return {0, 0, sq, sk, sq, sk};
+    }
     auto clamp = [](int64_t x, int64_t hi) { return x < 0 ? int64_t{0} : (x > hi ? hi : x); };
     const int64_t q0 = clamp(__ldg(cu_seqlens_q + b), total_q), q1 = clamp(__ldg(cu_seqlens_q + b + 1), total_q);
     const int64_t k0 = clamp(__ldg(cu_seqlens_k + b), total_k), k1 = clamp(__ldg(cu_seqlens_k + b + 1), total_k);
-    return {q0, k0, static_cast<int>(clamp(q1 - q0, seqlen_q)), static_cast<int>(clamp(k1 - k0, seqlen_k))};
+    const int64_t rows_q = clamp(q1 - q0, seqlen_q), rows_k = clamp(k1 - k0, seqlen_k);
+    const int64_t len_q = seqused_q != nullptr ? clamp(__ldg(seqused_q + b), rows_q) : rows_q;
+    const int64_t len_k = seqused_k != nullptr ? clamp(__ldg(seqused_k + b), rows_k) : rows_k;
+    return {q0, k0, static_cast<int>(len_q), static_cast<int>(len_k), static_cast<int>(rows_q),
+            static_cast<int>(rows_k)};
   }
   // The first row of (sequence b, head h)'s block of rows.
   __device__ int64_t base(int b, int h, const BwdSeq& s) const {
@@ -90,6 +102,8 @@ inline BwdRows bwd_rows_of(const flashcore_attention_params& p) {
   BwdRows r{};
   r.cu_seqlens_q = p.cu_seqlens_q;
   r.cu_seqlens_k = p.cu_seqlens_k;
+  r.seqused_q = p.cu_seqlens_q != nullptr ? p.seqused_q : nullptr;
+  r.seqused_k = p.cu_seqlens_q != nullptr ? p.seqused_k : nullptr;
   r.seqlen_q = p.seqlen_q;
   r.seqlen_k = p.seqlen_k;
   r.total_q = p.total_q;

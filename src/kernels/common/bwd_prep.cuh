@@ -115,10 +115,17 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParam
   __shared__ float tile[64][kCols + 2];
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const BwdSeq seq = p.rows.seq(b);
-  if (m * 64 >= seq.len_q) return;
+  if (m * 64 >= seq.rows_q) return;
   const bool varlen = p.rows.cu_seqlens_q != nullptr;
   using E = ElemTraits<T>;
   auto* dq = static_cast<T*>(p.dq) + (varlen ? 0 : b * p.stride_batch) + seq.q_start * p.stride_seq + h * p.stride_head;
+  if (m * 64 >= seq.len_q) {  // rows past seqused_q only (no block was prepared for them): zeros
+    for (int i = static_cast<int>(threadIdx.x); i < 64 * kD / 2; i += 256) {
+      const int q = m * 64 + i / (kD / 2), col = 2 * (i % (kD / 2));
+      if (q < seq.rows_q) *reinterpret_cast<uint32_t*>(dq + q * p.stride_seq + col) = 0u;
+    }
+    return;
+  }
 #pragma unroll 1
   for (int c0 = 0; c0 < kD; c0 += kCols) {
     // Regions c0 / 64 .. of the block (bwd_layout.h: a region is 64 x 64 floats, region-major).
@@ -141,9 +148,28 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParam
       if (q < seq.len_q) {
         *reinterpret_cast<uint32_t*>(dq + q * p.stride_seq + c0 + col) =
             E::pack2(p.softmax_scale * tile[row][col], p.softmax_scale * tile[row][col + 1]);
+      } else if (q < seq.rows_q) {  // past seqused_q
+        *reinterpret_cast<uint32_t*>(dq + q * p.stride_seq + c0 + col) = 0u;
       }
     }
     __syncthreads();  // the tile is read before the next columns overwrite it
+  }
+}
+
+// Packed batches with seqused_k: dK and dV of each sequence's keys past its used ones (the kernels write the used
+// keys' only) are zeros. A CTA per 64 rows of the longest sequence, KV head and sequence.
+template <class T, int kD, int kBackend = 90>
+__global__ void __launch_bounds__(256) flashcore_bwd_zero_kv(const BwdZeroKvParams p) {
+  const int n = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const BwdSeq seq = p.rows.seq(b);
+  const int first = max(n * 64, seq.len_k), end = min(n * 64 + 64, seq.rows_k);
+  if (first >= end) return;
+  auto* dk = static_cast<T*>(p.dk) + seq.k_start * p.dk_stride_seq + h * p.dk_stride_head;
+  auto* dv = static_cast<T*>(p.dv) + seq.k_start * p.dv_stride_seq + h * p.dv_stride_head;
+  for (int i = static_cast<int>(threadIdx.x); i < (end - first) * kD / 2; i += 256) {
+    const int key = first + i / (kD / 2), col = 2 * (i % (kD / 2));
+    *reinterpret_cast<uint32_t*>(dk + key * p.dk_stride_seq + col) = 0u;
+    *reinterpret_cast<uint32_t*>(dv + key * p.dv_stride_seq + col) = 0u;
   }
 }
 

@@ -39,6 +39,14 @@ struct BwdDsinksParams {
   int batch, m_blocks;
 };
 
+// dK and dV rows past seqused_k (bwd_prep.cuh flashcore_bwd_zero_kv; packed batches).
+struct BwdZeroKvParams {
+  void* dk;
+  void* dv;
+  int64_t dk_stride_seq, dk_stride_head, dv_stride_seq, dv_stride_head;  // elements
+  BwdRows rows;
+};
+
 struct BwdDqParams {
   const float* dq_accum;  // as BwdPrepParams
   void* dq;
@@ -94,6 +102,18 @@ inline BwdDqParams bwd_dq_params_of(const flashcore_attention_params& p, const B
   conv.rows = rows;
   conv.softmax_scale = softmax_scale;
   return conv;
+}
+
+inline BwdZeroKvParams bwd_zero_kv_params_of(const flashcore_attention_params& p, const BwdRows& rows) {
+  BwdZeroKvParams z{};
+  z.dk = p.dk;
+  z.dv = p.dv;
+  z.dk_stride_seq = p.dk_strides.seq;
+  z.dk_stride_head = p.dk_strides.head;
+  z.dv_stride_seq = p.dv_strides.seq;
+  z.dv_stride_head = p.dv_strides.head;
+  z.rows = rows;
+  return z;
 }
 
 }  // namespace flashcore::kernels

@@ -89,5 +89,6 @@ constexpr const void* bwd_kernel_of() {
       BwdConfigOf<T, HEAD_DIM, false, false>::kBlockN,                                                          \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM>),                                 \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>),                           \
-      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<90>)};                                       \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<90>),                                        \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_zero_kv<T, HEAD_DIM>)};                             \
   }

@@ -148,9 +148,20 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   }
   if (flashcore_status st = launch(row->dq_convert, q_grid, 256, 0, &conv, stream, "backward dQ conversion launch failed",
                                    error);
-      st != FLASHCORE_SUCCESS || !dsinks) {
+      st != FLASHCORE_SUCCESS) {
     return st;
   }
+  if (bp.rows.seqused_k != nullptr) {  // dK and dV of the keys past seqused_k: zeros (the kernel writes the used ones)
+    kernels::BwdZeroKvParams zero = kernels::bwd_zero_kv_params_of(p, bp.rows);
+    const dim3 kv_rows_grid(static_cast<unsigned>((p.seqlen_k + 63) / 64), static_cast<unsigned>(p.num_heads_kv),
+                            static_cast<unsigned>(p.batch));
+    if (flashcore_status st = launch(row->zero_kv, kv_rows_grid, 256, 0, &zero, stream,
+                                     "backward launch (dK and dV past seqused_k) failed", error);
+        st != FLASHCORE_SUCCESS) {
+      return st;
+    }
+  }
+  if (!dsinks) return FLASHCORE_SUCCESS;
   kernels::BwdDsinksParams ds{prep.dsink_part, p.dsinks, bp.rows, static_cast<int>(p.batch), m_blocks};
   return launch(row->dsinks, dim3(static_cast<unsigned>(p.num_heads_q)), 256, 0, &ds, stream,
                 "backward dsinks launch failed", error);

@@ -21,6 +21,7 @@ struct BwdKernelRow {
   const void* prep;        // kernels::flashcore_bwd_prep<T, D>
   const void* dq_convert;  // kernels::flashcore_bwd_dq_convert<T, D>
   const void* dsinks;      // kernels::flashcore_bwd_dsinks<90>
+  const void* zero_kv;     // kernels::flashcore_bwd_zero_kv<T, D>: dK and dV past seqused_k
 };
 
 // The compiled row for (dtype, head_dim), or nullptr.
