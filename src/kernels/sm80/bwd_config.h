@@ -1,13 +1,16 @@
-// The portable backward kernel's tile (FlashAttention-2's structure): a CTA owns kBlockN keys of one KV head, K and V
-// in shared memory, and walks the 64-row query blocks of every query head of the KV group. Each warp owns 16 of the
-// keys (one m16 row tile of S^T = K Q^T and of its dK and dV accumulators), so kWarps = kBlockN / 16. The dQ of a
-// step (64 queries x head dim) is split over the same warps: row tile w % 4, column part w / 4.
+// The portable backward kernel's tile: a CTA owns kBlockN keys of one KV head, K and V in shared memory, and walks the
+// 64-row query blocks of every query head of the KV group, kWarps = kBlockN / 16 warps. Two orders of the step
+// (docs/decisions.md#sm80-backward): the plain 128-key kernels take queries as rows (bwd_mainloop_rows.cuh: warps
+// 2 x 4 over S and dP, P and dS through shared memory; kQueryRows); the variants' kernels and the 64-key tiles take
+// keys as rows (bwd_mainloop.cuh: warp w owns keys 16w.., one m16 row tile of S^T = K Q^T and of its dK and dV; dQ of
+// a step split over the same warps, row tile w % 4, column part w / 4).
 // The tiles (sources.cmake, _fc_sm80_bwd_tiles): 128 keys, Q / dO double-buffered, where shared memory allows
-// (81 KB at head dim 64: every 8.x device; 145 KB at 128: sm_80/87/90); 64 keys, single Q / dO buffers at head
-// dim 128 on sm_86/89 (72.5 KB of their 99 KB). Why this shape: docs/decisions.md#sm80-backward.
+// (97 KB at head dim 64: every 8.x device; 161 KB at 128: sm_80/87/90); 64 keys, single Q / dO buffers at head
+// dim 128 on sm_86/89 (72.5 KB of their 99 KB).
 // Shared memory: every tile is rows of 16-byte units with the XOR swizzle of smem.cuh (K, V, Q, dO: rows of kHeadDim
-// elements; dS^T: one 128-byte row of 64 queries per key). The members kThreads, kElemBytes, kRowBytes, kRowUnits and
-// kCopyThreadsPerRow are the ones loads.cuh's copies read.
+// elements; dS^T: one 128-byte row of 64 queries per key; the query-rows kernels' P and dS: one 256-byte row of 128
+// keys per query). The members kThreads, kElemBytes, kRowBytes, kRowUnits and kCopyThreadsPerRow are the ones
+// loads.cuh's copies read.
 #pragma once
 #include <cstdint>
 
