@@ -757,7 +757,8 @@ def test_variants_backward_ops_fake_and_opcheck(emulated):
     assert (str(args["attention_chunk"].type), args["attention_chunk"].default_value) == ("int", 0)
     assert len(torch.ops.flashcore.attention_variants_bwd.default._schema.returns) == 4
     vargs = [a.name for a in torch.ops.flashcore.varlen_attention_variants_bwd.default._schema.arguments]
-    assert vargs[-7:] == list(args)[-7:]
+    # The varlen op: the same seven, then (0.9) seqused_q and seqused_k.
+    assert vargs[-9:-2] == list(args)[-7:] and vargs[-2:] == ["seqused_q", "seqused_k"]
     with FakeTensorMode():
         q = torch.empty(2, 17, 8, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 33, 2, 64, dtype=torch.bfloat16, device="cuda")
