@@ -89,12 +89,15 @@ while read -r name arch h g s t loc; do
 done <<<"$portable"
 
 # The backward kernels (bwd_rows.inc: one row per (dtype, head dim, tile), each a causal and a non-causal kernel, plain
-# and in the variants' flavour): the same instructions, no local memory, once per arch.
+# and in the variants' flavour; the 128-row tiles, named _m128, plain only): the same instructions, no local memory,
+# once per arch.
 bwd_rows=$(grep -c "^FLASHCORE_SM80_BWD" "$BUILD_DIR/generated/kernels/sm80/bwd_rows.inc" 2>/dev/null || echo 0)
-bwd_expected=$((4 * bwd_rows * narchs))
+bwd_plain_rows=$(grep -c "^FLASHCORE_SM80_BWD(.*_m128)" "$BUILD_DIR/generated/kernels/sm80/bwd_rows.inc" 2>/dev/null || true)
+bwd_expected=$(((4 * bwd_rows - 2 * ${bwd_plain_rows:-0}) * narchs))
 backward=$(grep flashcore_bwd_sm80_kernel <<<"$report" || true)
 bwd_found=$(printf '%s\n' "$backward" | grep -c . || true)
-echo "check_sass_sm80: $bwd_found portable backward kernel image(s) (expected $bwd_expected: $bwd_rows rows x 4 x archs $archs)"
+echo "check_sass_sm80: $bwd_found portable backward kernel image(s) (expected $bwd_expected: $bwd_rows rows x 4" \
+     "(${bwd_plain_rows:-0} of them x 2) x archs $archs)"
 [[ "$bwd_found" -eq "$bwd_expected" ]] || err "found $bwd_found portable backward kernel images, expected $bwd_expected"
 while read -r name arch h g s t loc; do
   [[ -z "${name:-}" ]] && continue

@@ -20,13 +20,16 @@ namespace flashcore::sm80 {
 
 // kIsVariants: the variants' flavour (bwd_mainloop.cuh): the causal one masks by the call's window
 // (kernels/common/bwd_window.h), both take the softcap; calls without a window or softcap run the plain kernels.
-template <class T, int kD, bool kIsCausal, int kN, int kStageCount, bool kIsVariants = false>
+// kM: query rows per step, 64 (the workspace's dQ block, kernels/common/bwd_layout.h), or 128 for the plain
+// query-rows kernels at head dim 64 (two blocks a step, as FlashAttention-2's d64 tile; 162 KB: sm_80/87/90).
+template <class T, int kD, bool kIsCausal, int kN, int kStageCount, bool kIsVariants = false, int kM = 64>
 struct BwdConfig {
   using Element = T;
   static constexpr int kHeadDim = kD;
   static constexpr bool kCausal = kIsCausal;
   static constexpr bool kVariants = kIsVariants;
-  static constexpr int kBlockM = 64;  // query rows per step: the workspace's dQ block (kernels/common/bwd_layout.h)
+  static constexpr int kBlockM = kM;  // query rows per step
+  static constexpr int kDqBlocks = kBlockM / 64;  // the workspace's 64-row dQ blocks a step adds to
   static constexpr int kBlockN = kN;  // keys per CTA
   static constexpr int kStages = kStageCount;  // Q / dO / LSE / D buffers
   static constexpr int kWarps = kBlockN / 16;
@@ -60,7 +63,7 @@ struct BwdConfig {
   static constexpr int kKVBytes = kBlockN * kRowBytes;
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kDsBytes = kBlockN * kDsRowBytes;
-  static constexpr int kStatBytes = 2 * kBlockM * 4;  // a step's scaled LSE, then its D, 64 floats each
+  static constexpr int kStatBytes = 2 * kBlockM * 4;  // a step's scaled LSE, then its D, kBlockM floats each
   static constexpr int kSmemK = 0;
   static constexpr int kSmemV = kSmemK + kKVBytes;
   static constexpr int kSmemQ = kSmemV + kKVBytes;          // stage s: + s * kQBytes
@@ -74,6 +77,8 @@ struct BwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (dK and dV of 16 keys x 256 columns would "
                                                    "take every register of a thread)");
   static_assert(kBlockN == 64 || kBlockN == 128, "64 or 128 keys: 4 or 8 warps, 4 dQ row tiles x 1 or 2 parts");
+  static_assert(kBlockM == 64 || (kBlockM == 128 && kQueryRows && kHeadDim == 64),
+                "128-row steps: the plain query-rows kernels at head dim 64 only");
   static_assert(kStages == 1 || kStages == 2, "single or double Q / dO buffers");
   static_assert(kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0, "whole dQ chunks of 16-column pairs");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");

@@ -29,25 +29,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm80_kernel(co
 #endif
 }
 
+// The kernel of a row's (T, head dim, tile, causal, variants), or nullptr where none is compiled: the 128-row tiles
+// have plain kernels only (their variants' calls take the next row, bwd_launch.cpp).
+template <class T, int kD, bool kCausal, int kN, int kStages, bool kVariants, int kM>
+constexpr const void* bwd_kernel_of() {
+  if constexpr (kVariants && kM != 64) {
+    return nullptr;
+  } else {
+    using Cfg = BwdConfig<T, kD, kCausal, kN, kStages, kVariants, kM>;
+    return reinterpret_cast<const void*>(&flashcore_bwd_sm80_kernel<Cfg>);
+  }
+}
+
 }  // namespace flashcore::sm80
 
 // One row of the backward table (bwd_launch.h): the generated unit of (T, head dim) names one per tile (BLOCK_N keys,
-// STAGES Q / dO buffers). The preparation and conversion kernels are this backend's instances (kBackend 80).
-#define FLASHCORE_SM80_DEFINE_BWD(NAME, T, DTYPE, HEAD_DIM, BLOCK_N, STAGES)                                   \
+// STAGES Q / dO buffers, BLOCK_M query rows a step). The preparation and conversion kernels are this backend's
+// instances (kBackend 80).
+#define FLASHCORE_SM80_DEFINE_BWD(NAME, T, DTYPE, HEAD_DIM, BLOCK_N, STAGES, BLOCK_M)                          \
   namespace flashcore::sm80 {                                                                                 \
   extern const BwdKernelRow kBwd_##NAME = {                                                                   \
       DTYPE,                                                                                                  \
       HEAD_DIM,                                                                                               \
       BLOCK_N,                                                                                                \
       STAGES,                                                                                                 \
-      {{reinterpret_cast<const void*>(&flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES>>), \
-        reinterpret_cast<const void*>(&flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, true, BLOCK_N, STAGES>>)}, \
-       {reinterpret_cast<const void*>(                                                                        \
-            &flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES, true>>),                \
-        reinterpret_cast<const void*>(                                                                        \
-            &flashcore_bwd_sm80_kernel<BwdConfig<T, HEAD_DIM, true, BLOCK_N, STAGES, true>>)}},               \
-      BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES>::kSmemBytes,                                             \
-      BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES>::kThreads,                                               \
+      BLOCK_M,                                                                                                \
+      {{bwd_kernel_of<T, HEAD_DIM, false, BLOCK_N, STAGES, false, BLOCK_M>(),                                 \
+        bwd_kernel_of<T, HEAD_DIM, true, BLOCK_N, STAGES, false, BLOCK_M>()},                                 \
+       {bwd_kernel_of<T, HEAD_DIM, false, BLOCK_N, STAGES, true, BLOCK_M>(),                                  \
+        bwd_kernel_of<T, HEAD_DIM, true, BLOCK_N, STAGES, true, BLOCK_M>()}},                                 \
+      BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES, false, BLOCK_M>::kSmemBytes,                             \
+      BwdConfig<T, HEAD_DIM, false, BLOCK_N, STAGES, false, BLOCK_M>::kThreads,                               \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM, 80>),                           \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM, 80>),                     \
       reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<80>)};                                     \

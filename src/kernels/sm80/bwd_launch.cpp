@@ -31,7 +31,7 @@ const BwdKernelRow* const kBwdRows[] = {
     nullptr};
 #undef FLASHCORE_SM80_BWD
 
-constexpr int kBlockM = 64;  // the query block of the kernel and of the workspace's dQ blocks
+constexpr int kBlockM = 64;  // the workspace's dQ blocks (a kernel's step: one or two)
 
 using kernels::BwdWorkspace;
 BwdWorkspace bwd_workspace(const flashcore_attention_params& p) { return kernels::bwd_workspace_of(p); }
@@ -75,9 +75,10 @@ bool bwd_compiled(flashcore_dtype dtype, int head_dim) {
   return false;
 }
 
-const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim, int cc) {
+const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim, int cc, bool variants) {
   for (const BwdKernelRow* row : kBwdRows) {
-    if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim && row->smem_bytes <= smem_limit(cc)) {
+    if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim && row->smem_bytes <= smem_limit(cc) &&
+        row->kernel[variants ? 1 : 0][0] != nullptr) {
       return row;
     }
   }
@@ -101,7 +102,9 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
             "sm90 backend's takes packed ones)";
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  const BwdKernelRow* row = find_bwd_row(p.dtype, static_cast<int>(p.head_dim), cc);
+  // Calls with a window or softcap run the variants' kernels; a windowed call runs the causal one (core/variants.h).
+  const bool variants = core::windowed_call(p) || p.softcap != 0.f;
+  const BwdKernelRow* row = find_bwd_row(p.dtype, static_cast<int>(p.head_dim), cc, variants);
   if (row == nullptr) {
     error = std::string("no portable (sm80) backward kernel compiled for dtype ") + dtype_name(p.dtype) +
             " and head_dim " + std::to_string(p.head_dim) + " that fits compute capability " +
@@ -109,15 +112,15 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   const int64_t n_blocks = (p.seqlen_k + row->block_n - 1) / row->block_n;
-  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  // The workspace's 64-row blocks, whole kernel steps of block_m rows (the workspace's size, bwd_padded_rows, covers
+  // steps of 128).
+  const int64_t m_blocks = (p.seqlen_q + row->block_m - 1) / row->block_m * (row->block_m / kBlockM);
   // Grid y and z: KV heads and batch entries (the query grid: query heads and batch entries).
   if (p.num_heads_q > 65535 || p.batch > 65535 || n_blocks > 0x7fffffffLL || m_blocks > 0x7fffffffLL) {
     error = "the backward's grids take at most 65535 heads and batch entries (num_heads_q = " +
             std::to_string(p.num_heads_q) + ", batch = " + std::to_string(p.batch) + ")";
     return FLASHCORE_ERROR_SIZE_OVERFLOW;
   }
-  // Calls with a window or softcap run the variants' kernels; a windowed call runs the causal one (core/variants.h).
-  const bool variants = core::windowed_call(p) || p.softcap != 0.f;
   const void* kernel = row->kernel[variants ? 1 : 0][core::masked_call(p) ? 1 : 0];
   for (const void* k : {row->prep, kernel, row->dq_convert, row->dsinks}) {
     const int smem = k == kernel ? row->smem_bytes : 0;
@@ -165,7 +168,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   rows.heads = bp.num_heads_q;
   kernels::BwdPrepParams prep =
       kernels::bwd_prep_params_of(p, ws, base, rows, bp.num_m_blocks, bp.var, variants, core::masked_call(p),
-                                  row->block_n, kBlockM, /*descending=*/false);
+                                  row->block_n, row->block_m, /*descending=*/false);
   kernels::BwdDqParams conv = kernels::bwd_dq_params_of(p, ws, base, rows, softmax_scale);
   const bool dsinks = prep.sinks != nullptr;
 

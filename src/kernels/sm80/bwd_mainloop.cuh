@@ -46,7 +46,7 @@ struct BwdWork {
   __device__ __forceinline__ explicit BwdWork(const BwdParams& p)
       : n_block(static_cast<int>(blockIdx.x)), kv_head(static_cast<int>(blockIdx.y)),
         batch(static_cast<int>(blockIdx.z)), m_first(0) {
-    int m_end = p.num_m_blocks;
+    int m_end = p.num_m_blocks / Cfg::kDqBlocks;  // (the host pads num_m_blocks to whole steps)
     if constexpr (Cfg::kCausal && Cfg::kVariants) {
       bwd_window<Cfg>(p).query_blocks(n_block, Cfg::kBlockN, Cfg::kBlockM, p.num_m_blocks, m_first, m_end);
     } else if constexpr (Cfg::kCausal) {  // (BwdWindow::query_blocks of causal's window, in fewer instructions)
@@ -79,8 +79,8 @@ struct BwdStepPos {
 };
 
 // Issue the copies of step `step` into its buffer: the Q and dO tiles (rows past seqlen_q zero-filled) and the
-// block's 64 scaled LSE and D values (the workspace's rows are padded to whole blocks), 16 bytes per thread of the
-// first warp.
+// step's kBlockM scaled LSE and D values (the workspace's rows are padded to whole steps), 16 bytes per thread of the
+// first kBlockM / 32 warps.
 template <class Cfg>
 __device__ __forceinline__ void bwd_load_step(const BwdParams& p, const BwdWork<Cfg>& w, uint32_t smem, int step,
                                               const BwdStepPos& pos) {
@@ -89,11 +89,12 @@ __device__ __forceinline__ void bwd_load_step(const BwdParams& p, const BwdWork<
                                p.q.seq_stride, static_cast<int64_t>(m) * Cfg::kBlockM, p.seqlen_q);
   load_tile<Cfg, Cfg::kBlockM>(smem + Cfg::kSmemDo + stage * Cfg::kQBytes, slice_base<Cfg>(p.dout, w.batch, head),
                                p.dout.seq_stride, static_cast<int64_t>(m) * Cfg::kBlockM, p.seqlen_q);
-  if (threadIdx.x < 32) {
-    const int unit = static_cast<int>(threadIdx.x);  // units 0..15: LSE, 16..31: D
+  constexpr int kUnits = Cfg::kBlockM / 4;  // 16-byte units of a step's LSE (and of its D)
+  if (threadIdx.x < 2 * kUnits) {
+    const int unit = static_cast<int>(threadIdx.x);  // units 0..kUnits-1: LSE, then D
     const int64_t row = (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.seqlen_q_pad +
-                        static_cast<int64_t>(m) * Cfg::kBlockM + 4 * (unit % 16);
-    const float* src = (unit < 16 ? p.lse_log2 : p.dpsum) + row;
+                        static_cast<int64_t>(m) * Cfg::kBlockM + 4 * (unit % kUnits);
+    const float* src = (unit < kUnits ? p.lse_log2 : p.dpsum) + row;
     cp_async_16(smem + Cfg::kSmemStats + stage * Cfg::kStatBytes + 16 * unit, src, true);
   }
 }
