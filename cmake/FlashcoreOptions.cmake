@@ -8,6 +8,7 @@ option(FLASHCORE_ALL_CONFIGS "Compile every row of the configs*.txt tables, not 
 option(FLASHCORE_BUILD_SM80 "Build the portable backend (mma.sync + cp.async) for compute capability 8.x" ON)
 set(FLASHCORE_SM80_ARCHS "80;86;89;90" CACHE STRING
     "Archs to generate SASS of the portable kernels for (plain archs >= 80; 90: FLASHCORE_BACKEND=sm80 on Hopper)")
+option(FLASHCORE_SM80_BWD_M128 "Portable backward: also the head dim 64 tile of 128-row steps (plain kernels, sm_80/87/90; not yet measured on a GPU)" OFF)
 option(FLASHCORE_SM80_PTX "Also embed PTX of the newest FLASHCORE_SM80_ARCHS arch in the portable kernels: GPUs newer than every SASS target (compute capability 10.x, 12.x) JIT-compile it" ON)
 option(FLASHCORE_PTXAS_VERBOSE "Pass -Xptxas=-v so the build log carries register/spill reports" ON)
 option(FLASHCORE_WERROR "Treat warnings as errors (C++: -Wall -Wextra -Werror; CUDA: -Werror=all-warnings)" OFF)
