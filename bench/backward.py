@@ -14,8 +14,9 @@ needed. FA3 is measured when `flash_attn_interface` imports and has the backward
 
 Grid (report.py's): dtype bf16 / fp16 x head dim 64 / 128 / 256 x causal or not x seqlen 512..16k, batch = 16384 / S,
 heads = 2048 / D (hidden 2048), (B, H, S, D) tensors for SDPA and FlashCore (the same tensors), (B, S, H, D) copies for
-FA3. FlashCore's v1 backward takes head dims 64 and 128: its head dim 256 cells are listed as cells it cannot run
-(with the library's message), not dropped.
+FA3. Cells a system cannot run (a head dim its backward lacks: the portable backend above 128, FA2 with --head-dim-v)
+are listed with the library's message, not dropped. --head-dims takes 96 and 192 too, and --head-dim-v gives V (and
+O, dO, dV) a head dim of its own (--head-dims 192 --head-dim-v 128: MLA).
 
 Method: each system runs its forward once with the autograd graph kept (FlashCore: the forward once, O and LSE kept),
 then only the backward is timed: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) for SDPA and FA3, the
@@ -67,7 +68,8 @@ BWD_FLOP_FACTOR = 2.5     # backward FLOPs per forward FLOP (FlashAttention's co
 FWDBWD_FLOP_FACTOR = 3.5  # forward + backward
 FA3_TRAIN_DTYPES = ("bf16",)
 FA3_TRAIN_HEAD_DIMS = (64, 128)
-FC_BACKWARD_HEAD_DIMS = (64, 128)  # FlashCore's v1 backward (what the report expects; the library has the last word)
+# FlashCore's backward head dims on the sm90 backend (the portable one: 64 and 128; the library has the last word)
+FC_BACKWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -150,7 +152,8 @@ def cell_table(cells: List[dict], dtype: str) -> List[str]:
         fc = cell_tflops(c, "flashcore")
         best_name, best = best_anchor(c)
         fc_text = "cannot run" if fc_cannot_run(c) else fmt(fc)
-        vals = [str(c["D"]), mask_word(c["causal"]), str(c["S"]), f"{c['B']}×{c['H']}", fc_text,
+        d_text = str(c["D"]) + (f" / {c['Dv']}" if c.get("Dv") else "")  # (head_dim, head_dim_v)
+        vals = [d_text, mask_word(c["causal"]), str(c["S"]), f"{c['B']}×{c['H']}", fc_text,
                 fmt(cell_tflops(c, "cudnn")), fmt(cell_tflops(c, "fa2"))]
         if have_fa3:
             vals.append(fmt(cell_tflops(c, "fa3")))
@@ -287,13 +290,15 @@ class Runner:
         self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
 
     def make_sets(self, B, H, S, D, dtype, seed):
+        """Sets of (q, k, v, dout), (B, H, S, D) with v and dout of --head-dim-v columns where it is set."""
         torch = self.torch
+        Dv = self.args.head_dim_v or D
         elem = torch.tensor([], dtype=dtype).element_size()
-        touched = 8 * B * H * S * D * elem  # Q, K, V, O, dO read; dQ, dK, dV written
+        touched = 4 * B * H * S * (D + Dv) * elem  # Q, K, V, O, dO read; dQ, dK, dV written
         nsets = 1 if self.args.no_rotate else (2 * self.l2) // touched + 1
         gen = torch.Generator(device="cuda")
         gen.manual_seed(seed)
-        return [tuple(torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+        return [tuple(torch.randn(B, H, S, d, device="cuda", dtype=dtype, generator=gen) for d in (D, D, Dv, Dv))
                 for _ in range(nsets)]
 
     def build(self, name, qkvd, causal) -> Backward:
@@ -328,7 +333,7 @@ class Runner:
             if fc is None:
                 raise RuntimeError("libflashcore.so not loaded" if name == "flashcore" else "no --lib-b library")
             B, H, S, _ = q.shape
-            o = torch.full_like(q, float("nan"))
+            o = torch.full_like(dout, float("nan"))  # (v's head dim)
             lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
             stream = torch.cuda.current_stream().cuda_stream
             fc.forward(fc.params_for(q, k, v, o, lse=lse, causal=causal, bhsd=True), stream)
@@ -350,7 +355,11 @@ class Runner:
         torch = self.torch
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
         cell = {"dtype": dtype_name, "D": D, "S": S, "causal": causal, "B": B, "H": H, "systems": {}}
-        flops = backward_flops(B, H, S, D, causal)
+        # (--head-dim-v: S = Q K^T over D, O = P V over Dv, as FlashAttention counts them: the mean head dim)
+        Dv = self.args.head_dim_v or D
+        if Dv != D:
+            cell["Dv"] = Dv
+        flops = backward_flops(B, H, S, (D + Dv) / 2, causal)
         try:
             sets = self.make_sets(B, H, S, D, dtype, seed)
         except Exception as e:  # noqa: BLE001
@@ -531,6 +540,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"subset: seqlens {QUICK_S}")
     ap.add_argument("--dtype", choices=["bf16", "fp16", "both"], default="both")
     ap.add_argument("--head-dims", default=None, help="comma list (default 64,128,256)")
+    ap.add_argument("--head-dim-v", type=int, default=0,
+                    help="V's (and O's) head dim for every cell where it differs from Q's and K's (e.g. --head-dims "
+                         "192 --head-dim-v 128: MLA); 0: the head dim")
     ap.add_argument("--seqlens", default=None, help="comma list (default 512..16384)")
     ap.add_argument("--masks", choices=["both", "none", "causal"], default="both")
     ap.add_argument("--systems", default=",".join(SYSTEMS[:4]), help=f"comma list of {','.join(SYSTEMS)}")
@@ -590,12 +602,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         "flashcore": fc_version, "fa3": fa3_note, "python": platform.python_version(), "dtypes": dtypes,
         "systems": a.systems, "iters": a.iters, "warmup": a.warmup, "rounds": a.rounds, "sleep_ms": a.sleep_ms,
         "deterministic": a.deterministic, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "head_dim_v": a.head_dim_v or None,
         "method": (f"backward alone after one forward (autograd.grad with retain_graph for SDPA and FA3, "
                    f"flashcore_attention_backward for FlashCore{'; deterministic backward for FlashCore and FA3' if a.deterministic else ''}); "
                    f"batch = 16384/S, heads = 2048/D, torch.randn (B,H,S,D), the same tensors for all systems; "
                    f"{a.warmup} warm-up calls each, then the systems taking turns call by call, {a.rounds} rounds "
                    f"(reverse order every other round) behind a {a.sleep_ms:g} ms GPU sleep, {a.iters} CUDA-event-timed "
-                   f"calls per system, median; TFLOPS = 2.5 x 4*B*H*S*S*D/t, halved for causal"),
+                   f"calls per system, median; TFLOPS = 2.5 x 4*B*H*S*S*D/t, halved for causal"
+                   f"{'; D = (head_dim + head_dim_v) / 2 with head_dim_v ' + str(a.head_dim_v) if a.head_dim_v else ''}"),
     }
     cells: List[dict] = []
     mem = None

@@ -148,6 +148,7 @@ class FlashCoreLib:
             causal=causal,
             softmax_scale=softmax_scale,
         )
+        self.library.set_head_dim_v(params, v.shape[3])  # (a no-op where v has q's head dim)
         if o.dtype != q.dtype:
             params.out_dtype = dtypes[o.dtype]
         for field, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
@@ -233,8 +234,8 @@ class FlashCoreLib:
     def backward_params_for(self, q, k, v, o, lse, dout, dq, dk, dv, causal: bool = False, bhsd: bool = True,
                             softmax_scale: float = 0.0, deterministic: bool = False) -> BackwardParams:
         """Validated backward params for torch tensors indexed (B, H, S, D) when bhsd, else (B, S, H, D): the forward's
-        q, k, v, o and lse ((B, Hq, Sq) float32 contiguous), dout (o's shape), and the outputs dq (q's shape), dk, dv
-        (k's). The workspace (backward_workspace_size bytes, any contents) is allocated here and kept alive with the
+        q, k, v, o and lse ((B, Hq, Sq) float32 contiguous), dout (o's shape), and the outputs dq (q's shape), dk (k's),
+        dv (v's: a last dimension of its own sets head_dim_v, as for the forward). The workspace (backward_workspace_size bytes, any contents) is allocated here and kept alive with the
         others (release_workspaces)."""
         import torch  # only needed here
 
@@ -256,6 +257,7 @@ class FlashCoreLib:
             causal=causal,
             softmax_scale=softmax_scale,
         )
+        self.library.set_head_dim_v(params, v.shape[3])  # (a no-op where v has q's head dim)
         params.dout, params.dq, params.dk, params.dv = (t.data_ptr() for t in (dout, dq, dk, dv))
         for field, t in zip(("dout_strides", "dq_strides", "dk_strides", "dv_strides"), (dout, dq, dk, dv)):
             target = getattr(params, field)

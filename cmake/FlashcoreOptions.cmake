@@ -1,5 +1,6 @@
 # User-facing build options (see README.md, "Build options").
 set(FLASHCORE_HEAD_DIMS "64;96;128;192;256" CACHE STRING "Head dims to compile kernels for (subset of 64;96;128;192;256)")
+option(FLASHCORE_BWD_WIDE_VARIANTS "sm90 backward: also the variants' kernels (window, chunks, softcap) at head dims 192 and 256 (not yet run on a GPU)" OFF)
 set(FLASHCORE_DTYPES "fp16;bf16;e4m3;e5m2;i8" CACHE STRING "Dtypes to compile kernels for (subset of fp16;bf16;e4m3;e5m2;i8; e4m3, e5m2 and i8 (int8 Q K^T, precision = INT8): sm90 only)")
 set(FLASHCORE_CUDA_ARCHS "90a" CACHE STRING "CUDA archs to generate SASS of the sm90 (Hopper) kernels for (-gencode=arch=compute_X,code=sm_X)")
 # Build tiers: OFF compiles the kernel rows dispatch can pick (each configs.txt row marked default, packed or
@@ -8,7 +9,6 @@ option(FLASHCORE_ALL_CONFIGS "Compile every row of the configs*.txt tables, not 
 option(FLASHCORE_BUILD_SM80 "Build the portable backend (mma.sync + cp.async) for compute capability 8.x" ON)
 set(FLASHCORE_SM80_ARCHS "80;86;89;90" CACHE STRING
     "Archs to generate SASS of the portable kernels for (plain archs >= 80; 90: FLASHCORE_BACKEND=sm80 on Hopper)")
-option(FLASHCORE_SM80_BWD_M128 "Portable backward: also the head dim 64 tile of 128-row steps (plain kernels, sm_80/87/90; not yet measured on a GPU)" OFF)
 option(FLASHCORE_SM80_PTX "Also embed PTX of the newest FLASHCORE_SM80_ARCHS arch in the portable kernels: GPUs newer than every SASS target (compute capability 10.x, 12.x) JIT-compile it" ON)
 option(FLASHCORE_PTXAS_VERBOSE "Pass -Xptxas=-v so the build log carries register/spill reports" ON)
 option(FLASHCORE_WERROR "Treat warnings as errors (C++: -Wall -Wextra -Werror; CUDA: -Werror=all-warnings)" OFF)

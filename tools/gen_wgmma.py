@@ -112,10 +112,11 @@ def emit(out, kind, n, ptx_t, ctype, k=16, ptx_a=None):
 
 
 # The backward (bwd_mainloop.cuh): dQ (64 x 64 per warpgroup) = dS (M-major: stored as dS^T) * K (N-major: as stored).
-# The wide head dims' kernel (bwd_mainloop_wide.cuh), 128 columns per warpgroup: dV += P^T dO and dK += dS^T Q (A
-# M-major: P and dS stored query-major, B N-major) and dQ = dS K (A K-major, B N-major).
-BWD_TRANS_AB_N = [64, 128]
-BWD_TRANS_B_N = [128]
+# The wide head dims' kernel (bwd_mainloop_wide.cuh), 96 or 128 columns per warpgroup (dV of (192, 128): 64):
+# dV += P^T dO and dK += dS^T Q (A M-major: P and dS stored query-major, B N-major) and dQ = dS K (A K-major,
+# B N-major).
+BWD_TRANS_AB_N = [64, 96, 128]
+BWD_TRANS_B_N = [96, 128]
 
 
 def main_bwd():

@@ -1594,11 +1594,19 @@ def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, m
 # The backward (since 0.4): the flashcore::attention_bwd custom op (flashcore_attention_backward) and the autograd
 # formulas of the forward ops.
 
-# The head dims the library's backward takes (flashcore.h, 0.4: 64 and 128; 0.9: 256 on Hopper, without window or
-# softcap). The op leaves the decision to the library (its error names the field); the transformers adapter reads
-# this to fall back to SDPA for training calls the backward cannot take, before running the forward.
-BACKWARD_HEAD_DIMS = (64, 128, 256)
-BACKWARD_WIDE_VERSION = (0, 9)  # the first library whose backward takes head dims above 128
+# The head dims the library's backward takes (flashcore.h): 64 and 128 on every backend (0.4); since 0.9, on the sm90
+# (Hopper) backend, 96, 192 and 256 too, and v with a head dim of its own for the (head_dim, head_dim_v) pairs
+# BACKWARD_HEAD_DIM_PAIRS (DeepSeek MLA's (192, 128)); the variants' backward (a window, softcap, attention_chunk) at
+# head dims BACKWARD_VARIANT_HEAD_DIMS only (sinks at every one). The ops leave the decision to the library (its error
+# names the field); the transformers adapter reads these to fall back to SDPA for training calls the backward cannot
+# take, before running the forward.
+BACKWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
+BACKWARD_PORTABLE_HEAD_DIMS = (64, 128)  # those of every backend (all of the portable backend's)
+BACKWARD_HEAD_DIM_PAIRS = ((192, 128),)  # (head_dim, head_dim_v), head_dim_v != head_dim: the sm90 backend, 0.9
+# A window, softcap or attention_chunk in the backward (96: sm90, 0.9; 192 and 256 only in a build with the CMake
+# option FLASHCORE_BWD_WIDE_VARIANTS, not yet run on a GPU: the library refuses them otherwise)
+BACKWARD_VARIANT_HEAD_DIMS = (64, 96, 128)
+BACKWARD_WIDE_VERSION = (0, 9)  # the first library whose backward takes more than head dims 64 and 128 (sm90 backend)
 
 VARLEN_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention (flashcore.varlen_attention, packed "
                                  "cu_seqlens batches) is not supported yet; use flashcore.attention on padded "
@@ -1606,14 +1614,6 @@ VARLEN_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention (f
 KVCACHE_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of KV-cache attention (flashcore.attention_with_kvcache, "
                                   "dense or paged caches) is not supported yet; it is for inference: run it under "
                                   "torch.no_grad() / torch.inference_mode()")
-
-
-def head_dim_v_backward_not_supported(head_dim: int, head_dim_v: int) -> str:
-    """The message of a backward FlashCore does not have: v with a head dim of its own (the library's
-    flashcore_attention_backward refuses head_dim_v != head_dim in this version)."""
-    return (f"FlashCore: the backward of attention whose v has a head dim of its own (head_dim_v {head_dim_v}, q's and "
-            f"k's head_dim {head_dim}) is not supported: the library's backward takes one head dim for q, k and v. "
-            f"The forward runs; to train, give v q's head dim (e.g. zero-pad it and slice the output)")
 
 
 def _abi_layout(t: torch.Tensor) -> bool:
@@ -1635,17 +1635,19 @@ def _grad_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_backward_inputs(dout, q, k, v, out, lse) -> None:
-    """The backward's arguments (metadata only): 16-bit q, k, v as the forward takes them, with one head dim
-    (NotImplementedError for a v of a head dim of its own, which the library's backward refuses); dout and out of
-    q's shape and dtype; lse float32 (B, Hq, Sq), the forward's."""
+    """The backward's arguments (metadata only): 16-bit q, k, v as the forward takes them (v may have a head dim Dv of
+    its own, head_dim_v: whether the library's backward takes the pair is its own decision, at launch); dout and out
+    of q's shape but for their last dimension, v's (B, Sq, Hq, Dv), and of q's dtype; lse float32 (B, Hq, Sq), the
+    forward's."""
     _check_inputs(q, k, v, "bshd")
-    if v.shape[3] != q.shape[3]:
-        raise NotImplementedError(head_dim_v_backward_not_supported(q.shape[3], v.shape[3]))
+    want_shape = (*q.shape[:3], v.shape[3])
     for name, t in (("dout", dout), ("out", out)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"FlashCore: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.shape != q.shape or t.dtype != q.dtype:
-            raise ValueError(f"FlashCore: {name} must have q's shape and dtype {tuple(q.shape)} {q.dtype}, got "
+        if tuple(t.shape) != want_shape or t.dtype != q.dtype:
+            what = ("q's shape and dtype" if v.shape[3] == q.shape[3] else
+                    "q's shape with v's head dim (head_dim_v), and q's dtype,")
+            raise ValueError(f"FlashCore: {name} must have {what} {want_shape} {q.dtype}, got "
                              f"{tuple(t.shape)} {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"FlashCore: {name} is on {t.device}, q on {q.device}")
@@ -1747,10 +1749,13 @@ def attention_bwd(
     the upstream gradient dout, from the forward's out and lse (float32 (B, Hq, Sq)). softmax_scale 0.0 means
     1/sqrt(head_dim). GQA / MQA: dk and dv of a KV head are summed over its query heads. deterministic: dq
     bit-identical from run to run (dk and dv always are). 16-bit dense calls; the library says which head dims (64
-    and 128 in 0.4). dq, dk, dv have q's, k's, v's layout when the C ABI takes it, else are contiguous. The
-    backward of a call with variants is attention_variants_bwd."""
+    and 128 in 0.4; since 0.9 on the sm90 backend 96, 192 and 256 too). v may have a head dim Dv of its own
+    (head_dim_v): dout and out are then (B, Sq, Hq, Dv) and dv has v's shape; the library says which pairs (since
+    0.9 on the sm90 backend: (192, 128)), refusing the others at launch (its error, naming head_dim_v). dq, dk, dv
+    have q's, k's, v's layout when the C ABI takes it, else are contiguous. The backward of a call with variants is
+    attention_variants_bwd."""
     _check_backward_inputs(dout, q, k, v, out, lse)
-    lib = _check_supported(q, q.shape[3])
+    lib = _check_supported(q, q.shape[3], v.shape[3])
     dq, dk, dv = (_grad_like(t) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:  # no query row or no key: no gradient flows
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -1796,11 +1801,11 @@ def attention_variants_bwd(
     attention_chunk: last, after return_dsinks, so that a call of the 0.6 op's arguments by position is unchanged).
     return_dsinks (needs sinks): dsinks is the sinks' gradient, float32 (Hq,), dL/dsinks[h] =
     -sum over the batch and rows i of head h of exp(sinks[h] - lse_i) * rowsum(dout_i * out_i); else an empty (0,)
-    tensor (a custom op cannot return None). The rest as attention_bwd."""
+    tensor (a custom op cannot return None). The rest (v with a head dim of its own included) as attention_bwd."""
     _check_backward_inputs(dout, q, k, v, out, lse)
     variants = _bwd_variants(q, q.shape[2], window_size_left, window_size_right, softcap, sinks, return_dsinks,
                              attention_chunk)
-    lib = _check_supported(q, q.shape[3])
+    lib = _check_supported(q, q.shape[3], v.shape[3])
     dq, dk, dv = (_grad_like(t) for t in (q, k, v))
     dsinks = _empty_dsinks(q, q.shape[2], return_dsinks)
     if q.numel() == 0 or k.numel() == 0:  # no query row, or no key (out = 0: D = 0): no gradient flows
@@ -1821,9 +1826,8 @@ def _attention_variants_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale,
 
 def _backward_unsupported(q: torch.Tensor, out: torch.Tensor, precision: int) -> Optional[str]:
     """Why a forward call has no backward yet (None: it has). Every variant has one (the window, softcap and sinks
-    since 0.6, attention_chunk with the library that runs it: the same library call takes it in both passes)."""
-    if out.shape[3] != q.shape[3]:  # v, and so O, with a head dim of its own
-        return head_dim_v_backward_not_supported(q.shape[3], out.shape[3])
+    since 0.6, attention_chunk with the library that runs it: the same library call takes it in both passes), and so
+    has v with a head dim of its own (whether the library's backward takes the pair is its decision, at backward)."""
     if q.dtype in FP8_DTYPES:
         return "FlashCore: the backward of 8-bit attention (float8 q, k, v) is not supported yet"
     if precision != _lib.PRECISION_NATIVE:
@@ -1841,15 +1845,19 @@ def _lse_grads(q, k, v, out, lse, grad_lse, dq, dk, causal: bool, softmax_scale:
     lse_i = log sum_j exp(s_ij) with s_ij = scale q_i.k_j, so d lse_i / d s_ij = P_ij, and g = grad_lse adds
     dS_ij = g_i P_ij: dq_i += scale g_i sum_j P_ij k_j, which is scale g_i times the attention of q over (k, k); and
     dk_j += scale sum_i P_ij g_i q_i, which is the dV of a backward with dO = g * q (P^T dO, summed over each KV head's
-    query heads). dv does not change. Rows that see no key have P = 0 and get nothing, whatever g holds there."""
+    query heads). dv does not change. Rows that see no key have P = 0 and get nothing, whatever g holds there.
+    With v of a head dim of its own (head_dim_v), dO = g * q has q's head dim, not v's: that backward then takes k as
+    its v and zeros as its O (its dV, P^T dO, reads neither; its dq and dk, which do, are dropped)."""
     scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(q.shape[3])
     g = grad_lse.transpose(1, 2).unsqueeze(-1)  # (B, Sq, Hq, 1)
     if dq is not None:
         k_mean, _ = attention_fwd(q, k, k, causal, softmax_scale, False)
         dq = (dq.float() + (scale * g) * k_mean.float()).to(dq.dtype)
     if dk is not None:
-        _, _, dk_lse = attention_bwd((g * q.float()).to(q.dtype), q, k, v, out, lse, causal, softmax_scale,
-                                     deterministic)
+        dout_lse = (g * q.float()).to(q.dtype)
+        if v.shape[3] != q.shape[3]:
+            v, out = k, torch.zeros_like(dout_lse)
+        _, _, dk_lse = attention_bwd(dout_lse, q, k, v, out, lse, causal, softmax_scale, deterministic)
         dk = (dk.float() + scale * dk_lse.float()).to(dk.dtype)
     return dq, dk
 
@@ -1989,8 +1997,9 @@ def _launch_varlen_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, 
                             max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
                             deterministic: bool, variants: Optional[Variants] = None,
                             dsinks: Optional[torch.Tensor] = None, seqused_q=None, seqused_k=None) -> None:
-    """Enqueue flashcore_attention_backward for a packed batch (q, out, dout, dq (total_q, Hq, D); k, v, dk, dv
-    (total_k, Hkv, D), dq, dk, dv contiguous; lse (Hq, total_q)) on the current stream of q's device; dsinks as in
+    """Enqueue flashcore_attention_backward for a packed batch (q, dq (total_q, Hq, D); out, dout (total_q, Hq, Dv);
+    k, dk (total_k, Hkv, D); v, dv (total_k, Hkv, Dv), Dv v's head dim (D, or head_dim_v); dq, dk, dv contiguous; lse
+    (Hq, total_q)) on the current stream of q's device; dsinks as in
     _launch_backward. max_seqlen_*: already bounded by the packed tensors, both > 0. seqused_q / seqused_k: int32
     (batch,) contiguous, or None (a library before 0.9 refuses them, naming the field)."""
     _require_backward_function(lib)
@@ -2010,11 +2019,10 @@ def _launch_varlen_backward(lib: _lib.Library, dout, q, k, v, out, lse, dq, dk, 
 
 def _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                 softmax_scale, deterministic, variants, return_dsinks, seqused_q=None, seqused_k=None):
-    """The body of both varlen backward ops: (dq, dk, dv, dsinks or an empty (0,) tensor)."""
+    """The body of both varlen backward ops: (dq, dk, dv, dsinks or an empty (0,) tensor). v may have a head dim of
+    its own (head_dim_v; out and dout then have it too): the library decides whether its backward takes the pair."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
-    if v.shape[2] != q.shape[2]:
-        raise NotImplementedError(head_dim_v_backward_not_supported(q.shape[2], v.shape[2]))
-    lib = _check_supported(q, q.shape[2])
+    lib = _check_supported(q, q.shape[2], v.shape[2])
     dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     dsinks = _empty_dsinks(q, q.shape[1], return_dsinks)
     max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
@@ -2036,8 +2044,10 @@ def varlen_attention_bwd(
     softmax_scale: float, deterministic: bool = False, seqused_q: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of varlen_attention_fwd (packed q, out, dout (total_q, Hq, D); k, v (total_k, Hkv, D); lse
-    float32 (Hq, total_q), the forward's): (dq, dk, dv), packed like q, k, v. Rows not covered by cu_seqlens get
+    """The backward of varlen_attention_fwd (packed q (total_q, Hq, D), out and dout (total_q, Hq, Dv); k (total_k,
+    Hkv, D), v (total_k, Hkv, Dv), Dv v's head dim: D, or head_dim_v, whose pairs the library decides on (since 0.9 on
+    the sm90 backend: (192, 128)); lse float32 (Hq, total_q), the forward's): (dq, dk, dv), packed like q, k, v (dv
+    of v's shape). Rows not covered by cu_seqlens get
     zeros, and (since 0.9, a 0.9 library) so do rows past seqused_q / seqused_k (int32 (batch,), the forward's). The
     backward of a call with variants is varlen_attention_variants_bwd."""
     dq, dk, dv, _ = _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -2090,7 +2100,6 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.set_materialize_grads(False)
     variants = _variants_of(window_size_left, window_size_right, softcap, sinks, attention_chunk, causal)
-    ctx.unsupported = head_dim_v_backward_not_supported(q.shape[2], v.shape[2]) if v.shape[2] != q.shape[2] else None
     ctx.num_inputs = len(inputs)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, False
@@ -2101,10 +2110,6 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
 def _varlen_backward(ctx, grad_out, grad_lse):
     grads = [None] * ctx.num_inputs
     q, k, v, out, lse, cu_q, cu_k, sinks, used_q, used_k = ctx.saved_tensors
-    if ctx.unsupported is not None:
-        given = [g for g in (grad_out, grad_lse) if g is not None]
-        grads[:3] = backward_not_supported(given, [q, k, v], ctx.unsupported)
-        return tuple(grads)
     needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
     needs_sinks = sinks is not None and ctx.needs_input_grad[_VARLEN_SINKS_INPUT]
     if grad_out is None or not (needs_q or needs_k or needs_v or needs_sinks):
@@ -2177,8 +2182,9 @@ def attention(
 
     v (B, Sk, Hkv, Dv) may have a head dim of its own (since 0.7, a 0.7 library; FlashAttention-3's hdimdiff): out is
     then (B, Sq, Hq, Dv). The pairs (D, Dv) the library compiles: Library.compiled_head_dim_pairs, e.g. (192, 128),
-    DeepSeek-V2/V3 MLA prefill. 16-bit calls, the variants included, forward only: .backward() raises
-    NotImplementedError; the 8-bit paths raise ValueError.
+    DeepSeek-V2/V3 MLA prefill. 16-bit calls, the variants included; the 8-bit paths raise ValueError.
+    Differentiable (since 0.9) where the library's backward takes the pair (a 0.9 library's sm90 backend: (192, 128),
+    dv of v's shape); elsewhere the library's error, naming head_dim_v, when .backward() reaches the call.
 
     Every argument after q, k, v is keyword-only (since 0.3): FlashAttention's flash_attn_func takes softmax_scale
     and causal as its 4th and 5th positional arguments, in the other order, so a positional call ported from it
@@ -2214,10 +2220,12 @@ def attention(
         them, and a row that sees no key gets out 0 and lse sinks[h] (gpt-oss's attention sinks; FlashAttention-4
         calls them learnable_sink).
 
-    Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128; 256
-    since 0.9), through out and lse. deterministic (FlashAttention's name): the backward's dq is bit-identical from run to run
-    (dk and dv always are), a little slower. Since 0.6 (a 0.6 library) with window_size, softcap and sinks too (and
-    attention_chunk, with a library that runs it: the backward gets the forward's), and in sinks when they require
+    Differentiable (since 0.4) in q, k and v for 16-bit calls (the library's backward: head dims 64 and 128; since
+    0.9 on the sm90 backend 96, 192, 256 and (head_dim, head_dim_v) = (192, 128) too, a window, softcap or
+    attention_chunk at 64, 96 and 128 only), through out and lse. deterministic (FlashAttention's name): the
+    backward's dq is bit-identical from run to run (dk and dv always are), a little slower. Since 0.6 (a 0.6
+    library) with window_size, softcap and sinks too (and attention_chunk, with a library that runs it: the backward
+    gets the forward's), and in sinks when they require
     grad (their gradient comes from the library's dsinks, float32, converted back to the sinks' dtype by autograd); a
     0.5 library raises RuntimeError naming the variants and the version when .backward() reaches the call. The 8-bit
     paths, precision="fp8" / "int8" and out_dtype other than the input's have no backward yet: the forward runs
@@ -2652,7 +2660,8 @@ def varlen_attention(
     in q, k and v through out (not through lse); since 0.6 (a 0.6 library) with window_size, softcap and sinks too
     (and attention_chunk, with a library that runs it), and in sinks when they require grad; since 0.9 (a 0.9
     library) with seqused_q and seqused_k: the gradients of the unused rows are zeros, and the unused rows of q, k,
-    v must hold finite values (as FlashAttention-3 assumes; a NaN there can reach the used rows' gradients).
+    v must hold finite values (as FlashAttention-3 assumes; a NaN there can reach the used rows' gradients); since
+    0.9 with v of a head dim of its own where the library's backward takes the pair (as flashcore.attention).
     """
     scale = _check_scale(softmax_scale)
     causal, return_lse = _check_flag("causal", causal), _check_flag("return_lse", return_lse)
@@ -2694,7 +2703,8 @@ def sdpa(
     enable_gqa keyword-only (as torch's own function takes them).
 
     Supported: no attn_mask, dropout_p == 0, 4-D inputs. value may have a head dim Ev of its own (as torch's (N, ..., S,
-    Ev); since 0.7, the pairs the library compiles, forward only): the result is then (B, H, L, Ev). GQA/MQA (Hq a
+    Ev); since 0.7, the pairs the library compiles; differentiable since 0.9 where the library's backward takes the
+    pair, as flashcore.attention): the result is then (B, H, L, Ev). GQA/MQA (Hq a
     multiple of Hkv) is always accepted,
     whatever enable_gqa says. is_causal is bottom-right aligned: the same as SDPA's when Sq == Sk (SDPA aligns
     top-left). The result is a (B, H, S, D) view of a (B, S, H, D)-contiguous tensor, so

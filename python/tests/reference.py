@@ -182,7 +182,8 @@ def reference_grads(q, k, v, dout, causal=False, softmax_scale=None, dlse=None, 
 def backward_fp64(q, k, v, dout, causal=False, softmax_scale=None):
     """(dq, dk, dv) in float64 from the backward's formulas, as the kernel computes them (no autograd: it runs inside
     the emulated op, below autograd): P = softmax(S), dV = P^T dO, dP = dO V^T, D = rowsum(dO * O),
-    dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q; GQA sums dK, dV over each KV head's query heads."""
+    dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q; GQA sums dK, dV over each KV head's query heads. v, dout
+    and dV may have a head dim of v's own (head_dim_v)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -201,8 +202,8 @@ def backward_fp64(q, k, v, dout, causal=False, softmax_scale=None):
     dq = (ds @ kt) * scale
     dk = (ds.transpose(-1, -2) @ qt) * scale
 
-    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D)
-        return t.reshape(batch, heads_kv, group, seqlen_k, head_dim).sum(2).transpose(1, 2)
+    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D); D: k's head dim (dk) or v's (dv, head_dim_v)
+        return t.reshape(batch, heads_kv, group, seqlen_k, t.shape[-1]).sum(2).transpose(1, 2)
 
     return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
 
@@ -295,8 +296,8 @@ def variant_backward_fp64(q, k, v, dout, causal=False, softmax_scale=None, windo
     if sinks is not None:
         dsinks = -(torch.exp(sink - lse) * d_rows).sum(dim=(0, 2, 3))
 
-    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D)
-        return t.reshape(batch, heads_kv, group, seqlen_k, head_dim).sum(2).transpose(1, 2)
+    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D); D: k's head dim (dk) or v's (dv, head_dim_v)
+        return t.reshape(batch, heads_kv, group, seqlen_k, t.shape[-1]).sum(2).transpose(1, 2)
 
     return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv), dsinks
 
@@ -319,7 +320,7 @@ def rel_rmse(out, ref):
 
 # The head dims the CPU emulations "compile": 16-bit head dims (v of q's head dim), and the (head_dim, head_dim_v) pairs
 # with a head dim of v's own (the library's 0.7 build: DeepSeek MLA's (192, 128)).
-EMULATED_HEAD_DIMS = (64, 128, 192, 256)
+EMULATED_HEAD_DIMS = (64, 96, 128, 192, 256)
 EMULATED_HEAD_DIM_PAIRS = ((192, 128),)
 
 

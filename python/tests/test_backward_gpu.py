@@ -4,7 +4,9 @@ Reference: the gradients of float64 attention (reference.reference_grads: the in
 autograd). Error rule, per gradient (dq, dk, dv): max |FlashCore - reference| <= 2 * max |SDPA - reference| + atol,
 SDPA being torch's scaled_dot_product_attention at the inputs' dtype (default backend) differentiated by autograd,
 and atol = ATOL[dtype] * max(1, max |reference|) (gradients are not of unit size). Needs torch, a CUDA GPU and a
-libflashcore.so with the backward (FLASHCORE_LIBRARY=build/lib/libflashcore.so); skips otherwise, with the reason."""
+libflashcore.so with the backward (FLASHCORE_LIBRARY=build/lib/libflashcore.so); skips otherwise, with the reason.
+Head dims 96, 192 and (head_dim, head_dim_v) = (192, 128) (0.9): the sm90 backend's backward, where the library has
+the kernel (asked of it); they skip elsewhere, naming why."""
 
 import itertools
 import math
@@ -21,7 +23,10 @@ from flashcore import _lib, _ops  # noqa: E402
 from reference import causal_mask, reference_grads  # noqa: E402
 
 ATOL = {torch.float16: 1e-3, torch.bfloat16: 5e-3}
-BACKWARD_HEAD_DIMS = (64, 128)
+BACKWARD_HEAD_DIMS = (64, 128)  # every backend's
+# The sm90 backend's besides (0.9): (head_dim, head_dim_v), None meaning v of q's head dim.
+SM90_HEAD_DIMS = [(96, None), (192, None), (192, 128)]
+SM90_IDS = ["d96", "d192", "d192-dv128"]
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +48,49 @@ def _need(caps, dtype, head_dim):
         pytest.skip(f"{dtype} / head_dim {head_dim} not compiled in ({caps.dtypes}, {caps.head_dims})")
 
 
-def _inputs(device, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, seed=0):
+def _inputs(device, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, seed=0, head_dim_v=None):
+    """q, k, v, dout; v and dout of head_dim_v columns when given (v with a head dim of its own), else head_dim."""
+    dv = head_dim if head_dim_v is None else head_dim_v
     gen = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, device=device, dtype=dtype, generator=gen)
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device=device, dtype=dtype, generator=gen)
-    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, device=device, dtype=dtype, generator=gen)
-    dout = torch.randn(batch, seqlen_q, heads_q, head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(batch, seqlen_k, heads_kv, dv, device=device, dtype=dtype, generator=gen)
+    dout = torch.randn(batch, seqlen_q, heads_q, dv, device=device, dtype=dtype, generator=gen)
     return q, k, v, dout
+
+
+def _backward_refusal(device, dtype, head_dim, head_dim_v=None):
+    """The library's refusal (its error, one line) of the backward of (head_dim, head_dim_v) in dtype on this device,
+    asked with the workspace query of a tiny call (no launch); None when it takes it."""
+    lib = _lib.load()
+    q, k, v, dout = _inputs(device, dtype, 1, 16, 16, 2, 1, head_dim, head_dim_v=head_dim_v)
+    out, lse = torch.empty_like(dout), torch.zeros(1, 2, 16, device=device)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    params = _ops.backward_params(lib, dout, q, k, v, out, lse, dq, dk, dv, False, 0.0, False)
+    try:
+        lib.backward_workspace_size(params)
+    except (ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return None
+
+
+def _need_sm90_backward(caps, device, dtype, head_dim, head_dim_v=None):
+    """Skips, naming why, unless this device runs the sm90 backend and the library has the backward of (head_dim,
+    head_dim_v) (0.9: 96, 192 and (192, 128)) in dtype."""
+    what = f"head_dim {head_dim}" + (f", head_dim_v {head_dim_v}" if head_dim_v is not None else "")
+    if head_dim_v is None:
+        _need(caps, dtype, head_dim)
+    elif (str(dtype).replace("torch.", "") not in caps.dtypes
+          or (head_dim, head_dim_v) not in {tuple(p) for p in caps.head_dim_pairs}):
+        pytest.skip(f"{dtype} / (head_dim, head_dim_v) ({head_dim}, {head_dim_v}) not compiled in ({caps.dtypes}, "
+                    f"pairs {caps.head_dim_pairs})")
+    if caps.device_backend != "sm90":
+        pytest.skip(f"the backward of {what}: the sm90 backend's (this device, sm_{caps.device_arch}, runs the "
+                    f"{caps.device_backend} backend)")
+    refusal = _backward_refusal(device, dtype, head_dim, head_dim_v)
+    if refusal is not None:
+        pytest.skip(f"{_lib.load().path} ({_lib.load().version_string()}) has no backward for {what}, {dtype}: "
+                    f"{refusal}")
 
 
 def sdpa_grads(q, k, v, dout, causal=False, softmax_scale=None):
@@ -122,6 +163,52 @@ def test_head_dim_256(caps, cuda, dtype, causal, seqlens):
     check_grads(*_inputs(cuda, dtype, 2, *seqlens, 8, 2, 256), causal)
 
 
+SEQLENS_SM90 = [(1, 1), (17, 113), (113, 113), (300, 1000), (1000, 300)]
+HEADS_SM90 = [(4, 4), (8, 2)]  # MHA, GQA 4
+
+
+@pytest.mark.parametrize("seqlens", SEQLENS_SM90, ids=[f"sq{a}-sk{b}" for a, b in SEQLENS_SM90])
+@pytest.mark.parametrize("heads", HEADS_SM90, ids=[f"hq{a}-hkv{b}" for a, b in HEADS_SM90])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", SM90_HEAD_DIMS, ids=SM90_IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sm90_head_dims(caps, cuda, dtype, head_dims, causal, heads, seqlens):
+    """Head dims 96 and 192, and q / k of 192 with v of 128 (DeepSeek MLA; dout 128 columns, dv of v's shape): the
+    sm90 backend's backward (0.9), with the error rule."""
+    head_dim, head_dim_v = head_dims
+    _need_sm90_backward(caps, cuda, dtype, head_dim, head_dim_v)
+    check_grads(*_inputs(cuda, dtype, 2, *seqlens, *heads, head_dim, head_dim_v=head_dim_v), causal)
+
+
+@pytest.mark.parametrize("head_dims", SM90_HEAD_DIMS, ids=SM90_IDS)
+def test_sm90_head_dims_deterministic(caps, cuda, head_dims):
+    """deterministic=True at head dims 96, 192 and (192, 128): two runs give the same gradients bit for bit, within
+    the error rule."""
+    head_dim, head_dim_v = head_dims
+    _need_sm90_backward(caps, cuda, torch.bfloat16, head_dim, head_dim_v)
+    q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, 512, 512, 16, 2, head_dim, head_dim_v=head_dim_v)
+    first = check_grads(q, k, v, dout, True, deterministic=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    flashcore.attention(*leaves, causal=True, deterministic=True).backward(dout)
+    for name, t, want in zip(("dq", "dk", "dv"), leaves, first):
+        assert torch.equal(t.grad, want), f"{name} differs between two deterministic runs"
+
+
+def test_head_dim_v_sdpa_front_end_and_lse(caps, cuda):
+    """(192, 128) through flashcore.sdpa (value (B, H, S, 128), gradients of the inputs' layout), and a loss on out
+    and lse through flashcore.attention (the gradient through lse: a second backward whose dO has q's head dim)."""
+    _need_sm90_backward(caps, cuda, torch.bfloat16, 192, 128)
+    q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, 200, 300, 8, 2, 192, head_dim_v=128)
+    qb, kb, vb = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    out = flashcore.sdpa(qb, kb, vb, is_causal=True, enable_gqa=True)
+    assert out.shape == (2, 8, 200, 128)
+    out.backward(dout.transpose(1, 2))
+    for t in (qb, kb, vb):
+        assert t.grad.is_contiguous(), "the gradient of a (B, H, S, D) tensor has its layout"
+    check_grads(q, k, v, dout, True, grads=tuple(t.grad.transpose(1, 2) for t in (qb, kb, vb)))
+    check_grads_through_lse(q, k, v, dout)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_long_sequence(caps, cuda, causal):
     _need(caps, torch.bfloat16, 128)
@@ -184,13 +271,19 @@ def test_grads_through_lse(caps, cuda):
     """A loss on out and lse: the gradient through lse (computed with a second forward and backward) matches float64
     autograd."""
     _need(caps, torch.bfloat16, 64)
-    q, k, v, dout = _inputs(cuda, torch.bfloat16, 2, 100, 150, 8, 2, 64)
+    check_grads_through_lse(*_inputs(cuda, torch.bfloat16, 2, 100, 150, 8, 2, 64))
+
+
+def check_grads_through_lse(q, k, v, dout):
+    """A causal flashcore.attention's loss on out and lse (a random dlse): q, k, v's gradients against float64
+    autograd's, within 2e-2 of the largest (at least 1)."""
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out, lse = flashcore.attention(*leaves, causal=True, return_lse=True)
     dlse = torch.randn_like(lse)
     torch.autograd.backward([out, lse], [dout, dlse])
     want = reference_grads(q, k, v, dout, True, dlse=dlse)
     for name, t, w in zip(("dq", "dk", "dv"), leaves, want):
+        assert t.grad.shape == t.shape, name
         err = (t.grad.double() - w).abs().max().item()
         assert err <= 2e-2 * max(1.0, w.abs().max().item()), f"{name}: {err:.3g}"
 
@@ -289,10 +382,12 @@ def test_backward_on_a_side_stream(caps, cuda):
 
 
 def test_unsupported_head_dim_raises_from_the_library(caps, cuda):
-    """A head dim with a forward but no backward (256 in 0.4): the library's error, naming the field, at backward."""
-    head_dim = next((d for d in caps.head_dims if d not in BACKWARD_HEAD_DIMS), None)
+    """A head dim with a forward but no backward on this device (256 in 0.4; 96, 192 and 256 off the sm90 backend):
+    the library's error, naming the field, at backward."""
+    head_dim = next((d for d in caps.head_dims if d not in BACKWARD_HEAD_DIMS
+                     and _backward_refusal(cuda, torch.bfloat16, d) is not None), None)
     if head_dim is None:
-        pytest.skip(f"every compiled head dim {caps.head_dims} has a backward")
+        pytest.skip(f"every compiled head dim {caps.head_dims} has a backward on this device")
     q, k, v, dout = _inputs(cuda, torch.bfloat16, 1, 32, 32, 2, 2, head_dim)
     q.requires_grad_()
     out = flashcore.attention(q, k, v)
@@ -346,3 +441,36 @@ def test_varlen_backward_with_seqused(caps, cuda):
         one = lambda t, s: t[s].unsqueeze(0)  # noqa: E731
         check_grads(one(q, qs), one(k, ks), one(v, ks), one(dout, qs), True,
                     grads=(one(dq, qs), one(dk, ks), one(dv, ks)))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", SM90_HEAD_DIMS, ids=SM90_IDS)
+def test_varlen_backward_sm90_head_dims(caps, cuda, head_dims, causal):
+    """Packed sequences at head dims 96, 192 and (192, 128) (v, out, dout and dv of 128 columns): each sequence's
+    gradients pass the error rule against its own float64 reference and SDPA."""
+    head_dim, head_dim_v = head_dims
+    dv = head_dim if head_dim_v is None else head_dim_v
+    _need_sm90_backward(caps, cuda, torch.bfloat16, head_dim, head_dim_v)
+    lens_q, lens_k = [17, 64, 1, 200, 130], [33, 64, 5, 200, 257]
+    if causal:
+        lens_k = lens_q
+    heads_q, heads_kv = 8, 2
+    gen = torch.Generator(device=cuda).manual_seed(7)
+
+    def packed(lens, heads, dim):
+        return torch.randn(sum(lens), heads, dim, device=cuda, dtype=torch.bfloat16, generator=gen)
+
+    q, dout = packed(lens_q, heads_q, head_dim), packed(lens_q, heads_q, dv)
+    k, v = packed(lens_k, heads_kv, head_dim), packed(lens_k, heads_kv, dv)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32, device=cuda)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32, device=cuda)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = flashcore.varlen_attention(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    assert out.shape == (sum(lens_q), heads_q, dv)
+    out.backward(dout)
+    assert leaves[2].grad.shape == v.shape
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        one = lambda t, s: t[s].unsqueeze(0)  # noqa: E731
+        check_grads(one(q, qs), one(k, ks), one(v, ks), one(dout, qs), causal,
+                    grads=(one(leaves[0].grad, qs), one(leaves[1].grad, ks), one(leaves[2].grad, ks)))

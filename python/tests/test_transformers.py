@@ -1,5 +1,7 @@
 """The transformers adapter: a tiny randomly initialised Llama (no downloads) with FlashCore vs SDPA."""
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -126,6 +128,7 @@ def emulated_adapter(request, monkeypatch):
     monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 128))
     monkeypatch.setattr(fc_hf, "_library_has_variants", lambda: True)
     monkeypatch.setattr(fc_hf, "_compiled_head_dim_pairs", lambda: ((192, 128),))
+    monkeypatch.setattr(fc_hf, "_compiled_backward_head_dim_pairs", lambda: ())  # the portable backend's: none
     return fc_hf.register(request.param)
 
 
@@ -441,8 +444,8 @@ def test_cpu_emulated_uncompiled_head_dim_same_in_eager_and_compiled(emulated_ad
 def test_cpu_emulated_value_head_dim_of_its_own(emulated_adapter, count_calls):
     """A value head dim of its own (DeepSeek-V2/V3 MLA: query and key 192, value 128, as the model passes them to an
     attention that is not FlashAttention-2's) runs on FlashCore when the library compiles the pair, with a (B, S, H,
-    128) output; a pair it does not compile, and gradients (FlashCore's backward takes one head dim), fall back, or
-    raise ValueError naming them."""
+    128) output; a pair it does not compile, and gradients where the backward lacks the pair (here: none, as on the
+    portable backend or before 0.9), fall back, or raise ValueError naming them."""
     from reference import reference
 
     q, k, _ = _attention_inputs(d=192)
@@ -466,6 +469,66 @@ def test_cpu_emulated_value_head_dim_of_its_own(emulated_adapter, count_calls):
     assert count_calls == []
     with pytest.raises(ValueError, match="different head dims for query and key"):
         fc_hf.strict_attention_forward(module, q, k[..., :128], v, None)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_cpu_emulated_value_head_dim_of_its_own_trains(emulated_adapter, count_calls, monkeypatch, strict):
+    """Where the backward takes the pair (0.9, the sm90 backend: (192, 128)) a training call runs on FlashCore, forward
+    and backward (emulated), with no fallback warning; the gradients are float64 autograd's. A window at 192 still
+    falls back (the backward takes a window at head dims 64, 96 and 128), naming it."""
+    from reference import reference_grads
+
+    monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 96, 128, 192, 256))
+    monkeypatch.setattr(fc_hf, "_compiled_backward_head_dim_pairs", lambda: ((192, 128),))
+    monkeypatch.setattr(fc_hf, "_library_has_variant_backward", lambda: True)
+    fn = fc_hf.strict_attention_forward if strict else fc_hf.attention_forward
+    q, k, _ = _attention_inputs(d=192)
+    v = torch.randn(1, 2, 12, 128, dtype=torch.bfloat16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    module = _causal_module()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FlashCore: falling back")
+        out, _ = fn(module, *leaves, None)
+    assert count_calls == [(1, 12, 4, 192)] and out.shape == (1, 12, 4, 128)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    out.backward(dout)
+    want = reference_grads(*(t.transpose(1, 2) for t in (q, k, v)), dout, causal=True)
+    for name, t, w in zip(("dq", "dk", "dv"), leaves, want):
+        assert t.grad.shape == t.shape, name
+        torch.testing.assert_close(t.grad.transpose(1, 2).double(), w, atol=3e-2, rtol=3e-2,
+                                   msg=lambda m: f"{name}: {m}")
+    count_calls.clear()
+    needle = (r"gradients with sliding_window at head_dim 192 \(FlashCore's backward takes them at head dims 64, 96 "
+              r"and 128\)")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    fc_hf._logged_reasons.clear()
+    if strict:
+        with pytest.raises(ValueError, match=needle):
+            fn(module, *leaves, None, sliding_window=4)
+    else:
+        with pytest.warns(UserWarning, match=needle):
+            fn(module, *leaves, None, sliding_window=4)
+    assert count_calls == []
+
+
+@pytest.mark.parametrize("head_dim", [96, 192])
+def test_cpu_emulated_wide_head_dims_train(emulated_adapter, count_calls, monkeypatch, head_dim):
+    """Head dims 96 and 192 train on FlashCore where the backward takes them (0.9, the sm90 backend); with the
+    backward dims of the portable backend (64, 128) the same call falls back, naming the head dim. A window at 96 trains
+    (the variants' backward takes 64, 96 and 128)."""
+    monkeypatch.setattr(fc_hf, "_compiled_head_dims", lambda: (64, 96, 128, 192, 256))
+    monkeypatch.setattr(fc_hf, "_library_has_variant_backward", lambda: True)
+    module = _causal_module()
+    q, k, v = (t.requires_grad_() for t in _attention_inputs(sq=12, sk=12, d=head_dim))
+    fc_hf._logged_reasons.clear()
+    with pytest.warns(UserWarning, match=rf"gradients with head_dim {head_dim} \(FlashCore's backward: \[64, 128\]\)"):
+        fc_hf.attention_forward(module, q, k, v, None)
+    assert count_calls == []
+    monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 96, 128, 192, 256))
+    kwargs = dict(sliding_window=4) if head_dim == 96 else {}
+    out, _ = fc_hf.strict_attention_forward(module, q, k, v, None, **kwargs)
+    out.float().sum().backward()
+    assert count_calls == [(1, 12, 4, head_dim)] and q.grad.shape == q.shape and v.grad.shape == v.shape
 
 
 # The first flashcore call of a fresh process, made under torch.compile: nothing is cached yet, the library is not
@@ -601,15 +664,9 @@ def test_compiled_head_dims_are_cached_for_compiled_graphs(monkeypatch):
     assert fc_hf._compiled_head_dim_pairs() == ((192, 128),)
 
 
-@pytest.mark.parametrize("version,arch,backend,expected", [
-    ((0, 9, 0), 90, "", (64, 128, 256)),      # a 0.9 library on Hopper: the wide kernel
-    ((0, 9, 0), 90, "sm80", (64, 128)),       # the portable backend forced: its backward stops at 128
-    ((0, 9, 0), 86, "", (64, 128)),           # an Ampere GPU: the portable backend
-    ((0, 8, 0), 90, "", (64, 128)),           # a library before 0.9 has no head dim 256 backward
-])
-def test_backward_head_dims_follow_library_and_device(monkeypatch, version, arch, backend, expected):
-    """Head dim 256 trains on FlashCore only where its backward exists (0.9, the sm90 backend); elsewhere the adapter
-    falls back to SDPA before the forward instead of failing in the backward."""
+def _fake_library(version, arch, head_dims, pairs):
+    """A stand-in for the loaded library: its version, compiled head dims and (head_dim, head_dim_v) pairs, every
+    backward feature, and the device's compute capability."""
 
     class FakeLib:
         def __init__(self):
@@ -617,7 +674,7 @@ def test_backward_head_dims_follow_library_and_device(monkeypatch, version, arch
 
         @staticmethod
         def compiled():
-            return ("bfloat16",), (64, 128, 256)
+            return ("bfloat16",), head_dims
 
         @staticmethod
         def has_backward():
@@ -633,13 +690,28 @@ def test_backward_head_dims_follow_library_and_device(monkeypatch, version, arch
 
         @staticmethod
         def compiled_head_dim_pairs():
-            return ()
+            return pairs
 
         @staticmethod
         def capabilities():
             return type("Caps", (), {"device_arch": arch})()
 
-    fake = FakeLib()
+    return FakeLib()
+
+
+@pytest.mark.parametrize("version,arch,backend,compiled,expected,pairs", [
+    ((0, 9, 0), 90, "", (64, 96, 128, 192, 256), (64, 96, 128, 192, 256), ((192, 128),)),  # 0.9 on Hopper: sm90
+    ((0, 9, 0), 90, "", (64, 128, 256), (64, 128, 256), ((192, 128),)),                    # a build without 96, 192
+    ((0, 9, 0), 90, "sm80", (64, 96, 128, 192, 256), (64, 128), ()),  # the portable backend forced: 64 and 128 only
+    ((0, 9, 0), 86, "", (64, 96, 128, 192, 256), (64, 128), ()),      # an Ampere GPU: the portable backend
+    ((0, 8, 0), 90, "", (64, 96, 128, 192, 256), (64, 128), ()),      # a library before 0.9
+])
+def test_backward_head_dims_and_pairs_follow_library_and_device(monkeypatch, version, arch, backend, compiled,
+                                                                 expected, pairs):
+    """Head dims 96, 192, 256 and the pair (192, 128) train on FlashCore only where their backward exists (0.9, the
+    sm90 backend) and the build compiles them; elsewhere the adapter falls back to SDPA before the forward instead of
+    failing in the backward."""
+    fake = _fake_library(version, arch, compiled, ((192, 128), (64, 128)))  # one pair the backward takes, one never
     monkeypatch.setattr(fc_hf._lib, "load", lambda: fake)
     monkeypatch.setattr(fc_hf, "_head_dims_cache", (None, None))
     if backend:
@@ -647,6 +719,8 @@ def test_backward_head_dims_follow_library_and_device(monkeypatch, version, arch
     else:
         monkeypatch.delenv("FLASHCORE_BACKEND", raising=False)
     assert fc_hf._compiled_backward_head_dims() == expected
+    assert fc_hf._compiled_backward_head_dim_pairs() == pairs
+    assert fc_hf._compiled_head_dim_pairs() == ((192, 128), (64, 128))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include "api/validate.h"
 #include "core/dtype.h"
 #include "core/launch_util.h"
+#include "core/variants.h"
 #include "kernels/common/append_params.h"
 #include "kernels/sm90/launch.h"
 
@@ -294,9 +295,10 @@ flashcore_status selected_config(const flashcore_attention_params& p, int device
 
 size_t fp8_transposed_v_bytes(const flashcore_attention_params& p) { return sm90::fp8_vt_bytes(p); }
 
-bool backward_compiled(flashcore_dtype dtype, int head_dim) {
+bool backward_compiled(flashcore_dtype dtype, int head_dim, int head_dim_v, bool variants) {
+  if (head_dim_v == 0) head_dim_v = head_dim;
   for (const core::BackendOps* b : kBackends) {
-    if (b->backward_compiled != nullptr && b->backward_compiled(dtype, head_dim)) return true;
+    if (b->backward_compiled != nullptr && b->backward_compiled(dtype, head_dim, head_dim_v, variants)) return true;
   }
   return false;
 }
@@ -317,10 +319,13 @@ const core::BackendOps* backward_backend(int cc, std::string& error) {
 
 // Whether backend b compiles the backward of the call's (dtype, head dim); else the reason in `error`.
 bool backend_has_backward(const core::BackendOps* b, const flashcore_attention_params& p, std::string& error) {
-  if (b->backward_compiled == nullptr || b->backward_compiled(p.dtype, static_cast<int>(p.head_dim))) return true;
-  error = std::string("head_dim = ") + std::to_string(p.head_dim) + ": the " + b->name +
+  const int head_dim = static_cast<int>(p.head_dim), head_dim_v = static_cast<int>(core::head_dim_v(p));
+  if (b->backward_compiled == nullptr || b->backward_compiled(p.dtype, head_dim, head_dim_v, false)) return true;
+  error = std::string("head_dim = ") + std::to_string(p.head_dim) +
+          (head_dim_v != head_dim ? ", head_dim_v = " + std::to_string(head_dim_v) : std::string()) + ": the " +
+          b->name +
           " backend that serves this device has no backward kernel for it (the sm90 backend's backward takes head "
-          "dim 256, the portable one's 64 and 128)";
+          "dims 64, 128, 192, 256 and (192, 128), the portable one's 64 and 128)";
   return false;
 }
 

@@ -80,10 +80,11 @@ flashcore_status forward(const flashcore_attention_params& p, float softmax_scal
                          cudaStream_t stream, std::string& error);
 
 // The backward pass (flashcore.h flashcore_attention_backward) of a validated call (validate_backward_arguments) on a
-// device of compute capability `cc`: whether some backend compiled it for (dtype, head_dim) (any arch), the workspace
+// device of compute capability `cc`: whether some backend compiled it for (dtype, head_dim, head_dim_v; 0: head_dim)
+// (any arch; variants: with its variants' kernels, for a window, chunks or softcap), the workspace
 // bytes, and the launches. A backend without a backward (core::BackendOps::backward nullptr) returns
 // UNSUPPORTED_ARCH naming itself.
-bool backward_compiled(flashcore_dtype dtype, int head_dim);
+bool backward_compiled(flashcore_dtype dtype, int head_dim, int head_dim_v = 0, bool variants = false);
 flashcore_status backward_workspace_size(const flashcore_attention_params& p, int cc, uint64_t& bytes,
                                          std::string& error);
 flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, int cc,

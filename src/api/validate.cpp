@@ -874,18 +874,21 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
                                  vs = packed(p.v_strides, varlen_k), os = packed(p.o_strides, varlen_q),
                                  dos = packed(p.dout_strides, varlen_q), dqs = packed(p.dq_strides, varlen_q),
                                  dks = packed(p.dk_strides, varlen_k), dvs = packed(p.dv_strides, varlen_k);
+  // V, O, dO and dV have head_dim_v columns (head_dim where it is 0).
+  const int64_t hdv = core::head_dim_v(p);
+  const char* hdvn = core::split_head_dims(p) ? "head_dim_v" : "head_dim";
   const Tensor tensors[6] = {
       {"q", p.q, &qs, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
       {"k", p.k, &ks, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
-      {"v", p.v, &vs, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
-      {"o", p.o, &os, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
-      {"dout", p.dout, &dos, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
+      {"v", p.v, &vs, {ken, krn, "num_heads_kv", hdvn}, {ke, kr, p.num_heads_kv, hdv}},
+      {"o", p.o, &os, {qen, qrn, "num_heads_q", hdvn}, {qe, qr, p.num_heads_q, hdv}},
+      {"dout", p.dout, &dos, {qen, qrn, "num_heads_q", hdvn}, {qe, qr, p.num_heads_q, hdv}},
       {"lse", p.lse, nullptr, {}, {}},
   };
   const Tensor outputs[3] = {
       {"dq", p.dq, &dqs, {qen, qrn, "num_heads_q", "head_dim"}, {qe, qr, p.num_heads_q, p.head_dim}},
       {"dk", p.dk, &dks, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
-      {"dv", p.dv, &dvs, {ken, krn, "num_heads_kv", "head_dim"}, {ke, kr, p.num_heads_kv, p.head_dim}},
+      {"dv", p.dv, &dvs, {ken, krn, "num_heads_kv", hdvn}, {ke, kr, p.num_heads_kv, hdv}},
   };
   if (p.lse == nullptr) {
     message = "lse is NULL: the backward reads the forward's LSE (flashcore_attention_forward with lse set)";
@@ -936,20 +939,24 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
     message = cat("dtype = ", dtype_name(p.dtype), ": the backward takes fp16 and bf16");
     return FLASHCORE_ERROR_UNSUPPORTED_DTYPE;
   }
-  if (core::split_head_dims(p)) {
-    message = cat("head_dim_v = ", p.head_dim_v, " differs from head_dim = ", p.head_dim,
-                  ": the backward takes one head dim for Q, K and V in this version");
+  if (!backend::backward_compiled(p.dtype, static_cast<int>(p.head_dim), static_cast<int>(core::head_dim_v(p)))) {
+    if (core::split_head_dims(p)) {
+      message = cat("head_dim_v = ", p.head_dim_v, " with head_dim = ", p.head_dim, " has no backward kernel for ",
+                    dtype_name(p.dtype),
+                    " in this build (the backward takes (head_dim, head_dim_v) = (192, 128) on Hopper, where "
+                    "FLASHCORE_HEAD_DIMS holds 192; else one head dim for Q, K and V)");
+    } else {
+      message = cat("head_dim = ", p.head_dim, " has no backward kernel for ", dtype_name(p.dtype),
+                    " in this build (the backward has head dims 64, 128 and, on Hopper, 96, 192 and 256, where "
+                    "FLASHCORE_HEAD_DIMS holds them)");
+    }
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
-  if (!backend::backward_compiled(p.dtype, static_cast<int>(p.head_dim))) {
-    message = cat("head_dim = ", p.head_dim, " has no backward kernel for ", dtype_name(p.dtype),
-                  " in this build (the backward has head dims 64, 128 and, on Hopper, 256, where FLASHCORE_HEAD_DIMS "
-                  "holds them)");
-    return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
-  }
-  if (p.head_dim > 128 && (core::windowed_call(p) || p.softcap != 0.f)) {
+  if ((core::windowed_call(p) || p.softcap != 0.f) &&
+      !backend::backward_compiled(p.dtype, static_cast<int>(p.head_dim), static_cast<int>(core::head_dim_v(p)), true)) {
     message = cat("head_dim = ", p.head_dim, " with ", p.softcap != 0.f ? "softcap" : "a window or attention_chunk",
-                  ": the backward takes the variants at head dims 64 and 128 only in this version");
+                  ": this build's backward takes the variants at head dims 64, 96 and 128 (at 192 and 256 with the "
+                  "CMake option FLASHCORE_BWD_WIDE_VARIANTS, not yet run on a GPU)");
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   const int64_t elem_size = dtype_size(p.dtype);

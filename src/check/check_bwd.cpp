@@ -85,7 +85,8 @@ std::string format_float(double x) {
 }
 
 std::string case_name(const Case& c) {
-  std::string n = std::string("bwd_") + dtype_name(c.dtype) + "_d" + std::to_string(c.head_dim) + "_b" +
+  std::string n = std::string("bwd_") + dtype_name(c.dtype) + "_d" + std::to_string(c.head_dim) +
+                  (c.head_dim_v != 0 && c.head_dim_v != c.head_dim ? "v" + std::to_string(c.head_dim_v) : "") + "_b" +
                   std::to_string(c.batch) + "_h" + std::to_string(c.heads_q) + "x" + std::to_string(c.heads_kv) +
                   "_q" + std::to_string(c.seqlen_q) + "_k" + std::to_string(c.seqlen_k) +
                   (c.causal ? "_causal" : "_full") + (c.layout == Layout::BHSD ? "_bhsd" : "_bshd");
@@ -216,6 +217,18 @@ void add_variant_cases(CaseList& L, bool quick) {
   //     Sq > Sk (rows whose diagonal position is negative see no key); with a window and with softcap + sinks.
   L.add(BF16, 128, true, 1, 4, 2, 300, 300).attention_chunk = 64;
   L.add(F16, 64, false, 1, 4, 2, 113, 400, Layout::BHSD).attention_chunk = 100;
+  // Head dims 96, 192, (192, 128) and 256 (the sm90 backend's): a causal window with softcap, sinks with a window,
+  // softcap alone.
+  with_window(L.add(BF16, 96, true, 1, 4, 2, 300, 300, Layout::BHSD), 64, 0).softcap = 20.0f;
+  L.add(F16, 96, false, 1, 4, 2, 129, 300).sinks = sink_logits(4);
+  with_window(L.add(F16, 192, true, 1, 4, 2, 257, 257), 48, 0).softcap = 20.0f;
+  {
+    Case& c = L.add(BF16, 192, false, 1, 4, 2, 200, 300, Layout::BHSD);
+    with_window(c, 32, 16).sinks = sink_logits(4);
+    c.head_dim_v = 128;
+  }
+  L.add(BF16, 256, false, 1, 2, 2, 129, 129).softcap = 30.0f;
+  with_window(L.add(F16, 256, true, 1, 4, 2, 300, 113), 40, 0).sinks = sink_logits(4);
   L.add(BF16, 64, false, 1, 4, 4, 400, 113).attention_chunk = 1;
   L.add(F16, 128, true, 2, 2, 2, 129, 129).attention_chunk = 5000;
   with_window(L.add(BF16, 128, false, 1, 4, 2, 500, 500), 40, 20).attention_chunk = 96;
@@ -234,10 +247,23 @@ void add_wide_cases(CaseList& L, bool quick) {
       const bool long_q = n++ % 2 == 1;
       L.add(dt, 256, causal, 1, 4, 2, long_q ? 130 : 33, long_q ? 33 : 95, long_q ? Layout::BHSD : Layout::BSHD);
     }
+  // The sm90 backend's other head dims: 96, 192 and (192, 128), causal and not, GQA 2, odd lengths both ways.
+  n = 0;
+  for (int64_t pair : {96, 192, 192128})
+    for (bool causal : {false, true}) {
+      const bool long_q = n % 2 == 1;
+      Case& c = L.add(kDtypes[n++ % 2], pair == 192128 ? 192 : pair, causal, 1, 4, 2, long_q ? 130 : 33,
+                      long_q ? 33 : 95, long_q ? Layout::BHSD : Layout::BSHD);
+      if (pair == 192128) c.head_dim_v = 128;
+    }
   if (quick) return;
   L.add(FLASHCORE_DTYPE_BF16, 256, true, 2, 8, 1, 300, 300);
   L.add(FLASHCORE_DTYPE_FP16, 256, false, 1, 2, 2, 700, 700, Layout::BHSD);
   L.add(FLASHCORE_DTYPE_BF16, 256, false, 1, 2, 2, 300, 300).input_scale = 3.0f;
+  L.add(FLASHCORE_DTYPE_FP16, 96, true, 2, 8, 1, 300, 300);
+  L.add(FLASHCORE_DTYPE_BF16, 192, false, 1, 2, 2, 500, 500, Layout::BHSD);
+  L.add(FLASHCORE_DTYPE_BF16, 192, true, 1, 8, 2, 257, 513).head_dim_v = 128;
+  L.add(FLASHCORE_DTYPE_FP16, 192, false, 1, 4, 4, 300, 300).head_dim_v = 128;
 }
 
 }  // namespace
@@ -495,7 +521,8 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   }
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(fstream);
   const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, Hq = c.heads_q, Hkv = c.heads_kv, D = c.head_dim;
-  if (B <= 0 || Sq <= 0 || Sk <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0) {
+  const int64_t Dv = c.head_dim_v != 0 ? c.head_dim_v : D;  // V's, O's, dO's and dV's columns
+  if (B <= 0 || Sq <= 0 || Sk <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Dv <= 0 || Hq % Hkv != 0) {
     r.message = "invalid case: " + describe(c);
     return r;
   }
@@ -517,19 +544,22 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     r.message = std::string("the backward takes fp16 and bf16 inputs; not ") + dtype_name(c.dtype);
     return r;
   }
+  // q, dq: nq; o, dout: nqv; k, dk: nkv; v, dv: nkvv elements.
   const int64_t nq = B * Sq * Hq * D, nkv = B * Sk * Hkv * D, nlse = B * Hq * Sq;
+  const int64_t nqv = B * Sq * Hq * Dv, nkvv = B * Sk * Hkv * Dv;
   const bool with_sinks = !c.sinks.empty();
   const size_t sink_bytes = c.sinks.size() * sizeof(float);
 
   DeviceBuffer dq_in, dk_in, dv_in, d_o, d_lse, d_dout, d_sinks, d_dsinks;
   Grad gq, gk, gv;
-  gq.host.resize(static_cast<size_t>(nq)), gk.host.resize(static_cast<size_t>(nkv)), gv.host.resize(static_cast<size_t>(nkv));
+  gq.host.resize(static_cast<size_t>(nq)), gk.host.resize(static_cast<size_t>(nkv)),
+      gv.host.resize(static_cast<size_t>(nkvv));
   if (!cuda_ok(cudaMalloc(&dq_in.ptr, static_cast<size_t>(nq) * 2), "cudaMalloc(q)", r) ||
       !cuda_ok(cudaMalloc(&dk_in.ptr, static_cast<size_t>(nkv) * 2), "cudaMalloc(k)", r) ||
-      !cuda_ok(cudaMalloc(&dv_in.ptr, static_cast<size_t>(nkv) * 2), "cudaMalloc(v)", r) ||
-      !cuda_ok(cudaMalloc(&d_o.ptr, static_cast<size_t>(nq) * 2), "cudaMalloc(o)", r) ||
+      !cuda_ok(cudaMalloc(&dv_in.ptr, static_cast<size_t>(nkvv) * 2), "cudaMalloc(v)", r) ||
+      !cuda_ok(cudaMalloc(&d_o.ptr, static_cast<size_t>(nqv) * 2), "cudaMalloc(o)", r) ||
       !cuda_ok(cudaMalloc(&d_lse.ptr, static_cast<size_t>(nlse) * sizeof(float)), "cudaMalloc(lse)", r) ||
-      !cuda_ok(cudaMalloc(&d_dout.ptr, static_cast<size_t>(nq) * 2), "cudaMalloc(dout)", r) ||
+      !cuda_ok(cudaMalloc(&d_dout.ptr, static_cast<size_t>(nqv) * 2), "cudaMalloc(dout)", r) ||
       !cuda_ok(cudaMalloc(&gq.dev.ptr, gq.bytes()), "cudaMalloc(dq)", r) ||
       !cuda_ok(cudaMalloc(&gk.dev.ptr, gk.bytes()), "cudaMalloc(dk)", r) ||
       !cuda_ok(cudaMalloc(&gv.dev.ptr, gv.bytes()), "cudaMalloc(dv)", r))
@@ -543,13 +573,16 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   flashcore_attention_params p;
   flashcore_attention_params_init(&p);
   p.q = dq_in.ptr, p.k = dk_in.ptr, p.v = dv_in.ptr, p.o = d_o.ptr, p.lse = static_cast<float*>(d_lse.ptr);
-  p.q_strides = p.o_strides = layout_strides(c.layout, Sq, Hq, D);
-  p.k_strides = p.v_strides = layout_strides(c.layout, Sk, Hkv, D);
+  p.q_strides = layout_strides(c.layout, Sq, Hq, D);
+  p.o_strides = layout_strides(c.layout, Sq, Hq, Dv);
+  p.k_strides = layout_strides(c.layout, Sk, Hkv, D);
+  p.v_strides = layout_strides(c.layout, Sk, Hkv, Dv);
   p.batch = B, p.seqlen_q = Sq, p.seqlen_k = Sk, p.num_heads_q = Hq, p.num_heads_kv = Hkv, p.head_dim = D;
+  p.head_dim_v = Dv != D ? Dv : 0;
   p.dtype = c.dtype, p.causal = c.causal ? 1 : 0, p.softmax_scale = c.softmax_scale;
   p.dout = d_dout.ptr, p.dq = gq.dev.ptr, p.dk = gk.dev.ptr, p.dv = gv.dev.ptr;
-  p.dout_strides = p.dq_strides = p.q_strides;
-  p.dk_strides = p.dv_strides = p.k_strides;
+  p.dq_strides = p.q_strides, p.dout_strides = p.o_strides;
+  p.dk_strides = p.k_strides, p.dv_strides = p.v_strides;
   // The variant, for the forward (O and LSE are the variant's) and, through pb = p, the backward.
   p.local = c.local ? 1 : 0;
   p.window_size_left = c.window_left, p.window_size_right = c.window_right;
@@ -589,8 +622,8 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   }
 
   // Inputs: N(0,1) * input_scale for Q, K, V; dO ~ N(0,1). Dense in the case's layout.
-  std::vector<uint16_t> hq(static_cast<size_t>(nq)), hk(static_cast<size_t>(nkv)), hv(static_cast<size_t>(nkv)),
-      hdo(static_cast<size_t>(nq));
+  std::vector<uint16_t> hq(static_cast<size_t>(nq)), hk(static_cast<size_t>(nkv)), hv(static_cast<size_t>(nkvv)),
+      hdo(static_cast<size_t>(nqv));
   fill_normal(hq, c.dtype, seed, 0, c.input_scale);
   fill_normal(hk, c.dtype, seed, 1, c.input_scale);
   fill_normal(hv, c.dtype, seed, 2, c.input_scale);
@@ -602,7 +635,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
     return r;
 
   // The forward, once: O and LSE (poisoned first, so that an unwritten LSE shows in the gradients).
-  if (!cuda_ok(cudaMemsetAsync(d_o.ptr, 0xff, static_cast<size_t>(nq) * 2, stream), "cudaMemsetAsync(o)", r) ||
+  if (!cuda_ok(cudaMemsetAsync(d_o.ptr, 0xff, static_cast<size_t>(nqv) * 2, stream), "cudaMemsetAsync(o)", r) ||
       !cuda_ok(cudaMemsetAsync(d_lse.ptr, 0xff, static_cast<size_t>(nlse) * 4, stream), "cudaMemsetAsync(lse)", r) ||
       !lib_ok(flashcore_attention_forward(&p, fstream), "flashcore_attention_forward", r) ||
       !cuda_ok(cudaGetLastError(), "forward launch", r) ||
@@ -618,7 +651,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   const ref::Gradients want = ref::attention_backward(host, hdo.data());
   if (c.softcap > 0.0f) r.tol = softcap_tolerance(c.dtype, max_capped_score(c, host, hq, hk));
   if (want.dq.size() != static_cast<size_t>(nq) || want.dk.size() != static_cast<size_t>(nkv) ||
-      want.dv.size() != static_cast<size_t>(nkv)) {
+      want.dv.size() != static_cast<size_t>(nkvv)) {
     r.message = "reference::attention_backward returned gradients of unexpected sizes";
     return r;
   }
@@ -630,7 +663,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
   if (with_sinks) {
     r.with_dsinks = true;
     want_dsinks = ref::attention_backward_sinks(host, hdo.data());
-    std::vector<uint16_t> ho(static_cast<size_t>(nq));
+    std::vector<uint16_t> ho(static_cast<size_t>(nqv));
     std::vector<float> hlse(static_cast<size_t>(nlse));
     if (!cuda_ok(cudaMemcpy(ho.data(), d_o.ptr, ho.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy(o)", r) ||
         !cuda_ok(cudaMemcpy(hlse.data(), d_lse.ptr, hlse.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(lse)", r))
@@ -644,7 +677,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
       for (int64_t b = 0; b < B; ++b)
         for (int64_t i = 0; i < Sq; ++i) {
           double delta = 0;
-          for (int64_t d = 0; d < D; ++d) delta += value(hdo, b, i, h, d) * value(ho, b, i, h, d);
+          for (int64_t d = 0; d < Dv; ++d) delta += value(hdo, b, i, h, d) * value(ho, b, i, h, d);
           if (delta == 0.0 || !std::isfinite(delta)) continue;  // (a row without keys: O = 0)
           const double lse = hlse[static_cast<size_t>((b * Hq + h) * Sq + i)];
           const double term = std::exp(static_cast<double>(c.sinks[static_cast<size_t>(h)]) - lse) * delta;
@@ -694,7 +727,7 @@ Result run_case_on_stream(const Case& c, uint64_t seed, int repeats, flashcore_s
 
       tq.compare(gq.host, pb.dq_strides, want.dq, B, Sq, Hq, D, c.dtype, masked, run.c_str());
       tk.compare(gk.host, pb.dk_strides, want.dk, B, Sk, Hkv, D, c.dtype, never, run.c_str());
-      tv.compare(gv.host, pb.dv_strides, want.dv, B, Sk, Hkv, D, c.dtype, never, run.c_str());
+      tv.compare(gv.host, pb.dv_strides, want.dv, B, Sk, Hkv, Dv, c.dtype, never, run.c_str());
       for (int64_t h = 0; h < static_cast<int64_t>(got_dsinks.size()); ++h) {
         const float x = got_dsinks[static_cast<size_t>(h)];
         uint32_t bits;

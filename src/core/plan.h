@@ -117,8 +117,9 @@ struct BackendOps {
   flashcore_status (*run)(const Plan& plan, const flashcore_attention_params& p, float softmax_scale,
                           cudaStream_t stream, std::string& error);
   // The backward pass (flashcore.h flashcore_attention_backward), nullptr where the backend has none: whether a
-  // kernel is compiled for (dtype, head_dim), the workspace bytes of a validated call, and its launches.
-  bool (*backward_compiled)(flashcore_dtype dtype, int head_dim) = nullptr;
+  // kernel is compiled for (dtype, head_dim, head_dim_v) (variants: its variants' kernels, for a window, chunks or
+  // softcap), the workspace bytes of a validated call, and its launches.
+  bool (*backward_compiled)(flashcore_dtype dtype, int head_dim, int head_dim_v, bool variants) = nullptr;
   uint64_t (*backward_workspace)(const flashcore_attention_params& p) = nullptr;
   flashcore_status (*backward)(const flashcore_attention_params& p, float softmax_scale, int device,
                                cudaStream_t stream, std::string& error) = nullptr;

@@ -290,6 +290,8 @@ T dot(const T* a, const T* b, int64_t n) {
 //   pass 2 (keys):  dV_j = sum_i P_ij dO_i, dK_j = scale * sum_i dS_ij q_i over the group's heads and the rows that
 //                   see key j, with P_ij = exp(s_ij - LSE_i), dS_ij = P_ij (dO_i . v_j - D_i) * slope(s_ij);
 //   pass 3 (rows):  dQ_i = scale * sum_j dS_ij k_j over the keys row i sees.
+// Q, K, dQ and dK have head_dim (D) columns; V, O, dO and dV have head_dim_v (DV, D when it is 0): s_ij is over D
+// columns, dO_i . v_j, D_i and dV over DV.
 // s_ij is Row::score (softcap included) and slope its derivative (1 - tanh^2 with a softcap, else 1). A sink needs
 // nothing more: it is in LSE_i, so P_ij is the probability the forward used, and O_i = sum_j P_ij v_j still holds,
 // so D_i = dO_i . O_i = sum_j P_ij dP_ij as without one.
@@ -299,19 +301,16 @@ template <typename T>
 Gradients run_backward(const flashcore_attention_params& p, const void* dout, int threads, const Row<T>& row) {
   validate(p);
   if (dout == nullptr) throw std::invalid_argument("reference: host_dout must be a non-null host pointer");
-  if (p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {
-    throw std::invalid_argument("reference: the backward takes head_dim_v = 0 or head_dim");
-  }
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.num_heads_q, Hkv = p.num_heads_kv,
-                D = p.head_dim, group = Hq / Hkv;
+                D = p.head_dim, DV = p.head_dim_v != 0 ? p.head_dim_v : D, group = Hq / Hkv;
   const T scale = row.scale;
   auto at = [](std::vector<T>& v, int64_t i) -> T& { return v[static_cast<size_t>(i)]; };
 
   Gradients out;
   out.dq.assign(static_cast<size_t>(B * Sq * Hq * D), 0.0);
   out.dk.assign(static_cast<size_t>(B * Sk * Hkv * D), 0.0);
-  out.dv.assign(static_cast<size_t>(B * Sk * Hkv * D), 0.0);
+  out.dv.assign(static_cast<size_t>(B * Sk * Hkv * DV), 0.0);
 
   // Tasks of about a quarter of a thread's share: rows (of all the group's heads) for passes 1 and 3, keys for 2.
   const int64_t rows = group * Sq;
@@ -320,8 +319,8 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
   const int64_t key_chunk = std::max<int64_t>(1, (Sk + 4 * threads - 1) / (4 * threads));
   const int64_t key_tasks = (Sk + key_chunk - 1) / key_chunk;
 
-  std::vector<T> K(static_cast<size_t>(Sk * D)), V(static_cast<size_t>(Sk * D));
-  std::vector<T> Q(static_cast<size_t>(rows * D)), dO(static_cast<size_t>(rows * D));
+  std::vector<T> K(static_cast<size_t>(Sk * D)), V(static_cast<size_t>(Sk * DV));
+  std::vector<T> Q(static_cast<size_t>(rows * D)), dO(static_cast<size_t>(rows * DV));
   std::vector<T> lse(static_cast<size_t>(rows)), delta(static_cast<size_t>(rows));
   std::vector<KeyRange> visible(static_cast<size_t>(Sq));
 
@@ -329,40 +328,41 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
     for (int64_t i = 0; i < Sq; ++i) visible[static_cast<size_t>(i)] = visible_keys(p, b, i);
     for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
       parallel_for(key_tasks, threads, [&](int64_t c) {
-        for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j)
-          for (int64_t d = 0; d < D; ++d) {
+        for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j) {
+          for (int64_t d = 0; d < D; ++d)
             at(K, j * D + d) = load_element(p.k, p.dtype, element_index(p.k_strides, b, j, hkv, d));
-            at(V, j * D + d) = load_element(p.v, p.dtype, element_index(p.v_strides, b, j, hkv, d));
-          }
+          for (int64_t d = 0; d < DV; ++d)
+            at(V, j * DV + d) = load_element(p.v, p.dtype, element_index(p.v_strides, b, j, hkv, d));
+        }
       });
       // Row r = g * Sq + i: query row i of head hkv * group + g.
       parallel_for(row_tasks, threads, [&](int64_t c) {
-        std::vector<double> o(static_cast<size_t>(D));
-        std::vector<T> s(static_cast<size_t>(Sk)), o_t(static_cast<size_t>(D));  // o_t: O in T (exact: Row's are T)
+        std::vector<double> o(static_cast<size_t>(DV));
+        std::vector<T> s(static_cast<size_t>(Sk)), o_t(static_cast<size_t>(DV));  // o_t: O in T (exact: Row's are T)
         for (int64_t r = c * row_chunk; r < std::min(rows, (c + 1) * row_chunk); ++r) {
           const int64_t h = hkv * group + r / Sq, i = r % Sq;
-          for (int64_t d = 0; d < D; ++d) {
+          for (int64_t d = 0; d < D; ++d)
             at(Q, r * D + d) = load_element(p.q, p.dtype, element_index(p.q_strides, b, i, h, d));
-            at(dO, r * D + d) = load_element(dout, p.dtype, element_index(p.dout_strides, b, i, h, d));
-          }
+          for (int64_t d = 0; d < DV; ++d)
+            at(dO, r * DV + d) = load_element(dout, p.dtype, element_index(p.dout_strides, b, i, h, d));
           const KeyRange keys = visible[static_cast<size_t>(i)];
           double row_lse = 0;
-          row(&at(Q, r * D), K.data(), V.data(), keys, sink_of<T>(p, h), D, D, o.data(), &row_lse, s);
+          row(&at(Q, r * D), K.data(), V.data(), keys, sink_of<T>(p, h), D, DV, o.data(), &row_lse, s);
           at(lse, r) = static_cast<T>(row_lse);
-          for (int64_t d = 0; d < D; ++d) o_t[static_cast<size_t>(d)] = static_cast<T>(o[static_cast<size_t>(d)]);
-          at(delta, r) = keys.empty() ? T(0) : dot(&at(dO, r * D), o_t.data(), D);
+          for (int64_t d = 0; d < DV; ++d) o_t[static_cast<size_t>(d)] = static_cast<T>(o[static_cast<size_t>(d)]);
+          at(delta, r) = keys.empty() ? T(0) : dot(&at(dO, r * DV), o_t.data(), DV);
         }
       });
       // P_ij and dS_ij of row r and key j (the row sees the key); dS_ij is the gradient of the uncapped score.
       auto p_and_ds = [&](int64_t r, int64_t j, T& pij, T& ds) {
         const T sij = row.score(&Q[static_cast<size_t>(r * D)], &K[static_cast<size_t>(j * D)], D);
         pij = std::exp(sij - lse[static_cast<size_t>(r)]);
-        ds = pij * (dot(&dO[static_cast<size_t>(r * D)], &V[static_cast<size_t>(j * D)], D) -
+        ds = pij * (dot(&dO[static_cast<size_t>(r * DV)], &V[static_cast<size_t>(j * DV)], DV) -
                     delta[static_cast<size_t>(r)]) *
              row.score_slope(sij);
       };
       parallel_for(key_tasks, threads, [&](int64_t c) {
-        std::vector<T> dk(static_cast<size_t>(D)), dv(static_cast<size_t>(D));
+        std::vector<T> dk(static_cast<size_t>(D)), dv(static_cast<size_t>(DV));
         for (int64_t j = c * key_chunk; j < std::min(Sk, (c + 1) * key_chunk); ++j) {
           std::fill(dk.begin(), dk.end(), T(0));
           std::fill(dv.begin(), dv.end(), T(0));
@@ -372,17 +372,18 @@ Gradients run_backward(const flashcore_attention_params& p, const void* dout, in
             p_and_ds(r, j, pij, ds);
             const T pr = row.round(pij), dsr = row.round(ds);
             const T* q = &Q[static_cast<size_t>(r * D)];
-            const T* g = &dO[static_cast<size_t>(r * D)];
-            for (int64_t d = 0; d < D; ++d) {
-              dv[static_cast<size_t>(d)] += pr * g[d];
-              dk[static_cast<size_t>(d)] += dsr * q[d];
-            }
+            const T* g = &dO[static_cast<size_t>(r * DV)];
+            for (int64_t d = 0; d < DV; ++d) dv[static_cast<size_t>(d)] += pr * g[d];
+            for (int64_t d = 0; d < D; ++d) dk[static_cast<size_t>(d)] += dsr * q[d];
           }
-          const size_t base = static_cast<size_t>(((b * Sk + j) * Hkv + hkv) * D);
+          const size_t base_k = static_cast<size_t>(((b * Sk + j) * Hkv + hkv) * D);
+          const size_t base_v = static_cast<size_t>(((b * Sk + j) * Hkv + hkv) * DV);
           for (int64_t d = 0; d < D; ++d) {
-            out.dk[base + static_cast<size_t>(d)] = static_cast<double>(row.round(dk[static_cast<size_t>(d)] * scale));
-            out.dv[base + static_cast<size_t>(d)] = static_cast<double>(row.round(dv[static_cast<size_t>(d)]));
+            const T dk_d = dk[static_cast<size_t>(d)] * scale;
+            out.dk[base_k + static_cast<size_t>(d)] = static_cast<double>(row.round(dk_d));
           }
+          for (int64_t d = 0; d < DV; ++d)
+            out.dv[base_v + static_cast<size_t>(d)] = static_cast<double>(row.round(dv[static_cast<size_t>(d)]));
         }
       });
       parallel_for(row_tasks, threads, [&](int64_t c) {
@@ -473,7 +474,8 @@ std::vector<double> attention_backward_sinks(const flashcore_attention_params& h
   // O_i = sum_j exp(s_ij) v_j / Z_i with Z_i = sum_j exp(s_ij) + exp(sink_h), and dZ_i / dsink_h = exp(sink_h), so
   // dO_i / dsink_h = -P_sink,i O_i, where P_sink,i = exp(sink_h - LSE_i) is the sink's share of Z_i. Hence
   // dL / dsink_h = -sum over the head's rows of P_sink,i D_i, with D_i = dO_i . O_i.
-  const int64_t B = p.batch, Sq = p.seqlen_q, Hq = p.num_heads_q, D = p.head_dim;
+  // O and dO have head_dim_v columns (head_dim when it is 0).
+  const int64_t B = p.batch, Sq = p.seqlen_q, Hq = p.num_heads_q, DV = p.head_dim_v != 0 ? p.head_dim_v : p.head_dim;
   for (int64_t h = 0; h < Hq; ++h) {
     // A -inf sink takes no share of any row (and exp(-inf - LSE) would be NaN on a row without keys).
     if (std::isinf(p.sinks[h])) continue;
@@ -481,9 +483,9 @@ std::vector<double> attention_backward_sinks(const flashcore_attention_params& h
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < Sq; ++i) {
         double delta = 0;
-        for (int64_t d = 0; d < D; ++d)
+        for (int64_t d = 0; d < DV; ++d)
           delta += static_cast<double>(load_element(host_dout, p.dtype, element_index(p.dout_strides, b, i, h, d))) *
-                   out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * D + d)];
+                   out.o[static_cast<size_t>(((b * Sq + i) * Hq + h) * DV + d)];
         sum += std::exp(static_cast<double>(p.sinks[h]) - out.lse[static_cast<size_t>((b * Hq + h) * Sq + i)]) * delta;
       }
     dsinks[static_cast<size_t>(h)] = -sum;

@@ -47,24 +47,28 @@ Output attention_lowp(const flashcore_attention_params& host_problem, const std:
                       int threads = 0);
 
 // The backward pass of attention(): the gradients of L = sum(O * dO) with respect to Q, K and V, for the upstream
-// gradient dO at `host_dout`, a HOST array of `dtype` (fp16, bf16 or fp32) of Q's shape (batch, seqlen_q, heads_q,
-// head_dim) addressed through host_problem.dout_strides (host_problem.dout itself is not read; nor are o, lse, dq, dk,
-// dv). The rest of the problem is read as attention() reads it: the same bottom-right mask (causal, the window,
-// attention_chunk), seqused_k, softcap, sinks, GQA (dk and dv of KV head g are summed over the query heads h with
-// h / (heads_q / heads_kv) == g) and softmax_scale (0 = 1/sqrt(head_dim)). With s = cap(scale * Q K^T) (+ mask),
-// P = exp(s - LSE) row by row (the forward's probabilities: with a sink they sum to less than 1):
+// gradient dO at `host_dout`, a HOST array of `dtype` (fp16, bf16 or fp32) of O's shape (batch, seqlen_q, heads_q,
+// head_dim_v) addressed through host_problem.dout_strides (host_problem.dout itself is not read; nor are o, lse, dq,
+// dk, dv). head_dim_v is V's head dim (head_dim when it is 0; it may differ, as in (192, 128)): Q and K have head_dim
+// columns, V, O and dO head_dim_v. The rest of the problem is read as attention() reads it: the same bottom-right
+// mask (causal, the window, attention_chunk), seqused_k, softcap, sinks, GQA (dk and dv of KV head g are summed over
+// the query heads h with h / (heads_q / heads_kv) == g) and softmax_scale (0 = 1/sqrt(head_dim)). With
+// s = cap(scale * Q K^T) (+ mask), P = exp(s - LSE) row by row (the forward's probabilities: with a sink they sum to
+// less than 1):
 //   dV = P^T dO,  dP = dO V^T,  D_i = sum_j P_ij dP_ij (= rowsum(dO * O)),  dS = P * (dP - D) * cap'(s),
 //   dQ = scale * dS K,  dK = scale * dS^T Q,
-// where cap' = 1 - (s / softcap)^2 (the derivative of softcap * tanh(x / softcap)) with a softcap, else 1. The sinks
-// act through LSE only; their own gradient is attention_backward_sinks().
+// where cap' = 1 - (s / softcap)^2 (the derivative of softcap * tanh(x / softcap)) with a softcap, else 1; Q K^T is
+// over head_dim columns, dO V^T and rowsum(dO * O) over head_dim_v. The sinks act through LSE only; their own
+// gradient is attention_backward_sinks().
 // A query row that sees no key has P = 0: it contributes nothing, and its dq is 0 (as are dk and dv of a key no row
-// sees). Outputs are float64, dense: dq (batch, seqlen_q, heads_q, head_dim), dk and dv (batch, seqlen_k, heads_kv,
-// head_dim). Each output element is summed in a fixed order: the result does not depend on `threads` (0 = hardware).
+// sees). Outputs are float64, dense: dq (batch, seqlen_q, heads_q, head_dim), dk (batch, seqlen_k, heads_kv,
+// head_dim) and dv (batch, seqlen_k, heads_kv, head_dim_v). Each output element is summed in a fixed order: the
+// result does not depend on `threads` (0 = hardware).
 // Throws std::invalid_argument on an invalid problem or a NULL host_dout.
 struct Gradients {
   std::vector<double> dq;  // batch * seqlen_q * heads_q * head_dim
   std::vector<double> dk;  // batch * seqlen_k * heads_kv * head_dim
-  std::vector<double> dv;  // batch * seqlen_k * heads_kv * head_dim
+  std::vector<double> dv;  // batch * seqlen_k * heads_kv * head_dim_v
 };
 Gradients attention_backward(const flashcore_attention_params& host_problem, const void* host_dout, int threads = 0);
 
@@ -78,8 +82,8 @@ Gradients attention_backward_lowp(const flashcore_attention_params& host_problem
                                   int threads = 0);
 
 // The gradient of L = sum(O * dO) with respect to the sink logits (float64, num_heads_q entries; all 0 without
-// sinks): dL/dsinks[h] = -sum over the rows i of head h (every batch entry) of exp(sinks[h] - LSE_i) * (dO_i . O_i).
-// Reads the problem and host_dout as attention_backward() does.
+// sinks): dL/dsinks[h] = -sum over the rows i of head h (every batch entry) of exp(sinks[h] - LSE_i) * (dO_i . O_i)
+// (over head_dim_v). Reads the problem and host_dout as attention_backward() does.
 std::vector<double> attention_backward_sinks(const flashcore_attention_params& host_problem, const void* host_dout,
                                              int threads = 0);
 

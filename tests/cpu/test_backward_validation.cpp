@@ -593,16 +593,16 @@ TEST_F(BackwardValidation, Fp8DtypesAreNotTaken) {
 }
 
 TEST_F(BackwardValidation, HeadDims) {
-  for (int64_t hd : {int64_t{256}, int64_t{96}, int64_t{32}}) {
-    if (hd == 256 && flashcore::backend::backward_compiled(dtype, 256)) continue;  // (0.9: sm90, below)
+  for (int64_t hd : {int64_t{256}, int64_t{192}, int64_t{96}, int64_t{32}}) {
+    if (hd != 32 && flashcore::backend::backward_compiled(dtype, static_cast<int>(hd))) continue;  // (sm90, below)
     SCOPED_TRACE(hd);
     flashcore_attention_params with = p;
     with.head_dim = hd;
     ASSERT_EQ(flashcore_attention_params_set_contiguous(&with, 0), FLASHCORE_SUCCESS);
     expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim"});
   }
-  // 64, 128 and (sm90, 0.9) 256 pass where this build compiled their backward for the dtype.
-  for (int64_t hd : {int64_t{64}, int64_t{128}, int64_t{256}}) {
+  // 64, 128 and (sm90, 0.9) 96, 192 and 256 pass where this build compiled their backward for the dtype.
+  for (int64_t hd : {int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192}, int64_t{256}}) {
     if (!flashcore::backend::backward_compiled(dtype, static_cast<int>(hd))) continue;
     SCOPED_TRACE(hd);
     flashcore_attention_params with = p;
@@ -612,16 +612,50 @@ TEST_F(BackwardValidation, HeadDims) {
   }
 }
 
-TEST_F(BackwardValidation, HeadDim256TakesNoVariantsYet) {
-  if (!flashcore::backend::backward_compiled(dtype, 256)) GTEST_SKIP() << "no head dim 256 backward in this build";
+// V with a head dim of its own: (192, 128) (MLA, sm90) passes where compiled, V, O, dO and dV read with 128 columns;
+// another pair is refused naming head_dim_v.
+TEST_F(BackwardValidation, HeadDimV) {
   flashcore_attention_params with = p;
-  with.head_dim = 256;
+  with.head_dim = 192, with.head_dim_v = 128;
   ASSERT_EQ(flashcore_attention_params_set_contiguous(&with, 0), FLASHCORE_SUCCESS);
-  with.softcap = 30.f;
-  expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim", "softcap"});
-  with.softcap = 0.f;
-  with.local = 1, with.window_size_left = 16, with.window_size_right = 0;
-  expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim", "window"});
+  if (flashcore::backend::backward_compiled(dtype, 192, 128)) {
+    expect_passes_argument_checks(with);
+  } else {
+    expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim_v"});
+  }
+  with.head_dim = 128, with.head_dim_v = 64;
+  ASSERT_EQ(flashcore_attention_params_set_contiguous(&with, 0), FLASHCORE_SUCCESS);
+  expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim_v"});
+}
+
+// The variants at the sm90 backend's other head dims (0.9): a softcap, a window, both, pass the argument checks where
+// the head dim's variants' kernels are compiled (96; 192 and 256 with FLASHCORE_BWD_WIDE_VARIANTS), and are refused
+// naming head_dim and the variant where only its plain kernels are.
+TEST_F(BackwardValidation, WideHeadDimsTakeTheVariantsWhereCompiled) {
+  int checked = 0;
+  for (int64_t hd : {int64_t{96}, int64_t{192}, int64_t{256}}) {
+    if (!flashcore::backend::backward_compiled(dtype, static_cast<int>(hd))) continue;
+    SCOPED_TRACE(hd);
+    const bool variants = flashcore::backend::backward_compiled(dtype, static_cast<int>(hd), 0, true);
+    flashcore_attention_params with = p;
+    with.head_dim = hd;
+    ASSERT_EQ(flashcore_attention_params_set_contiguous(&with, 0), FLASHCORE_SUCCESS);
+    with.softcap = 30.f;
+    if (variants) {
+      expect_passes_argument_checks(with);
+    } else {
+      expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim", "softcap"});
+    }
+    with.local = 1, with.window_size_left = 16, with.window_size_right = 0;
+    with.softcap = 0.f;
+    if (variants) {
+      expect_passes_argument_checks(with);
+    } else {
+      expect_error(&with, FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM, {"head_dim", "window"});
+    }
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no backward of head dim 96, 192 or 256 in this build";
 }
 
 // ---- OVERLAPPING_OUTPUT ----

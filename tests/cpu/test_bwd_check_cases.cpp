@@ -66,6 +66,7 @@ struct HostCall {
     p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data(), p.lse = reinterpret_cast<float*>(lse.data());
     p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.num_heads_q = c.heads_q;
     p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim, p.dtype = c.dtype, p.softmax_scale = c.softmax_scale;
+    p.head_dim_v = c.head_dim_v;  // (V, O, dO and dV then have fewer columns than the buffers hold)
     p.sinks = c.sinks.empty() ? nullptr : reinterpret_cast<const float*>(sinks.data());
     layout = flashcore_attention_params_set_contiguous(&p, c.layout == check::Layout::BHSD ? 1 : 0);
   }
@@ -113,10 +114,10 @@ TEST(BwdCheckCases, FullListCoversTheBackwardScope) {
   EXPECT_TRUE(any(list, [](const check::Case& c) { return c.softmax_scale != 0.0f; }));
   EXPECT_TRUE(any(list, [](const check::Case& c) { return c.input_scale != 1.0f; }));
   for (const auto& c : list) {
-    EXPECT_TRUE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) << c.name;  // the backward's head dims
-    if (c.head_dim == 256) {
-      EXPECT_FALSE(check::has_variant(c)) << c.name;  // (0.9: 256 takes no variants yet)
-    }
+    // The backward's head dims (96, 192, (192, 128) and 256: the sm90 backend's).
+    EXPECT_TRUE(c.head_dim == 64 || c.head_dim == 96 || c.head_dim == 128 || c.head_dim == 192 || c.head_dim == 256)
+        << c.name;
+    EXPECT_TRUE(c.head_dim_v == 0 || (c.head_dim == 192 && c.head_dim_v == 128)) << c.name;
     EXPECT_TRUE(c.with_lse && !check::is_serving(c) && c.ring_world == 0 && c.seqused_k.empty()) << c.name;
     if (!c.sinks.empty()) {
       EXPECT_EQ(static_cast<int64_t>(c.sinks.size()), c.heads_q) << c.name;
@@ -198,7 +199,7 @@ TEST(BwdCheckCases, FullListCoversTheVariants) {
 TEST(BwdCheckCases, QuickListIsSmall) {
   const auto quick = bwd::cases(true);
   EXPECT_GE(quick.size(), 16u);
-  EXPECT_LE(quick.size(), 24u);
+  EXPECT_LE(quick.size(), 32u);
   for (auto dt : {FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16})
     for (int64_t D : {64, 128})
       for (bool causal : {false, true})
@@ -214,6 +215,13 @@ TEST(BwdCheckCases, QuickListIsSmall) {
         return c.dtype == dt && c.head_dim == 256 && c.causal == causal && c.heads_q > c.heads_kv &&
                c.seqlen_q != c.seqlen_k;
       })) << "dtype " << dt << " D=256 causal=" << causal;
+  // Head dims 96, 192 and (192, 128) (the sm90 backend's), causal and not, GQA.
+  for (int64_t pair : {96, 192, 192128})
+    for (bool causal : {false, true})
+      EXPECT_TRUE(any(quick, [&](const check::Case& c) {
+        const int64_t d = pair == 192128 ? 192 : pair, dv = pair == 192128 ? 128 : 0;
+        return c.head_dim == d && c.head_dim_v == dv && c.causal == causal && c.heads_q > c.heads_kv;
+      })) << "pair " << pair << " causal=" << causal;
 }
 
 TEST(BwdCheckCases, QuickListHasFourVariantCases) {
@@ -302,9 +310,10 @@ TEST(BwdCheckCases, VariantCasesPassTheLibrarysValidation) {
     for (check::Case c : bwd::cases(quick)) {
       if (!check::has_variant(c)) continue;
       SCOPED_TRACE(c.name);
-      if (!flashcore::backend::backward_compiled(c.dtype, static_cast<int>(c.head_dim))) {
+      if (!flashcore::backend::backward_compiled(c.dtype, static_cast<int>(c.head_dim), static_cast<int>(c.head_dim_v),
+                                                 true)) {
         ++substituted;
-        c.dtype = compiled_dt, c.head_dim = compiled_d;
+        c.dtype = compiled_dt, c.head_dim = compiled_d, c.head_dim_v = 0;
       }
       HostCall call(c);
       flashcore_attention_params& p = call.p;

@@ -1,7 +1,8 @@
 // Tests of the float64 backward reference (reference::attention_backward): its gradients against central finite
 // differences of the forward reference (reference::attention) for the loss L = sum(O * G), whose gradients are the
 // backward's with dO = G; hand-computed cases; invariants (sum_j dK_j = 0, sum_j dV_j = sum_i dO_i); masking, GQA,
-// seqused_k, layouts, thread counts; and the low-precision model (attention_backward_lowp).
+// seqused_k, layouts, thread counts; head_dim_v != head_dim (V, O, dO and dV of their own head dim, as MLA's
+// (192, 128)); and the low-precision model (attention_backward_lowp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,29 +14,33 @@
 #include <string>
 #include <vector>
 
+#include "cpu/finite_difference.h"
 #include "reference/reference.h"
 
 namespace ref = flashcore::reference;
 
 namespace {
 
-// A host problem: logical Q, K, V and G (= dO) in dense (B, S, H, D) order, stored in `dtype` with (B,S,H,D) or
-// (B,H,S,D) strides (dO may be stored with a padded head stride instead).
+// A host problem: logical Q, K (D columns), V and G (= dO) (DV columns) in dense (B, S, H, columns) order, stored in
+// `dtype` with (B,S,H,D) or (B,H,S,D) strides (dO may be stored with a padded head stride instead).
 struct Problem {
   int64_t B = 1, Sq = 1, Sk = 1, Hq = 1, Hkv = 1, D = 4;
+  int64_t DV = 0;  // head_dim_v: the head dim of V, O, dO and dV (0: D)
   bool causal = false;
   float scale = 0.0f;
   flashcore_dtype dtype = FLASHCORE_DTYPE_FP32;
   bool bhsd = false;
-  bool padded_dout = false;  // dO with head stride D + 8 and seq stride Hq * (D + 8) (+ garbage between)
+  bool padded_dout = false;  // dO with head stride DV + 8 and seq stride Hq * (DV + 8) (+ garbage between)
   std::vector<int32_t> seqused_k;  // empty: not given
+  std::vector<float> sinks;        // Hq sink logits, or empty: none
   std::vector<float> q, k, v, g;
 
+  int64_t dv_cols() const { return DV != 0 ? DV : D; }
   void resize() {
     q.assign(static_cast<size_t>(B * Sq * Hq * D), 0.0f);
-    g.assign(q.size(), 0.0f);
+    g.assign(static_cast<size_t>(B * Sq * Hq * dv_cols()), 0.0f);
     k.assign(static_cast<size_t>(B * Sk * Hkv * D), 0.0f);
-    v.assign(k.size(), 0.0f);
+    v.assign(static_cast<size_t>(B * Sk * Hkv * dv_cols()), 0.0f);
   }
   // N(0, amplitude) values on a grid of 2^-10, so that x +- h and x +- 2h (h = 2^-6) are exact in float.
   void randomize(uint64_t seed, float amplitude = 1.0f) {
@@ -47,6 +52,13 @@ struct Problem {
   }
   size_t qi(int64_t b, int64_t s, int64_t h, int64_t d) const { return static_cast<size_t>(((b * Sq + s) * Hq + h) * D + d); }
   size_t ki(int64_t b, int64_t s, int64_t h, int64_t d) const { return static_cast<size_t>(((b * Sk + s) * Hkv + h) * D + d); }
+  // Indices into g (and O, dq's DV-column counterpart) and v (and dv): DV columns.
+  size_t gi(int64_t b, int64_t s, int64_t h, int64_t d) const {
+    return static_cast<size_t>(((b * Sq + s) * Hq + h) * dv_cols() + d);
+  }
+  size_t vi(int64_t b, int64_t s, int64_t h, int64_t d) const {
+    return static_cast<size_t>(((b * Sk + s) * Hkv + h) * dv_cols() + d);
+  }
 
   // Storage, kept alive by the Problem while the params point into it.
   std::vector<uint16_t> q16, k16, v16, g16;
@@ -57,42 +69,49 @@ struct Problem {
     return {S * H * D, H * D, D, 1};
   }
   flashcore_tensor_strides dout_strides() const {
-    if (!padded_dout) return strides(bhsd, Sq, Hq, D);
-    return {Sq * Hq * (D + 8) + 8, Hq * (D + 8), D + 8, 1};
+    const int64_t C = dv_cols();
+    if (!padded_dout) return strides(bhsd, Sq, Hq, C);
+    return {Sq * Hq * (C + 8) + 8, Hq * (C + 8), C + 8, 1};
   }
+  // src: dense (B, S, H, C); dst: at strides st, `fill` elsewhere.
   template <typename T, typename Conv>
   void store(const std::vector<float>& src, std::vector<T>& dst, const flashcore_tensor_strides& st, int64_t S,
-             int64_t H, Conv conv, T fill) {
-    dst.assign(static_cast<size_t>((B - 1) * st.batch + (S - 1) * st.seq + (H - 1) * st.head + D), fill);
+             int64_t H, int64_t C, Conv conv, T fill) {
+    dst.assign(static_cast<size_t>((B - 1) * st.batch + (S - 1) * st.seq + (H - 1) * st.head + C), fill);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t s = 0; s < S; ++s)
         for (int64_t h = 0; h < H; ++h)
-          for (int64_t d = 0; d < D; ++d)
+          for (int64_t d = 0; d < C; ++d)
             dst[static_cast<size_t>(b * st.batch + s * st.seq + h * st.head + d)] =
-                conv(src[static_cast<size_t>(((b * S + s) * H + h) * D + d)]);
+                conv(src[static_cast<size_t>(((b * S + s) * H + h) * C + d)]);
   }
   flashcore_attention_params params() {
     flashcore_attention_params p;
     std::memset(&p, 0, sizeof p);
     p.struct_size = sizeof p;
     p.batch = B, p.seqlen_q = Sq, p.seqlen_k = Sk, p.num_heads_q = Hq, p.num_heads_kv = Hkv, p.head_dim = D;
+    p.head_dim_v = DV;
     p.dtype = dtype, p.causal = causal ? 1 : 0, p.softmax_scale = scale;
-    p.q_strides = p.o_strides = p.dq_strides = strides(bhsd, Sq, Hq, D);
-    p.k_strides = p.v_strides = p.dk_strides = p.dv_strides = strides(bhsd, Sk, Hkv, D);
+    const int64_t C = dv_cols();
+    p.q_strides = p.dq_strides = strides(bhsd, Sq, Hq, D);
+    p.o_strides = strides(bhsd, Sq, Hq, C);
+    p.k_strides = p.dk_strides = strides(bhsd, Sk, Hkv, D);
+    p.v_strides = p.dv_strides = strides(bhsd, Sk, Hkv, C);
     p.dout_strides = dout_strides();
     p.seqused_k = seqused_k.empty() ? nullptr : seqused_k.data();
+    p.sinks = sinks.empty() ? nullptr : sinks.data();
     if (dtype == FLASHCORE_DTYPE_FP32) {
       auto id = [](float x) { return x; };
-      store(q, q32, p.q_strides, Sq, Hq, id, NAN), store(k, k32, p.k_strides, Sk, Hkv, id, NAN);
-      store(v, v32, p.v_strides, Sk, Hkv, id, NAN), store(g, g32, p.dout_strides, Sq, Hq, id, NAN);
+      store(q, q32, p.q_strides, Sq, Hq, D, id, NAN), store(k, k32, p.k_strides, Sk, Hkv, D, id, NAN);
+      store(v, v32, p.v_strides, Sk, Hkv, C, id, NAN), store(g, g32, p.dout_strides, Sq, Hq, C, id, NAN);
       p.q = q32.data(), p.k = k32.data(), p.v = v32.data(), p.dout = g32.data();
     } else {
       auto conv = [this](float x) {
         return dtype == FLASHCORE_DTYPE_FP16 ? ref::float_to_half(x) : ref::float_to_bf16(x);
       };
       const uint16_t nan_bits = dtype == FLASHCORE_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
-      store(q, q16, p.q_strides, Sq, Hq, conv, nan_bits), store(k, k16, p.k_strides, Sk, Hkv, conv, nan_bits);
-      store(v, v16, p.v_strides, Sk, Hkv, conv, nan_bits), store(g, g16, p.dout_strides, Sq, Hq, conv, nan_bits);
+      store(q, q16, p.q_strides, Sq, Hq, D, conv, nan_bits), store(k, k16, p.k_strides, Sk, Hkv, D, conv, nan_bits);
+      store(v, v16, p.v_strides, Sk, Hkv, C, conv, nan_bits), store(g, g16, p.dout_strides, Sq, Hq, C, conv, nan_bits);
       p.q = q16.data(), p.k = k16.data(), p.v = v16.data(), p.dout = g16.data();
     }
     return p;
@@ -125,34 +144,33 @@ double max_abs(const std::vector<double>& x) {
   return m;
 }
 
-// Every gradient of the problem against the five-point central difference
-//   (8 (L(x+h) - L(x-h)) - (L(x+2h) - L(x-2h))) / (12 h),   h = 2^-6 (truncation error O(h^4): about 1e-9 here).
+// The five-point central difference of L in x, one float of the problem (finite_difference.h).
+double finite_difference(Problem& pr, float& x) {
+  return ::finite_difference(x, [&] { return pr.loss(); });
+}
+
+// Every gradient of the problem (and dL/dsinks with sinks) against its finite difference.
 void expect_matches_finite_differences(Problem& pr, double tol = 2e-6) {
   const ref::Gradients an = pr.grads();
   ASSERT_EQ(an.dq.size(), pr.q.size());
   ASSERT_EQ(an.dk.size(), pr.k.size());
   ASSERT_EQ(an.dv.size(), pr.v.size());
   const double scale = std::max({1.0, max_abs(an.dq), max_abs(an.dk), max_abs(an.dv)});
-  const float h = 0x1p-6f;
   struct Tensor {
     const char* name;
     std::vector<float>* x;
     const std::vector<double>* grad;
   } tensors[] = {{"dq", &pr.q, &an.dq}, {"dk", &pr.k, &an.dk}, {"dv", &pr.v, &an.dv}};
-  for (const Tensor& t : tensors) {
-    for (size_t i = 0; i < t.x->size(); ++i) {
-      float& x = (*t.x)[i];
-      const float x0 = x;
-      double l[4];
-      const float steps[4] = {h, -h, 2 * h, -2 * h};
-      for (int s = 0; s < 4; ++s) {
-        x = x0 + steps[s];
-        l[s] = pr.loss();
-      }
-      x = x0;
-      const double fd = (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * static_cast<double>(h));
-      ASSERT_NEAR((*t.grad)[i], fd, tol * scale) << t.name << " index " << i;
-    }
+  for (const Tensor& t : tensors)
+    for (size_t i = 0; i < t.x->size(); ++i)
+      ASSERT_NEAR((*t.grad)[i], finite_difference(pr, (*t.x)[i]), tol * scale) << t.name << " index " << i;
+  if (!pr.sinks.empty()) {
+    const flashcore_attention_params p = pr.params();
+    const std::vector<double> dsinks = ref::attention_backward_sinks(p, p.dout);
+    ASSERT_EQ(dsinks.size(), pr.sinks.size());
+    for (size_t h = 0; h < dsinks.size(); ++h)
+      EXPECT_NEAR(dsinks[h], finite_difference(pr, pr.sinks[h]), tol * std::max(1.0, std::fabs(dsinks[h])))
+          << "dsinks[" << h << "]";
   }
 }
 
@@ -426,6 +444,111 @@ TEST(ReferenceBackward, ManyRowsAndKeysAcrossTasks) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// head_dim_v != head_dim
+// ------------------------------------------------------------------------------------------------
+
+TEST(ReferenceBackward, HeadDimVMatchesFiniteDifferences) {
+  // Q and K of D columns, V, O, dO and dV of DV: S = Q K^T over D, dP = dO V^T and D_i = rowsum(dO * O) over DV.
+  // dv must have DV columns (the size check in expect_matches_finite_differences), and any mix-up of D and DV in the
+  // reference's dot products or indexing changes some gradient by far more than the tolerance.
+  struct DvCase {
+    const char* name;
+    int64_t B, Sq, Sk, Hq, Hkv, D, DV;
+    bool causal;
+    std::vector<float> sinks;
+  };
+  const DvCase cases[] = {
+      {"d24 v16", 1, 5, 7, 2, 1, 24, 16, false, {}},
+      {"d24 v16 causal, sq > sk (rows without keys)", 1, 7, 4, 2, 1, 24, 16, true, {}},
+      {"d24 v16 gqa 4:2 causal", 2, 4, 6, 4, 2, 24, 16, true, {}},
+      {"d3 v5 (V wider than Q)", 1, 4, 6, 2, 2, 3, 5, false, {}},
+      {"d24 v16 sinks causal", 1, 5, 6, 2, 1, 24, 16, true, {0.5f, -1.0f}},
+  };
+  uint64_t seed = 200;
+  for (const DvCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem pr;
+    pr.B = c.B, pr.Sq = c.Sq, pr.Sk = c.Sk, pr.Hq = c.Hq, pr.Hkv = c.Hkv, pr.D = c.D, pr.DV = c.DV;
+    pr.causal = c.causal, pr.sinks = c.sinks;
+    pr.randomize(seed++);
+    ASSERT_EQ(pr.v.size(), static_cast<size_t>(c.B * c.Sk * c.Hkv * c.DV));
+    expect_matches_finite_differences(pr);
+  }
+}
+
+TEST(ReferenceBackward, HeadDimVEqualsVPaddedToHeadDim) {
+  // A problem with DV < D against the same problem with V and dO widened to D columns: V's extra columns random, dO's
+  // zero. Those columns add exact zeros to dO . v_j and to D_i = dO . O, so dQ, dK, dL/dsinks and dV's first DV columns
+  // are bit-identical, in the float64 reference and in the low-precision model, and dV's extra columns are 0.
+  for (auto dt : {FLASHCORE_DTYPE_FP32, FLASHCORE_DTYPE_FP16, FLASHCORE_DTYPE_BF16}) {
+    SCOPED_TRACE(dt);
+    Problem narrow;
+    narrow.B = 2, narrow.Sq = 9, narrow.Sk = 6, narrow.Hq = 4, narrow.Hkv = 2, narrow.D = 24, narrow.DV = 16;
+    narrow.causal = true, narrow.dtype = dt;
+    narrow.sinks = {0.25f, -0.5f, 1.0f, 0.0f};
+    narrow.randomize(13);
+    Problem wide = narrow;
+    wide.DV = 0;
+    wide.resize();
+    wide.q = narrow.q, wide.k = narrow.k;
+    std::mt19937_64 rng(14);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (int64_t b = 0; b < wide.B; ++b)
+      for (int64_t d = 0; d < wide.D; ++d) {
+        for (int64_t j = 0; j < wide.Sk; ++j)
+          for (int64_t h = 0; h < wide.Hkv; ++h) {
+            const float extra = std::round(n(rng) * 64.0f) / 64.0f;
+            wide.v[wide.vi(b, j, h, d)] = d < 16 ? narrow.v[narrow.vi(b, j, h, d)] : extra;
+          }
+        for (int64_t i = 0; i < wide.Sq; ++i)
+          for (int64_t h = 0; h < wide.Hq; ++h)
+            wide.g[wide.gi(b, i, h, d)] = d < 16 ? narrow.g[narrow.gi(b, i, h, d)] : 0.0f;
+      }
+    for (bool lowp : {false, true}) {
+      SCOPED_TRACE(lowp ? "lowp" : "float64");
+      narrow.bhsd = false, narrow.padded_dout = false;
+      const ref::Gradients a = lowp ? narrow.grads_lowp(1) : narrow.grads(1);
+      const ref::Gradients w = lowp ? wide.grads_lowp(3) : wide.grads(3);
+      ASSERT_EQ(a.dq.size(), w.dq.size());
+      ASSERT_EQ(a.dk.size(), w.dk.size());
+      ASSERT_EQ(a.dv.size(), narrow.v.size());
+      ASSERT_EQ(w.dv.size(), wide.v.size());
+      EXPECT_EQ(a.dq, w.dq);
+      EXPECT_EQ(a.dk, w.dk);
+      EXPECT_GT(max_abs(a.dq), 0.0);
+      EXPECT_GT(max_abs(a.dk), 0.0);
+      for (int64_t b = 0; b < wide.B; ++b)
+        for (int64_t j = 0; j < wide.Sk; ++j)
+          for (int64_t h = 0; h < wide.Hkv; ++h)
+            for (int64_t d = 0; d < wide.D; ++d) {
+              const double want = d < 16 ? a.dv[narrow.vi(b, j, h, d)] : 0.0;
+              ASSERT_EQ(w.dv[wide.vi(b, j, h, d)], want) << "b=" << b << " j=" << j << " h=" << h << " d=" << d;
+            }
+      // The other layouts and thread counts give the narrow problem's gradients too.
+      for (int layout = 0; layout < 2; ++layout) {
+        narrow.bhsd = layout == 0, narrow.padded_dout = layout == 1;
+        const ref::Gradients other = lowp ? narrow.grads_lowp(5) : narrow.grads(5);
+        EXPECT_EQ(other.dq, a.dq) << "layout " << layout;
+        EXPECT_EQ(other.dk, a.dk) << "layout " << layout;
+        EXPECT_EQ(other.dv, a.dv) << "layout " << layout;
+      }
+    }
+    narrow.bhsd = false, narrow.padded_dout = false;
+    const flashcore_attention_params pn = narrow.params(), pw = wide.params();
+    const std::vector<double> ds_narrow = ref::attention_backward_sinks(pn, pn.dout);
+    EXPECT_EQ(ds_narrow, ref::attention_backward_sinks(pw, pw.dout));
+    EXPECT_GT(max_abs(ds_narrow), 0.0);
+    // head_dim_v given as head_dim is head_dim_v = 0.
+    Problem explicit_dv = wide;
+    explicit_dv.DV = explicit_dv.D;
+    const ref::Gradients e = explicit_dv.grads(), z = wide.grads();
+    EXPECT_EQ(e.dq, z.dq);
+    EXPECT_EQ(e.dk, z.dk);
+    EXPECT_EQ(e.dv, z.dv);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // The low-precision model
 // ------------------------------------------------------------------------------------------------
 
@@ -479,4 +602,8 @@ TEST(ReferenceBackward, RejectsInvalidProblems) {
   p = pr.params();
   p.seqlen_k = 0;
   EXPECT_THROW(ref::attention_backward(p, p.dout), std::invalid_argument);
+  p = pr.params();
+  p.head_dim_v = -1;
+  EXPECT_THROW(ref::attention_backward(p, p.dout), std::invalid_argument);
+  EXPECT_THROW(ref::attention_backward_sinks(p, p.dout), std::invalid_argument);
 }

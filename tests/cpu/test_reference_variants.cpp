@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/finite_difference.h"
 #include "reference/reference.h"
 
 namespace ref = flashcore::reference;
@@ -607,17 +608,9 @@ double max_abs(const std::vector<double>& x) {
   return m;
 }
 
-// The five-point central difference of L in one float of the problem, h = 2^-6.
+// The five-point central difference of L in one float of the problem (finite_difference.h).
 double finite_difference(Problem& pr, float& x) {
-  const float x0 = x, h = 0x1p-6f;
-  const float steps[4] = {h, -h, 2 * h, -2 * h};
-  double l[4];
-  for (int s = 0; s < 4; ++s) {
-    x = x0 + steps[s];
-    l[s] = loss(pr);
-  }
-  x = x0;
-  return (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * static_cast<double>(h));
+  return ::finite_difference(x, [&] { return loss(pr); });
 }
 
 void expect_matches_finite_differences(Problem& pr, double tol = 2e-6) {

@@ -32,8 +32,11 @@ The rules (what makes a pass mean something):
 - A v whose head dim differs from q's and k's (FA3's hdimdiff: dv = 128 with d = 192, DeepSeek MLA's) is FlashCore's
   head_dim_v: passed on as it is where the library compiles the pair (capabilities().head_dim_pairs, a 0.7 library),
   skipped otherwise, and with 8-bit inputs (FlashCore's 8-bit path takes one head dim). Its backward is asked of
-  FlashCore like any other (a probe with v of that head dim): FlashCore 0.7 has none, so such a test skips when it
-  calls autograd.grad, after its forward was checked.
+  FlashCore like any other (a probe with v of that head dim, whose gradient call reaches the library's backward):
+  FlashCore 0.9's sm90 backend takes (192, 128), and the test's autograd.grad then runs on FlashCore; a library or
+  backend without it (0.7 / 0.8, the portable backend) refuses the probe, and the test skips when it calls
+  autograd.grad, after its forward was checked, quoting the refusal. Likewise head dims 96 and 192 (0.9's sm90
+  backward) and 256: never a hard-coded list.
 - An e4m3 KV cache under 16-bit q (flash_attn_with_kvcache with float8_e4m3fn k_cache / v_cache and bf16 / fp16 q) is
   FlashCore's (0.9): passed on with k_descale / v_descale as they are. FA3's own fp8 cases quantize q too: e4m3 q
   skips (FlashCore's KV-cache calls keep q in 16 bits), and so does what FlashCore 0.9's e4m3 cache does not take
@@ -333,8 +336,9 @@ def _no_backward(reason: str, result, inputs):
 
 def _backward_reason(fn_name: str, entry: str, q, v, causal: bool, variants: dict, *, seqused_k=False,
                      seqused_q=False, deterministic=False) -> Optional[str]:
-    """Why FlashCore has no backward for this call (None: it has one), from a tiny backward of the same kind (v of
-    the call's head dim)."""
+    """Why FlashCore has no backward for this call (None: it has one), from a tiny backward of the same kind: q's head
+    dim, v of the call's head dim (head_dim_v where it differs: the library's backward decides on the pair), the
+    call's dtype, causal flag, variants and seqused."""
     d, dv = q.shape[-1], v.shape[-1]
     key = ("backward", entry, q.dtype, d, dv, causal, tuple(sorted(variants)), seqused_k, seqused_q, deterministic)
     reason = probe(key, _probe_call(entry, q.dtype, d, causal, q.device, variants, backward=True,

@@ -654,9 +654,10 @@ def test_hdimdiff_without_the_pair_skips(lib):
 
 
 def test_hdimdiff_backward_skips_after_a_real_forward(lib):
-    """FlashCore has no backward with dv != d: the backward probe (v of 128 columns) says so, and the test skips when
-    it asks for gradients, its forward passed on."""
-    lib.answers["backward"] = "probe: NotImplementedError: FlashCore: the backward of attention whose v has a head dim"
+    """A library whose backward lacks dv != d (before 0.9, or off the sm90 backend): the backward probe (v of 128
+    columns) quotes its refusal, and the test skips when it asks for gradients, its forward passed on."""
+    lib.answers["backward"] = ("probe: ValueError: FlashCore: flashcore_attention_backward_workspace_size failed: "
+                               "head_dim_v = 128 differs from head_dim = 192")
     q, k, v = qkv(d=192, dv=128, requires_grad=True)
     out = shim.flash_attn_func(q, k, v, causal=True)
     assert torch.equal(out, ref_attention(q, k, v, causal=True)) and out.requires_grad
@@ -664,8 +665,81 @@ def test_hdimdiff_backward_skips_after_a_real_forward(lib):
     with pytest.raises(SKIPPED) as info:
         torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     assert info.value.msg == ("flashcore: backward of flash_attn_func (bfloat16, head_dim=192, head_dim_v=128) not "
-                              "supported (probe: NotImplementedError: FlashCore: the backward of attention whose v has "
-                              "a head dim)")
+                              "supported (probe: ValueError: FlashCore: flashcore_attention_backward_workspace_size "
+                              "failed: head_dim_v = 128 differs from head_dim = 192)")
+
+
+@pytest.mark.parametrize("d, dv", [(192, 128), (192, None), (96, None)], ids=["d192-dv128", "d192", "d96"])
+@pytest.mark.parametrize("entry", ["flash_attn_func", "flash_attn_varlen_func"])
+def test_backward_the_library_takes_keeps_its_graph(lib, entry, d, dv):
+    """A library whose backward takes the call (0.9's sm90 backend: head dims 96 and 192, and dv = 128 under
+    d = 192): the backward probe passes and FlashCore's own graph is returned, no skip at autograd.grad. Nothing is
+    hard-coded: the probe, of the call's head dims, decides."""
+    lib.head_dims = (64, 96, 128, 192, 256)
+    if entry == "flash_attn_func":
+        q, k, v = qkv(d=d, dv=dv, requires_grad=True)
+        out = shim.flash_attn_func(q, k, v, causal=True)
+        probed = ("backward", "attention", BF16, d, dv or d, True, (), False, False, False)
+    else:
+        q, k, v, cu_q, cu_k = packed(d=d, dv=dv)
+        for t in (q, k, v):
+            t.requires_grad_()
+        out = shim.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 6, causal=True)
+        probed = ("backward", "varlen_attention", BF16, d, dv or d, True, (), False, False, False)
+    assert out.shape[-1] == (dv or d) and "SkipOnBackward" not in type(out.grad_fn).__name__
+    assert probed in lib.probed
+    if entry == "flash_attn_func":
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def test_hdimdiff_backward_probe_reaches_the_library(monkeypatch):
+    """The real backward probe of dv != d (no stand-ins for the shim; FlashCore's ops with the library calls replaced
+    on the CPU): it reaches the library's backward with dout of v's head dim and returns dv of v's shape, rather than
+    being refused in Python. What the library answers is the probe's answer."""
+    from flashcore import _ops
+
+    class Caps:
+        path = "<cpu stand-in>"
+
+        @staticmethod
+        def compiled():
+            return ("float16", "bfloat16"), (64, 96, 128, 192, 256)
+
+        @staticmethod
+        def compiled_head_dim_pairs():
+            return ((192, 128),)
+
+    launched = []
+
+    def launch(lib, q, k, v, out, lse, *args, **kwargs):
+        out.zero_()
+        if lse.numel():
+            lse.zero_()
+
+    def launch_backward(lib, dout, q, k, v, out, lse, dq, dk, dv, *args, **kwargs):
+        launched.append((tuple(dout.shape), tuple(dv.shape)))
+        for t in (dq, dk, dv):
+            t.zero_()
+
+    monkeypatch.setattr(_ops, "_check_device", lambda q, k, v: None)
+    monkeypatch.setattr(_ops, "_check_supported", lambda q, head_dim, head_dim_v=None: Caps)
+    monkeypatch.setattr(_ops, "_launch", launch)
+    monkeypatch.setattr(_ops, "_launch_backward", launch_backward)
+    monkeypatch.setattr(shim, "_PROBES", {})
+    assert shim.probe("hdimdiff", shim._probe_call("attention", BF16, 192, True, "cpu", {}, backward=True,
+                                                   head_dim_v=128)) is None
+    assert launched == [((1, 32, 2, 128), (1, 32, 1, 128))]
+
+    def refuse(*args, **kwargs):
+        raise ValueError("FlashCore: flashcore_attention_backward_workspace_size failed: head_dim_v = 128 differs "
+                         "from head_dim = 192: the backward takes one head dim for Q, K and V in this version")
+
+    monkeypatch.setattr(_ops, "_launch_backward", refuse)
+    answer = shim.probe("hdimdiff-refused", shim._probe_call("attention", BF16, 192, True, "cpu", {}, backward=True,
+                                                             head_dim_v=128))
+    assert answer.startswith("probe: ValueError: FlashCore: flashcore_attention_backward_workspace_size failed: "
+                             "head_dim_v = 128 differs from head_dim = 192"), answer
 
 
 @pytest.mark.parametrize("entry", ["attention", "varlen_attention", "attention_with_kvcache"])

@@ -157,7 +157,8 @@ struct Grads {
 // ------------------------------------------------------------------------------------------------
 
 // One dense problem's device side: Q, K, V, O, dO, dQ, dK, dV, LSE, the backward's workspace, what the forward wrote and
-// the backward's call (device pointers, its workspace). Each test file's Problem adds its case.
+// the backward's call (device pointers, its workspace). Q, K, dQ and dK have head_dim columns; V, O, dO and dV have
+// head_dim_v (MLA's (192, 128)), head_dim unless make_tensors is given one. Each test file's Problem adds its case.
 struct DenseProblem {
   uint64_t seed = 0;
   std::string skip;  // non-empty: why the case cannot run here
@@ -170,17 +171,19 @@ struct DenseProblem {
 
   int64_t lse_count() const { return q.B * q.H * q.S; }
 
-  // The tensors (host copies NaN, padding included) and LSE: Q, K, V, O in `layout`, dO, dQ, dK, dV in `grad_layout`.
+  // The tensors (host copies NaN, padding included) and LSE: Q, K, V, O in `layout`, dO, dQ, dK, dV in `grad_layout`;
+  // V, O, dO and dV of head_dim_v columns (0: head_dim).
   void make_tensors(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
-                    int64_t head_dim, Layout layout, Layout grad_layout) {
+                    int64_t head_dim, Layout layout, Layout grad_layout, int64_t head_dim_v = 0) {
+    const int64_t dv_cols = head_dim_v != 0 ? head_dim_v : head_dim;
     q.make(batch, seqlen_q, heads_q, head_dim, layout);
-    o.make(batch, seqlen_q, heads_q, head_dim, layout);
+    o.make(batch, seqlen_q, heads_q, dv_cols, layout);
     k.make(batch, seqlen_k, heads_kv, head_dim, layout);
-    v.make(batch, seqlen_k, heads_kv, head_dim, layout);
-    dout.make(batch, seqlen_q, heads_q, head_dim, grad_layout);
+    v.make(batch, seqlen_k, heads_kv, dv_cols, layout);
+    dout.make(batch, seqlen_q, heads_q, dv_cols, grad_layout);
     dq.make(batch, seqlen_q, heads_q, head_dim, grad_layout);
     dk.make(batch, seqlen_k, heads_kv, head_dim, grad_layout);
-    dv.make(batch, seqlen_k, heads_kv, head_dim, grad_layout);
+    dv.make(batch, seqlen_k, heads_kv, dv_cols, grad_layout);
     lse = std::make_unique<DeviceBuffer>(static_cast<size_t>(lse_count()) * sizeof(float));
   }
 
@@ -193,8 +196,8 @@ struct DenseProblem {
     }
   }
 
-  // p: flashcore_attention_params_init, then the tensors' device pointers and strides, LSE and the shape (the caller
-  // sets the rest: dtype, mask, variant).
+  // p: flashcore_attention_params_init, then the tensors' device pointers and strides, LSE and the shape, head_dim_v
+  // set where V's head dim differs from Q's (the caller sets the rest: dtype, mask, variant).
   void init_call() {
     flashcore_attention_params_init(&p);
     p.q = q.ptr(), p.k = k.ptr(), p.v = v.ptr(), p.o = o.ptr();
@@ -204,6 +207,7 @@ struct DenseProblem {
     p.dout_strides = dout.st, p.dq_strides = dq.st, p.dk_strides = dk.st, p.dv_strides = dv.st;
     p.batch = q.B, p.seqlen_q = q.S, p.seqlen_k = k.S;
     p.num_heads_q = q.H, p.num_heads_kv = k.H, p.head_dim = q.D;
+    if (v.D != q.D) p.head_dim_v = v.D;
   }
 
   // The call with the host copies of Q, K and V, for the reference.

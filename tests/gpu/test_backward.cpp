@@ -1,6 +1,8 @@
 // GPU tests of the backward pass: flashcore_attention_forward (with LSE), then flashcore_attention_backward on device
 // buffers, dq / dk / dv against the float64 reference (reference::attention_backward). Every test SKIPs, with the
-// reason, without a GPU the build serves, or when the backward lacks the case's head dim, dtype or the device's arch.
+// reason, without a GPU the build serves, or when the forward or the backward lacks the case's head dims (head_dim,
+// or the pair (head_dim, head_dim_v)), dtype or the device's arch (the C API's status says so: validate_forward and
+// make_workspace).
 //
 // Tolerance (per tensor t of dq, dk, dv):  max |t - t_ref| <= 2 * lowp + atol * scale_t, where lowp =
 // max |t_lowp - t_ref| is the error of reference::attention_backward_lowp() (what a kernel computing in the input
@@ -49,6 +51,7 @@ struct Case {
   std::string name;
   flashcore_dtype dtype = FLASHCORE_DTYPE_BF16;
   int64_t head_dim = 128;
+  int64_t head_dim_v = 0;  // V's, O's, dO's and dV's head dim (MLA's 128 with head_dim 192); 0: head_dim
   int64_t batch = 1, seqlen_q = 128, seqlen_k = 128, heads_q = 1, heads_kv = 1;
   bool causal = false;
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
@@ -59,11 +62,12 @@ struct Case {
 
 std::string describe(const Case& c) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld D=%lld%s%s %s/%s%s",
+  const std::string dv = c.head_dim_v != 0 ? " Dv=" + std::to_string(c.head_dim_v) : "";
+  std::snprintf(buf, sizeof buf, "%s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld D=%lld%s%s%s %s/%s%s",
                 c.dtype == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16", static_cast<long long>(c.batch),
                 static_cast<long long>(c.seqlen_q), static_cast<long long>(c.seqlen_k),
                 static_cast<long long>(c.heads_q), static_cast<long long>(c.heads_kv),
-                static_cast<long long>(c.head_dim), c.causal ? " causal" : "",
+                static_cast<long long>(c.head_dim), dv.c_str(), c.causal ? " causal" : "",
                 c.softmax_scale != 0.0f ? (" scale=" + std::to_string(c.softmax_scale)).c_str() : "",
                 layout_name(c.layout), layout_name(c.grad_layout), c.deterministic ? " deterministic" : "");
   return buf;
@@ -77,21 +81,25 @@ std::string param_name(const testing::TestParamInfo<Case>& info) {
   return out.empty() ? std::to_string(info.index) : out;
 }
 
+// The case's name shows its head dims: "_d128", or "_d192v128" with a head_dim_v (dv) of its own.
 Case make_case(flashcore_dtype dt, int64_t d, bool causal, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-               const std::string& suffix = "") {
+               const std::string& suffix = "", int64_t dv = 0) {
   Case c;
-  c.dtype = dt, c.head_dim = d, c.causal = causal;
+  c.dtype = dt, c.head_dim = d, c.head_dim_v = dv, c.causal = causal;
   c.batch = b, c.seqlen_q = sq, c.seqlen_k = sk, c.heads_q = hq, c.heads_kv = hkv;
   c.name = std::string(dt == FLASHCORE_DTYPE_FP16 ? "fp16" : "bf16") + "_d" + std::to_string(d) +
-           (causal ? "_causal" : "_full") + "_b" + std::to_string(b) + "_sq" + std::to_string(sq) + "_sk" +
-           std::to_string(sk) + "_hq" + std::to_string(hq) + "_hkv" + std::to_string(hkv) + suffix;
+           (dv != 0 ? "v" + std::to_string(dv) : "") + (causal ? "_causal" : "_full") + "_b" + std::to_string(b) +
+           "_sq" + std::to_string(sq) + "_sk" + std::to_string(sk) + "_hq" + std::to_string(hq) + "_hkv" +
+           std::to_string(hkv) + suffix;
   return c;
 }
 
 // Both dtypes, head dims 64, 128 and 256 (sm90; the portable backend skips 256), causal and not, over the shapes
 // (batch, seqlen_q, seqlen_k, heads_q, heads_kv): MHA, one row and one key, odd lengths with GQA 2:1 and 4:2,
-// seqlen_q < seqlen_k and > seqlen_k (causal: rows that see no key), MQA 8:1; one long sequence per dtype (and one at
-// head dim 256); then layouts and a non-default softmax scale.
+// seqlen_q < seqlen_k and > seqlen_k (causal: rows that see no key), MQA 8:1; head dims 96 and 192 and the pair
+// (head_dim, head_dim_v) = (192, 128) (sm90; skipped where the build has no backward for them) over a subset of the
+// shapes; one long sequence per dtype (and one at head dim 256); then layouts (also at (192, 128)) and a non-default
+// softmax scale.
 std::vector<Case> backward_cases() {
   const int64_t shapes[][5] = {{2, 128, 128, 4, 4}, {1, 1, 1, 2, 2},     {1, 17, 17, 2, 1},    {2, 113, 113, 4, 2},
                                {1, 257, 511, 2, 2}, {1, 511, 257, 2, 2}, {1, 1024, 1024, 8, 1}};
@@ -100,6 +108,15 @@ std::vector<Case> backward_cases() {
     for (int64_t d : {64, 128, 256})
       for (bool causal : {false, true})
         for (const auto& s : shapes) list.push_back(make_case(dt, d, causal, s[0], s[1], s[2], s[3], s[4]));
+  // (head_dim, head_dim_v; 0: head_dim) over MHA, odd lengths with GQA 2:1 and 4:2, seqlen_q < and > seqlen_k.
+  const int64_t head_dim_pairs[][2] = {{96, 0}, {192, 0}, {192, 128}};
+  const int64_t odd_shapes[][5] = {
+      {2, 128, 128, 4, 4}, {1, 17, 17, 2, 1}, {2, 113, 113, 4, 2}, {1, 257, 511, 2, 2}, {1, 511, 257, 2, 2}};
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
+    for (const auto& hd : head_dim_pairs)
+      for (bool causal : {false, true})
+        for (const auto& s : odd_shapes)
+          list.push_back(make_case(dt, hd[0], causal, s[0], s[1], s[2], s[3], s[4], "", hd[1]));
   list.push_back(make_case(FLASHCORE_DTYPE_BF16, 128, true, 1, 4097, 4097, 1, 1));
   list.push_back(make_case(FLASHCORE_DTYPE_FP16, 64, false, 1, 4097, 4097, 1, 1));
   list.push_back(make_case(FLASHCORE_DTYPE_BF16, 256, true, 1, 4097, 4097, 1, 1));
@@ -110,6 +127,14 @@ std::vector<Case> backward_cases() {
     for (const auto& [in, grad] : layouts) {
       Case c = make_case(dt, dt == FLASHCORE_DTYPE_BF16 ? 128 : 64, true, 2, 113, 200, 4, 2,
                          std::string("_") + layout_name(in) + "_" + layout_name(grad));
+      c.layout = in, c.grad_layout = grad;
+      list.push_back(c);
+    }
+  // (192, 128) with padded heads and with (B, H, S, D) gradients: V, O, dO and dV of strides of their own.
+  for (flashcore_dtype dt : {FLASHCORE_DTYPE_BF16, FLASHCORE_DTYPE_FP16})
+    for (const auto& [in, grad] : {layouts[1], layouts[2]}) {
+      Case c = make_case(dt, 192, true, 2, 113, 200, 4, 2,
+                         std::string("_") + layout_name(in) + "_" + layout_name(grad), 128);
       c.layout = in, c.grad_layout = grad;
       list.push_back(c);
     }
@@ -134,7 +159,8 @@ struct Problem : DenseProblem {
 // with LSE. Sets pr.skip when this build or device lacks the case.
 void prepare(Problem& pr) {
   const Case& c = pr.c;
-  pr.make_tensors(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.layout, c.grad_layout);
+  pr.make_tensors(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.layout, c.grad_layout,
+                  c.head_dim_v);
   std::mt19937_64 rng(pr.seed);
   pr.fill_inputs(rng, c.dtype);
   if (::testing::Test::HasFatalFailure()) return;
@@ -227,7 +253,8 @@ std::vector<Case> determinism_cases() {
     Case b = make_case(FLASHCORE_DTYPE_FP16, 64, false, 2, 700, 700, 4, 2, suffix);
     Case m = make_case(FLASHCORE_DTYPE_BF16, 64, false, 1, 700, 700, 8, 1, suffix);  // MQA: 8 heads into one dK
     Case w = make_case(FLASHCORE_DTYPE_BF16, 256, true, 2, 700, 700, 4, 2, suffix);  // the wide kernel's atomics
-    for (Case* c : {&a, &b, &m, &w}) {
+    Case v = make_case(FLASHCORE_DTYPE_BF16, 192, true, 2, 700, 700, 4, 2, suffix, 128);  // MLA's (192, 128)
+    for (Case* c : {&a, &b, &m, &w, &v}) {
       c->deterministic = det;
       list.push_back(*c);
     }

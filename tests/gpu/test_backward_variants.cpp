@@ -423,6 +423,40 @@ std::vector<Case> chunk_cases() {
   return on_both_backends(out);
 }
 
+// The sm90 backend's other head dims (96: the 128-key kernel with 64-byte rows; 192 and 256: the wide kernel), both
+// dtypes: a two-sided window, a causal window, softcap alone and with a causal window, sinks with a window, chunks with
+// softcap. The portable backend has no backward at these head dims: its runs skip, quoting the library.
+std::vector<Case> head_dim_cases() {
+  std::vector<Case> out;
+  int n = 0;
+  for (int64_t d : {96, 192, 256}) {
+    for (flashcore_dtype dt : kDtypes) {
+      const bool odd = n++ % 2 == 1;
+      Case a = make_case(dt, d, false, odd ? Shape{1, 300, 113, 4, 2} : Shape{1, 300, 300, 4, 2}, "win16x16");
+      out.push_back(with_window(a, 16, 16));
+      Case b = make_case(dt, d, true, odd ? Shape{2, 113, 113, 4, 4} : Shape{1, 300, 1000, 4, 2}, "win32");
+      out.push_back(with_window(b, 32, 0));
+      Case c = make_case(dt, d, false, {2, 113, 113, 4, 2}, "cap30");
+      c.softcap = 30.0f;
+      out.push_back(c);
+      Case w = make_case(dt, d, true, {1, 300, 300, 8, 2}, "cap30_win64");
+      with_window(w, 64, 0).softcap = 30.0f;
+      out.push_back(w);
+      Case s = make_case(dt, d, !odd, {1, 300, 300, 4, 2}, odd ? "sinks_win32x8" : "sinks_win64");
+      with_window(s, odd ? 32 : 64, odd ? 8 : 0);
+      out.push_back(with_sinks(s, true));
+      Case k = make_case(dt, d, odd, {1, 300, 300, 4, 2}, "chunk100_cap30");
+      k.chunk = 100, k.softcap = 30.0f;
+      if (odd) {
+        k.layout = k.grad_layout = Layout::BHSD;
+        k.name += "_bhsd";
+      }
+      out.push_back(k);
+    }
+  }
+  return on_both_backends(out);
+}
+
 // deterministic = 1 with windows whose query blocks start past key block 0, sinks + dsinks and softcap.
 std::vector<Case> determinism_cases() {
   std::vector<Case> out;
@@ -460,6 +494,12 @@ std::vector<Case> determinism_cases() {
   {
     Case c = make_case(FLASHCORE_DTYPE_FP16, 64, false, {1, 300, 1000, 4, 1}, "chunk96_win100x50_sinks");
     with_window(c, 100, 50).chunk = 96;
+    out.push_back(with_sinks(c, true));
+  }
+  for (int64_t d : {96, 192, 256}) {  // (the sm90 backend's other head dims)
+    Case c = make_case(d == 192 ? FLASHCORE_DTYPE_FP16 : FLASHCORE_DTYPE_BF16, d, true, {1, 700, 700, 4, 2},
+                       "win128_cap30_sinks");
+    with_window(c, 128, 0).softcap = 30.0f;
     out.push_back(with_sinks(c, true));
   }
   for (Case& c : out) c.deterministic = 1;
@@ -797,6 +837,7 @@ INSTANTIATE_TEST_SUITE_P(Window, BackwardVariant, testing::ValuesIn(window_cases
 INSTANTIATE_TEST_SUITE_P(Softcap, BackwardVariant, testing::ValuesIn(softcap_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Sinks, BackwardVariant, testing::ValuesIn(sinks_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Chunk, BackwardVariant, testing::ValuesIn(chunk_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(HeadDims, BackwardVariant, testing::ValuesIn(head_dim_cases()), param_name);
 
 // ------------------------------------------------------------------------------------------------
 // NaN / Inf: outputs poisoned with NaN before the call, every element finite after, on extreme inputs

@@ -25,14 +25,15 @@ Two names, one implementation:
 What runs on FlashCore: fp16/bf16 CUDA inputs with a compiled head dim, no dropout, and either no mask or a pure
 causal one (prefill without padding, decoding with a dynamic cache). GQA/MQA runs natively (no repeat_kv). A value
 head dim of its own (DeepSeek-V2/V3's MLA passes query and key of 192, value of 128 to an attention that is not
-FlashAttention-2's) runs too where the library compiles the pair (0.7: (192, 128)), without gradients (FlashCore's
-backward takes one head dim: a training call falls back).
+FlashAttention-2's) runs too where the library compiles the pair (0.7: (192, 128)); with gradients where its backward
+takes the pair (0.9, the sm90 backend: (192, 128)), else a training call falls back.
 Since 0.5 (a 0.5 library) the attention variants models pass for FlashAttention run too: the sliding_window of a
 causal module (the kwarg, or the module's attribute) as FlashAttention's window_size=(sliding_window - 1, 0) when
 it hides keys, softcap (Gemma 2) and gpt-oss's s_aux as sinks.
 Training too (since 0.4): a call whose inputs require grad (grad mode on) runs FlashCore's forward and backward
-when the library has a backward for its head dim (64 and 128 in 0.4), with the variants too when the library's
-backward takes them (0.6: the window, softcap, and s_aux with its gradient); otherwise (a 0.5 library with a variant,
+when the library has a backward for its head dim (64 and 128 in 0.4; 0.9 on the sm90 backend (a Hopper GPU): 96, 192,
+256 and (192, 128) too), with the variants too when the library's backward takes them (0.6: the window, softcap, and
+s_aux with its gradient; a window or softcap at head dims 64, 96 and 128 only); otherwise (a 0.5 library with a variant,
 say) it falls back like the calls below (with fallback=False: ValueError), so that no backward fails after the forward
 ran.
 Everything else (padding masks, a static cache's mask, dropout, fp32, position bias, a sinks kwarg, the window of a
@@ -210,18 +211,21 @@ def _is_cuda(t: torch.Tensor) -> bool:
 
 
 # (library object, its compiled head dims), (library object, the head dims its backward takes), (library object,
-# whether it reads the attention variants), (library object, whether its backward takes them) and (library object,
-# its compiled (head_dim, head_dim_v) pairs): read outside any graph, so that eager and compiled calls agree.
+# whether it reads the attention variants), (library object, whether its backward takes them), (library object,
+# its compiled (head_dim, head_dim_v) pairs) and (library object, the pairs its backward takes): read outside any
+# graph, so that eager and compiled calls agree.
 _head_dims_cache = (None, None)
 _backward_dims_cache = (None, None)
 _variants_cache = (None, None)
 _variant_backward_cache = (None, None)
 _head_dim_pairs_cache = (None, None)
+_backward_pairs_cache = (None, None)
 
 
 def _wide_backward(lib) -> bool:
-    """Whether the library's backward takes head dims above 128 on this device: a 0.9 library on the sm90 backend (a
-    Hopper GPU, FLASHCORE_BACKEND not forcing the portable one, whose backward stops at 128)."""
+    """Whether the library's backward takes more than head dims 64 and 128 on this device (96, 192, 256 and the pair
+    (192, 128)): a 0.9 library on the sm90 backend (a Hopper GPU, FLASHCORE_BACKEND not forcing the portable one,
+    whose backward has head dims 64 and 128 only)."""
     if tuple(getattr(lib, "version", (0, 0))[:2]) < _ops.BACKWARD_WIDE_VERSION:
         return False
     if os.environ.get("FLASHCORE_BACKEND", "").strip().lower() == "sm80":
@@ -235,24 +239,31 @@ def _wide_backward(lib) -> bool:
 def _load_head_dims():
     """Load the library (RuntimeError when missing: no silent fallback) and cache its compiled head dims, those
     its backward takes (() for a library older than 0.4), whether it has the attention variants (0.5), whether its
-    backward takes them (0.6) and its (head_dim, head_dim_v) pairs (() for a library older than 0.7)."""
+    backward takes them (0.6), its (head_dim, head_dim_v) pairs (() for a library older than 0.7) and those its
+    backward takes (() before 0.9 and off the sm90 backend)."""
     global _head_dims_cache, _backward_dims_cache, _variants_cache, _variant_backward_cache, _head_dim_pairs_cache
+    global _backward_pairs_cache
     lib = _lib.load()
     if _head_dims_cache[0] is not lib:
         head_dims = tuple(lib.compiled()[1])
-        wide = _wide_backward(lib) if lib.has_backward() else False
-        backward_dims = (tuple(d for d in _ops.BACKWARD_HEAD_DIMS if d in head_dims and (d <= 128 or wide))
-                         if lib.has_backward() else ())
+        pairs = tuple(tuple(p) for p in lib.compiled_head_dim_pairs())
+        has_backward = bool(lib.has_backward())
+        wide = _wide_backward(lib) if has_backward else False
+        backward_dims = (tuple(d for d in _ops.BACKWARD_HEAD_DIMS
+                               if d in head_dims and (d in _ops.BACKWARD_PORTABLE_HEAD_DIMS or wide))
+                         if has_backward else ())
+        backward_pairs = tuple(p for p in _ops.BACKWARD_HEAD_DIM_PAIRS if p in pairs) if wide else ()
         _head_dims_cache, _backward_dims_cache = (lib, head_dims), (lib, backward_dims)
         _variants_cache = (lib, bool(lib.has_variants()))
         _variant_backward_cache = (lib, bool(lib.has_variant_backward()))
-        _head_dim_pairs_cache = (lib, tuple(tuple(p) for p in lib.compiled_head_dim_pairs()))
+        _head_dim_pairs_cache = (lib, pairs)
+        _backward_pairs_cache = (lib, backward_pairs)
     return _head_dims_cache[1]
 
 
 def _cached_answers():
     return (_head_dims_cache[1], _backward_dims_cache[1], _variants_cache[1], _variant_backward_cache[1],
-            _head_dim_pairs_cache[1])
+            _head_dim_pairs_cache[1], _backward_pairs_cache[1])
 
 
 @torch.compiler.assume_constant_result
@@ -262,7 +273,7 @@ def _head_dims_outside_graph():
     an eager call would: the first flashcore call of a process may well be a compiled one. A library that cannot be
     loaded gives None: the op then raises the loader's RuntimeError when it runs, as the eager call does.
     Returns (compiled head dims, head dims the backward takes, whether the library has the variants, whether its
-    backward takes them, the compiled (head_dim, head_dim_v) pairs)."""
+    backward takes them, the compiled (head_dim, head_dim_v) pairs, those the backward takes)."""
     if _head_dims_cache[1] is None:
         try:
             _load_head_dims()
@@ -273,8 +284,8 @@ def _head_dims_outside_graph():
 
 def _library_head_dims():
     """(the library's compiled head dims, those its backward takes, whether it has the attention variants, whether its
-    backward takes them, its (head_dim, head_dim_v) pairs), the same answer in eager and compiled calls. Eager: loads
-    the library (RuntimeError when missing) and caches the answer. While compiling: the cached answer, or, when nothing
+    backward takes them, its (head_dim, head_dim_v) pairs, those its backward takes), the same answer in eager and
+    compiled calls. Eager: loads the library (RuntimeError when missing) and caches the answer. While compiling: the cached answer, or, when nothing
     was cached yet, the library's, read at trace time outside the graph (None without a library)."""
     if torch.compiler.is_compiling():
         return _head_dims_outside_graph()
@@ -305,6 +316,13 @@ def _compiled_head_dim_pairs():
     """The library's compiled (head_dim, head_dim_v) pairs whose V head dim differs (see _library_head_dims)."""
     dims = _library_head_dims()
     return None if dims is None else dims[4]
+
+
+def _compiled_backward_head_dim_pairs():
+    """The (head_dim, head_dim_v) pairs (V head dim of its own) FlashCore's backward takes with the loaded library on
+    this device (see _library_head_dims): (192, 128) with a 0.9 library on the sm90 backend that compiles it."""
+    dims = _library_head_dims()
+    return None if dims is None else dims[5]
 
 
 def _library_has_variant_backward() -> Optional[bool]:
@@ -453,9 +471,6 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
         pairs = _compiled_head_dim_pairs()
         if pairs is not None and (head_dim, head_dim_v) not in pairs:
             return f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) (compiled pairs: {list(pairs)})"
-        if _ops._needs_grad(query, key, value, *([_sinks(kwargs)] if _sinks(kwargs) is not None else [])):
-            return (f"gradients with a value head dim of its own ({head_dim_v}, query and key {head_dim}: FlashCore's "
-                    f"backward takes one head dim)")
     else:
         head_dims = _compiled_head_dims()
         if head_dims is not None and head_dim not in head_dims:
@@ -471,14 +486,23 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, kwar
             return (f"gradients with {', '.join(variants)} (the loaded libflashcore.so's backward predates the "
                     f"attention variants: 0.6 needed)")
         backward_dims = _compiled_backward_head_dims()
-        if backward_dims is not None and query.shape[-1] not in backward_dims:
-            if not backward_dims:
-                return "gradients (the loaded libflashcore.so has no backward pass: 0.4 or newer needed)"
-            return f"gradients with head_dim {query.shape[-1]} (FlashCore's backward: {list(backward_dims)})"
+        if backward_dims is not None and not backward_dims:
+            return "gradients (the loaded libflashcore.so has no backward pass: 0.4 or newer needed)"
+        if head_dim_v != head_dim:
+            # The pairs the backward takes (0.9, the sm90 backend: (192, 128)), not merely those the forward compiles.
+            backward_pairs = _compiled_backward_head_dim_pairs()
+            if backward_pairs is not None and (head_dim, head_dim_v) not in backward_pairs:
+                return (f"gradients with a value head dim of its own ({head_dim_v}, query and key {head_dim}: "
+                        f"FlashCore's backward takes the (head_dim, head_dim_v) pairs {list(backward_pairs)} here; "
+                        f"{list(_ops.BACKWARD_HEAD_DIM_PAIRS)} on the sm90 backend of a "
+                        f"{'.'.join(map(str, _ops.BACKWARD_WIDE_VERSION))} library)")
+        elif backward_dims is not None and head_dim not in backward_dims:
+            return f"gradients with head_dim {head_dim} (FlashCore's backward: {list(backward_dims)})"
         wide_variants = [v for v in variants if v != "s_aux"]
-        if query.shape[-1] > 128 and wide_variants:
-            return (f"gradients with {', '.join(wide_variants)} at head_dim {query.shape[-1]} (FlashCore's backward "
-                    f"takes them at head dims 64 and 128)")
+        if wide_variants and head_dim not in _ops.BACKWARD_VARIANT_HEAD_DIMS:
+            return (f"gradients with {', '.join(wide_variants)} at head_dim {head_dim} (FlashCore's backward takes "
+                    f"them at head dims {', '.join(map(str, _ops.BACKWARD_VARIANT_HEAD_DIMS[:-1]))} and "
+                    f"{_ops.BACKWARD_VARIANT_HEAD_DIMS[-1]})")
     return None
 
 

@@ -16,6 +16,11 @@ __host__ __device__ constexpr int bwd_dq_index(int region, int reg, int thread) 
   return region * 64 * 64 + (reg / 4) * 512 + thread * 4 + reg % 4;
 }
 
+// The first of the four registers of 8-column group `group` (0 .. head_dim / 8) of a block: bwd_dq_index(group / 8,
+// 4 * (group % 8), thread), linear in the group.
+__host__ __device__ constexpr int bwd_dq_group_index(int group, int thread) { return group * 512 + thread * 4; }
+static_assert(bwd_dq_group_index(13, 5) == bwd_dq_index(1, 20, 5), "a group is four registers of a region");
+
 // The portable backend's order (sm80/bwd_epilogue.cuh), which adds one register at a time: within each group of four
 // registers, register-major, so that a warp's 32 adds of one register reach 128 consecutive bytes (4 sectors; the
 // thread-major order spread them over 16).

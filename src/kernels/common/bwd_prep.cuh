@@ -18,10 +18,40 @@
 
 namespace flashcore::kernels {
 
-template <class T, int kD, int kBackend = 90>
+// The sum over a row of O and dO (kDv columns each) of their products, each lane's share: one 4-, 8- or 16-byte load
+// per lane where kDv is 64, 128 or 256, else (96, 192's (192, 128) aside) pairs of columns 64 apart.
+template <class T, int kDv>
+__device__ __forceinline__ float bwd_row_dot(const T* o, const T* dout, int lane) {
+  constexpr int kPerLane = kDv / 32;
+  float sum = 0.f;
+  if constexpr (kPerLane == 2 || kPerLane == 4 || kPerLane == 8) {
+    using Vec = std::conditional_t<kPerLane == 2, uint32_t, std::conditional_t<kPerLane == 4, uint2, uint4>>;
+    Vec ov = *reinterpret_cast<const Vec*>(o + lane * kPerLane);
+    Vec dv = *reinterpret_cast<const Vec*>(dout + lane * kPerLane);
+    const T* oe = reinterpret_cast<const T*>(&ov);
+    const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) sum += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
+  } else {
+    static_assert(kDv % 64 == 32 || kDv % 64 == 0, "whole column pairs a lane");
+#pragma unroll
+    for (int c = 0; c < kDv; c += 64) {
+      const int col = c + 2 * lane;
+      if (col < kDv) {
+        const uint32_t ov = *reinterpret_cast<const uint32_t*>(o + col);
+        const uint32_t dv = *reinterpret_cast<const uint32_t*>(dout + col);
+        const T* oe = reinterpret_cast<const T*>(&ov);
+        const T* de = reinterpret_cast<const T*>(&dv);
+        sum += static_cast<float>(oe[0]) * static_cast<float>(de[0]) + static_cast<float>(oe[1]) * static_cast<float>(de[1]);
+      }
+    }
+  }
+  return sum;
+}
+
+// kD: Q's (and dQ's) head dim, kDv: V's (and O's, dO's).
+template <class T, int kD, int kBackend = 90, int kDv = kD>
 __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p) {
-  constexpr int kPerLane = kD / 32;  // 2, 4 or 8 elements: one 4-, 8- or 16-byte load per lane and row
-  using Vec = std::conditional_t<kPerLane == 2, uint32_t, std::conditional_t<kPerLane == 4, uint2, uint4>>;
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const BwdSeq seq = p.rows.seq(b);
   // A block past this sequence's rows: no kernel reads it, unless its kernel step (block_m rows) holds rows of the
@@ -32,23 +62,16 @@ __global__ void __launch_bounds__(256) flashcore_bwd_prep(const BwdPrepParams p)
   const int64_t base = p.rows.base(b, h, seq);
   const int64_t lse0 = varlen ? h * p.rows.total_q + seq.q_start : (static_cast<int64_t>(b) * p.rows.heads + h) * seq.len_q;
   const auto* o = static_cast<const T*>(p.o) + (varlen ? 0 : b * p.o_stride_batch) + seq.q_start * p.o_stride_seq +
-                  h * p.o_stride_head + lane * kPerLane;
+                  h * p.o_stride_head;
   const auto* dout = static_cast<const T*>(p.dout) + (varlen ? 0 : b * p.do_stride_batch) +
-                     seq.q_start * p.do_stride_seq + h * p.do_stride_head + lane * kPerLane;
+                     seq.q_start * p.do_stride_seq + h * p.do_stride_head;
   const float sink = p.sinks != nullptr ? p.sinks[h] : 0.f;
   float dsink = 0.f;  // lane 0: the warp's rows' share of dL/dsinks, -sum exp(sink - LSE) * D
 #pragma unroll 2
   for (int i = 0; i < 8; ++i) {
     const int row = m * 64 + warp * 8 + i;
     float sum = 0.f;
-    if (row < seq.len_q) {
-      Vec ov = *reinterpret_cast<const Vec*>(o + row * p.o_stride_seq);
-      Vec dv = *reinterpret_cast<const Vec*>(dout + row * p.do_stride_seq);
-      const T* oe = reinterpret_cast<const T*>(&ov);
-      const T* de = reinterpret_cast<const T*>(&dv);
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) sum += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
-    }
+    if (row < seq.len_q) sum = bwd_row_dot<T, kDv>(o + row * p.o_stride_seq, dout + row * p.do_stride_seq, lane);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane == 0) {
@@ -110,7 +133,8 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dsinks(const BwdDsinksParam
 
 template <class T, int kD, int kBackend = 90>
 __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParams p) {
-  // A block's columns in groups of at most 128 (two regions), so that the staging tile stays under 48 KB at 256.
+  // A block's columns in groups of at most 128 (two regions), so that the staging tile stays under 48 KB at 256 (at
+  // 192: 128, then 64).
   constexpr int kCols = kD < 128 ? kD : 128;
   __shared__ float tile[64][kCols + 2];
   const int m = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
@@ -131,7 +155,8 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParam
     // Regions c0 / 64 .. of the block (bwd_layout.h: a region is 64 x 64 floats, region-major).
     const float4* block =
         reinterpret_cast<const float4*>(p.dq_accum + (p.rows.base(b, h, seq) + 64 * m) * kD + 64 * c0);
-    for (int i = static_cast<int>(threadIdx.x); i < 64 * kCols / 4; i += 256) {
+    const int cols = kD % kCols == 0 || kD - c0 >= kCols ? kCols : kD - c0;
+    for (int i = static_cast<int>(threadIdx.x); i < 64 * cols / 4; i += 256) {
       const float4 v = block[i];
       const float vals[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -142,8 +167,8 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParam
       }
     }
     __syncthreads();
-    for (int i = static_cast<int>(threadIdx.x); i < 64 * kCols / 2; i += 256) {
-      const int row = i / (kCols / 2), col = 2 * (i % (kCols / 2));
+    for (int i = static_cast<int>(threadIdx.x); i < 64 * cols / 2; i += 256) {
+      const int row = i / (cols / 2), col = 2 * (i % (cols / 2));
       const int q = m * 64 + row;
       if (q < seq.len_q) {
         *reinterpret_cast<uint32_t*>(dq + q * p.stride_seq + c0 + col) =
@@ -158,7 +183,7 @@ __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const BwdDqParam
 
 // Packed batches with seqused_k: dK and dV of each sequence's keys past its used ones (the kernels write the used
 // keys' only) are zeros. A CTA per 64 rows of the longest sequence, KV head and sequence.
-template <class T, int kD, int kBackend = 90>
+template <class T, int kD, int kBackend = 90, int kDv = kD>
 __global__ void __launch_bounds__(256) flashcore_bwd_zero_kv(const BwdZeroKvParams p) {
   const int n = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const BwdSeq seq = p.rows.seq(b);
@@ -169,7 +194,13 @@ __global__ void __launch_bounds__(256) flashcore_bwd_zero_kv(const BwdZeroKvPara
   for (int i = static_cast<int>(threadIdx.x); i < (end - first) * kD / 2; i += 256) {
     const int key = first + i / (kD / 2), col = 2 * (i % (kD / 2));
     *reinterpret_cast<uint32_t*>(dk + key * p.dk_stride_seq + col) = 0u;
-    *reinterpret_cast<uint32_t*>(dv + key * p.dv_stride_seq + col) = 0u;
+    if (kDv == kD) *reinterpret_cast<uint32_t*>(dv + key * p.dv_stride_seq + col) = 0u;
+  }
+  if constexpr (kDv != kD) {
+    for (int i = static_cast<int>(threadIdx.x); i < (end - first) * kDv / 2; i += 256) {
+      const int key = first + i / (kDv / 2), col = 2 * (i % (kDv / 2));
+      *reinterpret_cast<uint32_t*>(dv + key * p.dv_stride_seq + col) = 0u;
+    }
   }
 }
 

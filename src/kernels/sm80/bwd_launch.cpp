@@ -68,7 +68,8 @@ kernels::TensorRef tensor_ref(const void* ptr, const flashcore_tensor_strides& s
 
 }  // namespace
 
-bool bwd_compiled(flashcore_dtype dtype, int head_dim) {
+bool bwd_compiled(flashcore_dtype dtype, int head_dim, int head_dim_v, bool /*variants: every row's 64-row tile*/) {
+  if (head_dim_v != head_dim) return false;  // (one head dim for Q, K and V)
   for (const BwdKernelRow* row : kBwdRows) {
     if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim) return true;
   }

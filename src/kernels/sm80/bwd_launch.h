@@ -24,7 +24,7 @@ struct BwdKernelRow {
 };
 
 // Whether a row is compiled for (dtype, head_dim) (on some device).
-bool bwd_compiled(flashcore_dtype dtype, int head_dim);
+bool bwd_compiled(flashcore_dtype dtype, int head_dim, int head_dim_v, bool variants);
 
 // The row a device of compute capability `cc` runs for (dtype, head_dim) and a plain or variants' call: the first
 // compiled one (largest tile first) whose shared memory fits the device and that has the kernels, or nullptr.

@@ -539,7 +539,10 @@ flashcore_status check_row(const KernelRow& row, const flashcore_attention_param
   return FLASHCORE_SUCCESS;
 }
 
-bool backward_compiled(flashcore_dtype dtype, int head_dim) { return find_bwd_row(dtype, head_dim) != nullptr; }
+bool backward_compiled(flashcore_dtype dtype, int head_dim, int head_dim_v, bool variants) {
+  const BwdKernelRow* row = find_bwd_row(dtype, head_dim, head_dim_v);
+  return row != nullptr && (!variants || row->kernel[1][0] != nullptr);
+}
 uint64_t backward_workspace(const flashcore_attention_params& p) { return bwd_workspace(p).bytes; }
 
 const core::BackendOps kBackend = {"sm90",           90,       90, has_image, archs, listed_rows, default_config,

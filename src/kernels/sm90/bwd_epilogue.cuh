@@ -20,7 +20,8 @@ inline constexpr uint32_t kBwdDqBarrier = 2;  // split keys: warpgroup 0's parti
 
 // The consumers' half of a step's dQ: warpgroup wg's accumulator into region wg of dQ buffer st.stage (once the
 // writer has read what it held kDqStages steps ago), then the full barrier for the writer warp. With kDqSplitKeys
-// both warpgroups hold partial sums of region 0: warpgroup 1 adds its own to warpgroup 0's and fills the block.
+// both warpgroups hold partial sums of the whole block (every column): warpgroup 1 adds its own to warpgroup 0's and
+// fills the block.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& bars,
                                              const PipelineState<Cfg::kDqStages>& st, int wg, int thread,
@@ -31,7 +32,7 @@ __device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& ba
     kernels::named_barrier_sync(kBwdDqBarrier, Cfg::kConsumerThreads);
 #pragma unroll
     for (int g = 0; g < Cfg::kDqRegs / 4; ++g) {
-      float4* at = reinterpret_cast<float4*>(block + kernels::bwd_dq_index(0, 4 * g, thread));
+      float4* at = reinterpret_cast<float4*>(block + kernels::bwd_dq_group_index(g, thread));
       float4 v = *at;
       v.x += dq[4 * g];
       v.y += dq[4 * g + 1];
@@ -40,10 +41,10 @@ __device__ __forceinline__ void bwd_dq_store(uint8_t* smem, BwdBarriers<Cfg>& ba
       *at = v;
     }
   } else {
-    const int region = Cfg::kDqSplitKeys ? 0 : wg;
+    const int region = Cfg::kDqSplitKeys ? 0 : wg;  // (8 groups of 8 columns a region)
 #pragma unroll
     for (int g = 0; g < Cfg::kDqRegs / 4; ++g) {
-      *reinterpret_cast<float4*>(block + kernels::bwd_dq_index(region, 4 * g, thread)) =
+      *reinterpret_cast<float4*>(block + kernels::bwd_dq_group_index(8 * region + g, thread)) =
           make_float4(dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
     }
     if (Cfg::kDqSplitKeys) {  // warpgroup 1 adds to it and fills the block

@@ -7,15 +7,17 @@
 
 namespace flashcore::sm90 {
 
-// acc (+)= A * B over the head dim: k-step k is 16-column step k % 4 of 128-byte chunk k / 4 of both operands (both
-// K-major), whose chunks lie a_chunk and b_chunk bytes apart. The first k-step overwrites acc.
-template <class Wgmma, int kHeadDim, int kRegs>
+// acc (+)= A * B over the head dim: k-step k is 16-column step k % (kRowBytes / 32) of chunk k / (kRowBytes / 32) of
+// both operands (both K-major, kRowBytes-byte swizzled rows), whose chunks lie a_chunk and b_chunk bytes apart. The
+// first k-step overwrites acc.
+template <class Wgmma, int kHeadDim, int kRowBytes = 128, int kRegs>
 __device__ __forceinline__ void bwd_gemm_head_dim(float (&acc)[kRegs], SmemDesc a, uint32_t a_chunk, SmemDesc b,
                                                   uint32_t b_chunk) {
+  constexpr int kStepsPerChunk = kRowBytes / 32;  // 16 columns of 16-bit elements a k-step
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kHeadDim / 16; ++k) {
-    const int chunk = k / 4, kk = k % 4;  // four 16-column steps per 128-byte chunk
+    const int chunk = k / kStepsPerChunk, kk = k % kStepsPerChunk;
     Wgmma::mma(acc, (a + (chunk * a_chunk + kk * 32)).u64(), (b + (chunk * b_chunk + kk * 32)).u64(), k > 0 ? 1 : 0);
   }
   wgmma_commit_group();

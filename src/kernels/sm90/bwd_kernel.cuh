@@ -63,32 +63,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
 #endif
 }
 
-// The kernel of (T, head dim, causal, variants), or nullptr where none is compiled (the wide head dims' variants).
-template <class T, int kD, bool kCausal, bool kVariants>
+// The kernel of (T, head dim, causal, variants, V head dim), or nullptr where none is compiled: the wide head dims'
+// variants without kWideVariants (CMake FLASHCORE_BWD_WIDE_VARIANTS).
+template <class T, int kD, bool kCausal, bool kVariants, int kDv, bool kWideVariants>
 constexpr const void* bwd_kernel_of() {
-  if constexpr (kD > 128 && kVariants) {
+  if constexpr (kD > 128 && kVariants && !kWideVariants) {
     return nullptr;
   } else {
-    return reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfigOf<T, kD, kCausal, kVariants>>);
+    return reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfigOf<T, kD, kCausal, kVariants, kDv>>);
   }
 }
 
 }  // namespace flashcore::sm90
 
-// One row of the backward table (bwd_launch.h): the generated unit of (T, head dim) names it here.
-#define FLASHCORE_SM90_DEFINE_BWD(NAME, T, DTYPE, HEAD_DIM)                                                       \
-  namespace flashcore::sm90 {                                                                                   \
-  extern const BwdKernelRow kBwd_##NAME = {                                                                     \
-      DTYPE,                                                                                                    \
-      HEAD_DIM,                                                                                                 \
-      {{bwd_kernel_of<T, HEAD_DIM, false, false>(), bwd_kernel_of<T, HEAD_DIM, true, false>()},                  \
-       {bwd_kernel_of<T, HEAD_DIM, false, true>(), bwd_kernel_of<T, HEAD_DIM, true, true>()}},                   \
-      BwdConfigOf<T, HEAD_DIM, false, false>::kSmemBytes,                                                       \
-      BwdConfigOf<T, HEAD_DIM, false, false>::kThreads,                                                         \
-      {BwdConfigOf<T, HEAD_DIM, false, false>::kBlockM, BwdConfigOf<T, HEAD_DIM, false, true>::kBlockM},         \
-      BwdConfigOf<T, HEAD_DIM, false, false>::kBlockN,                                                          \
-      reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM>),                                 \
-      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>),                           \
-      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<90>),                                        \
-      reinterpret_cast<const void*>(&kernels::flashcore_bwd_zero_kv<T, HEAD_DIM>)};                             \
+// One row of the backward table (bwd_launch.h): the generated unit of (T, head dim, V head dim) names it here.
+#define FLASHCORE_SM90_DEFINE_BWD(NAME, T, DTYPE, HEAD_DIM, HEAD_DIM_V, WIDE_VARIANTS)                              \
+  namespace flashcore::sm90 {                                                                                       \
+  using BwdCfg_##NAME = BwdConfigOf<T, HEAD_DIM, false, false, HEAD_DIM_V>;                                          \
+  extern const BwdKernelRow kBwd_##NAME = {                                                                         \
+      DTYPE,                                                                                                        \
+      HEAD_DIM,                                                                                                     \
+      HEAD_DIM_V,                                                                                                   \
+      {{bwd_kernel_of<T, HEAD_DIM, false, false, HEAD_DIM_V, WIDE_VARIANTS>(),                                         \
+        bwd_kernel_of<T, HEAD_DIM, true, false, HEAD_DIM_V, WIDE_VARIANTS>()},                                         \
+       {bwd_kernel_of<T, HEAD_DIM, false, true, HEAD_DIM_V, WIDE_VARIANTS>(),                                          \
+        bwd_kernel_of<T, HEAD_DIM, true, true, HEAD_DIM_V, WIDE_VARIANTS>()}},                                         \
+      BwdCfg_##NAME::kSmemBytes,                                                                                    \
+      BwdCfg_##NAME::kThreads,                                                                                      \
+      {BwdCfg_##NAME::kBlockM, BwdConfigOf<T, HEAD_DIM, false, true, HEAD_DIM_V>::kBlockM},                         \
+      BwdCfg_##NAME::kBlockN,                                                                                       \
+      BwdCfg_##NAME::kChunkCols,                                                                                    \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_prep<T, HEAD_DIM, 90, HEAD_DIM_V>),                     \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dq_convert<T, HEAD_DIM>),                               \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_dsinks<90>),                                            \
+      reinterpret_cast<const void*>(&kernels::flashcore_bwd_zero_kv<T, HEAD_DIM, 90, HEAD_DIM_V>)};                 \
   }

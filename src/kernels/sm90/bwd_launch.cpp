@@ -55,9 +55,9 @@ flashcore_status launch(const void* kernel, dim3 grid, int threads, int smem, vo
 
 }  // namespace
 
-const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim) {
+const BwdKernelRow* find_bwd_row(flashcore_dtype dtype, int head_dim, int head_dim_v) {
   for (const BwdKernelRow* row : kBwdRows) {
-    if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim) return row;
+    if (row != nullptr && row->dtype == dtype && row->head_dim == head_dim && row->head_dim_v == head_dim_v) return row;
   }
   return nullptr;
 }
@@ -66,10 +66,12 @@ BwdWorkspace bwd_workspace(const flashcore_attention_params& p) { return kernels
 
 flashcore_status backward(const flashcore_attention_params& p, float softmax_scale, int device, cudaStream_t stream,
                           std::string& error) {
-  const BwdKernelRow* row = find_bwd_row(p.dtype, static_cast<int>(p.head_dim));
+  const int head_dim_v = static_cast<int>(core::head_dim_v(p));
+  const BwdKernelRow* row = find_bwd_row(p.dtype, static_cast<int>(p.head_dim), head_dim_v);
   if (row == nullptr) {
     error = std::string("no sm90 backward kernel compiled for dtype ") + dtype_name(p.dtype) + " and head_dim " +
-            std::to_string(p.head_dim);
+            std::to_string(p.head_dim) +
+            (head_dim_v != p.head_dim ? ", head_dim_v " + std::to_string(head_dim_v) : std::string());
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   // Calls with a window or softcap run the variants' kernels; a windowed call runs the causal one (core/variants.h).
@@ -77,8 +79,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   const void* kernel = row->kernel[variants ? 1 : 0][core::masked_call(p) ? 1 : 0];
   if (kernel == nullptr) {
     error = "head_dim = " + std::to_string(p.head_dim) +
-            ": the sm90 backward takes no window_size, attention_chunk or softcap at this head dim yet (head dims 64 "
-            "and 128 do)";
+            ": this build has no sm90 backward kernel with window_size, attention_chunk or softcap at this head dim";
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   if (const flashcore_status st = prepare(kernel, device, row->smem_bytes, error); st != FLASHCORE_SUCCESS) return st;
@@ -96,15 +97,17 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   BwdParams bp{};
   const TensorMapArgs maps[4] = {
       {"q", p.q, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.q_strides, block_m},
-      {"dout", p.dout, p.dtype, p.head_dim, q_rows, p.num_heads_q, entries, p.dout_strides, block_m},
+      {"dout", p.dout, p.dtype, head_dim_v, q_rows, p.num_heads_q, entries, p.dout_strides, block_m},
       {"k", p.k, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.k_strides, block_n},
-      {"v", p.v, p.dtype, p.head_dim, k_rows, p.num_heads_kv, entries, p.v_strides, block_n},
+      {"v", p.v, p.dtype, head_dim_v, k_rows, p.num_heads_kv, entries, p.v_strides, block_n},
   };
   CUtensorMap* targets[4] = {&bp.tma_q, &bp.tma_do, &bp.tma_k, &bp.tma_v};
   for (int i = 0; i < 4; ++i) {
     TensorMapArgs args = maps[i];
     if (varlen) args.strides.batch = 0;
-    args.chunked = p.head_dim > 64;  // one TMA per tile: every 128-byte chunk of its rows (bwd_producer.cuh)
+    // One TMA per tile: every chunk (the row's swizzle width, bwd_config.h) of its rows (bwd_producer.cuh).
+    args.row_elems = row->chunk_cols;
+    args.chunked = args.head_dim > row->chunk_cols;
     if (const flashcore_status st = encode_tensor_map(targets[i], args, error); st != FLASHCORE_SUCCESS) return st;
   }
   bp.lse_log2 = reinterpret_cast<const float*>(base + ws.lse);

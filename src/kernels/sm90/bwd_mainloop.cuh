@@ -40,7 +40,7 @@ __device__ __forceinline__ void bwd_gemm_acc(float (&acc)[Cfg::kHeadDim / 2], co
   wgmma_fence();
 #pragma unroll
   for (int t = kT0; t < kT1; ++t) {
-    WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>::mma(acc, a[t], (b + t * 16 * 128).u64(), 1);
+    WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>::mma(acc, a[t], (b + t * 16 * Cfg::kRowBytes).u64(), 1);
   }
   wgmma_commit_group();
 }
@@ -71,21 +71,23 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
 
   // Operand descriptors: the warpgroup's K and V rows (K-major A), the stage-0 Q and dO tiles as K-major B (S, dP)
-  // and as N-major B (dK, dV: chunks kQChunkBytes apart, 8-row groups 1024 bytes apart), dS^T and K for dQ.
-  const SmemDesc k_rows(make_smem_desc_kmajor<128>(smem + Cfg::kSmemK + wg * 64 * 128));
-  const SmemDesc v_rows(make_smem_desc_kmajor<128>(smem + Cfg::kSmemV + wg * 64 * 128));
-  const SmemDesc q_kmajor(make_smem_desc_kmajor<128>(smem + Cfg::kSmemQ));
-  const SmemDesc do_kmajor(make_smem_desc_kmajor<128>(smem + Cfg::kSmemDo));
-  const SmemDesc q_nmajor(make_smem_desc_sw128(smem + Cfg::kSmemQ, Cfg::kQChunkBytes, 1024));
-  const SmemDesc do_nmajor(make_smem_desc_sw128(smem + Cfg::kSmemDo, Cfg::kQChunkBytes, 1024));
+  // and as N-major B (dK, dV: chunks kQChunkBytes apart), dS^T and K for dQ. Q, K, V and dO rows are kRowBytes wide
+  // (bwd_config.h: 64 at head dim 96), dS^T's 128.
+  constexpr int kRowB = Cfg::kRowBytes;
+  const SmemDesc k_rows(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemK + wg * 64 * kRowB));
+  const SmemDesc v_rows(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemV + wg * 64 * kRowB));
+  const SmemDesc q_kmajor(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemQ));
+  const SmemDesc do_kmajor(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemDo));
+  const SmemDesc q_nmajor(make_smem_desc_mn_major<kRowB>(smem + Cfg::kSmemQ, Cfg::kQChunkBytes));
+  const SmemDesc do_nmajor(make_smem_desc_mn_major<kRowB>(smem + Cfg::kSmemDo, Cfg::kQChunkBytes));
   // dQ's share (bwd_config.h kDqByQueries, kDqSplitKeys): dS^T's query chunk wg and K's only chunk; dS^T's only
   // query chunk and K's column chunk wg; or the warpgroup's own 64 keys of both.
   const int ds_chunk = Cfg::kDqByQueries ? wg : 0, k_chunk = Cfg::kDqByQueries || Cfg::kDqSplitKeys ? 0 : wg;
   const int dq_key0 = Cfg::kDqSplitKeys ? wg * 64 : 0;
   const SmemDesc ds0(make_smem_desc_sw128(smem + Cfg::kSmemDs + ds_chunk * Cfg::kDsChunkBytes + dq_key0 * 128,
                                           Cfg::kDsChunkBytes, 1024));
-  const SmemDesc k_dq(make_smem_desc_sw128(smem + Cfg::kSmemK + k_chunk * Cfg::kKVChunkBytes + dq_key0 * 128,
-                                           Cfg::kKVChunkBytes, 1024));
+  const SmemDesc k_dq(make_smem_desc_mn_major<kRowB>(smem + Cfg::kSmemK + k_chunk * Cfg::kKVChunkBytes + dq_key0 * kRowB,
+                                                    Cfg::kKVChunkBytes));
 
   const int key_row = w.n_block * Cfg::kBlockN + wg * 64 + 16 * warp + lane / 4;  // + 8i: the thread's keys
   const kernels::BwdWindow window = bwd_window<Cfg>(p, w.seq);
@@ -104,8 +106,10 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
       float s[Cfg::kSRegs], dp[Cfg::kSRegs];
       // S^T (64 keys x kBlockM queries) = K_w Q^T and dP^T = V_w dO^T, over the head dim (both K-major).
       using GemmRows = WgmmaSS<Element, kM>;
-      bwd_gemm_head_dim<GemmRows, Cfg::kHeadDim>(s, k_rows, Cfg::kKVChunkBytes, q_kmajor + q_off, Cfg::kQChunkBytes);
-      bwd_gemm_head_dim<GemmRows, Cfg::kHeadDim>(dp, v_rows, Cfg::kKVChunkBytes, do_kmajor + q_off, Cfg::kQChunkBytes);
+      bwd_gemm_head_dim<GemmRows, Cfg::kHeadDim, kRowB>(s, k_rows, Cfg::kKVChunkBytes, q_kmajor + q_off,
+                                                        Cfg::kQChunkBytes);
+      bwd_gemm_head_dim<GemmRows, Cfg::kHeadDim, kRowB>(dp, v_rows, Cfg::kKVChunkBytes, do_kmajor + q_off,
+                                                        Cfg::kQChunkBytes);
       // The scaled LSE and D of the thread's query columns 8j + 2 (lane % 4) + e: float2 4j of these.
       const float2* lse =
           reinterpret_cast<const float2*>(smem + Cfg::kSmemLse + st.stage * Cfg::kRowStatBytes) + lane % 4;
@@ -206,10 +210,10 @@ __device__ __forceinline__ void bwd_consume(const BwdParams& p, const BwdWork& w
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       kernels::named_barrier_sync(kBwdDsBarrier, Cfg::kConsumerThreads);
       float dq[Cfg::kDqRegs];
-      // dQ (64 queries x 64 columns) = dS (M-major: dS^T's rows are keys) K (N-major: K's rows are keys), over
+      // dQ (64 queries x kDqCols columns) = dS (M-major: dS^T's rows are keys) K (N-major: K's rows are keys), over
       // kDqKeys keys.
-      bwd_gemm_steps<WgmmaSSTransAB<Element, 64>, Cfg::kDqKeys / 16>(dq, ds0 + (step & 1) * Cfg::kDsBytes, k_dq,
-                                                                     16 * 128, 16 * 128, false);
+      bwd_gemm_steps<WgmmaSSTransAB<Element, Cfg::kDqCols>, Cfg::kDqKeys / 16>(dq, ds0 + (step & 1) * Cfg::kDsBytes,
+                                                                               k_dq, 16 * 128, 16 * kRowB, false);
       bwd_gemm_acc<Cfg, kHalf, Cfg::kPFrags>(dk, dsa, q_nmajor + q_off);
       wgmma_wait_group<1>();  // dV, the first half of dK and dQ: the second half of dK runs on
       bwd_keep_allocated(p, step, pa, &bars.sink);

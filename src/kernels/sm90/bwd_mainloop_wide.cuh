@@ -1,12 +1,13 @@
-// The wide head dims' backward consumers (bwd_config.h BwdWideConfig; head dim 256). Warpgroup w owns columns
-// [128w, 128w + 128) of the CTA's dK and dV (all 64 keys) and keys [32w, 32w + 32) of its S and dP. Per step (a
-// query block of one query head):
+// The wide head dims' backward consumers (bwd_config.h BwdWideConfig; head dims 192 and 256, and (192, 128); plain
+// and variants flavours).
+// Warpgroup w owns the w-th half of the columns of the CTA's dK and dV (all 64 keys; kD / 2 and kDv / 2 columns) and
+// keys [32w, 32w + 32) of its S and dP. Per step (a query block of one query head):
 //   S   = Q K_w^T     (SS, K-major both; 64 queries x 32 keys)      P  = exp2(S * scale_log2 - lse_log2) [masked: 0]
 //   dP  = dO V_w^T    (SS)                                          dS = P (dP - D)
 //   P, dS -> shared memory (query-major, stmatrix); both warpgroups' halves in (named barrier)
-//   dV_w += P^T dO_w  (SS: A M-major, B N-major; 64 keys x 128 columns)
-//   dK_w += dS^T Q_w  (SS, the same)
-//   dQ_w  = dS K_w    (SS: A K-major, B N-major; 64 queries x 128 columns) -> the workspace by atomic adds
+//   dV_w += P^T dO_w  (SS: A M-major, B N-major; 64 keys x kDv / 2 columns)
+//   dK_w += dS^T Q_w  (SS, the same; kD / 2 columns)
+//   dQ_w  = dS K_w    (SS: A K-major, B N-major; 64 queries x kD / 2 columns) -> the workspace by atomic adds
 // dK (times softmax_scale) and dV are stored once, at the end.
 #pragma once
 #include <cuda/atomic>
@@ -31,14 +32,14 @@ using kernels::acc_index;
 inline constexpr uint32_t kBwdWidePdsBarrier = 1;
 inline constexpr uint32_t kBwdWideTurnBarrier = 2;
 
-// The warpgroup's dQ (64 queries x 128 columns: regions 2w and 2w + 1 of the step's 64-row block, bwd_layout.h) added
-// to the workspace: one vector reduction per four registers.
+// The warpgroup's dQ (64 queries x kD / 2 columns of the step's 64-row block: column groups of 8 from 8-column group
+// w * kD / 16 on, in regions of 64 columns, bwd_layout.h) added to the workspace: one vector reduction per four
+// registers (one 8-column group).
 template <class Cfg>
 __device__ __forceinline__ void bwd_wide_dq_add(float* block, int wg, int thread, const float (&dq)[Cfg::kAccRegs]) {
 #pragma unroll
   for (int g = 0; g < Cfg::kAccRegs / 4; ++g) {
-    const int region = 2 * wg + g / 8, reg = 4 * (g % 8);
-    float* at = block + kernels::bwd_dq_index(region, reg, thread);
+    float* at = block + kernels::bwd_dq_group_index(wg * (Cfg::kColsPerWarpgroup / 8) + g, thread);
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at), "f"(dq[4 * g]), "f"(dq[4 * g + 1]),
                  "f"(dq[4 * g + 2]), "f"(dq[4 * g + 3])
                  : "memory");
@@ -49,15 +50,15 @@ __device__ __forceinline__ void bwd_wide_dq_add(float* block, int wg, int thread
 template <class Cfg>
 __device__ __forceinline__ void bwd_wide_store_dkdv(const BwdParams& p, const BwdWork& w, int wg, int warp, int lane,
                                                     const float (&dk)[Cfg::kAccRegs],
-                                                    const float (&dv)[Cfg::kAccRegs]) {
+                                                    const float (&dv)[Cfg::kAccVRegs]) {
   using Element = typename Cfg::Element;
   using E = kernels::ElemTraits<Element>;
   const bool dense = p.rows.cu_seqlens_q == nullptr;
-  const int col0 = wg * Cfg::kColsPerWarpgroup + 2 * (lane % 4);
+  const int col0 = wg * Cfg::kColsPerWarpgroup + 2 * (lane % 4), colv0 = wg * Cfg::kColsVPerWarpgroup + 2 * (lane % 4);
   auto* dk_base = static_cast<Element*>(p.dk) + (dense ? w.batch * p.dk_stride_batch : 0) +
                   w.seq.k_start * p.dk_stride_seq + w.kv_head * p.dk_stride_head + col0;
   auto* dv_base = static_cast<Element*>(p.dv) + (dense ? w.batch * p.dv_stride_batch : 0) +
-                  w.seq.k_start * p.dv_stride_seq + w.kv_head * p.dv_stride_head + col0;
+                  w.seq.k_start * p.dv_stride_seq + w.kv_head * p.dv_stride_head + colv0;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = w.n_block * Cfg::kBlockN + 16 * warp + lane / 4 + 8 * i;
@@ -68,7 +69,52 @@ __device__ __forceinline__ void bwd_wide_store_dkdv(const BwdParams& p, const Bw
     for (int j = 0; j < Cfg::kColsPerWarpgroup / 8; ++j) {
       *reinterpret_cast<uint32_t*>(dk_row + 8 * j) = E::pack2(dk[acc_index(j, i, 0)] * p.softmax_scale,
                                                               dk[acc_index(j, i, 1)] * p.softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_row + 8 * j) = E::pack2(dv[acc_index(j, i, 0)], dv[acc_index(j, i, 1)]);
+      if (Cfg::kColsVPerWarpgroup == Cfg::kColsPerWarpgroup) {  // (one loop where the head dims agree)
+        *reinterpret_cast<uint32_t*>(dv_row + 8 * j) = E::pack2(dv[acc_index(j, i, 0)], dv[acc_index(j, i, 1)]);
+      }
+    }
+    if constexpr (Cfg::kColsVPerWarpgroup != Cfg::kColsPerWarpgroup) {
+#pragma unroll
+      for (int j = 0; j < Cfg::kColsVPerWarpgroup / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dv_row + 8 * j) = E::pack2(dv[acc_index(j, i, 0)], dv[acc_index(j, i, 1)]);
+      }
+    }
+  }
+}
+
+// A warpgroup's P and dS (64 queries x its 32 keys, query-major accumulators: row q_row0 + 8i, key key0 + 8j + e)
+// packed by pairs: P = exp2(S * scale_log2 - lse_log2), 0 at keys past len_k and, in masked steps of the causal
+// kernels (window: its bounds, kernels/common/bwd_window.h), at pairs it hides; dS = P (dP - D). kSoftcap: S =
+// tanh(S * softcap_scale) first and dS times 1 - tanh^2 (scale_log2 is then softcap * log2(e): core/variants.h).
+template <class Cfg, bool kSoftcap>
+__device__ __forceinline__ void bwd_wide_probabilities(const float (&s)[Cfg::kSRegs], const float (&dp)[Cfg::kSRegs],
+                                                       const float (&l)[2], const float (&d)[2],
+                                                       uint32_t (&pp)[Cfg::kKeysPerWarpgroup / 8][2],
+                                                       uint32_t (&dsp)[Cfg::kKeysPerWarpgroup / 8][2],
+                                                       float scale_log2, float softcap_scale, bool masked, int key0,
+                                                       int q_row0, int len_k, const kernels::BwdWindow& window) {
+  using E = kernels::ElemTraits<typename Cfg::Element>;
+#pragma unroll
+  for (int j = 0; j < Cfg::kKeysPerWarpgroup / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float x[2], y[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = s[acc_index(j, i, e)], g = 1.f;
+        if constexpr (kSoftcap) {
+          v = kernels::tanh_approx(v * softcap_scale);
+          g = fmaf(-v, v, 1.f);
+        }
+        x[e] = kernels::exp2_approx(fmaf(v, scale_log2, -l[i]));
+        if (masked) {
+          const int key = key0 + 8 * j + e, query = q_row0 + 8 * i;
+          if (key >= len_k || (Cfg::kCausal && !window.visible(key, query))) x[e] = 0.f;
+        }
+        y[e] = (kSoftcap ? x[e] * g : x[e]) * (dp[acc_index(j, i, e)] - d[i]);
+      }
+      pp[j][i] = E::pack2(x[0], x[1]);
+      dsp[j][i] = E::pack2(y[0], y[1]);
     }
   }
 }
@@ -80,26 +126,31 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
   using E = kernels::ElemTraits<Element>;
   constexpr int kKeys = Cfg::kKeysPerWarpgroup;
   const int thread = static_cast<int>(threadIdx.x % 128), warp = thread / 32, lane = thread % 32;
-  float dk[Cfg::kAccRegs], dv[Cfg::kAccRegs];
+  float dk[Cfg::kAccRegs], dv[Cfg::kAccVRegs];
 #pragma unroll
-  for (int i = 0; i < Cfg::kAccRegs; ++i) dk[i] = dv[i] = 0.f;
+  for (int i = 0; i < Cfg::kAccRegs; ++i) dk[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccVRegs; ++i) dv[i] = 0.f;
 
   // Descriptors. S and dP: the step's Q / dO (A, K-major) and the warpgroup's 32 rows of K / V (B, K-major). dV and
-  // dK: P / dS (A, M-major: query-major rows of 64 keys) and the warpgroup's two column chunks of dO / Q (B,
-  // N-major: chunks kQChunkBytes apart). dQ: dS (A, K-major) and K's two column chunks (B, N-major).
-  const SmemDesc q_kmajor(make_smem_desc_kmajor<128>(smem + Cfg::kSmemQ));
-  const SmemDesc do_kmajor(make_smem_desc_kmajor<128>(smem + Cfg::kSmemDo));
-  const SmemDesc k_rows(make_smem_desc_kmajor<128>(smem + Cfg::kSmemK + wg * kKeys * 128));
-  const SmemDesc v_rows(make_smem_desc_kmajor<128>(smem + Cfg::kSmemV + wg * kKeys * 128));
+  // dK: P / dS (A, M-major: query-major rows of 64 keys) and the warpgroup's column chunks of dO / Q (B, N-major:
+  // chunks kQChunkBytes apart). dQ: dS (A, K-major) and K's column chunks (B, N-major). Q, K, V and dO rows are
+  // kRowBytes wide (bwd_config.h); P and dS rows 128.
+  constexpr int kRowB = Cfg::kRowBytes;
+  const SmemDesc q_kmajor(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemQ));
+  const SmemDesc do_kmajor(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemDo));
+  const SmemDesc k_rows(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemK + wg * kKeys * kRowB));
+  const SmemDesc v_rows(make_smem_desc_kmajor<kRowB>(smem + Cfg::kSmemV + wg * kKeys * kRowB));
   const SmemDesc p_mmajor(make_smem_desc_sw128(smem + Cfg::kSmemP, Cfg::kPBytes, 1024));
   const SmemDesc ds_mmajor(make_smem_desc_sw128(smem + Cfg::kSmemDs, Cfg::kPBytes, 1024));
   const SmemDesc ds_kmajor(make_smem_desc_kmajor<128>(smem + Cfg::kSmemDs));
-  const SmemDesc do_cols(
-      make_smem_desc_sw128(smem + Cfg::kSmemDo + 2 * wg * Cfg::kQChunkBytes, Cfg::kQChunkBytes, 1024));
+  constexpr int kWgChunks = Cfg::kColsPerWarpgroup / Cfg::kChunkCols, kWgChunksV = Cfg::kColsVPerWarpgroup / Cfg::kChunkCols;
+  const SmemDesc do_cols(make_smem_desc_mn_major<kRowB>(smem + Cfg::kSmemDo + wg * kWgChunksV * Cfg::kQChunkBytes,
+                                                        Cfg::kQChunkBytes));
   const SmemDesc q_cols(
-      make_smem_desc_sw128(smem + Cfg::kSmemQ + 2 * wg * Cfg::kQChunkBytes, Cfg::kQChunkBytes, 1024));
+      make_smem_desc_mn_major<kRowB>(smem + Cfg::kSmemQ + wg * kWgChunks * Cfg::kQChunkBytes, Cfg::kQChunkBytes));
   const SmemDesc k_cols(
-      make_smem_desc_sw128(smem + Cfg::kSmemK + 2 * wg * Cfg::kKVChunkBytes, Cfg::kKVChunkBytes, 1024));
+      make_smem_desc_mn_major<kRowB>(smem + Cfg::kSmemK + wg * kWgChunks * Cfg::kKVChunkBytes, Cfg::kKVChunkBytes));
   // P and dS by stmatrix: lane l gives row l % 8 of matrix l / 8 (rows of the warp's 16, units of the key pair).
   const int st_row = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
   const uint32_t p_st = static_cast<uint32_t>(__cvta_generic_to_shared(smem + Cfg::kSmemP)) + st_row * 128;
@@ -108,6 +159,8 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
   const int row0 = 16 * warp + lane / 4;                                     // + 8i: the thread's query rows
   const kernels::BwdWindow window = bwd_window<Cfg>(p, w.seq);
   const bool keys_past_end = (w.n_block + 1) * Cfg::kBlockN > w.seq.len_k;
+  // (The non-causal variants' kernel runs softcapped calls only: a windowed call runs the causal one.)
+  const bool softcap = Cfg::kVariants && (!Cfg::kCausal || p.var.softcap_scale != 0.f);
   mbar_wait_sleep(&bars.kv, 0u);
 
   PipelineState<Cfg::kStages> st;
@@ -120,12 +173,14 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
                        : p.dq_semaphore + (static_cast<int64_t>(w.batch) * p.num_heads_q + head) * p.num_m_blocks;
     for (int m = w.m_first; m < w.m_end; ++m, ++step) {
       bars.step.wait(st);
-      const uint32_t q_off = st.stage * Cfg::kQBytes, buf = (step & 1) * Cfg::kPBytes;
+      const uint32_t q_off = st.stage * Cfg::kQBytes, do_off = st.stage * Cfg::kDoBytes, buf = (step & 1) * Cfg::kPBytes;
       float s[Cfg::kSRegs], dp[Cfg::kSRegs];
       // S (or dP) = the step's Q (dO) tile * the warpgroup's 32 rows of K (V)^T, over the head dim (both K-major).
       using GemmS = WgmmaSS<Element, kKeys>;
-      bwd_gemm_head_dim<GemmS, Cfg::kHeadDim>(s, q_kmajor + q_off, Cfg::kQChunkBytes, k_rows, Cfg::kKVChunkBytes);
-      bwd_gemm_head_dim<GemmS, Cfg::kHeadDim>(dp, do_kmajor + q_off, Cfg::kQChunkBytes, v_rows, Cfg::kKVChunkBytes);
+      bwd_gemm_head_dim<GemmS, Cfg::kHeadDim, kRowB>(s, q_kmajor + q_off, Cfg::kQChunkBytes, k_rows,
+                                                     Cfg::kKVChunkBytes);
+      bwd_gemm_head_dim<GemmS, Cfg::kHeadDimV, kRowB>(dp, do_kmajor + do_off, Cfg::kQChunkBytes, v_rows,
+                                                      Cfg::kKVChunkBytes);
       const float* lse = reinterpret_cast<const float*>(smem + Cfg::kSmemLse + st.stage * Cfg::kRowStatBytes);
       const float* dsum = reinterpret_cast<const float*>(smem + Cfg::kSmemD + st.stage * Cfg::kRowStatBytes);
       const float l[2] = {lse[row0], lse[row0 + 8]}, d[2] = {dsum[row0], dsum[row0 + 8]};
@@ -133,27 +188,18 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
       fence_regs(s);
       fence_regs(dp);
       // P = exp2(S * scale_log2 - lse_log2), 0 at masked pairs and keys past the sequence; dS = P (dP - D); both
-      // packed in the accumulators' pairs (row, two keys).
+      // packed in the accumulators' pairs (row, two keys). The variants' kernels: the window's mask (causal flavour)
+      // and, with a softcap, S = tanh(S * softcap_scale) first and dS times its derivative (a copy of the loop).
       const bool masked =
           keys_past_end || (Cfg::kCausal && window.step_masked(w.n_block, m, Cfg::kBlockN, Cfg::kBlockM));
       uint32_t pp[kKeys / 8][2], dsp[kKeys / 8][2];
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float x[2], y[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            x[e] = kernels::exp2_approx(fmaf(s[acc_index(j, i, e)], p.scale_log2, -l[i]));
-            if (masked) {
-              const int key = key0 + 8 * j + e, query = m * Cfg::kBlockM + row0 + 8 * i;
-              if (key >= w.seq.len_k || (Cfg::kCausal && !window.visible(key, query))) x[e] = 0.f;
-            }
-            y[e] = x[e] * (dp[acc_index(j, i, e)] - d[i]);
-          }
-          pp[j][i] = E::pack2(x[0], x[1]);
-          dsp[j][i] = E::pack2(y[0], y[1]);
-        }
+      const int q_row0 = m * Cfg::kBlockM + row0;
+      if (softcap) {
+        bwd_wide_probabilities<Cfg, true>(s, dp, l, d, pp, dsp, p.scale_log2, p.var.softcap_scale, masked, key0,
+                                          q_row0, w.seq.len_k, window);
+      } else {
+        bwd_wide_probabilities<Cfg, false>(s, dp, l, d, pp, dsp, p.scale_log2, 0.f, masked, key0, q_row0,
+                                           w.seq.len_k, window);
       }
       // Into shared memory: one stmatrix.x4 per pair of 8-key units (the warpgroup's units 4w + j, 4w + j + 1).
 #pragma unroll
@@ -169,12 +215,13 @@ __device__ __forceinline__ void bwd_consume_wide(const BwdParams& p, const BwdWo
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       kernels::named_barrier_sync(kBwdWidePdsBarrier, Cfg::kConsumerThreads);
       using TransAB = WgmmaSSTransAB<Element, Cfg::kColsPerWarpgroup>;
+      using TransABV = WgmmaSSTransAB<Element, Cfg::kColsVPerWarpgroup>;
       using TransB = WgmmaSSTransB<Element, Cfg::kColsPerWarpgroup>;
       constexpr int kQSteps = Cfg::kBlockM / 16, kKeySteps = Cfg::kBlockN / 16;
-      bwd_gemm_steps<TransAB, kQSteps>(dv, p_mmajor + buf, do_cols + q_off, 16 * 128, 16 * 128, true);
-      bwd_gemm_steps<TransAB, kQSteps>(dk, ds_mmajor + buf, q_cols + q_off, 16 * 128, 16 * 128, true);
+      bwd_gemm_steps<TransABV, kQSteps>(dv, p_mmajor + buf, do_cols + do_off, 16 * 128, 16 * kRowB, true);
+      bwd_gemm_steps<TransAB, kQSteps>(dk, ds_mmajor + buf, q_cols + q_off, 16 * 128, 16 * kRowB, true);
       float dq[Cfg::kAccRegs];
-      bwd_gemm_steps<TransB, kKeySteps>(dq, ds_kmajor + buf, k_cols, 32, 16 * 128, false);
+      bwd_gemm_steps<TransB, kKeySteps>(dq, ds_kmajor + buf, k_cols, 32, 16 * kRowB, false);
       wgmma_wait_group<0>();
       fence_regs(dq);
       fence_regs(dk);

@@ -69,12 +69,12 @@ __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
   return w;
 }
 
-// A tile of `kRows` rows from `map` into shared memory: one TMA of every chunk (the 5-D chunked map) at head dim 128,
-// one of the only chunk at 64.
-template <class Cfg, int kRows>
+// A tile of rows from `map` into shared memory: one TMA of all its kOperandChunks chunks (the 5-D chunked map) where
+// it has several, else of its only one.
+template <int kOperandChunks>
 __device__ __forceinline__ void bwd_load_tile(const CUtensorMap* map, uint8_t* dst, int row, int head, int batch,
                                               uint64_t* bar) {
-  if constexpr (Cfg::kChunks > 1) {
+  if constexpr (kOperandChunks > 1) {
     const int32_t coords[5] = {0, row, 0, head, batch};
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, bar);
   } else {
@@ -92,8 +92,8 @@ __device__ __forceinline__ void bwd_produce(const BwdParams& p, const BwdWork& w
   // Packed batches: rows past the sequence belong to the next one (or read as zeros past the tensor). Its keys are
   // masked (bwd_mainloop.cuh), its queries have P = 0 (their scaled LSE rows are +inf), so they add nothing.
   const int key0 = static_cast<int>(w.seq.k_start) + w.n_block * Cfg::kBlockN;
-  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_k, smem + Cfg::kSmemK, key0, w.kv_head, w.tma_batch, &bars.kv);
-  bwd_load_tile<Cfg, Cfg::kBlockN>(&p.tma_v, smem + Cfg::kSmemV, key0, w.kv_head, w.tma_batch, &bars.kv);
+  bwd_load_tile<Cfg::kChunks>(&p.tma_k, smem + Cfg::kSmemK, key0, w.kv_head, w.tma_batch, &bars.kv);
+  bwd_load_tile<Cfg::kChunksV>(&p.tma_v, smem + Cfg::kSmemV, key0, w.kv_head, w.tma_batch, &bars.kv);
   PipelineState<Cfg::kStages> st;
   for (int g = 0; g < p.head_ratio; ++g) {
     const int head = w.kv_head * p.head_ratio + g;
@@ -102,9 +102,9 @@ __device__ __forceinline__ void bwd_produce(const BwdParams& p, const BwdWork& w
       bars.step.acquire(st);
       uint64_t* bar = bars.step.commit_tx(st, Cfg::kStepTxBytes);
       const int row = m * Cfg::kBlockM, q_row = static_cast<int>(w.seq.q_start) + row;
-      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_q, smem + Cfg::kSmemQ + st.stage * Cfg::kQBytes, q_row, head, w.tma_batch,
+      bwd_load_tile<Cfg::kChunks>(&p.tma_q, smem + Cfg::kSmemQ + st.stage * Cfg::kQBytes, q_row, head, w.tma_batch,
                                        bar);
-      bwd_load_tile<Cfg, Cfg::kBlockM>(&p.tma_do, smem + Cfg::kSmemDo + st.stage * Cfg::kQBytes, q_row, head,
+      bwd_load_tile<Cfg::kChunksV>(&p.tma_do, smem + Cfg::kSmemDo + st.stage * Cfg::kDoBytes, q_row, head,
                                        w.tma_batch, bar);
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                smem + Cfg::kSmemLse + st.stage * Cfg::kRowStatBytes, p.lse_log2 + rows + row,
