@@ -68,8 +68,6 @@ BWD_FLOP_FACTOR = 2.5     # backward FLOPs per forward FLOP (FlashAttention's co
 FWDBWD_FLOP_FACTOR = 3.5  # forward + backward
 FA3_TRAIN_DTYPES = ("bf16",)
 FA3_TRAIN_HEAD_DIMS = (64, 128)
-# FlashCore's backward head dims on the sm90 backend (the portable one: 64 and 128; the library has the last word)
-FC_BACKWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 
 # ------------------------------------------------------------------------------------------------------

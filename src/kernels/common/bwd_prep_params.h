@@ -43,9 +43,24 @@ struct BwdDsinksParams {
 struct BwdZeroKvParams {
   void* dk;
   void* dv;
-  int64_t dk_stride_seq, dk_stride_head, dv_stride_seq, dv_stride_head;  // elements
+  int64_t dk_stride_batch, dk_stride_seq, dk_stride_head;  // elements (batch: unread, the calls are packed)
+  int64_t dv_stride_batch, dv_stride_seq, dv_stride_head;
   BwdRows rows;
 };
+
+// dK and dV of a call, written the same way into every backward parameter block that has these fields (the kernels'
+// BwdParams of both backends, BwdZeroKvParams): the pointers and their element strides.
+template <class Params>
+void set_dkdv_outputs(Params& out, const flashcore_attention_params& p) {
+  out.dk = p.dk;
+  out.dv = p.dv;
+  out.dk_stride_batch = p.dk_strides.batch;
+  out.dk_stride_seq = p.dk_strides.seq;
+  out.dk_stride_head = p.dk_strides.head;
+  out.dv_stride_batch = p.dv_strides.batch;
+  out.dv_stride_seq = p.dv_strides.seq;
+  out.dv_stride_head = p.dv_strides.head;
+}
 
 struct BwdDqParams {
   const float* dq_accum;  // as BwdPrepParams
@@ -106,12 +121,7 @@ inline BwdDqParams bwd_dq_params_of(const flashcore_attention_params& p, const B
 
 inline BwdZeroKvParams bwd_zero_kv_params_of(const flashcore_attention_params& p, const BwdRows& rows) {
   BwdZeroKvParams z{};
-  z.dk = p.dk;
-  z.dv = p.dv;
-  z.dk_stride_seq = p.dk_strides.seq;
-  z.dk_stride_head = p.dk_strides.head;
-  z.dv_stride_seq = p.dv_strides.seq;
-  z.dv_stride_head = p.dv_strides.head;
+  set_dkdv_outputs(z, p);
   z.rows = rows;
   return z;
 }

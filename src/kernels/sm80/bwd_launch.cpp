@@ -139,14 +139,7 @@ flashcore_status backward(const flashcore_attention_params& p, float softmax_sca
   bp.dpsum = reinterpret_cast<const float*>(base + ws.dpsum);
   bp.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
   bp.dq_semaphore = p.deterministic != 0 ? reinterpret_cast<int*>(base + ws.semaphore) : nullptr;
-  bp.dk = p.dk;
-  bp.dv = p.dv;
-  bp.dk_stride_batch = p.dk_strides.batch;
-  bp.dk_stride_seq = p.dk_strides.seq;
-  bp.dk_stride_head = p.dk_strides.head;
-  bp.dv_stride_batch = p.dv_strides.batch;
-  bp.dv_stride_seq = p.dv_strides.seq;
-  bp.dv_stride_head = p.dv_strides.head;
+  kernels::set_dkdv_outputs(bp, p);
   bp.seqlen_q = static_cast<int>(p.seqlen_q);
   bp.seqlen_k = static_cast<int>(p.seqlen_k);
   // Rows per (batch, head) of the workspace's arrays: whole 64-row steps, as the kernel's dQ blocks (index *
