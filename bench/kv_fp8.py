@@ -9,11 +9,13 @@ medians, the systems interleaved row by row and --rounds times over. Columns:
   fa3_e4m3     FA3's FP8 path on the e4m3 cache (it takes Q in e4m3 too: Q quantized per tensor, outside the timing);
                only FA3's prefill build has FP8 (--fa3 func)
   cudnn_bf16   PyTorch SDPA's cuDNN backend on the bf16 cache
+  fc_e4m3_b    with --lib-b: fc_e4m3's call through a second libflashcore.so (an A/B in one process); a second
+               library after a comma: fc_e4m3_c
 GB/s counts the K/V bytes each system reads (1 byte per element in e4m3, 2 in bf16); "speed-up" is fc_bf16's time
 over fc_e4m3's (the token rate, since both read the same keys). Errors: max |O - O_ref| against float32 SDPA on the
 dequantized e4m3 cache (e4m3 columns) or on the bf16 cache (bf16 columns).
 
-  python3 bench/kv_fp8.py [--rows 1x8192,8x8192] [--rounds 3] [--fa3 kvcache|func] [--out DIR]
+  python3 bench/kv_fp8.py [--rows 1x8192,8x8192] [--rounds 3] [--fa3 kvcache|func] [--lib-b LIB] [--out DIR]
 """
 import argparse
 import json
@@ -72,7 +74,7 @@ def e4m3_call(lib, q, k8, v8, kd, vd, out):
     return call, (params, ws), lib.selected_config(params)
 
 
-def row(B, Sk, hq, hkv, D, rounds, fa3):
+def row(B, Sk, hq, hkv, D, rounds, fa3, libs_b=()):
     q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
     k16 = torch.randn(B, Sk, hkv, D, device="cuda", dtype=torch.bfloat16)
     v16 = torch.randn_like(k16)
@@ -88,6 +90,12 @@ def row(B, Sk, hq, hkv, D, rounds, fa3):
     r["fc_e4m3_err"] = (fc8().float() - ref8).abs().max().item()
     r["fc_bf16_err"] = (flashcore.attention(q, k16, v16).float() - ref16).abs().max().item()
     systems = {"fc_bf16": (lambda: flashcore.attention(q, k16, v16), 2), "fc_e4m3": (fc8, 1)}
+    keep_b = []  # alive while timed
+    for tag, lib_b in zip("bc", libs_b):
+        fc8b, keep, r[f"fc_e4m3_{tag}_config"] = e4m3_call(lib_b, q, k8, v8, kd, vd, torch.empty_like(q))
+        keep_b.append(keep)
+        r[f"fc_e4m3_{tag}_err"] = (fc8b().float() - ref8).abs().max().item()
+        systems[f"fc_e4m3_{tag}"] = (fc8b, 1)
     if flash_attn_func is not None:
         q8 = (q.float() / (q.float().abs().amax() / 448.0)).to(torch.float8_e4m3fn)
         qd = (q.float().abs().amax() / 448.0).reshape(1, 1).expand(B, hkv).contiguous()
@@ -135,7 +143,8 @@ def row(B, Sk, hq, hkv, D, rounds, fa3):
 
 
 def markdown(rows, name):
-    cols = ["fc_bf16", "fc_e4m3", "fa3_bf16", "fa3_e4m3", "cudnn_bf16"]
+    cols = ["fc_bf16", "fc_e4m3"] + [c for c in ("fc_e4m3_b", "fc_e4m3_c") if any(c + "_us" in r for r in rows)] + \
+        ["fa3_bf16", "fa3_e4m3", "cudnn_bf16"]
     lines = [f"Decode on an e4m3 KV cache, {name}: us (GB/s of K/V bytes read), CUDA-graph medians of the rounds",
              "", "| B x Sk | " + " | ".join(cols) + " | e4m3 / bf16 speed-up | e4m3 err (fc / fa3) |",
              "|---|" + "---|" * (len(cols) + 2)]
@@ -155,17 +164,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fa3", choices=["kvcache", "func"], default="kvcache",
                     help="FA3's entry: flash_attn_with_kvcache (serving build) or flash_attn_func (prefill build, FP8)")
+    ap.add_argument("--lib-b", default="", help="a second libflashcore.so (its e4m3 call: column fc_e4m3_b), or two "
+                    "separated by a comma (fc_e4m3_b, fc_e4m3_c)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    libs_b = [_lib.Library(p) for p in args.lib_b.split(",") if p]
     hq, hkv = (int(x) for x in args.heads.split(","))
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.rows.split(",") if s] or ROWS
     torch.manual_seed(0)
     name = torch.cuda.get_device_name()
     rows = []
     for B, Sk in shapes:
-        rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds, args.fa3))
+        rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds, args.fa3, libs_b))
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds_us")}), flush=True)
-    md = markdown(rows, f"{name}, library {_lib.load().version_string()}, FA3 through --fa3 {args.fa3}")
+    md = markdown(rows, f"{name}, library {_lib.load().version_string()}, FA3 through --fa3 {args.fa3}" +
+                  "".join(f", fc_e4m3_{t}: {p}" for t, p in zip("bc", args.lib_b.split(",") if args.lib_b else [])))
     print(md)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -94,7 +94,9 @@ struct KernelConfig {
       kShape.variants && kCausal && kElemBytes == 2 && !kInt8QK && kConsumerWarpgroups < 3;
   static constexpr int kThreads = kPlan.threads;
   static constexpr int kConsumerThreads = kPlan.consumer_threads;
-  static constexpr int kProducerRegs = producer_regs(kShape);
+  // An e4m3 KV cache's producer warpgroup widens K and V (convert_kv.cuh): 96 registers keep several of a converter
+  // thread's unrolled passes in flight (56 spilled there); its one consumer warpgroup keeps 240.
+  static constexpr int kProducerRegs = kKV8 ? 96 : producer_regs(kShape);
   // A packed row's producer keeps its ring positions (K/V, tile ids) as counts (pipeline.cuh PipelineCount).
   static constexpr bool kCountedRings = kShape.packed;
   static constexpr int kConsumerRegs = kPlan.consumer_regs;

@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/sm90/pipeline.cuh"
 
@@ -21,7 +22,6 @@ struct KVConverter {
   using Element = typename Cfg::Element;
   static constexpr int kRowUnits = Cfg::kHeadDim / 16;         // 16-byte e4m3 units per key row
   static constexpr int kChunkUnits = Cfg::kKV8RowBytes / 16;   // of them per staging chunk row (8, or 4 at head dim 64)
-  static constexpr int kUnits = Cfg::kBlockN * kRowUnits;      // per block
   static_assert(Cfg::kKV8 && Cfg::kQKRowBytes == 128 && Cfg::kVRowBytes == 128 && Cfg::kChunkCols == 64,
                 "16-bit tiles of 64-column chunks");
   static_assert(Cfg::kKV8RowBytes == 128 || Cfg::kKV8RowBytes == 64, "128- or 64-byte swizzled staging rows");
@@ -40,27 +40,57 @@ struct KVConverter {
 
   // Widens one block: staging tile `src` (8-bit layout: chunk c of row r at c * kKV8ChunkBytes + r * row bytes,
   // units swizzled by the row's phase) into the 16-bit tile `dst` (64-column chunks of 128-byte rows, 128-byte
-  // swizzle). Unit i of the block, row i / kRowUnits, goes to thread i % threads; consecutive lanes take consecutive
-  // units of a row, so that a warp's loads and stores fall in distinct banks. Rows at or past `rows` are written as
-  // zeros (a V block's rows past its sequence: SharedBarriers::v_rows), whatever the staging tile holds there.
-  __device__ __forceinline__ static void widen_block(const uint8_t* src, uint8_t* dst, int thread, int threads,
-                                                     int rows = Cfg::kBlockN) {
-#pragma unroll 2
-    for (int i = thread; i < kUnits; i += threads) {
-      const int r = i / kRowUnits, u = i % kRowUnits;
-      const int c8 = u / kChunkUnits, u8 = u % kChunkUnits;
+  // swizzle), by converter thread `thread` of kThreadCount. Unit i of the block, row i / kRowUnits, goes to thread
+  // i % kThreadCount; consecutive lanes take consecutive units of a row, so that a warp's loads and stores fall in
+  // distinct banks. kThreadCount is a multiple of kRowUnits, so a thread keeps one column unit and steps over the rows
+  // by kRowsPerPass: its addresses are two base pointers, the pass's offset and the row's swizzle phase. Passes go in
+  // batches of kBatch, each batch's loads before its conversions, so that several loads are in flight at once.
+  // kChecked: rows at or past `rows` are written as zeros (a V block's rows past its sequence: SharedBarriers::v_rows),
+  // whatever the staging tile holds there.
+  template <int kThreadCount, bool kChecked>
+  __device__ __forceinline__ static void widen_block(const uint8_t* src, uint8_t* dst, int thread, int rows) {
+    static_assert(kThreadCount % kRowUnits == 0, "each thread keeps one column unit");
+    constexpr int kRowsPerPass = kThreadCount / kRowUnits;
+    constexpr int kFull = Cfg::kBlockN / kRowsPerPass;  // passes whose rows are all inside the block
+    constexpr int kBatch = 4;
+    const int u = thread % kRowUnits, r0 = thread / kRowUnits;
+    const int u8 = u % kChunkUnits;
+    // Columns 16 u .. 16 u + 15: 16-bit units 2 u' and 2 u' + 1 (u' = u % 4) of chunk (16 u) / 64.
+    const int u16 = 2 * (u % 4);
+    const uint8_t* src_row = src + (u / kChunkUnits) * Cfg::kKV8ChunkBytes + r0 * Cfg::kKV8RowBytes;
+    uint8_t* dst_row = dst + (u / 4) * Cfg::kKVChunkBytes + r0 * Cfg::kQKRowBytes;
+    auto load = [&](int k) {
+      const int r = r0 + k * kRowsPerPass;
       const int phase8 = Cfg::kKV8RowBytes == 128 ? (r & 7) : ((r >> 1) & 3);
-      const uint4 in = r < rows ? *reinterpret_cast<const uint4*>(src + c8 * Cfg::kKV8ChunkBytes +
-                                                                   r * Cfg::kKV8RowBytes + ((u8 ^ phase8) << 4))
-                                : make_uint4(0u, 0u, 0u, 0u);  // (e4m3 zeros widen to zeros)
-      // Columns 16 u .. 16 u + 15: 16-bit units 2 u' and 2 u' + 1 of chunk (16 u) / 64, u' = u % 4.
-      const int c16 = u / 4, u16 = 2 * (u % 4);
-      uint8_t* row = dst + c16 * Cfg::kKVChunkBytes + r * Cfg::kQKRowBytes;
+      const uint4 in =
+          *reinterpret_cast<const uint4*>(src_row + k * kRowsPerPass * Cfg::kKV8RowBytes + ((u8 ^ phase8) << 4));
+      return !kChecked || r < rows ? in : make_uint4(0u, 0u, 0u, 0u);  // (e4m3 zeros widen to zeros)
+    };
+    auto store = [&](int k, const uint4& in) {
+      const int r = r0 + k * kRowsPerPass;
       uint4 lo, hi;
       lo.x = widen2(in.x), lo.y = widen2(in.x >> 16), lo.z = widen2(in.y), lo.w = widen2(in.y >> 16);
       hi.x = widen2(in.z), hi.y = widen2(in.z >> 16), hi.z = widen2(in.w), hi.w = widen2(in.w >> 16);
-      *reinterpret_cast<uint4*>(row + ((u16 ^ (r & 7)) << 4)) = lo;
-      *reinterpret_cast<uint4*>(row + (((u16 + 1) ^ (r & 7)) << 4)) = hi;
+      // (u16 is even: unit u16 + 1's swizzled offset is unit u16's with bit 4 flipped.)
+      const int lo_offset = (u16 ^ (r & 7)) << 4;
+      uint8_t* row = dst_row + k * kRowsPerPass * Cfg::kQKRowBytes;
+      *reinterpret_cast<uint4*>(row + lo_offset) = lo;
+      *reinterpret_cast<uint4*>(row + (lo_offset ^ 16)) = hi;
+    };
+    auto batch = [&](int k, auto count) {
+      uint4 in[decltype(count)::value];
+#pragma unroll
+      for (int j = 0; j < decltype(count)::value; ++j) in[j] = load(k + j);
+#pragma unroll
+      for (int j = 0; j < decltype(count)::value; ++j) store(k + j, in[j]);
+    };
+#pragma unroll 1
+    for (int k = 0; k < kFull / kBatch * kBatch; k += kBatch) batch(k, std::integral_constant<int, kBatch>{});
+    if constexpr (kFull % kBatch != 0) {
+      batch(kFull / kBatch * kBatch, std::integral_constant<int, kFull % kBatch>{});
+    }
+    if constexpr (kFull * kRowsPerPass < Cfg::kBlockN) {  // the last pass, partly inside the block
+      if (r0 + kFull * kRowsPerPass < Cfg::kBlockN) store(kFull, load(kFull));
     }
   }
 
@@ -68,15 +98,26 @@ struct KVConverter {
   // widened, made visible to wgmma (async proxy) and marked full (one arrival per warp). The producer thread ends it
   // with a K staging stage that carries no bytes and its v_end flag set (Producer::end_kv8_converters).
   __device__ __forceinline__ static void run(uint8_t* smem, SharedBarriers<Cfg>& bars, int warp, int warps) {
+    // (Both counts of convert_warps, each with its passes unrolled.)
+    if (warps == 3) {
+      run_warps<3>(smem, bars, warp);
+    } else {
+      run_warps<2>(smem, bars, warp);
+    }
+  }
+
+  template <int kWarps>
+  __device__ __forceinline__ static void run_warps(uint8_t* smem, SharedBarriers<Cfg>& bars, int warp) {
+    constexpr int kThreadCount = kWarps * 32;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int thread = warp * 32 + lane, threads = warps * 32;
+    const int thread = warp * 32 + lane;
     PipelineState<Cfg::kStages> pos;
     for (;;) {
       const int s = pos.stage;
       mbar_wait(&bars.k8_full[s], pos.phase);
       if (__shfl_sync(0xffffffffu, lane == 0 ? atomicOr(&bars.v_end[s], 0) : 0, 0) != 0) return;
-      widen_block(smem + Cfg::kSmemK8Offset + s * Cfg::kK8TileBytes, smem + Cfg::kSmemKOffset + s * Cfg::kKTileBytes,
-                  thread, threads);
+      widen_block<kThreadCount, false>(smem + Cfg::kSmemK8Offset + s * Cfg::kK8TileBytes,
+                                       smem + Cfg::kSmemKOffset + s * Cfg::kKTileBytes, thread, Cfg::kBlockN);
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
       if (lane == 0) mbar_arrive(&bars.k.full[s]);
@@ -84,8 +125,13 @@ struct KVConverter {
       // (Read and written as atomics, as v_end: the slot is rewritten for the stage's next block once the consumers
       // have freed the stage, an order through three barriers that compute-sanitizer's racecheck does not follow.)
       const int rows = __shfl_sync(0xffffffffu, lane == 0 ? atomicOr(&bars.v_rows[s], 0) : 0, 0);
-      widen_block(smem + Cfg::kSmemV8Offset + s * Cfg::kK8TileBytes, smem + Cfg::kSmemVOffset + s * Cfg::kVTileBytes,
-                  thread, threads, rows);
+      const uint8_t* v8 = smem + Cfg::kSmemV8Offset + s * Cfg::kK8TileBytes;
+      uint8_t* v16 = smem + Cfg::kSmemVOffset + s * Cfg::kVTileBytes;
+      if (rows >= Cfg::kBlockN) {  // (a whole block: no row to check)
+        widen_block<kThreadCount, false>(v8, v16, thread, rows);
+      } else {
+        widen_block<kThreadCount, true>(v8, v16, thread, rows);
+      }
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
       if (lane == 0) mbar_arrive(&bars.v.full[s]);
