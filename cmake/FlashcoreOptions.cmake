@@ -1,6 +1,5 @@
 # User-facing build options (see README.md, "Build options").
 set(FLASHCORE_HEAD_DIMS "64;96;128;192;256" CACHE STRING "Head dims to compile kernels for (subset of 64;96;128;192;256)")
-option(FLASHCORE_BWD_WIDE_VARIANTS "sm90 backward: also the variants' kernels (window, chunks, softcap) at head dims 192 and 256 (not yet run on a GPU)" OFF)
 set(FLASHCORE_DTYPES "fp16;bf16;e4m3;e5m2;i8" CACHE STRING "Dtypes to compile kernels for (subset of fp16;bf16;e4m3;e5m2;i8; e4m3, e5m2 and i8 (int8 Q K^T, precision = INT8): sm90 only)")
 set(FLASHCORE_CUDA_ARCHS "90a" CACHE STRING "CUDA archs to generate SASS of the sm90 (Hopper) kernels for (-gencode=arch=compute_X,code=sm_X)")
 # Build tiers: OFF compiles the kernel rows dispatch can pick (each configs.txt row marked default, packed or

@@ -1603,9 +1603,9 @@ def _varlen_attention_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, m
 BACKWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BACKWARD_PORTABLE_HEAD_DIMS = (64, 128)  # those of every backend (all of the portable backend's)
 BACKWARD_HEAD_DIM_PAIRS = ((192, 128),)  # (head_dim, head_dim_v), head_dim_v != head_dim: the sm90 backend, 0.9
-# A window, softcap or attention_chunk in the backward (96: sm90, 0.9; 192 and 256 only in a build with the CMake
-# option FLASHCORE_BWD_WIDE_VARIANTS, not yet run on a GPU: the library refuses them otherwise)
-BACKWARD_VARIANT_HEAD_DIMS = (64, 96, 128)
+# A window, softcap or attention_chunk in the backward (96, 192 and 256: the sm90 backend, 0.9; a 0.9 library built
+# before the variants at 192 and 256 were compiled by default refuses those, naming the field)
+BACKWARD_VARIANT_HEAD_DIMS = (64, 96, 128, 192, 256)
 BACKWARD_WIDE_VERSION = (0, 9)  # the first library whose backward takes more than head dims 64 and 128 (sm90 backend)
 
 VARLEN_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention (flashcore.varlen_attention, packed "

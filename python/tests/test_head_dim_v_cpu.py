@@ -279,8 +279,8 @@ def test_backward_after_a_real_forward(emulated, front_end, causal):
 
 def test_backward_with_variants(emulated):
     """The variants' backward with v of its own head dim (window, softcap and sinks with their gradient): the library
-    decides which it takes at 192 (a window and softcap: none, unless built with FLASHCORE_BWD_WIDE_VARIANTS); the
-    formulas are the same."""
+    decides which it takes at 192 (a window and softcap too, since they are compiled by default); the formulas are
+    the same."""
     from reference import reference_variant_grads
 
     q, k, v = _qkv(sq=33, sk=33)

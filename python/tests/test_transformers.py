@@ -474,8 +474,9 @@ def test_cpu_emulated_value_head_dim_of_its_own(emulated_adapter, count_calls):
 @pytest.mark.parametrize("strict", [False, True])
 def test_cpu_emulated_value_head_dim_of_its_own_trains(emulated_adapter, count_calls, monkeypatch, strict):
     """Where the backward takes the pair (0.9, the sm90 backend: (192, 128)) a training call runs on FlashCore, forward
-    and backward (emulated), with no fallback warning; the gradients are float64 autograd's. A window at 192 still
-    falls back (the backward takes a window at head dims 64, 96 and 128), naming it."""
+    and backward (emulated), with no fallback warning; the gradients are float64 autograd's. A window at 192 runs on
+    FlashCore too (the backward takes the variants at every head dim of its own); with a library whose backward took
+    them at head dims 64, 96 and 128 only, it falls back, naming it."""
     from reference import reference_grads
 
     monkeypatch.setattr(fc_hf, "_compiled_backward_head_dims", lambda: (64, 96, 128, 192, 256))
@@ -498,6 +499,13 @@ def test_cpu_emulated_value_head_dim_of_its_own_trains(emulated_adapter, count_c
         torch.testing.assert_close(t.grad.transpose(1, 2).double(), w, atol=3e-2, rtol=3e-2,
                                    msg=lambda m: f"{name}: {m}")
     count_calls.clear()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FlashCore: falling back")
+        fn(module, *leaves, None, sliding_window=4)
+    assert count_calls == [(1, 12, 4, 192)]
+    count_calls.clear()
+    monkeypatch.setattr(fc_hf._ops, "BACKWARD_VARIANT_HEAD_DIMS", (64, 96, 128))
     needle = (r"gradients with sliding_window at head_dim 192 \(FlashCore's backward takes them at head dims 64, 96 "
               r"and 128\)")
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]

@@ -325,7 +325,7 @@ bool backend_has_backward(const core::BackendOps* b, const flashcore_attention_p
           (head_dim_v != head_dim ? ", head_dim_v = " + std::to_string(head_dim_v) : std::string()) + ": the " +
           b->name +
           " backend that serves this device has no backward kernel for it (the sm90 backend's backward takes head "
-          "dims 64, 128, 192, 256 and (192, 128), the portable one's 64 and 128)";
+          "dims 64, 96, 128, 192, 256 and (192, 128), the portable one's 64 and 128)";
   return false;
 }
 

@@ -955,8 +955,8 @@ flashcore_status validate_backward_arguments(const flashcore_attention_params& p
   if ((core::windowed_call(p) || p.softcap != 0.f) &&
       !backend::backward_compiled(p.dtype, static_cast<int>(p.head_dim), static_cast<int>(core::head_dim_v(p)), true)) {
     message = cat("head_dim = ", p.head_dim, " with ", p.softcap != 0.f ? "softcap" : "a window or attention_chunk",
-                  ": this build's backward takes the variants at head dims 64, 96 and 128 (at 192 and 256 with the "
-                  "CMake option FLASHCORE_BWD_WIDE_VARIANTS, not yet run on a GPU)");
+                  ": this build's backward has no variants' kernel at this head dim (it has them wherever it has the "
+                  "plain kernels: head dims 64 and 128, and on Hopper 96, 192, (192, 128) and 256)");
     return FLASHCORE_ERROR_UNSUPPORTED_HEAD_DIM;
   }
   const int64_t elem_size = dtype_size(p.dtype);

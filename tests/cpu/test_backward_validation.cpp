@@ -629,8 +629,8 @@ TEST_F(BackwardValidation, HeadDimV) {
 }
 
 // The variants at the sm90 backend's other head dims (0.9): a softcap, a window, both, pass the argument checks where
-// the head dim's variants' kernels are compiled (96; 192 and 256 with FLASHCORE_BWD_WIDE_VARIANTS), and are refused
-// naming head_dim and the variant where only its plain kernels are.
+// the head dim's variants' kernels are compiled (every sm90 head dim of the backward), and are refused naming head_dim
+// and the variant where only its plain kernels are.
 TEST_F(BackwardValidation, WideHeadDimsTakeTheVariantsWhereCompiled) {
   int checked = 0;
   for (int64_t hd : {int64_t{96}, int64_t{192}, int64_t{256}}) {

@@ -63,31 +63,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_bwd_sm90_kernel(co
 #endif
 }
 
-// The kernel of (T, head dim, causal, variants, V head dim), or nullptr where none is compiled: the wide head dims'
-// variants without kWideVariants (CMake FLASHCORE_BWD_WIDE_VARIANTS).
-template <class T, int kD, bool kCausal, bool kVariants, int kDv, bool kWideVariants>
+// The kernel of (T, head dim, causal, variants, V head dim).
+template <class T, int kD, bool kCausal, bool kVariants, int kDv>
 constexpr const void* bwd_kernel_of() {
-  if constexpr (kD > 128 && kVariants && !kWideVariants) {
-    return nullptr;
-  } else {
-    return reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfigOf<T, kD, kCausal, kVariants, kDv>>);
-  }
+  return reinterpret_cast<const void*>(&flashcore_bwd_sm90_kernel<BwdConfigOf<T, kD, kCausal, kVariants, kDv>>);
 }
 
 }  // namespace flashcore::sm90
 
 // One row of the backward table (bwd_launch.h): the generated unit of (T, head dim, V head dim) names it here.
-#define FLASHCORE_SM90_DEFINE_BWD(NAME, T, DTYPE, HEAD_DIM, HEAD_DIM_V, WIDE_VARIANTS)                              \
+#define FLASHCORE_SM90_DEFINE_BWD(NAME, T, DTYPE, HEAD_DIM, HEAD_DIM_V)                                             \
   namespace flashcore::sm90 {                                                                                       \
   using BwdCfg_##NAME = BwdConfigOf<T, HEAD_DIM, false, false, HEAD_DIM_V>;                                          \
   extern const BwdKernelRow kBwd_##NAME = {                                                                         \
       DTYPE,                                                                                                        \
       HEAD_DIM,                                                                                                     \
       HEAD_DIM_V,                                                                                                   \
-      {{bwd_kernel_of<T, HEAD_DIM, false, false, HEAD_DIM_V, WIDE_VARIANTS>(),                                         \
-        bwd_kernel_of<T, HEAD_DIM, true, false, HEAD_DIM_V, WIDE_VARIANTS>()},                                         \
-       {bwd_kernel_of<T, HEAD_DIM, false, true, HEAD_DIM_V, WIDE_VARIANTS>(),                                          \
-        bwd_kernel_of<T, HEAD_DIM, true, true, HEAD_DIM_V, WIDE_VARIANTS>()}},                                         \
+      {{bwd_kernel_of<T, HEAD_DIM, false, false, HEAD_DIM_V>(),                                                        \
+        bwd_kernel_of<T, HEAD_DIM, true, false, HEAD_DIM_V>()},                                                        \
+       {bwd_kernel_of<T, HEAD_DIM, false, true, HEAD_DIM_V>(),                                                         \
+        bwd_kernel_of<T, HEAD_DIM, true, true, HEAD_DIM_V>()}},                                                        \
       BwdCfg_##NAME::kSmemBytes,                                                                                    \
       BwdCfg_##NAME::kThreads,                                                                                      \
       {BwdCfg_##NAME::kBlockM, BwdConfigOf<T, HEAD_DIM, false, true, HEAD_DIM_V>::kBlockM},                         \
