@@ -168,7 +168,8 @@ def main():
                     "separated by a comma (fc_e4m3_b, fc_e4m3_c)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    libs_b = [_lib.Library(p) for p in args.lib_b.split(",") if p]
+    lib_b_paths = [p for p in args.lib_b.split(",") if p]
+    libs_b = [_lib.Library(p) for p in lib_b_paths]
     hq, hkv = (int(x) for x in args.heads.split(","))
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.rows.split(",") if s] or ROWS
     torch.manual_seed(0)
@@ -178,7 +179,7 @@ def main():
         rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds, args.fa3, libs_b))
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds_us")}), flush=True)
     md = markdown(rows, f"{name}, library {_lib.load().version_string()}, FA3 through --fa3 {args.fa3}" +
-                  "".join(f", fc_e4m3_{t}: {p}" for t, p in zip("bc", args.lib_b.split(",") if args.lib_b else [])))
+                  "".join(f", fc_e4m3_{t}: {p}" for t, p in zip("bc", lib_b_paths)))
     print(md)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -1608,9 +1608,6 @@ BACKWARD_HEAD_DIM_PAIRS = ((192, 128),)  # (head_dim, head_dim_v), head_dim_v !=
 BACKWARD_VARIANT_HEAD_DIMS = (64, 96, 128, 192, 256)
 BACKWARD_WIDE_VERSION = (0, 9)  # the first library whose backward takes more than head dims 64 and 128 (sm90 backend)
 
-VARLEN_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of varlen attention (flashcore.varlen_attention, packed "
-                                 "cu_seqlens batches) is not supported yet; use flashcore.attention on padded "
-                                 "(B, S, H, D) batches to train, or run varlen_attention under torch.no_grad()")
 KVCACHE_BACKWARD_NOT_SUPPORTED = ("FlashCore: the backward of KV-cache attention (flashcore.attention_with_kvcache, "
                                   "dense or paged caches) is not supported yet; it is for inference: run it under "
                                   "torch.no_grad() / torch.inference_mode()")
