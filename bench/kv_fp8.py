@@ -15,7 +15,7 @@ GB/s counts the K/V bytes each system reads (1 byte per element in e4m3, 2 in bf
 over fc_e4m3's (the token rate, since both read the same keys). Errors: max |O - O_ref| against float32 SDPA on the
 dequantized e4m3 cache (e4m3 columns) or on the bf16 cache (bf16 columns).
 
-  python3 bench/kv_fp8.py [--rows 1x8192,8x8192] [--rounds 3] [--fa3 kvcache|func] [--lib-b LIB] [--out DIR]
+  python3 bench/kv_fp8.py [--rows 1x8192,8x8192] [--dtype bf16|fp16] [--rounds 3] [--fa3 kvcache|func] [--lib-b LIB] [--out DIR]
 """
 import argparse
 import json
@@ -74,9 +74,9 @@ def e4m3_call(lib, q, k8, v8, kd, vd, out):
     return call, (params, ws), lib.selected_config(params)
 
 
-def row(B, Sk, hq, hkv, D, rounds, fa3, libs_b=()):
-    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
-    k16 = torch.randn(B, Sk, hkv, D, device="cuda", dtype=torch.bfloat16)
+def row(B, Sk, hq, hkv, D, rounds, fa3, libs_b=(), dtype=torch.bfloat16):
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=dtype)
+    k16 = torch.randn(B, Sk, hkv, D, device="cuda", dtype=dtype)
     v16 = torch.randn_like(k16)
     k8, kd = quantize(k16)
     v8, vd = quantize(v16)
@@ -166,6 +166,8 @@ def main():
                     help="FA3's entry: flash_attn_with_kvcache (serving build) or flash_attn_func (prefill build, FP8)")
     ap.add_argument("--lib-b", default="", help="a second libflashcore.so (its e4m3 call: column fc_e4m3_b), or two "
                     "separated by a comma (fc_e4m3_b, fc_e4m3_c)")
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
+                    help="Q and the 16-bit cache (the fc_bf16, fa3_bf16 and cudnn_bf16 columns are then fp16)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     lib_b_paths = [p for p in args.lib_b.split(",") if p]
@@ -176,9 +178,11 @@ def main():
     name = torch.cuda.get_device_name()
     rows = []
     for B, Sk in shapes:
-        rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds, args.fa3, libs_b))
+        rows.append(row(B, Sk, hq, hkv, args.head_dim, args.rounds, args.fa3, libs_b,
+                        torch.float16 if args.dtype == "fp16" else torch.bfloat16))
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds_us")}), flush=True)
-    md = markdown(rows, f"{name}, library {_lib.load().version_string()}, FA3 through --fa3 {args.fa3}" +
+    md = markdown(rows, f"{name}, {args.dtype} Q (16-bit columns: {args.dtype} caches), library "
+                  f"{_lib.load().version_string()}, FA3 through --fa3 {args.fa3}" +
                   "".join(f", fc_e4m3_{t}: {p}" for t, p in zip("bc", lib_b_paths)))
     print(md)
     if args.out:
