@@ -323,17 +323,22 @@ typedef struct flashcore_attention_params {
                                           transposition, and its workspace needs only the first 256 bytes. For a K/V
                                           that several calls attend to (a KV cache, chunked prefill): transpose once,
                                           then every call reads it as is. */
-#define FLASHCORE_FLAG_KV_FP8_E4M3 2u /* (added in 0.9) an e4m3 KV cache under 16-bit Q: dtype is FP16 or BF16 (Q
-                                          and O), k and v (and k_new, v_new) hold float8_e4m3fn values x whose real
-                                          value is x * k_descale / x * v_descale, one float32 factor per (batch, KV
-                                          head), as the 8-bit fields describe [NULL: 1]; q_descale stays NULL. The sm90
-                                          kernels read K and V in 8 bits (half a 16-bit cache's bytes) and widen them
-                                          to the 16-bit dtype in shared memory, exactly, so the GEMMs and the softmax
-                                          are the 16-bit ones. Dense, KV-cache (seqused_k, kv_batch_idx, block_table
-                                          with pages of a multiple of 16 rows) and packed calls; strides of K and V in
-                                          multiples of 16 elements. Not yet: the portable backend, k_new / v_new
-                                          appends, rotary, the attention variants, head_dim_v, kernel_config, the
-                                          backward. */
+#define FLASHCORE_FLAG_KV_FP8_E4M3 2u /* (added in 0.9) an e4m3 KV cache: dtype is FP16 or BF16 (Q and O), k and
+                                          v hold float8_e4m3fn values x whose real value is x * k_descale /
+                                          x * v_descale, one float32 factor per (batch, KV head), as the 8-bit fields
+                                          describe [NULL: 1]; q_descale stays NULL. Or dtype FP8_E4M3 (FA3's FP8
+                                          call): Q in e4m3 with q_descale, O in out_dtype (FP16 or BF16; SAME: BF16),
+                                          Q widened into the workspace first (flashcore_attention_workspace_size
+                                          counts it), no k_new and no rotary. The sm90 kernels
+                                          read K and V in 8 bits (half a 16-bit cache's bytes) and widen them in shared
+                                          memory, exactly (to fp16: a BF16 call converts its Q tile to fp16 times a
+                                          power of two and stores O in BF16). Dense, KV-cache (seqused_k,
+                                          kv_batch_idx, block_table with pages of a multiple of 16 rows) and packed
+                                          calls; strides of K and V in multiples of 16 elements. Appends: k_new /
+                                          v_new in dtype (16-bit, rotated with rotary_cos when given), stored as the
+                                          e4m3 of x / descale of the sequence's (batch, KV head), rounded to nearest
+                                          even and saturated to +-448. Not yet: the portable backend, the attention
+                                          variants, head_dim_v, kernel_config, the backward. */
 #define FLASHCORE_FLAGS_ALL 3u
 
 /* struct_size of the 0.1 layout: the smallest struct_size flashcore_attention_* accept.

@@ -521,14 +521,11 @@ def _is_kv_fp8(k_cache, v_cache) -> bool:
 
 
 def _check_kv_fp8_dtypes(q, k_cache, v_cache) -> None:
-    """An e4m3 KV cache: k_cache and v_cache both float8_e4m3fn, q float16 / bfloat16 (TypeError otherwise)."""
-    if q.dtype in FP8_DTYPES:
-        raise TypeError(f"FlashCore: float8_e4m3fn / float8_e5m2 inputs are supported by flashcore.attention on dense "
-                        f"batches only; got q of dtype {q.dtype}: an e4m3 KV cache (float8_e4m3fn k_cache / v_cache) "
-                        f"is read under float16 or bfloat16 q")
-    if q.dtype not in _DTYPE_CODES:
-        raise TypeError(f"FlashCore: an e4m3 KV cache (float8_e4m3fn k_cache / v_cache) is read under float16 or "
-                        f"bfloat16 q, got q of dtype {q.dtype}")
+    """An e4m3 KV cache: k_cache and v_cache both float8_e4m3fn, q float16 / bfloat16 or float8_e4m3fn (with
+    q_descale; FlashAttention-3's FP8 call) (TypeError otherwise)."""
+    if q.dtype not in _DTYPE_CODES and q.dtype != KV_FP8_DTYPE:
+        raise TypeError(f"FlashCore: an e4m3 KV cache (float8_e4m3fn k_cache / v_cache) is read under float16, "
+                        f"bfloat16 or float8_e4m3fn q, got q of dtype {q.dtype}")
     if k_cache.dtype != v_cache.dtype:
         raise TypeError(f"FlashCore: k_cache and v_cache must have the same dtype (an 8-bit KV cache holds both in "
                         f"float8_e4m3fn), got {k_cache.dtype} and {v_cache.dtype}")
@@ -556,15 +553,9 @@ def _check_kv_fp8_descale(name: str, d, batch: int, heads_kv: int, q: torch.Tens
 def _check_kv_fp8(q, k_cache, v_cache, batch: int, k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale,
                   v_descale) -> None:
     """What an e4m3 KV cache does not take in this version (ValueError naming the argument), and its descales
-    (metadata only; q, k_cache and v_cache passed _check_inputs(kv_fp8=True)). The variants: _check_kv_fp8_variants."""
-    if k_new is not None:
-        raise ValueError("FlashCore: k and v (rows to append) are not taken with an e4m3 KV cache in this version: "
-                         "quantize the new rows into k_cache / v_cache yourself and pass cache_seqlens that count them")
-    rotary = [n for n, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                             ("rotary_seqlens", rotary_seqlens)) if t is not None]
-    if rotary:
-        raise ValueError(f"FlashCore: {rotary[0]} is set, but an e4m3 KV cache takes no rotary embedding in this "
-                         f"version (it rotates an append, which an e4m3 cache does not take)")
+    (metadata only; q, k_cache and v_cache passed _check_inputs(kv_fp8=True)). The variants: _check_kv_fp8_variants.
+    Appends (k_new, in q's 16-bit dtype) and their rotary embedding are taken: the library quantizes the new rows
+    (x / descale, rounded to nearest even, saturated to +-448)."""
     if v_cache.shape[3] != k_cache.shape[3]:
         raise ValueError(f"FlashCore: an e4m3 KV cache takes one head dim for k_cache and v_cache; v_cache's (its "
                          f"head_dim_v) is {v_cache.shape[3]}, k_cache's {k_cache.shape[3]}")
@@ -643,7 +634,7 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
                   descales: Tuple[Optional[torch.Tensor], ...] = (None, None, None),
                   precision: int = _lib.PRECISION_NATIVE, variants: Optional[Variants] = None, k_new=None, v_new=None,
                   cu_seqlens_k_new=None, kv_batch_idx=None, leftpad_k=None, seqused_q=None,
-                  rotary: Optional["Rotary"] = None):
+                  rotary: Optional["Rotary"] = None, kv_fp8: Optional[bool] = None):
     """The C params of one forward call on tensors the ABI takes as they are (see kernel_operand), without a
     workspace. lse: None or an empty tensor for no LSE. seqused_k: optional int32 (B,) device tensor of
     per-sequence key counts (a KV cache's lengths).
@@ -667,7 +658,8 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
 
     An e4m3 KV cache (since 0.9): float16 / bfloat16 q with float8_e4m3fn k and v; descales (None, k_descale,
     v_descale) as above (no q_descale). Library.set_kv_fp8 sets FLAG_KV_FP8_E4M3 and the descales (RuntimeError for a
-    library older than 0.9); dtype stays q's, O is q's dtype.
+    library older than 0.9); dtype stays q's, O is q's dtype. Or float8_e4m3fn q on it (kv_fp8=True: e4m3 q, k, v
+    are otherwise the dense 8-bit call): q_descale too, O in out's 16-bit dtype.
 
     variants (since 0.5): the window, softcap, sinks (a contiguous float32 (Hq,) device tensor) and attention_chunk,
     written by Library.set_variants, which refuses them for a library older than 0.5 (RuntimeError naming the
@@ -698,7 +690,9 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
     q4 = q.unsqueeze(0) if varlen_q else q
     out4 = out.unsqueeze(0) if varlen_q else out
     k4, v4 = (k.unsqueeze(0), v.unsqueeze(0)) if varlen_k else (k, v)
-    kv_fp8 = k4.dtype == KV_FP8_DTYPE and q4.dtype in _DTYPE_CODES  # an e4m3 KV cache (since 0.9)
+    if kv_fp8 is None:  # an e4m3 KV cache (since 0.9) under 16-bit q
+        kv_fp8 = k4.dtype == KV_FP8_DTYPE and q4.dtype in _DTYPE_CODES
+    q8 = kv_fp8 and q4.dtype == KV_FP8_DTYPE  # ... or under e4m3 q
     strides = [abi_strides(t) for t in (q4, k4, v4, out4)]
     if any(st is None for st in strides):
         raise ValueError("FlashCore: kernel_params needs operands the C ABI takes as they are (kernel_operand)")
@@ -747,12 +741,14 @@ def kernel_params(lib: _lib.Library, q, k, v, out, lse, causal: bool, softmax_sc
         if descale is not None and (descale.dtype != torch.float32 or not descale.is_contiguous()):
             raise ValueError(f"FlashCore: kernel_params needs a contiguous float32 {field}")
     if kv_fp8:
-        if descales[0] is not None:
-            raise ValueError("FlashCore: q_descale is not taken with an e4m3 KV cache (q is 16-bit)")
+        if descales[0] is not None and not q8:
+            raise ValueError("FlashCore: q_descale is not taken with an e4m3 KV cache under 16-bit q")
         if v4.dtype != k4.dtype:
             raise ValueError("FlashCore: kernel_params needs k and v of one dtype (float8_e4m3fn) for an e4m3 KV cache")
         lib.set_kv_fp8(params, k_descale=0 if descales[1] is None else descales[1].data_ptr(),
                        v_descale=0 if descales[2] is None else descales[2].data_ptr())
+        if q8 and descales[0] is not None:
+            params.q_descale = descales[0].data_ptr()
     else:
         for field, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
             if descale is not None:
@@ -1204,14 +1200,15 @@ def _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q: torch.Tensor, batch
 
 def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
                             cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos=None, rotary_sin=None,
-                            rotary_seqlens=None, k_descale=None, v_descale=None) -> Tuple[int, int]:
+                            rotary_seqlens=None, k_descale=None, v_descale=None,
+                            q_descale=None) -> Tuple[int, int]:
     """Checks (metadata only) for the KV-cache ops with the 0.8 arguments; returns (batch, key capacity per sequence).
     q (B, Sq, Hq, D), or packed (total_q, Hq, D) with cu_seqlens_q (B + 1,). Dense cache (B, Sk, Hkv, D), or
     (slots, Sk, Hkv, D) with cache_batch_idx; paged (num_pages, page_size, Hkv, D) with block_table (B, max_pages), or
     (slots, max_pages) with cache_batch_idx. k_new, v_new: (B, Sn, Hkv, D / Dv), or packed (total_k_new, Hkv, D / Dv)
-    with cu_seqlens_k_new (B + 1,). An e4m3 cache (float8_e4m3fn k_cache / v_cache under 16-bit q, since 0.9): no
-    append, no rotary tables, one head dim; k_descale / v_descale None or float32 (B, Hkv) on q's device (given with a
-    16-bit cache: ValueError)."""
+    with cu_seqlens_k_new (B + 1,). An e4m3 cache (float8_e4m3fn k_cache / v_cache under 16-bit q, since 0.9): one
+    head dim, new rows in q's dtype; k_descale / v_descale None or float32 (B, Hkv) on q's device (given with a 16-bit
+    cache: ValueError). Under float8_e4m3fn q: q_descale as those, no append, no rotary tables."""
     paged = block_table is not None
     if cu_seqlens_q is not None:
         if not isinstance(q, torch.Tensor) or q.dim() != 3:
@@ -1226,6 +1223,18 @@ def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cac
         batch, q4 = q.shape[0], q
     kv_fp8 = _is_kv_fp8(k_cache, v_cache)
     _check_inputs(q4, k_cache, v_cache, "bshd", kv_batch=False, kv_fp8=kv_fp8)
+    q8 = kv_fp8 and q.dtype == KV_FP8_DTYPE
+    if q_descale is not None and not q8:
+        raise ValueError(f"FlashCore: q_descale is set, but q is {q.dtype}: it scales a float8_e4m3fn q on an e4m3 KV "
+                         f"cache (16-bit q takes none)")
+    if q8:
+        appended = [n for n, t in (("k", k_new), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                                   ("rotary_seqlens", rotary_seqlens)) if t is not None]
+        if appended:
+            raise ValueError(f"FlashCore: {appended[0]} is set with a float8_e4m3fn q: an e4m3 q takes no append and "
+                             f"no rotary embedding (append 16-bit rows under 16-bit q, which the library quantizes; "
+                             f"or write e4m3 rows into the cache and count them in cache_seqlens)")
+        _check_kv_fp8_descale("q_descale", q_descale, batch, k_cache.shape[2], q)
     if kv_fp8:
         _check_kv_fp8(q, k_cache, v_cache, batch, k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale, v_descale)
     else:
@@ -1271,7 +1280,10 @@ def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cac
             if not ok:
                 got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
                 raise ValueError(f"FlashCore: {name} must be {want}, got {got}")
-            if new.dtype != cache.dtype:
+            if kv_fp8 and new.dtype != q.dtype:  # 16-bit rows, quantized into the e4m3 cache by the library
+                raise TypeError(f"FlashCore: {name} must have q's dtype {q.dtype} (rows appended to an e4m3 cache are "
+                                f"given in 16 bits and quantized with {name}_descale by the library), got {new.dtype}")
+            if not kv_fp8 and new.dtype != cache.dtype:
                 raise TypeError(f"FlashCore: {name} must have {name}_cache's dtype {cache.dtype}, got {new.dtype}")
             if new.device != q.device:
                 raise ValueError(f"FlashCore: {name} is on {new.device}, q on {q.device}")
@@ -1299,16 +1311,19 @@ def _check_appendable(k_cache, v_cache, check_pointer: bool) -> None:
 
 
 def _kvcache_serving_outputs(q, v_cache, return_lse: bool, varlen_q: bool):
+    """out (q's dtype; bfloat16 for a float8_e4m3fn q, as FlashAttention-3's FP8 calls) and lse."""
     if varlen_q:
-        return _empty_varlen_outputs(q, return_lse, v_cache.shape[3])
-    return _empty_outputs(q, return_lse, head_dim_v=v_cache.shape[3])
+        out, lse = _empty_varlen_outputs(q, return_lse, v_cache.shape[3])
+        return (out.to(torch.bfloat16), lse) if q.dtype == KV_FP8_DTYPE else (out, lse)
+    return _empty_outputs(q, return_lse, head_dim_v=v_cache.shape[3],
+                          out_dtype=torch.bfloat16 if q.dtype == KV_FP8_DTYPE else None)
 
 
 def _launch_kvcache_serving(lib: _lib.Library, q, k_cache, v_cache, out, lse, causal: bool, softmax_scale: float,
                             seqused_k, *, block_table=None, num_splits: int = 0, variants=None, cache_batch_idx=None,
                             cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q: int = 0, k_new=None, v_new=None,
                             cu_seqlens_k_new=None, rotary: Optional[Rotary] = None, k_descale=None,
-                            v_descale=None) -> None:
+                            v_descale=None, q_descale=None) -> None:
     """One library call: the append (k_new into the caches, in place) and the attention. k_cache / v_cache are passed
     as they are when appended to (_kvcache_serving_inputs checked that the ABI takes them), else as kernel_operand
     lays them out; q and the new rows likewise. An e4m3 cache (since 0.9): k_descale / v_descale contiguous float32
@@ -1327,7 +1342,8 @@ def _launch_kvcache_serving(lib: _lib.Library, q, k_cache, v_cache, out, lse, ca
                            block_table=block_table, num_splits=num_splits, cu_seqlens_q=cu_seqlens_q,
                            max_seqlen_q=max_seqlen_q, variants=variants, k_new=k_new, v_new=v_new,
                            cu_seqlens_k_new=cu_seqlens_k_new, kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-                           rotary=rotary, descales=(None, k_descale, v_descale))
+                           rotary=rotary, descales=(q_descale, k_descale, v_descale),
+                           kv_fp8=k_cache.dtype == KV_FP8_DTYPE)
     _enqueue(lib, params, q.device)  # the workspace query sees the rotary fields: the rotated q lives there
 
 
@@ -1335,14 +1351,14 @@ def _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_sca
                          num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
                          cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new, cu_seqlens_k_new,
                          rotary_cos=None, rotary_sin=None, rotary_interleaved=True, rotary_seqlens=None,
-                         k_descale=None, v_descale=None):
+                         k_descale=None, v_descale=None, q_descale=None):
     """The body of both serving ops (attention_kvcache_serving_fwd, attention_kvcache_serving_append_fwd)."""
     varlen_q = cu_seqlens_q is not None
     if varlen_q:
         _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _, capacity = _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx,
                                           cache_leftpad, cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos,
-                                          rotary_sin, rotary_seqlens, k_descale, v_descale)
+                                          rotary_sin, rotary_seqlens, k_descale, v_descale, q_descale)
     heads_q = q.shape[-2]
     variants = _op_variants(q, heads_q, window_size_left, window_size_right, softcap, sinks, attention_chunk)
     kv_fp8 = _is_kv_fp8(k_cache, v_cache)
@@ -1378,7 +1394,8 @@ def _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_sca
             rotary_cos.contiguous(), rotary_sin.contiguous(), bool(rotary_interleaved),
             None if rotary_seqlens is None else rotary_seqlens.contiguous()),
         **({} if not kv_fp8 else dict(k_descale=None if k_descale is None else k_descale.contiguous(),
-                                      v_descale=None if v_descale is None else v_descale.contiguous())))
+                                      v_descale=None if v_descale is None else v_descale.contiguous(),
+                                      **({} if q_descale is None else dict(q_descale=q_descale.contiguous())))))
     return out, lse
 
 
@@ -1389,7 +1406,8 @@ def attention_kvcache_serving_fwd(
     window_size_left: int = -1, window_size_right: int = -1, softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0, cache_batch_idx: Optional[torch.Tensor] = None,
     cache_leftpad: Optional[torch.Tensor] = None, cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
-    k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None
+    k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """attention_kvcache_fwd with FlashAttention's serving arguments (a 0.8 library; no append): cache_batch_idx
     int32 (B,) (sequence b reads cache slot cache_batch_idx[b]: k_cache's batch entry, or block_table's row; one out of
@@ -1400,11 +1418,13 @@ def attention_kvcache_serving_fwd(
     An e4m3 KV cache (a 0.9 library, sm90): k_cache and v_cache float8_e4m3fn under float16 / bfloat16 q, their real
     values k_cache * k_descale[b, h] and v_cache * v_descale[b, h], k_descale / v_descale float32 (B, Hkv) on q's
     device (b: the sequence, h: the KV head; None: 1), out in q's dtype. No window, softcap, sinks or
-    attention_chunk, one head dim; no backward (NotImplementedError naming the e4m3 cache)."""
+    attention_chunk, one head dim; no backward (NotImplementedError naming the e4m3 cache). q may be float8_e4m3fn
+    on it (FlashAttention-3's FP8 call), with q_descale as k_descale: the library widens q into its workspace, out is
+    bfloat16."""
     return _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
                                 num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
                                 cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, None, None, None,
-                                k_descale=k_descale, v_descale=v_descale)
+                                k_descale=k_descale, v_descale=v_descale, q_descale=q_descale)
 
 
 @attention_kvcache_serving_fwd.register_fake
@@ -1412,9 +1432,10 @@ def _attention_kvcache_serving_fwd_fake(q, k_cache, v_cache, cache_seqlens, caus
                                         block_table=None, num_splits=0, window_size_left=-1, window_size_right=-1,
                                         softcap=0.0, sinks=None, attention_chunk=0, cache_batch_idx=None,
                                         cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=0, k_descale=None,
-                                        v_descale=None):
+                                        v_descale=None, q_descale=None):
     _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                            cu_seqlens_q, None, None, None, k_descale=k_descale, v_descale=v_descale)
+                            cu_seqlens_q, None, None, None, k_descale=k_descale, v_descale=v_descale,
+                            q_descale=q_descale)
     variants = _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
     if _is_kv_fp8(k_cache, v_cache):
         _check_kv_fp8_variants(variants, causal)
@@ -1431,7 +1452,8 @@ def attention_kvcache_serving_append_fwd(
     cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
     cu_seqlens_k_new: Optional[torch.Tensor] = None, rotary_cos: Optional[torch.Tensor] = None,
     rotary_sin: Optional[torch.Tensor] = None, rotary_interleaved: bool = True,
-    rotary_seqlens: Optional[torch.Tensor] = None
+    rotary_seqlens: Optional[torch.Tensor] = None, k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """attention_kvcache_serving_fwd that first appends k_new, v_new to the caches, in place, by the library (the C
     ABI's k_new): (B, Sn, Hkv, D / Dv) rows at cache_seqlens[b] .. + Sn of sequence b's cache slot, or packed
@@ -1441,11 +1463,14 @@ def attention_kvcache_serving_append_fwd(
     rotary_cos / rotary_sin (rotary_seqlen, rotary_dim / 2) in q's dtype (FlashAttention's rotary embedding, since
     0.8): the library writes the new keys rotated (new row t of sequence b at position rotary_seqlens[b] + t, or
     cache_seqlens[b] + t) and attends with q rotated (row i at rotary_seqlens[b] + i with causal or a window, else at
-    rotary_seqlens[b]), pairs (2i, 2i + 1) with rotary_interleaved, else (i, i + rotary_dim / 2); q is not written."""
+    rotary_seqlens[b]), pairs (2i, 2i + 1) with rotary_interleaved, else (i, i + rotary_dim / 2); q is not written.
+    An e4m3 cache (k_descale / v_descale as attention_kvcache_serving_fwd's): k_new / v_new in q's dtype, stored as
+    the e4m3 of x / descale[b, h] (rounded to nearest even, saturated to +-448), after the rotation."""
     return _kvcache_serving_fwd(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, return_lse, block_table,
                                 num_splits, window_size_left, window_size_right, softcap, sinks, attention_chunk,
                                 cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, k_new, v_new,
-                                cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
+                                cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens,
+                                k_descale=k_descale, v_descale=v_descale)
 
 
 @attention_kvcache_serving_append_fwd.register_fake
@@ -1455,10 +1480,13 @@ def _attention_kvcache_serving_append_fwd_fake(q, k_cache, v_cache, cache_seqlen
                                                attention_chunk=0, cache_batch_idx=None, cache_leftpad=None,
                                                cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None,
                                                rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
-                                               rotary_seqlens=None):
+                                               rotary_seqlens=None, k_descale=None, v_descale=None):
     _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens)
-    _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+                            cu_seqlens_q, k_new, v_new, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens,
+                            k_descale, v_descale)
+    variants = _op_variants(q, q.shape[-2], window_size_left, window_size_right, softcap, sinks, attention_chunk)
+    if _is_kv_fp8(k_cache, v_cache):
+        _check_kv_fp8_variants(variants, causal)
     return _kvcache_serving_outputs(q, v_cache, return_lse, cu_seqlens_q is not None)
 
 
@@ -2432,12 +2460,15 @@ def attention_with_kvcache(
     library refuses others), with cache_batch_idx, cache_leftpad, cu_seqlens_q and num_splits as above. Their real
     values are k_cache * k_descale[b, h] and v_cache * v_descale[b, h]: k_descale / v_descale float32 on q's device,
     (B, Hkv) (b the sequence, not its cache slot; h the KV head, query head i uses h = i // (Hq // Hkv)), or one
-    element (0-d or (1,)): a factor for the whole cache, expanded to (B, Hkv); None: 1. out is in q's dtype. Not
-    taken with it (ValueError naming the argument, before any library call): k / v (appends; quantize the rows into the
-    cache yourself), the rotary tables, window_size / softcap / sinks / attention_chunk, a v_cache head dim other than
-    k_cache's; q_descale (q stays 16-bit) is a ValueError with any cache, and k_descale / v_descale with a 16-bit cache.
-    k_cache and v_cache of different dtypes, e5m2 or another 8-bit format, or float8 q: TypeError. A library older than
-    0.9: RuntimeError naming its version. Forward only: .backward() through such a call raises NotImplementedError.
+    element (0-d or (1,)): a factor for the whole cache, expanded to (B, Hkv); None: 1. out is in q's dtype. k / v
+    (appends, also rotated with the rotary tables) are given in q's dtype: the library stores the e4m3 of
+    x / descale[b, h] (nearest even, saturated to +-448). q may be float8_e4m3fn too (FlashAttention-3's FP8 call), with
+    q_descale as k_descale: the library widens q into its workspace, out is bfloat16, no k / v and no rotary tables.
+    Not taken with it (ValueError naming the argument, before any library call): window_size / softcap / sinks /
+    attention_chunk, a v_cache head dim other than k_cache's; q_descale with a 16-bit q is a ValueError with any cache,
+    and k_descale / v_descale with a 16-bit cache. k_cache and v_cache of different dtypes, e5m2 or another 8-bit format,
+    e5m2 q, or 8-bit k / v under 16-bit q: TypeError. A library older than 0.9: RuntimeError naming its version.
+    Forward only: .backward() through such a call raises NotImplementedError.
     """
     scale = _check_scale(softmax_scale)
     causal = _check_flag("causal", causal)
@@ -2450,11 +2481,12 @@ def attention_with_kvcache(
     if max_seqlen_q is not None and cu_seqlens_q is None:
         raise ValueError("FlashCore: max_seqlen_q is given without cu_seqlens_q (it bounds packed queries)")
     rotary_interleaved = _check_flag("rotary_interleaved", rotary_interleaved)
-    if q_descale is not None and not (isinstance(q, torch.Tensor) and q.dtype in FP8_DTYPES):
-        raise ValueError(f"FlashCore: q_descale is set, but q is {getattr(q, 'dtype', type(q).__name__)}: "
-                         f"attention_with_kvcache keeps q in 16 bits (k_descale / v_descale scale an e4m3 cache; "
-                         f"float8 q is flashcore.attention's dense 8-bit path)")
     kv_fp8 = _is_kv_fp8(k_cache, v_cache)
+    if q_descale is not None and not (kv_fp8 and isinstance(q, torch.Tensor) and q.dtype in FP8_DTYPES):
+        raise ValueError(f"FlashCore: q_descale is set, but q is {getattr(q, 'dtype', type(q).__name__)}"
+                         f"{'' if kv_fp8 else ' on a ' + str(getattr(k_cache, 'dtype', '')) + ' cache'}: it scales a "
+                         f"float8_e4m3fn q on an e4m3 KV cache (k_descale / v_descale scale the cache; 16-bit q takes "
+                         f"none)")
     if not kv_fp8:
         given = [n for n, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None]
         if given:
@@ -2466,7 +2498,8 @@ def attention_with_kvcache(
         return _attention_with_kvcache_serving(
             q, k_cache, v_cache, k, v, cache_seqlens, scale, causal, return_softmax_lse, block_table, splits,
             window_size, attention_chunk, softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
-            cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens, k_descale, v_descale)
+            cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens, k_descale, v_descale,
+            q_descale)
     paged = block_table is not None
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"FlashCore: q must be a 4-D tensor (batch, seqlen, num_heads, head_dim), got "
@@ -2527,7 +2560,7 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
                                     return_softmax_lse: bool, block_table, splits: int, window_size, attention_chunk,
                                     softcap, sinks, cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q,
                                     cu_seqlens_k_new, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
-                                    rotary_seqlens=None, k_descale=None, v_descale=None):
+                                    rotary_seqlens=None, k_descale=None, v_descale=None, q_descale=None):
     """attention_with_kvcache with FlashAttention-3's serving arguments (cache_batch_idx, cache_leftpad, cu_seqlens_q,
     cu_seqlens_k_new, the rotary embedding), or on an e4m3 cache (k_descale, v_descale): checked here, naming the
     argument, then one serving op."""
@@ -2569,21 +2602,25 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
         lengths = cache_seqlens
     kv_fp8 = _is_kv_fp8(k_cache, v_cache)
     if kv_fp8:  # what an e4m3 cache does not take, named before the checks that would misname it
-        appended = [n for n, t in (("k", k), ("v", v), ("cu_seqlens_k_new", cu_seqlens_k_new)) if t is not None]
-        if appended:
-            raise ValueError(f"FlashCore: {appended[0]} is set, but an e4m3 KV cache takes no append (k / v rows) in "
-                             f"this version: quantize the new rows into k_cache / v_cache yourself and pass "
-                             f"cache_seqlens that count them")
         _check_kv_fp8_variants(variants, causal)
-        k_descale, v_descale = (_per_sequence_descale(d, batch, k_cache.shape[2]) for d in (k_descale, v_descale))
+        k_descale, v_descale, q_descale = (_per_sequence_descale(d, batch, k_cache.shape[2])
+                                           for d in (k_descale, v_descale, q_descale))
     if (k is None) != (v is None):
         raise ValueError("FlashCore: pass both k and v to append to the cache, or neither")
-    if k is not None:  # the caches' dtype, as the plain append writes them
-        k, v = (t.to(c.dtype) if isinstance(t, torch.Tensor) else t for t, c in ((k, k_cache), (v, v_cache)))
+    q16 = isinstance(q, torch.Tensor) and q.dtype in _DTYPE_CODES
+    if kv_fp8 and q16 and any(isinstance(t, torch.Tensor) and t.dtype.itemsize == 1 for t in (k, v)):
+        raise TypeError(f"FlashCore: k / v appended to an e4m3 KV cache are given in 16 bits (q's dtype {q.dtype}) and "
+                        f"quantized by the library with k_descale / v_descale; got "
+                        f"{(k if isinstance(k, torch.Tensor) and k.dtype.itemsize == 1 else v).dtype}")
+    if k is not None and (not kv_fp8 or q16):  # the caches' dtype, as the plain append writes them; q's for an e4m3
+        # cache (the library quantizes them)
+        k, v = (t.to(q.dtype if kv_fp8 else c.dtype) if isinstance(t, torch.Tensor) else t
+                for t, c in ((k, k_cache), (v, v_cache)))
     if isinstance(rotary_cos, torch.Tensor) and isinstance(rotary_sin, torch.Tensor):  # FA3's maybe_contiguous
         rotary_cos, rotary_sin = rotary_cos.contiguous(), rotary_sin.contiguous()
     _kvcache_serving_inputs(q, k_cache, v_cache, lengths, block_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
-                            k, v, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale, v_descale)
+                            k, v, cu_seqlens_k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale, v_descale,
+                            q_descale)
     if not torch.compiler.is_compiling():
         lib = _check_supported(q, q.shape[-1], v_cache.shape[3])
         if kv_fp8:
@@ -2599,16 +2636,18 @@ def _attention_with_kvcache_serving(q, k_cache, v_cache, k, v, cache_seqlens, sc
                   cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q,
                   max_seqlen_q=max_seqlen_q)
     if k is None:
-        descales = {n: d for n, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None}
+        descales = {n: d for n, d in (("k_descale", k_descale), ("v_descale", v_descale), ("q_descale", q_descale))
+                    if d is not None}
         out, lse = attention_kvcache_serving_fwd(q, k_cache, v_cache, lengths, causal, scale, return_softmax_lse,
                                                  **common, **descales)
     else:
         rotary = {} if rotary_cos is None else dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                                     rotary_interleaved=rotary_interleaved,
                                                     rotary_seqlens=rotary_seqlens)
+        descales = {n: d for n, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None}
         out, lse = attention_kvcache_serving_append_fwd(q, k_cache, v_cache, lengths, k, v, causal, scale,
                                                         return_softmax_lse, cu_seqlens_k_new=cu_seqlens_k_new,
-                                                        **rotary, **common)
+                                                        **rotary, **common, **descales)
     return (out, lse) if return_softmax_lse else out
 
 

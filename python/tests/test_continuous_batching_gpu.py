@@ -53,6 +53,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 import flashcore  # noqa: E402
 from flashcore import _lib, _ops  # noqa: E402
 from test_attention_gpu import _need, caps  # noqa: E402,F401  (fixtures; cuda: conftest.py)
+from test_kv_fp8_cpu import emulate_kv_fp8  # noqa: E402
 from test_kvcache_v08_cpu import emulate_kvcache_v08  # noqa: E402
 from test_paged_cpu import paginate  # noqa: E402
 from test_variants_gpu import check  # noqa: E402
@@ -60,6 +61,10 @@ from test_varlen_cpu import cu_seqlens  # noqa: E402
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 8, 2, 128
 DTYPE = torch.bfloat16
+E4M3 = torch.float8_e4m3fn
+# An e4m3 pool's per-tensor descales (vLLM's k_scale / v_scale): N(0, 1) rows over them stay within e4m3's +-448 but
+# for the rare saturated value; not powers of two, so the quantization rounds.
+KV8_DESCALES = (0.0171, 0.0123)
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +97,16 @@ class Engine:
     """The engine's state and its loop (module docstring). layout: "paged" (a block table rebuilt every step, one row
     per batch entry), "paged_slots" (a persistent block table, one row per slot, and cache_batch_idx) or "dense_slots"
     ((slots, capacity, Hkv, D) caches and cache_batch_idx). append: "call" (the call appends the new rows,
-    cu_seqlens_k_new) or "test" (the test writes them before the call)."""
+    cu_seqlens_k_new) or "test" (the test writes them before the call). kv8: the pool in float8_e4m3fn with per-tensor
+    descales (KV8_DESCALES): the new rows are bf16, quantized by the library (append "call") or by the test as the
+    library does (x / descale, nearest even, saturated); the history keeps their dequantized float32 values."""
 
     def __init__(self, device, *, layout, append, page_size=16, max_running=16, max_prompt=300, max_decode=40,
-                 chunk=96, budget=160, pool_rows=None, warm=6, seed=0):
+                 chunk=96, budget=160, pool_rows=None, warm=6, seed=0, kv8=False):
         assert layout in ("paged", "paged_slots", "dense_slots") and append in ("call", "test")
         assert max_running <= budget
-        self.device, self.layout, self.append = device, layout, append
+        self.device, self.layout, self.append, self.kv8 = device, layout, append, kv8
+        self.descales = tuple(torch.tensor(d, device=device) for d in KV8_DESCALES) if kv8 else None
         self.paged = layout != "dense_slots"
         self.page_size = page_size if self.paged else None
         self.max_running, self.max_prompt, self.max_decode = max_running, max_prompt, max_decode
@@ -118,29 +126,37 @@ class Engine:
             s.decode = max(1, s.decode)
             s.length = s.chunks = s.prompt
         k0, v0 = (self._randn(warm, self.max_len, HEADS_KV, HEAD_DIM) for _ in range(2))
+        if kv8:  # the rows as the pool holds them (e4m3 values, exact in float32)
+            k0, v0 = (self._quantize(t, i).float() for i, t in enumerate((k0, v0)))
         for b, s in enumerate(warm_seqs):
-            s.k_hist[:s.length], s.v_hist[:s.length] = k0[b, :s.length], v0[b, :s.length]
+            s.k_hist[:s.length], s.v_hist[:s.length] = self._history(k0[b, :s.length], v0[b, :s.length])
         if self.paged:
             self.width = -(-self.max_len // page_size)  # block-table entries per sequence
             rows = pool_rows if pool_rows is not None else max_running * 180
             spare = max(8, -(-rows // page_size) - warm * self.width)
             self.k_pool, self.v_pool, table = paginate(k0, v0, [s.length for s in warm_seqs], page_size,
                                                        spare_pages=spare, seed=seed, garbage_entries=True)
+            if kv8:
+                self.k_pool, self.v_pool = self.k_pool.to(E4M3), self.v_pool.to(E4M3)
             self.num_pages = self.k_pool.shape[0]
             for b, s in enumerate(warm_seqs):
                 s.pages = table[b, :-(-s.length // page_size)].tolist()
             owned = {p for s in warm_seqs for p in s.pages}
             self.free = [p for p in range(self.num_pages) if p not in owned]
         else:
-            self.k_pool = torch.full((max_running, self.max_len, HEADS_KV, HEAD_DIM), math.nan, dtype=DTYPE,
-                                     device=device)
+            self.k_pool = torch.full((max_running, self.max_len, HEADS_KV, HEAD_DIM), math.nan,
+                                     dtype=torch.float32 if kv8 else DTYPE, device=device)
             self.v_pool = torch.full_like(self.k_pool, math.nan)
+            if kv8:
+                self.k_pool, self.v_pool = self.k_pool.to(E4M3), self.v_pool.to(E4M3)
         if layout != "paged":
             for b, s in enumerate(warm_seqs):
                 s.slot = self.free_slots.pop(self.rng.randrange(len(self.free_slots)))
                 if not self.paged:
-                    self.k_pool[s.slot, :s.length] = k0[b, :s.length]
-                    self.v_pool[s.slot, :s.length] = v0[b, :s.length]
+                    slot = torch.tensor([[s.slot]], dtype=torch.long, device=device)
+                    rows = torch.arange(s.length, device=device)[None]
+                    self._write(self.k_pool, slot, rows, k0[b, :s.length].to(self.k_pool.dtype)[None])
+                    self._write(self.v_pool, slot, rows, v0[b, :s.length].to(self.v_pool.dtype)[None])
         self.running = warm_seqs
         self.k_mirror, self.v_mirror = self.k_pool.clone(), self.v_pool.clone()  # what the pool must hold
 
@@ -149,10 +165,34 @@ class Engine:
     def _randn(self, *shape):
         return torch.randn(*shape, device=self.device, dtype=DTYPE, generator=self.gen)
 
+    def _quantize(self, rows, which):
+        """e4m3 of rows / descale (which: 0 K, 1 V), as the library's append stores them."""
+        return (rows.float() / self.descales[which]).clamp(-448.0, 448.0).to(E4M3)
+
+    def _history(self, k_rows, v_rows):
+        """The values the attention sees for rows as the pool holds them (kv8: e4m3 values, dequantized)."""
+        if not self.kv8:
+            return k_rows, v_rows
+        return k_rows.float() * self.descales[0], v_rows.float() * self.descales[1]
+
+    def _bits(self, t):
+        return t.view(torch.uint8) if self.kv8 else t.view(torch.int16)
+
+    def _write(self, pool, i0, i1, rows):
+        """pool[i0, i1] = rows (on the bits: float8 tensors take no index_put)."""
+        self._bits(pool)[i0, i1] = self._bits(rows)
+
+    def _poison(self, pool, idx):
+        if self.kv8:
+            pool.view(torch.uint8)[idx] = 0x7F  # e4m3's NaN
+        else:
+            pool[idx] = math.nan
+
     def _new_sequence(self):
         s = Sequence(self.next_id, self.rng.randint(1, self.max_prompt), self.rng.randint(0, self.max_decode))
         self.next_id += 1
-        s.k_hist = torch.full((self.max_len, HEADS_KV, HEAD_DIM), math.nan, dtype=DTYPE, device=self.device)
+        s.k_hist = torch.full((self.max_len, HEADS_KV, HEAD_DIM), math.nan,
+                              dtype=torch.float32 if self.kv8 else DTYPE, device=self.device)
         s.v_hist = torch.full_like(s.k_hist, math.nan)
         return s
 
@@ -198,7 +238,7 @@ class Engine:
             idx = torch.tensor([s.slot], dtype=torch.long, device=self.device)
             self.freed.add(s.slot)
         for t in (self.k_pool, self.v_pool, self.k_mirror, self.v_mirror):  # the engine poisons what it frees
-            t[idx] = math.nan
+            self._poison(t, idx)
         if s.slot >= 0:
             self.free_slots.append(s.slot)
         self.running.remove(s)
@@ -253,11 +293,16 @@ class Engine:
 
         kwargs = dict(cu_seqlens_q=cu_seqlens(lens, dev), max_seqlen_q=max(lens), causal=True,
                       return_softmax_lse=True)
+        # What the pool must hold at the new rows (kv8: the quantized rows).
+        k_rows, v_rows = (self._quantize(k_new, 0), self._quantize(v_new, 1)) if self.kv8 else (k_new, v_new)
+        if self.kv8:
+            kwargs.update(k_descale=self.descales[0], v_descale=self.descales[1])
         if self.append == "call":
             seqlens = [s.length for s, _ in batch]
             kwargs.update(k=k_new, v=v_new, cu_seqlens_k_new=cu_seqlens(lens, dev))
         else:  # the engine writes the step's rows first (vLLM's reshape_and_cache), the call only reads
-            self.k_pool[i0, i1], self.v_pool[i0, i1] = k_new, v_new
+            self._write(self.k_pool, i0, i1, k_rows)
+            self._write(self.v_pool, i0, i1, v_rows)
             seqlens = [s.length + n for s, n in batch]
         if self.layout == "paged":
             kwargs["block_table"] = torch.tensor([self._table_row(s) for s, _ in batch], dtype=torch.int32,
@@ -275,19 +320,21 @@ class Engine:
         assert cache_seqlens.tolist() == seqlens, "cache_seqlens was changed"
 
         # The pool: the new rows where the test's bookkeeping puts them, nothing else written.
-        self.k_mirror[i0, i1], self.v_mirror[i0, i1] = k_new, v_new
+        self._write(self.k_mirror, i0, i1, k_rows)
+        self._write(self.v_mirror, i0, i1, v_rows)
         for name, got, want in (("k", self.k_pool, self.k_mirror), ("v", self.v_pool, self.v_mirror)):
-            if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
-                bad = (got.view(torch.int16) != want.view(torch.int16)).flatten(2).any(-1).nonzero().tolist()
+            if not torch.equal(self._bits(got), self._bits(want)):
+                bad = (self._bits(got) != self._bits(want)).flatten(2).any(-1).nonzero().tolist()
                 raise AssertionError(f"step {self.stats['steps']}: {name} cache differs from the expected one at "
                                      f"(pool index, row) {bad[:8]} ({len(bad)} rows)")
 
         # Each sequence against the float64 reference of its whole key history.
         assert torch.isfinite(out).all(), "a NaN row of the pool (unowned, freed or past a length) reached the output"
         start = 0
+        k_seen, v_seen = self._history(k_rows, v_rows)
         for s, n in batch:
             rows = slice(start, start + n)
-            s.k_hist[s.length:s.length + n], s.v_hist[s.length:s.length + n] = k_new[rows], v_new[rows]
+            s.k_hist[s.length:s.length + n], s.v_hist[s.length:s.length + n] = k_seen[rows], v_seen[rows]
             end = s.length + n
             try:
                 check(q[None, rows], s.k_hist[None, :end], s.v_hist[None, :end], out[None, rows], lse[None, :, rows],
@@ -313,7 +360,8 @@ class Engine:
         for t in (self.k_mirror, self.v_mirror):  # the test's own bookkeeping: every free page / slot is all NaN
             idx = self.free if self.paged else self.free_slots
             if idx:
-                assert torch.isnan(t[torch.tensor(idx, dtype=torch.long, device=self.device)]).all()
+                held = self._bits(t)[torch.tensor(idx, dtype=torch.long, device=self.device)]
+                assert (held & 0x7F == 0x7F).all() if self.kv8 else torch.isnan(t[torch.tensor(idx, device=t.device)]).all()
         return st
 
 
@@ -341,6 +389,24 @@ def test_dense_slots(v08, cuda):
     Engine(cuda, layout="dense_slots", append="call", seed=50).run(64)
 
 
+@pytest.fixture(scope="module")
+def kv8(v08):
+    lib = _lib.load()
+    if not lib.has_kv_fp8() or v08.device_backend != "sm90":
+        pytest.skip(f"an e4m3 pool needs the e4m3 KV cache: {lib.path} (version {lib.version_string()}) on the "
+                    f"{v08.device_backend or 'no'} backend (sm90 only)")
+    return v08
+
+
+@pytest.mark.parametrize("layout, append, page_size", [("paged", "call", 16), ("paged", "test", 16),
+                                                       ("paged_slots", "call", 64), ("dense_slots", "call", None)])
+def test_e4m3_pool(kv8, cuda, layout, append, page_size):
+    """The same engine over an e4m3 pool (per-tensor descales, pages of 16 and 64 rows or dense slots): the library
+    quantizes the appended bf16 rows (or the test does, as the library would), the pool bit for bit the mirror."""
+    Engine(cuda, layout=layout, append=append, page_size=page_size or 16, kv8=True,
+           seed=60 + (page_size or 0) + (append == "test")).run(64)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The engine itself, on the CPU with the library call emulated (test_kvcache_v08_cpu.emulate_kvcache_v08): shorter
 # runs, and mutants of the emulated library it must catch.
@@ -353,6 +419,13 @@ CPU_RUN = dict(max_running=8, max_prompt=120, max_decode=12, chunk=48, budget=64
 def test_engine_emulated_on_cpu(monkeypatch, layout, append, page_size):
     emulate_kvcache_v08(monkeypatch)
     stats = Engine("cpu", layout=layout, append=append, page_size=page_size, seed=7, **CPU_RUN).run(32)
+    assert stats["steps"] == 32
+
+
+@pytest.mark.parametrize("layout, append", [("paged", "call"), ("paged", "test"), ("dense_slots", "call")])
+def test_e4m3_engine_emulated_on_cpu(monkeypatch, layout, append):
+    emulate_kv_fp8(monkeypatch, [])
+    stats = Engine("cpu", layout=layout, append=append, page_size=16, kv8=True, seed=9, **CPU_RUN).run(32)
     assert stats["steps"] == 32
 
 

@@ -225,13 +225,16 @@ def test_precision_fp8_needs_an_8bit_head_dim(emulated):
 
 
 def test_8bit_inputs_elsewhere_are_refused(emulated):
-    """Only flashcore.attention's dense calls take float8_e4m3fn: sdpa, KV caches, varlen say so clearly."""
+    """Only flashcore.attention's dense calls take float8 q, k and v: sdpa and varlen say so clearly. (An e4m3 q on an
+    e4m3 KV cache is attention_with_kvcache's FP8 call: test_kv_fp8_cpu.py.)"""
     (q8, k8, v8), _ = _quantized(*_qkv(sq=16, sk=16))
     match = "float8_e4m3fn / float8_e5m2 inputs are supported by flashcore.attention on dense batches only"
     with pytest.raises(TypeError, match=match):
         flashcore.sdpa(q8.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2))
-    with pytest.raises(TypeError, match=match):
-        flashcore.attention_with_kvcache(q8, k8, v8, cache_seqlens=torch.tensor([3, 16], dtype=torch.int32))
+    with pytest.raises(TypeError, match="is read under float16, bfloat16 or float8_e4m3fn q, got q of dtype "
+                                        "torch.float8_e5m2"):
+        flashcore.attention_with_kvcache(q8.float().to(torch.float8_e5m2), k8, v8,
+                                         cache_seqlens=torch.tensor([3, 16], dtype=torch.int32))
     cu = torch.tensor([0, 16, 32], dtype=torch.int32)
     with pytest.raises(TypeError, match=match):
         flashcore.varlen_attention(q8.flatten(0, 1), k8.flatten(0, 1), v8.flatten(0, 1), cu, cu, 16, 16)

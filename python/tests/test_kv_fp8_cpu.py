@@ -38,11 +38,12 @@ def dequantize(cache, descale, b):
 
 
 def kv_fp8_expected(q, k_cache, v_cache, seqlens, *, k_descale=None, v_descale=None, causal=False, scale=None,
-                    block_table=None, batch_idx=None, leftpad=None, lens_q=None):
+                    block_table=None, batch_idx=None, leftpad=None, lens_q=None, q_descale=None):
     """(out, lse) in float64 with the op's shapes: sequence b attends to its cache (slot batch_idx[b], pages of
     block_table, rows [leftpad[b], seqlens[b])) dequantized with ITS factors k_descale[b], v_descale[b] (the factors
     are the sequence's, not the slot's, as FlashAttention-3's). q (B, Sq, Hq, D), or packed (total_q, Hq, D) with
-    lens_q; seqlens, batch_idx, leftpad, lens_q: host lists."""
+    lens_q; seqlens, batch_idx, leftpad, lens_q: host lists. q_descale (B, Hkv): a float8_e4m3fn q's factors (query
+    head i of sequence b: q * q_descale[b, i // (Hq // Hkv)])."""
     batch = len(seqlens)
     packed = lens_q is not None
     outs, lses = [], []
@@ -50,6 +51,9 @@ def kv_fp8_expected(q, k_cache, v_cache, seqlens, *, k_descale=None, v_descale=N
     for b in range(batch):
         qb = q[start:start + lens_q[b]] if packed else q[b:b + 1]
         start += lens_q[b] if packed else 0
+        if q_descale is not None:
+            group = q.shape[-2] // q_descale.shape[1]
+            qb = qb.double() * q_descale.double()[b].repeat_interleave(group)[:, None]
         o, l, _, _ = expected_v08(
             qb, dequantize(k_cache, k_descale, b), dequantize(v_cache, v_descale, b), [seqlens[b]], causal=causal,
             scale=scale, block_table=block_table, batch_idx=[b if batch_idx is None else batch_idx[b]],
@@ -59,6 +63,33 @@ def kv_fp8_expected(q, k_cache, v_cache, seqlens, *, k_descale=None, v_descale=N
     if packed:
         return torch.cat(outs, 0), torch.cat(lses, 1)
     return torch.cat(outs, 0), torch.cat(lses, 0)
+
+
+def kv_fp8_append(k_cache, v_cache, seqused_k, k_new, v_new, k_descale=None, v_descale=None, *, block_table=None,
+                  batch_idx=None, cu_new=None):
+    """The library's append into an e4m3 cache (in place): new row t of sequence b (k_new (B, Sn, Hkv, D), or packed
+    (total, Hkv, D) with cu_new) at position seqused_k[b] + t of its slot (batch_idx[b]; pages of block_table),
+    stored as the e4m3 of x / descale[b, h] (torch's rounding: nearest even; saturated to +-448). Returns the lengths
+    after it (seqused_k + rows)."""
+    batch = seqused_k.shape[0]
+    lens = seqused_k.tolist()
+    after = []
+    for b in range(batch):
+        rows_k = k_new[cu_new[b]:cu_new[b + 1]] if cu_new is not None else k_new[b]
+        rows_v = v_new[cu_new[b]:cu_new[b + 1]] if cu_new is not None else v_new[b]
+        slot = b if batch_idx is None else int(batch_idx[b])
+        for t in range(rows_k.shape[0]):
+            pos = lens[b] + t
+            for cache, rows, d in ((k_cache, rows_k, k_descale), (v_cache, rows_v, v_descale)):
+                x = rows[t].float() / (d[b].float()[:, None] if d is not None else 1.0)
+                x = x.clamp(-448.0, 448.0).to(E4M3)
+                if block_table is not None:
+                    page = int(block_table[slot, pos // cache.shape[1]])
+                    cache[page, pos % cache.shape[1]] = x
+                else:
+                    cache[slot, pos] = x
+        after.append(lens[b] + rows_k.shape[0])
+    return torch.tensor(after, dtype=torch.int32)
 
 
 class EmulatedCapsV09(EmulatedCaps):
@@ -90,18 +121,23 @@ def emulate_kv_fp8(monkeypatch, calls, caps=EmulatedCapsV09):
     def launch(lib, q, k_cache, v_cache, out, lse, causal, softmax_scale, seqused_k, *, block_table=None,
                num_splits=0, variants=None, cache_batch_idx=None, cache_leftpad=None, cu_seqlens_q=None,
                max_seqlen_q=0, k_new=None, v_new=None, cu_seqlens_k_new=None, rotary=None, k_descale=None,
-               v_descale=None):
-        assert k_new is None and rotary is None and variants is None
+               v_descale=None, q_descale=None):
+        assert rotary is None and variants is None
         calls.append(dict(block_table=block_table, num_splits=num_splits, cache_batch_idx=cache_batch_idx,
                           cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                          k_descale=k_descale, v_descale=v_descale, cache_dtype=k_cache.dtype))
+                          k_descale=k_descale, v_descale=v_descale, cache_dtype=k_cache.dtype,
+                          new_dtype=None if k_new is None else k_new.dtype, q_descale=q_descale, q_dtype=q.dtype))
+        if k_new is not None:  # the append, as the library writes it: e4m3 of x / descale (kv_fp8_append)
+            seqused_k = kv_fp8_append(k_cache, v_cache, seqused_k, k_new, v_new, k_descale, v_descale,
+                                      block_table=block_table, batch_idx=cache_batch_idx,
+                                      cu_new=cu_seqlens_k_new)
         lens = lambda cu: [b - a for a, b in zip(cu.tolist(), cu.tolist()[1:])]  # noqa: E731
         o, l = kv_fp8_expected(
             q, k_cache, v_cache, seqused_k.tolist(), k_descale=k_descale, v_descale=v_descale, causal=causal,
             scale=softmax_scale or None, block_table=block_table,
             batch_idx=None if cache_batch_idx is None else cache_batch_idx.tolist(),
             leftpad=None if cache_leftpad is None else cache_leftpad.tolist(),
-            lens_q=None if cu_seqlens_q is None else lens(cu_seqlens_q))
+            lens_q=None if cu_seqlens_q is None else lens(cu_seqlens_q), q_descale=q_descale)
         out.copy_(o.to(out.dtype))
         if lse.numel():
             lse.copy_(l.float())
@@ -184,16 +220,10 @@ def _bf16(*shape):
 
 
 REFUSALS = {
-    "append": (lambda a: {**a, "k": _bf16(3, 1, 2, 64), "v": _bf16(3, 1, 2, 64)}, ValueError,
-               "k is set, but an e4m3 KV cache takes no append"),
     "append-e4m3-rows": (lambda a: {**a, "k": _bf16(3, 1, 2, 64).to(E4M3), "v": _bf16(3, 1, 2, 64).to(E4M3)},
-                         ValueError, "k is set, but an e4m3 KV cache takes no append"),
-    "cu-new-alone": (lambda a: {**a, "cu_seqlens_k_new": _i32([0, 1, 1, 2])}, ValueError,
-                     "cu_seqlens_k_new is set, but an e4m3 KV cache takes no append"),
-    "rotary": (lambda a: {**a, "rotary_cos": _bf16(8, 16), "rotary_sin": _bf16(8, 16)}, ValueError,
-               "rotary_cos is set, but an e4m3 KV cache takes no rotary embedding"),
-    "rotary-seqlens": (lambda a: {**a, "rotary_seqlens": _i32([0, 0, 0])}, ValueError,
-                       "rotary_seqlens is set, but an e4m3 KV cache takes no rotary embedding"),
+                         TypeError, r"k / v appended to an e4m3 KV cache are given in 16 bits \(q's dtype"),
+    "append-v-e4m3": (lambda a: {**a, "k": _bf16(3, 1, 2, 64), "v": _bf16(3, 1, 2, 64).to(E4M3)},
+                      TypeError, "k / v appended to an e4m3 KV cache are given in 16 bits"),
     "window": (lambda a: {**a, "window_size": (8, 0), "causal": True}, ValueError,
                "window_size is set, but an e4m3 KV cache takes no window_size, softcap, sinks or attention_chunk"),
     "softcap": (lambda a: {**a, "softcap": 30.0}, ValueError, "softcap is set, but an e4m3 KV cache"),
@@ -202,7 +232,14 @@ REFUSALS = {
     "head-dim-v": (lambda a: {**a, "v_cache": a["v_cache"][..., :32].contiguous()}, ValueError,
                    r"an e4m3 KV cache takes one head dim for k_cache and v_cache; v_cache's \(its head_dim_v\) is 32"),
     "q-descale": (lambda a: {**a, "q_descale": torch.ones(3, 2)}, ValueError,
-                  "q_descale is set, but q is torch.bfloat16: attention_with_kvcache keeps q in 16 bits"),
+                  "q_descale is set, but q is torch.bfloat16: it scales a float8_e4m3fn q on an e4m3 KV cache"),
+    "q8-append": (lambda a: {**a, "q": a["q"].float().to(E4M3), "k": _bf16(3, 1, 2, 64), "v": _bf16(3, 1, 2, 64)},
+                  ValueError, "k is set with a float8_e4m3fn q: an e4m3 q takes no append and no rotary embedding"),
+    "q8-rotary": (lambda a: {**a, "q": a["q"].float().to(E4M3), "k": _bf16(3, 1, 2, 64).to(E4M3),
+                             "v": _bf16(3, 1, 2, 64).to(E4M3), "rotary_cos": _bf16(64, 16),
+                             "rotary_sin": _bf16(64, 16)}, ValueError, "k is set with a float8_e4m3fn q"),
+    "q8-descale-heads-q": (lambda a: {**a, "q": a["q"].float().to(E4M3), "q_descale": torch.ones(3, 8)}, ValueError,
+                           r"q_descale must have shape \(batch, num_heads_kv\) = \(3, 2\)"),
     "q-descale-16bit-cache": (lambda a: {**a, "k_cache": a["k_cache"].bfloat16(), "v_cache": a["v_cache"].bfloat16(),
                                          "k_descale": None, "v_descale": None, "q_descale": torch.ones(3, 2)},
                               ValueError, "q_descale is set"),
@@ -223,11 +260,11 @@ REFUSALS = {
     "both-e4m3fnuz": (lambda a: {**a, "k_cache": a["k_cache"].float().to(torch.float8_e4m3fnuz),
                                  "v_cache": a["v_cache"].float().to(torch.float8_e4m3fnuz)}, TypeError,
                       "k_cache and v_cache are torch.float8_e4m3fnuz"),
-    "q-e4m3": (lambda a: {**a, "q": a["q"].float().to(E4M3)}, TypeError,
-               "got q of dtype torch.float8_e4m3fn: an e4m3 KV cache .* is read under float16 or bfloat16 q"),
+    "q-e5m2": (lambda a: {**a, "q": a["q"].float().to(torch.float8_e5m2)}, TypeError,
+               r"is read under float16, bfloat16 or float8_e4m3fn q, got q of dtype torch.float8_e5m2"),
     "q-fp32": (lambda a: {**a, "q": a["q"].float()}, TypeError,
-               r"an e4m3 KV cache \(float8_e4m3fn k_cache / v_cache\) is read under float16 or bfloat16 q, got q of "
-               r"dtype torch.float32"),
+               r"an e4m3 KV cache \(float8_e4m3fn k_cache / v_cache\) is read under float16, bfloat16 or "
+               r"float8_e4m3fn q, got q of dtype torch.float32"),
     "k-descale-fp16": (lambda a: {**a, "k_descale": a["k_descale"].half()}, TypeError,
                        "k_descale must be float32, got torch.float16"),
     "v-descale-heads-q": (lambda a: {**a, "v_descale": torch.ones(3, 8)}, ValueError,
@@ -255,7 +292,7 @@ def test_refusals_with_serving_arguments(emulated):
     """The same refusals with the 0.8 arguments (cache_batch_idx, packed q) on the way."""
     args = _base()
     args.update(q=args["q"].reshape(6, 8, 64), cu_seqlens_q=_i32([0, 2, 3, 6]), cache_batch_idx=_i32([2, 0, 1]))
-    with pytest.raises(ValueError, match="k is set, but an e4m3 KV cache takes no append"):
+    with pytest.raises(TypeError, match="k / v appended to an e4m3 KV cache are given in 16 bits"):
         flashcore.attention_with_kvcache(**args, k=torch.zeros(4, 2, 64).to(E4M3), v=torch.zeros(4, 2, 64).to(E4M3),
                                          cu_seqlens_k_new=_i32([0, 1, 3, 4]))
     with pytest.raises(ValueError, match="softcap is set"):
@@ -401,6 +438,75 @@ def test_nan_past_the_lengths_is_not_read(emulated):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("layout", ["dense", "dense-idx", "paged-16", "packed-new"])
+def test_appends_quantize_into_the_cache(emulated, layout):
+    """k / v in q's dtype (or float32, converted to it) appended to an e4m3 cache: the launch gets the 16-bit rows
+    and the descales, the caches change in place as the library writes them (kv_fp8_append), and out / lse are the
+    reference's on the cache after the append."""
+    q, k, v, kd, vd = _tensors(batch=3, slots=4, capacity=64, seqlen_q=1, seed=7)
+    lengths, idx = [5, 60, 0], None
+    gen = torch.Generator().manual_seed(8)
+    kn, vn = (torch.randn(3, 2, 2, 64, generator=gen) for _ in range(2))
+    extra = {}
+    kc, vc, table = k[:3].clone(), v[:3].clone(), None
+    if layout == "dense-idx":
+        idx = [3, 0, 2]
+        extra["cache_batch_idx"] = _i32(idx)
+        kc, vc = k.clone(), v.clone()
+    elif layout == "paged-16":
+        kc, vc, table = _paged(k[:3], v[:3], [64] * 3, 16, seed=2)
+        extra["block_table"] = table
+    elif layout == "packed-new":  # 2, 1 and 0 rows
+        kn, vn = kn.reshape(6, 2, 64)[:3], vn.reshape(6, 2, 64)[:3]
+        extra["cu_seqlens_k_new"] = _i32([0, 2, 3, 3])
+    want_k, want_v = kc.clone(), vc.clone()
+    cu = None if layout != "packed-new" else [0, 2, 3, 3]
+    after = kv_fp8_append(want_k, want_v, _i32(lengths), kn.to(torch.bfloat16), vn.to(torch.bfloat16), kd, vd,
+                          block_table=table, batch_idx=idx, cu_new=cu)
+    out, lse = flashcore.attention_with_kvcache(q, kc, vc, k=kn.to(torch.bfloat16) if layout != "dense" else kn,
+                                                v=vn.to(torch.bfloat16), cache_seqlens=_i32(lengths), k_descale=kd,
+                                                v_descale=vd, return_softmax_lse=True, **extra)
+    assert emulated[-1]["new_dtype"] == torch.bfloat16 and emulated[-1]["cache_dtype"] == E4M3
+    assert torch.equal(_bits(kc), _bits(want_k)) and torch.equal(_bits(vc), _bits(want_v))
+    want_out, want_lse = kv_fp8_expected(q, want_k, want_v, after.tolist(), k_descale=kd, v_descale=vd,
+                                         block_table=table, batch_idx=idx)
+    _check(out, lse, want_out, want_lse)
+
+
+@pytest.mark.parametrize("q_descale", ["per-head", "per-tensor", "none"])
+@pytest.mark.parametrize("layout", ["dense", "paged-16", "packed-q"])
+def test_e4m3_queries(emulated, layout, q_descale):
+    """A float8_e4m3fn q on the e4m3 cache (FlashAttention-3's FP8 call): the launch gets the e4m3 q and q_descale as
+    contiguous float32 (B, Hkv), out is bfloat16, and out / lse the reference's of the dequantized q and cache."""
+    q, k, v, kd, vd = _tensors(batch=3, slots=3, capacity=64, seqlen_q=2, seed=12)
+    gen = torch.Generator().manual_seed(13)
+    q8 = (torch.randn(*q.shape, generator=gen) * 20).to(E4M3)
+    qd = {"per-head": torch.rand(3, 2, generator=gen) + 0.05, "per-tensor": torch.tensor(0.0625), "none": None}[q_descale]
+    lengths, table, extra, lens_q = [5, 64, 17], None, {}, None
+    kc, vc = k, v
+    if layout == "paged-16":
+        kc, vc, table = _paged(k, v, [64] * 3, 16, seed=3)
+        extra["block_table"] = table
+    call_q = q8
+    if layout == "packed-q":
+        lens_q = [2, 1, 2]
+        call_q = torch.cat([q8[0, :2], q8[1, :1], q8[2, :2]])
+        extra.update(cu_seqlens_q=_i32([0, 2, 3, 5]), max_seqlen_q=2)
+    out, lse = flashcore.attention_with_kvcache(call_q, kc, vc, cache_seqlens=_i32(lengths), k_descale=kd, v_descale=vd,
+                                                q_descale=qd, causal=True, return_softmax_lse=True, **extra)
+    seen = emulated[-1]
+    assert out.dtype == torch.bfloat16 and out.shape == call_q.shape and seen["q_dtype"] == E4M3
+    full_qd = None if qd is None else (qd.reshape(1, 1).expand(3, 2) if qd.numel() == 1 else qd)
+    if qd is None:
+        assert seen["q_descale"] is None
+    else:
+        assert seen["q_descale"].is_contiguous() and seen["q_descale"].dtype == torch.float32
+        torch.testing.assert_close(seen["q_descale"], full_qd)
+    want_out, want_lse = kv_fp8_expected(call_q.float(), kc, vc, lengths, k_descale=kd, v_descale=vd, causal=True,
+                                         block_table=table, lens_q=lens_q, q_descale=full_qd)
+    _check(out, lse, want_out, want_lse)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The backward, the op's registration, fake tensors, torch.compile.
 
@@ -445,7 +551,8 @@ def test_custom_op_registration(emulated):
     utils = ("test_faketensor", "test_aot_dispatch_static")
     op = torch.ops.flashcore.attention_kvcache_serving_fwd.default
     schema = str(op._schema)
-    assert schema.endswith("SymInt max_seqlen_q=0, Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor, Tensor)")
+    assert schema.endswith("SymInt max_seqlen_q=0, Tensor? k_descale=None, Tensor? v_descale=None, "
+                           "Tensor? q_descale=None) -> (Tensor, Tensor)")
     assert "!" not in schema  # no argument is mutated
     before = [_bits(t).clone() for t in (k, v)] + [kd.clone(), vd.clone()]
     op(q, k[:3], v[:3], seqlens, True, 0.0, True, k_descale=kd, v_descale=vd)
@@ -478,7 +585,7 @@ def test_fake_checks_and_shapes(emulated):
             bf16_cache = fq.new_empty(3, 64, 2, 64)
             torch.ops.flashcore.attention_kvcache_serving_fwd(fq, bf16_cache, bf16_cache, fs, False, 0.0, True,
                                                               v_descale=fvd)
-    with pytest.raises(ValueError, match=r"k and v \(rows to append\) are not taken with an e4m3 KV cache"):
+    with pytest.raises(TypeError, match="k must have q's dtype torch.bfloat16 \\(rows appended to an e4m3 cache"):
         new = torch.zeros(3, 1, 2, 64).to(E4M3)
         torch.ops.flashcore.attention_kvcache_serving_append_fwd(q, k.clone(), v.clone(), seqlens, new, new, True,
                                                                  0.0, True)

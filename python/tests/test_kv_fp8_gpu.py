@@ -228,6 +228,81 @@ def test_mha_and_mqa(kv8, cuda):
         _run(cuda, lengths=[5, 128, 77], heads=heads, seed=8)
 
 
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_append_quantizes_into_the_cache(kv8, cuda, page_size):
+    """k / v (bf16, 3 new rows a sequence) appended to the e4m3 cache by the library: the cache afterwards byte for
+    byte torch's e4m3 of x / descale[b, h] (nearest even, saturated to +-448; the rest untouched), and out / lse those
+    of the same call on that cache without the append."""
+    _need(kv8, torch.bfloat16, 128)
+    gen = torch.Generator(device=cuda).manual_seed(11)
+    q = torch.randn(3, 1, 8, 128, device=cuda, dtype=torch.bfloat16, generator=gen)
+    kf, vf = (torch.randn(3, 256, 2, 128, device=cuda, generator=gen).to(E4M3).float() for _ in range(2))
+    kn, vn = (torch.randn(3, 3, 2, 128, device=cuda, generator=gen).to(torch.bfloat16) * 40 for _ in range(2))
+    kd = torch.rand(3, 2, device=cuda, generator=gen) + 0.1
+    vd = torch.rand(3, 2, device=cuda, generator=gen) + 0.1
+    lengths = [0, 100, 253]
+    table = None
+    if page_size is not None:
+        kf, vf, table = paginate(kf, vf, [256] * 3, page_size, seed=3)
+    k8, v8 = kf.to(E4M3), vf.to(E4M3)
+    want_k, want_v = k8.clone(), v8.clone()
+    for b in range(3):
+        for t in range(3):
+            pos = lengths[b] + t
+            page, row = (b, pos) if table is None else (int(table[b, pos // page_size]), pos % page_size)
+            want_k[page, row] = (kn[b, t].float() / kd[b][:, None]).clamp(-448, 448).to(E4M3)
+            want_v[page, row] = (vn[b, t].float() / vd[b][:, None]).clamp(-448, 448).to(E4M3)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=cuda)
+    extra = {} if table is None else {"page_table": table}
+    out, lse = flashcore.attention_with_kvcache(q, k8, v8, k=kn, v=vn, cache_seqlens=seqlens, k_descale=kd,
+                                                v_descale=vd, return_softmax_lse=True, **extra)
+    torch.cuda.synchronize()
+    assert torch.equal(k8.view(torch.uint8), want_k.view(torch.uint8)), "K: the append's bytes differ"
+    assert torch.equal(v8.view(torch.uint8), want_v.view(torch.uint8)), "V: the append's bytes differ"
+    out2, lse2 = flashcore.attention_with_kvcache(q, want_k, want_v, cache_seqlens=seqlens + 3, k_descale=kd,
+                                                  v_descale=vd, return_softmax_lse=True, **extra)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
+@pytest.mark.parametrize("page_size", [None, 64])
+@pytest.mark.parametrize("seqlen_q", [1, 17])
+def test_e4m3_queries(kv8, cuda, seqlen_q, page_size):
+    """A float8_e4m3fn q with q_descale per (sequence, KV head) on the e4m3 cache (FlashAttention-3's FP8 call; the
+    library widens q into its workspace): out bfloat16, against the float64 attention of the dequantized q and cache
+    with the project's rule (2x the error of the bf16 attention of them rounded to bf16, plus atol)."""
+    _need(kv8, torch.bfloat16, 128)
+    gen = torch.Generator(device=cuda).manual_seed(21 + seqlen_q)
+    lengths = [17, 300, 511]
+    q8 = torch.randn(3, seqlen_q, 8, 128, device=cuda, generator=gen).to(E4M3)
+    qd = torch.rand(3, 2, device=cuda, generator=gen) * 0.2 + 0.05
+    kf, vf = (torch.randn(3, 512, 2, 128, device=cuda, generator=gen).to(E4M3).float() for _ in range(2))
+    kd = torch.rand(3, 2, device=cuda, generator=gen) + 0.25
+    vd = torch.rand(3, 2, device=cuda, generator=gen) + 0.25
+    for b, n in enumerate(lengths):
+        kf[b, n:] = math.nan
+        vf[b, n:] = math.nan
+    table = None
+    kc, vc = kf, vf
+    if page_size is not None:
+        kc, vc, table = paginate(kf, vf, lengths, page_size, seed=4)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=cuda)
+    extra = {} if table is None else {"page_table": table}
+    out, lse = flashcore.attention_with_kvcache(q8, kc.to(E4M3), vc.to(E4M3), cache_seqlens=seqlens, q_descale=qd,
+                                                k_descale=kd, v_descale=vd, causal=True, return_softmax_lse=True,
+                                                **extra)
+    torch.cuda.synchronize()
+    assert out.dtype == torch.bfloat16 and out.shape == q8.shape
+    for b, n in enumerate(lengths):
+        qb = q8[b:b + 1].float() * qd[b].repeat_interleave(4)[None, None, :, None]
+        kb = kf[b:b + 1, :n] * kd[b][None, None, :, None]
+        vb = vf[b:b + 1, :n] * vd[b][None, None, :, None]
+        ref, ref_lse = reference_variants(qb, kb, vb, causal=True)
+        base = (baseline(qb.bfloat16(), kb.bfloat16(), vb.bfloat16(), causal=True).double() - ref).abs().max().item()
+        err = (out[b:b + 1].double() - ref).abs().max().item()
+        assert err <= 2 * base + ATOL[torch.bfloat16], f"sequence {b}: error {err:.3g} vs baseline {base:.3g}"
+        torch.testing.assert_close(lse[b:b + 1].double(), ref_lse, atol=LSE_ATOL, rtol=LSE_RTOL)
+
+
 def _decode_inputs(cuda, seed=9):
     gen = torch.Generator(device=cuda).manual_seed(seed)
     q = torch.randn(3, 1, 8, 128, device=cuda, dtype=torch.bfloat16, generator=gen)

@@ -165,16 +165,36 @@ bool config_available(int cc, flashcore_dtype dtype, int head_dim, bool causal, 
 }
 
 namespace {
-// The rotated Q's bytes (flashcore.h rotary_cos): a contiguous copy of Q, 256-byte aligned; 0 without a rotation.
-uint64_t rotary_q_bytes(const flashcore_attention_params& p) {
-  if (p.rotary_cos == nullptr) return 0;
+// An e4m3 Q on an e4m3 KV cache (dtype FP8_E4M3 with FLASHCORE_FLAG_KV_FP8_E4M3): the kernels are the 16-bit Q ones
+// of out_dtype, which read a copy of Q widened into the workspace (exactly: e4m3 values are fp16 and bf16 values);
+// q_descale joins K's descale in the score scale (sm90/mainloop.cuh descaled_score_scale).
+bool widens_q(const flashcore_attention_params& p) {
+  return (p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0 && is_8bit(p.dtype);
+}
+
+// The call as the kernels see it: with a widened Q, dtype is the 16-bit out_dtype (q still the caller's pointer).
+flashcore_attention_params kernel_view(const flashcore_attention_params& p) {
+  flashcore_attention_params k = p;
+  if (widens_q(p)) {
+    k.dtype = resolved_out_dtype(p.dtype, p.out_dtype);
+    k.out_dtype = FLASHCORE_DTYPE_SAME;
+  }
+  return k;
+}
+
+// The bytes of Q's copy in the workspace (rotated: flashcore.h rotary_cos; or widened: widens_q), contiguous, 256-byte
+// aligned; 0 without one.
+uint64_t q_copy_bytes(const flashcore_attention_params& p) {
+  if (p.rotary_cos == nullptr && !widens_q(p)) return 0;
   const int64_t rows = p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
-  return core::align256(static_cast<size_t>(rows * p.num_heads_q * p.head_dim) * dtype_size(p.dtype));
+  return core::align256(static_cast<size_t>(rows * p.num_heads_q * p.head_dim) *
+                        dtype_size(kernel_view(p).dtype));
 }
 }  // namespace
 
-flashcore_status plan(const flashcore_attention_params& p, int device, int cc, uint64_t workspace_capacity,
+flashcore_status plan(const flashcore_attention_params& call, int device, int cc, uint64_t workspace_capacity,
                       core::Plan& out, std::string& error) {
+  const flashcore_attention_params p = kernel_view(call);
   out = core::Plan{};
   out.backend = find(cc);
   if (out.backend == nullptr) {
@@ -212,12 +232,13 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
     error = core::cuda_message("cannot query the device", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  // A rotation's Q copy goes after the backend's workspace: the backend plans for what is left.
-  const uint64_t rotary = rotary_q_bytes(p);
+  // A rotation's (or a widening's) Q copy goes after the backend's workspace: the backend plans for what is left.
+  const uint64_t rotary = q_copy_bytes(call);
+  const char* copier = call.rotary_cos != nullptr ? "rotary_cos rotates" : "an e4m3 Q on an e4m3 KV cache is widened";
   if (rotary > 0 && workspace_capacity < rotary) {
-    error = "workspace: rotary_cos rotates Q into the workspace, which needs at least " + std::to_string(rotary) +
-            " bytes (flashcore_attention_workspace_size); workspace_size = " + std::to_string(workspace_capacity) +
-            (p.workspace == nullptr ? " and workspace is NULL" : "");
+    error = std::string("workspace: ") + copier + " Q into the workspace, which needs at least " +
+            std::to_string(rotary) + " bytes (flashcore_attention_workspace_size); workspace_size = " +
+            std::to_string(workspace_capacity) + (p.workspace == nullptr ? " and workspace is NULL" : "");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const uint64_t capacity =
@@ -231,9 +252,9 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
     out.rotary_q = core::align256(std::max<size_t>(out.workspace.bytes, core::WorkspaceLayout::kHead));
     out.workspace.bytes = out.rotary_q + rotary;
     if (workspace_capacity != UINT64_MAX && out.workspace.bytes > workspace_capacity) {
-      error = "workspace: this call needs " + std::to_string(out.workspace.bytes) +
-              " bytes with rotary_cos (flashcore_attention_workspace_size); workspace_size = " +
-              std::to_string(workspace_capacity);
+      error = "workspace: this call needs " + std::to_string(out.workspace.bytes) + " bytes with " +
+              (call.rotary_cos != nullptr ? "rotary_cos" : "an e4m3 Q") +
+              " (flashcore_attention_workspace_size); workspace_size = " + std::to_string(workspace_capacity);
       return FLASHCORE_ERROR_INVALID_ARGUMENT;
     }
   }
@@ -242,22 +263,25 @@ flashcore_status plan(const flashcore_attention_params& p, int device, int cc, u
 
 flashcore_status run(const core::Plan& plan, const flashcore_attention_params& p, float softmax_scale,
                      cudaStream_t stream, std::string& error) {
-  if (p.rotary_cos == nullptr) return plan.backend->run(plan, p, softmax_scale, stream, error);
-  // Rotary embedding: Q rotated into the workspace first (the new keys are rotated by the append), and the backend
-  // reads that copy, contiguous.
+  const bool widen = widens_q(p);
+  if (p.rotary_cos == nullptr && !widen) return plan.backend->run(plan, p, softmax_scale, stream, error);
+  // Rotary embedding: Q rotated into the workspace first (the new keys are rotated by the append); an e4m3 Q on an
+  // e4m3 cache: widened there. The backend reads that copy, contiguous.
   if (p.workspace == nullptr || p.workspace_size < plan.workspace.bytes) {
-    error = "workspace: this plan needs " + std::to_string(plan.workspace.bytes) +
-            " bytes with rotary_cos (flashcore_attention_workspace_size); workspace_size = " +
+    error = "workspace: this plan needs " + std::to_string(plan.workspace.bytes) + " bytes with " +
+            (widen ? "an e4m3 Q" : "rotary_cos") + " (flashcore_attention_workspace_size); workspace_size = " +
             std::to_string(p.workspace_size);
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  void* rotated = static_cast<char*>(p.workspace) + plan.rotary_q;
-  if (const cudaError_t err = kernels::launch_rotary_q(p, rotated, plan.sms, stream); err != cudaSuccess) {
-    error = core::cuda_message("rotary embedding launch failed", err);
+  flashcore_attention_params r = kernel_view(p);
+  void* copy = static_cast<char*>(p.workspace) + plan.rotary_q;
+  const cudaError_t err = widen ? kernels::launch_widen_q(p, r.dtype, copy, plan.sms, stream)
+                                : kernels::launch_rotary_q(p, copy, plan.sms, stream);
+  if (err != cudaSuccess) {
+    error = core::cuda_message(widen ? "the e4m3 Q's widening launch failed" : "rotary embedding launch failed", err);
     return FLASHCORE_ERROR_CUDA;
   }
-  flashcore_attention_params r = p;
-  r.q = rotated;
+  r.q = copy;
   r.q_strides = {r.cu_seqlens_q != nullptr ? 0 : r.seqlen_q * r.num_heads_q * r.head_dim, r.num_heads_q * r.head_dim,
                  r.head_dim, 1};
   return plan.backend->run(plan, r, softmax_scale, stream, error);

@@ -458,7 +458,7 @@ flashcore_status check_8bit_fields(const flashcore_attention_params& p, std::str
                   " is already 8-bit (use FLASHCORE_PRECISION_NATIVE)");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
-  if (is_8bit(p.dtype) || p.precision != FLASHCORE_PRECISION_NATIVE) {
+  if ((is_8bit(p.dtype) && !kv8) || p.precision != FLASHCORE_PRECISION_NATIVE) {
     const std::pair<const char*, const void*> serving[] = {{"seqused_k", p.seqused_k},
                                                            {"cu_seqlens_q", p.cu_seqlens_q},
                                                            {"cu_seqlens_k", p.cu_seqlens_k},
@@ -481,15 +481,21 @@ flashcore_status check_kv8(const flashcore_attention_params& p, std::string& mes
   if ((p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) == 0) return FLASHCORE_SUCCESS;
   const char* refusal = nullptr;
   std::string what;
-  if (is_8bit(p.dtype) || is_int8_qk(p.dtype)) {
-    what = cat("dtype = ", dtype_name(p.dtype)), refusal = "Q must be fp16 or bf16 (an 8-bit call's K and V are 8-bit already)";
+  const bool q8 = p.dtype == FLASHCORE_DTYPE_FP8_E4M3;  // an e4m3 Q (widened on the device: api/backend.cpp)
+  if ((is_8bit(p.dtype) && !q8) || is_int8_qk(p.dtype)) {
+    what = cat("dtype = ", dtype_name(p.dtype)), refusal = "Q must be fp16, bf16 or e4m3";
   } else if (p.precision != FLASHCORE_PRECISION_NATIVE) {
-    what = "precision != FLASHCORE_PRECISION_NATIVE", refusal = "the e4m3 cache is read as stored, Q stays 16-bit";
-  } else if (p.q_descale != nullptr) {
+    what = "precision != FLASHCORE_PRECISION_NATIVE", refusal = "the e4m3 cache is read as stored";
+  } else if (p.q_descale != nullptr && !q8) {
     what = "q_descale is set", refusal = "Q is 16-bit and takes no descale (k_descale and v_descale scale the cache)";
-  } else if (p.k_new != nullptr || p.v_new != nullptr) {
-    what = cat(p.k_new != nullptr ? "k_new" : "v_new", " is set"),
-    refusal = "appends to an e4m3 cache are not taken yet (write the quantized rows, then pass seqused_k)";
+  } else if ((p.flags & FLASHCORE_FLAG_V_TRANSPOSED) != 0) {
+    what = "FLASHCORE_FLAG_V_TRANSPOSED", refusal = "the cache's V is read as stored";
+  } else if (q8 && (p.k_new != nullptr || p.v_new != nullptr)) {
+    what = cat(p.k_new != nullptr ? "k_new" : "v_new", " is set with dtype = e4m3"),
+    refusal = "appends take 16-bit rows under 16-bit Q (the library quantizes them); under an e4m3 Q, write the "
+              "e4m3 rows into the cache and count them in seqused_k";
+  } else if (q8 && p.rotary_cos != nullptr) {
+    what = "rotary_cos is set with dtype = e4m3", refusal = "an e4m3 Q is not rotated (rotate it before quantizing)";
   } else if (p.local != 0 || p.softcap != 0.f || p.sinks != nullptr || p.attention_chunk != 0) {
     what = p.local != 0 ? "local = 1" : p.softcap != 0.f ? "softcap is set" : p.sinks != nullptr ? "sinks is set"
                                                                                                 : "attention_chunk is set";
@@ -805,7 +811,7 @@ flashcore_status validate_arguments(const flashcore_attention_params* params, st
       if (const flashcore_status st = check_strides(t, p.dtype, message); st != FLASHCORE_SUCCESS) return st;
       const Span span = span_of(t, elem_size);
       for (int i = 1; i < 4; ++i) {  // k, v (written by the append), o
-        const Span other = span_of(tensors[i], i == 3 ? o_elem_size : elem_size);
+        const Span other = span_of(tensors[i], elem_size_of(tensors[i]));
         if (span.overlaps(other)) {
           message = cat(describe(t.name, span), " overlaps ", describe(tensors[i].name, other));
           return FLASHCORE_ERROR_OVERLAPPING_OUTPUT;

@@ -48,8 +48,8 @@ constexpr flashcore_dtype resolved_out_dtype(flashcore_dtype dtype, flashcore_dt
   return is_8bit(dtype) || is_int8_qk(dtype) ? FLASHCORE_DTYPE_BF16 : dtype;
 }
 
-// K's and V's dtype (and k_new's, v_new's): FLASHCORE_DTYPE_FP8_E4M3 with FLASHCORE_FLAG_KV_FP8_E4M3 (an e4m3 KV cache
-// under 16-bit Q, since 0.9), else FLASHCORE_DTYPE_SAME (Q's dtype).
+// K's and V's dtype: FLASHCORE_DTYPE_FP8_E4M3 with FLASHCORE_FLAG_KV_FP8_E4M3 (an e4m3 KV cache, since 0.9), else
+// FLASHCORE_DTYPE_SAME (Q's dtype). (k_new and v_new are in Q's dtype: 16-bit rows the append quantizes.)
 constexpr flashcore_dtype kv_dtype_of(const flashcore_attention_params& p) {
   return (p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0 ? FLASHCORE_DTYPE_FP8_E4M3 : FLASHCORE_DTYPE_SAME;
 }

@@ -36,7 +36,7 @@ class Kv8Validation : public ::testing::Test {
     k_ = std::make_unique<HostBuffer>(B * SK * HKV * d_);  // 1 byte per element
     v_ = std::make_unique<HostBuffer>(B * SK * HKV * d_);
     o_ = std::make_unique<HostBuffer>(B * SQ * HQ * d_ * 2);
-    kn_ = std::make_unique<HostBuffer>(B * HKV * d_);
+    kn_ = std::make_unique<HostBuffer>(B * HKV * d_ * 2);  // one new 16-bit row per sequence
     floats_ = std::make_unique<HostBuffer>(256);
     flashcore_attention_params_init(&p);
     p.q = q_->data(), p.k = k_->data(), p.v = v_->data(), p.o = o_->data();
@@ -79,6 +79,49 @@ TEST_F(Kv8Validation, ACallOnAnE4m3CacheValidates) {
   expect_error(no_flag, FLASHCORE_ERROR_INVALID_ARGUMENT, {"k_descale", "8-bit"});
 }
 
+// An e4m3 Q (FA3's FP8 KV-cache call): Q in e4m3 with q_descale, O in out_dtype (bf16 for SAME, or fp16); the
+// library widens Q into the workspace. What it does not take with it is refused, naming the field.
+TEST_F(Kv8Validation, AnE4m3QueryValidates) {
+  flashcore_attention_params q8 = p;
+  q8.dtype = FLASHCORE_DTYPE_FP8_E4M3;
+  q8.q_strides = {SQ * HQ * d_, HQ * d_, d_, 1};  // (elements: one byte each)
+  q8.q_descale = reinterpret_cast<const float*>(floats_->data() + 192);
+  EXPECT_EQ(flashcore_attention_validate(&q8), FLASHCORE_SUCCESS) << flashcore_last_error();
+  flashcore_attention_params fp16_out = q8;
+  fp16_out.out_dtype = FLASHCORE_DTYPE_FP16;
+  EXPECT_EQ(flashcore_attention_validate(&fp16_out), FLASHCORE_SUCCESS) << flashcore_last_error();
+  flashcore_attention_params e4m3_out = q8;
+  e4m3_out.out_dtype = FLASHCORE_DTYPE_FP8_E4M3;
+  expect_error(e4m3_out, FLASHCORE_ERROR_UNSUPPORTED_DTYPE, {"out_dtype", "fp16 or bf16"});
+  flashcore_attention_params append = q8;
+  append.k_new = kn_->data(), append.v_new = kn_->data(), append.seqlen_new = 1;
+  append.k_new_strides = {HKV * d_, HKV * d_, d_, 1};
+  append.v_new_strides = append.k_new_strides;
+  expect_error(append, FLASHCORE_ERROR_INVALID_ARGUMENT, {"FLASHCORE_FLAG_KV_FP8_E4M3", "k_new", "dtype = e4m3"});
+  flashcore_attention_params transposed = q8;
+  transposed.flags |= FLASHCORE_FLAG_V_TRANSPOSED;
+  expect_error(transposed, FLASHCORE_ERROR_INVALID_ARGUMENT, {"FLASHCORE_FLAG_KV_FP8_E4M3", "V_TRANSPOSED"});
+}
+
+// Appends (k_new / v_new in Q's 16-bit dtype, quantized into the cache with k_descale / v_descale): taken, and the
+// cache they write is sized in bytes when checked against them.
+TEST_F(Kv8Validation, AppendsOfSixteenBitRowsValidate) {
+  flashcore_attention_params append = p;
+  append.k_new = kn_->data(), append.v_new = kn_->data(), append.seqlen_new = 1;
+  append.k_new_strides = {HKV * d_, HKV * d_, d_, 1};
+  append.v_new_strides = append.k_new_strides;
+  EXPECT_EQ(flashcore_attention_validate(&append), FLASHCORE_SUCCESS) << flashcore_last_error();
+  // New rows right after the e4m3 K: no overlap (a 16-bit reading of K would claim one).
+  std::unique_ptr<HostBuffer> big = std::make_unique<HostBuffer>(B * SK * HKV * d_ + B * HKV * d_ * 2);
+  flashcore_attention_params after = append;
+  after.k = big->data();
+  after.k_new = after.v_new = big->data() + B * SK * HKV * d_;
+  EXPECT_EQ(flashcore_attention_validate(&after), FLASHCORE_SUCCESS) << flashcore_last_error();
+  // New rows starting 16 bytes before K ends: the append writes K while it reads them.
+  after.k_new = after.v_new = big->data() + B * SK * HKV * d_ - 16;
+  expect_error(after, FLASHCORE_ERROR_OVERLAPPING_OUTPUT, {"k_new", "overlaps"});
+}
+
 TEST_F(Kv8Validation, KAndVAreSizedAndStridedInBytes) {
   // One byte per element: a K of B * SK * HKV * d bytes is whole; a 16-bit reading would run past it, so a K buffer
   // that ends where the e4m3 cache ends must validate, and O placed right after it must not overlap it.
@@ -95,18 +138,13 @@ TEST_F(Kv8Validation, KAndVAreSizedAndStridedInBytes) {
 }
 
 TEST_F(Kv8Validation, WhatAnE4m3CacheDoesNotTakeYet) {
-  flashcore_attention_params fp8_q = p;
-  fp8_q.dtype = FLASHCORE_DTYPE_FP8_E4M3;
-  const flashcore_status got = flashcore_attention_validate(&fp8_q);
+  flashcore_attention_params e5m2_q = p;
+  e5m2_q.dtype = FLASHCORE_DTYPE_FP8_E5M2;
+  const flashcore_status got = flashcore_attention_validate(&e5m2_q);
   EXPECT_NE(got, FLASHCORE_SUCCESS);
   flashcore_attention_params q_descale = p;
   q_descale.q_descale = p.k_descale;
   expect_error(q_descale, FLASHCORE_ERROR_INVALID_ARGUMENT, {"q_descale"});
-  flashcore_attention_params append = p;
-  append.k_new = kn_->data(), append.v_new = kn_->data(), append.seqlen_new = 1;
-  append.k_new_strides = {HKV * d_, HKV * d_, d_, 1};
-  append.v_new_strides = append.k_new_strides;
-  expect_error(append, FLASHCORE_ERROR_INVALID_ARGUMENT, {"FLASHCORE_FLAG_KV_FP8_E4M3", "k_new"});
   flashcore_attention_params softcap = p;
   softcap.softcap = 30.f;
   expect_error(softcap, FLASHCORE_ERROR_INVALID_ARGUMENT, {"FLASHCORE_FLAG_KV_FP8_E4M3", "softcap"});

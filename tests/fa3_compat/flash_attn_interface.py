@@ -40,7 +40,7 @@ The rules (what makes a pass mean something):
 - An e4m3 KV cache under 16-bit q (flash_attn_with_kvcache with float8_e4m3fn k_cache / v_cache and bf16 / fp16 q) is
   FlashCore's (0.9): passed on with k_descale / v_descale as they are. FA3's own fp8 cases quantize q too: e4m3 q
   skips (FlashCore's KV-cache calls keep q in 16 bits), and so does what FlashCore 0.9's e4m3 cache does not take
-  (an append, rotary, the variants, head_dim_v, pages not a multiple of 16 rows, a library older than 0.9).
+  (8-bit rows to append, the variants, head_dim_v, pages not a multiple of 16 rows, a library older than 0.9).
 - A call whose inputs require grad but whose backward FlashCore does not have (variants, 8-bit, a head dim without a
   backward kernel, varlen with seqused_k or seqused_q, ...) returns its real forward output through a node whose
   backward skips the test, naming the reason: the forward was checked by then (fa3_plugin reports such skips as
@@ -268,17 +268,16 @@ def _variants(fn, entry: str, q, v, causal: bool, window_size, softcap, attentio
     return kwargs
 
 
-def _check_kv_fp8(q, k_cache, v_cache, k, rotary: bool, page_table, window_size, softcap, attention_chunk,
+def _check_kv_fp8(q, k_cache, v_cache, k, page_table, window_size, softcap, attention_chunk,
                   causal: bool) -> None:
     """An e4m3 k_cache / v_cache under 16-bit q, FlashCore 0.9's: what it does not take skips, before FlashCore is
     called; whether the library runs it for this dtype / head dim / causal is asked of it (a probe)."""
     what = "a float8_e4m3fn KV cache"
     if not has_kv_fp8():
         skip(what, "the loaded libflashcore.so predates FlashCore 0.9's e4m3 KV cache")
-    if k is not None:
-        skip(f"k / v appended to {what}", "FlashCore 0.9's e4m3 KV cache takes no append")
-    if rotary:
-        skip(f"rotary embedding with {what}", "FlashCore 0.9's e4m3 KV cache takes no append, which it rotates")
+    if k is not None and (k.dtype.itemsize == 1 or q.dtype == FP8):
+        skip(f"{str(k.dtype).replace('torch.', '')} k / v appended to {what} under {_dtype_name(q.dtype)} q",
+             "FlashCore appends rows in q's 16-bit dtype to an e4m3 cache and quantizes them itself")
     left, right = _window(window_size)
     variants = [n for n, used in (("window_size", left != -1 or (not causal and right != -1)),
                                   ("softcap", softcap is not None and float(softcap) != 0.0),
@@ -537,16 +536,17 @@ def flash_attn_with_kvcache(
         serving.append("rotary embedding (rotary_cos / rotary_sin)")
     if serving and not has_kvcache_serving():
         skip(serving[0], "the loaded libflashcore.so predates FlashCore 0.8's serving arguments")
-    if q.dtype == FP8:
-        skip(f"float8_e4m3fn inputs to {name}", "FlashCore's KV-cache calls keep q in 16 bits: an e4m3 k_cache / "
-                                                "v_cache is taken under float16 / bfloat16 q, not with e4m3 q")
-    _check_dtype(name, q, fp8_ok=False)
-    _check_head_dims(q, v_cache)
     kv_fp8 = FP8 in (k_cache.dtype, v_cache.dtype)
-    if q_descale is not None:
-        skip(f"q_descale in {name}", "FlashCore's KV-cache calls keep q in 16 bits (k_descale / v_descale scale an "
-                                     "e4m3 cache)")
-    descales = {n: t for n, t in (("k_descale", k_descale), ("v_descale", v_descale)) if t is not None}
+    if q.dtype == FP8 and not kv_fp8:
+        skip(f"float8_e4m3fn q with a {_dtype_name(k_cache.dtype)} cache in {name}",
+             "FlashCore's KV-cache calls take an e4m3 q on an e4m3 cache only")
+    _check_dtype(name, q, fp8_ok=kv_fp8)
+    _check_head_dims(q, v_cache)
+    if q_descale is not None and q.dtype != FP8:
+        skip(f"q_descale with {_dtype_name(q.dtype)} q in {name}", "FlashCore's 16-bit q takes no descale "
+                                                                   "(k_descale / v_descale scale an e4m3 cache)")
+    descales = {n: t for n, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+                if t is not None}
     if descales and not kv_fp8:
         skip(f"{next(iter(descales))} in {name}", f"FlashCore's descales scale an e4m3 KV cache only, this one is "
                                                   f"{_dtype_name(k_cache.dtype)}")
@@ -558,7 +558,7 @@ def flash_attn_with_kvcache(
     _check_hints(name, pack_gqa=pack_gqa, sm_margin=sm_margin)  # num_splits is FlashCore's own argument here
     causal = bool(causal)
     if kv_fp8:
-        _check_kv_fp8(q, k_cache, v_cache, k, rotary, page_table, window_size, softcap, attention_chunk, causal)
+        _check_kv_fp8(q, k_cache, v_cache, k, page_table, window_size, softcap, attention_chunk, causal)
     variants = _variants(flashcore.attention_with_kvcache, "attention_with_kvcache", q, v_cache, causal, window_size,
                          softcap, attention_chunk)
     # rotary_seqlens and rotary_interleaved only matter with rotary_cos (FA3 reads them for the rotation only): passed

@@ -256,15 +256,19 @@ def test_unsupported_skips_before_flashcore(lib, case):
     assert lib.calls == [], "FlashCore was called although the shim skipped"
 
 
-def test_kvcache_fp8_skips(lib):
-    """FA3's fp8 KV-cache cases quantize q with the cache: FlashCore keeps q in 16 bits, so they skip."""
+def test_kvcache_fp8_q_is_passed(lib):
+    """FA3's fp8 KV-cache cases quantize q with the cache: an e4m3 q on an e4m3 cache reaches FlashCore with
+    q_descale as FA3 got it; an e4m3 q on a 16-bit cache skips."""
     q, kc, vc, lens, _ = cache()
     ones = torch.ones(2, 2)
-    with pytest.raises(SKIPPED, match="float8_e4m3fn inputs to flash_attn_with_kvcache not supported .*keep q in "
-                                      "16 bits"):
-        shim.flash_attn_with_kvcache(q.to(FP8), kc.to(FP8), vc.to(FP8), cache_seqlens=lens, q_descale=ones,
-                                     k_descale=ones, v_descale=ones)
-    assert lib.calls == []
+    shim.flash_attn_with_kvcache(q.to(FP8), kc.to(FP8), vc.to(FP8), cache_seqlens=lens, q_descale=ones,
+                                 k_descale=ones, v_descale=ones)
+    (_, args, kwargs), = lib.calls
+    assert args[0].dtype == FP8 and kwargs["q_descale"] is ones and kwargs["k_descale"] is ones
+    with pytest.raises(SKIPPED, match="float8_e4m3fn q with a bfloat16 cache in flash_attn_with_kvcache not "
+                                      "supported"):
+        shim.flash_attn_with_kvcache(q.to(FP8), kc, vc, cache_seqlens=lens)
+    assert len(lib.calls) == 1
 
 
 def _e4m3_cache(page=None):
@@ -298,16 +302,15 @@ def _e4m3_call(page=None, **kw):
 
 E4M3_SKIPS = {
     "append": (_e4m3_call(k=torch.zeros(2, 1, 2, 128).to(FP8), v=torch.zeros(2, 1, 2, 128).to(FP8)),
-               "flashcore: k / v appended to a float8_e4m3fn KV cache not supported"),
-    "rotary": (_e4m3_call(rotary_cos=torch.ones(64, 32).to(BF16), rotary_sin=torch.zeros(64, 32).to(BF16)),
-               "flashcore: rotary embedding with a float8_e4m3fn KV cache not supported"),
+               "flashcore: float8_e4m3fn k / v appended to a float8_e4m3fn KV cache under bfloat16 q not supported"),
     "softcap": (_e4m3_call(softcap=15.0), "flashcore: softcap with a float8_e4m3fn KV cache not supported"),
     "window": (_e4m3_call(window_size=(8, 0), causal=True),
                "flashcore: window_size with a float8_e4m3fn KV cache not supported"),
     "chunk": (_e4m3_call(attention_chunk=16), "flashcore: attention_chunk with a float8_e4m3fn KV cache"),
     "page 4": (_e4m3_call(page=4), "flashcore: page_size=4 with a float8_e4m3fn KV cache not supported"),
-    "q_descale": (_e4m3_call(q_descale=torch.ones(2, 2)), "flashcore: q_descale in flash_attn_with_kvcache not "
-                                                          "supported (FlashCore's KV-cache calls keep q in 16 bits"),
+    "q_descale": (_e4m3_call(q_descale=torch.ones(2, 2)), "flashcore: q_descale with bfloat16 q in "
+                                                          "flash_attn_with_kvcache not supported (FlashCore's 16-bit q "
+                                                          "takes no descale"),
     "k_descale bf16 cache": (_kvcache(k_descale=torch.ones(2, 2)),
                              "flashcore: k_descale in flash_attn_with_kvcache not supported (FlashCore's descales "
                              "scale an e4m3 KV cache only, this one is bfloat16)"),

@@ -22,7 +22,9 @@ RotaryParams rotary_params(const flashcore_attention_params& p) {
 
 cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_table_stride, int sms,
                           cudaStream_t stream) {
-  const int64_t elem = dtype_size(p.dtype);
+  const int64_t elem = dtype_size(p.dtype);  // the new rows'
+  const bool kv8 = (p.flags & FLASHCORE_FLAG_KV_FP8_E4M3) != 0;
+  const int64_t cache_elem = kv8 ? 1 : elem;
   AppendParams a{};
   const flashcore_tensor_strides* src[2] = {&p.k_new_strides, &p.v_new_strides};
   const flashcore_tensor_strides* dst[2] = {&p.k_strides, &p.v_strides};
@@ -34,7 +36,7 @@ cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_tab
     const int64_t s3[3] = {src[t]->batch, src[t]->seq, src[t]->head}, d3[3] = {dst[t]->batch, dst[t]->seq, dst[t]->head};
     for (int d = 0; d < 3; ++d) {
       a.src_stride[t][d] = s3[d] * elem;
-      a.dst_stride[t][d] = d3[d] * elem;
+      a.dst_stride[t][d] = d3[d] * cache_elem;
     }
   }
   a.seqused_k = p.seqused_k;
@@ -55,6 +57,10 @@ cudaError_t launch_append(const flashcore_attention_params& p, int64_t block_tab
   a.units[1] = static_cast<int>(core::head_dim_v(p) * elem / 16);
   a.row_units = a.units[0] > a.units[1] ? a.units[0] : a.units[1];
   a.rotary = rotary_params(p);
+  a.kv8 = kv8 ? 1 : 0;
+  a.bf16 = p.dtype == FLASHCORE_DTYPE_BF16 ? 1 : 0;
+  a.descale[0] = p.k_descale;
+  a.descale[1] = p.v_descale;
 
   const int64_t blocks = (a.rows * a.row_units + 255) / 256;
   const int64_t cap = int64_t{sms > 0 ? sms : 1} * 8;  // grid-stride beyond a few waves

@@ -1,13 +1,33 @@
 // Appending new keys and values to a KV cache before the attention of the same call (flashcore_attention_params::
-// k_new / v_new): one thread per 16-byte unit of a row, grid-stride. Positions past the cache's capacity and
+// k_new / v_new): one thread per 16-byte unit of a new row, grid-stride; an e4m3 cache takes each unit as 8 bytes. Positions past the cache's capacity and
 // page ids outside the pool are skipped (never written), so garbage lengths or tables cannot write out of bounds.
 #pragma once
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "kernels/common/append_params.h"
 #include "kernels/common/rotary.cuh"
 
 namespace flashcore::kernels {
+
+// Eight 16-bit values (a unit of a new row) as e4m3 bytes of x / descale (AppendParams::kv8).
+__device__ __forceinline__ uint2 e4m3_unit(const uint4& v, int bf16, float descale) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t out[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    uint32_t bytes = 0;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t pair = w[2 * j + k];
+      const float2 f = make_float2(__fdiv_rn(elem_of(static_cast<uint16_t>(pair & 0xffffu), bf16), descale),
+                                   __fdiv_rn(elem_of(static_cast<uint16_t>(pair >> 16), bf16), descale));
+      bytes |= uint32_t{__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3)} << (16 * k);
+    }
+    out[j] = bytes;
+  }
+  return make_uint2(out[0], out[1]);
+}
 
 __global__ void __launch_bounds__(256) flashcore_append_kv(const __grid_constant__ AppendParams a) {
   const int64_t units = a.rows * a.row_units;
@@ -52,11 +72,20 @@ __global__ void __launch_bounds__(256) flashcore_append_kv(const __grid_constant
       const int64_t* ds = a.dst_stride[tensor];
       const char* src = a.src[tensor] + src_b * ss[0] + src_row * ss[1] + head * ss[2];
       char* dst = a.dst[tensor] + entry * ds[0] + dst_row * ds[1] + head * ds[2];
+      const float* descale = a.descale[tensor];
+      auto store = [&](int u, const uint4& v) {
+        if (a.kv8) {
+          const float d = descale != nullptr ? descale[b * a.heads + head] : 1.f;
+          *reinterpret_cast<uint2*>(dst + u * 8) = e4m3_unit(v, a.bf16, d);
+        } else {
+          *reinterpret_cast<uint4*>(dst + u * 16) = v;
+        }
+      };
       // The new keys' rotary embedding, at the row's position from the sequence's length before the append.
-      if (tensor == 0 && a.rotary.cos != nullptr && rotate_unit(a.rotary, rotary_row(a.rotary, b, t), unit, src, dst)) {
+      if (tensor == 0 && a.rotary.cos != nullptr && rotate_unit(a.rotary, rotary_row(a.rotary, b, t), unit, src, store)) {
         continue;
       }
-      *reinterpret_cast<uint4*>(dst + unit * 16) = *reinterpret_cast<const uint4*>(src + unit * 16);
+      store(unit, *reinterpret_cast<const uint4*>(src + unit * 16));
     }
   }
 }

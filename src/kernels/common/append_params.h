@@ -47,8 +47,14 @@ struct AppendParams {
   int seqlen_new;
   int heads;
   int row_units;
-  int units[2];  // K's and V's
+  int units[2];  // K's and V's (of the new rows: 16-byte units of 8 elements)
   RotaryParams rotary;  // the new keys' rotation (cos nullptr: copied as they are)
+  // An e4m3 cache (FLASHCORE_FLAG_KV_FP8_E4M3): the new 16-bit rows (after the rotation) are stored as the e4m3 of
+  // x / descale, rounded to nearest even and saturated to +-448 (NaN stays NaN), 8 bytes per unit; descale is
+  // sequence b's factor of its KV head (descale[tensor][b * heads + head]; nullptr: 1), the attention's.
+  int kv8;
+  int bf16;  // the new rows' element type (kv8): 1 bf16, 0 fp16
+  const float* descale[2];
 };
 
 // Host (append.cu): append p.k_new / p.v_new to the cache of call p (flashcore.h, k_new) on `stream`, before its
@@ -62,5 +68,10 @@ RotaryParams rotary_params(const flashcore_attention_params& p);
 // Host (rotary.cu): Q of call p, rotated (flashcore.h rotary_cos), into `out`: contiguous (rows, num_heads_q, head_dim),
 // rows = total_q (packed) or batch * seqlen_q, on `stream`. The launch's own status.
 cudaError_t launch_rotary_q(const flashcore_attention_params& p, void* out, int sms, cudaStream_t stream);
+
+// Host (rotary.cu): an e4m3 Q of call p (an e4m3 KV cache under 8-bit Q) widened, exactly, into `out` in `to` (FP16 or
+// BF16): contiguous (rows, num_heads_q, head_dim) as launch_rotary_q's. The launch's own status.
+cudaError_t launch_widen_q(const flashcore_attention_params& p, flashcore_dtype to, void* out, int sms,
+                           cudaStream_t stream);
 
 }  // namespace flashcore::kernels

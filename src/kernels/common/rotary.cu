@@ -1,6 +1,9 @@
 // The queries' rotary embedding on append (flashcore.h rotary_cos): Q rotated into a contiguous copy in the workspace,
 // which the attention then reads (api/backend.cpp). One thread per 16-byte unit of a (row, head), grid-stride;
-// compiled for every backend's archs (src/CMakeLists.txt, FLASHCORE_COMMON_KERNEL_SOURCES).
+// compiled for every backend's archs (src/CMakeLists.txt, FLASHCORE_COMMON_KERNEL_SOURCES). The same pass widens an
+// e4m3 Q on an e4m3 KV cache into its 16-bit copy (launch_widen_q).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "core/dtype.h"
@@ -21,7 +24,29 @@ struct RotaryQParams {
   int units;            // 16-byte units of a head's row
   int by_row;           // 1: query i of a sequence at its first position + i (causal or a window); 0: all at the first
   RotaryParams rotary;
+  // > 0: Q is e4m3 (units of 16 elements) and the copy its exact 16-bit values (32 bytes a unit), no rotation:
+  // 1 fp16, 2 bf16.
+  int widen;
 };
+
+// 16 e4m3 values as 16-bit ones (exact: every e4m3 value is an fp16 and a bf16 value), in two 16-byte halves.
+__device__ __forceinline__ void widen_unit(const uint4& in, bool bf16, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(w[j / 2] >> (16 * (j % 2)));
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    if (bf16) {
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+      out[j] = *reinterpret_cast<const uint32_t*>(&b);
+    } else {
+      out[j] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
 
 __global__ void __launch_bounds__(256) flashcore_rotary_q(const __grid_constant__ RotaryQParams a) {
   const int64_t n = a.rows * a.heads * a.units;
@@ -43,14 +68,24 @@ __global__ void __launch_bounds__(256) flashcore_rotary_q(const __grid_constant_
       i = row - b * a.seqlen_q;
       src = a.q + b * a.q_stride[0] + i * a.q_stride[1] + head * a.q_stride[2];
     }
+    if (a.widen > 0) {
+      char* dst = a.out + (row * a.heads + head) * int64_t{a.units} * 32 + unit * 32;
+      uint4 lo, hi;
+      widen_unit(*reinterpret_cast<const uint4*>(src + unit * 16), a.widen == 2, lo, hi);
+      *reinterpret_cast<uint4*>(dst) = lo;
+      *reinterpret_cast<uint4*>(dst + 16) = hi;
+      continue;
+    }
     char* dst = a.out + (row * a.heads + head) * int64_t{a.units} * 16;
-    if (!rotate_unit(a.rotary, rotary_row(a.rotary, b, a.by_row ? i : 0), unit, src, dst)) {
+    auto store = [&](int u, const uint4& v) { *reinterpret_cast<uint4*>(dst + u * 16) = v; };
+    if (!rotate_unit(a.rotary, rotary_row(a.rotary, b, a.by_row ? i : 0), unit, src, store)) {
       *reinterpret_cast<uint4*>(dst + unit * 16) = *reinterpret_cast<const uint4*>(src + unit * 16);
     }
   }
 }
 
-cudaError_t launch_rotary_q(const flashcore_attention_params& p, void* out, int sms, cudaStream_t stream) {
+namespace {
+RotaryQParams q_pass_params(const flashcore_attention_params& p, void* out) {
   const int64_t elem = dtype_size(p.dtype);
   RotaryQParams a{};
   a.q = static_cast<const char*>(p.q);
@@ -66,7 +101,10 @@ cudaError_t launch_rotary_q(const flashcore_attention_params& p, void* out, int 
   a.heads = static_cast<int>(p.num_heads_q);
   a.units = static_cast<int>(p.head_dim * elem / 16);
   a.by_row = p.causal != 0 || p.local != 0 ? 1 : 0;
-  a.rotary = rotary_params(p);
+  return a;
+}
+
+cudaError_t launch_q_pass(RotaryQParams& a, int sms, cudaStream_t stream) {
   const int64_t blocks = (a.rows * a.heads * a.units + 255) / 256;
   const int64_t cap = int64_t{sms > 0 ? sms : 1} * 8;
   cudaLaunchConfig_t config{};
@@ -75,6 +113,20 @@ cudaError_t launch_rotary_q(const flashcore_attention_params& p, void* out, int 
   config.stream = stream;
   void* args[] = {&a};
   return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&flashcore_rotary_q), args);
+}
+}  // namespace
+
+cudaError_t launch_rotary_q(const flashcore_attention_params& p, void* out, int sms, cudaStream_t stream) {
+  RotaryQParams a = q_pass_params(p, out);
+  a.rotary = rotary_params(p);
+  return launch_q_pass(a, sms, stream);
+}
+
+cudaError_t launch_widen_q(const flashcore_attention_params& p, flashcore_dtype to, void* out, int sms,
+                           cudaStream_t stream) {
+  RotaryQParams a = q_pass_params(p, out);  // (units: 16 e4m3 values)
+  a.widen = to == FLASHCORE_DTYPE_BF16 ? 2 : 1;
+  return launch_q_pass(a, sms, stream);
 }
 
 }  // namespace flashcore::kernels

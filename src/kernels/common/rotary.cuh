@@ -49,17 +49,19 @@ __device__ __forceinline__ void rotate_pair(const RotaryParams& r, int64_t row, 
   y = bits_of(__fmaf_rn(xf, s, __fmul_rn(yf, c)), r.bf16);
 }
 
-// Rotates unit `unit` of a head's row read at `src` (16-byte units) into the row at `dst`, at table row `row`. True
-// when the unit is done: rotated here, or a second-half unit of a non-interleaved rotation, which its first-half
-// partner's thread writes. False for the units past the rotated columns, which the caller copies.
-__device__ __forceinline__ bool rotate_unit(const RotaryParams& r, int64_t row, int unit, const char* src, char* dst) {
+// Rotates unit `unit` of a head's row read at `src` (16-byte units), at table row `row`, and hands the rotated units
+// to store(u, value) (u: the unit's index in the row, value: its 8 elements). True when the unit is done: rotated
+// here, or a second-half unit of a non-interleaved rotation, which its first-half partner's thread stores. False for
+// the units past the rotated columns, which the caller copies.
+template <class Store>
+__device__ __forceinline__ bool rotate_unit(const RotaryParams& r, int64_t row, int unit, const char* src, Store&& store) {
   if (unit * 8 >= r.dim) return false;
   if (r.interleaved) {
     uint4 v = *reinterpret_cast<const uint4*>(src + unit * 16);
     uint16_t* e = reinterpret_cast<uint16_t*>(&v);
 #pragma unroll
     for (int j = 0; j < 4; ++j) rotate_pair(r, row, unit * 4 + j, e[2 * j], e[2 * j + 1]);
-    *reinterpret_cast<uint4*>(dst + unit * 16) = v;
+    store(unit, v);
     return true;
   }
   const int half_units = r.dim / 16;
@@ -70,8 +72,8 @@ __device__ __forceinline__ bool rotate_unit(const RotaryParams& r, int64_t row, 
   uint16_t* ey = reinterpret_cast<uint16_t*>(&vy);
 #pragma unroll
   for (int j = 0; j < 8; ++j) rotate_pair(r, row, unit * 8 + j, ex[j], ey[j]);
-  *reinterpret_cast<uint4*>(dst + unit * 16) = vx;
-  *reinterpret_cast<uint4*>(dst + (unit + half_units) * 16) = vy;
+  store(unit, vx);
+  store(unit + half_units, vy);
   return true;
 }
 

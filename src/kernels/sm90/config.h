@@ -57,13 +57,10 @@ struct KernelConfig {
   //   int8 Q K^T (kInt8QK, precision = INT8): Q, K int8 with per-token / per-64-key-block scales, S in s32;
   //   P and V in the 16-bit OutElement, V as stored.
   static constexpr bool kInt8QK = std::is_same_v<Element, int8_t>;
-  using PVElement = std::conditional_t<kInt8QK, OutElement, Element>;
   static constexpr int kElemBytes = kernels::ElemTraits<Element>::kBytes;
   static constexpr bool kFp8 = kElemBytes == 1 && !kInt8QK;
-  static constexpr int kVElemBytes = kernels::ElemTraits<PVElement>::kBytes;
   static constexpr int kOutElemBytes = kernels::ElemTraits<OutElement>::kBytes;
   static constexpr int kMmaK = kernels::kMmaK<Element>;       // S GEMM k-step
-  static constexpr int kPVMmaK = kernels::kMmaK<PVElement>;   // P V GEMM k-step
   static constexpr VLayout kVLayout = kFp8 ? VLayout::kDimMajor : VLayout::kKeyMajor;
   // An e4m3 KV cache under 16-bit Q (configs_kv8.txt, FLASHCORE_FLAG_KV_FP8_E4M3): TMA brings each K/V block in 8
   // bits into a staging ring, the producer's other warps widen it into the 16-bit tile the GEMMs read
@@ -71,6 +68,15 @@ struct KernelConfig {
   using KVElement = typename RowKVElement<Row>::type;
   static constexpr bool kKV8 = kernels::ElemTraits<KVElement>::kBytes == 1 && kElemBytes == 2;
   static constexpr bool kDescaled = kFp8 || kKV8;  // per-(batch, KV head) descales in the scores and O
+  // bf16 Q on an e4m3 KV cache computes in fp16 (MmaElement): e4m3 widens to fp16 in one instruction per pair, to bf16
+  // in four, and the widening bounds these rows' speed. The consumers convert their Q slice to fp16 in place, scaled
+  // by a power of two (convert_kv.cuh q_slice_to_half), P is fp16 and O is stored in bf16
+  // (docs/decisions.md#kv8-half-compute).
+  static constexpr bool kHalfCompute = kKV8 && std::is_same_v<Element, __nv_bfloat16>;
+  using MmaElement = std::conditional_t<kHalfCompute, __half, Element>;  // the S GEMM's operands
+  using PVElement = std::conditional_t<kInt8QK, OutElement, MmaElement>;
+  static constexpr int kVElemBytes = kernels::ElemTraits<PVElement>::kBytes;
+  static constexpr int kPVMmaK = kernels::kMmaK<PVElement>;   // P V GEMM k-step
 
   // Skip the O rescale when no row max of a warp changed (mainloop.cuh), with maxima kept within a slack of 2^8 (16-bit
   // and int8 P: softmax.cuh, kLazyRescale). It makes the time depend on the data, so it is a config column

@@ -13,13 +13,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common/warp.cuh"
 #include "kernels/sm90/pipeline.cuh"
 
 namespace flashcore::sm90 {
 
 template <class Cfg>
 struct KVConverter {
-  using Element = typename Cfg::Element;
+  using Element = typename Cfg::MmaElement;  // fp16 under bf16 Q too (Cfg::kHalfCompute)
   static constexpr int kRowUnits = Cfg::kHeadDim / 16;         // 16-byte e4m3 units per key row
   static constexpr int kChunkUnits = Cfg::kKV8RowBytes / 16;   // of them per staging chunk row (8, or 4 at head dim 64)
   static_assert(Cfg::kKV8 && Cfg::kQKRowBytes == 128 && Cfg::kVRowBytes == 128 && Cfg::kChunkCols == 64,
@@ -139,5 +140,63 @@ struct KVConverter {
     }
   }
 };
+
+// The power of two e of q_slice_to_half from the warps' largest |q| (bf16 bits): 14 - floor(log2(max)), from the
+// exponent field; at most 126, so that 2^e and 2^-e are normal floats.
+__device__ __forceinline__ int q_half_exponent(const uint32_t (&slots)[4]) {
+  const uint32_t m = max(max(slots[0], slots[1]), max(slots[2], slots[3]));
+  return m == 0 ? 0 : min(141 - static_cast<int>(m >> 7), 126);
+}
+
+// bf16 Q on an e4m3 KV cache computes in fp16 (Cfg::kHalfCompute): the consumer warpgroup converts its Q slice in the
+// tile's Q stage in place, once per tile, times 2^e with e chosen so that the slice's largest finite |q| lands in
+// [2^14, 2^15): no fp16 overflow, and bf16's 8 significant bits kept exactly down to 2^-24 of that largest value (the
+// normal fp16 range). Inf and NaN convert as they are. Returns 2^-e, the factor the scores take back in the softmax
+// (mainloop.cuh: ConsumerState::scale_log2). An element-wise map, so the swizzle does not matter: a thread takes the
+// 16-byte units t, t + 128, ... of each 64-column chunk's 64 rows. slots: one per warp (SharedBarriers::q_amax);
+// barrier: a named barrier of the warpgroup's 128 threads, met twice (the slots, then the converted slice before any
+// wgmma reads it).
+template <class Cfg>
+__device__ __forceinline__ float q_slice_to_half(uint8_t* q_stage, uint32_t (&slots)[4], uint32_t barrier) {
+  static_assert(Cfg::kHalfCompute && Cfg::kConsumerWarpgroups == 1 && Cfg::kQKRowBytes == 128, "one warpgroup's Q");
+  constexpr int kUnits = Cfg::kRowsPerWarpgroup * Cfg::kQKRowBytes / 16;  // per chunk
+  const int t = static_cast<int>(threadIdx.x % 128);
+  auto unit = [&](int i) {  // the thread's i-th unit
+    const int u = t + 128 * i;
+    return reinterpret_cast<uint4*>(q_stage + (u / kUnits) * Cfg::kQChunkBytes) + u % kUnits;
+  };
+  constexpr int kPerThread = Cfg::kChunks * kUnits / 128;
+  // The largest finite |q| as bf16 bits (an unsigned order of magnitudes), two at a time.
+  uint32_t m2 = 0;
+#pragma unroll 1
+  for (int i = 0; i < kPerThread; ++i) {
+    const uint4 w = *unit(i);
+    const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t a = x[j] & 0x7fff7fffu;
+      m2 = __vmaxu2(m2, a & __vcmpltu2(a, 0x7f807f80u));  // Inf / NaN count as 0
+    }
+  }
+  const uint32_t m_warp = __reduce_max_sync(0xffffffffu, (m2 >> 16) > (m2 & 0xffffu) ? m2 >> 16 : m2 & 0xffffu);
+  if (t % 32 == 0) slots[t / 32] = m_warp;
+  kernels::named_barrier_sync(barrier, 128);
+  const int e = q_half_exponent(slots);
+  const float up = __int_as_float((127 + e) << 23);
+#pragma unroll 1
+  for (int i = 0; i < kPerThread; ++i) {
+    const uint4 w = *unit(i);
+    uint32_t x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __half2 h = __floats2half2_rn(__uint_as_float(x[j] << 16) * up, __uint_as_float(x[j] & 0xffff0000u) * up);
+      x[j] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    *unit(i) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before wgmma's (async proxy) reads
+  kernels::named_barrier_sync(barrier, 128);
+  return __int_as_float((127 - e) << 23);
+}
 
 }  // namespace flashcore::sm90

@@ -43,9 +43,11 @@ __device__ __forceinline__ float repair_row_of_tile(const FwdParams& p, int tile
   return repaired ? inv_sum : -1.f;
 }
 
-template <class Cfg>
+// scale_of(): the scale of scores computed from the caller's Q (score_scale, without the power of two of a Q slice
+// converted to fp16, Cfg::kHalfCompute), asked for only when a row needs the repair.
+template <class Cfg, class ScaleOf>
 __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx, int warpgroup, ConsumerState<Cfg>& st,
-                                                float (&inv_sum)[2], const float (&lse)[2]) {
+                                                float (&inv_sum)[2], const float (&lse)[2], ScaleOf scale_of) {
   if constexpr (kRepairsMaskedV<Cfg>) {
     // The first row of the pair (its partner holds the same columns: kernels::any_nonfinite).
     const bool fired =
@@ -53,10 +55,11 @@ __device__ __forceinline__ void repair_masked_v(const FwdParams& p, int tile_idx
     if (!__any_sync(0xffffffffu, fired)) return;
     const int lane = threadIdx.x % 32;
     const int row = warpgroup * Cfg::kRowsPerWarpgroup + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
+    const float scale_log2 = scale_of();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (lse[i] != lse[i]) continue;
-      const float inv = repair_row_of_tile<Cfg>(p, tile_idx, row + 8 * i, score_scale<Cfg>(p, st), [&](auto&& f) {
+      const float inv = repair_row_of_tile<Cfg>(p, tile_idx, row + 8 * i, scale_log2, [&](auto&& f) {
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDimV / 8; ++j) {
           f(kernels::acc_col(j, 0, lane), st.o[acc_index(j, i, 0)]);
@@ -250,7 +253,11 @@ __device__ __forceinline__ void consumer_epilogue(const FwdParams& p, int tile_i
   static_assert(!kTakesVariants<Cfg> || !Cfg::kSplitKv, "a split variants row would count its sink in every part");
   st.softmax.finalize(score_scale<Cfg>(p, st), inv_sum, lse,
                       kTakesVariants<Cfg> ? kernels::sink_log2_of(p.sinks, tile.head) : -INFINITY);
-  repair_masked_v<Cfg>(p, tile_idx, warpgroup, st, inv_sum, lse);
+  repair_masked_v<Cfg>(p, tile_idx, warpgroup, st, inv_sum, lse, [&] {
+    // (Recomputed without the Q slice's power of two: the consumers' q_amax slots may hold the next tile's already.)
+    if constexpr (Cfg::kHalfCompute) return descaled_score_scale(p, descale_index(p, tile));
+    return score_scale<Cfg>(p, st);
+  });
   if constexpr (Cfg::kDescaled) {
     inv_sum[0] *= st.o_scale;
     inv_sum[1] *= st.o_scale;

@@ -11,6 +11,7 @@
 #include "kernels/common/mask.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/warp.cuh"
+#include "kernels/sm90/convert_kv.cuh"
 #include "kernels/sm90/pipeline.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "kernels/sm90/scheduler.cuh"
@@ -24,10 +25,24 @@ template <class Cfg>
 struct ConsumerState {
   float o[Cfg::kHeadDimV / 2];  // m64 x head_dim_v fp32 accumulator fragment
   kernels::OnlineSoftmax<Cfg::kBlockN, Cfg::kFp8, Cfg::kLazyRescale, Cfg::kRowAfterRow> softmax;
-  float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs
+  float scale_log2;  // of this tile: p.scale_log2, times the tile's Q and K descales for 8-bit inputs, and for a Q
+                     // slice converted to fp16 (Cfg::kHalfCompute) 2^-e, e the power of two it took
   float o_scale;     // 8-bit inputs and e4m3 KV caches: the tile's V descale (O = o_scale * P V / sum)
   float q_scale[2];  // int8 Q K^T: the token scales of the thread's two rows, times p.scale_log2
 };
+
+// The descales' entry of a tile: its (batch, KV head).
+__device__ __forceinline__ int64_t descale_index(const FwdParams& p, const Tile& tile) {
+  return static_cast<int64_t>(tile.batch) * p.num_heads_kv + tile.head / p.head_ratio;
+}
+
+// The score scale of a tile of descaled rows (Cfg::kDescaled): p.scale_log2 times its Q and K descales.
+__device__ __forceinline__ float descaled_score_scale(const FwdParams& p, int64_t idx) {
+  float scale = p.scale_log2;
+  if (p.q_descale != nullptr) scale *= __ldg(p.q_descale + idx);
+  if (p.k_descale != nullptr) scale *= __ldg(p.k_descale + idx);
+  return scale;
+}
 
 // A tile's score scale and O factor, for 8-bit inputs and e4m3 KV caches (Cfg::kDescaled): the call's scale times the
 // descales of the tile's (batch, KV head) (NULL: 1). 16-bit inputs read p.scale_log2 where they use it
@@ -35,11 +50,9 @@ struct ConsumerState {
 template <class Cfg>
 __device__ __forceinline__ void tile_scales(const FwdParams& p, const Tile& tile, ConsumerState<Cfg>& st) {
   if constexpr (Cfg::kDescaled) {
-    st.scale_log2 = p.scale_log2;
     st.o_scale = 1.f;
-    const int64_t idx = static_cast<int64_t>(tile.batch) * p.num_heads_kv + tile.head / p.head_ratio;
-    if (p.q_descale != nullptr) st.scale_log2 *= __ldg(p.q_descale + idx);
-    if (p.k_descale != nullptr) st.scale_log2 *= __ldg(p.k_descale + idx);
+    const int64_t idx = descale_index(p, tile);
+    st.scale_log2 = descaled_score_scale(p, idx);
     if (p.v_descale != nullptr) st.o_scale = __ldg(p.v_descale + idx);
   }
 }
@@ -102,7 +115,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kBlockN / 2], SmemDesc q
     if constexpr (Cfg::kInt8QK) {  // s32 dot products in the same registers (int8 scores: mainloop)
       WgmmaSS<int8_t, Cfg::kBlockN>::mma(reinterpret_cast<uint32_t(&)[Cfg::kBlockN / 2]>(s), da, db, k > 0 ? 1 : 0);
     } else {
-      WgmmaSS<typename Cfg::Element, kCols>::mma(reinterpret_cast<float(&)[kCols / 2]>(s), da, db, k > 0 ? 1 : 0);
+      WgmmaSS<typename Cfg::MmaElement, kCols>::mma(reinterpret_cast<float(&)[kCols / 2]>(s), da, db, k > 0 ? 1 : 0);
     }
   }
   wgmma_commit_group();
@@ -182,7 +195,8 @@ struct OperandDescs {
 // at or past seqlen_k (whole 128-byte rows, so the swizzle does not matter) and meet at a named barrier. In a dense
 // batch those rows are past the tensor's end: TMA fills zeros.
 // Named barrier ids (0 is __syncthreads): 1..W the epilogue's (one per consumer warpgroup), W+1..2W the ping-pong
-// turns, 2W+1 the V zeroing below (W = consumer warpgroups, at most 3: ids stay below 16).
+// turns, 2W+1 the V zeroing below and the fp16 conversion of Q (convert_kv.cuh q_slice_to_half), which never overlap
+// (W = consumer warpgroups, at most 3: ids stay below 16).
 template <class Cfg>
 inline constexpr uint32_t kZeroVBarrier = 1 + 2 * Cfg::kConsumerWarpgroups;
 
@@ -248,9 +262,20 @@ template <class Cfg>
 __device__ __forceinline__ void consumer_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
                                                   SharedBarriers<Cfg>& bars, int warpgroup, ConsumerState<Cfg>& st,
                                                   ConsumerPipes<Cfg>& pipes) {
+  // bf16 Q on an e4m3 cache: Q to fp16 first, before O is zeroed (later, ptxas spilled 4-8 bytes of the d128 and d256
+  // consumers). One consumer warpgroup: no ping-pong turn to take before the Q wait.
+  float q_unscale = 1.f;
+  if constexpr (Cfg::kHalfCompute) {
+    if (tile.keys.count() != 0) {
+      bars.q.wait(pipes.q);
+      q_unscale = q_slice_to_half<Cfg>(const_cast<uint8_t*>(smem) + Cfg::kSmemQOffset + pipes.q.stage * Cfg::kQBytes,
+                                       bars.q_amax, kZeroVBarrier<Cfg>);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDimV / 2; ++i) st.o[i] = 0.f;
   tile_scales<Cfg>(p, tile, st);
+  if constexpr (Cfg::kHalfCompute) st.scale_log2 *= q_unscale;
   // Q: taken for every tile (producer.cuh); a tile with no key block has nothing to compute.
   // (The wait comes after the first ping-pong hand-over below: waiting first cost 2-3% on short non-causal
   // sequences, docs/decisions.md#q-wait.)

@@ -145,6 +145,9 @@ struct SharedBarriers {
   // stored by the producer thread before its arrival on v8_full[s] (release), so that no other thread writes the
   // 16-bit V tile (the host clears FwdParams::zero_v_tail for these rows: mainloop.cuh zero_v_rows_past_end).
   int v_rows[Cfg::kKV8 ? Cfg::kStages : 1];
+  // bf16 Q on an e4m3 KV cache (Cfg::kHalfCompute): each consumer warp's largest finite |q| of the Q slice, as bf16
+  // bits (convert_kv.cuh q_slice_to_half).
+  uint32_t q_amax[Cfg::kHalfCompute ? 4 : 1];
 
   // converters: the warps that arrive on k.full / v.full of an e4m3 KV cache's rows (convert_warps).
   __device__ __forceinline__ void init(int converters = 0) {
