@@ -550,8 +550,7 @@ def _check_kv_fp8_descale(name: str, d, batch: int, heads_kv: int, q: torch.Tens
         raise ValueError(f"FlashCore: {name} is on {d.device}, q on {q.device}")
 
 
-def _check_kv_fp8(q, k_cache, v_cache, batch: int, k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale,
-                  v_descale) -> None:
+def _check_kv_fp8(q, k_cache, v_cache, batch: int, k_descale, v_descale) -> None:
     """What an e4m3 KV cache does not take in this version (ValueError naming the argument), and its descales
     (metadata only; q, k_cache and v_cache passed _check_inputs(kv_fp8=True)). The variants: _check_kv_fp8_variants.
     Appends (k_new, in q's 16-bit dtype) and their rotary embedding are taken: the library quantizes the new rows
@@ -1236,7 +1235,7 @@ def _kvcache_serving_inputs(q, k_cache, v_cache, cache_seqlens, block_table, cac
                              f"or write e4m3 rows into the cache and count them in cache_seqlens)")
         _check_kv_fp8_descale("q_descale", q_descale, batch, k_cache.shape[2], q)
     if kv_fp8:
-        _check_kv_fp8(q, k_cache, v_cache, batch, k_new, rotary_cos, rotary_sin, rotary_seqlens, k_descale, v_descale)
+        _check_kv_fp8(q, k_cache, v_cache, batch, k_descale, v_descale)
     else:
         given = [n for n, d in (("k_descale", k_descale), ("v_descale", v_descale)) if d is not None]
         if given:

@@ -233,24 +233,24 @@ flashcore_status plan(const flashcore_attention_params& call, int device, int cc
     return FLASHCORE_ERROR_CUDA;
   }
   // A rotation's (or a widening's) Q copy goes after the backend's workspace: the backend plans for what is left.
-  const uint64_t rotary = q_copy_bytes(call);
+  const uint64_t q_copy = q_copy_bytes(call);
   const char* copier = call.rotary_cos != nullptr ? "rotary_cos rotates" : "an e4m3 Q on an e4m3 KV cache is widened";
-  if (rotary > 0 && workspace_capacity < rotary) {
+  if (q_copy > 0 && workspace_capacity < q_copy) {
     error = std::string("workspace: ") + copier + " Q into the workspace, which needs at least " +
-            std::to_string(rotary) + " bytes (flashcore_attention_workspace_size); workspace_size = " +
+            std::to_string(q_copy) + " bytes (flashcore_attention_workspace_size); workspace_size = " +
             std::to_string(workspace_capacity) + (p.workspace == nullptr ? " and workspace is NULL" : "");
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   const uint64_t capacity =
-      rotary == 0 || workspace_capacity == UINT64_MAX ? workspace_capacity : workspace_capacity - rotary;
+      q_copy == 0 || workspace_capacity == UINT64_MAX ? workspace_capacity : workspace_capacity - q_copy;
   const core::PlanRequest request{capacity, tuning::choose};
   const flashcore_status st = out.backend->plan(p, request, out, error);
-  if (st == FLASHCORE_SUCCESS && rotary > 0) {
+  if (st == FLASHCORE_SUCCESS && q_copy > 0) {
     // Past the zero-filled head (core::WorkspaceLayout::kHead), also where the backend needs no workspace: a rotated Q
     // written there would leave the head non-zero after the call, and the next call's dynamic tile counter or split
     // counters would start from it.
-    out.rotary_q = core::align256(std::max<size_t>(out.workspace.bytes, core::WorkspaceLayout::kHead));
-    out.workspace.bytes = out.rotary_q + rotary;
+    out.q_copy = core::align256(std::max<size_t>(out.workspace.bytes, core::WorkspaceLayout::kHead));
+    out.workspace.bytes = out.q_copy + q_copy;
     if (workspace_capacity != UINT64_MAX && out.workspace.bytes > workspace_capacity) {
       error = "workspace: this call needs " + std::to_string(out.workspace.bytes) + " bytes with " +
               (call.rotary_cos != nullptr ? "rotary_cos" : "an e4m3 Q") +
@@ -274,7 +274,7 @@ flashcore_status run(const core::Plan& plan, const flashcore_attention_params& p
     return FLASHCORE_ERROR_INVALID_ARGUMENT;
   }
   flashcore_attention_params r = kernel_view(p);
-  void* copy = static_cast<char*>(p.workspace) + plan.rotary_q;
+  void* copy = static_cast<char*>(p.workspace) + plan.q_copy;
   const cudaError_t err = widen ? kernels::launch_widen_q(p, r.dtype, copy, plan.sms, stream)
                                 : kernels::launch_rotary_q(p, copy, plan.sms, stream);
   if (err != cudaSuccess) {

@@ -66,9 +66,10 @@ struct Plan {
   bool lse_shift = false;        // precision = INT8 with an LSE: the shift launch after the kernel
   SplitKv split;
   WorkspaceLayout workspace;
-  // Rotary embedding on append (flashcore.h rotary_cos): the rotated Q's offset in the workspace, after the backend's
-  // bytes (workspace.bytes counts it); the rotation launch runs before the backend's (api/backend.cpp).
-  size_t rotary_q = 0;
+  // Q's copy in the workspace (rotated: flashcore.h rotary_cos; or an e4m3 Q widened on an e4m3 KV cache): its
+  // offset, after the backend's bytes (workspace.bytes counts it); its launch runs before the backend's
+  // (api/backend.cpp).
+  size_t q_copy = 0;
 };
 
 // One backend's view of a compiled kernel, for listings.

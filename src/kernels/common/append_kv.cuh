@@ -1,6 +1,7 @@
 // Appending new keys and values to a KV cache before the attention of the same call (flashcore_attention_params::
-// k_new / v_new): one thread per 16-byte unit of a new row, grid-stride; an e4m3 cache takes each unit as 8 bytes. Positions past the cache's capacity and
-// page ids outside the pool are skipped (never written), so garbage lengths or tables cannot write out of bounds.
+// k_new / v_new): one thread per 16-byte unit of a new row, grid-stride; an e4m3 cache takes each unit as 8 bytes.
+// Positions past the cache's capacity and page ids outside the pool are skipped (never written), so garbage lengths
+// or tables cannot write out of bounds.
 #pragma once
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
