@@ -9,8 +9,8 @@ medians, the systems interleaved row by row and --rounds times over. Columns:
   fa3_e4m3     FA3's FP8 path on the e4m3 cache (it takes Q in e4m3 too: Q quantized per tensor, outside the timing);
                only FA3's prefill build has FP8 (--fa3 func)
   cudnn_bf16   PyTorch SDPA's cuDNN backend on the bf16 cache
-  fc_e4m3_b    with --lib-b: fc_e4m3's call through a second libflashcore.so (an A/B in one process); a second
-               library after a comma: fc_e4m3_c
+  fc_e4m3_b    with --lib-b: fc_e4m3's call through a second libflashcore.so (an A/B in one process), and
+  fc_bf16_b    fc_bf16's as a C call through it; a second library after a comma: fc_e4m3_c, fc_bf16_c
 GB/s counts the K/V bytes each system reads (1 byte per element in e4m3, 2 in bf16); "speed-up" is fc_bf16's time
 over fc_e4m3's (the token rate, since both read the same keys). Errors: max |O - O_ref| against float32 SDPA on the
 dequantized e4m3 cache (e4m3 columns) or on the bf16 cache (bf16 columns).
@@ -65,8 +65,17 @@ def e4m3_call(lib, q, k8, v8, kd, vd, out):
     params.k, params.v = k8.data_ptr(), v8.data_ptr()
     params.flags = params.flags | FLAG_KV_FP8_E4M3
     params.k_descale, params.v_descale = kd.data_ptr(), vd.data_ptr()
+    return c_call(lib, params, out)
+
+
+def bf16_call(lib, q, k16, v16, out):
+    """The C call on the 16-bit cache (flashcore.attention's call, through `lib`)."""
+    return c_call(lib, _ops.kernel_params(lib, q, k16, v16, out, None, False, q.shape[3] ** -0.5), out)
+
+
+def c_call(lib, params, out):
     size = lib.workspace_size(params)
-    ws = torch.zeros(max(size, 256), dtype=torch.uint8, device=q.device)
+    ws = torch.zeros(max(size, 256), dtype=torch.uint8, device=out.device)
     params.workspace, params.workspace_size = ws.data_ptr(), ws.numel()
     def call():  # on the caller's current stream (a graph capture's)
         lib.forward(params, torch.cuda.current_stream().cuda_stream)
@@ -96,6 +105,9 @@ def row(B, Sk, hq, hkv, D, rounds, fa3, libs_b=(), dtype=torch.bfloat16):
         keep_b.append(keep)
         r[f"fc_e4m3_{tag}_err"] = (fc8b().float() - ref8).abs().max().item()
         systems[f"fc_e4m3_{tag}"] = (fc8b, 1)
+        fc16b, keep, r[f"fc_bf16_{tag}_config"] = bf16_call(lib_b, q, k16, v16, torch.empty_like(q))
+        keep_b.append(keep)
+        systems[f"fc_bf16_{tag}"] = (fc16b, 2)
     if flash_attn_func is not None:
         q8 = (q.float() / (q.float().abs().amax() / 448.0)).to(torch.float8_e4m3fn)
         qd = (q.float().abs().amax() / 448.0).reshape(1, 1).expand(B, hkv).contiguous()
@@ -143,8 +155,8 @@ def row(B, Sk, hq, hkv, D, rounds, fa3, libs_b=(), dtype=torch.bfloat16):
 
 
 def markdown(rows, name):
-    cols = ["fc_bf16", "fc_e4m3"] + [c for c in ("fc_e4m3_b", "fc_e4m3_c") if any(c + "_us" in r for r in rows)] + \
-        ["fa3_bf16", "fa3_e4m3", "cudnn_bf16"]
+    cols = ["fc_bf16", "fc_e4m3"] + [c for c in ("fc_bf16_b", "fc_e4m3_b", "fc_bf16_c", "fc_e4m3_c")
+                                     if any(c + "_us" in r for r in rows)] + ["fa3_bf16", "fa3_e4m3", "cudnn_bf16"]
     lines = [f"Decode on an e4m3 KV cache, {name}: us (GB/s of K/V bytes read), CUDA-graph medians of the rounds",
              "", "| B x Sk | " + " | ".join(cols) + " | e4m3 / bf16 speed-up | e4m3 err (fc / fa3) |",
              "|---|" + "---|" * (len(cols) + 2)]
@@ -164,8 +176,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fa3", choices=["kvcache", "func"], default="kvcache",
                     help="FA3's entry: flash_attn_with_kvcache (serving build) or flash_attn_func (prefill build, FP8)")
-    ap.add_argument("--lib-b", default="", help="a second libflashcore.so (its e4m3 call: column fc_e4m3_b), or two "
-                    "separated by a comma (fc_e4m3_b, fc_e4m3_c)")
+    ap.add_argument("--lib-b", default="", help="a second libflashcore.so (its e4m3 and 16-bit calls: columns "
+                    "fc_e4m3_b, fc_bf16_b), or two separated by a comma (and fc_e4m3_c, fc_bf16_c)")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
                     help="Q and the 16-bit cache (the fc_bf16, fa3_bf16 and cudnn_bf16 columns are then fp16)")
     ap.add_argument("--out", default="")
@@ -183,7 +195,7 @@ def main():
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds_us")}), flush=True)
     md = markdown(rows, f"{name}, {args.dtype} Q (16-bit columns: {args.dtype} caches), library "
                   f"{_lib.load().version_string()}, FA3 through --fa3 {args.fa3}" +
-                  "".join(f", fc_e4m3_{t}: {p}" for t, p in zip("bc", lib_b_paths)))
+                  "".join(f", fc_*_{t}: {p}" for t, p in zip("bc", lib_b_paths)))
     print(md)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

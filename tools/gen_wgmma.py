@@ -37,6 +37,9 @@ _CONFIG_BLOCK_N, _CONFIG_HEAD_DIMS = shapes_from_configs()
 # N = 8: the split-KV decode rows with the GEMMs transposed (block_m 8, decode_swap.cuh): S^T = K Q^T (SS) and
 # O^T = V^T P^T (SSTransA: A MN-major, V as stored).
 SWAP_N = [8]
+# The e4m3 KV-cache decode rows with the GEMMs transposed (decode_swap_kv8.cuh): K and V^T widened from e4m3 into
+# registers (A), Q^T and P^T K-major in shared memory (B: imm-trans-b = 0), fp16 only (kHalfCompute).
+SWAP_RS_K_N = [8]
 SS_N = sorted(set(_CONFIG_BLOCK_N) | set(VARIANT_BLOCK_N) | set(SWAP_N))
 RS_N = sorted(set(_CONFIG_HEAD_DIMS) | set(VARIANT_HEAD_DIMS))
 TYPES = [("bf16", "__nv_bfloat16"), ("f16", "__half")]
@@ -81,7 +84,7 @@ def emit_int8(out, n):
 def emit(out, kind, n, ptx_t, ctype, k=16, ptx_a=None):
     """One specialization. kind "SS": A and B from shared memory (K-major both); "RS": A from registers,
     B from shared memory, N-major (imm-trans-b = 1) for 16-bit types, K-major for 8-bit ones (k = 32: no
-    transpose immediates). ptx_a: A's PTX type where it differs from B's (8-bit P V)."""
+    transpose immediates); "RSKMajorB": as RS, B K-major (imm-trans-b = 0). ptx_a: A's PTX type where it differs from B's (8-bit P V)."""
     r = n // 2
     ptx_a = ptx_a or ptx_t
     eight_bit = k == 32
@@ -94,7 +97,7 @@ def emit(out, kind, n, ptx_t, ctype, k=16, ptx_a=None):
     else:
         args = f"float (&d)[{r}], const uint32_t (&a)[4], uint64_t desc_b, int scale_d"
         operands, scale_reg = f"{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}", r + 5
-        imms = "1, 1" if eight_bit else "1, 1, 1"
+        imms = "1, 1" if eight_bit else ("1, 1, 0" if kind == "RSKMajorB" else "1, 1, 1")
         inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
     out.append(f"template <> struct Wgmma{kind}<{ctype}, {n}> {{")
     out.append(f"  static constexpr int kAccRegs = {r};")
@@ -140,6 +143,7 @@ def main():
            "// WgmmaSS<T, N>: D(64xN, f32) (+)= A(64x16, smem desc, K-major) * B(16xN, smem desc, K-major)",
            "// WgmmaRS<T, N>: D(64xN, f32) (+)= A(64x16, registers)          * B(16xN, smem desc, N-major)",
            "// WgmmaSSTransA<T, N>: as WgmmaSS, A M-major (imm-trans-a = 1).",
+           "// WgmmaRSKMajorB<T, N>: as WgmmaRS, B K-major (imm-trans-b = 0).",
            "// 8-bit T (e4m3, e5m2): k = 32 instead of 16, and B is K-major in both forms; the RS form's A (P) is e4m3.",
            "// int8_t: WgmmaSS only, s32 accumulators (uint32_t registers), k = 32.",
            "// scale_d = 0 overwrites D, 1 accumulates.", ""]
@@ -148,6 +152,9 @@ def main():
             for n in shapes:
                 emit(out, kind, n, ptx_t, ctype)
                 out.append("")
+    for n in SWAP_RS_K_N:
+        emit(out, "RSKMajorB", n, "f16", "__half")
+        out.append("")
     for ptx_t, ctype, ptx_p in TYPES_8BIT:
         for kind, shapes in (("SS", _8BIT_BLOCK_N), ("RS", _8BIT_HEAD_DIMS)):
             for n in shapes:

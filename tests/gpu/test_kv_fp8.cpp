@@ -136,6 +136,14 @@ struct Kv8Case {
   }
 };
 
+// The head dim that column l of the transposed e4m3 decode row's S GEMM holds (decode_swap_kv8.cuh: thread c of a
+// quad widens bytes 32 c .. 32 c + 31 of a K row, word k for k-step k, its low pair in columns 2 c, 2 c + 1 and its
+// high pair in 2 c + 8, 2 c + 9).
+int swap_kv8_dim(int l) {
+  const int k = l / 16, col = l % 16, c = (col % 8) / 2, j = col % 2 + (col >= 8 ? 2 : 0);
+  return 32 * c + 4 * k + j;
+}
+
 // The 16-bit split row of a head dim (configs.txt), for the bit-exact comparison.
 const char* split_config16(int head_dim) { return head_dim == 256 ? "64x64x3-split" : "64x128x3-split"; }
 
@@ -357,6 +365,13 @@ void run_kv8_case(const Kv8Case& c, uint64_t seed) {
       a.rotary_cos = dcos.ptr, a.rotary_sin = dsin.ptr, a.rotary_seqlen = cap, a.rotary_dim = c.rotary_dim;
     }
   }
+  // Decode at head dim 128 (at most 8 query rows after packing the GQA group, dense queries) runs the transposed
+  // decode row (decode_swap_kv8.cuh), the other calls a 64-row one.
+  char selected[64] = {};
+  ASSERT_EQ(flashcore_attention_selected_config(&a, selected, sizeof selected), FLASHCORE_SUCCESS)
+      << flashcore_last_error();
+  const bool swap_row = std::string(selected).rfind("8x", 0) == 0;
+  EXPECT_EQ(swap_row, D == 128 && !c.varlen_q && seqlen_q * (Hq / Hkv) <= 8) << selected;
   ASSERT_EQ(flashcore_attention_forward(&a, nullptr), FLASHCORE_SUCCESS) << flashcore_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint16_t> oa = download<uint16_t>(do_a, o_elems);
@@ -367,21 +382,27 @@ void run_kv8_case(const Kv8Case& c, uint64_t seed) {
   }
 
   // Bit for bit the 16-bit call on the same tile (decode, non-causal, power-of-two descales); under bf16 Q, the fp16
-  // call with Q times 2^12 and the softmax scale times 2^-12.
+  // call with Q times 2^12 and the softmax scale times 2^-12. The transposed row's 16-bit twin takes Q and K with their
+  // head dims in the order the e4m3 row's S GEMM sums them (swap_kv8_dim).
   if (exact_case) {
     flashcore_attention_params b = params(dk16.ptr, dv16.ptr, do_b.ptr, static_cast<float*>(dlse_b.ptr));
-    b.kernel_config = split_config16(c.head_dim);
-    if (marked) {
+    b.kernel_config = swap_row ? "8x128x3-split" : split_config16(c.head_dim);
+    const auto column = [&](size_t e) {  // the element of the 16-bit call's row that e's row holds at e's column
+      return swap_row ? e - e % D + static_cast<size_t>(swap_kv8_dim(static_cast<int>(e % D))) : e;
+    };
+    const flashcore_dtype dt_b = marked ? FLASHCORE_DTYPE_FP16 : dt;
+    const float q_factor = marked ? 4096.f : 1.f;
+    if (marked || swap_row) {
       std::vector<uint16_t> qh(q.size()), kh(cache_elems), vh(cache_elems);
-      for (size_t i = 0; i < q.size(); ++i) qh[i] = bits16(value16(q[i], dt) * 4096.f, FLASHCORE_DTYPE_FP16);
+      for (size_t i = 0; i < q.size(); ++i) qh[i] = bits16(value16(q[column(i)], dt) * q_factor, dt_b);
       for (size_t e = 0; e < cache_elems; ++e) {
-        kh[e] = bits16(value16(k16[e], dt), FLASHCORE_DTYPE_FP16), vh[e] = bits16(value16(v16[e], dt), FLASHCORE_DTYPE_FP16);
+        kh[e] = bits16(value16(k16[column(e)], dt), dt_b), vh[e] = bits16(value16(v16[e], dt), dt_b);
       }
       upload(dq, qh), upload(dk16, kh), upload(dv16, vh);
-      b.dtype = FLASHCORE_DTYPE_FP16, b.softmax_scale = softmax_scale / 4096.f;
+      b.dtype = dt_b, b.softmax_scale = softmax_scale / q_factor;
     }
     const flashcore_status st = flashcore_attention_forward(&b, nullptr);
-    if (marked) upload(dq, q);  // (the reference below reads the host copies)
+    if (marked || swap_row) upload(dq, q);  // (the reference below reads the host copies)
     if (st == FLASHCORE_SUCCESS) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const std::vector<uint16_t> ob = download<uint16_t>(do_b, o_elems);

@@ -311,11 +311,17 @@ flashcore_status no_row_status(const flashcore_attention_params& p) {
 }
 
 // An e4m3 KV cache's row (configs_kv8.txt): the split row of the call's key, nullptr and the reason if none is
-// compiled.
+// compiled. A call of at most 8 dense query rows (after GQA packing) takes the transposed decode row where its head dim
+// has one (decode_swap_kv8.cuh), the others the 64-row one.
 const KernelRow* kv8_row(const flashcore_attention_params& p, std::string& error) {
+  const bool swap = p.seqlen_q <= kSwapRows && p.cu_seqlens_q == nullptr;
+  const KernelRow* tiles64 = nullptr;
   for (const KernelRow* r : kRows) {
-    if (same_key(*r, p)) return r;
+    if (!same_key(*r, p)) continue;
+    if (swaps_gemms(r->shape) == swap) return r;
+    if (!swaps_gemms(r->shape) && tiles64 == nullptr) tiles64 = r;
   }
+  if (tiles64 != nullptr) return tiles64;
   error = std::string("no sm90 kernel for an e4m3 KV cache (FLASHCORE_FLAG_KV_FP8_E4M3) is compiled for ") +
           dtype_name(p.dtype) + " head_dim = " + std::to_string(p.head_dim) +
           (core::masked_call(p) ? " causal" : " non-causal") + " (configs_kv8.txt: head dims 64, 128, 256)";

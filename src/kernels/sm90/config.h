@@ -68,6 +68,9 @@ struct KernelConfig {
   using KVElement = typename RowKVElement<Row>::type;
   static constexpr bool kKV8 = kernels::ElemTraits<KVElement>::kBytes == 1 && kElemBytes == 2;
   static constexpr bool kDescaled = kFp8 || kKV8;  // per-(batch, KV head) descales in the scores and O
+  // The e4m3 KV cache's transposed decode rows (block_m 8): the consumers widen K and V from the staging ring into the
+  // GEMMs' register operands (decode_swap_kv8.cuh); no converter warps, no 16-bit K/V ring.
+  static constexpr bool kKV8Direct = kKV8 && swaps_gemms(kShape);
   // bf16 Q on an e4m3 KV cache computes in fp16 (MmaElement): e4m3 widens to fp16 in one instruction per pair, to bf16
   // in four, and the widening bounds these rows' speed. The consumers convert their Q slice to fp16 in place, scaled
   // by a power of two (convert_kv.cuh q_slice_to_half), P is fp16 and O is stored in bf16
@@ -102,7 +105,7 @@ struct KernelConfig {
   static constexpr int kConsumerThreads = kPlan.consumer_threads;
   // An e4m3 KV cache's producer warpgroup widens K and V (convert_kv.cuh): 96 registers keep several of a converter
   // thread's unrolled passes in flight (56 spilled there); its one consumer warpgroup keeps 240.
-  static constexpr int kProducerRegs = kKV8 ? 96 : producer_regs(kShape);
+  static constexpr int kProducerRegs = kKV8 && !kKV8Direct ? 96 : producer_regs(kShape);
   // A packed row's producer keeps its ring positions (K/V, tile ids) as counts (pipeline.cuh PipelineCount).
   static constexpr bool kCountedRings = kShape.packed;
   static constexpr int kConsumerRegs = kPlan.consumer_regs;
@@ -190,9 +193,10 @@ struct KernelConfig {
                     (kVRowBytes == 64 && kElemBytes == 2 && !kSwapAB && !kKV8),
                 "64-byte V rows (16-bit head dim 96): the row kinds written for them (no transposed decode, no e4m3 "
                 "KV cache)");
-  static_assert(!kKV8 || (kSplitKv && !kSwapAB && !kLastRoundSplit && kHeadDimV == kHeadDim &&
-                          !kShape.variants && std::is_same_v<KVElement, __nv_fp8_e4m3>),
-                "e4m3 KV cache rows: split-KV 64-row tiles, one head dim, no variants (configs_kv8.txt)");
+  static_assert(!kKV8 || (kSplitKv && !kLastRoundSplit && kHeadDimV == kHeadDim && !kShape.variants &&
+                          std::is_same_v<KVElement, __nv_fp8_e4m3> && (!kSwapAB || kHeadDim == 128)),
+                "e4m3 KV cache rows: split-KV 64-row tiles or transposed d128 decode tiles, one head dim, no variants "
+                "(configs_kv8.txt)");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
 };
 

@@ -33,7 +33,18 @@ struct SwapState {
   float o[kDTiles][4];
   float m[2];  // the thread's two query columns: running max of the raw scores
   float l[2];  // and this thread's share of the sum
+  float scale_log2;  // an e4m3 KV cache's rows: the scores' scale (with the descales and Q's power of two)
+  float o_scale;     // and O's factor (V's descale)
 };
+
+// The head dim of register r of O^T's m64 tile i: its row, or on an e4m3 KV cache's rows the head dim that
+// decode_swap_kv8.cuh's widening of V gives it (the thread's 2 kDTiles head dims are consecutive).
+template <class Cfg>
+__device__ __forceinline__ int swap_dim(int i, int r) {
+  const int t = threadIdx.x % 128;
+  if constexpr (Cfg::kKV8Direct) return 2 * SwapState<Cfg>::kDTiles * (t / 4) + 2 * i + (r >> 1);
+  return 64 * i + 16 * (t / 32) + (t % 32) / 4 + 8 * (r >> 1);
+}
 
 // This thread's row of an m64n8 accumulator register r (within its 64-row tile) and its column.
 __device__ __forceinline__ int swap_row(int r) {
@@ -77,23 +88,89 @@ __device__ __forceinline__ uint16_t swap_bits16(float x) {
   return static_cast<uint16_t>(kernels::ElemTraits<T>::pack2(x, 0.f) & 0xffffu);
 }
 
+// One key block's softmax, from S^T in registers (scale: the scores' scale): the mask (keys past the sequence, and causal), the columns' block
+// maxima (red: this block's exchange slots), the online update, P^T into shared memory (pt) and O^T's rescale. Ends
+// with the named barrier after which the P V GEMM may read P^T.
 template <class Cfg>
-__device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
-                                              SharedBarriers<Cfg>& bars, SwapState<Cfg>& st,
-                                              ConsumerPipes<Cfg>& pipes) {
+__device__ __forceinline__ void swap_softmax(const Tile& tile, int n_block, int64_t diag, float scale,
+                                             float (&s)[SwapState<Cfg>::kKTiles][4], SwapState<Cfg>& st, uint8_t* pt,
+                                             float* red) {
   constexpr int kKTiles = SwapState<Cfg>::kKTiles, kDTiles = SwapState<Cfg>::kDTiles;
+  // Mask (keys past the sequence, and causal), then the columns' block maxima.
+  const int64_t key0 = static_cast<int64_t>(n_block) * Cfg::kBlockN;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < kKTiles; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t key = key0 + 64 * i + swap_row(r);
+      const bool visible = key < tile.seq.seqlen_k && (!Cfg::kCausal || key <= diag + swap_col(r));
+      if (!visible) s[i][r] = -INFINITY;
+      mx[r & 1] = fmaxf(mx[r & 1], s[i][r]);
+    }
+  }
+  swap_column_reduce(mx, red, SwapMax{});
+  // Online softmax per column (a column that has seen only masked keys keeps max -inf and takes 0: P = 0).
+  float alpha[2], neg[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const float m_new = fmaxf(st.m[c], mx[c]);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    alpha[c] = kernels::exp2_approx((st.m[c] - m_use) * scale);
+    neg[c] = -m_use * scale;
+    st.m[c] = m_new;
+    st.l[c] *= alpha[c];
+  }
+  // P^T into shared memory, K-major like Q: 64-key chunks of 8 rows x 128 bytes, 128B-swizzled (16-byte unit
+  // u of row n at u ^ n). The previous block's P V has completed (waited below), so the buffer is free.
+#pragma unroll
+  for (int i = 0; i < kKTiles; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float x = kernels::exp2_approx(fmaf(s[i][r], scale, neg[r & 1]));
+      st.l[r & 1] += x;
+      const int key = swap_row(r), n = swap_col(r);
+      uint8_t* dst = pt + i * 8 * kSwapRowBytes + n * kSwapRowBytes + (((key / 8) ^ n) * 16) + (key % 8) * 2;
+      *reinterpret_cast<uint16_t*>(dst) = swap_bits16<typename Cfg::MmaElement>(x);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < kDTiles; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) st.o[i][r] *= alpha[r & 1];
+  }
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // P^T's generic writes before wgmma's reads
+  kernels::named_barrier_sync(kSwapBarrier, 128);
+}
+
+// A tile's start: O^T, the maxima and the sums cleared, the scales at 16-bit values. Returns false for a tile with no
+// key blocks, whose Q stage it takes and hands back.
+template <class Cfg>
+__device__ __forceinline__ bool swap_start(const FwdParams& p, const Tile& tile, SharedBarriers<Cfg>& bars,
+                                           SwapState<Cfg>& st, ConsumerPipes<Cfg>& pipes) {
+#pragma unroll
+  for (int i = 0; i < SwapState<Cfg>::kDTiles; ++i) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) st.o[i][r] = 0.f;
   }
   st.m[0] = st.m[1] = -INFINITY;
   st.l[0] = st.l[1] = 0.f;
+  st.scale_log2 = p.scale_log2;
+  st.o_scale = 1.f;
   if (tile.keys.count() == 0) {
     bars.q.wait(pipes.q);
     if (Cfg::kSeparateO) bars.q.release(pipes.q);
-    return;
+    return false;
   }
+  return true;
+}
+
+template <class Cfg>
+__device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& tile, const uint8_t* smem,
+                                              SharedBarriers<Cfg>& bars, SwapState<Cfg>& st,
+                                              ConsumerPipes<Cfg>& pipes) {
+  constexpr int kKTiles = SwapState<Cfg>::kKTiles, kDTiles = SwapState<Cfg>::kDTiles;
+  if (!swap_start<Cfg>(p, tile, bars, st, pipes)) return;
   uint8_t* pt = const_cast<uint8_t*>(smem) + Cfg::kSmemSwapPOffset;
   float* red = reinterpret_cast<float*>(const_cast<uint8_t*>(smem) + Cfg::kSmemSwapRedOffset);
   const SmemDesc q_desc(make_smem_desc_sw128(smem + Cfg::kSmemQOffset + pipes.q.stage * Cfg::kQBytes, 16, 1024));
@@ -129,52 +206,8 @@ __device__ __forceinline__ void swap_mainloop(const FwdParams& p, const Tile& ti
     pipes.k.advance();
     if (Cfg::kSeparateO && n_block == tile.keys.begin) bars.q.release(pipes.q);
 
-    // Mask (keys past the sequence, and causal), then the columns' block maxima.
-    const int64_t key0 = static_cast<int64_t>(n_block) * Cfg::kBlockN;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < kKTiles; ++i) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int64_t key = key0 + 64 * i + swap_row(r);
-        const bool visible = key < tile.seq.seqlen_k && (!Cfg::kCausal || key <= diag + swap_col(r));
-        if (!visible) s[i][r] = -INFINITY;
-        mx[r & 1] = fmaxf(mx[r & 1], s[i][r]);
-      }
-    }
-    swap_column_reduce(mx, red + 32 * parity, SwapMax{});
+    swap_softmax<Cfg>(tile, n_block, diag, scale, s, st, pt, red + 32 * parity);
     parity ^= 1;
-    // Online softmax per column (a column that has seen only masked keys keeps max -inf and takes 0: P = 0).
-    float alpha[2], neg[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float m_new = fmaxf(st.m[c], mx[c]);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      alpha[c] = kernels::exp2_approx((st.m[c] - m_use) * scale);
-      neg[c] = -m_use * scale;
-      st.m[c] = m_new;
-      st.l[c] *= alpha[c];
-    }
-    // P^T into shared memory, K-major like Q: 64-key chunks of 8 rows x 128 bytes, 128B-swizzled (16-byte unit
-    // u of row n at u ^ n). The previous block's P V has completed (waited below), so the buffer is free.
-#pragma unroll
-    for (int i = 0; i < kKTiles; ++i) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float x = kernels::exp2_approx(fmaf(s[i][r], scale, neg[r & 1]));
-        st.l[r & 1] += x;
-        const int key = swap_row(r), n = swap_col(r);
-        uint8_t* dst = pt + i * 8 * kSwapRowBytes + n * kSwapRowBytes + (((key / 8) ^ n) * 16) + (key % 8) * 2;
-        *reinterpret_cast<uint16_t*>(dst) = swap_bits16<typename Cfg::Element>(x);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kDTiles; ++i) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) st.o[i][r] *= alpha[r & 1];
-    }
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // P^T's generic writes before wgmma's reads
-    kernels::named_barrier_sync(kSwapBarrier, 128);
 
     // O^T += V^T P^T: per m64 tile of head dims (a V chunk), block_n / 16 k-steps of 16 key rows.
     bars.wait_v(pipes.v, false);
@@ -212,12 +245,13 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
   swap_column_reduce(total, reinterpret_cast<float*>(smem + Cfg::kSmemSwapRedOffset) + 64, SwapSum{});
   float inv[2], lse[2];
   int64_t row[2];
+  const float scale_log2 = Cfg::kKV8Direct ? st.scale_log2 : p.scale_log2;
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const int col = 2 * (lane % 4) + c;
     const float sum = total[c];
     inv[c] = sum == 0.f ? 0.f : __fdividef(1.f, sum);
-    lse[c] = sum == 0.f ? -INFINITY : (st.m[c] * p.scale_log2 + __log2f(sum)) * 0.69314718055994530942f;
+    lse[c] = sum == 0.f ? -INFINITY : (st.m[c] * scale_log2 + __log2f(sum)) * 0.69314718055994530942f;
     row[c] = static_cast<int64_t>(tile.m_block) * Cfg::kBlockM + col;
   }
   const int64_t seqlen_q = tile.seq.seqlen_q;
@@ -230,16 +264,23 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
       for (int c = 0; c < 2; ++c) {
         if (lse[c] != lse[c]) continue;
         // (row: column c)
-        const float new_inv = repair_row_of_tile<Cfg>(p, tile_idx, swap_col(c), p.scale_log2, [&](auto&& f) {
+        // (An e4m3 KV cache's: the descaled scale without Q's power of two, as the repair computes from the caller's Q.)
+        float repair_scale = p.scale_log2;
+        if constexpr (Cfg::kKV8Direct) repair_scale = descaled_score_scale(p, descale_index(p, tile));
+        const float new_inv = repair_row_of_tile<Cfg>(p, tile_idx, swap_col(c), repair_scale, [&](auto&& f) {
 #pragma unroll
           for (int i = 0; i < kDTiles; ++i) {
-            f(64 * i + swap_row(c), st.o[i][c]);
-            f(64 * i + swap_row(c + 2), st.o[i][c + 2]);
+            f(swap_dim<Cfg>(i, c), st.o[i][c]);
+            f(swap_dim<Cfg>(i, c + 2), st.o[i][c + 2]);
           }
         });
         if (new_inv >= 0.f) inv[c] = new_inv;
       }
     }
+  }
+  if constexpr (Cfg::kKV8Direct) {  // V's descale
+    inv[0] *= st.o_scale;
+    inv[1] *= st.o_scale;
   }
   const bool partial = Cfg::kSplitKv && p.num_splits > 1;
   if (partial) {
@@ -249,7 +290,7 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         if (row[r & 1] >= seqlen_q) continue;
-        p.o_partial[(part * seqlen_q + row[r & 1]) * Cfg::kHeadDimV + 64 * i + swap_row(r)] = st.o[i][r] * inv[r & 1];
+        p.o_partial[(part * seqlen_q + row[r & 1]) * Cfg::kHeadDimV + swap_dim<Cfg>(i, r)] = st.o[i][r] * inv[r & 1];
       }
     }
     if (t < 4) {
@@ -266,7 +307,7 @@ __device__ __forceinline__ void swap_epilogue(const FwdParams& p, int tile_idx, 
       for (int r = 0; r < 4; ++r) {
         if (row[r & 1] >= seqlen_q) continue;
         auto* o_row = reinterpret_cast<uint16_t*>(o_rows + (tile.seq.q_row0 + row[r & 1]) * p.o_stride_seq_bytes);
-        o_row[64 * i + swap_row(r)] = swap_bits16<typename Cfg::OutElement>(st.o[i][r] * inv[r & 1]);
+        o_row[swap_dim<Cfg>(i, r)] = swap_bits16<typename Cfg::OutElement>(st.o[i][r] * inv[r & 1]);
       }
     }
     if (p.lse != nullptr && t < 4) {

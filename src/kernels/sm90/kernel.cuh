@@ -3,7 +3,7 @@
 // producer.cuh (loads), transpose_v.cuh (8-bit V transposed by the producer's other warps), convert_kv.cuh (an e4m3
 // KV cache widened to 16 bits by those warps), mainloop.cuh (GEMMs +
 // softmax), epilogue.cuh (stores), pipeline.cuh (the hand-offs); decode_swap.cuh is the consumer of the transposed
-// decode rows (block_m 8).
+// decode rows (block_m 8), decode_swap_kv8.cuh its main loop on an e4m3 KV cache.
 // Included by the generated instantiation units only (gen_rows.cpp, run by sources.cmake); host code sees kernel_row.h.
 #pragma once
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include "kernels/sm90/config.h"
 #include "kernels/sm90/convert_kv.cuh"
 #include "kernels/sm90/decode_swap.cuh"
+#include "kernels/sm90/decode_swap_kv8.cuh"
 #include "kernels/sm90/epilogue.cuh"
 #include "kernels/sm90/kernel_row.h"
 #include "kernels/sm90/mainloop.cuh"
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
         producer.load_tile(p, decode_tile<Cfg>(p, t), smem, bars);
       }
       if (v_transposed_by_producer<Cfg>(p)) producer.end_v_transposes(bars);
-      if constexpr (Cfg::kKV8) producer.end_kv8_converters(bars);
+      if constexpr (Cfg::kKV8 && !Cfg::kKV8Direct) producer.end_kv8_converters(bars);
     } else if constexpr (Cfg::kTransposesV) {
       if (p.transpose_v && threadIdx.x >= 32) {
         VTransposer<Cfg>(static_cast<int>(threadIdx.x % 32)).run(smem, bars, static_cast<int>(threadIdx.x / 32) - 1);
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
       if constexpr (kPageWarp<Cfg>) {
         if (table_warp && warp == 1) PageFetcher<Cfg>::run(p, bars);
       }
-      if constexpr (Cfg::kKV8) {
+      if constexpr (Cfg::kKV8 && !Cfg::kKV8Direct) {
         const int first = table_warp ? 2 : 1;
         if (warp >= first) KVConverter<Cfg>::run(smem, bars, warp - first, convert_warps(table_warp));
       }
@@ -83,7 +84,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) flashcore_fwd_sm90_kernel(co
       for (int t = sched.first(); t < p.num_tiles; t = sched.consumer_next(p, t)) {
         const Tile tile = decode_tile<Cfg>(p, t);
         SwapState<Cfg> st;
-        swap_mainloop<Cfg>(p, tile, smem, bars, st, pipes);
+        if constexpr (Cfg::kKV8Direct) {
+          swap_kv8_mainloop<Cfg>(p, tile, smem, bars, st, pipes);
+        } else {
+          swap_mainloop<Cfg>(p, tile, smem, bars, st, pipes);
+        }
         swap_epilogue<Cfg>(p, t, tile, smem, bars, st, pipes);
         pipes.q.advance();
       }

@@ -127,9 +127,9 @@ struct SharedBarriers {
   uint32_t sink;  // written only by keep_allocated's branch, which never runs (mainloop.cuh)
   // 8-bit V transposed by the producer warps (transpose_v.cuh): v_transposed[s] completes once stage s is
   // transposed (one arrival per transposer warp); v_end[s] != 0 marks the stage the producer thread ends them with.
-  uint64_t v_transposed[Cfg::kStages];
+  uint64_t v_transposed[Cfg::kTransposesV ? Cfg::kStages : 1];
   int v_end[Cfg::kStages];
-  uint32_t v_lap[kTransposeWarps];  // each transposer warp's stage count (in shared memory: see VTransposer::run)
+  uint32_t v_lap[Cfg::kTransposesV ? kTransposeWarps : 1];  // each transposer warp's stage count (VTransposer::run)
   // A paged cache's block-table entries, fetched by the table warp a chunk at a time (producer.cuh, PageFetcher): the
   // page of each (key block, slice) of the tile, last block first; configs without a table warp keep one slot.
   static constexpr bool kPagedSlots =
@@ -139,12 +139,13 @@ struct SharedBarriers {
   // An e4m3 KV cache (Cfg::kKV8): k8_full[s] / v8_full[s] complete when the TMA has filled staging stage s (the
   // producer thread's arrival and the bytes); k.full / v.full then take one arrival per converter warp
   // (convert_kv.cuh), and v_end[s] != 0 ends the converters' loop, as it ends the transposers'.
-  uint64_t k8_full[Cfg::kKV8 ? Cfg::kStages : 1];
-  uint64_t v8_full[Cfg::kKV8 ? Cfg::kStages : 1];
+  // (The transposed decode rows' consumers read the staging ring: the TMA completes k.full / v.full, as on 16-bit rows.)
+  uint64_t k8_full[Cfg::kKV8 && !Cfg::kKV8Direct ? Cfg::kStages : 1];
+  uint64_t v8_full[Cfg::kKV8 && !Cfg::kKV8Direct ? Cfg::kStages : 1];
   // The rows of V staging stage s the converters widen (rows at or past it, past the sequence, they write as zeros),
   // stored by the producer thread before its arrival on v8_full[s] (release), so that no other thread writes the
   // 16-bit V tile (the host clears FwdParams::zero_v_tail for these rows: mainloop.cuh zero_v_rows_past_end).
-  int v_rows[Cfg::kKV8 ? Cfg::kStages : 1];
+  int v_rows[Cfg::kKV8 && !Cfg::kKV8Direct ? Cfg::kStages : 1];
   // bf16 Q on an e4m3 KV cache (Cfg::kHalfCompute): each consumer warp's largest finite |q| of the Q slice, as bf16
   // bits (convert_kv.cuh q_slice_to_half).
   uint32_t q_amax[Cfg::kHalfCompute ? 4 : 1];
@@ -152,7 +153,7 @@ struct SharedBarriers {
   // converters: the warps that arrive on k.full / v.full of an e4m3 KV cache's rows (convert_warps).
   __device__ __forceinline__ void init(int converters = 0) {
     q.init(1, Cfg::kQReleaseArrivals);
-    const uint32_t kv_arrivals = Cfg::kKV8 ? static_cast<uint32_t>(converters) : 1u;
+    const uint32_t kv_arrivals = Cfg::kKV8 && !Cfg::kKV8Direct ? static_cast<uint32_t>(converters) : 1u;
     k.init(kv_arrivals, Cfg::kConsumerThreads);
     v.init(kv_arrivals, Cfg::kConsumerThreads);
     tile.init(1, Cfg::kConsumerThreads);
@@ -165,7 +166,7 @@ struct SharedBarriers {
       }
       for (int w = 0; w < kTransposeWarps; ++w) v_lap[w] = 0;
     }
-    if constexpr (Cfg::kKV8) {
+    if constexpr (Cfg::kKV8 && !Cfg::kKV8Direct) {
 #pragma unroll
       for (int s = 0; s < Cfg::kStages; ++s) {
         cuda::ptx::mbarrier_init(&k8_full[s], 1);

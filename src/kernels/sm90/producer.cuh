@@ -80,10 +80,15 @@ __device__ __forceinline__ int kv8_v_rows(const Tile& tile, int64_t key0) {
   return left >= Cfg::kBlockN ? Cfg::kBlockN : (left > 0 ? static_cast<int>(left) : 0);
 }
 
-// Arrive on an e4m3 staging stage's barrier and announce its bytes; returns the barrier the copies signal.
-__device__ __forceinline__ uint64_t* commit_kv8(uint64_t* bar, uint32_t bytes) {
+// Arrive on an e4m3 staging stage's barrier and announce its bytes; returns the barrier the copies signal: the
+// converters' (k8_full / v8_full), or on the transposed decode rows, whose consumers read the staging ring, the K / V
+// ring's own full barrier.
+template <class Cfg, bool kV>
+__device__ __forceinline__ uint64_t* commit_kv8(SharedBarriers<Cfg>& bars, const PipelineState<Cfg::kStages>& st) {
+  if constexpr (Cfg::kKV8Direct) return (kV ? bars.v : bars.k).commit_tx(st, Cfg::kK8TileBytes);
+  uint64_t* bar = kV ? &bars.v8_full[st.stage] : &bars.k8_full[st.stage];
   cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
-                                       bytes);
+                                       Cfg::kK8TileBytes);
   return bar;
 }
 
@@ -201,11 +206,13 @@ struct Producer {
           const int s = kv_state.stage;
           bars.k.acquire(kv_state);
           tma_load_paged<Cfg, false>(p, &p.tma_k, smem + Cfg::kSmemK8Offset + s * Cfg::kK8TileBytes,
-                                     commit_kv8(&bars.k8_full[s], Cfg::kK8TileBytes), n_block, kv_head, page_at);
+                                     commit_kv8<Cfg, false>(bars, kv_state), n_block, kv_head, page_at);
           bars.v.acquire(kv_state);
-          atomicExch(&bars.v_rows[s], kv8_v_rows<Cfg>(tile, int64_t{n_block} * Cfg::kBlockN));  // (converters read it)
+          if constexpr (!Cfg::kKV8Direct) {  // (the converters read it)
+            atomicExch(&bars.v_rows[s], kv8_v_rows<Cfg>(tile, int64_t{n_block} * Cfg::kBlockN));
+          }
           tma_load_paged<Cfg, true>(p, &p.tma_v, smem + Cfg::kSmemV8Offset + s * Cfg::kK8TileBytes,
-                                    commit_kv8(&bars.v8_full[s], Cfg::kK8TileBytes), n_block, kv_head, page_at);
+                                    commit_kv8<Cfg, true>(bars, kv_state), n_block, kv_head, page_at);
           kv_pos.advance();
           return;
         }
@@ -282,7 +289,7 @@ struct Producer {
       bars.k.acquire(st);
       if constexpr (Cfg::kKV8) {  // e4m3 K into the staging ring (convert_kv.cuh widens it)
         tma_load_kv8<Cfg>(&p.tma_k, smem + Cfg::kSmemK8Offset + st.stage * Cfg::kK8TileBytes,
-                          commit_kv8(&bars.k8_full[st.stage], Cfg::kK8TileBytes), r, kv_head, kv_batch);
+                          commit_kv8<Cfg, false>(bars, st), r, kv_head, kv_batch);
         return;
       }
       tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(
@@ -293,9 +300,9 @@ struct Producer {
       uint8_t* v_stage = smem + Cfg::kSmemVOffset + st.stage * Cfg::kVTileBytes;
       bars.v.acquire(st);
       if constexpr (Cfg::kKV8) {
-        atomicExch(&bars.v_rows[st.stage], kv8_v_rows<Cfg>(tile, r - tile.seq.k_row0));
+        if constexpr (!Cfg::kKV8Direct) atomicExch(&bars.v_rows[st.stage], kv8_v_rows<Cfg>(tile, r - tile.seq.k_row0));
         tma_load_kv8<Cfg>(&p.tma_v, smem + Cfg::kSmemV8Offset + st.stage * Cfg::kK8TileBytes,
-                          commit_kv8(&bars.v8_full[st.stage], Cfg::kK8TileBytes), r, kv_head, kv_batch);
+                          commit_kv8<Cfg, true>(bars, st), r, kv_head, kv_batch);
       } else if constexpr (Cfg::kVLayout == VLayout::kDimMajor) {
         if (v_transposed_by_producer<Cfg>(p)) {  // as stored, like K: the transposer warps take it from here
           tma_load_tile<Cfg, Cfg::kKVChunkBytes, Cfg::kBlockN, Cfg::kKVBoxRows>(

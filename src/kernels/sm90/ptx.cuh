@@ -143,13 +143,15 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 }
 
 // WgmmaSS<T, N>: both operands in shared memory (K-major); WgmmaRS<T, N>: A from registers, B N-major;
-// WgmmaSSTransA<T, N>: both in shared memory, A M-major.
+// WgmmaSSTransA<T, N>: both in shared memory, A M-major; WgmmaRSKMajorB<T, N>: A from registers, B K-major.
 template <class T, int N>
 struct WgmmaSS;
 template <class T, int N>
 struct WgmmaRS;
 template <class T, int N>
 struct WgmmaSSTransA;
+template <class T, int N>
+struct WgmmaRSKMajorB;
 
 #include "kernels/sm90/wgmma_ops.inc"
 

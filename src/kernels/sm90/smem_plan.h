@@ -124,7 +124,8 @@ struct SmemPlan {
   // Otherwise O is staged in the Q tile, released once the TMA store has read it.
   bool separate_o;
   // An e4m3 KV cache under 16-bit Q (kv8): the 8-bit staging ring of K and V blocks, one stage per K/V stage, after
-  // the K/V ring (rows of kv8_row_bytes = min(head_dim, 128) bytes, 128- or 64-byte swizzled). 0 otherwise.
+  // the K/V ring (rows of kv8_row_bytes = min(head_dim, 128) bytes, 128- or 64-byte swizzled), or in its place on the
+  // transposed decode rows, whose consumers widen it into registers. 0 otherwise.
   int kv8_row_bytes, k8_tile_bytes, k8_offset, v8_offset;
   int o_offset, barrier_offset;
   int smem_bytes;  // the dynamic shared memory to launch with
@@ -169,15 +170,18 @@ constexpr SmemPlan smem_plan(const TileShape& shape, int head_dim, int elem_byte
   const bool swap = swaps_gemms(shape);
   const int swap_p_bytes = swap ? kSwapRows * shape.block_n * elem_bytes : 0;
   const int swap_bytes = swap ? swap_p_bytes + 1024 : 0;
-  const int kv_bytes = shape.stages * (p.k_tile_bytes + p.v_tile_bytes);
+  // An e4m3 KV cache's transposed decode rows read the staging ring themselves (decode_swap_kv8.cuh): no 16-bit ring.
+  const int kv16_stages = kv8 && swap ? 0 : shape.stages;
+  const int kv8_bytes = kv8 ? 2 * shape.stages * shape.block_n * head_dim : 0;
+  const int kv_bytes = kv16_stages * (p.k_tile_bytes + p.v_tile_bytes) + kv8_bytes;
   p.q_stages = swap && elem_bytes == 2 &&
                        2 * p.q_bytes + kv_bytes + swap_bytes + p.out_bytes + kSmemSlackBytes <= kSmemLimitBytes
                    ? 2
                    : 1;
   p.q_offset = 0;
   p.k_offset = p.q_offset + p.q_stages * p.q_bytes;
-  p.v_offset = p.k_offset + shape.stages * p.k_tile_bytes;
-  p.kv_end = p.v_offset + shape.stages * p.v_tile_bytes;
+  p.v_offset = p.k_offset + kv16_stages * p.k_tile_bytes;
+  p.kv_end = p.v_offset + kv16_stages * p.v_tile_bytes;
   if (swap) {
     p.swap_p_offset = p.kv_end;  // 1024-byte aligned
     p.swap_red_offset = p.swap_p_offset + swap_p_bytes;
