@@ -141,6 +141,22 @@ struct KVConverter {
   }
 };
 
+// bf16 Q's fp16 conversion (q_slice_to_half, decode_swap_kv8.cuh prepare_q) in three steps: the largest finite
+// magnitude of two bf16 (a 32-bit word) folded into m2 (bf16 bits, an unsigned order of magnitudes; Inf and NaN count
+// as 0); a warp's largest into its slot (SharedBarriers::q_amax); and two bf16 times 2^e as an fp16 pair.
+__device__ __forceinline__ uint32_t bf16x2_amax(uint32_t m2, uint32_t x) {
+  const uint32_t a = x & 0x7fff7fffu;
+  return __vmaxu2(m2, a & __vcmpltu2(a, 0x7f807f80u));
+}
+__device__ __forceinline__ void bf16_amax_to_slot(uint32_t m2, uint32_t (&slots)[4], int t) {
+  const uint32_t m_warp = __reduce_max_sync(0xffffffffu, (m2 >> 16) > (m2 & 0xffffu) ? m2 >> 16 : m2 & 0xffffu);
+  if (t % 32 == 0) slots[t / 32] = m_warp;
+}
+__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t x, float up) {
+  const __half2 h = __floats2half2_rn(__uint_as_float(x << 16) * up, __uint_as_float(x & 0xffff0000u) * up);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // The power of two e of q_slice_to_half from the warps' largest |q| (bf16 bits): 14 - floor(log2(max)), from the
 // exponent field; at most 126, so that 2^e and 2^-e are normal floats.
 __device__ __forceinline__ int q_half_exponent(const uint32_t (&slots)[4]) {
@@ -166,20 +182,15 @@ __device__ __forceinline__ float q_slice_to_half(uint8_t* q_stage, uint32_t (&sl
     return reinterpret_cast<uint4*>(q_stage + (u / kUnits) * Cfg::kQChunkBytes) + u % kUnits;
   };
   constexpr int kPerThread = Cfg::kChunks * kUnits / 128;
-  // The largest finite |q| as bf16 bits (an unsigned order of magnitudes), two at a time.
   uint32_t m2 = 0;
 #pragma unroll 1
   for (int i = 0; i < kPerThread; ++i) {
     const uint4 w = *unit(i);
     const uint32_t x[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t a = x[j] & 0x7fff7fffu;
-      m2 = __vmaxu2(m2, a & __vcmpltu2(a, 0x7f807f80u));  // Inf / NaN count as 0
-    }
+    for (int j = 0; j < 4; ++j) m2 = bf16x2_amax(m2, x[j]);
   }
-  const uint32_t m_warp = __reduce_max_sync(0xffffffffu, (m2 >> 16) > (m2 & 0xffffu) ? m2 >> 16 : m2 & 0xffffu);
-  if (t % 32 == 0) slots[t / 32] = m_warp;
+  bf16_amax_to_slot(m2, slots, t);
   kernels::named_barrier_sync(barrier, 128);
   const int e = q_half_exponent(slots);
   const float up = __int_as_float((127 + e) << 23);
@@ -188,10 +199,7 @@ __device__ __forceinline__ float q_slice_to_half(uint8_t* q_stage, uint32_t (&sl
     const uint4 w = *unit(i);
     uint32_t x[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const __half2 h = __floats2half2_rn(__uint_as_float(x[j] << 16) * up, __uint_as_float(x[j] & 0xffff0000u) * up);
-      x[j] = *reinterpret_cast<const uint32_t*>(&h);
-    }
+    for (int j = 0; j < 4; ++j) x[j] = bf16x2_to_half2(x[j], up);
     *unit(i) = make_uint4(x[0], x[1], x[2], x[3]);
   }
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // generic writes before wgmma's (async proxy) reads

@@ -72,12 +72,8 @@ struct SwapKV8 {
     if constexpr (Cfg::kHalfCompute) {
       uint32_t m2 = 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t a = x[j] & 0x7fff7fffu;
-        m2 = __vmaxu2(m2, a & __vcmpltu2(a, 0x7f807f80u));  // Inf / NaN count as 0
-      }
-      const uint32_t m_warp = __reduce_max_sync(0xffffffffu, (m2 >> 16) > (m2 & 0xffffu) ? m2 >> 16 : m2 & 0xffffu);
-      if (t % 32 == 0) bars.q_amax[t / 32] = m_warp;
+      for (int j = 0; j < 4; ++j) m2 = bf16x2_amax(m2, x[j]);
+      bf16_amax_to_slot(m2, bars.q_amax, t);
     }
     kernels::named_barrier_sync(kSwapBarrier, 128);
     if constexpr (Cfg::kHalfCompute) {
@@ -85,10 +81,7 @@ struct SwapKV8 {
       up = __int_as_float((127 + e) << 23);
       down = __int_as_float((127 - e) << 23);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const __half2 h = __floats2half2_rn(__uint_as_float(x[j] << 16) * up, __uint_as_float(x[j] & 0xffff0000u) * up);
-        x[j] = *reinterpret_cast<const uint32_t*>(&h);
-      }
+      for (int j = 0; j < 4; ++j) x[j] = bf16x2_to_half2(x[j], up);
     }
     const int d0 = chunk * 64 + unit * 8;  // the unit's first head dim; pair j holds d0 + 2 j, d0 + 2 j + 1
 #pragma unroll
